@@ -1,0 +1,2 @@
+/* avx2/embed.c: not yet ported; the table points at ref. */
+#include "../armllm_kernels.h"

@@ -1,0 +1,193 @@
+/* cpu.c: reads CPU features (getauxval on aarch64, cpuid/xgetbv on x86-64)
+ * and maps variant names to kernel tables with their feature requirements. */
+#include "cpu.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#include <sys/prctl.h>
+#elif defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#define BIT(f) (UINT64_C(1) << (f))
+
+static const char *const feature_names[ARMLLM_CPU_NUM_FEATURES] = {
+    "asimd", "asimddp", "fp16", "bf16", "i8mm", "sve", "sve2", "svebf16", "svei8mm",
+    "atomics", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+    "avx512vnni", "avx512bf16", "avxvnni",
+};
+
+const char *armllm_cpu_feature_name(int feature) {
+  return feature >= 0 && feature < ARMLLM_CPU_NUM_FEATURES ? feature_names[feature] : "?";
+}
+
+int armllm_cpu_has(const armllm_cpu *cpu, int feature) {
+  return (cpu->features & BIT(feature)) != 0;
+}
+
+#if defined(__aarch64__)
+/* Linux HWCAP bits (arch/arm64/include/uapi/asm/hwcap.h), spelled out so an
+ * old libc header does not hide a feature. */
+#define HWCAP_ASIMD_ (1UL << 1)
+#define HWCAP_ATOMICS_ (1UL << 8)
+#define HWCAP_ASIMDHP_ (1UL << 10)
+#define HWCAP_ASIMDDP_ (1UL << 20)
+#define HWCAP_SVE_ (1UL << 22)
+#define HWCAP2_SVE2_ (1UL << 1)
+#define HWCAP2_SVEI8MM_ (1UL << 9)
+#define HWCAP2_SVEBF16_ (1UL << 12)
+#define HWCAP2_I8MM_ (1UL << 13)
+#define HWCAP2_BF16_ (1UL << 14)
+#ifndef PR_SVE_GET_VL
+#define PR_SVE_GET_VL 51
+#endif
+#define PR_SVE_VL_LEN_MASK_ 0xffff
+
+static void detect(armllm_cpu *cpu) {
+  unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  uint64_t f = 0;
+  if (hw & HWCAP_ASIMD_) f |= BIT(ARMLLM_CPU_ASIMD);
+  if (hw & HWCAP_ASIMDDP_) f |= BIT(ARMLLM_CPU_ASIMDDP);
+  if (hw & HWCAP_ASIMDHP_) f |= BIT(ARMLLM_CPU_FP16);
+  if (hw & HWCAP_ATOMICS_) f |= BIT(ARMLLM_CPU_ATOMICS);
+  if (hw & HWCAP_SVE_) f |= BIT(ARMLLM_CPU_SVE);
+  if (hw2 & HWCAP2_BF16_) f |= BIT(ARMLLM_CPU_BF16);
+  if (hw2 & HWCAP2_I8MM_) f |= BIT(ARMLLM_CPU_I8MM);
+  if (hw2 & HWCAP2_SVE2_) f |= BIT(ARMLLM_CPU_SVE2);
+  if (hw2 & HWCAP2_SVEBF16_) f |= BIT(ARMLLM_CPU_SVEBF16);
+  if (hw2 & HWCAP2_SVEI8MM_) f |= BIT(ARMLLM_CPU_SVEI8MM);
+  cpu->arch = "aarch64";
+  cpu->features = f;
+  if (f & BIT(ARMLLM_CPU_SVE)) {
+    int vl = prctl(PR_SVE_GET_VL);
+    cpu->sve_vector_bits = vl > 0 ? (vl & PR_SVE_VL_LEN_MASK_) * 8 : 0;
+  }
+}
+#elif defined(__x86_64__)
+static void detect(armllm_cpu *cpu) {
+  unsigned a, b, c, d;
+  uint64_t f = 0;
+  cpu->arch = "x86_64";
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+  int osxsave = (c >> 27) & 1;
+  uint64_t xcr0 = 0;
+  if (osxsave) {
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = ((uint64_t)hi << 32) | lo;
+  }
+  int ymm_os = (xcr0 & 0x6) == 0x6;       /* XMM and YMM state saved by the OS */
+  int zmm_os = (xcr0 & 0xe6) == 0xe6;     /* plus opmask and ZMM state */
+  if (ymm_os && ((c >> 28) & 1)) f |= BIT(ARMLLM_CPU_AVX);
+  if (ymm_os && ((c >> 12) & 1)) f |= BIT(ARMLLM_CPU_FMA);
+  if (ymm_os && ((c >> 29) & 1)) f |= BIT(ARMLLM_CPU_F16C);
+  if (__get_cpuid_max(0, NULL) >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    if (ymm_os && ((b >> 5) & 1)) f |= BIT(ARMLLM_CPU_AVX2);
+    if (zmm_os && ((b >> 16) & 1)) f |= BIT(ARMLLM_CPU_AVX512F);
+    if (zmm_os && ((b >> 30) & 1)) f |= BIT(ARMLLM_CPU_AVX512BW);
+    if (zmm_os && ((b >> 31) & 1)) f |= BIT(ARMLLM_CPU_AVX512VL);
+    if (zmm_os && ((c >> 11) & 1)) f |= BIT(ARMLLM_CPU_AVX512VNNI);
+    __cpuid_count(7, 1, a, b, c, d);
+    if (ymm_os && ((a >> 4) & 1)) f |= BIT(ARMLLM_CPU_AVXVNNI);
+    if (zmm_os && ((a >> 5) & 1)) f |= BIT(ARMLLM_CPU_AVX512BF16);
+  }
+  cpu->features = f;
+}
+#else
+static void detect(armllm_cpu *cpu) { cpu->arch = "other"; }
+#endif
+
+const armllm_cpu *armllm_cpu_detect(void) {
+  static armllm_cpu cpu;
+  static int done;
+  if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+    armllm_cpu fresh = {0};
+    detect(&fresh); /* idempotent: a racing second caller computes the same */
+    cpu = fresh;
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+  }
+  return &cpu;
+}
+
+/* ------------------------------------------------------------- variants */
+
+typedef struct {
+  const char *name;
+  const char *arch;
+  uint64_t needs;
+  const armllm_kernels *table; /* NULL when not built for this architecture */
+} isa_entry;
+
+static const isa_entry isa_entries[] = {
+#if defined(__aarch64__)
+    {"sve", "aarch64",
+     BIT(ARMLLM_CPU_ASIMD) | BIT(ARMLLM_CPU_SVE) | BIT(ARMLLM_CPU_SVEBF16) |
+         BIT(ARMLLM_CPU_SVEI8MM) | BIT(ARMLLM_CPU_BF16) | BIT(ARMLLM_CPU_I8MM),
+     &armllm_kernels_sve},
+    {"neon_mmla", "aarch64",
+     BIT(ARMLLM_CPU_ASIMD) | BIT(ARMLLM_CPU_BF16) | BIT(ARMLLM_CPU_I8MM),
+     &armllm_kernels_neon_mmla},
+    {"neon", "aarch64", BIT(ARMLLM_CPU_ASIMD), &armllm_kernels_neon},
+    {"avx2", "x86_64", 0, NULL},
+#elif defined(__x86_64__)
+    {"sve", "aarch64", 0, NULL},
+    {"neon_mmla", "aarch64", 0, NULL},
+    {"neon", "aarch64", 0, NULL},
+    {"avx2", "x86_64", BIT(ARMLLM_CPU_AVX2) | BIT(ARMLLM_CPU_FMA) | BIT(ARMLLM_CPU_F16C),
+     &armllm_kernels_avx2},
+#else
+    {"sve", "aarch64", 0, NULL},
+    {"neon_mmla", "aarch64", 0, NULL},
+    {"neon", "aarch64", 0, NULL},
+    {"avx2", "x86_64", 0, NULL},
+#endif
+    {"ref", "any", 0, &armllm_kernels_ref},
+};
+#define N_ISA (sizeof isa_entries / sizeof isa_entries[0])
+
+const char *const *armllm_isa_built(void) {
+  static const char *names[N_ISA + 1];
+  size_t n = 0;
+  for (size_t i = 0; i < N_ISA; i++)
+    if (isa_entries[i].table) names[n++] = isa_entries[i].name;
+  names[n] = NULL;
+  return names;
+}
+
+const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
+                                       size_t err_len) {
+  for (size_t i = 0; i < N_ISA; i++) {
+    const isa_entry *e = &isa_entries[i];
+    if (strcmp(e->name, isa) != 0) continue;
+    if (!e->table) {
+      snprintf(err, err_len, "kernel variant '%s' is for %s; this build is for %s", isa,
+               e->arch, cpu->arch);
+      return NULL;
+    }
+    uint64_t missing = e->needs & ~cpu->features;
+    if (missing) {
+      size_t used = (size_t)snprintf(err, err_len, "kernel variant '%s' needs CPU features this CPU lacks:", isa);
+      for (int f = 0; f < ARMLLM_CPU_NUM_FEATURES && used < err_len; f++)
+        if (missing & BIT(f)) used += (size_t)snprintf(err + used, err_len - used, " %s", feature_names[f]);
+      return NULL;
+    }
+    return e->table;
+  }
+  size_t used = (size_t)snprintf(err, err_len, "unknown kernel variant '%s' (known:", isa);
+  for (size_t i = 0; i < N_ISA && used < err_len; i++)
+    used += (size_t)snprintf(err + used, err_len - used, " %s", isa_entries[i].name);
+  if (used < err_len) snprintf(err + used, err_len - used, ")");
+  return NULL;
+}
+
+const char *armllm_isa_best(const armllm_cpu *cpu) {
+  for (size_t i = 0; i < N_ISA; i++) {
+    const isa_entry *e = &isa_entries[i];
+    if (e->table && (e->needs & ~cpu->features) == 0) return e->name;
+  }
+  return "ref";
+}

@@ -1,0 +1,50 @@
+/* cpu.h: CPU feature detection (once) and the choice of a kernel table. */
+#ifndef ARMLLM_CPU_H
+#define ARMLLM_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "armllm_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Feature bits; names in armllm_cpu_feature_name(). */
+enum {
+  ARMLLM_CPU_ASIMD, ARMLLM_CPU_ASIMDDP, ARMLLM_CPU_FP16, ARMLLM_CPU_BF16, ARMLLM_CPU_I8MM,
+  ARMLLM_CPU_SVE, ARMLLM_CPU_SVE2, ARMLLM_CPU_SVEBF16, ARMLLM_CPU_SVEI8MM, ARMLLM_CPU_ATOMICS,
+  ARMLLM_CPU_AVX, ARMLLM_CPU_AVX2, ARMLLM_CPU_FMA, ARMLLM_CPU_F16C, ARMLLM_CPU_AVX512F,
+  ARMLLM_CPU_AVX512BW, ARMLLM_CPU_AVX512VL, ARMLLM_CPU_AVX512VNNI, ARMLLM_CPU_AVX512BF16,
+  ARMLLM_CPU_AVXVNNI,
+  ARMLLM_CPU_NUM_FEATURES
+};
+
+typedef struct armllm_cpu {
+  const char *arch;         /* "aarch64", "x86_64" or "other" */
+  uint64_t features;        /* bit i set = feature i present */
+  int sve_vector_bits;      /* 0 without SVE */
+} armllm_cpu;
+
+/* Detected once; later calls return the same object. */
+const armllm_cpu *armllm_cpu_detect(void);
+const char *armllm_cpu_feature_name(int feature);
+int armllm_cpu_has(const armllm_cpu *cpu, int feature);
+
+/* Variants built into this binary, best first, NULL-terminated. */
+const char *const *armllm_isa_built(void);
+
+/* The table for `isa`, or NULL with a message in err: unknown name, not
+ * built for this architecture, or not supported by this CPU (naming the
+ * missing features). */
+const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
+                                       size_t err_len);
+
+/* The best variant this CPU runs. */
+const char *armllm_isa_best(const armllm_cpu *cpu);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ARMLLM_CPU_H */

@@ -1,0 +1,2 @@
+/* neon/exp.c: not yet ported; the table points at ref. */
+#include "../armllm_kernels.h"

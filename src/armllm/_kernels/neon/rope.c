@@ -1,0 +1,2 @@
+/* neon/rope.c: not yet ported; the table points at ref. */
+#include "../armllm_kernels.h"

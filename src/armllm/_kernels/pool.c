@@ -1,0 +1,331 @@
+/* pool.c: the thread pool described in pool.h.
+ *
+ * One job at a time: the caller publishes (fn, ctx, n_items, grain), resets
+ * the shared chunk counter, bumps `generation` and joins in. Workers wait for
+ * `generation` to change (spin, then futex), claim chunks with fetch-add
+ * until none is left, then decrement `remaining`; the last one wakes the
+ * caller if it went to sleep. Sleep/wake use the Dekker pattern on
+ * sequentially consistent atomics (`sleepers`, `caller_sleeping`), so a
+ * futex wake costs a system call only when somebody really sleeps.
+ */
+#define _GNU_SOURCE
+#include "pool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__aarch64__)
+#include <sys/auxv.h>
+#define HWCAP_ATOMICS_ (1UL << 8)
+#endif
+
+#define CACHE_LINE 64
+/* How long an idle thread spins before it sleeps: long enough to catch the
+ * next kernel of a decode step (a few Python-side microseconds apart), short
+ * enough that an idle engine burns no CPU. */
+#define SPIN_NS 200000
+
+/* ---------------------------------------------------------- fetch-add */
+
+#if defined(__aarch64__)
+static int has_lse = -1;
+
+static inline int64_t fetch_add_lse(int64_t *p, int64_t v) {
+  int64_t old;
+  __asm__ volatile(".arch_extension lse\n\t"
+                   "ldaddal %x[v], %x[old], %[mem]"
+                   : [old] "=r"(old), [mem] "+Q"(*p)
+                   : [v] "r"(v)
+                   : "memory");
+  return old;
+}
+
+static inline int64_t fetch_add_llsc(int64_t *p, int64_t v) {
+  int64_t old, sum;
+  uint32_t failed;
+  __asm__ volatile("1: ldaxr %x[old], %[mem]\n\t"
+                   "add %x[sum], %x[old], %x[v]\n\t"
+                   "stlxr %w[failed], %x[sum], %[mem]\n\t"
+                   "cbnz %w[failed], 1b"
+                   : [old] "=&r"(old), [sum] "=&r"(sum), [failed] "=&r"(failed),
+                     [mem] "+Q"(*p)
+                   : [v] "r"(v)
+                   : "memory");
+  return old;
+}
+
+static inline int64_t claim(int64_t *p, int64_t v) {
+  /* has_lse is set once before any worker starts; the branch predicts well */
+  return has_lse ? fetch_add_lse(p, v) : fetch_add_llsc(p, v);
+}
+
+static void detect_atomics(void) {
+  if (has_lse < 0) has_lse = (getauxval(AT_HWCAP) & HWCAP_ATOMICS_) != 0;
+}
+
+const char *armllm_pool_atomic_impl(void) {
+  detect_atomics();
+  return has_lse ? "ldaddal" : "ldaxr/stlxr";
+}
+
+static inline void cpu_relax(void) { __asm__ volatile("yield" ::: "memory"); }
+#else
+static inline int64_t claim(int64_t *p, int64_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); /* lock xadd on x86-64 */
+}
+static void detect_atomics(void) {}
+const char *armllm_pool_atomic_impl(void) {
+#if defined(__x86_64__)
+  return "lock xadd";
+#else
+  return "compiler builtin";
+#endif
+}
+#if defined(__x86_64__)
+static inline void cpu_relax(void) { __asm__ volatile("pause" ::: "memory"); }
+#else
+static inline void cpu_relax(void) {}
+#endif
+#endif
+
+/* ---------------------------------------------------------------- futex */
+
+static void futex_wait(uint32_t *addr, uint32_t expected) {
+  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake(uint32_t *addr, int count) {
+  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
+}
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Spins until *addr != value or SPIN_NS pass; returns the last value seen. */
+static uint32_t spin_while_equal(uint32_t *addr, uint32_t value) {
+  uint32_t seen = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+  if (seen != value) return seen;
+  int64_t deadline = now_ns() + SPIN_NS;
+  for (unsigned i = 1;; i++) {
+    cpu_relax();
+    seen = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
+    if (seen != value) return seen;
+    if ((i & 255) == 0 && now_ns() > deadline) return seen;
+  }
+}
+
+/* ----------------------------------------------------------------- pool */
+
+struct armllm_pool {
+  int n_threads;
+  int n_workers_started;
+  pthread_t *workers;
+  pthread_mutex_t run_lock; /* one job at a time */
+
+  /* the current job, written by the caller before `generation` changes */
+  armllm_task_fn fn;
+  void *ctx;
+  int64_t n_items, grain;
+
+  _Alignas(CACHE_LINE) int64_t next_item;   /* claimed with fetch-add */
+  _Alignas(CACHE_LINE) uint32_t generation; /* futex: workers wait for it to change */
+  uint32_t sleepers;                        /* workers in futex_wait(generation) */
+  uint32_t stop;
+  _Alignas(CACHE_LINE) uint32_t remaining;  /* futex: workers still busy */
+  uint32_t caller_sleeping;
+};
+
+static __thread int in_pool_task; /* nesting guard: set while running a task */
+
+static void run_chunks(armllm_pool *pool) {
+  const int64_t n = pool->n_items, grain = pool->grain;
+  for (;;) {
+    int64_t begin = claim(&pool->next_item, grain);
+    if (begin >= n) break;
+    int64_t end = n - begin < grain ? n : begin + grain;
+    pool->fn(pool->ctx, begin, end);
+  }
+}
+
+typedef struct {
+  armllm_pool *pool;
+  int cpu; /* -1: no pinning */
+} worker_start;
+
+static void *worker_main(void *arg) {
+  worker_start start = *(worker_start *)arg;
+  free(arg);
+  armllm_pool *pool = start.pool;
+  if (start.cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(start.cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set); /* best effort */
+  }
+  in_pool_task = 1;
+  uint32_t seen = 0;
+  for (;;) {
+    uint32_t g = spin_while_equal(&pool->generation, seen);
+    while (g == seen) {
+      __atomic_fetch_add(&pool->sleepers, 1, __ATOMIC_SEQ_CST);
+      if (__atomic_load_n(&pool->generation, __ATOMIC_SEQ_CST) == seen)
+        futex_wait(&pool->generation, seen);
+      __atomic_fetch_sub(&pool->sleepers, 1, __ATOMIC_SEQ_CST);
+      g = __atomic_load_n(&pool->generation, __ATOMIC_ACQUIRE);
+    }
+    seen = g;
+    if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) break;
+    run_chunks(pool);
+    if (__atomic_sub_fetch(&pool->remaining, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&pool->caller_sleeping, __ATOMIC_SEQ_CST))
+      futex_wake(&pool->remaining, 1);
+  }
+  return NULL;
+}
+
+static void publish_and_wake(armllm_pool *pool) {
+  __atomic_fetch_add(&pool->generation, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&pool->sleepers, __ATOMIC_SEQ_CST))
+    futex_wake(&pool->generation, INT_MAX);
+}
+
+static void wait_for_workers(armllm_pool *pool) {
+  uint32_t r = spin_while_equal(&pool->remaining, pool->n_threads - 1);
+  while ((r = __atomic_load_n(&pool->remaining, __ATOMIC_ACQUIRE)) != 0) {
+    r = spin_while_equal(&pool->remaining, r);
+    if (r == 0) break;
+    __atomic_store_n(&pool->caller_sleeping, 1, __ATOMIC_SEQ_CST);
+    r = __atomic_load_n(&pool->remaining, __ATOMIC_SEQ_CST);
+    if (r != 0) futex_wait(&pool->remaining, r);
+    __atomic_store_n(&pool->caller_sleeping, 0, __ATOMIC_SEQ_CST);
+  }
+}
+
+int armllm_allowed_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  int n = CPU_COUNT(&set);
+  return n > 0 ? n : 1;
+}
+
+static void stop_workers(armllm_pool *pool) {
+  __atomic_store_n(&pool->stop, 1, __ATOMIC_RELEASE);
+  publish_and_wake(pool);
+  for (int i = 0; i < pool->n_workers_started; i++) pthread_join(pool->workers[i], NULL);
+}
+
+armllm_pool *armllm_pool_create(int n_threads, int pin, char *err, size_t err_len) {
+  detect_atomics();
+  if (n_threads < 1 || n_threads > 4096) {
+    snprintf(err, err_len, "thread count must be between 1 and 4096, got %d", n_threads);
+    return NULL;
+  }
+  armllm_pool *pool = aligned_alloc(CACHE_LINE, (sizeof *pool + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE);
+  if (!pool) {
+    snprintf(err, err_len, "out of memory creating the thread pool");
+    return NULL;
+  }
+  memset(pool, 0, sizeof *pool);
+  pool->n_threads = n_threads;
+  pthread_mutex_init(&pool->run_lock, NULL);
+  pool->workers = calloc((size_t)n_threads, sizeof *pool->workers);
+  if (!pool->workers) {
+    snprintf(err, err_len, "out of memory creating the thread pool");
+    free(pool);
+    return NULL;
+  }
+  /* Worker i goes to the (i+1)-th allowed CPU; the caller keeps the first. */
+  int cpus[CPU_SETSIZE], n_cpus = 0;
+  cpu_set_t set;
+  if (pin && sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &set)) cpus[n_cpus++] = c;
+  for (int i = 0; i < n_threads - 1; i++) {
+    worker_start *start = malloc(sizeof *start);
+    int rc = start ? 0 : ENOMEM;
+    if (start) {
+      start->pool = pool;
+      start->cpu = n_cpus >= n_threads ? cpus[i + 1] : -1; /* pin only without oversubscription */
+      rc = pthread_create(&pool->workers[i], NULL, worker_main, start);
+      if (rc) free(start);
+    }
+    if (rc) {
+      snprintf(err, err_len, "could not start worker thread %d of %d: %s", i + 1, n_threads - 1,
+               strerror(rc));
+      stop_workers(pool);
+      free(pool->workers);
+      free(pool);
+      return NULL;
+    }
+    pool->n_workers_started++;
+  }
+  return pool;
+}
+
+void armllm_pool_destroy(armllm_pool *pool) {
+  if (!pool) return;
+  pthread_mutex_lock(&pool->run_lock);
+  stop_workers(pool);
+  pthread_mutex_unlock(&pool->run_lock);
+  pthread_mutex_destroy(&pool->run_lock);
+  free(pool->workers);
+  free(pool);
+}
+
+int armllm_pool_threads(const armllm_pool *pool) { return pool ? pool->n_threads : 1; }
+
+int64_t armllm_pool_grain(const armllm_pool *pool, int64_t n_items, int64_t chunks_per_thread,
+                          int64_t min_grain) {
+  int64_t chunks = (int64_t)armllm_pool_threads(pool) * chunks_per_thread;
+  int64_t grain = (n_items + chunks - 1) / chunks;
+  return grain < min_grain ? min_grain : grain;
+}
+
+void armllm_pool_run(armllm_pool *pool, int64_t n_items, int64_t grain, armllm_task_fn fn,
+                     void *ctx) {
+  if (n_items <= 0) return;
+  if (grain < 1) grain = 1;
+  if (!pool || pool->n_threads == 1 || n_items <= grain || in_pool_task) {
+    int saved = in_pool_task;
+    in_pool_task = 1;
+    for (int64_t b = 0; b < n_items; b += grain) fn(ctx, b, n_items - b < grain ? n_items : b + grain);
+    in_pool_task = saved;
+    return;
+  }
+  pthread_mutex_lock(&pool->run_lock);
+  pool->fn = fn;
+  pool->ctx = ctx;
+  pool->n_items = n_items;
+  pool->grain = grain;
+  __atomic_store_n(&pool->next_item, 0, __ATOMIC_RELAXED);
+  __atomic_store_n(&pool->remaining, (uint32_t)(pool->n_threads - 1), __ATOMIC_RELAXED);
+  publish_and_wake(pool); /* release: the job fields above are visible to workers */
+  in_pool_task = 1;
+  run_chunks(pool);
+  in_pool_task = 0;
+  wait_for_workers(pool);
+  pthread_mutex_unlock(&pool->run_lock);
+}
+
+/* ------------------------------------------------------------ test hook */
+
+static void count_items(void *ctx, int64_t begin, int64_t end) {
+  uint32_t *counts = ctx;
+  for (int64_t i = begin; i < end; i++) __atomic_fetch_add(&counts[i], 1, __ATOMIC_RELAXED);
+}
+
+void armllm_pool_count_items(armllm_pool *pool, int64_t n_items, int64_t grain, uint32_t *counts) {
+  armllm_pool_run(pool, n_items, grain, count_items, counts);
+}

@@ -1,0 +1,2 @@
+/* sve/act.c: not yet ported. */
+#include "../armllm_kernels.h"

@@ -1,0 +1,2 @@
+/* sve/exp.c: not yet ported. */
+#include "../armllm_kernels.h"

@@ -1,0 +1,2 @@
+/* sve/gemm.c: not yet ported. */
+#include "../armllm_kernels.h"

@@ -1,0 +1,2 @@
+/* sve/norm.c: not yet ported. */
+#include "../armllm_kernels.h"

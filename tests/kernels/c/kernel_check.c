@@ -1,0 +1,401 @@
+/* kernel_check.c: checks every kernel variant this CPU runs against ref.
+ *
+ * Built natively (x86-64: avx2) and cross-built for aarch64, where
+ * tools/arm_kernel_check.sh runs it under qemu-user at several CPU levels
+ * (NEON only, dotprod+LSE, BF16/I8MM, SVE at 128/256/512 bits). Prints one
+ * line per (variant, kernel) with the worst error as a fraction of the
+ * tolerance, checks the thread pool, and exits non-zero on any failure.
+ *
+ *   kernel_check [--isa NAME ...] [--quick]
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "armllm_kernels.h"
+#include "cpu.h"
+
+static int failures;
+
+/* ------------------------------------------------------------ helpers */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (float)((rng_state >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+static void fill(float *p, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; i++) p[i] = frand() * scale;
+}
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) { fprintf(stderr, "out of memory\n"); exit(3); }
+  return p;
+}
+
+typedef struct {
+  const char *isa, *kernel;
+  int cases;
+  double worst; /* max error / tolerance; <= 1 passes */
+  int bad;      /* non-finite mismatches, wrong return codes, ... */
+} report;
+
+static void report_start(report *r, const char *isa, const char *kernel) {
+  memset(r, 0, sizeof *r);
+  r->isa = isa;
+  r->kernel = kernel;
+}
+static void report_value(report *r, double got, double want, double tol) {
+  if (isnan(want) || isinf(want)) {
+    if (!(isnan(want) ? isnan(got) : got == want)) r->bad++;
+    return;
+  }
+  if (!isfinite(got)) { r->bad++; return; }
+  double ratio = fabs(got - want) / tol;
+  if (ratio > r->worst) r->worst = ratio;
+}
+static void report_end(report *r, const char *impl) {
+  int ok = r->bad == 0 && r->worst <= 1.0;
+  if (!ok) failures++;
+  printf("%-10s %-10s %-10s %6d  %9.3g  %s\n", r->isa, r->kernel, impl, r->cases, r->worst,
+         ok ? "PASS" : "FAIL");
+  fflush(stdout);
+}
+
+/* --------------------------------------------------------------- gemm */
+
+static void check_gemm(const armllm_kernels *v, armllm_pool *pool, int quick, int bf16) {
+  const armllm_kernels *ref = &armllm_kernels_ref;
+  static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 33};
+  static const int64_t ns[] = {1, 3, 15, 17, 33, 47};
+  static const int64_t ks[] = {1, 3, 7, 8, 9, 31, 33, 65};
+  report r;
+  report_start(&r, v->isa, bf16 ? "gemm_bf16" : "gemm_f32");
+  int bf16_acts = bf16 && strcmp(v->gemm_bf16_compute, "bf16") == 0;
+  double rel = bf16_acts ? 1.0 / 256 : 1e-5;
+  int n_ms = quick ? 6 : (int)(sizeof ms / sizeof *ms);
+  for (int im = 0; im < n_ms; im++)
+    for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
+      for (size_t ik = 0; ik < sizeof ks / sizeof *ks; ik++) {
+        int64_t m = ms[im], n = ns[in], k = ks[ik];
+        int64_t ldx = k + (int64_t)(ik & 1) * 3, ldy = n + (int64_t)(in & 1) * 5;
+        int with_bias = (int)((im + in + ik) & 1);
+        float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
+        float *w = xmalloc(sizeof(float) * (size_t)(n * k));
+        uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
+        float *bias = xmalloc(sizeof(float) * (size_t)n);
+        float *y = xmalloc(sizeof(float) * (size_t)(m * ldy));
+        float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
+        fill(x, m * ldx, 2.0f);
+        fill(w, n * k, 1.0f);
+        fill(bias, n, 1.0f);
+        for (int64_t i = 0; i < n * k; i++) {
+          wb[i] = armllm_f32_to_bf16(w[i]);
+          w[i] = bf16 ? armllm_bf16_to_f32(wb[i]) : w[i];
+        }
+        for (int64_t i = 0; i < m * ldy; i++) y[i] = yref[i] = -777.0f; /* row padding stays */
+        const float *b = with_bias ? bias : NULL;
+        if (bf16) {
+          uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
+          uint16_t *pr = xmalloc(sizeof(uint16_t) * ref->gemm_bf16_packed_len(n, k));
+          v->gemm_bf16_pack(wb, n, k, p);
+          ref->gemm_bf16_pack(wb, n, k, pr);
+          v->gemm_bf16(pool, x, m, k, ldx, p, n, b, y, ldy);
+          ref->gemm_bf16(NULL, x, m, k, ldx, pr, n, b, yref, ldy);
+          free(p);
+          free(pr);
+        } else {
+          float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
+          float *pr = xmalloc(sizeof(float) * ref->gemm_f32_packed_len(n, k));
+          v->gemm_f32_pack(w, n, k, p);
+          ref->gemm_f32_pack(w, n, k, pr);
+          v->gemm_f32(pool, x, m, k, ldx, p, n, b, y, ldy);
+          ref->gemm_f32(NULL, x, m, k, ldx, pr, n, b, yref, ldy);
+          free(p);
+          free(pr);
+        }
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t j = 0; j < ldy; j++) {
+            if (j >= n) { /* past N: must be untouched */
+              if (y[i * ldy + j] != -777.0f) r.bad++;
+              continue;
+            }
+            double mag = with_bias ? fabs(bias[j]) : 0.0;
+            for (int64_t p = 0; p < k; p++) mag += fabs((double)x[i * ldx + p] * w[j * k + p]);
+            report_value(&r, y[i * ldy + j], yref[i * ldy + j], rel * mag + 1e-30);
+          }
+        r.cases++;
+        free(x); free(w); free(wb); free(bias); free(y); free(yref);
+      }
+  report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
+}
+
+/* Larger shape through the prefill path: bit-identical for 1 and N threads. */
+static void check_gemm_threads(const armllm_kernels *v, armllm_pool *pool, int bf16) {
+  report r;
+  report_start(&r, v->isa, bf16 ? "bf16_thr" : "f32_thr");
+  const int64_t m = 37, n = 70, k = 45;
+  float *x = xmalloc(sizeof(float) * (size_t)(m * k));
+  float *w = xmalloc(sizeof(float) * (size_t)(n * k));
+  uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
+  float *y1 = xmalloc(sizeof(float) * (size_t)(m * n));
+  float *yn = xmalloc(sizeof(float) * (size_t)(m * n));
+  fill(x, m * k, 1.0f);
+  fill(w, n * k, 1.0f);
+  for (int64_t i = 0; i < n * k; i++) wb[i] = armllm_f32_to_bf16(w[i]);
+  for (int64_t rows = 1; rows <= m; rows += 12) { /* decode and prefill paths */
+    if (bf16) {
+      uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
+      v->gemm_bf16_pack(wb, n, k, p);
+      v->gemm_bf16(NULL, x, rows, k, k, p, n, NULL, y1, n);
+      v->gemm_bf16(pool, x, rows, k, k, p, n, NULL, yn, n);
+      free(p);
+    } else {
+      float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
+      v->gemm_f32_pack(w, n, k, p);
+      v->gemm_f32(NULL, x, rows, k, k, p, n, NULL, y1, n);
+      v->gemm_f32(pool, x, rows, k, k, p, n, NULL, yn, n);
+      free(p);
+    }
+    if (memcmp(y1, yn, sizeof(float) * (size_t)(rows * n)) != 0) r.bad++;
+    r.cases++;
+  }
+  free(x); free(w); free(wb); free(y1); free(yn);
+  report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
+}
+
+/* ------------------------------------------------------------ rmsnorm */
+
+static void check_rmsnorm(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ds[] = {1, 3, 8, 15, 16, 17, 63, 100, 576};
+  report r;
+  report_start(&r, v->isa, "rmsnorm");
+  for (size_t id = 0; id < sizeof ds / sizeof *ds; id++)
+    for (int fused = 0; fused < 2; fused++)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        int64_t t = 5, d = ds[id], ld = d + 2;
+        float *x = xmalloc(sizeof(float) * (size_t)(t * ld)), *x2 = xmalloc(sizeof(float) * (size_t)(t * ld));
+        float *res = xmalloc(sizeof(float) * (size_t)(t * ld)), *res2 = xmalloc(sizeof(float) * (size_t)(t * ld));
+        float *wt = xmalloc(sizeof(float) * (size_t)d);
+        float *out = xmalloc(sizeof(float) * (size_t)(t * ld)), *out2 = xmalloc(sizeof(float) * (size_t)(t * ld));
+        fill(x, t * ld, 3.0f);
+        fill(res, t * ld, 3.0f);
+        fill(wt, d, 2.0f);
+        memcpy(x2, x, sizeof(float) * (size_t)(t * ld));
+        memcpy(res2, res, sizeof(float) * (size_t)(t * ld));
+        float *o = inplace ? x : out, *o2 = inplace ? x2 : out2;
+        v->rmsnorm(pool, x, ld, fused ? res : NULL, ld, wt, t, d, 1e-5f, o, ld);
+        armllm_kernels_ref.rmsnorm(NULL, x2, ld, fused ? res2 : NULL, ld, wt, t, d, 1e-5f, o2, ld);
+        for (int64_t i = 0; i < t; i++) {
+          double row_max = 0;
+          for (int64_t j = 0; j < d; j++) row_max = fmax(row_max, fabs(o2[i * ld + j]));
+          for (int64_t j = 0; j < d; j++) {
+            report_value(&r, o[i * ld + j], o2[i * ld + j], 2e-6 * fabs(o2[i * ld + j]) + 1e-6 * row_max + 1e-30);
+            if (fused) report_value(&r, res[i * ld + j], res2[i * ld + j], 1e-30);
+          }
+        }
+        r.cases++;
+        free(x); free(x2); free(res); free(res2); free(wt); free(out); free(out2);
+      }
+  report_end(&r, v->impl[ARMLLM_K_RMSNORM]);
+}
+
+/* --------------------------------------------------------------- rope */
+
+static void check_rope(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t dims[][2] = {{2, 2}, {8, 8}, {16, 8}, {64, 64}, {64, 32}, {80, 80}, {128, 128}, {6, 4}, {34, 34}};
+  report r;
+  report_start(&r, v->isa, "rope");
+  const int64_t max_pos = 50, t = 7, heads = 3;
+  for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+    for (int style = 0; style < 2; style++) {
+      int64_t hd = dims[i][0], rot = dims[i][1], ld = heads * hd + 5;
+      float *cs = xmalloc(sizeof(float) * (size_t)(max_pos * rot));
+      for (int64_t p = 0; p < max_pos; p++)
+        for (int64_t j = 0; j < rot / 2; j++) {
+          double ang = (double)p * pow(10000.0, -2.0 * (double)j / (double)rot);
+          cs[p * rot + j] = (float)cos(ang);
+          cs[p * rot + rot / 2 + j] = (float)sin(ang);
+        }
+      int32_t pos[7];
+      for (int64_t j = 0; j < t; j++) pos[j] = (int32_t)((j * 7 + 3) % max_pos);
+      float *x = xmalloc(sizeof(float) * (size_t)(t * ld)), *x2 = xmalloc(sizeof(float) * (size_t)(t * ld));
+      fill(x, t * ld, 2.0f);
+      memcpy(x2, x, sizeof(float) * (size_t)(t * ld));
+      int64_t rc = v->rope(pool, x, t, heads, hd, ld, pos, cs, max_pos, rot, style);
+      armllm_kernels_ref.rope(NULL, x2, t, heads, hd, ld, pos, cs, max_pos, rot, style);
+      if (rc != -1) r.bad++;
+      for (int64_t j = 0; j < t * ld; j++) report_value(&r, x[j], x2[j], 1e-6 * 4.0 + 1e-30);
+      pos[4] = (int32_t)max_pos; /* out of range: reported, nothing modified */
+      memcpy(x2, x, sizeof(float) * (size_t)(t * ld));
+      if (v->rope(pool, x, t, heads, hd, ld, pos, cs, max_pos, rot, style) != 4) r.bad++;
+      if (memcmp(x, x2, sizeof(float) * (size_t)(t * ld)) != 0) r.bad++;
+      r.cases++;
+      free(cs); free(x); free(x2);
+    }
+  report_end(&r, v->impl[ARMLLM_K_ROPE]);
+}
+
+/* ----------------------------------------------------------- silu*mul */
+
+static void check_silu_mul(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t inters[] = {1, 5, 8, 16, 17, 31, 64, 100, 1536};
+  report r;
+  report_start(&r, v->isa, "silu_mul");
+  for (size_t i = 0; i < sizeof inters / sizeof *inters; i++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      int64_t t = 3, inter = inters[i], ldg = 2 * inter + 1;
+      float *g = xmalloc(sizeof(float) * (size_t)(t * ldg)), *g2 = xmalloc(sizeof(float) * (size_t)(t * ldg));
+      float *out = xmalloc(sizeof(float) * (size_t)(t * inter)), *out2 = xmalloc(sizeof(float) * (size_t)(t * inter));
+      fill(g, t * ldg, 30.0f);
+      if (inter > 4) { g[0] = 100.0f; g[1] = -100.0f; g[2] = NAN; g[3] = INFINITY; }
+      memcpy(g2, g, sizeof(float) * (size_t)(t * ldg));
+      float *o = inplace ? g : out;
+      int64_t ldo = inplace ? ldg : inter;
+      v->silu_mul(pool, g, ldg, t, inter, o, ldo);
+      armllm_kernels_ref.silu_mul(NULL, g2, ldg, t, inter, out2, inter);
+      for (int64_t a = 0; a < t; a++)
+        for (int64_t b = 0; b < inter; b++) {
+          double want = out2[a * inter + b];
+          report_value(&r, o[a * ldo + b], want, 1e-5 * fabs(want) + 1e-37);
+        }
+      r.cases++;
+      free(g); free(g2); free(out); free(out2);
+    }
+  report_end(&r, v->impl[ARMLLM_K_SILU_MUL]);
+}
+
+/* -------------------------------------------------------------- embed */
+
+static void check_embed(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ds[] = {1, 7, 8, 16, 33, 576};
+  report r;
+  report_start(&r, v->isa, "embed");
+  const int64_t vocab = 11, t = 6;
+  int32_t ids[6] = {3, 0, 10, 3, 7, 1};
+  for (size_t i = 0; i < sizeof ds / sizeof *ds; i++)
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+      int64_t d = ds[i], ldo = d + 3;
+      float *tab = xmalloc(sizeof(float) * (size_t)(vocab * d));
+      uint16_t *tabb = xmalloc(sizeof(uint16_t) * (size_t)(vocab * d));
+      float *out = xmalloc(sizeof(float) * (size_t)(t * ldo)), *out2 = xmalloc(sizeof(float) * (size_t)(t * ldo));
+      fill(tab, vocab * d, 5.0f);
+      for (int64_t j = 0; j < vocab * d; j++) tabb[j] = armllm_f32_to_bf16(tab[j]);
+      for (int64_t j = 0; j < t * ldo; j++) out[j] = out2[j] = -1.0f;
+      int64_t rc = bf16 ? v->embed_bf16(pool, ids, t, tabb, vocab, d, out, ldo)
+                        : v->embed_f32(pool, ids, t, tab, vocab, d, out, ldo);
+      if (bf16) armllm_kernels_ref.embed_bf16(NULL, ids, t, tabb, vocab, d, out2, ldo);
+      else armllm_kernels_ref.embed_f32(NULL, ids, t, tab, vocab, d, out2, ldo);
+      if (rc != -1 || memcmp(out, out2, sizeof(float) * (size_t)(t * ldo)) != 0) r.bad++;
+      int32_t bad_ids[3] = {1, -1, 2};
+      if ((bf16 ? v->embed_bf16(pool, bad_ids, 3, tabb, vocab, d, out, ldo)
+                : v->embed_f32(pool, bad_ids, 3, tab, vocab, d, out, ldo)) != 1)
+        r.bad++;
+      if (memcmp(out, out2, sizeof(float) * (size_t)(t * ldo)) != 0) r.bad++;
+      r.cases++;
+      free(tab); free(tabb); free(out); free(out2);
+    }
+  report_end(&r, v->impl[ARMLLM_K_EMBED]);
+}
+
+/* ---------------------------------------------------------------- exp */
+
+static void check_exp(const armllm_kernels *v) {
+  report r;
+  report_start(&r, v->isa, "exp");
+  static const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 88.7f, 88.72283f, 88.73f, 89.0f, 1000.0f,
+                                   -87.3f, -87.34f, -100.0f, -103.9f, -104.5f, -1000.0f,
+                                   INFINITY, -INFINITY, NAN, 1e-8f, -1e-8f, 0.34657359f, -0.34657359f};
+  const int64_t n = 4099;
+  float *x = xmalloc(sizeof(float) * (size_t)n), *y = xmalloc(sizeof(float) * (size_t)n);
+  float *y2 = xmalloc(sizeof(float) * (size_t)n);
+  for (int64_t len = 1; len <= n; len = len * 3 + 1) {
+    fill(x, len, 90.0f);
+    for (size_t j = 0; j < sizeof specials / sizeof *specials && (int64_t)j < len; j++) x[j] = specials[j];
+    v->exp(x, y, len);
+    armllm_kernels_ref.exp(x, y2, len);
+    for (int64_t j = 0; j < len; j++) {
+      double want = y2[j];
+      report_value(&r, y[j], want, 2.4e-7 * fabs(want) + 1.2e-38);
+      double exact = exp((double)x[j]); /* ref itself against libm, in double */
+      if (isfinite(exact) && exact < 3.4e38 && exact > 1.2e-38)
+        report_value(&r, y2[j], exact, 4e-7 * exact);
+    }
+    v->exp(x, x, len); /* in place */
+    if (memcmp(x, y, sizeof(float) * (size_t)len) != 0) r.bad++;
+    r.cases++;
+  }
+  free(x); free(y); free(y2);
+  report_end(&r, v->impl[ARMLLM_K_EXP]);
+}
+
+/* --------------------------------------------------------------- pool */
+
+static void check_pool(void) {
+  report r;
+  report_start(&r, "pool", "count");
+  char err[256];
+  static const int64_t grains[] = {1, 3, 64};
+  for (int threads = 1; threads <= 4; threads++) {
+    armllm_pool *pool = armllm_pool_create(threads, 0, err, sizeof err);
+    if (!pool) { printf("pool create failed: %s\n", err); failures++; return; }
+    for (size_t g = 0; g < sizeof grains / sizeof *grains; g++)
+      for (int rep = 0; rep < 20; rep++) {
+        int64_t n = 20000 + rep;
+        uint32_t *counts = calloc((size_t)n, sizeof *counts);
+        armllm_pool_count_items(pool, n, grains[g], counts);
+        for (int64_t i = 0; i < n; i++)
+          if (counts[i] != 1) { r.bad++; break; }
+        free(counts);
+        r.cases++;
+      }
+    armllm_pool_destroy(pool);
+  }
+  report_end(&r, armllm_pool_atomic_impl());
+}
+
+int main(int argc, char **argv) {
+  const char *only[16];
+  int n_only = 0, quick = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--isa") && i + 1 < argc && n_only < 16) only[n_only++] = argv[++i];
+    else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else { fprintf(stderr, "usage: %s [--isa NAME ...] [--quick]\n", argv[0]); return 2; }
+  }
+  const armllm_cpu *cpu = armllm_cpu_detect();
+  printf("arch %s, features:", cpu->arch);
+  for (int f = 0; f < ARMLLM_CPU_NUM_FEATURES; f++)
+    if (armllm_cpu_has(cpu, f)) printf(" %s", armllm_cpu_feature_name(f));
+  if (cpu->sve_vector_bits) printf(", SVE %d bits", cpu->sve_vector_bits);
+  printf("; best variant %s; fetch-add %s\n", armllm_isa_best(cpu), armllm_pool_atomic_impl());
+  printf("%-10s %-10s %-10s %6s  %9s  %s\n", "variant", "kernel", "impl", "cases", "err/tol", "result");
+
+  check_pool();
+  char err[256];
+  armllm_pool *pool = armllm_pool_create(3, 0, err, sizeof err);
+  if (!pool) { printf("pool: %s\n", err); return 1; }
+  for (const char *const *name = armllm_isa_built(); *name; name++) {
+    int wanted = n_only == 0 && strcmp(*name, "ref") != 0;
+    for (int i = 0; i < n_only; i++) wanted |= !strcmp(only[i], *name);
+    if (!wanted) continue;
+    const armllm_kernels *v = armllm_isa_table(*name, cpu, err, sizeof err);
+    if (!v) {
+      printf("%-10s skipped: %s\n", *name, err);
+      continue;
+    }
+    check_gemm(v, pool, quick, 0);
+    check_gemm(v, pool, quick, 1);
+    check_gemm_threads(v, pool, 0);
+    check_gemm_threads(v, pool, 1);
+    check_rmsnorm(v, pool);
+    check_rope(v, pool);
+    check_silu_mul(v, pool);
+    check_embed(v, pool);
+    check_exp(v);
+  }
+  armllm_pool_destroy(pool);
+  printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}
