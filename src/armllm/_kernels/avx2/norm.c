@@ -1,2 +1,118 @@
-/* avx2/norm.c: not yet ported; the table points at ref. */
+/* avx2/norm.c: RMSNorm with optional fused residual add, 8 lanes at a time.
+ *
+ * The residual add and the output products (r * scale * weight, in ref's
+ * order) are bit-identical to ref. The sum of squares is accumulated in
+ * double like ref (each r*r is exact in double), in 4 x 4 lanes, so it may
+ * differ from ref's sequential double sum only in the last bits of a double.
+ */
+#include <immintrin.h>
+#include <math.h>
+
 #include "../armllm_kernels.h"
+#include "vexp_avx2.h"
+
+typedef struct {
+  const float *x;
+  int64_t ldx;
+  float *residual;
+  int64_t ldr;
+  const float *weight;
+  int64_t d;
+  float eps;
+  float *out;
+  int64_t ldo;
+} avx2_norm_job;
+
+static inline __m256d sq_acc(__m128 v, __m256d acc) {
+  __m256d w = _mm256_cvtps_pd(v);
+  return _mm256_fmadd_pd(w, w, acc); /* w*w is exact in double: same as mul + add */
+}
+
+static void avx2_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
+  const avx2_norm_job *job = ctx;
+  const int64_t d = job->d;
+  const int64_t d8 = d & ~(int64_t)7;
+  const __m256i tail = armllm_avx2_tail_mask(d - d8);
+  for (int64_t t = t0; t < t1; t++) {
+    const float *x = job->x + t * job->ldx;
+    float *out = job->out + t * job->ldo;
+    const float *r = x;
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    if (job->residual) { /* pass 1: r = residual += x, and sum r^2 */
+      float *res = job->residual + t * job->ldr;
+      int64_t i = 0;
+      for (; i + 16 <= d; i += 16) {
+        __m256 v0 = _mm256_add_ps(_mm256_loadu_ps(res + i), _mm256_loadu_ps(x + i));
+        __m256 v1 = _mm256_add_ps(_mm256_loadu_ps(res + i + 8), _mm256_loadu_ps(x + i + 8));
+        _mm256_storeu_ps(res + i, v0);
+        _mm256_storeu_ps(res + i + 8, v1);
+        a0 = sq_acc(_mm256_castps256_ps128(v0), a0);
+        a1 = sq_acc(_mm256_extractf128_ps(v0, 1), a1);
+        a2 = sq_acc(_mm256_castps256_ps128(v1), a2);
+        a3 = sq_acc(_mm256_extractf128_ps(v1, 1), a3);
+      }
+      for (; i < d8; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(res + i), _mm256_loadu_ps(x + i));
+        _mm256_storeu_ps(res + i, v);
+        a0 = sq_acc(_mm256_castps256_ps128(v), a0);
+        a1 = sq_acc(_mm256_extractf128_ps(v, 1), a1);
+      }
+      if (d8 < d) {
+        __m256 v = _mm256_add_ps(_mm256_maskload_ps(res + d8, tail), _mm256_maskload_ps(x + d8, tail));
+        _mm256_maskstore_ps(res + d8, tail, v);
+        a0 = sq_acc(_mm256_castps256_ps128(v), a0); /* masked-off lanes are 0 */
+        a1 = sq_acc(_mm256_extractf128_ps(v, 1), a1);
+      }
+      r = res;
+    } else {
+      int64_t i = 0;
+      for (; i + 16 <= d; i += 16) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        a0 = sq_acc(_mm256_castps256_ps128(v0), a0);
+        a1 = sq_acc(_mm256_extractf128_ps(v0, 1), a1);
+        a2 = sq_acc(_mm256_castps256_ps128(v1), a2);
+        a3 = sq_acc(_mm256_extractf128_ps(v1, 1), a3);
+      }
+      for (; i < d8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        a0 = sq_acc(_mm256_castps256_ps128(v), a0);
+        a1 = sq_acc(_mm256_extractf128_ps(v, 1), a1);
+      }
+      if (d8 < d) {
+        __m256 v = _mm256_maskload_ps(x + d8, tail);
+        a0 = sq_acc(_mm256_castps256_ps128(v), a0);
+        a1 = sq_acc(_mm256_extractf128_ps(v, 1), a1);
+      }
+    }
+    __m256d s = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+    __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double sum_sq = _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+    float scale = (float)(1.0 / sqrt(sum_sq / (double)d + (double)job->eps));
+    const __m256 vs = _mm256_set1_ps(scale);
+    const float *w = job->weight;
+    int64_t i = 0; /* pass 2: out = r * scale * weight (out may be x) */
+    for (; i + 16 <= d; i += 16) {
+      __m256 o0 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(r + i), vs), _mm256_loadu_ps(w + i));
+      __m256 o1 = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(r + i + 8), vs),
+                                _mm256_loadu_ps(w + i + 8));
+      _mm256_storeu_ps(out + i, o0);
+      _mm256_storeu_ps(out + i + 8, o1);
+    }
+    for (; i < d8; i += 8)
+      _mm256_storeu_ps(out + i,
+                       _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(r + i), vs), _mm256_loadu_ps(w + i)));
+    if (d8 < d) {
+      __m256 o = _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(r + d8, tail), vs),
+                               _mm256_maskload_ps(w + d8, tail));
+      _mm256_maskstore_ps(out + d8, tail, o);
+    }
+  }
+}
+
+void armllm_avx2_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
+                         int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
+                         float *out, int64_t ldo) {
+  avx2_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
+  if (t * d < 32768) pool = NULL; /* a few rows: not worth waking workers */
+  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_rmsnorm_rows, &job);
+}

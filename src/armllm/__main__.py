@@ -1,0 +1,4 @@
+"""`python -m armllm` runs the command line."""
+from armllm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""C kernels, the thread pool and CPU dispatch; reached only through armllm.ops."""

@@ -1,0 +1,547 @@
+# cython: language_level=3
+"""_ext: nogil glue between Python and the C kernels.
+
+Owns argument validation (dtype, shape, contiguity, aliasing; a ValueError
+naming the bad argument), the ThreadPool and Kernels (one dispatch table)
+objects, and CPU feature queries. Every kernel call releases the GIL and
+never allocates: outputs are passed in.
+"""
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
+
+import numpy as np
+
+cnp.import_array()
+
+
+cdef extern from "pool.h" nogil:
+    ctypedef struct armllm_pool:
+        pass
+    armllm_pool *armllm_pool_create(int n_threads, int pin, char *err, size_t err_len)
+    void armllm_pool_destroy(armllm_pool *pool)
+    int armllm_pool_threads(const armllm_pool *pool)
+    int armllm_allowed_cpus()
+    const char *armllm_pool_atomic_impl()
+    void armllm_pool_count_items(armllm_pool *pool, int64_t n_items, int64_t grain,
+                                 uint32_t *counts)
+
+
+cdef extern from "armllm_kernels.h" nogil:
+    enum:
+        ARMLLM_ROPE_NEOX
+        ARMLLM_ROPE_GPTJ
+        ARMLLM_NUM_KERNELS
+    ctypedef size_t (*armllm_packed_len_fn)(int64_t n, int64_t k)
+    ctypedef void (*armllm_pack_f32_fn)(const float *w, int64_t n, int64_t k, float *packed)
+    ctypedef void (*armllm_pack_bf16_fn)(const uint16_t *w, int64_t n, int64_t k,
+                                         uint16_t *packed)
+    ctypedef void (*armllm_gemm_f32_fn)(armllm_pool *pool, const float *x, int64_t m,
+                                        int64_t k, int64_t ldx, const float *packed_w,
+                                        int64_t n, const float *bias, float *y, int64_t ldy)
+    ctypedef void (*armllm_gemm_bf16_fn)(armllm_pool *pool, const float *x, int64_t m,
+                                         int64_t k, int64_t ldx, const uint16_t *packed_w,
+                                         int64_t n, const float *bias, float *y, int64_t ldy)
+    ctypedef void (*armllm_rmsnorm_fn)(armllm_pool *pool, const float *x, int64_t ldx,
+                                       float *residual, int64_t ldr, const float *weight,
+                                       int64_t t, int64_t d, float eps, float *out,
+                                       int64_t ldo)
+    ctypedef int64_t (*armllm_rope_fn)(armllm_pool *pool, float *x, int64_t t,
+                                       int64_t n_heads, int64_t head_dim, int64_t ldx,
+                                       const int32_t *positions, const float *cos_sin,
+                                       int64_t max_pos, int64_t rot_dim, int style)
+    ctypedef void (*armllm_silu_mul_fn)(armllm_pool *pool, const float *gate_up, int64_t ldg,
+                                        int64_t t, int64_t inter, float *out, int64_t ldo)
+    ctypedef int64_t (*armllm_embed_f32_fn)(armllm_pool *pool, const int32_t *ids, int64_t t,
+                                            const float *table, int64_t vocab, int64_t d,
+                                            float *out, int64_t ldo)
+    ctypedef int64_t (*armllm_embed_bf16_fn)(armllm_pool *pool, const int32_t *ids,
+                                             int64_t t, const uint16_t *table, int64_t vocab,
+                                             int64_t d, float *out, int64_t ldo)
+    ctypedef void (*armllm_exp_fn)(const float *x, float *y, int64_t n)
+
+    ctypedef struct armllm_kernels:
+        const char *isa
+        const char *impl[7]
+        const char *gemm_f32_layout
+        const char *gemm_bf16_layout
+        const char *gemm_bf16_compute
+        armllm_packed_len_fn gemm_f32_packed_len
+        armllm_pack_f32_fn gemm_f32_pack
+        armllm_gemm_f32_fn gemm_f32
+        armllm_packed_len_fn gemm_bf16_packed_len
+        armllm_pack_bf16_fn gemm_bf16_pack
+        armllm_gemm_bf16_fn gemm_bf16
+        armllm_rmsnorm_fn rmsnorm
+        armllm_rope_fn rope
+        armllm_silu_mul_fn silu_mul
+        armllm_embed_f32_fn embed_f32
+        armllm_embed_bf16_fn embed_bf16
+        armllm_exp_fn exp
+
+
+cdef extern from "cpu.h" nogil:
+    enum:
+        ARMLLM_CPU_NUM_FEATURES
+    ctypedef struct armllm_cpu:
+        const char *arch
+        uint64_t features
+        int sve_vector_bits
+    const armllm_cpu *armllm_cpu_detect()
+    const char *armllm_cpu_feature_name(int feature)
+    int armllm_cpu_has(const armllm_cpu *cpu, int feature)
+    const char *const *armllm_isa_built()
+    const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
+                                           size_t err_len)
+    const char *armllm_isa_best(const armllm_cpu *cpu)
+
+
+# Kernel slot names, in the order of armllm_kernels.impl.
+KERNEL_NAMES = ("gemm_f32", "gemm_bf16", "rmsnorm", "rope", "silu_mul", "embed", "exp")
+assert len(KERNEL_NAMES) == ARMLLM_NUM_KERNELS
+
+# ---------------------------------------------------------------- CPU info
+
+
+def cpu_features():
+    """Architecture, detected feature names and SVE vector length in bits."""
+    cdef const armllm_cpu *cpu = armllm_cpu_detect()
+    names = [armllm_cpu_feature_name(f).decode() for f in range(ARMLLM_CPU_NUM_FEATURES)
+             if armllm_cpu_has(cpu, f)]
+    return {"arch": cpu.arch.decode(), "features": names,
+            "sve_vector_bits": cpu.sve_vector_bits}
+
+
+def isa_built():
+    """Kernel variants compiled into this build, best first."""
+    cdef const char *const *names = armllm_isa_built()
+    out = []
+    cdef int i = 0
+    while names[i] != NULL:
+        out.append(names[i].decode())
+        i += 1
+    return out
+
+
+def isa_best():
+    """The best variant this CPU can run."""
+    return armllm_isa_best(armllm_cpu_detect()).decode()
+
+
+def allowed_cpus():
+    """CPUs in this process's affinity mask."""
+    return armllm_allowed_cpus()
+
+
+def atomic_impl():
+    """The fetch-add the pool uses on this CPU."""
+    return armllm_pool_atomic_impl().decode()
+
+
+cdef const armllm_kernels *_table(str isa) except NULL:
+    cdef char err[512]
+    cdef bytes name = isa.encode()
+    cdef const armllm_kernels *t = armllm_isa_table(name, armllm_cpu_detect(), err, sizeof(err))
+    if t == NULL:
+        raise ValueError(err.decode())
+    return t
+
+
+# -------------------------------------------------------------- validation
+
+
+cdef cnp.ndarray _array(object a, str name, object dtype, int ndim):
+    """a as an ndarray of dtype and ndim whose rows are contiguous."""
+    if not isinstance(a, cnp.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    cdef cnp.ndarray arr = <cnp.ndarray>a
+    if arr.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {_shp(arr)}")
+    cdef int i
+    for i in range(ndim):
+        if arr.shape[i] == 0:
+            raise ValueError(f"{name} has a zero-size dimension: shape {_shp(arr)}")
+    if arr.strides[ndim - 1] != arr.itemsize:
+        raise ValueError(f"{name} must have contiguous rows (last stride {arr.strides[ndim - 1]}"
+                         f" bytes, expected {arr.itemsize})")
+    if ndim == 2 and (arr.strides[0] % arr.itemsize != 0 or arr.strides[0] < arr.shape[1] * arr.itemsize):
+        raise ValueError(f"{name} has an unsupported row stride of {arr.strides[0]} bytes")
+    if not cnp.PyArray_ISALIGNED(arr):
+        raise ValueError(f"{name} is not aligned to its element size")
+    return arr
+
+
+cdef object _shp(cnp.ndarray arr):
+    return tuple(arr.shape[i] for i in range(arr.ndim))
+
+
+cdef inline void _writable(cnp.ndarray arr, str name) except *:
+    if not cnp.PyArray_ISWRITEABLE(arr):
+        raise ValueError(f"{name} is read-only")
+
+
+cdef inline int64_t _ld(cnp.ndarray arr):
+    """Row stride in elements of a 2-D array."""
+    return arr.strides[0] // arr.itemsize
+
+
+cdef inline uintptr_t _addr(cnp.ndarray arr):
+    return <uintptr_t>cnp.PyArray_DATA(arr)
+
+
+cdef void _no_overlap(cnp.ndarray a, str a_name, cnp.ndarray b, str b_name) except *:
+    """Raises unless the memory spans of a and b are disjoint."""
+    cdef uintptr_t a0 = _addr(a), b0 = _addr(b)
+    cdef uintptr_t a1 = a0 + <uintptr_t>((a.shape[0] - 1) * a.strides[0] + (a.shape[a.ndim - 1]) * a.itemsize)
+    cdef uintptr_t b1 = b0 + <uintptr_t>((b.shape[0] - 1) * b.strides[0] + (b.shape[b.ndim - 1]) * b.itemsize)
+    if a0 < b1 and b0 < a1:
+        raise ValueError(f"{a_name} and {b_name} must not overlap")
+
+
+cdef void _same_or_disjoint(cnp.ndarray out, str out_name, cnp.ndarray src, str src_name) except *:
+    """out may be exactly src (same start and stride) or must not overlap it."""
+    if _addr(out) == _addr(src) and out.strides[0] == src.strides[0]:
+        return
+    _no_overlap(out, out_name, src, src_name)
+
+
+# ------------------------------------------------------------- thread pool
+
+
+cdef class ThreadPool:
+    """Persistent worker threads (the caller counts as one) for the kernels."""
+    cdef armllm_pool *pool
+    cdef readonly int num_threads
+
+    def __cinit__(self, int num_threads, bint pin=True):
+        cdef char err[256]
+        self.pool = armllm_pool_create(num_threads, pin, err, sizeof(err))
+        if self.pool == NULL:
+            raise ValueError(err.decode())
+        self.num_threads = num_threads
+
+    def close(self):
+        """Stops the workers; later calls with this pool raise ValueError."""
+        cdef armllm_pool *p = self.pool
+        self.pool = NULL
+        with nogil:
+            armllm_pool_destroy(p)
+
+    def __dealloc__(self):
+        if self.pool != NULL:
+            armllm_pool_destroy(self.pool)
+
+    def count_items(self, int64_t n_items, int64_t grain):
+        """Test hook: runs a job and returns how often each item ran."""
+        if n_items < 1 or grain < 1:
+            raise ValueError(f"n_items and grain must be >= 1, got {n_items} and {grain}")
+        counts = np.zeros(n_items, dtype=np.uint32)
+        cdef cnp.ndarray arr = counts
+        cdef armllm_pool *p = _pool_ptr(self)
+        with nogil:
+            armllm_pool_count_items(p, n_items, grain, <uint32_t *>cnp.PyArray_DATA(arr))
+        return counts
+
+
+cdef armllm_pool *_pool_ptr(ThreadPool pool) except? NULL:
+    if pool is None:
+        return NULL
+    if pool.pool == NULL:
+        raise ValueError("the thread pool is closed")
+    return pool.pool
+
+
+# ---------------------------------------------------------- packed weights
+
+
+cdef class PackedWeight:
+    """A weight W[N, K] prepacked for one kernel table's GEMM micro-kernel."""
+    cdef readonly cnp.ndarray data
+    cdef readonly int64_t n, k
+    cdef readonly str dtype     # "f32" or "bf16"
+    cdef readonly str layout
+    cdef readonly str isa
+
+    @property
+    def shape(self):
+        return (self.n, self.k)
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes
+
+    def __repr__(self):
+        return (f"PackedWeight(shape=({self.n}, {self.k}), dtype={self.dtype}, "
+                f"layout={self.layout}, isa={self.isa})")
+
+
+# Packed buffers start on a cache line so micro-kernels may stream them.
+DEF PACK_ALIGN = 64
+
+
+cdef cnp.ndarray _aligned_empty(size_t count, object dtype):
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(count * itemsize + PACK_ALIGN, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % PACK_ALIGN
+    return raw[offset:offset + count * itemsize].view(dtype)
+
+
+# ----------------------------------------------------------------- kernels
+
+
+cdef class Kernels:
+    """One kernel variant's dispatch table ("ref", "avx2", "neon", ...)."""
+    cdef const armllm_kernels *t
+
+    def __cinit__(self, str isa):
+        self.t = _table(isa)
+
+    @property
+    def isa(self):
+        return self.t.isa.decode()
+
+    @property
+    def impl(self):
+        """The variant whose code runs for each kernel slot."""
+        return {name: self.t.impl[i].decode() for i, name in enumerate(KERNEL_NAMES)}
+
+    @property
+    def gemm_layouts(self):
+        return {"f32": self.t.gemm_f32_layout.decode(), "bf16": self.t.gemm_bf16_layout.decode()}
+
+    @property
+    def gemm_bf16_compute(self):
+        """"f32" (bf16 weights widened) or "bf16" (activations rounded to bf16 too)."""
+        return self.t.gemm_bf16_compute.decode()
+
+    def pack(self, w, str dtype):
+        """Prepacks W[N, K] (float32 for "f32", uint16 bf16 bits for "bf16")."""
+        cdef cnp.ndarray arr
+        cdef cnp.ndarray packed
+        cdef int64_t n, k
+        cdef PackedWeight pw = PackedWeight.__new__(PackedWeight)
+        if dtype == "f32":
+            arr = _array(w, "w", np.float32, 2)
+        elif dtype == "bf16":
+            arr = _array(w, "w", np.uint16, 2)
+        else:
+            raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
+        if _ld(arr) != arr.shape[1]:
+            arr = np.ascontiguousarray(arr)
+        n, k = arr.shape[0], arr.shape[1]
+        if dtype == "f32":
+            packed = _aligned_empty(self.t.gemm_f32_packed_len(n, k), np.float32)
+            with nogil:
+                self.t.gemm_f32_pack(<const float *>cnp.PyArray_DATA(arr), n, k,
+                                     <float *>cnp.PyArray_DATA(packed))
+            pw.layout = self.t.gemm_f32_layout.decode()
+        else:
+            packed = _aligned_empty(self.t.gemm_bf16_packed_len(n, k), np.uint16)
+            with nogil:
+                self.t.gemm_bf16_pack(<const uint16_t *>cnp.PyArray_DATA(arr), n, k,
+                                      <uint16_t *>cnp.PyArray_DATA(packed))
+            pw.layout = self.t.gemm_bf16_layout.decode()
+        packed.flags.writeable = False
+        pw.data, pw.n, pw.k, pw.dtype, pw.isa = packed, n, k, dtype, self.isa
+        return pw
+
+    def gemm(self, x, PackedWeight w, out, bias=None, ThreadPool pool=None):
+        """out[M, N] = x[M, K] @ W.T (+ bias)."""
+        if w is None:
+            raise ValueError("w must be a PackedWeight, got None")
+        cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+        cdef cnp.ndarray ba
+        cdef const float *bias_ptr = NULL
+        _writable(oa, "out")
+        expected = self.t.gemm_f32_layout if w.dtype == "f32" else self.t.gemm_bf16_layout
+        if w.layout != expected.decode():
+            raise ValueError(f"w is packed as {w.layout!r} (by {w.isa}); the {self.isa} "
+                             f"kernels read {expected.decode()!r}: pack it with this table")
+        if xa.shape[1] != w.k:
+            raise ValueError(f"x has {xa.shape[1]} columns but w has K={w.k}")
+        if oa.shape[0] != xa.shape[0] or oa.shape[1] != w.n:
+            raise ValueError(f"out must have shape ({xa.shape[0]}, {w.n}), got {_shp(oa)}")
+        _no_overlap(oa, "out", xa, "x")
+        if bias is not None:
+            ba = _array(bias, "bias", np.float32, 1)
+            if ba.shape[0] != w.n:
+                raise ValueError(f"bias must have shape ({w.n},), got {_shp(ba)}")
+            bias_ptr = <const float *>cnp.PyArray_DATA(ba)
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t m = xa.shape[0], k = w.k, n = w.n, ldx = _ld(xa), ldy = _ld(oa)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef float *yp = <float *>cnp.PyArray_DATA(oa)
+        cdef void *wp = cnp.PyArray_DATA(w.data)
+        if w.dtype == "f32":
+            with nogil:
+                self.t.gemm_f32(p, xp, m, k, ldx, <const float *>wp, n, bias_ptr, yp, ldy)
+        else:
+            with nogil:
+                self.t.gemm_bf16(p, xp, m, k, ldx, <const uint16_t *>wp, n, bias_ptr, yp, ldy)
+        return out
+
+    def rmsnorm(self, x, weight, float eps, out, residual=None, ThreadPool pool=None):
+        """out = rmsnorm(x [+ residual]) * weight; residual is updated to x + residual."""
+        cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
+        cdef cnp.ndarray wa = _array(weight, "weight", np.float32, 1)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+        cdef cnp.ndarray ra
+        cdef float *res_ptr = NULL
+        cdef int64_t ldr = 0
+        _writable(oa, "out")
+        if not eps > 0 or eps != eps:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if wa.shape[0] != xa.shape[1]:
+            raise ValueError(f"weight must have shape ({xa.shape[1]},), got {_shp(wa)}")
+        if oa.shape[0] != xa.shape[0] or oa.shape[1] != xa.shape[1]:
+            raise ValueError(f"out must have shape {_shp(xa)}, got {_shp(oa)}")
+        _same_or_disjoint(oa, "out", xa, "x")
+        if residual is not None:
+            ra = _array(residual, "residual", np.float32, 2)
+            _writable(ra, "residual")
+            if ra.shape[0] != xa.shape[0] or ra.shape[1] != xa.shape[1]:
+                raise ValueError(f"residual must have shape {_shp(xa)}, got {_shp(ra)}")
+            _no_overlap(oa, "out", ra, "residual")
+            _no_overlap(xa, "x", ra, "residual")
+            res_ptr = <float *>cnp.PyArray_DATA(ra)
+            ldr = _ld(ra)
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t t = xa.shape[0], d = xa.shape[1], ldx = _ld(xa), ldo = _ld(oa)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            self.t.rmsnorm(p, xp, ldx, res_ptr, ldr, wp, t, d, eps, op, ldo)
+        return out
+
+    def rope(self, x, positions, cos_sin, int64_t n_heads, int64_t head_dim,
+             int64_t rot_dim=0, str style="neox", ThreadPool pool=None):
+        """Rotates the first rot_dim (default head_dim) dims of each head of x in place."""
+        cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
+        cdef cnp.ndarray pa = _array(positions, "positions", np.int32, 1)
+        cdef cnp.ndarray ca = _array(cos_sin, "cos_sin", np.float32, 2)
+        _writable(xa, "x")
+        if rot_dim == 0:
+            rot_dim = head_dim
+        if style not in ("neox", "gptj"):
+            raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")
+        if n_heads < 1 or head_dim < 2:
+            raise ValueError(f"n_heads must be >= 1 and head_dim >= 2, got {n_heads}, {head_dim}")
+        if rot_dim < 2 or rot_dim % 2 or rot_dim > head_dim:
+            raise ValueError(f"rot_dim must be even and in [2, head_dim={head_dim}], got {rot_dim}")
+        if n_heads * head_dim > xa.shape[1]:
+            raise ValueError(f"x has {xa.shape[1]} columns, fewer than n_heads*head_dim = "
+                             f"{n_heads * head_dim}")
+        if pa.shape[0] != xa.shape[0]:
+            raise ValueError(f"positions has {pa.shape[0]} entries for {xa.shape[0]} rows of x")
+        if ca.shape[1] != rot_dim or _ld(ca) != rot_dim:
+            raise ValueError(f"cos_sin must be a contiguous (max_pos, {rot_dim}) array, got "
+                             f"shape {_shp(ca)}")
+        _no_overlap(xa, "x", ca, "cos_sin")
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int st = ARMLLM_ROPE_NEOX if style == "neox" else ARMLLM_ROPE_GPTJ
+        cdef int64_t t = xa.shape[0], ldx = _ld(xa), max_pos = ca.shape[0], bad
+        cdef float *xp = <float *>cnp.PyArray_DATA(xa)
+        cdef const int32_t *pp = <const int32_t *>cnp.PyArray_DATA(pa)
+        cdef const float *cp = <const float *>cnp.PyArray_DATA(ca)
+        with nogil:
+            bad = self.t.rope(p, xp, t, n_heads, head_dim, ldx, pp, cp, max_pos, rot_dim, st)
+        if bad >= 0:
+            raise ValueError(f"positions[{bad}] = {positions[bad]} is outside the cos/sin "
+                             f"cache [0, {max_pos})")
+        return x
+
+    def silu_mul(self, gate_up, out, ThreadPool pool=None):
+        """out[t, j] = silu(gate_up[t, j]) * gate_up[t, inter + j], inter = columns / 2."""
+        cdef cnp.ndarray ga = _array(gate_up, "gate_up", np.float32, 2)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+        _writable(oa, "out")
+        if ga.shape[1] % 2:
+            raise ValueError(f"gate_up must have an even number of columns, got {ga.shape[1]}")
+        cdef int64_t inter = ga.shape[1] // 2
+        if oa.shape[0] != ga.shape[0] or oa.shape[1] != inter:
+            raise ValueError(f"out must have shape ({ga.shape[0]}, {inter}), got {_shp(oa)}")
+        if not (_addr(oa) == _addr(ga) and oa.strides[0] == ga.strides[0]):
+            _no_overlap(oa, "out", ga, "gate_up")
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t t = ga.shape[0], ldg = _ld(ga), ldo = _ld(oa)
+        cdef const float *gp = <const float *>cnp.PyArray_DATA(ga)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            self.t.silu_mul(p, gp, ldg, t, inter, op, ldo)
+        return out
+
+    def embed(self, ids, table, out, ThreadPool pool=None):
+        """out[t] = table[ids[t]]; table float32 or uint16 (bf16 bits)."""
+        cdef cnp.ndarray ia = _array(ids, "ids", np.int32, 1)
+        if not isinstance(table, cnp.ndarray):
+            raise ValueError(f"table must be a numpy array, got {type(table).__name__}")
+        cdef bint bf16 = (<cnp.ndarray>table).dtype == np.uint16
+        cdef cnp.ndarray ta = _array(table, "table", np.uint16 if bf16 else np.float32, 2)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+        _writable(oa, "out")
+        if _ld(ta) != ta.shape[1]:
+            raise ValueError("table must be C-contiguous")
+        if oa.shape[0] != ia.shape[0] or oa.shape[1] != ta.shape[1]:
+            raise ValueError(f"out must have shape ({ia.shape[0]}, {ta.shape[1]}), got {_shp(oa)}")
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t t = ia.shape[0], vocab = ta.shape[0], d = ta.shape[1], ldo = _ld(oa), bad
+        cdef const int32_t *ip = <const int32_t *>cnp.PyArray_DATA(ia)
+        cdef void *tp = cnp.PyArray_DATA(ta)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            if bf16:
+                bad = self.t.embed_bf16(p, ip, t, <const uint16_t *>tp, vocab, d, op, ldo)
+            else:
+                bad = self.t.embed_f32(p, ip, t, <const float *>tp, vocab, d, op, ldo)
+        if bad >= 0:
+            raise ValueError(f"ids[{bad}] = {ids[bad]} is outside the vocabulary [0, {vocab})")
+        return out
+
+    def exp(self, x, out):
+        """out = exp(x) with the kernels' polynomial exp (1-D float32)."""
+        cdef cnp.ndarray xa = _array(x, "x", np.float32, 1)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 1)
+        _writable(oa, "out")
+        if oa.shape[0] != xa.shape[0]:
+            raise ValueError(f"out must have shape {_shp(xa)}, got {_shp(oa)}")
+        if _addr(oa) != _addr(xa):
+            _no_overlap(oa, "out", xa, "x")
+        cdef int64_t n = xa.shape[0]
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            self.t.exp(xp, op, n)
+        return out
+
+
+# ------------------------------------------------------------------ probes
+
+cdef extern from "probe.h" nogil:
+    uint64_t armllm_probe_read(armllm_pool *pool, const void *buf, size_t nbytes)
+    double armllm_probe_fma(armllm_pool *pool, int64_t iters)
+
+
+def probe_read(buf, ThreadPool pool=None):
+    """Reads a uint8 buffer (length a multiple of 64) across the pool's threads."""
+    cdef cnp.ndarray arr = _array(buf, "buf", np.uint8, 1)
+    if arr.shape[0] % 64:
+        raise ValueError(f"buf length must be a multiple of 64, got {arr.shape[0]}")
+    cdef armllm_pool *p = _pool_ptr(pool)
+    cdef size_t nbytes = arr.shape[0]
+    cdef const void *data = cnp.PyArray_DATA(arr)
+    cdef uint64_t sum
+    with nogil:
+        sum = armllm_probe_read(p, data, nbytes)
+    return sum
+
+
+def probe_fma(int64_t iters, ThreadPool pool=None):
+    """Runs independent FMA chains on every pool thread; returns FLOPs done."""
+    cdef armllm_pool *p = _pool_ptr(pool)
+    cdef double flops
+    with nogil:
+        flops = armllm_probe_fma(p, iters)
+    return flops

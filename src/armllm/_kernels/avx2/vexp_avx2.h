@@ -1,0 +1,53 @@
+/* avx2/vexp_avx2.h: the shared exp approximation (../vexp.h), 8 lanes wide.
+ *
+ * Performs exactly the operations of armllm_exp_scalar() in the same order,
+ * with FMAs exactly where the scalar form calls fmaf(), so every lane is
+ * bit-identical to ref. Inline, for exp.c, act.c and (later) attention.
+ * Needs -mavx2 -mfma.
+ */
+#ifndef ARMLLM_VEXP_AVX2_H
+#define ARMLLM_VEXP_AVX2_H
+
+#include <immintrin.h>
+
+#include "../vexp.h"
+
+static inline __m256 armllm_exp_avx2(__m256 x) {
+  /* clamp; max(x, LO) returns LO for NaN lanes, which are restored at the end */
+  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(ARMLLM_EXP_LO)),
+                            _mm256_set1_ps(ARMLLM_EXP_HI));
+  const __m256 round = _mm256_set1_ps(ARMLLM_EXP_ROUND);
+  __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(ARMLLM_EXP_LOG2E), round), round);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ARMLLM_EXP_LN2_HI), xc);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(ARMLLM_EXP_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(ARMLLM_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P5));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  __m256i ni = _mm256_cvttps_epi32(n); /* n is an integer in [-150, 128]: exact */
+  __m256i half = _mm256_srai_epi32(ni, 1);
+  __m256i rest = _mm256_sub_epi32(ni, half);
+  const __m256i bias = _mm256_set1_epi32(127);
+  __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  /* NaN in, the same NaN out (as the scalar form's early return) */
+  y = _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  /* opaque to the optimizer: a caller's later add is never fused into the
+   * last multiply, whatever -ffp-contract says */
+  __asm__("" : "+x"(y));
+  return y;
+}
+
+/* Lane mask for the first n (0..8) lanes, for maskload/maskstore tails. */
+static inline __m256i armllm_avx2_tail_mask(int64_t n) {
+  static const int32_t ones_then_zeros[16] = {-1, -1, -1, -1, -1, -1, -1, -1,
+                                              0,  0,  0,  0,  0,  0,  0,  0};
+  return _mm256_loadu_si256((const __m256i *)(ones_then_zeros + 8 - n));
+}
+
+#endif /* ARMLLM_VEXP_AVX2_H */

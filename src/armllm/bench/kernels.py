@@ -1,0 +1,149 @@
+"""`armllm bench kernels`: GEMM speed next to this machine's limits and numpy.
+
+Measures, in one run: the read bandwidth and fp32 FMA peak (own probes),
+then armllm's GEMM for decode (memory-bound: effective GB/s of weights) and
+prefill (GFLOP/s) at real model layer shapes, for f32 and bf16 weights,
+beside numpy's `x @ W.T` (OpenBLAS) on the same shapes and thread count.
+Timings are medians of repeated runs, interleaved with numpy's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+from armllm import _blas_threads, ops
+
+# (model, layer, N, K): y[M, N] = x[M, K] @ W[N, K].T
+MODEL_SHAPES = {
+    "smollm2-135m": [("qo", 576, 576), ("gate/up", 1536, 576), ("down", 576, 1536),
+                     ("lm_head", 49152, 576)],
+    "llama-3.1-8b": [("qo", 4096, 4096), ("gate/up", 14336, 4096), ("down", 4096, 14336),
+                     ("lm_head", 128256, 4096)],
+}
+DECODE_MAX_M = 8  # rows at or below this are reported as memory-bound (GB/s)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="smollm2-135m,llama-3.1-8b",
+                   help="comma-separated: " + ", ".join(MODEL_SHAPES))
+    p.add_argument("--m", default="1,4,128,512", help="comma-separated row counts M")
+    p.add_argument("--threads", default=None,
+                   help="comma-separated thread counts (default: 1 and the pool's count)")
+    p.add_argument("--dtypes", default="f32,bf16", help="weight dtypes: f32, bf16")
+    p.add_argument("--min-time", type=float, default=0.3,
+                   help="seconds to spend per measurement (at least 3 repetitions)")
+    p.add_argument("--no-numpy", action="store_true", help="skip the numpy comparison")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    from armllm.cli import UsageError
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"--{name} values must be >= 1, got {text!r}")
+    return values
+
+
+def _median_time(fn, min_time: float) -> float:
+    fn()  # warm-up
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < 1000):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def probe_machine(pool: ops.ThreadPool, min_time: float) -> dict:
+    """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
+    from armllm._kernels import _ext
+    buf = np.ones(512 << 20, dtype=np.uint8)  # 512 MiB
+    t = _median_time(lambda: _ext.probe_read(buf, pool), min_time)
+    iters = 2_000_000
+    t_fma = _median_time(lambda: _ext.probe_fma(iters, pool), min_time)
+    flops = _ext.probe_fma(iters, pool)
+    return {"read_gbs": buf.nbytes / t / 1e9, "fma_gflops": flops / t_fma / 1e9}
+
+
+def run(args: argparse.Namespace) -> int:
+    from armllm.cli import UsageError
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in models:
+        if m not in MODEL_SHAPES:
+            raise UsageError(f"unknown model {m!r} for --models (known: {', '.join(MODEL_SHAPES)})")
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in ("f32", "bf16"):
+            raise UsageError(f"--dtypes values must be f32 or bf16, got {d!r}")
+    ms = _int_list(args.m, "m")
+    threads = _int_list(args.threads, "threads") if args.threads else \
+        sorted({1, ops.num_threads()})
+    if args.min_time <= 0:
+        raise UsageError(f"--min-time must be > 0, got {args.min_time}")
+
+    info = ops.cpu_info()
+    print(f"armllm bench kernels: {info['cpu']}, variant {info['isa']} "
+          f"(gemm_f32 {info['kernels']['gemm_f32']}, gemm_bf16 {info['kernels']['gemm_bf16']})")
+    results: dict = {"cpu": info, "machine": {}, "gemm": []}
+    pools = {n: ops.ThreadPool(n) for n in threads}
+    for n, pool in pools.items():
+        probe = probe_machine(pool, args.min_time)
+        results["machine"][n] = probe
+        print(f"threads {n}: read bandwidth {probe['read_gbs']:.1f} GB/s, "
+              f"fp32 FMA peak {probe['fma_gflops']:.0f} GFLOP/s")
+
+    header = (f"{'model':<13} {'layer':<8} {'N':>6} {'K':>6} {'M':>4} {'w':>4} {'thr':>3} "
+              f"{'armllm ms':>10} {'GFLOP/s':>8} {'GB/s':>6} {'%bw/%pk':>7} "
+              f"{'numpy ms':>9} {'speedup':>7}")
+    print(header)
+    rng = np.random.default_rng(0)
+    kern = ops.kernels()
+    for model in models:
+        for layer, n, k in MODEL_SHAPES[model]:
+            w32 = rng.standard_normal((n, k), dtype=np.float32) * np.float32(k ** -0.5)
+            packed = {d: kern.pack(w32 if d == "f32" else ops.f32_to_bf16(w32), d) for d in dtypes}
+            for m in ms:
+                if layer == "lm_head" and m > DECODE_MAX_M:
+                    continue  # logits are computed only for the rows that sample
+                x = rng.standard_normal((m, k), dtype=np.float32)
+                y = np.empty((m, n), dtype=np.float32)
+                for n_threads, pool in pools.items():
+                    numpy_t = None
+                    if not args.no_numpy:
+                        _blas_threads.set_blas_threads(n_threads)
+                        wt = w32.T
+                        numpy_t = _median_time(lambda: np.matmul(x, wt), args.min_time)
+                        _blas_threads.set_blas_threads(1)
+                    for d in dtypes:
+                        pw = packed[d]
+                        t = _median_time(lambda: kern.gemm(x, pw, y, None, pool), args.min_time)
+                        gflops = 2.0 * m * n * k / t / 1e9
+                        gbs = pw.nbytes / t / 1e9
+                        mach = results["machine"][n_threads]
+                        frac = gbs / mach["read_gbs"] if m <= DECODE_MAX_M else gflops / mach["fma_gflops"]
+                        row = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
+                               "dtype": d, "threads": n_threads, "armllm_s": t,
+                               "gflops": gflops, "weight_gbs": gbs,
+                               "fraction_of_limit": frac, "numpy_f32_s": numpy_t}
+                        results["gemm"].append(row)
+                        speed = f"{numpy_t / t:7.2f}" if numpy_t else "      -"
+                        nms = f"{numpy_t * 1e3:9.3f}" if numpy_t else "        -"
+                        print(f"{model:<13} {layer:<8} {n:>6} {k:>6} {m:>4} {d:>4} {n_threads:>3} "
+                              f"{t * 1e3:10.3f} {gflops:8.1f} {gbs:6.1f} {frac * 100:6.0f}% "
+                              f"{nms} {speed}", flush=True)
+    print("%bw/%pk: decode rows (M <= 8) as a fraction of read bandwidth, prefill rows of FMA "
+          "peak; speedup = numpy f32 time / armllm time.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    for pool in pools.values():
+        pool.close()
+    return 0

@@ -1,0 +1,76 @@
+"""The `armllm` command line: info, bench.
+
+Bad input ends with a one-line message on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+class UsageError(Exception):
+    """A bad command-line value: reported in one line, exit code 2."""
+
+
+def _ops():
+    try:
+        from armllm import ops
+    except ValueError as exc:  # ARMLLM_ISA / ARMLLM_NUM_THREADS
+        raise UsageError(str(exc)) from None
+    return ops
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = _ops().cpu_info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    sve = f", SVE {info['sve_vector_bits']} bits" if info["sve_vector_bits"] else ""
+    print(f"cpu:         {info['cpu']} ({info['arch']}{sve})")
+    print(f"features:    {' '.join(info['features']) or '-'}")
+    print(f"threads:     {info['num_threads']} (allowed CPUs: {info['allowed_cpus']}; "
+          f"fetch-add: {info['fetch_add']})")
+    print(f"variant:     {info['isa']} ({'forced by ARMLLM_ISA' if info['isa_source'] != 'auto' else 'auto'}; "
+          f"runnable: {', '.join(info['isa_available'])})")
+    print("kernels:")
+    for name, impl in info["kernels"].items():
+        print(f"  {name:<10} {impl}")
+    print(f"gemm layouts: f32 {info['gemm_layouts']['f32']}, bf16 {info['gemm_layouts']['bf16']} "
+          f"(bf16 compute in {info['gemm_bf16_compute']})")
+    return 0
+
+
+def cmd_bench_kernels(args: argparse.Namespace) -> int:
+    _ops()
+    from armllm.bench import kernels as bench_kernels
+    return bench_kernels.run(args)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="armllm", description="CPU-first LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="CPU features, threads and the kernel chosen per family")
+    info.add_argument("--json", action="store_true", help="print as JSON")
+    info.set_defaults(func=cmd_info)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from armllm.bench.kernels import add_arguments
+    kernels = bench_sub.add_parser("kernels", help="GEMM speed vs machine limits and numpy")
+    add_arguments(kernels)
+    kernels.set_defaults(func=cmd_bench_kernels)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"armllm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

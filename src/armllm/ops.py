@@ -1,0 +1,255 @@
+"""ops: armllm's only door to the C kernels.
+
+Chooses the kernel table once at import (the best the CPU runs, or the one
+named by ARMLLM_ISA), owns the default thread pool (ARMLLM_NUM_THREADS or
+the process's CPU affinity), and wraps each kernel in a typed function that
+writes into `out=` when given (the hot path) and allocates only when not.
+Load-time helpers (weight packing, bf16 conversion, RoPE tables) live here
+too; nothing here calls numpy's BLAS.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Literal
+
+import numpy as np
+
+from armllm._kernels import _ext
+from armllm._kernels._ext import Kernels, PackedWeight, ThreadPool
+
+__all__ = [
+    "Kernels", "PackedWeight", "ThreadPool", "available_isas", "bf16_to_f32", "cpu_info",
+    "embedding", "exp", "f32_to_bf16", "get_pool", "kernels", "linear", "num_threads",
+    "pack_weight", "rms_norm", "rope", "rope_cos_sin", "selected_isa", "silu_mul",
+]
+
+WeightDtype = Literal["f32", "bf16"]
+
+
+def _isa_from_env() -> tuple[str, str]:
+    forced = os.environ.get("ARMLLM_ISA", "").strip()
+    if not forced or forced == "auto":
+        return _ext.isa_best(), "auto"
+    try:
+        Kernels(forced)
+    except ValueError as exc:
+        raise ValueError(f"ARMLLM_ISA={forced}: {exc}") from None
+    return forced, "ARMLLM_ISA"
+
+
+def _threads_from_env() -> int:
+    raw = os.environ.get("ARMLLM_NUM_THREADS", "").strip()
+    if not raw:
+        return _ext.allowed_cpus()
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 4096:
+        raise ValueError(f"ARMLLM_NUM_THREADS must be an integer from 1 to 4096, got {raw!r}")
+    return n
+
+
+_ISA, _ISA_SOURCE = _isa_from_env()
+_KERNELS = Kernels(_ISA)
+_NUM_THREADS = _threads_from_env()
+_pool: ThreadPool | None = None
+_pool_lock = threading.Lock()
+
+
+def selected_isa() -> str:
+    """The kernel variant every ops function uses."""
+    return _ISA
+
+
+def kernels(isa: str | None = None) -> Kernels:
+    """The dispatch table of `isa` (default: the selected one)."""
+    return _KERNELS if isa is None else Kernels(isa)
+
+
+def available_isas() -> list[str]:
+    """Variants built into this package that this CPU can run, best first."""
+    out = []
+    for name in _ext.isa_built():
+        try:
+            Kernels(name)
+        except ValueError:
+            continue
+        out.append(name)
+    return out
+
+
+def num_threads() -> int:
+    return _NUM_THREADS
+
+
+def get_pool() -> ThreadPool:
+    """The process-wide pool, started on first use."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPool(_NUM_THREADS)
+    return _pool
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "CPU part") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def cpu_info() -> dict:
+    """The CPU, its features, the thread count and the kernel chosen per slot."""
+    info = _ext.cpu_features()
+    return {
+        "cpu": _cpu_model(),
+        "arch": info["arch"],
+        "features": info["features"],
+        "sve_vector_bits": info["sve_vector_bits"],
+        "allowed_cpus": _ext.allowed_cpus(),
+        "num_threads": _NUM_THREADS,
+        "fetch_add": _ext.atomic_impl(),
+        "isa": _ISA,
+        "isa_source": _ISA_SOURCE,
+        "isa_built": _ext.isa_built(),
+        "isa_available": available_isas(),
+        "kernels": _KERNELS.impl,
+        "gemm_layouts": _KERNELS.gemm_layouts,
+        "gemm_bf16_compute": _KERNELS.gemm_bf16_compute,
+    }
+
+
+# ----------------------------------------------------------- load-time helpers
+
+
+def f32_to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even; NaN stays NaN."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        rounded[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
+    return rounded
+
+
+def bf16_to_f32(a: np.ndarray) -> np.ndarray:
+    """bf16 bits (uint16) -> float32, exact."""
+    return (np.asarray(a, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def pack_weight(w: np.ndarray, dtype: WeightDtype = "f32") -> PackedWeight:
+    """Prepacks W[N, K] for the selected GEMM. float32 input is converted to
+    bf16 when dtype="bf16"; uint16 input is taken as bf16 bits."""
+    if dtype not in ("f32", "bf16"):
+        raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
+    if isinstance(w, np.ndarray) and dtype == "bf16" and w.dtype == np.float32:
+        w = f32_to_bf16(w)
+    return _KERNELS.pack(w, dtype)
+
+
+def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
+                 scaling: dict | None = None) -> np.ndarray:
+    """The (max_pos, rot_dim) cos|sin table the RoPE kernel reads.
+
+    scaling follows Hugging Face's rope_scaling: None, {"rope_type": "linear",
+    "factor"} or {"rope_type": "llama3", "factor", "low_freq_factor",
+    "high_freq_factor", "original_max_position_embeddings"}.
+    """
+    if max_pos < 1:
+        raise ValueError(f"max_pos must be >= 1, got {max_pos}")
+    if rot_dim < 2 or rot_dim % 2:
+        raise ValueError(f"rot_dim must be even and >= 2, got {rot_dim}")
+    if not theta > 0:
+        raise ValueError(f"theta must be > 0, got {theta}")
+    inv_freq = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
+    inv_freq = _scaled_inv_freq(inv_freq, scaling)
+    angles = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.ascontiguousarray(np.concatenate([np.cos(angles), np.sin(angles)], axis=1),
+                                dtype=np.float32)
+
+
+def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    factor = float(scaling.get("factor", 1.0))
+    if not factor > 0:
+        raise ValueError(f"rope_scaling factor must be > 0, got {factor}")
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low = float(scaling["low_freq_factor"])
+        high = float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        if not high > low:
+            raise ValueError(f"llama3 rope_scaling needs high_freq_factor > low_freq_factor, "
+                             f"got {high} and {low}")
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        medium = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return np.where(wavelen < old_len / high, inv_freq,
+                        np.where(wavelen > old_len / low, inv_freq / factor, medium))
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+
+
+# ------------------------------------------------------------------- kernels
+
+
+def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty(shape, dtype=np.float32) if out is None else out
+
+
+def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """out[M, N] = x[M, K] @ W.T (+ bias) with a prepacked weight."""
+    if not isinstance(weight, PackedWeight):
+        raise ValueError(f"weight must be a PackedWeight (see pack_weight), got "
+                         f"{type(weight).__name__}")
+    rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else 0
+    return _KERNELS.gemm(x, weight, _out(out, (rows, weight.n)), bias, get_pool())
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
+             residual: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """rmsnorm(x [+ residual]) * weight; with residual, residual becomes x + residual."""
+    return _KERNELS.rmsnorm(x, weight, eps, _out(out, getattr(x, "shape", (0, 0))), residual,
+                            get_pool())
+
+
+def rope(x: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray, n_heads: int,
+         head_dim: int, rot_dim: int | None = None,
+         style: Literal["neox", "gptj"] = "neox") -> np.ndarray:
+    """Rotates the heads of x[T, n_heads*head_dim (+...)] in place."""
+    return _KERNELS.rope(x, positions, cos_sin, n_heads, head_dim, rot_dim or head_dim, style,
+                         get_pool())
+
+
+def silu_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """silu(gate) * up for a fused [T, 2*inter] buffer; out may be gate_up[:, :inter]."""
+    shape = (gate_up.shape[0], gate_up.shape[1] // 2) if isinstance(gate_up, np.ndarray) \
+        and gate_up.ndim == 2 else (0, 0)
+    return _KERNELS.silu_mul(gate_up, _out(out, shape), get_pool())
+
+
+def embedding(ids: np.ndarray, table: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Rows of a float32 or bf16 (uint16) table, as float32."""
+    shape = (len(ids), table.shape[1]) if isinstance(table, np.ndarray) and table.ndim == 2 \
+        else (0, 0)
+    return _KERNELS.embed(ids, table, _out(out, shape), get_pool())
+
+
+def exp(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The kernels' vectorized exp (1-D float32)."""
+    return _KERNELS.exp(x, _out(out, getattr(x, "shape", (0,))))
