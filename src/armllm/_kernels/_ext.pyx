@@ -190,12 +190,17 @@ cdef inline uintptr_t _addr(cnp.ndarray arr):
     return <uintptr_t>cnp.PyArray_DATA(arr)
 
 
+cdef uintptr_t _span(cnp.ndarray a):
+    """Bytes from the first to one past the last element of a (rows may be strided)."""
+    if a.ndim == 1:
+        return <uintptr_t>(a.shape[0] * a.itemsize)
+    return <uintptr_t>((a.shape[0] - 1) * a.strides[0] + a.shape[1] * a.itemsize)
+
+
 cdef void _no_overlap(cnp.ndarray a, str a_name, cnp.ndarray b, str b_name) except *:
     """Raises unless the memory spans of a and b are disjoint."""
     cdef uintptr_t a0 = _addr(a), b0 = _addr(b)
-    cdef uintptr_t a1 = a0 + <uintptr_t>((a.shape[0] - 1) * a.strides[0] + (a.shape[a.ndim - 1]) * a.itemsize)
-    cdef uintptr_t b1 = b0 + <uintptr_t>((b.shape[0] - 1) * b.strides[0] + (b.shape[b.ndim - 1]) * b.itemsize)
-    if a0 < b1 and b0 < a1:
+    if a0 < b0 + _span(b) and b0 < a0 + _span(a):
         raise ValueError(f"{a_name} and {b_name} must not overlap")
 
 
@@ -346,10 +351,11 @@ cdef class Kernels:
         pw.data, pw.n, pw.k, pw.dtype, pw.isa = packed, n, k, dtype, self.isa
         return pw
 
-    def gemm(self, x, PackedWeight w, out, bias=None, ThreadPool pool=None):
-        """out[M, N] = x[M, K] @ W.T (+ bias)."""
-        if w is None:
-            raise ValueError("w must be a PackedWeight, got None")
+    def gemm(self, x, w_obj, out, bias=None, ThreadPool pool=None):
+        """out[M, N] = x[M, K] @ W.T (+ bias) with W packed by pack()."""
+        if not isinstance(w_obj, PackedWeight):
+            raise ValueError(f"w must be a PackedWeight, got {type(w_obj).__name__}")
+        cdef PackedWeight w = <PackedWeight>w_obj
         cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray ba

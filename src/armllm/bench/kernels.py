@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from armllm import _blas_threads, ops
+from armllm import _blas_threads
 
 # (model, layer, N, K): y[M, N] = x[M, K] @ W[N, K].T
 MODEL_SHAPES = {
@@ -62,7 +62,7 @@ def _median_time(fn, min_time: float) -> float:
     return statistics.median(times)
 
 
-def probe_machine(pool: ops.ThreadPool, min_time: float) -> dict:
+def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
     from armllm._kernels import _ext
     buf = np.ones(512 << 20, dtype=np.uint8)  # 512 MiB
@@ -74,6 +74,7 @@ def probe_machine(pool: ops.ThreadPool, min_time: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from armllm import ops
     from armllm.cli import UsageError
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:

@@ -1,0 +1,41 @@
+"""Shared fixtures: the kernel variants this machine runs, thread pools, data."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from armllm import ops
+
+RUNNABLE_ISAS = ops.available_isas()
+VARIANTS = [isa for isa in RUNNABLE_ISAS if isa != "ref"] + ["ref"]
+
+
+@pytest.fixture(scope="session")
+def ref() -> ops.Kernels:
+    return ops.kernels("ref")
+
+
+@pytest.fixture(scope="session", params=VARIANTS)
+def variant(request) -> ops.Kernels:
+    """Every variant this CPU can run (ref included, so ref is tested vs numpy)."""
+    return ops.kernels(request.param)
+
+
+@pytest.fixture(scope="session")
+def pools():
+    """Pools of 1..4 threads (more threads than cores is allowed and tested)."""
+    made = {n: ops.ThreadPool(n) for n in (1, 2, 3, 4)}
+    yield made
+    for p in made.values():
+        p.close()
+
+
+@pytest.fixture(scope="session")
+def pool(pools) -> ops.ThreadPool:
+    return pools[min(4, max(2, os.cpu_count() or 2))]
+
+
+def rand(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)

@@ -1,0 +1,245 @@
+"""RMSNorm, RoPE, SiLU*mul, embedding and exp: every variant against ref,
+ref against numpy float64.
+
+Tolerances: rmsnorm 2e-6 relative + 1e-6 of the row's largest output;
+rope 1e-6 * (|a| + |b|) of each rotated pair (+ the float32 error of the
+cos/sin table itself vs float64, bounded by 2e-7 * |a| + |b|); silu_mul
+1e-5 relative (+ 1e-30: for g < -88.7, exp(-g) overflows and silu flushes to 0); exp 2.4e-7 relative between variants (the
+same operations), 4e-7 relative for ref against exp in float64; embedding
+exact.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from armllm import ops
+from tests.conftest import rand
+
+fixture_ok = settings(deadline=None, max_examples=30,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+# ------------------------------------------------------------------- rmsnorm
+
+
+def rmsnorm_exact(r, w, eps):
+    r64 = r.astype(np.float64)
+    return r64 / np.sqrt(np.mean(r64 * r64, axis=1, keepdims=True) + eps) * w
+
+
+@fixture_ok
+@given(t=st.integers(1, 9), d=st.integers(1, 300), fused=st.booleans(), inplace=st.booleans(),
+       scale=st.sampled_from([1e-15, 1.0, 1e12]), seed=st.integers(0, 2**32 - 1))
+def test_rmsnorm(variant, pool, t, d, fused, inplace, scale, seed):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, (t, d), scale)
+    res = rand(rng, (t, d), scale)
+    w = rand(rng, d)
+    r = x + res if fused else x
+    want = rmsnorm_exact(r, w, 1e-6)
+    x_in = x.copy()
+    out = x_in if inplace else np.empty_like(x)
+    res_in = res.copy()
+    variant.rmsnorm(x_in, w, 1e-6, out, res_in if fused else None, pool)
+    tol = 2e-6 * np.abs(want) + 1e-6 * np.max(np.abs(want), axis=1, keepdims=True) + 1e-38
+    assert np.all(np.abs(out - want) <= tol)
+    if fused:
+        assert np.array_equal(res_in, r)  # residual now holds x + residual
+    if not inplace:
+        assert np.array_equal(x_in, x)
+
+
+def test_rmsnorm_nan_stays_in_its_row(variant):
+    x = np.ones((3, 20), np.float32)
+    x[1, 7] = np.nan
+    out = np.empty_like(x)
+    variant.rmsnorm(x, np.ones(20, np.float32), 1e-5, out)
+    assert np.all(np.isnan(out[1])) and np.all(np.isfinite(out[[0, 2]]))
+
+
+# ---------------------------------------------------------------------- rope
+
+
+def rope_exact(x, positions, n_heads, head_dim, rot_dim, theta, style):
+    out = x.astype(np.float64).copy()
+    half = rot_dim // 2
+    inv = theta ** (-np.arange(half, dtype=np.float64) * 2 / rot_dim)
+    for t, p in enumerate(positions):
+        c, s = np.cos(p * inv), np.sin(p * inv)
+        for h in range(n_heads):
+            v = out[t, h * head_dim:(h + 1) * head_dim]
+            ia = np.arange(half) if style == "neox" else np.arange(half) * 2
+            ib = ia + half if style == "neox" else ia + 1
+            a, b = v[ia].copy(), v[ib].copy()
+            v[ia], v[ib] = a * c - b * s, b * c + a * s
+    return out
+
+
+@fixture_ok
+@given(t=st.integers(1, 6), n_heads=st.integers(1, 4), half=st.integers(1, 70),
+       extra=st.integers(0, 9), style=st.sampled_from(["neox", "gptj"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_rope(variant, pool, t, n_heads, half, extra, style, seed):
+    rng = np.random.default_rng(seed)
+    rot_dim = 2 * half
+    head_dim = rot_dim + extra  # partial rotary when extra > 0
+    max_pos = 300
+    table = ops.rope_cos_sin(max_pos, rot_dim, theta=10000.0)
+    x = rand(rng, (t, n_heads * head_dim + 3))  # 3 trailing columns must stay
+    positions = rng.integers(0, max_pos, t).astype(np.int32)
+    want = rope_exact(x, positions, n_heads, head_dim, rot_dim, 10000.0, style)
+    got = x.copy()
+    variant.rope(got, positions, table, n_heads, head_dim, rot_dim, style, pool)
+    # float32 table and arithmetic vs float64: bounded by a few ulps of |a|+|b|
+    scale = np.abs(x).max() * 2
+    assert np.max(np.abs(got - want)) <= 1e-6 * scale + 1e-30
+    assert np.array_equal(got[:, -3:], x[:, -3:])
+    ref_out = x.copy()
+    ops.kernels("ref").rope(ref_out, positions, table, n_heads, head_dim, rot_dim, style)
+    assert np.max(np.abs(got - ref_out)) <= 1e-6 * scale
+
+
+def test_rope_rejects_position_outside_table_and_changes_nothing(variant):
+    table = ops.rope_cos_sin(16, 8)
+    x = np.ones((3, 8), np.float32)
+    with pytest.raises(ValueError, match=r"positions\[1\] = 16"):
+        variant.rope(x, np.array([0, 16, 2], np.int32), table, 1, 8)
+    assert np.all(x == 1.0)
+    with pytest.raises(ValueError, match=r"positions\[2\] = -1"):
+        variant.rope(x, np.array([0, 1, -1], np.int32), table, 1, 8)
+
+
+def hf_llama3_inv_freq(theta, dim, factor, low, high, old_len):
+    """Transcribed from the Llama 3.1 reference formula, independent of ops."""
+    out = []
+    for i in range(0, dim, 2):
+        freq = 1.0 / theta ** (i / dim)
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_len / high:
+            out.append(freq)
+        elif wavelen > old_len / low:
+            out.append(freq / factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            out.append((1 - smooth) * freq / factor + smooth * freq)
+    return np.array(out)
+
+
+def test_rope_llama3_scaling_table():
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    table = ops.rope_cos_sin(1000, 128, theta=500000.0, scaling=scaling)
+    inv = hf_llama3_inv_freq(500000.0, 128, 8.0, 1.0, 4.0, 8192)
+    pos = np.arange(1000)[:, None]
+    np.testing.assert_allclose(table[:, :64], np.cos(pos * inv), atol=2e-7)
+    np.testing.assert_allclose(table[:, 64:], np.sin(pos * inv), atol=2e-7)
+    # all three regimes are exercised: unscaled, scaled, smoothed
+    plain = 1.0 / 500000.0 ** (np.arange(0, 128, 2) / 128)
+    ratio = inv / plain
+    assert np.any(ratio == 1.0) and np.any(np.isclose(ratio, 1 / 8)) and \
+        np.any((ratio > 1 / 8 + 1e-9) & (ratio < 1 - 1e-9))
+
+
+def test_rope_linear_scaling_and_bad_scaling():
+    linear = ops.rope_cos_sin(10, 8, scaling={"rope_type": "linear", "factor": 2.0})
+    plain = ops.rope_cos_sin(10, 8)
+    # linear scaling by 2 at position 2p is no scaling at position p
+    np.testing.assert_allclose(linear[[0, 2, 4, 6, 8]], plain[[0, 1, 2, 3, 4]], atol=1e-7)
+    with pytest.raises(ValueError, match="yarn"):
+        ops.rope_cos_sin(10, 8, scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="rot_dim"):
+        ops.rope_cos_sin(10, 7)
+
+
+# ------------------------------------------------------------------ silu*mul
+
+
+@fixture_ok
+@given(t=st.integers(1, 7), inter=st.integers(1, 300), inplace=st.booleans(),
+       scale=st.sampled_from([1e-3, 1.0, 30.0]), seed=st.integers(0, 2**32 - 1))
+def test_silu_mul(variant, pool, t, inter, inplace, scale, seed):
+    rng = np.random.default_rng(seed)
+    gu = rand(rng, (t, 2 * inter), scale)
+    g, u = gu[:, :inter].astype(np.float64), gu[:, inter:].astype(np.float64)
+    want = g / (1 + np.exp(-g)) * u
+    buf = gu.copy()
+    out = buf[:, :inter] if inplace else np.empty((t, inter), np.float32)
+    variant.silu_mul(buf, out, pool)
+    # exp(-g) overflows for g < -88.7: silu then flushes to 0 from below 1e-30
+    assert np.all(np.abs(out - want) <= 1e-5 * np.abs(want) + 1e-30)
+
+
+def test_silu_mul_extremes(variant):
+    gu = np.array([[100.0, -100.0, np.nan, np.inf, -np.inf, 2.0, 2.0, 2.0, 2.0, 2.0]],
+                  np.float32)
+    out = np.empty((1, 5), np.float32)
+    variant.silu_mul(gu, out)
+    assert out[0, 0] == pytest.approx(200.0)
+    assert abs(out[0, 1]) < 1e-30
+    assert np.isnan(out[0, 2]) and out[0, 3] == np.inf
+    assert out[0, 4] == 0.0 or np.isnan(out[0, 4])  # -inf * sigmoid(-inf): 0 (or NaN as in torch)
+
+
+# ----------------------------------------------------------------- embedding
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_embed_gathers_rows_exactly(variant, pool, dtype):
+    rng = np.random.default_rng(7)
+    table32 = rand(rng, (50, 77))
+    table = ops.f32_to_bf16(table32) if dtype == "bf16" else table32
+    ids = rng.integers(0, 50, 33).astype(np.int32)
+    out = np.empty((33, 77), np.float32)
+    variant.embed(ids, table, out, pool)
+    rows = table32[ids] if dtype == "f32" else ops.bf16_to_f32(table[ids])
+    assert np.array_equal(out, rows)
+
+
+def test_embed_rejects_bad_id_and_writes_nothing(variant):
+    table = np.ones((10, 8), np.float32)
+    out = np.zeros((3, 8), np.float32)
+    with pytest.raises(ValueError, match=r"ids\[2\] = 10 is outside the vocabulary \[0, 10\)"):
+        variant.embed(np.array([1, 2, 10], np.int32), table, out)
+    assert np.all(out == 0)
+
+
+# ----------------------------------------------------------------------- exp
+
+
+def test_exp_against_float64_and_ref(variant, ref):
+    rng = np.random.default_rng(8)
+    x = np.concatenate([
+        rng.uniform(-110, 95, 20000).astype(np.float32),
+        np.array([0.0, -0.0, 88.72, 88.7228, 88.73, -87.33, -87.34, -103.9, -104.1, np.inf,
+                  -np.inf, np.nan, 1e-30, -1e-30], np.float32)])
+    for n in (1, 7, 8, 9, 31, len(x)):
+        got = np.empty(n, np.float32)
+        variant.exp(x[:n].copy(), got)
+        want = np.empty(n, np.float32)
+        ref.exp(x[:n].copy(), want)
+        same_nan = np.isnan(got) == np.isnan(want)
+        assert same_nan.all()
+        finite = np.isfinite(want)
+        assert np.all(got[~finite & ~np.isnan(want)] == want[~finite & ~np.isnan(want)])
+        assert np.all(np.abs(got[finite] - want[finite]) <= 2.4e-7 * np.abs(want[finite]) + 1.2e-38)
+    exact = np.exp(x.astype(np.float64))
+    want = np.empty_like(x)
+    ref.exp(x, want)
+    normal = (exact > 1.18e-38) & (exact < 3.4e38)
+    assert np.all(np.abs(want[normal] - exact[normal]) <= 4e-7 * exact[normal])
+    assert np.all(want[exact >= 3.41e38] == np.inf)
+    assert np.all(want[exact <= 1.18e-38] <= 1.2e-38)
+    assert np.isnan(want[np.isnan(x)]).all()
+
+
+def test_exp_in_place(variant):
+    x = np.linspace(-5, 5, 101, dtype=np.float32)
+    want = np.empty_like(x)
+    variant.exp(x, want)
+    variant.exp(x, x)
+    assert np.array_equal(x, want)

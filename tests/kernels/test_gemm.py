@@ -1,0 +1,171 @@
+"""GEMM: every variant against ref, ref against numpy float64.
+
+Tolerances (per output element, against the exact float64 sum, with
+mag = sum_k |x*w| (+|bias|)):
+  - f32 weights, and bf16 weights widened to f32: 1e-5 * mag
+  - variants that round activations to bf16 (gemm_bf16_compute == "bf16"):
+    2^-8 * mag (each product's activation carries up to 2^-9 relative error)
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from armllm import ops
+from tests.conftest import rand
+
+F32_REL = 1e-5
+BF16_ACT_REL = 2.0 ** -8
+
+
+def exact_gemm(x, w32, bias):
+    y = x.astype(np.float64) @ w32.astype(np.float64).T
+    mag = np.abs(x.astype(np.float64)) @ np.abs(w32.astype(np.float64)).T
+    if bias is not None:
+        y += bias
+        mag += np.abs(bias)
+    return y, mag
+
+
+def weights(rng, n, k, dtype, scale=1.0):
+    """(what to pack, the float32 values it stands for)."""
+    w = rand(rng, (n, k), scale)
+    if dtype == "bf16":
+        bits = ops.f32_to_bf16(w)
+        return bits, ops.bf16_to_f32(bits)
+    return w, w
+
+
+def run_gemm(kern, x, w, dtype, bias=None, pool=None, out=None):
+    pw = kern.pack(w, dtype)
+    y = np.full((x.shape[0], pw.n), np.nan, np.float32) if out is None else out
+    kern.gemm(x, pw, y, bias, pool)
+    return y
+
+
+def tolerance(kern, dtype):
+    return BF16_ACT_REL if dtype == "bf16" and kern.gemm_bf16_compute == "bf16" else F32_REL
+
+
+shapes = st.tuples(st.integers(1, 67), st.integers(1, 131), st.integers(1, 131))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=shapes, seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-20, 1.0, 1e15]),
+       with_bias=st.booleans(), pad=st.integers(0, 5))
+def test_gemm_matches_exact(variant, pool, dtype, shape, seed, scale, with_bias, pad):
+    m, n, k = shape
+    rng = np.random.default_rng(seed)
+    xbuf = rand(rng, (m, k + pad), scale)
+    x = xbuf[:, :k]  # rows with a stride longer than K
+    w, w32 = weights(rng, n, k, dtype)
+    bias = rand(rng, n) if with_bias else None
+    ybuf = np.full((m, n + pad), -7.0, np.float32)
+    y = run_gemm(variant, x, w, dtype, bias, pool, out=ybuf[:, :n])
+    want, mag = exact_gemm(x, w32, bias)
+    tol = tolerance(variant, dtype) * mag + np.finfo(np.float32).tiny
+    assert np.all(np.abs(y - want) <= tol), np.max(np.abs(y - want) / tol)
+    assert np.all(ybuf[:, n:] == -7.0), "wrote past N"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemm_bit_identical_for_any_thread_count(variant, pools, dtype):
+    rng = np.random.default_rng(1)
+    for m in (1, 3, 8, 9, 64, 67):
+        x = rand(rng, (m, 200))
+        w, _ = weights(rng, 300, 200, dtype)
+        outs = [run_gemm(variant, x, w, dtype, pool=p) for p in [None, *pools.values()]]
+        for y in outs[1:]:
+            assert np.array_equal(y, outs[0])
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemm_rows_do_not_depend_on_batch(variant, pool, dtype):
+    """A row's output is the same alone or inside a batch (decode vs prefill path)."""
+    rng = np.random.default_rng(2)
+    x = rand(rng, (40, 77))
+    w, _ = weights(rng, 50, 77, dtype)
+    pw = variant.pack(w, dtype)
+    full = np.empty((40, 50), np.float32)
+    variant.gemm(x, pw, full, None, pool)
+    for rows in (slice(0, 1), slice(5, 9), slice(3, 40)):
+        part = np.empty((rows.stop - rows.start, 50), np.float32)
+        variant.gemm(np.ascontiguousarray(x[rows]), pw, part, None, pool)
+        assert np.array_equal(part, full[rows])
+
+
+def test_f32_variants_agree_with_ref_bitwise_when_fma_chains_match(ref, pool):
+    """ref is one sequential FMA chain per element; variants documented to
+    keep that order (layout-independent) must agree exactly."""
+    rng = np.random.default_rng(3)
+    x, (w, _) = rand(rng, (9, 100)), weights(rng, 33, 100, "f32")
+    want = run_gemm(ref, x, w, "f32")
+    for isa in ops.available_isas():
+        kern = ops.kernels(isa)
+        got = run_gemm(kern, x, w, "f32", pool=pool)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemm_propagates_nan_and_inf(variant, dtype):
+    rng = np.random.default_rng(4)
+    x = rand(rng, (5, 37))
+    x[1, 3] = np.nan
+    x[3, 36] = np.inf
+    w, w32 = weights(rng, 19, 37, dtype)
+    y = run_gemm(variant, x, w, dtype)
+    assert np.all(np.isnan(y[1]))
+    want = np.where(w32[:, 36] > 0, np.inf, -np.inf)
+    assert np.array_equal(y[3], want)
+    assert np.all(np.isfinite(y[[0, 2, 4]]))
+
+
+def test_gemm_from_two_python_threads(variant, pool):
+    """Concurrent calls on one pool are serialized safely, results intact."""
+    rng = np.random.default_rng(5)
+    x = rand(rng, (16, 96))
+    w, _ = weights(rng, 128, 96, "f32")
+    pw = variant.pack(w, "f32")
+    want = np.empty((16, 128), np.float32)
+    variant.gemm(x, pw, want, None, pool)
+    errors = []
+
+    def worker():
+        y = np.empty_like(want)
+        for _ in range(300):
+            variant.gemm(x, pw, y, None, pool)
+            if not np.array_equal(y, want):
+                errors.append("mismatch")
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_packed_weight_knows_its_layout(variant):
+    w = np.ones((3, 5), np.float32)
+    pw = variant.pack(w, "f32")
+    assert pw.shape == (3, 5) and pw.dtype == "f32" and pw.isa == variant.isa
+    assert pw.layout == variant.gemm_layouts["f32"]
+    assert not pw.data.flags.writeable
+    assert pw.data.ctypes.data % 64 == 0
+
+
+def test_linear_uses_selected_kernels():
+    rng = np.random.default_rng(6)
+    x, w = rand(rng, (4, 64)), rand(rng, (24, 64))
+    bias = rand(rng, 24)
+    y = ops.linear(x, ops.pack_weight(w), bias)
+    np.testing.assert_allclose(y, x @ w.T + bias, rtol=1e-4, atol=1e-4)
+    yb = ops.linear(x, ops.pack_weight(w, "bf16"))
+    wb = ops.bf16_to_f32(ops.f32_to_bf16(w))
+    np.testing.assert_allclose(yb, x @ wb.T, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,135 @@
+"""The thread pool: every chunk exactly once, no hang under many dispatches,
+safe concurrent and nested use, thread count from the environment."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from armllm import ops
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4, 8])
+def test_every_item_runs_exactly_once_under_contention(threads):
+    pool = ops.ThreadPool(threads)
+    try:
+        for grain in (1, 2, 7):
+            counts = pool.count_items(100_000, grain)
+            assert counts.min() == 1 and counts.max() == 1
+    finally:
+        pool.close()
+
+
+def test_thousands_of_back_to_back_dispatches():
+    pool = ops.ThreadPool(3)
+    try:
+        for i in range(5000):
+            counts = pool.count_items(3 + i % 50, 1)
+            assert counts.sum() == 3 + i % 50 and counts.max() == 1
+    finally:
+        pool.close()
+
+
+def test_many_pools_created_and_closed_do_not_leak_threads():
+    before = threading.active_count(), len(os.listdir("/proc/self/task"))
+    for _ in range(200):
+        pool = ops.ThreadPool(4)
+        pool.count_items(100, 1)
+        pool.close()
+    assert len(os.listdir("/proc/self/task")) == before[1]
+
+
+def test_two_python_threads_share_a_pool():
+    pool = ops.ThreadPool(3)
+    errors = []
+
+    def hammer():
+        for _ in range(2000):
+            c = pool.count_items(257, 3)
+            if c.max() != 1 or c.min() != 1:
+                errors.append(c)
+                return
+
+    workers = [threading.Thread(target=hammer) for _ in range(2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=120)
+    pool.close()
+    assert not any(t.is_alive() for t in workers), "deadlock"
+    assert errors == []
+
+
+def test_idle_workers_sleep():
+    """After a job, workers spin briefly and then sleep: no CPU burnt while idle."""
+    pool = ops.ThreadPool(3)
+    try:
+        pool.count_items(10, 1)
+        import time
+        t0 = time.process_time()
+        time.sleep(0.5)
+        busy = time.process_time() - t0
+        assert busy < 0.1, f"idle pool used {busy:.2f} s of CPU in 0.5 s"
+    finally:
+        pool.close()
+
+
+def test_bad_thread_counts():
+    with pytest.raises(ValueError, match="thread count must be between 1 and 4096, got 0"):
+        ops.ThreadPool(0)
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, timeout=120)
+
+
+def test_thread_count_from_environment():
+    r = _run("from armllm import ops; print(ops.num_threads(), ops.get_pool().num_threads)",
+             ARMLLM_NUM_THREADS="3")
+    assert r.stdout.split() == ["3", "3"], r.stderr
+    r = _run("from armllm import ops", ARMLLM_NUM_THREADS="lots")
+    assert "ARMLLM_NUM_THREADS must be an integer from 1 to 4096, got 'lots'" in r.stderr
+    r = _run("import os; from armllm import ops; "
+             "print(ops.num_threads() == len(os.sched_getaffinity(0)))", ARMLLM_NUM_THREADS="")
+    assert r.stdout.strip() == "True"
+
+
+def test_importing_armllm_leaves_no_blas_threads():
+    code = ("import os, armllm, numpy; from armllm import ops; "
+            "print(len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.stdout.strip() == "1", r.stderr  # the main thread only; the pool starts lazily
+
+
+def test_blas_limited_when_numpy_came_first():
+    code = ("import numpy, os; from armllm import _blas_threads as b; n = b.blas_threads(); "
+            "import armllm; print(b.blas_threads())")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.stdout.strip() == "1", r.stderr
+
+
+def test_results_identical_whatever_the_thread_count(ref):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 300)).astype(np.float32)
+    w = rng.standard_normal((500, 300)).astype(np.float32)
+    kern = ops.kernels()
+    pw = kern.pack(w, "f32")
+    outs = []
+    for n in range(1, 6):
+        pool = ops.ThreadPool(n)
+        y = np.empty((7, 500), np.float32)
+        kern.gemm(x, pw, y, None, pool)
+        pool.close()
+        outs.append(y)
+    for y in outs[1:]:
+        assert np.array_equal(y, outs[0])
