@@ -64,6 +64,15 @@ def test_two_python_threads_share_a_pool():
     assert errors == []
 
 
+def test_nested_jobs_run_inline_without_deadlock():
+    pool = ops.ThreadPool(3)
+    try:
+        counts = pool.count_items_nested(50, 40)
+        assert counts.min() == 1 and counts.max() == 1
+    finally:
+        pool.close()
+
+
 def test_idle_workers_sleep():
     """After a job, workers spin briefly and then sleep: no CPU burnt while idle."""
     pool = ops.ThreadPool(3)

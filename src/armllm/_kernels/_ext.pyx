@@ -24,6 +24,8 @@ cdef extern from "pool.h" nogil:
     const char *armllm_pool_atomic_impl()
     void armllm_pool_count_items(armllm_pool *pool, int64_t n_items, int64_t grain,
                                  uint32_t *counts)
+    void armllm_pool_count_items_nested(armllm_pool *pool, int64_t n_outer, int64_t n_inner,
+                                        uint32_t *counts)
 
 
 cdef extern from "armllm_kernels.h" nogil:
@@ -246,6 +248,18 @@ cdef class ThreadPool:
         cdef armllm_pool *p = _pool_ptr(self)
         with nogil:
             armllm_pool_count_items(p, n_items, grain, <uint32_t *>cnp.PyArray_DATA(arr))
+        return counts
+
+    def count_items_nested(self, int64_t n_outer, int64_t n_inner):
+        """Test hook: each of n_outer items starts a nested job of n_inner items."""
+        if n_outer < 1 or n_inner < 1:
+            raise ValueError(f"n_outer and n_inner must be >= 1, got {n_outer} and {n_inner}")
+        counts = np.zeros((n_outer, n_inner), dtype=np.uint32)
+        cdef cnp.ndarray arr = counts
+        cdef armllm_pool *p = _pool_ptr(self)
+        with nogil:
+            armllm_pool_count_items_nested(p, n_outer, n_inner,
+                                           <uint32_t *>cnp.PyArray_DATA(arr))
         return counts
 
 

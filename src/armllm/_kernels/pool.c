@@ -329,3 +329,21 @@ static void count_items(void *ctx, int64_t begin, int64_t end) {
 void armllm_pool_count_items(armllm_pool *pool, int64_t n_items, int64_t grain, uint32_t *counts) {
   armllm_pool_run(pool, n_items, grain, count_items, counts);
 }
+
+typedef struct {
+  armllm_pool *pool;
+  int64_t n_inner;
+  uint32_t *counts;
+} nested_job;
+
+static void count_nested(void *ctx, int64_t begin, int64_t end) {
+  const nested_job *job = ctx;
+  for (int64_t i = begin; i < end; i++) /* a job started from inside a job */
+    armllm_pool_run(job->pool, job->n_inner, 1, count_items, job->counts + i * job->n_inner);
+}
+
+void armllm_pool_count_items_nested(armllm_pool *pool, int64_t n_outer, int64_t n_inner,
+                                    uint32_t *counts) {
+  nested_job job = {pool, n_inner, counts};
+  armllm_pool_run(pool, n_outer, 1, count_nested, &job);
+}

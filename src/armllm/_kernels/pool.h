@@ -51,6 +51,11 @@ const char *armllm_pool_atomic_impl(void);
 void armllm_pool_count_items(armllm_pool *pool, int64_t n_items, int64_t grain,
                              uint32_t *counts);
 
+/* Test hook: a job of n_outer items, each of which runs a nested job of
+ * n_inner items on the same pool; counts has n_outer * n_inner slots. */
+void armllm_pool_count_items_nested(armllm_pool *pool, int64_t n_outer, int64_t n_inner,
+                                    uint32_t *counts);
+
 #ifdef __cplusplus
 }
 #endif
