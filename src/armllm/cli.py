@@ -31,7 +31,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"features:    {' '.join(info['features']) or '-'}")
     print(f"threads:     {info['num_threads']} (allowed CPUs: {info['allowed_cpus']}; "
           f"fetch-add: {info['fetch_add']})")
-    print(f"variant:     {info['isa']} ({'forced by ARMLLM_ISA' if info['isa_source'] != 'auto' else 'auto'}; "
+    source = "forced by ARMLLM_ISA" if info["isa_source"] != "auto" else "auto"
+    print(f"variant:     {info['isa']} ({source}; "
           f"runnable: {', '.join(info['isa_available'])})")
     print("kernels:")
     for name, impl in info["kernels"].items():

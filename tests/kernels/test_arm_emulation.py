@@ -20,7 +20,7 @@ def test_arm_kernels_under_qemu(tmp_path):
     if not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64-static")):
         if os.environ.get("CI"):
             pytest.fail("CI must install gcc-aarch64-linux-gnu and qemu-user-static (.ci/run)")
-        pytest.skip("no aarch64 cross compiler / qemu-user here (tools/arm_kernel_check.sh --install)")
+        pytest.skip("no aarch64 cross compiler / qemu-user (tools/arm_kernel_check.sh --install)")
     r = subprocess.run([str(ROOT / "tools/arm_kernel_check.sh"), str(tmp_path / "build")],
                        capture_output=True, text=True, timeout=3600)
     print(r.stdout[-20000:])

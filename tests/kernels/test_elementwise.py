@@ -2,11 +2,10 @@
 ref against numpy float64.
 
 Tolerances: rmsnorm 2e-6 relative + 1e-6 of the row's largest output;
-rope 1e-6 * (|a| + |b|) of each rotated pair (+ the float32 error of the
-cos/sin table itself vs float64, bounded by 2e-7 * |a| + |b|); silu_mul
-1e-5 relative (+ 1e-30: for g < -88.7, exp(-g) overflows and silu flushes to 0); exp 2.4e-7 relative between variants (the
-same operations), 4e-7 relative for ref against exp in float64; embedding
-exact.
+rope 2e-6 * max|x| (float32 table and arithmetic against float64); silu_mul
+1e-5 relative + 1e-30 (for g < -88.7, exp(-g) overflows and silu flushes to
+0); exp 2.4e-7 relative between variants (the same operations), 4e-7
+relative for ref against exp in float64; embedding exact.
 """
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ shapes = st.tuples(st.integers(1, 67), st.integers(1, 131), st.integers(1, 131))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=shapes, seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-20, 1.0, 1e15]),
        with_bias=st.booleans(), pad=st.integers(0, 5))
 def test_gemm_matches_exact(variant, pool, dtype, shape, seed, scale, with_bias, pad):

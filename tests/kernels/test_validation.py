@@ -51,7 +51,8 @@ def test_zero_size_dimensions(kern, packed):
     with pytest.raises(ValueError, match="w has a zero-size dimension"):
         kern.pack(np.ones((0, 4), np.float32), "f32")
     with pytest.raises(ValueError, match="ids has a zero-size dimension"):
-        kern.embed(np.array([], np.int32), np.ones((3, 4), np.float32), np.empty((0, 4), np.float32))
+        kern.embed(np.array([], np.int32), np.ones((3, 4), np.float32),
+                   np.empty((0, 4), np.float32))
 
 
 def test_wrong_ndim_and_non_arrays(kern, packed):

@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 
@@ -66,9 +67,9 @@ def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
     from armllm._kernels import _ext
     buf = np.ones(512 << 20, dtype=np.uint8)  # 512 MiB
-    t = _median_time(lambda: _ext.probe_read(buf, pool), min_time)
+    t = _median_time(partial(_ext.probe_read, buf, pool), min_time)
     iters = 2_000_000
-    t_fma = _median_time(lambda: _ext.probe_fma(iters, pool), min_time)
+    t_fma = _median_time(partial(_ext.probe_fma, iters, pool), min_time)
     flops = _ext.probe_fma(iters, pool)
     return {"read_gbs": buf.nbytes / t / 1e9, "fma_gflops": flops / t_fma / 1e9}
 
@@ -120,16 +121,16 @@ def run(args: argparse.Namespace) -> int:
                     numpy_t = None
                     if not args.no_numpy:
                         _blas_threads.set_blas_threads(n_threads)
-                        wt = w32.T
-                        numpy_t = _median_time(lambda: np.matmul(x, wt), args.min_time)
+                        numpy_t = _median_time(partial(np.matmul, x, w32.T), args.min_time)
                         _blas_threads.set_blas_threads(1)
                     for d in dtypes:
                         pw = packed[d]
-                        t = _median_time(lambda: kern.gemm(x, pw, y, None, pool), args.min_time)
+                        t = _median_time(partial(kern.gemm, x, pw, y, None, pool), args.min_time)
                         gflops = 2.0 * m * n * k / t / 1e9
                         gbs = pw.nbytes / t / 1e9
                         mach = results["machine"][n_threads]
-                        frac = gbs / mach["read_gbs"] if m <= DECODE_MAX_M else gflops / mach["fma_gflops"]
+                        frac = (gbs / mach["read_gbs"] if m <= DECODE_MAX_M
+                                else gflops / mach["fma_gflops"])
                         row = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
                                "dtype": d, "threads": n_threads, "armllm_s": t,
                                "gflops": gflops, "weight_gbs": gbs,

@@ -166,6 +166,61 @@ static void check_gemm_threads(const armllm_kernels *v, armllm_pool *pool, int b
   report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
 }
 
+/* Shapes past the usual K blocks (256 and 2048 in some variants), with more
+ * panels than one thread chunk, and M across row-block boundaries. */
+static void check_gemm_blocks(const armllm_kernels *v, armllm_pool *pool, int bf16) {
+  const armllm_kernels *ref = &armllm_kernels_ref;
+  static const int64_t shapes[][3] = {{1, 129, 2100}, {2, 70, 2100}, {4, 40, 300}, {9, 129, 300}, {37, 33, 530}};
+  report r;
+  report_start(&r, v->isa, bf16 ? "bf16_big" : "f32_big");
+  int bf16_acts = bf16 && strcmp(v->gemm_bf16_compute, "bf16") == 0;
+  double rel = bf16_acts ? 1.0 / 256 : 1e-5;
+  for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++) {
+    int64_t m = shapes[is][0], n = shapes[is][1], k = shapes[is][2], ldx = k + 1, ldy = n + 2;
+    float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
+    float *w = xmalloc(sizeof(float) * (size_t)(n * k));
+    uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
+    float *bias = xmalloc(sizeof(float) * (size_t)n);
+    float *y = xmalloc(sizeof(float) * (size_t)(m * ldy));
+    float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
+    fill(x, m * ldx, 2.0f);
+    fill(w, n * k, 1.0f);
+    fill(bias, n, 1.0f);
+    for (int64_t i = 0; i < n * k; i++) {
+      wb[i] = armllm_f32_to_bf16(w[i]);
+      w[i] = bf16 ? armllm_bf16_to_f32(wb[i]) : w[i];
+    }
+    for (int64_t i = 0; i < m * ldy; i++) y[i] = yref[i] = -777.0f;
+    const float *b = (is & 1) ? bias : NULL;
+    if (bf16) {
+      uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
+      v->gemm_bf16_pack(wb, n, k, p);
+      v->gemm_bf16(pool, x, m, k, ldx, p, n, b, y, ldy);
+      ref->gemm_bf16(NULL, x, m, k, ldx, wb, n, b, yref, ldy);
+      free(p);
+    } else {
+      float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
+      v->gemm_f32_pack(w, n, k, p);
+      v->gemm_f32(pool, x, m, k, ldx, p, n, b, y, ldy);
+      ref->gemm_f32(NULL, x, m, k, ldx, w, n, b, yref, ldy);
+      free(p);
+    }
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < ldy; j++) {
+        if (j >= n) {
+          if (y[i * ldy + j] != -777.0f) r.bad++;
+          continue;
+        }
+        double mag = b ? fabs(bias[j]) : 0.0;
+        for (int64_t q = 0; q < k; q++) mag += fabs((double)x[i * ldx + q] * w[j * k + q]);
+        report_value(&r, y[i * ldy + j], yref[i * ldy + j], rel * mag + 1e-30);
+      }
+    r.cases++;
+    free(x); free(w); free(wb); free(bias); free(y); free(yref);
+  }
+  report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
+}
+
 /* ------------------------------------------------------------ rmsnorm */
 
 static void check_rmsnorm(const armllm_kernels *v, armllm_pool *pool) {
@@ -389,6 +444,8 @@ int main(int argc, char **argv) {
     check_gemm(v, pool, quick, 1);
     check_gemm_threads(v, pool, 0);
     check_gemm_threads(v, pool, 1);
+    check_gemm_blocks(v, pool, 0);
+    check_gemm_blocks(v, pool, 1);
     check_rmsnorm(v, pool);
     check_rope(v, pool);
     check_silu_mul(v, pool);
