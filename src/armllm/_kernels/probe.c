@@ -72,6 +72,7 @@ static double fma_loop_neon(int64_t iters) {
 }
 #endif
 
+#if !defined(__aarch64__)
 static double fma_loop_scalar(int64_t iters) {
   float acc[FMA_CHAINS];
   for (int j = 0; j < FMA_CHAINS; j++) acc[j] = (float)j;
@@ -81,6 +82,7 @@ static double fma_loop_scalar(int64_t iters) {
   for (int j = 0; j < FMA_CHAINS; j++) total += acc[j];
   return total == 12345.0f ? 0.0 : (double)iters * FMA_CHAINS * 2;
 }
+#endif
 
 typedef struct {
   int64_t iters;
