@@ -65,7 +65,7 @@ exe=$build/src/armllm/_kernels/kernel_check
 
 status=0
 pool_obj=$(find "$build" -name 'pool.c.o' | head -1)
-if aarch64-linux-gnu-objdump -d "$pool_obj" | grep -q ldaddal; then
+if aarch64-linux-gnu-objdump -d "$pool_obj" | grep ldaddal >/dev/null; then
   echo "pool.c.o contains ldaddal: yes"
 else
   echo "pool.c.o contains ldaddal: NO"; status=1

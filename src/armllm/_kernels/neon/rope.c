@@ -1,2 +1,105 @@
-/* neon/rope.c: not yet ported; the table points at ref. */
+/* neon/rope.c: rotary position embedding, neox (split halves) and gpt-j
+ * (interleaved pairs, LD2/ST2) styles.
+ *
+ * a*cos - b*sin and b*cos + a*sin are computed with the same separate
+ * roundings as ref (the products are kept opaque so GCC does not contract
+ * them into FMLA/FMLS), so results are bit-identical to ref.
+ */
+#include <arm_neon.h>
+
 #include "../armllm_kernels.h"
+#include "vexp_neon.h" /* ARMLLM_NEON_OPAQUE */
+
+typedef struct {
+  float *x;
+  int64_t n_heads, head_dim, ldx;
+  const int32_t *positions;
+  const float *cos_sin;
+  int64_t rot_dim;
+  int style;
+} neon_rope_job;
+
+static inline __attribute__((always_inline)) void rot4(float32x4_t *a, float32x4_t *b,
+                                                       float32x4_t c, float32x4_t s) {
+  float32x4_t ac = vmulq_f32(*a, c), bs = vmulq_f32(*b, s);
+  float32x4_t bc = vmulq_f32(*b, c), as = vmulq_f32(*a, s);
+  ARMLLM_NEON_OPAQUE(ac);
+  ARMLLM_NEON_OPAQUE(bs);
+  ARMLLM_NEON_OPAQUE(bc);
+  ARMLLM_NEON_OPAQUE(as);
+  *a = vsubq_f32(ac, bs);
+  *b = vaddq_f32(bc, as);
+}
+
+static void rope_neox_head(float *v, const float *cs, int64_t half) {
+  const float *sn = cs + half;
+  int64_t i = 0;
+  for (; i + 4 <= half; i += 4) {
+    float32x4_t a = vld1q_f32(v + i), b = vld1q_f32(v + half + i);
+    rot4(&a, &b, vld1q_f32(cs + i), vld1q_f32(sn + i));
+    vst1q_f32(v + i, a);
+    vst1q_f32(v + half + i, b);
+  }
+  if (i < half) { /* 1..3 pairs left */
+    float ta[4] = {0}, tb[4] = {0}, tc[4] = {0}, ts[4] = {0};
+    size_t r = (size_t)(half - i) * sizeof(float);
+    memcpy(ta, v + i, r);
+    memcpy(tb, v + half + i, r);
+    memcpy(tc, cs + i, r);
+    memcpy(ts, sn + i, r);
+    float32x4_t a = vld1q_f32(ta), b = vld1q_f32(tb);
+    rot4(&a, &b, vld1q_f32(tc), vld1q_f32(ts));
+    vst1q_f32(ta, a);
+    vst1q_f32(tb, b);
+    memcpy(v + i, ta, r);
+    memcpy(v + half + i, tb, r);
+  }
+}
+
+static void rope_gptj_head(float *v, const float *cs, int64_t half) {
+  const float *sn = cs + half;
+  int64_t i = 0;
+  for (; i + 4 <= half; i += 4) {
+    float32x4x2_t ab = vld2q_f32(v + 2 * i);
+    rot4(&ab.val[0], &ab.val[1], vld1q_f32(cs + i), vld1q_f32(sn + i));
+    vst2q_f32(v + 2 * i, ab);
+  }
+  if (i < half) {
+    float tv[8] = {0}, tc[4] = {0}, ts[4] = {0};
+    size_t r = (size_t)(half - i) * sizeof(float);
+    memcpy(tv, v + 2 * i, 2 * r);
+    memcpy(tc, cs + i, r);
+    memcpy(ts, sn + i, r);
+    float32x4x2_t ab = vld2q_f32(tv);
+    rot4(&ab.val[0], &ab.val[1], vld1q_f32(tc), vld1q_f32(ts));
+    vst2q_f32(tv, ab);
+    memcpy(v + 2 * i, tv, 2 * r);
+  }
+}
+
+static void neon_rope_rows(void *ctx, int64_t t0, int64_t t1) {
+  const neon_rope_job *job = ctx;
+  const int64_t half = job->rot_dim / 2;
+  for (int64_t t = t0; t < t1; t++) {
+    const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
+    float *row = job->x + t * job->ldx;
+    for (int64_t h = 0; h < job->n_heads; h++) {
+      float *v = row + h * job->head_dim;
+      if (job->style == ARMLLM_ROPE_NEOX) rope_neox_head(v, cs, half);
+      else rope_gptj_head(v, cs, half);
+    }
+  }
+}
+
+int64_t armllm_neon_rope(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
+                         int64_t head_dim, int64_t ldx, const int32_t *positions,
+                         const float *cos_sin, int64_t max_pos, int64_t rot_dim, int style) {
+  for (int64_t i = 0; i < t; i++)
+    if (positions[i] < 0 || positions[i] >= max_pos) return i;
+  if (rot_dim < 2) return -1;
+  neon_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
+  int64_t per_row = n_heads * rot_dim + 1;
+  int64_t min_rows = (16384 + per_row - 1) / per_row;
+  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), neon_rope_rows, &job);
+  return -1;
+}

@@ -1,23 +1,24 @@
-/* neon_mmla/table.c: the neon_mmla variant's dispatch table. A kernel this variant does
- * not port points at ref and says so in impl. */
+/* neon_mmla/table.c: the neon_mmla (Armv8.6 BF16/I8MM) variant's dispatch
+ * table: gemm_bf16 runs on BFMMLA (gemm.c); every other kernel is the neon
+ * one, and gemm_f32 shares the neon packed layout. */
 #include "../armllm_kernels.h"
 
 const armllm_kernels armllm_kernels_neon_mmla = {
     .isa = "neon_mmla",
-    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref"},
-    .gemm_f32_layout = "nk",
-    .gemm_bf16_layout = "nk",
-    .gemm_bf16_compute = "f32",
-    .gemm_f32_packed_len = armllm_ref_gemm_f32_packed_len,
-    .gemm_f32_pack = armllm_ref_gemm_f32_pack,
-    .gemm_f32 = armllm_ref_gemm_f32,
-    .gemm_bf16_packed_len = armllm_ref_gemm_bf16_packed_len,
-    .gemm_bf16_pack = armllm_ref_gemm_bf16_pack,
-    .gemm_bf16 = armllm_ref_gemm_bf16,
-    .rmsnorm = armllm_ref_rmsnorm,
-    .rope = armllm_ref_rope,
-    .silu_mul = armllm_ref_silu_mul,
-    .embed_f32 = armllm_ref_embed_f32,
-    .embed_bf16 = armllm_ref_embed_bf16,
-    .exp = armllm_ref_exp,
+    .impl = {"neon", "neon_mmla", "neon", "neon", "neon", "neon", "neon"},
+    .gemm_f32_layout = "nr12k1",
+    .gemm_bf16_layout = "nr8k4x2",
+    .gemm_bf16_compute = "bf16",
+    .gemm_f32_packed_len = armllm_neon_gemm_f32_packed_len,
+    .gemm_f32_pack = armllm_neon_gemm_f32_pack,
+    .gemm_f32 = armllm_neon_gemm_f32,
+    .gemm_bf16_packed_len = armllm_neon_mmla_gemm_bf16_packed_len,
+    .gemm_bf16_pack = armllm_neon_mmla_gemm_bf16_pack,
+    .gemm_bf16 = armllm_neon_mmla_gemm_bf16,
+    .rmsnorm = armllm_neon_rmsnorm,
+    .rope = armllm_neon_rope,
+    .silu_mul = armllm_neon_silu_mul,
+    .embed_f32 = armllm_neon_embed_f32,
+    .embed_bf16 = armllm_neon_embed_bf16,
+    .exp = armllm_neon_exp,
 };

@@ -1,23 +1,24 @@
 /* sve/table.c: the sve variant's dispatch table. A kernel this variant does
- * not port points at ref and says so in impl. */
+ * not port points at a lower level (neon) or ref and says so in impl. */
 #include "../armllm_kernels.h"
 
 const armllm_kernels armllm_kernels_sve = {
     .isa = "sve",
-    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref"},
-    .gemm_f32_layout = "nk",
-    .gemm_bf16_layout = "nk",
-    .gemm_bf16_compute = "f32",
-    .gemm_f32_packed_len = armllm_ref_gemm_f32_packed_len,
-    .gemm_f32_pack = armllm_ref_gemm_f32_pack,
-    .gemm_f32 = armllm_ref_gemm_f32,
-    .gemm_bf16_packed_len = armllm_ref_gemm_bf16_packed_len,
-    .gemm_bf16_pack = armllm_ref_gemm_bf16_pack,
-    .gemm_bf16 = armllm_ref_gemm_bf16,
-    .rmsnorm = armllm_ref_rmsnorm,
-    .rope = armllm_ref_rope,
-    .silu_mul = armllm_ref_silu_mul,
-    .embed_f32 = armllm_ref_embed_f32,
-    .embed_bf16 = armllm_ref_embed_bf16,
-    .exp = armllm_ref_exp,
+    /* gemm_f32, gemm_bf16, rmsnorm, rope, silu_mul, embed, exp */
+    .impl = {"sve", "sve", "sve", "neon", "sve", "neon", "sve"},
+    .gemm_f32_layout = "nr16k1",
+    .gemm_bf16_layout = "sve_mmla_n16k4",
+    .gemm_bf16_compute = "bf16",
+    .gemm_f32_packed_len = armllm_sve_gemm_f32_packed_len,
+    .gemm_f32_pack = armllm_sve_gemm_f32_pack,
+    .gemm_f32 = armllm_sve_gemm_f32,
+    .gemm_bf16_packed_len = armllm_sve_gemm_bf16_packed_len,
+    .gemm_bf16_pack = armllm_sve_gemm_bf16_pack,
+    .gemm_bf16 = armllm_sve_gemm_bf16,
+    .rmsnorm = armllm_sve_rmsnorm,
+    .rope = armllm_neon_rope, /* NEON code runs on every SVE CPU */
+    .silu_mul = armllm_sve_silu_mul,
+    .embed_f32 = armllm_neon_embed_f32,
+    .embed_bf16 = armllm_neon_embed_bf16,
+    .exp = armllm_sve_exp,
 };

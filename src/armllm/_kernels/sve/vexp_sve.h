@@ -25,7 +25,7 @@ static inline svfloat32_t armllm_sve_vexp(svbool_t pg, svfloat32_t x) {
   /* FMAX/FMIN propagate NaN; NaN lanes are replaced by x at the end. */
   svfloat32_t xc = svmin_n_f32_x(pg, svmax_n_f32_x(pg, x, ARMLLM_EXP_LO), ARMLLM_EXP_HI);
   /* n = fmaf(xc, LOG2E, ROUND) - ROUND */
-  svfloat32_t n = svmad_n_f32_x(pg, xc, ARMLLM_EXP_LOG2E, ARMLLM_EXP_ROUND);
+  svfloat32_t n = svmad_n_f32_x(pg, xc, svdup_n_f32(ARMLLM_EXP_LOG2E), ARMLLM_EXP_ROUND);
   n = svsub_n_f32_x(pg, n, ARMLLM_EXP_ROUND);
   /* r = fmaf(n, -LN2_HI, xc); r = fmaf(n, LN2_LO, r) */
   svfloat32_t r = svmla_n_f32_x(pg, xc, n, -ARMLLM_EXP_LN2_HI);
