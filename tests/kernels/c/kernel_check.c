@@ -132,7 +132,15 @@ static void check_gemm(const armllm_kernels *v, armllm_pool *pool, int quick, in
   report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
 }
 
-/* Larger shape through the prefill path: bit-identical for 1 and N threads. */
+static void run_packed(const armllm_kernels *v, armllm_pool *pool, int bf16, const float *x,
+                       int64_t rows, int64_t k, const void *packed, int64_t n, float *y) {
+  if (bf16) v->gemm_bf16(pool, x, rows, k, k, packed, n, NULL, y, n);
+  else v->gemm_f32(pool, x, rows, k, k, packed, n, NULL, y, n);
+}
+
+/* Bit-identical for 1 and N threads, and batch-invariant: a row's output is
+ * the same whether it runs alone, in a small (decode) batch or in a large
+ * (prefill) one. */
 static void check_gemm_threads(const armllm_kernels *v, armllm_pool *pool, int bf16) {
   report r;
   report_start(&r, v->isa, bf16 ? "bf16_thr" : "f32_thr");
@@ -142,32 +150,36 @@ static void check_gemm_threads(const armllm_kernels *v, armllm_pool *pool, int b
   uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
   float *y1 = xmalloc(sizeof(float) * (size_t)(m * n));
   float *yn = xmalloc(sizeof(float) * (size_t)(m * n));
+  float *yfull = xmalloc(sizeof(float) * (size_t)(m * n));
   fill(x, m * k, 1.0f);
   fill(w, n * k, 1.0f);
   for (int64_t i = 0; i < n * k; i++) wb[i] = armllm_f32_to_bf16(w[i]);
+  void *packed;
+  if (bf16) {
+    packed = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
+    v->gemm_bf16_pack(wb, n, k, packed);
+  } else {
+    packed = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
+    v->gemm_f32_pack(w, n, k, packed);
+  }
+  run_packed(v, pool, bf16, x, m, k, packed, n, yfull);
   for (int64_t rows = 1; rows <= m; rows += 12) { /* decode and prefill paths */
-    if (bf16) {
-      uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
-      v->gemm_bf16_pack(wb, n, k, p);
-      v->gemm_bf16(NULL, x, rows, k, k, p, n, NULL, y1, n);
-      v->gemm_bf16(pool, x, rows, k, k, p, n, NULL, yn, n);
-      free(p);
-    } else {
-      float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
-      v->gemm_f32_pack(w, n, k, p);
-      v->gemm_f32(NULL, x, rows, k, k, p, n, NULL, y1, n);
-      v->gemm_f32(pool, x, rows, k, k, p, n, NULL, yn, n);
-      free(p);
-    }
+    run_packed(v, NULL, bf16, x, rows, k, packed, n, y1);
+    run_packed(v, pool, bf16, x, rows, k, packed, n, yn);
     if (memcmp(y1, yn, sizeof(float) * (size_t)(rows * n)) != 0) r.bad++;
+    if (memcmp(yfull, yn, sizeof(float) * (size_t)(rows * n)) != 0) r.bad++;
     r.cases++;
   }
-  free(x); free(w); free(wb); free(y1); free(yn);
+  for (int64_t off = 0; off + 4 <= m; off += 5) /* small batches at other offsets */
+    for (int64_t rows = 1; rows <= 4; rows++) {
+      run_packed(v, pool, bf16, x + off * k, rows, k, packed, n, yn);
+      if (memcmp(yfull + off * n, yn, sizeof(float) * (size_t)(rows * n)) != 0) r.bad++;
+      r.cases++;
+    }
+  free(packed); free(x); free(w); free(wb); free(y1); free(yn); free(yfull);
   report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
 }
 
-/* Shapes past the usual K blocks (256 and 2048 in some variants), with more
- * panels than one thread chunk, and M across row-block boundaries. */
 static void check_gemm_blocks(const armllm_kernels *v, armllm_pool *pool, int bf16) {
   const armllm_kernels *ref = &armllm_kernels_ref;
   static const int64_t shapes[][3] = {{1, 129, 2100}, {2, 70, 2100}, {4, 40, 300}, {9, 129, 300}, {37, 33, 530}};
