@@ -1,23 +1,24 @@
-/* avx2/table.c: the avx2 variant's dispatch table. A kernel this variant does
- * not port points at ref and says so in impl. */
+/* avx2/table.c: the avx2 variant's dispatch table (x86-64, AVX2 + FMA + F16C).
+ * Every kernel is ported; see gemm.c for the packed layouts
+ * "nr16k1" (f32) and "nr16k1u" (bf16). */
 #include "../armllm_kernels.h"
 
 const armllm_kernels armllm_kernels_avx2 = {
     .isa = "avx2",
-    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref"},
-    .gemm_f32_layout = "nk",
-    .gemm_bf16_layout = "nk",
+    .impl = {"avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2"},
+    .gemm_f32_layout = "nr16k1",
+    .gemm_bf16_layout = "nr16k1u",
     .gemm_bf16_compute = "f32",
-    .gemm_f32_packed_len = armllm_ref_gemm_f32_packed_len,
-    .gemm_f32_pack = armllm_ref_gemm_f32_pack,
-    .gemm_f32 = armllm_ref_gemm_f32,
-    .gemm_bf16_packed_len = armllm_ref_gemm_bf16_packed_len,
-    .gemm_bf16_pack = armllm_ref_gemm_bf16_pack,
-    .gemm_bf16 = armllm_ref_gemm_bf16,
-    .rmsnorm = armllm_ref_rmsnorm,
-    .rope = armllm_ref_rope,
-    .silu_mul = armllm_ref_silu_mul,
-    .embed_f32 = armllm_ref_embed_f32,
-    .embed_bf16 = armllm_ref_embed_bf16,
-    .exp = armllm_ref_exp,
+    .gemm_f32_packed_len = armllm_avx2_gemm_f32_packed_len,
+    .gemm_f32_pack = armllm_avx2_gemm_f32_pack,
+    .gemm_f32 = armllm_avx2_gemm_f32,
+    .gemm_bf16_packed_len = armllm_avx2_gemm_bf16_packed_len,
+    .gemm_bf16_pack = armllm_avx2_gemm_bf16_pack,
+    .gemm_bf16 = armllm_avx2_gemm_bf16,
+    .rmsnorm = armllm_avx2_rmsnorm,
+    .rope = armllm_avx2_rope,
+    .silu_mul = armllm_avx2_silu_mul,
+    .embed_f32 = armllm_avx2_embed_f32,
+    .embed_bf16 = armllm_avx2_embed_bf16,
+    .exp = armllm_avx2_exp,
 };
