@@ -145,6 +145,13 @@ struct armllm_pool {
   uint32_t stop;
   _Alignas(CACHE_LINE) uint32_t remaining;  /* futex: workers still busy */
   uint32_t caller_sleeping;
+
+  /* Pinning: worker i runs on the (i+1)-th allowed CPU; the first is kept
+   * for the calling thread, whose own affinity is left alone except while a
+   * job runs if it happens to sit on a worker's CPU (see step_aside). */
+  int pinned;
+  int caller_cpu;
+  cpu_set_t worker_cpus;
 };
 
 static __thread int in_pool_task; /* nesting guard: set while running a task */
@@ -193,6 +200,23 @@ static void *worker_main(void *arg) {
       futex_wake(&pool->remaining, 1);
   }
   return NULL;
+}
+
+/* A pinned worker cannot leave its CPU, so a caller that the scheduler put on
+ * that CPU would run the whole job before the worker gets a turn. Such a
+ * caller moves to the CPU kept for it for the job's duration; afterwards
+ * its affinity is restored, and the scheduler normally leaves it where it
+ * is, so the next job finds it there at the cost of one sched_getcpu(). */
+static int step_aside(armllm_pool *pool, cpu_set_t *saved) {
+  if (!pool->pinned) return 0;
+  int cpu = sched_getcpu();
+  if (cpu < 0 || !CPU_ISSET(cpu, &pool->worker_cpus)) return 0;
+  if (sched_getaffinity(0, sizeof *saved, saved) != 0 || !CPU_ISSET(pool->caller_cpu, saved))
+    return 0; /* the caller chose its CPUs itself: respect that */
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(pool->caller_cpu, &one);
+  return sched_setaffinity(0, sizeof one, &one) == 0;
 }
 
 static void publish_and_wake(armllm_pool *pool) {
@@ -246,18 +270,25 @@ armllm_pool *armllm_pool_create(int n_threads, int pin, char *err, size_t err_le
     free(pool);
     return NULL;
   }
-  /* Worker i goes to the (i+1)-th allowed CPU; the caller keeps the first. */
+  /* Worker i goes to the (i+1)-th allowed CPU; the caller keeps the first.
+   * Only without oversubscription: more threads than CPUs float freely. */
   int cpus[CPU_SETSIZE], n_cpus = 0;
   cpu_set_t set;
   if (pin && sched_getaffinity(0, sizeof set, &set) == 0)
     for (int c = 0; c < CPU_SETSIZE; c++)
       if (CPU_ISSET(c, &set)) cpus[n_cpus++] = c;
+  pool->pinned = n_threads > 1 && n_cpus >= n_threads;
+  CPU_ZERO(&pool->worker_cpus);
+  if (pool->pinned) {
+    pool->caller_cpu = cpus[0];
+    for (int i = 1; i < n_threads; i++) CPU_SET(cpus[i], &pool->worker_cpus);
+  }
   for (int i = 0; i < n_threads - 1; i++) {
     worker_start *start = malloc(sizeof *start);
     int rc = start ? 0 : ENOMEM;
     if (start) {
       start->pool = pool;
-      start->cpu = n_cpus >= n_threads ? cpus[i + 1] : -1; /* pin only without oversubscription */
+      start->cpu = pool->pinned ? cpus[i + 1] : -1;
       rc = pthread_create(&pool->workers[i], NULL, worker_main, start);
       if (rc) free(start);
     }
@@ -305,6 +336,8 @@ void armllm_pool_run(armllm_pool *pool, int64_t n_items, int64_t grain, armllm_t
     return;
   }
   pthread_mutex_lock(&pool->run_lock);
+  cpu_set_t saved_affinity;
+  int moved = step_aside(pool, &saved_affinity);
   pool->fn = fn;
   pool->ctx = ctx;
   pool->n_items = n_items;
@@ -316,6 +349,7 @@ void armllm_pool_run(armllm_pool *pool, int64_t n_items, int64_t grain, armllm_t
   run_chunks(pool);
   in_pool_task = 0;
   wait_for_workers(pool);
+  if (moved) sched_setaffinity(0, sizeof saved_affinity, &saved_affinity);
   pthread_mutex_unlock(&pool->run_lock);
 }
 

@@ -49,6 +49,7 @@
 #endif
 #ifndef AVX2_PF_BYTES
 #define AVX2_PF_BYTES 4096 /* decode: software prefetch distance */
+#define AVX2_GEMV_SHORT_K 1024 /* bf16 decode: look one panel group ahead at K up to this */
 #endif
 #define DECODE_MAX_M 4
 
@@ -284,6 +285,10 @@ static ALWAYS_INLINE void gemv(const int mr, const int np, const int bf16, const
     for (int q = 0; q < np; q++) c[i][q][0] = c[i][q][1] = _mm256_setzero_ps();
   const float *wf = wv;
   const uint16_t *wb = wv;
+  /* bf16 panels of short K are short streams that the hardware prefetcher
+   * keeps restarting: fetch the next group's streams (np panels further)
+   * into L2 while this group runs. */
+  const int pf_next = bf16 && mr == 1 && K <= AVX2_GEMV_SHORT_K;
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; k++) {
     __m256 a[DECODE_MAX_M];
@@ -295,6 +300,8 @@ static ALWAYS_INLINE void gemv(const int mr, const int np, const int bf16, const
                                          : (const void *)(wf + (q * K + k) * NR)) +
                          AVX2_PF_BYTES,
                      _MM_HINT_T0);
+      if (pf_next && (k & 1) == 0) /* the next group's stream, one line per 2 k */
+        _mm_prefetch((const char *)(wb + ((q + np) * K + k) * NR), _MM_HINT_T1);
       if (bf16) {
         widen16(wb + (q * K + k) * NR, &b0, &b1);
       } else {
