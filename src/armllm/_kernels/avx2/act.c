@@ -2,14 +2,8 @@
  * at a time with a masked tail. The same operations as ref in the same order
  * (exp(-g), 1 + e, g / d, * u; IEEE division), so results are bit-identical. */
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_avx2.h"
-
-typedef struct {
-  const float *gate_up;
-  int64_t ldg, inter;
-  float *out;
-  int64_t ldo;
-} avx2_act_job;
 
 static inline __m256 silu_mul8(__m256 g, __m256 u) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -19,7 +13,7 @@ static inline __m256 silu_mul8(__m256 g, __m256 u) {
 }
 
 static void avx2_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const avx2_act_job *job = ctx;
+  const armllm_act_job *job = ctx;
   const int64_t inter = job->inter;
   for (int64_t t = t0; t < t1; t++) {
     const float *g = job->gate_up + t * job->ldg;
@@ -46,7 +40,7 @@ static void avx2_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
 
 void armllm_avx2_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                           int64_t inter, float *out, int64_t ldo) {
-  avx2_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   /* one row is a few microseconds at most: small jobs stay on the caller */
   if (t * inter < 16384) pool = NULL;
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_silu_mul_rows, &job);

@@ -3,23 +3,10 @@
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
-
-static int64_t first_bad_id(const int32_t *ids, int64_t t, int64_t vocab) {
-  for (int64_t i = 0; i < t; i++)
-    if (ids[i] < 0 || ids[i] >= vocab) return i;
-  return -1;
-}
-
-typedef struct {
-  const int32_t *ids;
-  const void *table;
-  int64_t d;
-  float *out;
-  int64_t ldo;
-} avx2_embed_job;
+#include "../family_jobs.h"
 
 static void embed_f32_rows(void *ctx, int64_t t0, int64_t t1) {
-  const avx2_embed_job *job = ctx;
+  const armllm_embed_job *job = ctx;
   const float *table = job->table;
   for (int64_t i = t0; i < t1; i++)
     memcpy(job->out + i * job->ldo, table + (int64_t)job->ids[i] * job->d,
@@ -32,7 +19,7 @@ static inline __m256 widen8(const uint16_t *p) {
 }
 
 static void embed_bf16_rows(void *ctx, int64_t t0, int64_t t1) {
-  const avx2_embed_job *job = ctx;
+  const armllm_embed_job *job = ctx;
   const uint16_t *table = job->table;
   const int64_t d = job->d;
   for (int64_t i = t0; i < t1; i++) {
@@ -57,9 +44,9 @@ static armllm_pool *embed_pool(armllm_pool *pool, int64_t t, int64_t d) {
 int64_t armllm_avx2_embed_f32(armllm_pool *pool, const int32_t *ids, int64_t t,
                               const float *table, int64_t vocab, int64_t d, float *out,
                               int64_t ldo) {
-  int64_t bad = first_bad_id(ids, t, vocab);
+  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
   if (bad >= 0) return bad;
-  avx2_embed_job job = {ids, table, d, out, ldo};
+  armllm_embed_job job = {ids, table, d, out, ldo};
   pool = embed_pool(pool, t, d);
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), embed_f32_rows, &job);
   return -1;
@@ -68,9 +55,9 @@ int64_t armllm_avx2_embed_f32(armllm_pool *pool, const int32_t *ids, int64_t t,
 int64_t armllm_avx2_embed_bf16(armllm_pool *pool, const int32_t *ids, int64_t t,
                                const uint16_t *table, int64_t vocab, int64_t d, float *out,
                                int64_t ldo) {
-  int64_t bad = first_bad_id(ids, t, vocab);
+  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
   if (bad >= 0) return bad;
-  avx2_embed_job job = {ids, table, d, out, ldo};
+  armllm_embed_job job = {ids, table, d, out, ldo};
   pool = embed_pool(pool, t, d);
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), embed_bf16_rows, &job);
   return -1;

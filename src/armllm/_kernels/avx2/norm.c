@@ -9,19 +9,8 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_avx2.h"
-
-typedef struct {
-  const float *x;
-  int64_t ldx;
-  float *residual;
-  int64_t ldr;
-  const float *weight;
-  int64_t d;
-  float eps;
-  float *out;
-  int64_t ldo;
-} avx2_norm_job;
 
 static inline __m256d sq_acc(__m128 v, __m256d acc) {
   __m256d w = _mm256_cvtps_pd(v);
@@ -29,7 +18,7 @@ static inline __m256d sq_acc(__m128 v, __m256d acc) {
 }
 
 static void avx2_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
-  const avx2_norm_job *job = ctx;
+  const armllm_norm_job *job = ctx;
   const int64_t d = job->d;
   const int64_t d8 = d & ~(int64_t)7;
   const __m256i tail = armllm_avx2_tail_mask(d - d8);
@@ -112,7 +101,7 @@ static void avx2_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
 void armllm_avx2_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
                          int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
                          float *out, int64_t ldo) {
-  avx2_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
+  armllm_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
   if (t * d < 32768) pool = NULL; /* a few rows: not worth waking workers */
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_rmsnorm_rows, &job);
 }

@@ -8,16 +8,8 @@
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_avx2.h"
-
-typedef struct {
-  float *x;
-  int64_t n_heads, head_dim, ldx;
-  const int32_t *positions;
-  const float *cos_sin;
-  int64_t rot_dim;
-  int style;
-} avx2_rope_job;
 
 static inline void rope_neox_head(float *v, const float *cs, int64_t half) {
   int64_t i = 0;
@@ -60,7 +52,7 @@ static inline void rope_gptj_head(float *v, const float *cs, int64_t half) {
 }
 
 static void avx2_rope_rows(void *ctx, int64_t t0, int64_t t1) {
-  const avx2_rope_job *job = ctx;
+  const armllm_rope_job *job = ctx;
   const int64_t half = job->rot_dim / 2;
   for (int64_t t = t0; t < t1; t++) {
     const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
@@ -75,9 +67,9 @@ static void avx2_rope_rows(void *ctx, int64_t t0, int64_t t1) {
 int64_t armllm_avx2_rope(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
                          int64_t head_dim, int64_t ldx, const int32_t *positions,
                          const float *cos_sin, int64_t max_pos, int64_t rot_dim, int style) {
-  for (int64_t i = 0; i < t; i++)
-    if (positions[i] < 0 || positions[i] >= max_pos) return i;
-  avx2_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
+  int64_t bad = armllm_first_out_of_range(positions, t, max_pos);
+  if (bad >= 0) return bad;
+  armllm_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
   if (t * n_heads * rot_dim < 32768) pool = NULL; /* decode: one row, stay on the caller */
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_rope_rows, &job);
   return -1;

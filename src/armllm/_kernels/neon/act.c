@@ -9,6 +9,7 @@
 #include <arm_neon.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_neon.h"
 
 static inline __attribute__((always_inline)) float32x4_t silu_mul4(float32x4_t g, float32x4_t u) {
@@ -19,17 +20,10 @@ static inline __attribute__((always_inline)) float32x4_t silu_mul4(float32x4_t g
   return vmulq_f32(vmulq_f32(g, r), u);
 }
 
-typedef struct {
-  const float *gate_up;
-  int64_t ldg, inter;
-  float *out;
-  int64_t ldo;
-} neon_act_job;
-
 #define ACT_BLOCK 2048 /* columns per work item: decode rows split across threads too */
 
 static void neon_silu_mul_items(void *ctx, int64_t i0, int64_t i1) {
-  const neon_act_job *job = ctx;
+  const armllm_act_job *job = ctx;
   const int64_t inter = job->inter, nb = (inter + ACT_BLOCK - 1) / ACT_BLOCK;
   for (int64_t it = i0; it < i1; it++) {
     const int64_t t = it / nb, j0 = (it % nb) * ACT_BLOCK;
@@ -58,7 +52,7 @@ static void neon_silu_mul_items(void *ctx, int64_t i0, int64_t i1) {
 
 void armllm_neon_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                           int64_t inter, float *out, int64_t ldo) {
-  neon_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   /* Items are (row, block of ACT_BLOCK columns); out may alias gate_up, and
    * each item reads and writes only its own columns. About 3 cycles per
    * element: chunks of >= 8K elements are worth a thread. */

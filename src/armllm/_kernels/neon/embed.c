@@ -4,23 +4,10 @@
 #include <arm_neon.h>
 
 #include "../armllm_kernels.h"
-
-static int64_t first_bad_id(const int32_t *ids, int64_t t, int64_t vocab) {
-  for (int64_t i = 0; i < t; i++)
-    if (ids[i] < 0 || ids[i] >= vocab) return i;
-  return -1;
-}
-
-typedef struct {
-  const int32_t *ids;
-  const void *table;
-  int64_t d;
-  float *out;
-  int64_t ldo;
-} neon_embed_job;
+#include "../family_jobs.h"
 
 static void embed_f32_rows(void *ctx, int64_t t0, int64_t t1) {
-  const neon_embed_job *job = ctx;
+  const armllm_embed_job *job = ctx;
   const float *table = job->table;
   for (int64_t i = t0; i < t1; i++)
     memcpy(job->out + i * job->ldo, table + (int64_t)job->ids[i] * job->d,
@@ -28,7 +15,7 @@ static void embed_f32_rows(void *ctx, int64_t t0, int64_t t1) {
 }
 
 static void embed_bf16_rows(void *ctx, int64_t t0, int64_t t1) {
-  const neon_embed_job *job = ctx;
+  const armllm_embed_job *job = ctx;
   const uint16_t *table = job->table;
   const int64_t d = job->d;
   const uint16x8_t zero = vdupq_n_u16(0);
@@ -49,9 +36,9 @@ static void embed_bf16_rows(void *ctx, int64_t t0, int64_t t1) {
 
 static int64_t embed_run(armllm_pool *pool, const int32_t *ids, int64_t t, const void *table,
                          int64_t vocab, int64_t d, float *out, int64_t ldo, armllm_task_fn fn) {
-  int64_t bad = first_bad_id(ids, t, vocab);
+  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
   if (bad >= 0) return bad;
-  neon_embed_job job = {ids, table, d, out, ldo};
+  armllm_embed_job job = {ids, table, d, out, ldo};
   int64_t min_rows = (65536 + d - 1) / d; /* a thread per >= 256 KB written */
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), fn, &job);
   return -1;

@@ -9,25 +9,14 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
-
-typedef struct {
-  const float *x;
-  int64_t ldx;
-  float *residual;
-  int64_t ldr;
-  const float *weight;
-  int64_t d;
-  float eps;
-  float *out;
-  int64_t ldo;
-} neon_norm_job;
+#include "../family_jobs.h"
 
 static inline __attribute__((always_inline)) float64x2_t sq_acc(float64x2_t acc, float64x2_t v) {
   return vfmaq_f64(acc, v, v);
 }
 
 static void neon_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
-  const neon_norm_job *job = ctx;
+  const armllm_norm_job *job = ctx;
   const int64_t d = job->d;
   for (int64_t t = t0; t < t1; t++) {
     const float *x = job->x + t * job->ldx;
@@ -84,7 +73,7 @@ static void neon_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
 void armllm_neon_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
                          int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
                          float *out, int64_t ldo) {
-  neon_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
+  armllm_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
   /* memory-bound, ~1 cycle per element: rows of >= 16K elements per chunk */
   int64_t min_rows = (16384 + d - 1) / d;
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), neon_rmsnorm_rows, &job);

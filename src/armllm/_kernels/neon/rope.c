@@ -8,16 +8,8 @@
 #include <arm_neon.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_neon.h" /* ARMLLM_NEON_OPAQUE */
-
-typedef struct {
-  float *x;
-  int64_t n_heads, head_dim, ldx;
-  const int32_t *positions;
-  const float *cos_sin;
-  int64_t rot_dim;
-  int style;
-} neon_rope_job;
 
 static inline __attribute__((always_inline)) void rot4(float32x4_t *a, float32x4_t *b,
                                                        float32x4_t c, float32x4_t s) {
@@ -78,7 +70,7 @@ static void rope_gptj_head(float *v, const float *cs, int64_t half) {
 }
 
 static void neon_rope_rows(void *ctx, int64_t t0, int64_t t1) {
-  const neon_rope_job *job = ctx;
+  const armllm_rope_job *job = ctx;
   const int64_t half = job->rot_dim / 2;
   for (int64_t t = t0; t < t1; t++) {
     const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
@@ -94,10 +86,10 @@ static void neon_rope_rows(void *ctx, int64_t t0, int64_t t1) {
 int64_t armllm_neon_rope(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
                          int64_t head_dim, int64_t ldx, const int32_t *positions,
                          const float *cos_sin, int64_t max_pos, int64_t rot_dim, int style) {
-  for (int64_t i = 0; i < t; i++)
-    if (positions[i] < 0 || positions[i] >= max_pos) return i;
+  int64_t bad = armllm_first_out_of_range(positions, t, max_pos);
+  if (bad >= 0) return bad;
   if (rot_dim < 2) return -1;
-  neon_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
+  armllm_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
   int64_t per_row = n_heads * rot_dim + 1;
   int64_t min_rows = (16384 + per_row - 1) / per_row;
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), neon_rope_rows, &job);

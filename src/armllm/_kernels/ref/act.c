@@ -1,16 +1,10 @@
 /* ref/act.c: portable SiLU(gate) * up on a fused [T, 2*inter] gate/up buffer. */
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "../vexp.h"
 
-typedef struct {
-  const float *gate_up;
-  int64_t ldg, inter;
-  float *out;
-  int64_t ldo;
-} ref_act_job;
-
 static void ref_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const ref_act_job *job = ctx;
+  const armllm_act_job *job = ctx;
   for (int64_t t = t0; t < t1; t++) {
     const float *g = job->gate_up + t * job->ldg;
     const float *u = g + job->inter;
@@ -24,6 +18,6 @@ static void ref_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
 
 void armllm_ref_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                          int64_t inter, float *out, int64_t ldo) {
-  ref_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), ref_silu_mul_rows, &job);
 }

@@ -1,17 +1,12 @@
 /* ref/embed.c: portable embedding row gather from f32 and bf16 tables. */
 #include "../armllm_kernels.h"
-
-static int64_t first_bad_id(const int32_t *ids, int64_t t, int64_t vocab) {
-  for (int64_t i = 0; i < t; i++)
-    if (ids[i] < 0 || ids[i] >= vocab) return i;
-  return -1;
-}
+#include "../family_jobs.h"
 
 int64_t armllm_ref_embed_f32(armllm_pool *pool, const int32_t *ids, int64_t t,
                              const float *table, int64_t vocab, int64_t d, float *out,
                              int64_t ldo) {
   (void)pool; /* a gather of T rows is memory-bound and short: one thread */
-  int64_t bad = first_bad_id(ids, t, vocab);
+  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
   if (bad >= 0) return bad;
   for (int64_t i = 0; i < t; i++)
     memcpy(out + i * ldo, table + (int64_t)ids[i] * d, (size_t)d * sizeof *table);
@@ -22,7 +17,7 @@ int64_t armllm_ref_embed_bf16(armllm_pool *pool, const int32_t *ids, int64_t t,
                               const uint16_t *table, int64_t vocab, int64_t d, float *out,
                               int64_t ldo) {
   (void)pool;
-  int64_t bad = first_bad_id(ids, t, vocab);
+  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
   if (bad >= 0) return bad;
   for (int64_t i = 0; i < t; i++) {
     const uint16_t *row = table + (int64_t)ids[i] * d;

@@ -2,21 +2,10 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
-
-typedef struct {
-  const float *x;
-  int64_t ldx;
-  float *residual;
-  int64_t ldr;
-  const float *weight;
-  int64_t d;
-  float eps;
-  float *out;
-  int64_t ldo;
-} ref_norm_job;
+#include "../family_jobs.h"
 
 static void ref_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
-  const ref_norm_job *job = ctx;
+  const armllm_norm_job *job = ctx;
   for (int64_t t = t0; t < t1; t++) {
     const float *x = job->x + t * job->ldx;
     float *out = job->out + t * job->ldo;
@@ -36,6 +25,6 @@ static void ref_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
 void armllm_ref_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
                         int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
                         float *out, int64_t ldo) {
-  ref_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
+  armllm_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), ref_rmsnorm_rows, &job);
 }

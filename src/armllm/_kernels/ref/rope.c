@@ -1,17 +1,9 @@
 /* ref/rope.c: portable rotary position embedding (neox and gpt-j pairing). */
 #include "../armllm_kernels.h"
-
-typedef struct {
-  float *x;
-  int64_t n_heads, head_dim, ldx;
-  const int32_t *positions;
-  const float *cos_sin;
-  int64_t rot_dim;
-  int style;
-} ref_rope_job;
+#include "../family_jobs.h"
 
 static void ref_rope_rows(void *ctx, int64_t t0, int64_t t1) {
-  const ref_rope_job *job = ctx;
+  const armllm_rope_job *job = ctx;
   const int64_t half = job->rot_dim / 2;
   for (int64_t t = t0; t < t1; t++) {
     const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
@@ -31,9 +23,9 @@ static void ref_rope_rows(void *ctx, int64_t t0, int64_t t1) {
 int64_t armllm_ref_rope(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
                         int64_t head_dim, int64_t ldx, const int32_t *positions,
                         const float *cos_sin, int64_t max_pos, int64_t rot_dim, int style) {
-  for (int64_t i = 0; i < t; i++)
-    if (positions[i] < 0 || positions[i] >= max_pos) return i;
-  ref_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
+  int64_t bad = armllm_first_out_of_range(positions, t, max_pos);
+  if (bad >= 0) return bad;
+  armllm_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), ref_rope_rows, &job);
   return -1;
 }

@@ -4,14 +4,8 @@
  * same operations in the same order as ref, so results are bit-identical.
  */
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_sve.h"
-
-typedef struct {
-  const float *gate_up;
-  int64_t ldg, inter;
-  float *out;
-  int64_t ldo;
-} sve_act_job;
 
 static inline svfloat32_t silu_mul_vec(svbool_t pg, svfloat32_t g, svfloat32_t u) {
   svfloat32_t e = armllm_sve_opaque(armllm_sve_vexp(pg, svneg_f32_x(pg, g)));
@@ -20,7 +14,7 @@ static inline svfloat32_t silu_mul_vec(svbool_t pg, svfloat32_t g, svfloat32_t u
 }
 
 static void sve_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const sve_act_job *job = ctx;
+  const armllm_act_job *job = ctx;
   const int64_t vl = (int64_t)svcntw(), n = job->inter;
   const svbool_t pt = svptrue_b32();
   for (int64_t t = t0; t < t1; t++) {
@@ -45,6 +39,6 @@ static void sve_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
 
 void armllm_sve_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                          int64_t inter, float *out, int64_t ldo) {
-  sve_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), sve_silu_mul_rows, &job);
 }

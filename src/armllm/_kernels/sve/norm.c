@@ -7,19 +7,8 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include <arm_sve.h>
-
-typedef struct {
-  const float *x;
-  int64_t ldx;
-  float *residual;
-  int64_t ldr;
-  const float *weight;
-  int64_t d;
-  float eps;
-  float *out;
-  int64_t ldo;
-} sve_norm_job;
 
 /* acc += even lanes^2 and odd lanes^2 of v, in double. */
 static inline void sumsq_f64(svbool_t pd, svfloat32_t v, svfloat64_t *acc_e, svfloat64_t *acc_o) {
@@ -31,7 +20,7 @@ static inline void sumsq_f64(svbool_t pd, svfloat32_t v, svfloat64_t *acc_e, svf
 }
 
 static void sve_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
-  const sve_norm_job *job = ctx;
+  const armllm_norm_job *job = ctx;
   const int64_t vl = (int64_t)svcntw(), d = job->d;
   const svbool_t pt = svptrue_b32(), pd = svptrue_b64();
   for (int64_t t = t0; t < t1; t++) {
@@ -75,6 +64,6 @@ static void sve_rmsnorm_rows(void *ctx, int64_t t0, int64_t t1) {
 void armllm_sve_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
                         int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
                         float *out, int64_t ldo) {
-  sve_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
+  armllm_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), sve_rmsnorm_rows, &job);
 }
