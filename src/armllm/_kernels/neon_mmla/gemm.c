@@ -26,6 +26,7 @@
 #include <arm_neon.h>
 
 #include "../armllm_kernels.h"
+#include "../gemm_plan.h"
 
 #define NRM 8            /* panel width (output rows of W) */
 #define MRM 8            /* prefill tile height (rows of x), 4 pairs */
@@ -307,13 +308,10 @@ static void prefill_items(void *ctx, int64_t i0, int64_t i1) {
           }
           float t[MRM * NRM] __attribute__((aligned(16))) = {0};
           float tb[NRM] __attribute__((aligned(16))) = {0};
-          if (!first)
-            for (int64_t r = 0; r < mv; r++)
-              memcpy(t + r * NRM, job->y + (m0 + r) * ldy + n0, (size_t)nv * sizeof *t);
-          if (bias) memcpy(tb, bias, (size_t)nv * sizeof *tb);
+          float *yt = job->y + m0 * ldy + n0;
+          armllm_edge_tile_load(t, tb, NRM, yt, ldy, mv, nv, first, bias);
           kern_8x8(gc, ap, bp, t, NRM, first, bias ? tb : NULL);
-          for (int64_t r = 0; r < mv; r++)
-            memcpy(job->y + (m0 + r) * ldy + n0, t + r * NRM, (size_t)nv * sizeof *t);
+          armllm_edge_tile_store(t, NRM, yt, ldy, mv, nv);
         }
       }
     }
@@ -326,21 +324,14 @@ void armllm_neon_mmla_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, in
                                 const float *bias, float *y, int64_t ldy) {
   mmla_gemm_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, (n + NRM - 1) / NRM, 0, 0};
   if (m <= DECODE_MAX_M) {
-    const int64_t P = decode_panels[m];
-    const int64_t groups = (job.n_panels + P - 1) / P;
-    const int64_t macs = m * k * NRM * P;
-    const int64_t min_groups = (MIN_CHUNK_MACS + macs - 1) / macs;
-    armllm_pool_run(pool, groups, armllm_pool_grain(pool, groups, 4, min_groups), decode_items,
-                    &job);
+    armllm_gemm_plan plan =
+        armllm_plan_decode(pool, m, k, job.n_panels, NRM, decode_panels[m], MIN_CHUNK_MACS);
+    armllm_pool_run(pool, plan.items, plan.grain, decode_items, &job);
     return;
   }
-  const int64_t threads = armllm_pool_threads(pool);
-  job.n_mt = (m + MRM - 1) / MRM;
-  const int64_t want_nc = (4 * threads + job.n_mt - 1) / job.n_mt;
-  int64_t cp = (job.n_panels + want_nc - 1) / want_nc;
-  job.cp = cp < 1 ? 1 : (cp > CP_MAX ? CP_MAX : cp);
-  const int64_t n_nc = (job.n_panels + job.cp - 1) / job.cp, items = n_nc * job.n_mt;
-  const int64_t macs = MRM * NRM * job.cp * k;
-  const int64_t min_items = (MIN_CHUNK_MACS + macs - 1) / macs;
-  armllm_pool_run(pool, items, armllm_pool_grain(pool, items, 4, min_items), prefill_items, &job);
+  armllm_gemm_plan plan =
+      armllm_plan_prefill(pool, m, k, job.n_panels, MRM, NRM, CP_MAX, MIN_CHUNK_MACS);
+  job.n_mt = plan.n_mt;
+  job.cp = plan.cp;
+  armllm_pool_run(pool, plan.items, plan.grain, prefill_items, &job);
 }
