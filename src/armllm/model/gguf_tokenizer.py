@@ -75,9 +75,10 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str = "GGUF file") -> tupl
     tok.pre_tokenizer = _pre_tokenizer(str(meta.get("tokenizer.ggml.pre", "default")))
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(tokens, types) if ty == TOKEN_CONTROL])
+                            for t, ty in zip(tokens, types, strict=True) if ty == TOKEN_CONTROL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, ty in zip(tokens, types) if ty == TOKEN_USER_DEFINED])
+                    for t, ty in zip(tokens, types, strict=True)
+                    if ty == TOKEN_USER_DEFINED])
 
     def token_of(key: str) -> str | None:
         idx = meta.get(f"tokenizer.ggml.{key}")
