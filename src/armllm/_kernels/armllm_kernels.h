@@ -90,6 +90,70 @@ static inline uint16_t armllm_f32_to_bf16(float f) {
 
 enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
 
+/* ---------------------------------------------------------- attention
+ *
+ * Paged KV cache, per layer: K and V of [num_blocks, n_kv_heads, block_size,
+ * head_dim] (head-major: one head's block is contiguous), float32 or bf16
+ * bits (cache_bf16). Token slot s lives in block s / block_size at row
+ * s % block_size.
+ *
+ * KV write: for each of T rows, K row k + t*ldk and V row v + t*ldv
+ *   (n_kv_heads*head_dim floats, head-major) go to slot slot_mapping[t]
+ *   (bf16: rounded to nearest even); slot -1 skips the row. Returns -1, or
+ *   the first t whose slot is outside [-1, num_blocks*block_size) (then
+ *   nothing was written).
+ *
+ * Attention (varlen, one call for prefill chunks and decodes): sequence b
+ *   owns query rows [query_start[b], query_start[b+1]) of q (n_heads heads
+ *   of head_dim per row, row stride ldq) and seq_lens[b] tokens in the cache
+ *   (its new tokens included), at the blocks block_table[b*max_blocks + i].
+ *   Query row i of a sequence with q_len rows sits at position
+ *   pos = seq_len - q_len + i and attends keys [lo, pos] with
+ *   lo = sliding_window ? max(0, pos - sliding_window + 1) : 0 (causal).
+ *   Query head h reads KV head h / (n_heads / n_kv_heads) (GQA).
+ *   out = softmax(scale * q.K^T) V, written at out + row*ldo.
+ *
+ *   Keys are taken in partitions of ARMLLM_ATTN_PARTITION absolute positions;
+ *   each partition's (max, sum, weighted V) is merged into the running one in
+ *   partition order with the shared exp, so a variant may compute partitions
+ *   of one row on different threads (split-KV, when rows*heads are fewer than
+ *   threads) and still return the same bits as on one thread. Splitting needs
+ *   `scratch` of armllm_attn_scratch_len(...) floats; with NULL or too little,
+ *   the variant does not split (same result).
+ *   Returns -1, or the first sequence whose metadata is inconsistent
+ *   (q_len > seq_len, query_start not increasing, a used block id outside
+ *   [0, num_blocks), or more blocks than max_blocks); then nothing was written.
+ *   Accuracy vs exact softmax attention in float64: 2e-6 * max|V| (f32 cache),
+ *   bf16 caches hold bf16-rounded K/V, to which the same bound applies.
+ */
+#define ARMLLM_ATTN_PARTITION 256
+#define ARMLLM_ATTN_MAX_HEAD_DIM 256
+
+typedef struct {
+  const float *q;
+  int64_t ldq;
+  const void *k_cache, *v_cache;
+  int cache_bf16;
+  const int32_t *block_table;
+  int64_t max_blocks;
+  const int32_t *seq_lens;    /* [n_seqs] */
+  const int32_t *query_start; /* [n_seqs + 1] */
+  int64_t n_seqs, n_heads, n_kv_heads, head_dim, block_size, num_blocks;
+  float scale;
+  int64_t sliding_window; /* 0: none */
+  float *out;
+  int64_t ldo;
+  float *scratch; /* split-KV partials, may be NULL */
+  size_t scratch_len;
+} armllm_attn_args;
+
+/* Floats of scratch that let a variant split every row's keys over threads. */
+static inline size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim,
+                                             int64_t max_seq_len) {
+  int64_t parts = (max_seq_len + ARMLLM_ATTN_PARTITION - 1) / ARMLLM_ATTN_PARTITION;
+  return (size_t)(rows * n_heads * parts * (head_dim + 2));
+}
+
 typedef size_t (*armllm_packed_len_fn)(int64_t n, int64_t k);
 typedef void (*armllm_pack_f32_fn)(const float *w, int64_t n, int64_t k, float *packed);
 typedef void (*armllm_pack_bf16_fn)(const uint16_t *w, int64_t n, int64_t k, uint16_t *packed);
@@ -115,6 +179,12 @@ typedef int64_t (*armllm_embed_bf16_fn)(armllm_pool *pool, const int32_t *ids, i
                                         const uint16_t *table, int64_t vocab, int64_t d,
                                         float *out, int64_t ldo);
 typedef void (*armllm_exp_fn)(const float *x, float *y, int64_t n);
+typedef int64_t (*armllm_kv_write_fn)(armllm_pool *pool, const float *k, int64_t ldk,
+                                      const float *v, int64_t ldv, const int32_t *slot_mapping,
+                                      int64_t t, void *k_cache, void *v_cache, int cache_bf16,
+                                      int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
+                                      int64_t num_blocks);
+typedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args *args);
 
 /* Kernel slots, in the order `impl` lists them. */
 enum {
@@ -125,6 +195,8 @@ enum {
   ARMLLM_K_SILU_MUL,
   ARMLLM_K_EMBED,
   ARMLLM_K_EXP,
+  ARMLLM_K_KV_WRITE,
+  ARMLLM_K_ATTENTION,
   ARMLLM_NUM_KERNELS
 };
 
@@ -146,6 +218,8 @@ typedef struct armllm_kernels {
   armllm_embed_f32_fn embed_f32;
   armllm_embed_bf16_fn embed_bf16;
   armllm_exp_fn exp;
+  armllm_kv_write_fn kv_write;
+  armllm_attention_fn attention;
 } armllm_kernels;
 
 /* Declares one variant's kernels: ARMLLM_DECLARE_VARIANT(avx2) declares
@@ -186,6 +260,15 @@ typedef struct armllm_kernels {
                                   const uint16_t *table, int64_t vocab, \
                                   int64_t d, float *out, int64_t ldo);  \
   void armllm_##v##_exp(const float *x, float *y, int64_t n);           \
+  int64_t armllm_##v##_kv_write(armllm_pool *pool, const float *k,      \
+                                int64_t ldk, const float *v, int64_t ldv, \
+                                const int32_t *slot_mapping, int64_t t, \
+                                void *k_cache, void *v_cache,           \
+                                int cache_bf16, int64_t n_kv_heads,     \
+                                int64_t head_dim, int64_t block_size,   \
+                                int64_t num_blocks);                    \
+  int64_t armllm_##v##_attention(armllm_pool *pool,                     \
+                                 const armllm_attn_args *args);         \
   extern const armllm_kernels armllm_kernels_##v;
 
 /* Every variant declares the full set; a variant's table.c defines only the

@@ -398,6 +398,113 @@ static void check_exp(const armllm_kernels *v) {
   report_end(&r, v->impl[ARMLLM_K_EXP]);
 }
 
+/* ---------------------------------------------------------- attention */
+
+/* Sequences (q_len, seq_len): decodes, prefill chunks after cached context,
+ * a whole prompt, and contexts spanning several partitions. */
+static const int32_t attn_seqs[][2] = {{1, 1}, {1, 37}, {5, 5}, {3, 20}, {1, 300}, {7, 530}, {2, 17}};
+#define ATTN_NSEQ ((int64_t)(sizeof attn_seqs / sizeof *attn_seqs))
+
+static void check_attention(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t dims[][4] = {/* head_dim, n_heads, n_kv_heads, block_size */
+                                    {8, 2, 2, 16}, {64, 6, 2, 16}, {80, 3, 1, 5}, {128, 4, 4, 32}};
+  report r;
+  report_start(&r, v->isa, "attention");
+  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+    for (int bf16 = 0; bf16 < 2; bf16++)
+      for (int window = 0; window < 2; window++) {
+        const int64_t hd = dims[di][0], nh = dims[di][1], nkv = dims[di][2], bs = dims[di][3];
+        int32_t qs[ATTN_NSEQ + 1], lens[ATTN_NSEQ];
+        int64_t max_blocks = 0, total_blocks = 0;
+        qs[0] = 0;
+        for (int64_t b = 0; b < ATTN_NSEQ; b++) {
+          qs[b + 1] = qs[b] + attn_seqs[b][0];
+          lens[b] = attn_seqs[b][1];
+          int64_t nb = (lens[b] + bs - 1) / bs;
+          if (nb > max_blocks) max_blocks = nb;
+          total_blocks += nb;
+        }
+        const int64_t rows = qs[ATTN_NSEQ], num_blocks = total_blocks + 3;
+        int32_t *table = xmalloc(sizeof(int32_t) * (size_t)(ATTN_NSEQ * max_blocks));
+        int64_t next = 0;
+        for (int64_t b = 0; b < ATTN_NSEQ; b++) /* blocks in a scrambled order */
+          for (int64_t i = 0; i < max_blocks; i++)
+            table[b * max_blocks + i] = i < (lens[b] + bs - 1) / bs ? (int32_t)((next++ * 7 + 3) % num_blocks) : -5;
+        const size_t cache_len = (size_t)(num_blocks * nkv * bs * hd);
+        float *kc = xmalloc(sizeof(float) * cache_len), *vc = xmalloc(sizeof(float) * cache_len);
+        uint16_t *kb = xmalloc(sizeof(uint16_t) * cache_len), *vb = xmalloc(sizeof(uint16_t) * cache_len);
+        fill(kc, (int64_t)cache_len, 1.0f);
+        fill(vc, (int64_t)cache_len, 1.0f);
+        for (size_t i = 0; i < cache_len; i++) {
+          kb[i] = armllm_f32_to_bf16(kc[i]);
+          vb[i] = armllm_f32_to_bf16(vc[i]);
+        }
+        const int64_t ldq = nh * hd + 3, ldo = nh * hd + 1;
+        float *q = xmalloc(sizeof(float) * (size_t)(rows * ldq));
+        float *out = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+        float *out1 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+        float *out2 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+        fill(q, rows * ldq, 1.0f);
+        size_t scratch_len = armllm_attn_scratch_len(rows, nh, hd, 530);
+        float *scratch = xmalloc(sizeof(float) * scratch_len);
+        armllm_attn_args a = {q, ldq, bf16 ? (const void *)kb : kc, bf16 ? (const void *)vb : vc,
+                              bf16, table, max_blocks, lens, qs, ATTN_NSEQ, nh, nkv, hd, bs,
+                              num_blocks, 1.0f / sqrtf((float)hd), window ? 37 : 0, out, ldo,
+                              scratch, scratch_len};
+        armllm_attn_args a1 = a, ar = a;
+        a1.out = out1;
+        a1.scratch = NULL;
+        a1.scratch_len = 0;
+        ar.out = out2;
+        if (v->attention(pool, &a) != -1 || v->attention(NULL, &a1) != -1 ||
+            armllm_kernels_ref.attention(NULL, &ar) != -1)
+          r.bad++;
+        for (int64_t i = 0; i < rows; i++)
+          for (int64_t j = 0; j < nh * hd; j++) {
+            report_value(&r, out[i * ldo + j], out2[i * ldo + j], 4e-6);
+            if (out[i * ldo + j] != out1[i * ldo + j]) r.bad++; /* split or not: same bits */
+          }
+        /* inconsistent metadata: a block id out of range in sequence 3 */
+        const int32_t saved = table[3 * max_blocks];
+        table[3 * max_blocks] = (int32_t)num_blocks;
+        if (v->attention(pool, &a) != 3) r.bad++;
+        table[3 * max_blocks] = saved;
+        r.cases++;
+        free(table); free(kc); free(vc); free(kb); free(vb); free(q); free(out); free(out1);
+        free(out2); free(scratch);
+      }
+  report_end(&r, v->impl[ARMLLM_K_ATTENTION]);
+}
+
+static void check_kv_write(const armllm_kernels *v, armllm_pool *pool) {
+  report r;
+  report_start(&r, v->isa, "kv_write");
+  static const int64_t dims[][3] = {{8, 1, 16}, {64, 2, 16}, {80, 3, 5}, {128, 8, 32}};
+  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+      const int64_t hd = dims[di][0], nkv = dims[di][1], bs = dims[di][2], nb = 6, t = 9;
+      const int64_t ld = nkv * hd + 2;
+      const size_t len = (size_t)(nb * nkv * bs * hd), bytes = len * (bf16 ? 2 : 4);
+      char *kc = xmalloc(bytes), *vc = xmalloc(bytes), *kr = xmalloc(bytes), *vr = xmalloc(bytes);
+      memset(kc, 0x5a, bytes); memset(vc, 0x5a, bytes); memset(kr, 0x5a, bytes); memset(vr, 0x5a, bytes);
+      float *k = xmalloc(sizeof(float) * (size_t)(t * ld)), *vv = xmalloc(sizeof(float) * (size_t)(t * ld));
+      fill(k, t * ld, 3.0f);
+      fill(vv, t * ld, 3.0f);
+      int32_t slots[9] = {0, 5, (int32_t)(bs + 1), -1, (int32_t)(nb * bs - 1), 7, (int32_t)(3 * bs), -1, 2};
+      if (v->kv_write(pool, k, ld, vv, ld, slots, t, kc, vc, bf16, nkv, hd, bs, nb) != -1) r.bad++;
+      armllm_kernels_ref.kv_write(NULL, k, ld, vv, ld, slots, t, kr, vr, bf16, nkv, hd, bs, nb);
+      if (memcmp(kc, kr, bytes) || memcmp(vc, vr, bytes)) r.bad++;
+      slots[6] = (int32_t)(nb * bs); /* out of range: reported, nothing written */
+      memset(kc, 0x11, bytes);
+      if (v->kv_write(pool, k, ld, vv, ld, slots, t, kc, vc, bf16, nkv, hd, bs, nb) != 6) r.bad++;
+      for (size_t i = 0; i < bytes; i++)
+        if (kc[i] != 0x11) { r.bad++; break; }
+      r.cases++;
+      free(kc); free(vc); free(kr); free(vr); free(k); free(vv);
+    }
+  report_end(&r, v->impl[ARMLLM_K_KV_WRITE]);
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -463,6 +570,8 @@ int main(int argc, char **argv) {
     check_silu_mul(v, pool);
     check_embed(v, pool);
     check_exp(v);
+    check_kv_write(v, pool);
+    check_attention(v, pool);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);

@@ -3,7 +3,7 @@
 
 const armllm_kernels armllm_kernels_ref = {
     .isa = "ref",
-    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref"},
+    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref"},
     .gemm_f32_layout = "nk",
     .gemm_bf16_layout = "nk",
     .gemm_bf16_compute = "f32",
@@ -18,5 +18,7 @@ const armllm_kernels armllm_kernels_ref = {
     .silu_mul = armllm_ref_silu_mul,
     .embed_f32 = armllm_ref_embed_f32,
     .embed_bf16 = armllm_ref_embed_bf16,
+    .kv_write = armllm_ref_kv_write,
+    .attention = armllm_ref_attention,
     .exp = armllm_ref_exp,
 };

@@ -1,0 +1,85 @@
+/* ref/attn.c: portable paged KV write and varlen paged attention, the
+ * reference: one (query row, head) per item, keys one by one. */
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "../attn_common.h"
+
+int64_t armllm_ref_kv_write(armllm_pool *pool, const float *k, int64_t ldk, const float *v,
+                            int64_t ldv, const int32_t *slot_mapping, int64_t t, void *k_cache,
+                            void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
+                            int64_t block_size, int64_t num_blocks) {
+  (void)pool; /* T rows of a few KB: memory-bound and short */
+  for (int64_t i = 0; i < t; i++)
+    if (slot_mapping[i] < -1 || slot_mapping[i] >= num_blocks * block_size) return i;
+  const int64_t row = n_kv_heads * head_dim;
+  for (int64_t i = 0; i < t; i++) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    const int64_t block = slot / block_size, off = slot % block_size;
+    for (int64_t h = 0; h < n_kv_heads; h++) {
+      const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim;
+      const float *ks = k + i * ldk + h * head_dim, *vs = v + i * ldv + h * head_dim;
+      for (int64_t d = 0; d < head_dim; d++) {
+        if (cache_bf16) {
+          ((uint16_t *)k_cache)[dst + d] = armllm_f32_to_bf16(ks[d]);
+          ((uint16_t *)v_cache)[dst + d] = armllm_f32_to_bf16(vs[d]);
+        } else {
+          ((float *)k_cache)[dst + d] = ks[d];
+          ((float *)v_cache)[dst + d] = vs[d];
+        }
+      }
+    }
+  }
+  (void)row;
+  return -1;
+}
+
+static inline float cache_at(const void *cache, int bf16, int64_t i) {
+  return bf16 ? armllm_bf16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+
+static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
+  const armllm_attn_args *a = ctx;
+  const int64_t hd = a->head_dim, group = a->n_heads / a->n_kv_heads;
+  float scores[ARMLLM_ATTN_PARTITION], accp[ARMLLM_ATTN_MAX_HEAD_DIM], acc[ARMLLM_ATTN_MAX_HEAD_DIM];
+  for (int64_t item = i0; item < i1; item++) {
+    const int64_t row = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
+    const int64_t b = armllm_attn_seq_of_row(a, row);
+    const int64_t pos = armllm_attn_pos(a, b, row), lo = armllm_attn_lo(a, pos);
+    const float *q = a->q + row * a->ldq + h * hd;
+    armllm_softmax_state st = {0.0f, 0.0f, 0};
+    for (int64_t p = lo / ARMLLM_ATTN_PARTITION; p <= pos / ARMLLM_ATTN_PARTITION; p++) {
+      const int64_t k0 = p * ARMLLM_ATTN_PARTITION > lo ? p * ARMLLM_ATTN_PARTITION : lo;
+      const int64_t k1 = (p + 1) * ARMLLM_ATTN_PARTITION < pos + 1 ? (p + 1) * ARMLLM_ATTN_PARTITION : pos + 1;
+      float mp = -INFINITY;
+      for (int64_t j = k0; j < k1; j++) {
+        const int64_t off = armllm_attn_kv_offset(a, b, kvh, j);
+        float dot = 0.0f;
+        for (int64_t d = 0; d < hd; d++) dot = fmaf(q[d], cache_at(a->k_cache, a->cache_bf16, off + d), dot);
+        scores[j - k0] = dot * a->scale;
+        if (scores[j - k0] > mp) mp = scores[j - k0];
+      }
+      float lp = 0.0f;
+      for (int64_t d = 0; d < hd; d++) accp[d] = 0.0f;
+      for (int64_t j = k0; j < k1; j++) {
+        const float e = armllm_exp_scalar(scores[j - k0] - mp);
+        const int64_t off = armllm_attn_kv_offset(a, b, kvh, j);
+        lp += e;
+        for (int64_t d = 0; d < hd; d++) accp[d] = fmaf(e, cache_at(a->v_cache, a->cache_bf16, off + d), accp[d]);
+      }
+      armllm_attn_merge(&st, acc, mp, lp, accp, hd);
+    }
+    float *out = a->out + row * a->ldo + h * hd;
+    for (int64_t d = 0; d < hd; d++) out[d] = acc[d] / st.l;
+  }
+}
+
+int64_t armllm_ref_attention(armllm_pool *pool, const armllm_attn_args *args) {
+  const int64_t bad = armllm_attn_check(args);
+  if (bad >= 0) return bad;
+  const int64_t items = (int64_t)args->query_start[args->n_seqs] * args->n_heads;
+  armllm_pool_run(pool, items, armllm_pool_grain(pool, items, 4, 1), ref_attention_items,
+                  (void *)args);
+  return -1;
+}
