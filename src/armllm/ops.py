@@ -17,12 +17,13 @@ from typing import Literal
 import numpy as np
 
 from armllm._kernels import _ext
-from armllm._kernels._ext import Kernels, PackedWeight, ThreadPool
+from armllm._kernels._ext import Kernels, PackedWeight, ThreadPool, attn_scratch_len
 
 __all__ = [
-    "Kernels", "PackedWeight", "ThreadPool", "available_isas", "bf16_to_f32", "cpu_info",
-    "embedding", "exp", "f32_to_bf16", "get_pool", "kernels", "linear", "num_threads",
-    "pack_weight", "rms_norm", "rope", "rope_cos_sin", "selected_isa", "silu_mul",
+    "Kernels", "PackedWeight", "ThreadPool", "attn_scratch_len", "available_isas", "bf16_to_f32",
+    "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels", "kv_write", "linear",
+    "num_threads", "pack_weight", "paged_attention", "rms_norm", "rope", "rope_cos_sin",
+    "selected_isa", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
@@ -253,3 +254,21 @@ def embedding(ids: np.ndarray, table: np.ndarray, out: np.ndarray | None = None)
 def exp(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The kernels' vectorized exp (1-D float32)."""
     return _KERNELS.exp(x, _out(out, getattr(x, "shape", (0,))))
+
+
+def kv_write(k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray, k_cache: np.ndarray,
+             v_cache: np.ndarray) -> None:
+    """Stores K/V rows [T, n_kv_heads*head_dim] at cache slots (-1 skips a row)."""
+    _KERNELS.kv_write(k, v, slot_mapping, k_cache, v_cache, get_pool())
+
+
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
+                    block_table: np.ndarray, seq_lens: np.ndarray, query_start: np.ndarray,
+                    n_heads: int, scale: float, out: np.ndarray | None = None,
+                    sliding_window: int = 0, scratch: np.ndarray | None = None) -> np.ndarray:
+    """Causal varlen attention of q [T, n_heads*head_dim] over the paged cache."""
+    head_dim = k_cache.shape[-1] if isinstance(k_cache, np.ndarray) and k_cache.ndim == 4 else 0
+    shape = (q.shape[0], n_heads * head_dim) if isinstance(q, np.ndarray) and q.ndim == 2 \
+        else (0, 0)
+    return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
+                              scale, _out(out, shape), sliding_window, scratch, get_pool())

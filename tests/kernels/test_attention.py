@@ -1,0 +1,166 @@
+"""Paged KV write and varlen paged attention: every variant against ref, ref
+against softmax attention computed densely in float64 from the same K/V.
+
+Tolerance: 2e-6 * max|V| per output element (f32 math over contexts of a
+few hundred keys); bf16 caches are compared with the bf16-rounded K/V they
+hold. Split-KV (scratch given, several threads) must equal the unsplit run
+to the bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from armllm import ops
+
+TOL = 2e-6
+
+
+def make_case(rng, seqs, n_heads, n_kv, head_dim, block_size, bf16):
+    """Caches holding random K/V for each sequence's tokens in scrambled blocks."""
+    blocks_per = [-(-seq_len // block_size) for _, seq_len in seqs]
+    num_blocks = sum(blocks_per) + 2
+    order = rng.permutation(num_blocks)
+    table = np.full((len(seqs), max(blocks_per)), -1, np.int32)
+    used = 0
+    for b, n in enumerate(blocks_per):
+        table[b, :n] = order[used:used + n]
+        used += n
+    dtype = np.uint16 if bf16 else np.float32
+    k_cache = np.zeros((num_blocks, n_kv, block_size, head_dim), dtype)
+    v_cache = np.zeros_like(k_cache)
+    dense = []  # per sequence: (K, V) [seq_len, n_kv, head_dim] as the cache holds them
+    for b, (_, seq_len) in enumerate(seqs):
+        k = rng.standard_normal((seq_len, n_kv * head_dim)).astype(np.float32)
+        v = rng.standard_normal((seq_len, n_kv * head_dim)).astype(np.float32)
+        slots = (table[b, np.arange(seq_len) // block_size] * block_size
+                 + np.arange(seq_len) % block_size).astype(np.int32)
+        ops.kernels("ref").kv_write(k, v, slots, k_cache, v_cache)
+        if bf16:
+            k, v = ops.bf16_to_f32(ops.f32_to_bf16(k)), ops.bf16_to_f32(ops.f32_to_bf16(v))
+        dense.append((k.reshape(seq_len, n_kv, head_dim), v.reshape(seq_len, n_kv, head_dim)))
+    query_start = np.concatenate([[0], np.cumsum([q for q, _ in seqs])]).astype(np.int32)
+    seq_lens = np.array([s for _, s in seqs], np.int32)
+    q = rng.standard_normal((query_start[-1], n_heads * head_dim)).astype(np.float32)
+    return q, k_cache, v_cache, table, seq_lens, query_start, dense
+
+
+def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window):
+    out = np.zeros((q.shape[0], n_heads * head_dim))
+    group = n_heads // dense[0][0].shape[1]
+    row = 0
+    for (q_len, seq_len), (k, v) in zip(seqs, dense, strict=True):
+        for i in range(q_len):
+            pos = seq_len - q_len + i
+            lo = max(0, pos - window + 1) if window else 0
+            for h in range(n_heads):
+                qh = q[row, h * head_dim:(h + 1) * head_dim].astype(np.float64)
+                kh = k[lo:pos + 1, h // group].astype(np.float64)
+                vh = v[lo:pos + 1, h // group].astype(np.float64)
+                s = kh @ qh * scale
+                p = np.exp(s - s.max())
+                out[row, h * head_dim:(h + 1) * head_dim] = p @ vh / p.sum()
+            row += 1
+    return out
+
+
+seq_lists = st.lists(st.tuples(st.integers(1, 9), st.integers(0, 300)), min_size=1, max_size=4)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=seq_lists, dims=st.sampled_from([(2, 2, 8), (6, 2, 64), (3, 1, 80), (4, 4, 36)]),
+       block_size=st.sampled_from([1, 5, 16]), bf16=st.booleans(),
+       window=st.sampled_from([0, 7, 100]), seed=st.integers(0, 2**32 - 1))
+def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, window, seed):
+    seqs = [(q_len, q_len + ctx) for q_len, ctx in raw]  # prefill chunks after ctx cached tokens
+    n_heads, n_kv, head_dim = dims
+    rng = np.random.default_rng(seed)
+    q, kc, vc, table, lens, qs, dense = make_case(rng, seqs, n_heads, n_kv, head_dim,
+                                                  block_size, bf16)
+    scale = head_dim ** -0.5
+    out = np.full((q.shape[0], n_heads * head_dim + 2), 9.0, np.float32)
+    variant.attention(q, kc, vc, table, lens, qs, n_heads, scale, out[:, :n_heads * head_dim],
+                      window, None, pool)
+    want = exact_attention(q, dense, seqs, n_heads, head_dim, scale, window)
+    vmax = max(np.abs(v).max() for _, v in dense)
+    assert np.max(np.abs(out[:, :n_heads * head_dim] - want)) <= TOL * vmax
+    assert np.all(out[:, -2:] == 9.0)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_split_kv_is_bit_identical_for_any_thread_count(variant, pools, bf16):
+    rng = np.random.default_rng(3)
+    seqs = [(1, 1000), (1, 777)]  # two decodes: few rows x heads, many partitions
+    q, kc, vc, table, lens, qs, _ = make_case(rng, seqs, 4, 2, 64, 16, bf16)
+    scratch = np.empty(ops.attn_scratch_len(2, 4, 64, 1000), np.float32)
+    outs = []
+    for pool in [None, *pools.values()]:
+        for use_scratch in (False, True):
+            out = np.empty((2, 256), np.float32)
+            variant.attention(q, kc, vc, table, lens, qs, 4, 0.125, out, 0,
+                              scratch if use_scratch else None, pool)
+            outs.append(out)
+    for out in outs[1:]:
+        assert np.array_equal(out, outs[0])
+
+
+def test_kv_write_then_attention_is_dense_causal_attention(variant):
+    """A whole prompt written through kv_write, then attended: standard causal attention."""
+    rng = np.random.default_rng(4)
+    t, n_heads, n_kv, hd, bs = 23, 4, 2, 16, 4
+    k_cache = np.zeros((8, n_kv, bs, hd), np.float32)
+    v_cache = np.zeros_like(k_cache)
+    table = np.array([[5, 0, 7, 2, 3, 1]], np.int32)
+    slots = (table[0, np.arange(t) // bs] * bs + np.arange(t) % bs).astype(np.int32)
+    k = rng.standard_normal((t, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((t, n_kv * hd)).astype(np.float32)
+    q = rng.standard_normal((t, n_heads * hd)).astype(np.float32)
+    variant.kv_write(k, v, slots, k_cache, v_cache)
+    out = np.empty((t, n_heads * hd), np.float32)
+    variant.attention(q, k_cache, v_cache, table, np.array([t], np.int32),
+                      np.array([0, t], np.int32), n_heads, hd ** -0.5, out)
+    qh = q.reshape(t, n_heads, hd).transpose(1, 0, 2).astype(np.float64)
+    kh = np.repeat(k.reshape(t, n_kv, hd).transpose(1, 0, 2), n_heads // n_kv, axis=0)
+    vh = np.repeat(v.reshape(t, n_kv, hd).transpose(1, 0, 2), n_heads // n_kv, axis=0)
+    s = qh @ kh.transpose(0, 2, 1) * hd ** -0.5 + np.triu(np.full((t, t), -np.inf), 1)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = (p / p.sum(-1, keepdims=True)) @ vh
+    np.testing.assert_allclose(out, want.transpose(1, 0, 2).reshape(t, -1), atol=1e-5)
+
+
+def test_kv_write_bf16_rounds_to_nearest_even(variant):
+    k = np.array([[1.0, 1.00390625, 1.01171875, -2.5e-8]], np.float32)  # ties and tiny
+    k_cache = np.zeros((1, 1, 2, 4), np.uint16)
+    v_cache = np.zeros_like(k_cache)
+    variant.kv_write(k, k, np.array([1], np.int32), k_cache, v_cache)
+    assert np.array_equal(k_cache[0, 0, 1], ops.f32_to_bf16(k[0]))
+    assert np.all(k_cache[0, 0, 0] == 0)
+
+
+def test_attention_and_kv_write_errors(variant):
+    kc = np.zeros((4, 2, 4, 8), np.float32)
+    vc = np.zeros_like(kc)
+    q = np.zeros((3, 32), np.float32)
+    out = np.empty((3, 32), np.float32)
+    table = np.array([[0, 1]], np.int32)
+    args = (np.array([5], np.int32), np.array([0, 3], np.int32))
+    variant.attention(q, kc, vc, table, *args, 4, 0.3, out)
+    with pytest.raises(ValueError, match="sequence 0: inconsistent attention metadata"):
+        variant.attention(q, kc, vc, np.array([[0, 9]], np.int32), *args, 4, 0.3, out)
+    with pytest.raises(ValueError, match="sequence 0: inconsistent"):  # 3 queries, 2 tokens
+        variant.attention(q, kc, vc, table, np.array([2], np.int32), args[1], 4, 0.3, out)
+    with pytest.raises(ValueError, match="n_heads must be a positive multiple of n_kv_heads=2"):
+        variant.attention(q, kc, vc, table, *args, 3, 0.3, out)
+    with pytest.raises(ValueError, match=r"q and out must have query_start\[-1\] = 3 rows"):
+        variant.attention(q[:2], kc, vc, table, *args, 4, 0.3, out[:2])
+    with pytest.raises(ValueError, match="k_cache and v_cache must match"):
+        variant.attention(q, kc, vc[:3], table, *args, 4, 0.3, out)
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 16 is outside the cache"):
+        variant.kv_write(np.zeros((2, 16), np.float32), np.zeros((2, 16), np.float32),
+                         np.array([0, 16], np.int32), kc, vc)
+    with pytest.raises(ValueError, match="k_cache must be 4-D"):
+        variant.kv_write(np.zeros((2, 16), np.float32), np.zeros((2, 16), np.float32),
+                         np.array([0, 1], np.int32), kc[0], vc[0])
