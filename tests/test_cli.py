@@ -22,7 +22,7 @@ def test_info_json_reports_cpu_threads_and_kernels():
     assert info["num_threads"] == 2
     assert info["isa"] == ops.available_isas()[0]
     assert set(info["kernels"]) == {"gemm_f32", "gemm_bf16", "rmsnorm", "rope", "silu_mul",
-                                    "embed", "exp"}
+                                    "embed", "exp", "kv_write", "attention"}
     assert set(info["kernels"].values()) <= set(info["isa_built"])
     if info["arch"] == "x86_64":
         assert ("avx2" in info["features"]) == ("avx2" in info["isa_available"])
