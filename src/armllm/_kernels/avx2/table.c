@@ -5,7 +5,7 @@
 
 const armllm_kernels armllm_kernels_avx2 = {
     .isa = "avx2",
-    .impl = {"avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "ref", "ref"},
+    .impl = {"avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2"},
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "nr16k1u",
     .gemm_bf16_compute = "f32",
@@ -20,7 +20,7 @@ const armllm_kernels armllm_kernels_avx2 = {
     .silu_mul = armllm_avx2_silu_mul,
     .embed_f32 = armllm_avx2_embed_f32,
     .embed_bf16 = armllm_avx2_embed_bf16,
-    .kv_write = armllm_ref_kv_write,
-    .attention = armllm_ref_attention,
+    .kv_write = armllm_avx2_kv_write,
+    .attention = armllm_avx2_attention,
     .exp = armllm_avx2_exp,
 };

@@ -4,7 +4,7 @@
 
 const armllm_kernels armllm_kernels_neon = {
     .isa = "neon",
-    .impl = {"neon", "neon", "neon", "neon", "neon", "neon", "neon", "ref", "ref"},
+    .impl = {"neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon"},
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr12k1",
     .gemm_bf16_compute = "f32",
@@ -19,7 +19,7 @@ const armllm_kernels armllm_kernels_neon = {
     .silu_mul = armllm_neon_silu_mul,
     .embed_f32 = armllm_neon_embed_f32,
     .embed_bf16 = armllm_neon_embed_bf16,
-    .kv_write = armllm_ref_kv_write,
-    .attention = armllm_ref_attention,
+    .kv_write = armllm_neon_kv_write,
+    .attention = armllm_neon_attention,
     .exp = armllm_neon_exp,
 };

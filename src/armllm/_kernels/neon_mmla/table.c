@@ -5,7 +5,7 @@
 
 const armllm_kernels armllm_kernels_neon_mmla = {
     .isa = "neon_mmla",
-    .impl = {"neon", "neon_mmla", "neon", "neon", "neon", "neon", "neon", "ref", "ref"},
+    .impl = {"neon", "neon_mmla", "neon", "neon", "neon", "neon", "neon", "neon", "neon"},
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr8k4x2",
     .gemm_bf16_compute = "bf16",
@@ -20,7 +20,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     .silu_mul = armllm_neon_silu_mul,
     .embed_f32 = armllm_neon_embed_f32,
     .embed_bf16 = armllm_neon_embed_bf16,
-    .kv_write = armllm_ref_kv_write,
-    .attention = armllm_ref_attention,
+    .kv_write = armllm_neon_kv_write,
+    .attention = armllm_neon_attention,
     .exp = armllm_neon_exp,
 };

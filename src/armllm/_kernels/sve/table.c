@@ -4,8 +4,8 @@
 
 const armllm_kernels armllm_kernels_sve = {
     .isa = "sve",
-    /* gemm_f32, gemm_bf16, rmsnorm, rope, silu_mul, embed, exp */
-    .impl = {"sve", "sve", "sve", "neon", "sve", "neon", "sve", "ref", "ref"},
+    /* gemm_f32, gemm_bf16, rmsnorm, rope, silu_mul, embed, exp, kv_write, attention */
+    .impl = {"sve", "sve", "sve", "neon", "sve", "neon", "sve", "neon", "sve"},
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "sve_mmla_n16k4",
     .gemm_bf16_compute = "bf16",
@@ -20,7 +20,7 @@ const armllm_kernels armllm_kernels_sve = {
     .silu_mul = armllm_sve_silu_mul,
     .embed_f32 = armllm_neon_embed_f32,
     .embed_bf16 = armllm_neon_embed_bf16,
-    .kv_write = armllm_ref_kv_write,
-    .attention = armllm_ref_attention,
+    .kv_write = armllm_neon_kv_write, /* memory-bound: NEON stores suffice */
+    .attention = armllm_sve_attention,
     .exp = armllm_sve_exp,
 };

@@ -1,0 +1,223 @@
+/* sve/attn.c: varlen paged attention, SVE, vector-length agnostic (f32
+ * math; bf16 caches widened with LD1H-to-word loads and LSL #16).
+ *
+ * Only the per-partition kernel is SVE: the driver (tiles of query rows x
+ * the query heads of one KV head, partition-ordered merges, split-KV with
+ * scratch) is neon/attn.c's armllm_neon_attn_run, so both variants merge
+ * and split identically. Per partition, for a tile's nq query vectors:
+ *   S = scale * Q K^T: 4 queries x 4 keys, one VL accumulator per dot over
+ *     head_dim (WHILELT-predicated tail), reduced with FADDV;
+ *   keys outside a vector's [lo, pos] get weight 0, E = vexp(S - max);
+ *   acc = E V: 4 queries x up to 4 VL vectors of columns, keys in order,
+ *     FMLA (indexed) against the weights replicated with LD1RQW.
+ * kv_write is the neon one (memory-bound). */
+#include <arm_sve.h>
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "../attn_common.h"
+#include "vexp_sve.h"
+
+#define QMAX 16 /* the driver's tile size (neon/attn.c) */
+#define PART ARMLLM_ATTN_PARTITION
+
+typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                                       const float *const *q, const int64_t *lo,
+                                       const int64_t *hi, int64_t p, float *m, float *l,
+                                       float *accp);
+int64_t armllm_neon_attn_run(armllm_pool *pool, const armllm_attn_args *a,
+                             armllm_attn_partial_fn partial);
+
+#define AI static inline __attribute__((always_inline))
+
+/* VL floats (pg lanes; others 0) widened from f32 or bf16 bits. */
+AI svfloat32_t ldw(svbool_t pg, const void *p, int64_t off, int bf16) {
+  if (bf16)
+    return svreinterpret_f32_u32(
+        svlsl_n_u32_x(svptrue_b32(), svld1uh_u32(pg, (const uint16_t *)p + off), 16));
+  return svld1_f32(pg, (const float *)p + off);
+}
+
+/* out[i*4 + u] = q_i . k_u for NQ queries and 4 keys; each dot is one VL
+ * accumulator over head_dim then FADDV, so its bits do not depend on NQ. */
+AI void sve_qk_tile(const float *const *q, const void *const *k, int64_t hd, int bf16,
+                    const int NQ, float *out) {
+  const svbool_t all = svptrue_b32();
+  const int64_t vl = (int64_t)svcntw();
+  const svfloat32_t z = svdup_n_f32(0.0f);
+  svfloat32_t a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+  svfloat32_t a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+  for (int64_t d = 0; d < hd; d += vl) {
+    const svbool_t pg = svwhilelt_b32_s64(d, hd);
+    const svfloat32_t k0 = ldw(pg, k[0], d, bf16), k1 = ldw(pg, k[1], d, bf16);
+    const svfloat32_t k2 = ldw(pg, k[2], d, bf16), k3 = ldw(pg, k[3], d, bf16);
+#define QK_ROW(I)                                           \
+    if (NQ > I) {                                           \
+      const svfloat32_t qv = svld1_f32(pg, q[I] + d);       \
+      a##I##0 = svmla_f32_x(all, a##I##0, qv, k0);          \
+      a##I##1 = svmla_f32_x(all, a##I##1, qv, k1);          \
+      a##I##2 = svmla_f32_x(all, a##I##2, qv, k2);          \
+      a##I##3 = svmla_f32_x(all, a##I##3, qv, k3);          \
+    }
+    QK_ROW(0) QK_ROW(1) QK_ROW(2) QK_ROW(3)
+#undef QK_ROW
+  }
+#define QK_OUT(I)                                                                   \
+  if (NQ > I) {                                                                     \
+    out[I * 4 + 0] = svaddv_f32(all, a##I##0);                                      \
+    out[I * 4 + 1] = svaddv_f32(all, a##I##1);                                      \
+    out[I * 4 + 2] = svaddv_f32(all, a##I##2);                                      \
+    out[I * 4 + 3] = svaddv_f32(all, a##I##3);                                      \
+  }
+  QK_OUT(0) QK_OUT(1) QK_OUT(2) QK_OUT(3)
+#undef QK_OUT
+}
+
+/* accp[i][d0 + c*VL ..] = sum over keys j in order of e_i[j] * V_j[...], for
+ * NQ queries and NV (<= 4) column vectors; e rows padded with zeros to a
+ * multiple of 4. Each output element is one fused chain over the keys. */
+AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_t n4,
+                    int64_t d0, int64_t hd, int bf16, const int NQ, const int NV, float *accp) {
+  const svbool_t all = svptrue_b32();
+  const int64_t vl = (int64_t)svcntw();
+  const svbool_t p0 = svwhilelt_b32_s64(d0, hd), p1 = svwhilelt_b32_s64(d0 + vl, hd);
+  const svbool_t p2 = svwhilelt_b32_s64(d0 + 2 * vl, hd), p3 = svwhilelt_b32_s64(d0 + 3 * vl, hd);
+  const svfloat32_t z = svdup_n_f32(0.0f);
+  svfloat32_t c00 = z, c01 = z, c02 = z, c03 = z, c10 = z, c11 = z, c12 = z, c13 = z;
+  svfloat32_t c20 = z, c21 = z, c22 = z, c23 = z, c30 = z, c31 = z, c32 = z, c33 = z;
+  for (int64_t j = 0; j < n4; j += 4) {
+    const svfloat32_t e0 = svld1rq_f32(all, e + j);
+    const svfloat32_t e1 = NQ > 1 ? svld1rq_f32(all, e + lde + j) : z;
+    const svfloat32_t e2 = NQ > 2 ? svld1rq_f32(all, e + 2 * lde + j) : z;
+    const svfloat32_t e3 = NQ > 3 ? svld1rq_f32(all, e + 3 * lde + j) : z;
+#define PV_FMA(I, C, U) \
+    if (NQ > I && NV > C) c##I##C = svmla_lane_f32(c##I##C, v##C, e##I, U);
+#define PV_KEY(U)                                                                      \
+    {                                                                                  \
+      const void *vp = vrow[j + U];                                                    \
+      const svfloat32_t v0 = ldw(p0, vp, d0, bf16);                                    \
+      const svfloat32_t v1 = NV > 1 ? ldw(p1, vp, d0 + vl, bf16) : z;                  \
+      const svfloat32_t v2 = NV > 2 ? ldw(p2, vp, d0 + 2 * vl, bf16) : z;              \
+      const svfloat32_t v3 = NV > 3 ? ldw(p3, vp, d0 + 3 * vl, bf16) : z;              \
+      PV_FMA(0, 0, U) PV_FMA(0, 1, U) PV_FMA(0, 2, U) PV_FMA(0, 3, U)                  \
+      PV_FMA(1, 0, U) PV_FMA(1, 1, U) PV_FMA(1, 2, U) PV_FMA(1, 3, U)                  \
+      PV_FMA(2, 0, U) PV_FMA(2, 1, U) PV_FMA(2, 2, U) PV_FMA(2, 3, U)                  \
+      PV_FMA(3, 0, U) PV_FMA(3, 1, U) PV_FMA(3, 2, U) PV_FMA(3, 3, U)                  \
+    }
+    PV_KEY(0) PV_KEY(1) PV_KEY(2) PV_KEY(3)
+#undef PV_KEY
+#undef PV_FMA
+  }
+#define PV_ST(I, C) \
+  if (NQ > I && NV > C) svst1_f32(p##C, accp + I * hd + d0 + C * vl, c##I##C);
+  PV_ST(0, 0) PV_ST(0, 1) PV_ST(0, 2) PV_ST(0, 3)
+  PV_ST(1, 0) PV_ST(1, 1) PV_ST(1, 2) PV_ST(1, 3)
+  PV_ST(2, 0) PV_ST(2, 1) PV_ST(2, 2) PV_ST(2, 3)
+  PV_ST(3, 0) PV_ST(3, 1) PV_ST(3, 2) PV_ST(3, 3)
+#undef PV_ST
+}
+
+#define NQ_CASES(CALL)            \
+  switch (nqi) {                  \
+    case 4: CALL(4); break;       \
+    case 3: CALL(3); break;       \
+    case 2: CALL(2); break;       \
+    default: CALL(1); break;      \
+  }
+
+AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                      const float *const *q, const int64_t *lo, const int64_t *hi, int64_t p,
+                      float *m, float *l, float *accp, int bf16) {
+  const int64_t hd = a->head_dim, vl = (int64_t)svcntw();
+  const svbool_t all = svptrue_b32();
+  int64_t k0 = p * PART, k1 = (p + 1) * PART, lmin = lo[0], hmax = hi[0];
+  for (int i = 1; i < nq; i++) {
+    if (lo[i] < lmin) lmin = lo[i];
+    if (hi[i] > hmax) hmax = hi[i];
+  }
+  if (lmin > k0) k0 = lmin;
+  if (hmax < k1) k1 = hmax;
+  const int64_t n = k1 - k0, n4 = (n + 3) & ~(int64_t)3;
+  const size_t esz = bf16 ? 2 : 4;
+  const void *kr[PART], *vr[PART];
+  { /* row pointers of the partition's keys; the padding repeats the last */
+    int64_t blk = k0 / a->block_size, off = k0 % a->block_size;
+    for (int64_t j = 0; j < n; j++) {
+      const int64_t id = a->block_table[b * a->max_blocks + blk];
+      const size_t o = (size_t)(((id * a->n_kv_heads + kvh) * a->block_size + off) * hd) * esz;
+      kr[j] = (const char *)a->k_cache + o;
+      vr[j] = (const char *)a->v_cache + o;
+      if (++off == a->block_size) off = 0, blk++;
+    }
+    for (int64_t j = n; j < n4; j++) kr[j] = kr[n - 1], vr[j] = vr[n - 1];
+  }
+  float s[QMAX][PART] __attribute__((aligned(16)));
+  for (int64_t j = 0; j < n4; j += 4)
+    for (int i = 0; i < nq; i += 4) {
+      float d[16];
+      const int nqi = nq - i >= 4 ? 4 : nq - i;
+#define QK_CALL(N) sve_qk_tile(q + i, kr + j, hd, bf16, N, d)
+      NQ_CASES(QK_CALL)
+#undef QK_CALL
+      for (int t = 0; t < nqi; t++)
+        for (int u = 0; u < 4; u++) s[i + t][j + u] = d[t * 4 + u] * a->scale;
+    }
+  for (int i = 0; i < nq; i++) { /* mask, softmax numerators */
+    float *si = s[i];
+    const int64_t a0 = lo[i] - k0 > 0 ? lo[i] - k0 : 0, a1 = hi[i] - k0 < n ? hi[i] - k0 : n;
+    for (int64_t j = 0; j < a0; j++) si[j] = 0.0f;
+    for (int64_t j = a1 > a0 ? a1 : a0; j < n4; j++) si[j] = 0.0f;
+    if (a1 <= a0) { /* no keys of this vector here: not merged */
+      m[i] = -INFINITY;
+      l[i] = 0.0f;
+      continue;
+    }
+    svfloat32_t vm = svdup_n_f32(-INFINITY);
+    for (int64_t j = a0; j < a1; j += vl) {
+      const svbool_t pg = svwhilelt_b32_s64(j, a1);
+      vm = svmax_f32_m(pg, vm, svld1_f32(pg, si + j));
+    }
+    const float mp = svmaxv_f32(all, vm);
+    svfloat32_t vsum = svdup_n_f32(0.0f);
+    for (int64_t j = a0; j < a1; j += vl) {
+      const svbool_t pg = svwhilelt_b32_s64(j, a1);
+      const svfloat32_t ev = armllm_sve_vexp(pg, svsub_n_f32_x(pg, svld1_f32(pg, si + j), mp));
+      svst1_f32(pg, si + j, ev);
+      vsum = svadd_f32_m(pg, vsum, ev);
+    }
+    m[i] = mp;
+    l[i] = svaddv_f32(all, vsum);
+  }
+  for (int i = 0; i < nq; i += 4) {
+    const int nqi = nq - i >= 4 ? 4 : nq - i;
+    int64_t d0 = 0;
+#define PV_CALL4(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 4, accp + i * hd)
+#define PV_CALL2(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 2, accp + i * hd)
+#define PV_CALL1(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 1, accp + i * hd)
+    for (; hd - d0 > 3 * vl; d0 += 4 * vl) NQ_CASES(PV_CALL4)
+    if (hd - d0 > vl) {
+      NQ_CASES(PV_CALL2)
+      d0 += 2 * vl;
+    }
+    if (hd - d0 > 0) NQ_CASES(PV_CALL1)
+#undef PV_CALL4
+#undef PV_CALL2
+#undef PV_CALL1
+  }
+}
+
+static void sve_partial_f32(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                            const float *const *q, const int64_t *lo, const int64_t *hi,
+                            int64_t p, float *m, float *l, float *accp) {
+  sve_partial_t(a, b, kvh, nq, q, lo, hi, p, m, l, accp, 0);
+}
+
+static void sve_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                             const float *const *q, const int64_t *lo, const int64_t *hi,
+                             int64_t p, float *m, float *l, float *accp) {
+  sve_partial_t(a, b, kvh, nq, q, lo, hi, p, m, l, accp, 1);
+}
+
+int64_t armllm_sve_attention(armllm_pool *pool, const armllm_attn_args *args) {
+  return armllm_neon_attn_run(pool, args, args->cache_bf16 ? sve_partial_bf16 : sve_partial_f32);
+}

@@ -1,0 +1,152 @@
+"""config: the architecture hyper-parameters armllm needs, from a Hugging Face
+config.json or from GGUF metadata, validated where they enter."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool          # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool                 # RMSNorm on each q/k head before RoPE (Qwen3)
+    sliding_window: int           # 0: full attention
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        def positive(name: str) -> None:
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"config: {name} must be a positive integer, got "
+                                 f"{getattr(self, name)!r}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+            positive(name)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"config: num_attention_heads ({self.num_heads}) must be a multiple "
+                             f"of num_key_value_heads ({self.num_kv_heads})")
+        if self.head_dim % 2 or self.head_dim > 256:
+            raise ValueError(f"config: head_dim must be even and at most 256, got {self.head_dim}")
+        if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
+            raise ValueError(f"config: rms_norm_eps and rope_theta must be > 0, got "
+                             f"{self.rms_norm_eps} and {self.rope_theta}")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
+
+
+def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(f"{source}: unsupported architecture {archs or cfg.get('model_type')!r} "
+                         f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    try:
+        hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        rope = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default")
+                                              != "default" else None)
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_scaling=scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            sliding_window=int(window or 0) if arch == "MistralForCausalLM" else 0,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+        )
+    except KeyError as exc:
+        raise ValueError(f"{source}: missing key {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith("config:"):
+            raise ValueError(f"{source}: {exc}") from None
+        raise ValueError(f"{source}: malformed value: {exc}") from None
+
+
+def load_hf_config(model_dir: str | Path) -> ModelConfig:
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (a Hugging Face model directory needs config.json)") \
+            from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    return config_from_hf(cfg, str(path))
+
+
+def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{source}: unsupported GGUF architecture {arch!r} (supported: llama)")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"llama.{name}", default)
+        if value is None:
+            raise ValueError(f"{source}: missing GGUF key llama.{name}")
+        return value
+
+    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture="LlamaForCausalLM",
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(meta.get("llama.attention.key_length") or hidden // heads),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=None,
+        max_position_embeddings=int(key("context_length", 4096)),
+        tie_word_embeddings=False,  # decided by the loader: no output.weight means tied
+        attention_bias=False,
+        qk_norm=False,
+        sliding_window=0,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=_eos_ids(eos),
+    )

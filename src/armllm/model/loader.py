@@ -1,0 +1,65 @@
+"""loader: turns a model path (Hugging Face directory or .gguf file) into a
+config, packed weights and a tokenizer."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
+from armllm.model.gguf import GGUFFile
+from armllm.model.gguf_tokenizer import tokenizer_from_gguf
+from armllm.model.llama import LlamaModel
+from armllm.model.weights import GGUFSource, HFSource, WeightDtype, load_weights
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: Tokenizer
+    tokenizer_config: dict
+    generation_config: dict
+
+
+def _read_json(path: Path) -> dict:
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+
+
+def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> LoadedModel:
+    """Loads a Hugging Face model directory or a GGUF file."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such model file or directory")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: a model is a directory or a .gguf file")
+        gguf = GGUFFile(path)
+        config = config_from_gguf(gguf.metadata, str(path))
+        config = dataclasses.replace(config,
+                                     tie_word_embeddings="output.weight" not in gguf.tensors)
+        weights = load_weights(GGUFSource(gguf, config), config, dtype, progress)
+        tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
+        gen = {"eos_token_id": list(config.eos_token_ids)} if config.eos_token_ids else {}
+        return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config, gen)
+    config = load_hf_config(path)
+    weights = load_weights(HFSource(path), config, dtype, progress)
+    tok_path = path / "tokenizer.json"
+    if not tok_path.exists():
+        raise ValueError(f"{tok_path}: missing (armllm needs a tokenizers tokenizer.json)")
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as exc:  # tokenizers raises its own exception type
+        raise ValueError(f"{tok_path}: cannot be read: {exc}") from None
+    return LoadedModel(path, config, LlamaModel(config, weights), tokenizer,
+                       _read_json(path / "tokenizer_config.json"),
+                       _read_json(path / "generation_config.json"))

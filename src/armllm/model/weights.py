@@ -1,0 +1,175 @@
+"""weights: loads a checkpoint's tensors (safetensors directory or GGUF),
+checks every shape against the config, converts to the chosen precision and
+prepacks the linear layers once (fused QKV and gate/up), so that `forward`
+never converts or repacks anything."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from armllm import ops
+from armllm.model.config import ModelConfig
+from armllm.model.gguf import GGUFFile
+from armllm.model.safetensors_file import SafetensorsCheckpoint
+
+WeightDtype = Literal["f32", "bf16"]
+
+
+class HFSource:
+    """Tensors of a Hugging Face safetensors checkpoint, by HF name."""
+
+    def __init__(self, model_dir: str | Path):
+        self.ckpt = SafetensorsCheckpoint(model_dir)
+        self.where = str(model_dir)
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt
+
+    def get(self, name: str) -> np.ndarray:
+        return self.ckpt.array(name)
+
+
+class GGUFSource:
+    """Tensors of a GGUF file under their HF names, dequantized, with the Q/K
+    row permutation of llama.cpp's converter undone."""
+
+    _LAYER = {"input_layernorm.weight": "attn_norm.weight",
+              "self_attn.q_proj.weight": "attn_q.weight",
+              "self_attn.k_proj.weight": "attn_k.weight",
+              "self_attn.v_proj.weight": "attn_v.weight",
+              "self_attn.o_proj.weight": "attn_output.weight",
+              "post_attention_layernorm.weight": "ffn_norm.weight",
+              "mlp.gate_proj.weight": "ffn_gate.weight",
+              "mlp.up_proj.weight": "ffn_up.weight",
+              "mlp.down_proj.weight": "ffn_down.weight"}
+
+    def __init__(self, gguf: GGUFFile, config: ModelConfig):
+        self.gguf, self.config, self.where = gguf, config, str(gguf.path)
+        if "rope_freqs.weight" in gguf.tensors:
+            raise ValueError(f"{gguf.path}: rope_freqs (Llama 3.1 frequency scaling stored as a "
+                             f"tensor) is not supported yet; load the Hugging Face checkpoint")
+
+    def _gguf_name(self, name: str) -> str:
+        if name == "model.embed_tokens.weight":
+            return "token_embd.weight"
+        if name == "model.norm.weight":
+            return "output_norm.weight"
+        if name == "lm_head.weight":
+            return "output.weight"
+        parts = name.split(".", 3)  # model.layers.N.rest
+        if len(parts) == 4 and parts[1] == "layers" and parts[3] in self._LAYER:
+            return f"blk.{parts[2]}.{self._LAYER[parts[3]]}"
+        return name
+
+    def has(self, name: str) -> bool:
+        return self._gguf_name(name) in self.gguf.tensors
+
+    def get(self, name: str) -> np.ndarray:
+        w = self.gguf.dequantize(self._gguf_name(name))
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
+            w = unpermute_rope_rows(w, heads)
+        return w
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's convert permute (interleaved -> half-split RoPE rows)."""
+    rows = w.shape[0]
+    return np.ascontiguousarray(
+        w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
+
+
+def _as_f32(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.uint16:
+        return ops.bf16_to_f32(a)
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def _as_bf16(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a) if a.dtype == np.uint16 else ops.f32_to_bf16(_as_f32(a))
+
+
+@dataclass
+class LayerWeights:
+    input_norm: np.ndarray
+    qkv: ops.PackedWeight          # [q; k; v] rows
+    qkv_bias: np.ndarray | None
+    q_norm: np.ndarray | None      # per-head RMSNorm weights (Qwen3)
+    k_norm: np.ndarray | None
+    o: ops.PackedWeight
+    post_norm: np.ndarray
+    gate_up: ops.PackedWeight      # [gate; up] rows
+    down: ops.PackedWeight
+
+
+@dataclass
+class ModelWeights:
+    dtype: WeightDtype
+    embed: np.ndarray              # [vocab, hidden] float32, or uint16 bf16 bits
+    layers: list[LayerWeights]
+    final_norm: np.ndarray
+    lm_head: ops.PackedWeight
+
+    @property
+    def nbytes(self) -> int:
+        linear = sum(w.nbytes for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
+        return linear + self.embed.nbytes + self.lm_head.nbytes
+
+
+def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
+                 progress=None) -> ModelWeights:
+    """Reads, checks, converts and packs every tensor of the model."""
+    if dtype not in ("f32", "bf16"):
+        raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
+    c = config
+
+    def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if not source.has(name):
+            raise ValueError(f"{source.where}: missing tensor {name}")
+        a = source.get(name)
+        if tuple(a.shape) != shape:
+            raise ValueError(f"{source.where}: tensor {name} has shape {list(a.shape)}, "
+                             f"expected {list(shape)} for this config")
+        return a
+
+    def matrix(names_shapes: list[tuple[str, tuple[int, int]]]) -> ops.PackedWeight:
+        parts = [tensor(n, s) for n, s in names_shapes]
+        conv = _as_bf16 if dtype == "bf16" else _as_f32
+        fused = conv(parts[0]) if len(parts) == 1 else np.concatenate([conv(p) for p in parts])
+        return ops.pack_weight(fused, dtype)
+
+    h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+    layers = []
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        bias = None
+        if c.attention_bias:
+            bias = np.concatenate([_as_f32(tensor(p + f"self_attn.{n}_proj.bias", (size,)))
+                                   for n, size in (("q", q), ("k", kv), ("v", kv))])
+        layers.append(LayerWeights(
+            input_norm=_as_f32(tensor(p + "input_layernorm.weight", (h,))),
+            qkv=matrix([(p + "self_attn.q_proj.weight", (q, h)),
+                        (p + "self_attn.k_proj.weight", (kv, h)),
+                        (p + "self_attn.v_proj.weight", (kv, h))]),
+            qkv_bias=bias,
+            q_norm=_as_f32(tensor(p + "self_attn.q_norm.weight", (c.head_dim,))) if c.qk_norm
+            else None,
+            k_norm=_as_f32(tensor(p + "self_attn.k_norm.weight", (c.head_dim,))) if c.qk_norm
+            else None,
+            o=matrix([(p + "self_attn.o_proj.weight", (h, q))]),
+            post_norm=_as_f32(tensor(p + "post_attention_layernorm.weight", (h,))),
+            gate_up=matrix([(p + "mlp.gate_proj.weight", (inter, h)),
+                            (p + "mlp.up_proj.weight", (inter, h))]),
+            down=matrix([(p + "mlp.down_proj.weight", (h, inter))]),
+        ))
+        if progress:
+            progress(i + 1, c.num_layers)
+    embed_raw = tensor("model.embed_tokens.weight", (c.vocab_size, h))
+    embed = _as_bf16(embed_raw) if dtype == "bf16" else _as_f32(embed_raw)
+    tied = c.tie_word_embeddings
+    lm_head = ops.pack_weight(embed, dtype) if tied else \
+        matrix([("lm_head.weight", (c.vocab_size, h))])
+    return ModelWeights(dtype, embed, layers, _as_f32(tensor("model.norm.weight", (h,))), lm_head)
