@@ -1,4 +1,4 @@
-"""The `armllm` command line: info, bench.
+"""The `armllm` command line: info, generate, chat, bench.
 
 Bad input ends with a one-line message on stderr and exit code 2.
 """
@@ -55,6 +55,9 @@ def _build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="CPU features, threads and the kernel chosen per family")
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
+
+    from armllm.generate_cli import add_commands
+    add_commands(sub)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

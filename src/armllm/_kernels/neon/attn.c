@@ -130,44 +130,51 @@ static inline __attribute__((always_inline)) void qk_tile(const float *const *q,
                                                           int64_t hd, int bf16, const int NQ,
                                                           float32x4_t *out) {
   float32x4_t acc[4][4];
-  for (int i = 0; i < NQ; i++)
-    for (int u = 0; u < 4; u++) acc[i][u] = vdupq_n_f32(0.0f);
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] = vdupq_n_f32(0.0f);
   int64_t d = 0;
   for (; d + 8 <= hd; d += 8) {
     float32x4_t k0[4], k1[4];
-    for (int u = 0; u < 4; u++) ld8(k[u], d, bf16, &k0[u], &k1[u]);
-    for (int i = 0; i < NQ; i++) {
-      const float32x4_t q0 = vld1q_f32(q[i] + d);
-      for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q0, k0[u]);
+    if (bf16) {
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) ld8(k[u], d, bf16, &k0[u], &k1[u]);
+    } else { /* second halves loaded late: fewer live registers */
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) k0[u] = ld4(k[u], d, 0);
     }
-    for (int i = 0; i < NQ; i++) {
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
+      const float32x4_t q0 = vld1q_f32(q[i] + d);
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q0, k0[u]);
+    }
+    if (!bf16) {
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) k1[u] = ld4(k[u], d + 4, 0);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
       const float32x4_t q1 = vld1q_f32(q[i] + d + 4);
-      for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q1, k1[u]);
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q1, k1[u]);
     }
   }
   if (d + 4 <= hd) {
     float32x4_t kv[4];
-    for (int u = 0; u < 4; u++) kv[u] = ld4(k[u], d, bf16);
-    for (int i = 0; i < NQ; i++) {
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) kv[u] = ld4(k[u], d, bf16);
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
       const float32x4_t q0 = vld1q_f32(q[i] + d);
-      for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q0, kv[u]);
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q0, kv[u]);
     }
     d += 4;
   }
   if (d < hd) { /* 1..3 left: zero-padded copies */
     float kt[4][4] = {{0}}, qt[4] = {0};
-    for (int u = 0; u < 4; u++)
+    _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++)
       for (int64_t e = d; e < hd; e++)
         kt[u][e - d] = bf16 ? armllm_bf16_to_f32(((const uint16_t *)k[u])[e]) : ((const float *)k[u])[e];
-    for (int i = 0; i < NQ; i++) {
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) {
       for (int64_t e = d; e < hd; e++) qt[e - d] = q[i][e];
       const float32x4_t q0 = vld1q_f32(qt);
-      for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q0, vld1q_f32(kt[u]));
+      _Pragma("GCC unroll 4") for (int u = 0; u < 4; u++) acc[i][u] = vfmaq_f32(acc[i][u], q0, vld1q_f32(kt[u]));
     }
   }
-  for (int i = 0; i < NQ; i++)
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
     out[i] = vpaddq_f32(vpaddq_f32(acc[i][0], acc[i][1]), vpaddq_f32(acc[i][2], acc[i][3]));
-  for (int i = NQ; i < 4; i++) out[i] = vdupq_n_f32(0.0f);
+  _Pragma("GCC unroll 4") for (int i = NQ; i < 4; i++) out[i] = vdupq_n_f32(0.0f);
 }
 
 /* acc[i][0..W) = sum over keys j (in order) of e_i[j] * V_j[d0..d0+W), for
@@ -179,11 +186,11 @@ static inline __attribute__((always_inline)) void pv_tile(const float *e, int64_
                                                           const int W, float *accp, int64_t hd) {
   float32x4_t acc[4][4];
   const int nv = W / 4;
-  for (int i = 0; i < NQ; i++)
-    for (int c = 0; c < nv; c++) acc[i][c] = vdupq_n_f32(0.0f);
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+    _Pragma("GCC unroll 4") for (int c = 0; c < nv; c++) acc[i][c] = vdupq_n_f32(0.0f);
   for (int64_t j = 0; j < n4; j += 4) {
     float32x4_t ev[4];
-    for (int i = 0; i < NQ; i++) ev[i] = vld1q_f32(e + i * lde + j);
+    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) ev[i] = vld1q_f32(e + i * lde + j);
 #define PV_KEY(U)                                                                  \
     {                                                                              \
       float32x4_t vv[4];                                                           \
@@ -193,14 +200,14 @@ static inline __attribute__((always_inline)) void pv_tile(const float *e, int64_
       } else {                                                                     \
         vv[0] = ld4(vrow[j + U], d0, bf16);                                        \
       }                                                                            \
-      for (int i = 0; i < NQ; i++)                                                 \
-        for (int c = 0; c < nv; c++) acc[i][c] = vfmaq_laneq_f32(acc[i][c], vv[c], ev[i], U); \
+      _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)                                                 \
+        _Pragma("GCC unroll 4") for (int c = 0; c < nv; c++) acc[i][c] = vfmaq_laneq_f32(acc[i][c], vv[c], ev[i], U); \
     }
     PV_KEY(0) PV_KEY(1) PV_KEY(2) PV_KEY(3)
 #undef PV_KEY
   }
-  for (int i = 0; i < NQ; i++)
-    for (int c = 0; c < nv; c++) vst1q_f32(accp + i * hd + d0 + 4 * c, acc[i][c]);
+  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+    _Pragma("GCC unroll 4") for (int c = 0; c < nv; c++) vst1q_f32(accp + i * hd + d0 + 4 * c, acc[i][c]);
 }
 
 static inline __attribute__((always_inline)) void neon_partial_t(

@@ -1,0 +1,70 @@
+"""runner: turns a SchedulerOutput into one model forward and sampled tokens.
+
+Owns the KV cache, the workspace and each request's random generator; builds
+the flattened BatchMeta (numpy) the model reads."""
+from __future__ import annotations
+
+import numpy as np
+
+from armllm.engine.scheduler import SchedulerOutput
+from armllm.engine.sequence import Sequence
+from armllm.model.llama import BatchMeta, KVCache, LlamaModel, Workspace
+from armllm.sampling import SampleResult, sample_row
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, kv: KVCache, max_num_batched_tokens: int,
+                 max_num_seqs: int, max_model_len: int):
+        self.model, self.kv = model, kv
+        self.workspace = Workspace(model.config, max_num_batched_tokens, max_num_seqs)
+        self.max_blocks = -(-max_model_len // kv.block_size)
+        self._rngs: dict[str, np.random.Generator] = {}
+        self._seed_source = np.random.default_rng()
+
+    def _rng(self, seq: Sequence) -> np.random.Generator:
+        rng = self._rngs.get(seq.request_id)
+        if rng is None:
+            seed = seq.params.seed
+            rng = np.random.default_rng(seed if seed is not None else self._seed_source.integers(2**63))
+            self._rngs[seq.request_id] = rng
+        return rng
+
+    def forget(self, seq: Sequence) -> None:
+        self._rngs.pop(seq.request_id, None)
+
+    def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
+        """The batch, and the sequences (in logits-row order) that sample a token."""
+        bs = self.kv.block_size
+        n = len(out.scheduled)
+        ids, positions, query_start = [], [], [0]
+        seq_lens = np.empty(n, np.int32)
+        block_table = np.zeros((n, self.max_blocks), np.int32)
+        logits_rows, sampling = [], []
+        for b, item in enumerate(out.scheduled):
+            seq = item.seq
+            start = seq.num_computed
+            stop = start + item.num_new_tokens
+            ids.extend(seq.all_ids[start:stop])
+            positions.extend(range(start, stop))
+            query_start.append(query_start[-1] + item.num_new_tokens)
+            seq_lens[b] = stop
+            block_table[b, :len(seq.block_table)] = seq.block_table
+            if stop == seq.num_tokens:  # the prompt is complete: this row samples
+                logits_rows.append(query_start[-1] - 1)
+                sampling.append(seq)
+        pos = np.asarray(positions, np.int32)
+        rows_block = np.repeat(np.arange(n), np.diff(query_start))
+        slots = (block_table[rows_block, pos // bs] * bs + pos % bs).astype(np.int32)
+        meta = BatchMeta(np.asarray(ids, np.int32), pos, slots,
+                         np.asarray(query_start, np.int32), seq_lens, block_table,
+                         np.asarray(logits_rows, np.int64))
+        return meta, sampling
+
+    def run(self, out: SchedulerOutput) -> list[tuple[Sequence, SampleResult]]:
+        meta, sampling = self.build_meta(out)
+        logits = self.model.forward(meta, self.kv, self.workspace)
+        for item in out.scheduled:
+            item.seq.num_computed += item.num_new_tokens
+        return [(seq, sample_row(logits[i], seq.params, self._rng(seq), seq.prompt_ids,
+                                 seq.output_ids))
+                for i, seq in enumerate(sampling)]

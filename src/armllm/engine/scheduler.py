@@ -1,0 +1,107 @@
+"""scheduler: picks what runs in each step (plain Python).
+
+Running sequences decode first (one token each); then waiting prompts are
+admitted whole, first come first served, while the token budget, the
+sequence cap and the free KV blocks allow. A decode that finds no free block
+preempts the most recently admitted running sequence (its blocks are freed
+and it waits to be recomputed)."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from armllm.engine.block_manager import BlockManager
+from armllm.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int      # rows this step computes for seq
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq]
+    preempted: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int):
+        self.blocks = blocks
+        self.max_num_seqs, self.max_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        total = len(seq.prompt_ids) + seq.params.max_tokens
+        if not seq.prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(seq.prompt_ids) > self.max_tokens:
+            raise ValueError(f"the prompt has {len(seq.prompt_ids)} tokens, more than "
+                             f"max_num_batched_tokens={self.max_tokens}")
+        if len(seq.prompt_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(seq.prompt_ids)} tokens; max_model_len is "
+                             f"{self.max_model_len}")
+        if -(-min(total, self.max_model_len) // self.blocks.block_size) > self.blocks.num_blocks:
+            raise ValueError(f"prompt + max_tokens = {total} tokens cannot fit the KV cache "
+                             f"({self.blocks.num_blocks * self.blocks.block_size} tokens)")
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.num_preemptions += 1
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        scheduled, preempted = [], []
+        budget = self.max_tokens
+        for seq in list(self.running):
+            if seq not in self.running:
+                continue  # preempted below to make room for an older one
+            while not self.blocks.can_allocate(seq, seq.num_tokens):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq in self.running and budget > 0:
+                self.blocks.allocate(seq, seq.num_tokens)
+                scheduled.append(ScheduledSeq(seq, seq.num_tokens - seq.num_computed))
+                budget -= seq.num_tokens - seq.num_computed
+        while self.waiting and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            need = seq.num_tokens - seq.num_computed
+            if need > budget or not self.blocks.can_allocate(seq, seq.num_tokens):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq, seq.num_tokens)
+            seq.status = Status.RUNNING
+            if seq.timings.first_scheduled is None:
+                seq.timings.first_scheduled = time.monotonic()
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, need))
+            budget -= need
+        return SchedulerOutput(scheduled, preempted)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        seq.timings.finished = time.monotonic()
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.release(seq)

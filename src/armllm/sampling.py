@@ -1,0 +1,126 @@
+"""sampling: per-request sampling parameters, and turning logits rows into
+tokens: penalties, temperature, top-k, top-p, min-p, seeded randomness,
+greedy, and the log-probabilities a request asked for."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0          # 0: greedy
+    top_k: int = 0                    # 0 or -1: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0   # on prompt and output tokens (HF semantics)
+    presence_penalty: float = 0.0     # on output tokens (OpenAI semantics)
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None       # None: none; k >= 0: the sampled token's and the top k
+    skip_special_tokens: bool = True
+
+    def __post_init__(self):
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise bad("max_tokens", "must be an integer >= 1")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise bad("temperature", "must be in [0, 100]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise bad("top_k", "must be -1, 0 (off) or a positive integer")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise bad("repetition_penalty", "must be in (0, 10]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise bad(name, "must be in [-2, 2]")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise bad("seed", "must be a non-negative integer")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "must be non-empty strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative integers")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise bad("logprobs", "must be an integer in [0, 20]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class SampleResult:
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    m = x64.max()
+    return x64 - m - np.log(np.exp(x64 - m).sum())
+
+
+def apply_penalties(row: np.ndarray, params: SamplingParams, prompt_ids: list[int],
+                    output_ids: list[int]) -> None:
+    """In place on one logits row."""
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(prompt_ids + output_ids, dtype=np.int64))
+        vals = row[seen]
+        row[seen] = np.where(vals > 0, vals / params.repetition_penalty,
+                             vals * params.repetition_penalty)
+    if output_ids and (params.presence_penalty or params.frequency_penalty):
+        ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        row[ids] -= params.presence_penalty + params.frequency_penalty * counts
+
+
+def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+               prompt_ids: list[int], output_ids: list[int]) -> SampleResult:
+    """One token from one logits row (the row is modified)."""
+    raw_logprobs = _log_softmax(row) if params.logprobs is not None else None
+    apply_penalties(row, params, prompt_ids, output_ids)
+    if params.greedy:
+        token = int(np.argmax(row))
+    else:
+        x = row.astype(np.float64) / params.temperature
+        cand = np.arange(x.shape[0])
+        if 0 < params.top_k < x.shape[0]:
+            cand = np.argpartition(-x, params.top_k - 1)[:params.top_k]
+        logits = x[cand]
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        keep = np.ones(len(cand), dtype=bool)
+        if params.min_p > 0.0:
+            keep &= probs >= params.min_p * probs.max()
+        if params.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cum = np.cumsum(probs[order])
+            # the smallest prefix whose mass reaches top_p (always at least one token)
+            cut = int(np.searchsorted(cum, params.top_p)) + 1
+            top = np.zeros(len(cand), dtype=bool)
+            top[order[:cut]] = True
+            keep &= top
+        probs = np.where(keep, probs, 0.0)
+        cdf = np.cumsum(probs)
+        idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        token = int(cand[min(idx, len(cand) - 1)])
+    if raw_logprobs is None:
+        return SampleResult(token)
+    top = []
+    if params.logprobs:
+        best = np.argpartition(-raw_logprobs, params.logprobs - 1)[:params.logprobs]
+        best = best[np.argsort(-raw_logprobs[best], kind="stable")]
+        top = [(int(t), float(raw_logprobs[t])) for t in best]
+    return SampleResult(token, float(raw_logprobs[token]), top)

@@ -1,0 +1,60 @@
+"""Writes tiny random-weight Llama-family checkpoints (config.json,
+model.safetensors, tokenizer.json) with numpy alone, for fast engine tests."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+WORDS = [f"w{i}" for i in range(120)]
+SPECIALS = ["<s>", "</s>"]
+
+
+def write_tiny_llama(path: Path, seed: int = 0, hidden: int = 64, layers: int = 2,
+                     heads: int = 4, kv_heads: int = 2, inter: int = 96) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = len(SPECIALS) + len(WORDS)
+    rng = np.random.default_rng(seed)
+    hd = hidden // heads
+
+    def w(*shape, scale=None):
+        return (rng.standard_normal(shape) * (scale or shape[-1] ** -0.5)).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": w(vocab, hidden, scale=1.0),
+               "model.norm.weight": 1 + 0.1 * w(hidden, scale=1.0),
+               "lm_head.weight": w(vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": 1 + 0.1 * w(hidden, scale=1.0),
+            p + "post_attention_layernorm.weight": 1 + 0.1 * w(hidden, scale=1.0),
+            p + "self_attn.q_proj.weight": w(heads * hd, hidden),
+            p + "self_attn.k_proj.weight": w(kv_heads * hd, hidden),
+            p + "self_attn.v_proj.weight": w(kv_heads * hd, hidden),
+            p + "self_attn.o_proj.weight": w(hidden, heads * hd),
+            p + "mlp.gate_proj.weight": w(inter, hidden),
+            p + "mlp.up_proj.weight": w(inter, hidden),
+            p + "mlp.down_proj.weight": w(hidden, inter),
+        })
+    save_file(tensors, str(path / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
+              "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+              "bos_token_id": 0, "eos_token_id": 1}
+    (path / "config.json").write_text(json.dumps(config))
+    vocab_map = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab_map, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False,
+         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}))
+    return path
