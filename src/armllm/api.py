@@ -84,7 +84,8 @@ class LLM:
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
-        raise ValueError(f"a prompt is a string or a list of token ids, got {type(prompt).__name__}")
+        raise ValueError(f"a prompt is a string or a list of token ids, got "
+                         f"{type(prompt).__name__}")
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RequestOutput]:
         """Runs every prompt (a string, token ids, or a list of either) to completion."""

@@ -80,7 +80,8 @@ class LLMEngine:
             seq.logprobs.append((sample.token, sample.logprob, sample.top_logprobs))
         p = seq.params
         reason = None
-        if sample.token in p.stop_token_ids or (not p.ignore_eos and sample.token in seq.eos_token_ids):
+        eos = not p.ignore_eos and sample.token in seq.eos_token_ids
+        if sample.token in p.stop_token_ids or eos:
             reason = "stop"
         elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"

@@ -25,7 +25,9 @@ class ModelRunner:
         rng = self._rngs.get(seq.request_id)
         if rng is None:
             seed = seq.params.seed
-            rng = np.random.default_rng(seed if seed is not None else self._seed_source.integers(2**63))
+            if seed is None:
+                seed = int(self._seed_source.integers(2**63))
+            rng = np.random.default_rng(seed)
             self._rngs[seq.request_id] = rng
         return rng
 

@@ -130,103 +130,128 @@ static inline float hmax1(__m256 a) {
 
 /* ------------------------------------------------------------ QK^T tile */
 
-/* s[r*lds + c] = scale * q_r . k_c for nq (<= 3) queries (rows of q, stride
- * ldq, zero-padded) and nk (<= 4) key rows kp[c]. */
-AINLINE void qk_tile(const float *q, int64_t ldq, const void *const *kp, int64_t hd, int nq,
-                     int nk, int bf16, float scale, float *s, int64_t lds) {
-  __m256 acc[3][4];
-  for (int r = 0; r < 3; r++)
-    for (int c = 0; c < 4; c++) acc[r][c] = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= hd; d += 8) {
-    __m256 kv[4];
-    for (int c = 0; c < nk; c++) kv[c] = load8(kp[c], d, bf16);
-    for (int r = 0; r < nq; r++) {
-      const __m256 qv = _mm256_loadu_ps(q + r * ldq + d);
-      for (int c = 0; c < nk; c++) acc[r][c] = _mm256_fmadd_ps(qv, kv[c], acc[r][c]);
-    }
+#define FMA3x4(qa, qb, qc)                                                           \
+  do {                                                                               \
+    a00 = _mm256_fmadd_ps(qa, k0v, a00); a01 = _mm256_fmadd_ps(qa, k1v, a01);       \
+    a02 = _mm256_fmadd_ps(qa, k2v, a02); a03 = _mm256_fmadd_ps(qa, k3v, a03);       \
+    a10 = _mm256_fmadd_ps(qb, k0v, a10); a11 = _mm256_fmadd_ps(qb, k1v, a11);       \
+    a12 = _mm256_fmadd_ps(qb, k2v, a12); a13 = _mm256_fmadd_ps(qb, k3v, a13);       \
+    a20 = _mm256_fmadd_ps(qc, k0v, a20); a21 = _mm256_fmadd_ps(qc, k1v, a21);       \
+    a22 = _mm256_fmadd_ps(qc, k2v, a22); a23 = _mm256_fmadd_ps(qc, k3v, a23);       \
+  } while (0)
+
+/* Dots of 3 query rows (q + r*ldq, zero-padded) with 4 key rows kp[0..4),
+ * times scale, into d[r][c]. Unused queries/keys repeat real ones (their
+ * results are dropped): every dot is the same operations whatever the
+ * neighbours. */
+AINLINE void qk_3x4(const float *q0, const float *q1, const float *q2, const void *k0, const void *k1, const void *k2,
+                    const void *k3, int64_t hd, int bf16, float scale, float d[3][4]) {
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+  __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+  int64_t x = 0;
+  for (; x + 8 <= hd; x += 8) {
+    const __m256 k0v = load8(k0, x, bf16), k1v = load8(k1, x, bf16);
+    const __m256 k2v = load8(k2, x, bf16), k3v = load8(k3, x, bf16);
+    const __m256 qa = _mm256_loadu_ps(q0 + x), qb = _mm256_loadu_ps(q1 + x),
+                 qc = _mm256_loadu_ps(q2 + x);
+    FMA3x4(qa, qb, qc);
   }
-  if (d < hd) {
-    __m256 kv[4];
-    for (int c = 0; c < nk; c++) kv[c] = load_tail(kp[c], d, hd - d, bf16);
-    for (int r = 0; r < nq; r++) {
-      const __m256 qv = _mm256_loadu_ps(q + r * ldq + d);
-      for (int c = 0; c < nk; c++) acc[r][c] = _mm256_fmadd_ps(qv, kv[c], acc[r][c]);
-    }
+  if (x < hd) {
+    const int64_t n = hd - x;
+    const __m256 k0v = load_tail(k0, x, n, bf16), k1v = load_tail(k1, x, n, bf16);
+    const __m256 k2v = load_tail(k2, x, n, bf16), k3v = load_tail(k3, x, n, bf16);
+    const __m256 qa = _mm256_loadu_ps(q0 + x), qb = _mm256_loadu_ps(q1 + x),
+                 qc = _mm256_loadu_ps(q2 + x);
+    FMA3x4(qa, qb, qc);
   }
   const __m128 sc = _mm_set1_ps(scale);
-  for (int r = 0; r < nq; r++) {
-    __m128 dots = _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc);
-    if (nk == 4) {
-      _mm_storeu_ps(s + r * lds, dots);
-    } else {
-      float tmp[4];
-      _mm_storeu_ps(tmp, dots);
-      for (int c = 0; c < nk; c++) s[r * lds + c] = tmp[c];
-    }
-  }
+  _mm_storeu_ps(d[0], _mm_mul_ps(hsum4(a00, a01, a02, a03), sc));
+  _mm_storeu_ps(d[1], _mm_mul_ps(hsum4(a10, a11, a12, a13), sc));
+  _mm_storeu_ps(d[2], _mm_mul_ps(hsum4(a20, a21, a22, a23), sc));
 }
 
-#define QK_CASE(NQ, NK, BF)                                                          \
-  case (NQ) * 8 + (NK) * 2 + (BF):                                                   \
-    qk_tile(q, ldq, kp, hd, NQ, NK, BF, scale, s, lds);                              \
-    break;
-
-static void qk_dispatch(const float *q, int64_t ldq, const void *const *kp, int64_t hd, int nq,
-                        int nk, int bf16, float scale, float *s, int64_t lds) {
-  switch (nq * 8 + nk * 2 + bf16) {
-    QK_CASE(1, 1, 0) QK_CASE(1, 2, 0) QK_CASE(1, 3, 0) QK_CASE(1, 4, 0)
-    QK_CASE(2, 1, 0) QK_CASE(2, 2, 0) QK_CASE(2, 3, 0) QK_CASE(2, 4, 0)
-    QK_CASE(3, 1, 0) QK_CASE(3, 2, 0) QK_CASE(3, 3, 0) QK_CASE(3, 4, 0)
-    QK_CASE(1, 1, 1) QK_CASE(1, 2, 1) QK_CASE(1, 3, 1) QK_CASE(1, 4, 1)
-    QK_CASE(2, 1, 1) QK_CASE(2, 2, 1) QK_CASE(2, 3, 1) QK_CASE(2, 4, 1)
-    QK_CASE(3, 1, 1) QK_CASE(3, 2, 1) QK_CASE(3, 3, 1) QK_CASE(3, 4, 1)
-    default: break;
+/* s[r*lds + j] = scale * q_r . k_j for nq (<= 3) queries and keys j < nj. */
+static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, int64_t nj,
+                    int64_t hd, int bf16, float scale, float *s, int64_t lds,
+                    const void *const *pf, int64_t npf, int64_t pfbytes) {
+  float d[3][4];
+  /* spare query slots repeat query 0 */
+  const float *q1 = nq > 1 ? q + ldq : q, *q2 = nq > 2 ? q + 2 * ldq : q;
+  for (int64_t j = 0; j < nj; j += 4) {
+    for (int64_t u = j; u < j + 4 && u < npf; u++)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+    const int64_t m = nj - j < 4 ? nj - j : 4;
+    const void *k0 = kp[j], *k1 = kp[j + (m > 1)], *k2 = kp[j + (m > 2) * 2], *k3 = kp[j + (m > 3) * 3];
+    if (bf16) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, 1, scale, d);
+    else qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, 0, scale, d);
+    for (int r = 0; r < nq; r++)
+      for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
   }
 }
 
 /* ------------------------------------------------------------ PV tile */
 
-/* acc[r*lda + d0 + 8c ..] += sum_j e[r*lde + j] * v_j[d0 + 8c ..] for nq (<= 3)
- * queries, nd (<= 4) vectors of head_dim from d0 (the last one `tail`
- * elements when tail < 8), keys j < nj in order. */
-AINLINE void pv_tile(float *acc, int64_t lda, const float *e, int64_t lde,
-                     const void *const *vp, int64_t nj, int64_t d0, int nq, int nd, int tail,
-                     int bf16) {
-  __m256 a[3][4];
-  for (int r = 0; r < nq; r++)
-    for (int c = 0; c < nd; c++) a[r][c] = _mm256_loadu_ps(acc + r * lda + d0 + 8 * c);
+/* acc_r[x..x+8) += sum_{j<nj} e_r[j] * v_j[x..x+8), 3 queries x 4 vectors of
+ * head_dim from x (all full), keys in order. */
+AINLINE void pv_3x4(float *c0, float *c1, float *c2, const float *e0, const float *e1,
+                    const float *e2, const void *const *vp, int64_t nj, int64_t x, int bf16,
+                    const void *const *pf, int64_t npf, int64_t pfbytes) {
+  __m256 a00 = _mm256_loadu_ps(c0 + x), a01 = _mm256_loadu_ps(c0 + x + 8),
+         a02 = _mm256_loadu_ps(c0 + x + 16), a03 = _mm256_loadu_ps(c0 + x + 24);
+  __m256 a10 = _mm256_loadu_ps(c1 + x), a11 = _mm256_loadu_ps(c1 + x + 8),
+         a12 = _mm256_loadu_ps(c1 + x + 16), a13 = _mm256_loadu_ps(c1 + x + 24);
+  __m256 a20 = _mm256_loadu_ps(c2 + x), a21 = _mm256_loadu_ps(c2 + x + 8),
+         a22 = _mm256_loadu_ps(c2 + x + 16), a23 = _mm256_loadu_ps(c2 + x + 24);
   for (int64_t j = 0; j < nj; j++) {
-    __m256 vv[4];
-    for (int c = 0; c < nd; c++)
-      vv[c] = (c == nd - 1 && tail < 8) ? load_tail(vp[j], d0 + 8 * c, tail, bf16)
-                                        : load8(vp[j], d0 + 8 * c, bf16);
-    for (int r = 0; r < nq; r++) {
-      const __m256 w = _mm256_broadcast_ss(e + r * lde + j);
-      for (int c = 0; c < nd; c++) a[r][c] = _mm256_fmadd_ps(w, vv[c], a[r][c]);
-    }
+    if (j < npf)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
+    const __m256 k0v = load8(vp[j], x, bf16), k1v = load8(vp[j], x + 8, bf16);
+    const __m256 k2v = load8(vp[j], x + 16, bf16), k3v = load8(vp[j], x + 24, bf16);
+    const __m256 qa = _mm256_broadcast_ss(e0 + j), qb = _mm256_broadcast_ss(e1 + j),
+                 qc = _mm256_broadcast_ss(e2 + j);
+    FMA3x4(qa, qb, qc);
   }
-  for (int r = 0; r < nq; r++)
-    for (int c = 0; c < nd; c++) _mm256_storeu_ps(acc + r * lda + d0 + 8 * c, a[r][c]);
+  _mm256_storeu_ps(c0 + x, a00); _mm256_storeu_ps(c0 + x + 8, a01);
+  _mm256_storeu_ps(c0 + x + 16, a02); _mm256_storeu_ps(c0 + x + 24, a03);
+  _mm256_storeu_ps(c1 + x, a10); _mm256_storeu_ps(c1 + x + 8, a11);
+  _mm256_storeu_ps(c1 + x + 16, a12); _mm256_storeu_ps(c1 + x + 24, a13);
+  _mm256_storeu_ps(c2 + x, a20); _mm256_storeu_ps(c2 + x + 8, a21);
+  _mm256_storeu_ps(c2 + x + 16, a22); _mm256_storeu_ps(c2 + x + 24, a23);
 }
 
-#define PV_CASE(NQ, ND, BF)                                                          \
-  case (NQ) * 16 + (ND) * 2 + (BF):                                                  \
-    if (tail < 8) pv_tile(acc, lda, e, lde, vp, nj, d0, NQ, ND, tail, BF);           \
-    else pv_tile(acc, lda, e, lde, vp, nj, d0, NQ, ND, 8, BF);                       \
-    break;
+/* The same for one vector of n (1..8) elements at x. */
+AINLINE void pv_3x1(float *c0, float *c1, float *c2, const float *e0, const float *e1,
+                    const float *e2, const void *const *vp, int64_t nj, int64_t x, int64_t n,
+                    int bf16) {
+  __m256 a0 = _mm256_loadu_ps(c0 + x), a1 = _mm256_loadu_ps(c1 + x), a2 = _mm256_loadu_ps(c2 + x);
+  for (int64_t j = 0; j < nj; j++) {
+    const __m256 v = n == 8 ? load8(vp[j], x, bf16) : load_tail(vp[j], x, n, bf16);
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(e0 + j), v, a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(e1 + j), v, a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(e2 + j), v, a2);
+  }
+  _mm256_storeu_ps(c0 + x, a0);
+  _mm256_storeu_ps(c1 + x, a1);
+  _mm256_storeu_ps(c2 + x, a2);
+}
 
-static void pv_dispatch(float *acc, int64_t lda, const float *e, int64_t lde,
-                        const void *const *vp, int64_t nj, int64_t d0, int nq, int nd, int tail,
-                        int bf16) {
-  switch (nq * 16 + nd * 2 + bf16) {
-    PV_CASE(1, 1, 0) PV_CASE(1, 2, 0) PV_CASE(1, 3, 0) PV_CASE(1, 4, 0)
-    PV_CASE(2, 1, 0) PV_CASE(2, 2, 0) PV_CASE(2, 3, 0) PV_CASE(2, 4, 0)
-    PV_CASE(3, 1, 0) PV_CASE(3, 2, 0) PV_CASE(3, 3, 0) PV_CASE(3, 4, 0)
-    PV_CASE(1, 1, 1) PV_CASE(1, 2, 1) PV_CASE(1, 3, 1) PV_CASE(1, 4, 1)
-    PV_CASE(2, 1, 1) PV_CASE(2, 2, 1) PV_CASE(2, 3, 1) PV_CASE(2, 4, 1)
-    PV_CASE(3, 1, 1) PV_CASE(3, 2, 1) PV_CASE(3, 3, 1) PV_CASE(3, 4, 1)
-    default: break;
+/* acc rows c0..c2 (padded to a multiple of 8) += weights e0..e2 times V rows
+ * vp[0..nj), all of head_dim. */
+static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const float *e1,
+                    const float *e2, const void *const *vp, int64_t nj, int64_t hd, int bf16,
+                    const void *const *pf, int64_t npf, int64_t pfbytes) {
+  int64_t x = 0;
+  for (; x + 32 <= hd; x += 32, npf = 0) {
+    if (bf16) pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, 1, pf, npf, pfbytes);
+    else pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, 0, pf, npf, pfbytes);
+  }
+  for (int64_t u = 0; u < npf; u++)
+    for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+  for (; x < hd; x += 8) {
+    const int64_t n = hd - x < 8 ? hd - x : 8;
+    if (bf16) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, 1);
+    else pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, 0);
   }
 }
 
@@ -256,8 +281,10 @@ typedef struct {
   float mp[TILE_Q], lp[TILE_Q];
   int valid[TILE_Q];               /* query has keys in the partition */
   float buf[KC][MAXD];             /* widened bf16 rows */
-  const void *rows[2][PART];       /* K and V row of each key of the partition */
-  int64_t nrows;                   /* keys in rows[][] */
+  float zero_e[PART];              /* weights of spare query slots */
+  float spare[MAXD];               /* accumulators of spare query slots */
+  const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
+  int64_t nrows;                   /* keys: V rows start at rows + nrows */
 } tile_ctx;
 
 static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
@@ -297,22 +324,31 @@ static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
                         (int64_t)esz;
     for (const char *kp = kbase + off, *vp = vbase + off; j < end;
          j++, kp += a->head_dim * (int64_t)esz, vp += a->head_dim * (int64_t)esz) {
-      t->rows[0][j - k0] = kp;
-      t->rows[1][j - k0] = vp;
+      t->rows[j - k0] = kp;
+      t->rows[k1 - k0 + j - k0] = vp;
     }
   }
   t->nrows = k1 - k0;
 }
 
-/* Prefetches rows [s0, s1) of the stream K rows, then V rows. */
+/* Prefetches rows [s0, s1) of t->rows. */
 static inline void tile_prefetch(const tile_ctx *t, int64_t s0, int64_t s1) {
-  const int64_t n = t->nrows, bytes = t->hd * (t->a->cache_bf16 ? 2 : 4);
-  if (s1 > 2 * n) s1 = 2 * n;
+  const int64_t bytes = t->hd * (t->a->cache_bf16 ? 2 : 4);
+  if (s1 > 2 * t->nrows) s1 = 2 * t->nrows;
   for (int64_t s = s0; s < s1; s++) {
-    const char *p = s < n ? t->rows[0][s] : t->rows[1][s - n];
+    const char *p = t->rows[s];
     for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
     _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
   }
+}
+
+/* Rows of t->rows to prefetch while working on the chunk of nj rows at
+ * `at`: the next chunk's (K rows run on into V rows). */
+static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
+  int64_t s = at + KC, end = 2 * t->nrows;
+  if (s > end) s = end;
+  *pf = t->rows + s;
+  return end - s < nj ? end - s : nj;
 }
 
 /* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */
@@ -344,19 +380,17 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   tile_prefetch(t, 0, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
-    const void *const *kp = t->rows[0] + (jc - k0);
-    tile_prefetch(t, jc - k0 + KC, jc - k0 + 2 * KC);
+    const void *const *kp = t->rows + (jc - k0);
     if (widen) {
       tile_widen(t, kp, ptrs, nj);
       kp = ptrs;
     }
     for (int64_t i = 0; i < nq; i += 3) {
       const int mq = nq - i < 3 ? (int)(nq - i) : 3;
-      for (int64_t jj = 0; jj < nj; jj += 4) {
-        const int mk = nj - jj < 4 ? (int)(nj - jj) : 4;
-        qk_dispatch(t->q[i], MAXD, kp + jj, hd, mq, mk, bf16 && !widen, a->scale,
-                    &t->s[i][jc - pbase + jj], PART);
-      }
+      const void *const *pf;
+      const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first triple */
+      qk_rows(t->q[i], MAXD, mq, kp, nj, hd, bf16 && !widen, a->scale, &t->s[i][jc - pbase],
+              PART, pf, i == 0 ? npf : 0, t->hd * (bf16 ? 2 : 4));
     }
   }
 
@@ -399,23 +433,23 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
+  if (nq % 3) memset(t->zero_e, 0, sizeof t->zero_e);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
-    const void *const *vp = t->rows[1] + (jc - k0);
-    tile_prefetch(t, t->nrows + jc - k0 + KC, t->nrows + jc - k0 + 2 * KC);
+    const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
+    const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
     if (widen) {
       tile_widen(t, vp, ptrs, nj);
       vp = ptrs;
     }
     for (int64_t i = 0; i < nq; i += 3) {
-      const int mq = nq - i < 3 ? (int)(nq - i) : 3;
-      for (int64_t d0 = 0; d0 < hd; d0 += 32) {
-        const int64_t left = hd - d0;
-        const int nd = left >= 32 ? 4 : (int)((left + 7) / 8);
-        const int tail = left >= 32 ? 8 : (int)(left - 8 * (nd - 1));
-        pv_dispatch(t->accp[i], MAXD, &t->s[i][jc - pbase], PART, vp, nj, d0, mq, nd, tail,
-                    bf16 && !widen);
-      }
+      const int64_t js = jc - pbase;
+      const float *e1 = i + 1 < nq ? t->s[i + 1] + js : t->zero_e;
+      const float *e2 = i + 2 < nq ? t->s[i + 2] + js : t->zero_e;
+      float *c1 = i + 1 < nq ? t->accp[i + 1] : t->spare, *c2 = i + 2 < nq ? t->accp[i + 2] : t->spare;
+      pv_rows(t->accp[i], c1, c2, t->s[i] + js, e1, e2, vp, nj, hd, bf16 && !widen,
+              pf, i == 0 ? npf : 0,
+              t->hd * (bf16 ? 2 : 4));
     }
   }
 }
