@@ -71,3 +71,49 @@ def test_bench_kernels_runs_a_small_shape(tmp_path):
     assert data["machine"]["1"]["read_gbs"] > 0 and data["machine"]["1"]["fma_gflops"] > 0
     assert len(data["gemm"]) == 8  # 4 layers x 2 dtypes at M=1
     assert all(row["armllm_s"] > 0 and row["numpy_f32_s"] > 0 for row in data["gemm"])
+
+
+def test_generate_json_matches_the_library(tmp_path):
+    from armllm.api import LLM
+    from armllm.sampling import SamplingParams
+    from tests.tiny_model import write_tiny_llama
+    model = write_tiny_llama(tmp_path / "tiny")
+    r = armllm("generate", str(model), "--prompt", "w3 w4 w5", "--max-tokens", "7",
+               "--temperature", "0", "--ignore-eos", "--dtype", "float32", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    want = LLM(model, dtype="float32", kv_cache_gib=0.01).generate(
+        "w3 w4 w5", SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True))[0]
+    assert got["token_ids"] == want.token_ids and got["text"] == want.text
+    assert got["finish_reason"] == "length" and got["timings"]["ttft_s"] > 0
+
+
+def test_generate_streams_text_to_stdout(tmp_path):
+    from tests.tiny_model import write_tiny_llama
+    model = write_tiny_llama(tmp_path / "tiny")
+    r = armllm("generate", str(model), "--prompt", "w1 w2", "--max-tokens", "5",
+               "--temperature", "0", "--ignore-eos")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.split()) == 5 and "[length; 5 tokens" in r.stderr
+
+
+def test_generate_errors_are_one_line_exit_2(tmp_path):
+    r = armllm("generate", str(tmp_path / "missing"), "--prompt", "x")
+    assert r.returncode == 2 and "no such model file or directory" in r.stderr
+    r = armllm("generate", "--prompt", "x", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature must be in [0, 100]" in r.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    r = armllm("generate", str(bad), "--prompt", "x")
+    assert r.returncode == 2 and "unsupported architecture ['GPT2LMHeadModel']" in r.stderr
+
+
+def test_chat_session_with_reset(tmp_path):
+    from tests.tiny_model import write_tiny_llama
+    model = write_tiny_llama(tmp_path / "tiny")
+    r = subprocess.run([sys.executable, "-m", "armllm", "chat", str(model), "--max-tokens", "3",
+                        "--temperature", "0", "--ignore-eos"], input="w1 w2\n/reset\nw3\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "(history cleared)" in r.stderr and len(r.stdout.strip().splitlines()) == 2

@@ -118,7 +118,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print("chat: type a message; /reset clears the history; Ctrl-D quits", file=sys.stderr)
     while True:
         try:
-            line = input("> ")
+            line = input("> " if sys.stdin.isatty() else "")
         except EOFError:
             print(file=sys.stderr)
             return 0
