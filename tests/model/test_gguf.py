@@ -122,3 +122,21 @@ def test_unsupported_tensor_type_named_on_read(tmp_path):
     g = GGUFFile(p)
     with pytest.raises(ValueError, match="tensor blk.0.q has ggml type 12"):
         g.dequantize("blk.0.q")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "BF16", "F16", "F32"])
+def test_every_supported_type_written_by_llama_cpp_tools(tmp_path, qtype):
+    """Tensors quantized and written by the gguf package read back as it dequantizes them."""
+    t = getattr(gguf.GGMLQuantizationType, qtype)
+    data = np.random.default_rng(0).standard_normal((6, 96)).astype(np.float32)
+    stored = gguf.quants.quantize(data, t) if qtype != "F32" else data
+    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    writer.add_tensor("w", stored, raw_dtype=t if qtype not in ("F32", "F16") else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = GGUFFile(tmp_path / "q.gguf")
+    assert ours.tensors["w"].type_name == qtype and ours.tensors["w"].shape == (6, 96)
+    want = gguf.quants.dequantize(stored, t).reshape(6, 96).astype(np.float32)
+    assert np.array_equal(ours.dequantize("w"), want)
