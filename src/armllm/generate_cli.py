@@ -144,7 +144,24 @@ def cmd_chat(args: argparse.Namespace) -> int:
     raise UsageError("unreachable")
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from armllm.cli import UsageError
+    from armllm.model.convert import convert_gguf
+    try:
+        out = convert_gguf(args.gguf, args.out_dir, args.dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def add_commands(sub) -> None:
+    conv = sub.add_parser("convert", help="write a GGUF model as a Hugging Face directory")
+    conv.add_argument("gguf", help="the .gguf file")
+    conv.add_argument("out_dir", help="a new (or empty) directory")
+    conv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                      help="weight precision in the output (float32 keeps GGUF values exactly)")
+    conv.set_defaults(func=cmd_convert)
     gen = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
     add_model_arguments(gen)
     gen.add_argument("--prompt", required=True)
