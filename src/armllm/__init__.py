@@ -8,3 +8,16 @@ from armllm import _blas_threads
 _blas_threads.keep_blas_single_threaded()
 
 __version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+
+
+def __getattr__(name: str):
+    """LLM, SamplingParams and RequestOutput, imported on first use so that
+    `import armllm` stays light."""
+    if name in ("LLM", "RequestOutput"):
+        from armllm import api
+        return getattr(api, name)
+    if name == "SamplingParams":
+        from armllm.sampling import SamplingParams
+        return SamplingParams
+    raise AttributeError(f"module 'armllm' has no attribute {name!r}")
