@@ -61,10 +61,13 @@ def main() -> int:
 
     buf = np.ones(512 << 20, np.uint8)
     pool = ops.get_pool()
-    t0 = time.perf_counter()
-    for _ in range(3):
+    _ext.probe_read(buf, pool)  # warm-up
+    best = float("inf")
+    for _ in range(5):  # the best pass: the machine is shared and noisy
+        t0 = time.perf_counter()
         _ext.probe_read(buf, pool)
-    read_gbs = 3 * buf.nbytes / (time.perf_counter() - t0) / 1e9
+        best = min(best, time.perf_counter() - t0)
+    read_gbs = buf.nbytes / best / 1e9
     del buf
     print(f"threads {ops.num_threads()}, read bandwidth {read_gbs:.1f} GB/s; prompt "
           f"{args.prompt_len}, generate {args.gen_len}, batch 1, greedy; medians of {args.reps}")
