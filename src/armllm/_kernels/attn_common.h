@@ -53,6 +53,44 @@ static inline int64_t armllm_attn_kv_offset(const armllm_attn_args *a, int64_t b
   return ((block * a->n_kv_heads + kvh) * a->block_size + tok % a->block_size) * a->head_dim;
 }
 
+/* -1, or the first row whose KV slot is outside [-1, n_slots) (-1 skips a row). */
+static inline int64_t armllm_attn_first_bad_slot(const int32_t *slot_mapping, int64_t t,
+                                                 int64_t n_slots) {
+  for (int64_t i = 0; i < t; i++)
+    if (slot_mapping[i] < -1 || slot_mapping[i] >= n_slots) return i;
+  return -1;
+}
+
+/* The keys of partition p that any of nq queries (key ranges [lo[i], hi[i]))
+ * sees: [*k0, *k0 + n), with n returned, and the K/V row addresses of each in
+ * kr/vr (element size esz), padded to a multiple of 4 by repeating the last. */
+static inline int64_t armllm_attn_partition_rows(const armllm_attn_args *a, int64_t b,
+                                                 int64_t kvh, int nq, const int64_t *lo,
+                                                 const int64_t *hi, int64_t p, size_t esz,
+                                                 const void **kr, const void **vr,
+                                                 int64_t *k0_out) {
+  int64_t k0 = p * ARMLLM_ATTN_PARTITION, k1 = (p + 1) * ARMLLM_ATTN_PARTITION;
+  int64_t lmin = lo[0], hmax = hi[0];
+  for (int i = 1; i < nq; i++) {
+    if (lo[i] < lmin) lmin = lo[i];
+    if (hi[i] > hmax) hmax = hi[i];
+  }
+  if (lmin > k0) k0 = lmin;
+  if (hmax < k1) k1 = hmax;
+  const int64_t n = k1 - k0, n4 = (n + 3) & ~(int64_t)3;
+  int64_t blk = k0 / a->block_size, off = k0 % a->block_size;
+  for (int64_t j = 0; j < n; j++) {
+    const int64_t id = a->block_table[b * a->max_blocks + blk];
+    const size_t o = (size_t)(((id * a->n_kv_heads + kvh) * a->block_size + off) * a->head_dim) * esz;
+    kr[j] = (const char *)a->k_cache + o;
+    vr[j] = (const char *)a->v_cache + o;
+    if (++off == a->block_size) off = 0, blk++;
+  }
+  for (int64_t j = n; j < n4; j++) kr[j] = kr[n - 1], vr[j] = vr[n - 1];
+  *k0_out = k0;
+  return n;
+}
+
 /* Running softmax state of one (row, head): (m, l, acc[head_dim]). */
 typedef struct {
   float m, l;

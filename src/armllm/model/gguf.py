@@ -8,13 +8,14 @@ file (and tensor), never reads out of bounds.
 """
 from __future__ import annotations
 
-import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from armllm.model.mapped import map_file
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -104,13 +105,7 @@ class GGUFFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError:
-            raise ValueError(f"{self.path}: no such GGUF file") from None
-        except ValueError:  # mmap of an empty file
-            raise ValueError(f"{self.path}: empty file, not a GGUF model") from None
+        self._mmap = map_file(self.path, "GGUF")
         self._buf = memoryview(self._mmap)
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, GGUFTensor] = {}

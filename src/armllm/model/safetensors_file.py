@@ -4,11 +4,12 @@ numpy has no bfloat16."""
 from __future__ import annotations
 
 import json
-import mmap
 import struct
 from pathlib import Path
 
 import numpy as np
+
+from armllm.model.mapped import map_file
 
 # BF16 is the only 16-bit unsigned type here: uint16 arrays are bf16 bits.
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
@@ -22,13 +23,7 @@ class SafetensorsFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except FileNotFoundError:
-            raise ValueError(f"{self.path}: no such safetensors file") from None
-        except ValueError:
-            raise ValueError(f"{self.path}: empty file, not safetensors") from None
+        self._mmap = map_file(self.path, "safetensors")
         if len(self._mmap) < 8:
             raise ValueError(f"{self.path}: truncated safetensors file")
         (n,) = struct.unpack("<Q", self._mmap[:8])

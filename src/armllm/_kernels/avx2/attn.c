@@ -66,8 +66,8 @@ int64_t armllm_avx2_kv_write(armllm_pool *pool, const float *k, int64_t ldk, con
                              void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
                              int64_t block_size, int64_t num_blocks) {
   (void)pool; /* T rows of a few KB: memory-bound and short */
-  for (int64_t i = 0; i < t; i++)
-    if (slot_mapping[i] < -1 || slot_mapping[i] >= num_blocks * block_size) return i;
+  const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
+  if (bad >= 0) return bad;
   for (int64_t i = 0; i < t; i++) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;

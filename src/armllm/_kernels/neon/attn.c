@@ -84,8 +84,8 @@ int64_t armllm_neon_kv_write(armllm_pool *pool, const float *k, int64_t ldk, con
                              int64_t ldv, const int32_t *slot_mapping, int64_t t, void *k_cache,
                              void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
                              int64_t block_size, int64_t num_blocks) {
-  for (int64_t i = 0; i < t; i++)
-    if (slot_mapping[i] < -1 || slot_mapping[i] >= num_blocks * block_size) return i;
+  const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
+  if (bad >= 0) return bad;
   kv_job job = {k, v, ldk, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16, n_kv_heads,
                 head_dim, block_size};
   /* memory-bound: threads only for prefill-sized writes (>= 256 KB) */
@@ -214,27 +214,11 @@ static inline __attribute__((always_inline)) void neon_partial_t(
     const armllm_attn_args *a, int64_t b, int64_t kvh, int nq, const float *const *q,
     const int64_t *lo, const int64_t *hi, int64_t p, float *m, float *l, float *accp, int bf16) {
   const int64_t hd = a->head_dim;
-  int64_t k0 = p * PART, k1 = (p + 1) * PART, lmin = lo[0], hmax = hi[0];
-  for (int i = 1; i < nq; i++) {
-    if (lo[i] < lmin) lmin = lo[i];
-    if (hi[i] > hmax) hmax = hi[i];
-  }
-  if (lmin > k0) k0 = lmin;
-  if (hmax < k1) k1 = hmax;
-  const int64_t n = k1 - k0, n4 = (n + 3) & ~(int64_t)3;
-  const size_t esz = bf16 ? 2 : 4;
   const void *kr[PART], *vr[PART];
-  { /* row pointers of the partition's keys; the padding repeats the last */
-    int64_t blk = k0 / a->block_size, off = k0 % a->block_size;
-    for (int64_t j = 0; j < n; j++) {
-      const int64_t id = a->block_table[b * a->max_blocks + blk];
-      const size_t o = (size_t)(((id * a->n_kv_heads + kvh) * a->block_size + off) * hd) * esz;
-      kr[j] = (const char *)a->k_cache + o;
-      vr[j] = (const char *)a->v_cache + o;
-      if (++off == a->block_size) off = 0, blk++;
-    }
-    for (int64_t j = n; j < n4; j++) kr[j] = kr[n - 1], vr[j] = vr[n - 1];
-  }
+  int64_t k0;
+  const int64_t n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4, kr, vr,
+                                               &k0);
+  const int64_t n4 = (n + 3) & ~(int64_t)3;
   float s[QMAX][PART] __attribute__((aligned(16)));
   const float32x4_t vscale = vdupq_n_f32(a->scale);
   for (int64_t j = 0; j < n4; j += 4)

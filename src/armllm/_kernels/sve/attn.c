@@ -130,27 +130,11 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
                       float *m, float *l, float *accp, int bf16) {
   const int64_t hd = a->head_dim, vl = (int64_t)svcntw();
   const svbool_t all = svptrue_b32();
-  int64_t k0 = p * PART, k1 = (p + 1) * PART, lmin = lo[0], hmax = hi[0];
-  for (int i = 1; i < nq; i++) {
-    if (lo[i] < lmin) lmin = lo[i];
-    if (hi[i] > hmax) hmax = hi[i];
-  }
-  if (lmin > k0) k0 = lmin;
-  if (hmax < k1) k1 = hmax;
-  const int64_t n = k1 - k0, n4 = (n + 3) & ~(int64_t)3;
-  const size_t esz = bf16 ? 2 : 4;
   const void *kr[PART], *vr[PART];
-  { /* row pointers of the partition's keys; the padding repeats the last */
-    int64_t blk = k0 / a->block_size, off = k0 % a->block_size;
-    for (int64_t j = 0; j < n; j++) {
-      const int64_t id = a->block_table[b * a->max_blocks + blk];
-      const size_t o = (size_t)(((id * a->n_kv_heads + kvh) * a->block_size + off) * hd) * esz;
-      kr[j] = (const char *)a->k_cache + o;
-      vr[j] = (const char *)a->v_cache + o;
-      if (++off == a->block_size) off = 0, blk++;
-    }
-    for (int64_t j = n; j < n4; j++) kr[j] = kr[n - 1], vr[j] = vr[n - 1];
-  }
+  int64_t k0;
+  const int64_t n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4, kr, vr,
+                                               &k0);
+  const int64_t n4 = (n + 3) & ~(int64_t)3;
   float s[QMAX][PART] __attribute__((aligned(16)));
   for (int64_t j = 0; j < n4; j += 4)
     for (int i = 0; i < nq; i += 4) {
