@@ -140,3 +140,36 @@ def test_incremental_paged_decode_equals_full_recompute(tmp_path):
                          table, np.arange(stop - start))
         step = lm.model.forward(meta, kv, ws)
         np.testing.assert_array_equal(step, full[start:stop])
+
+
+def test_smollm2_greedy_continuation_matches_transformers(smollm2):
+    """64 greedy tokens through armllm's engine (paged decode) equal transformers' greedy."""
+    from armllm import LLM, SamplingParams
+    path, hf = smollm2
+    llm = LLM(path, dtype="float32", kv_cache_gib=0.1, max_num_seqs=2)
+    prompt = llm.chat_prompt([{"role": "user", "content": "Tell me about the Moon."}])
+    ours = llm.generate(prompt, SamplingParams(max_tokens=64, temperature=0.0,
+                                               ignore_eos=True))[0].token_ids
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert ours == theirs[0, len(prompt):].tolist()
+
+
+def test_thread_count_does_not_change_tokens(tmp_path):
+    """Kernels partition outputs, never reductions: any pool gives the same logits."""
+    import os
+    import subprocess
+    import sys
+    make_tiny(tmp_path, "LlamaConfig", "LlamaForCausalLM", {})
+    code = ("import sys; from armllm import LLM, SamplingParams; "
+            f"llm = LLM({str(tmp_path)!r}, dtype='float32', kv_cache_gib=0.01); "
+            "print(llm.generate([5, 6, 7, 8], SamplingParams(max_tokens=20, temperature=0.0, "
+            "ignore_eos=True))[0].token_ids)")
+    outs = set()
+    for threads in ("1", "2", "3"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "ARMLLM_NUM_THREADS": threads}, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs.add(r.stdout.strip())
+    assert len(outs) == 1

@@ -38,7 +38,8 @@ class LLMEngine:
         kv = KVCache(c, num_blocks, block_size, kv_dtype)
         self.runner = ModelRunner(loaded.model, kv, max_num_batched_tokens, max_num_seqs,
                                   self.max_model_len)
-        eos = set(c.eos_token_ids) | set(loaded.generation_config.get("eos_token_id") or [])
+        gen_eos = loaded.generation_config.get("eos_token_id")  # an int or a list in the wild
+        eos = set(c.eos_token_ids) | set([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
         eos_tok = self.tokenizer.token_id(self.tokenizer.eos_token)
         self.eos_token_ids = frozenset(eos | ({eos_tok} if eos_tok is not None else set()))
         self._seqs: dict[str, Sequence] = {}
