@@ -96,6 +96,7 @@ cdef extern from "armllm_kernels.h" nogil:
         const char *gemm_f32_layout
         const char *gemm_bf16_layout
         const char *gemm_bf16_compute
+        const char *attention_bf16_compute
         armllm_packed_len_fn gemm_f32_packed_len
         armllm_pack_f32_fn gemm_f32_pack
         armllm_gemm_f32_fn gemm_f32
@@ -365,6 +366,11 @@ cdef class Kernels:
     def gemm_bf16_compute(self):
         """"f32" (bf16 weights widened) or "bf16" (activations rounded to bf16 too)."""
         return self.t.gemm_bf16_compute.decode()
+
+    @property
+    def attention_bf16_compute(self):
+        """With a bf16 cache: "f32" (K/V widened) or "bf16" (q and weights rounded too)."""
+        return self.t.attention_bf16_compute.decode()
 
     def pack(self, w, str dtype):
         """Prepacks W[N, K] (float32 for "f32", uint16 bf16 bits for "bf16")."""

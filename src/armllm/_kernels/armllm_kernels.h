@@ -206,6 +206,8 @@ typedef struct armllm_kernels {
   const char *gemm_f32_layout;          /* packed layout names, e.g. "nr16k1" */
   const char *gemm_bf16_layout;
   const char *gemm_bf16_compute;        /* "f32": weights widened; "bf16": activations rounded too */
+  const char *attention_bf16_compute;   /* with a bf16 cache: "f32" (K/V widened) or "bf16" (q and
+                                           the softmax weights rounded to bf16 too, e.g. BFMMLA) */
   armllm_packed_len_fn gemm_f32_packed_len;
   armllm_pack_f32_fn gemm_f32_pack;
   armllm_gemm_f32_fn gemm_f32;

@@ -8,6 +8,7 @@ const armllm_kernels armllm_kernels_avx2 = {
     .impl = {"avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2"},
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "nr16k1u",
+    .attention_bf16_compute = "f32",
     .gemm_bf16_compute = "f32",
     .gemm_f32_packed_len = armllm_avx2_gemm_f32_packed_len,
     .gemm_f32_pack = armllm_avx2_gemm_f32_pack,

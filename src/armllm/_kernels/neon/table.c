@@ -7,6 +7,7 @@ const armllm_kernels armllm_kernels_neon = {
     .impl = {"neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon"},
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr12k1",
+    .attention_bf16_compute = "f32",
     .gemm_bf16_compute = "f32",
     .gemm_f32_packed_len = armllm_neon_gemm_f32_packed_len,
     .gemm_f32_pack = armllm_neon_gemm_f32_pack,

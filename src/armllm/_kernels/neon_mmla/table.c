@@ -8,6 +8,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     .impl = {"neon", "neon_mmla", "neon", "neon", "neon", "neon", "neon", "neon", "neon"},
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr8k4x2",
+    .attention_bf16_compute = "f32",
     .gemm_bf16_compute = "bf16",
     .gemm_f32_packed_len = armllm_neon_gemm_f32_packed_len,
     .gemm_f32_pack = armllm_neon_gemm_f32_pack,

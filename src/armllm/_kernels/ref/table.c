@@ -6,6 +6,7 @@ const armllm_kernels armllm_kernels_ref = {
     .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref"},
     .gemm_f32_layout = "nk",
     .gemm_bf16_layout = "nk",
+    .attention_bf16_compute = "f32",
     .gemm_bf16_compute = "f32",
     .gemm_f32_packed_len = armllm_ref_gemm_f32_packed_len,
     .gemm_f32_pack = armllm_ref_gemm_f32_pack,

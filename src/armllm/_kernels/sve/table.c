@@ -8,6 +8,7 @@ const armllm_kernels armllm_kernels_sve = {
     .impl = {"sve", "sve", "sve", "neon", "sve", "neon", "sve", "neon", "sve"},
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "sve_mmla_n16k4",
+    .attention_bf16_compute = "f32",
     .gemm_bf16_compute = "bf16",
     .gemm_f32_packed_len = armllm_sve_gemm_f32_packed_len,
     .gemm_f32_pack = armllm_sve_gemm_f32_pack,
