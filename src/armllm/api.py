@@ -79,6 +79,22 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def default_sampling_params(self, **overrides) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (temperature,
+        top_p, top_k, min_p, repetition_penalty; do_sample=false means greedy), then
+        `overrides` (None values are ignored)."""
+        gen = self.loaded.generation_config
+        kw = {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+              if gen.get(k) is not None}
+        if gen.get("do_sample") is False:
+            kw["temperature"] = 0.0
+        try:
+            defaults = SamplingParams(**kw)
+        except ValueError as exc:
+            raise ValueError(f"{self.loaded.path}: generation_config.json: {exc}") from None
+        merged = {**defaults.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
+        return SamplingParams(**merged)
+
     def _prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
@@ -88,8 +104,9 @@ class LLM:
                          f"{type(prompt).__name__}")
 
     def generate(self, prompts, params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Runs every prompt (a string, token ids, or a list of either) to completion."""
-        params = params or SamplingParams()
+        """Runs every prompt (a string, token ids, or a list of either) to completion;
+        without params, the model's generation_config.json defaults apply."""
+        params = params or self.default_sampling_params()
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                               and all(isinstance(t, int) for t in prompts))
         batch = [prompts] if single else list(prompts)
@@ -107,7 +124,7 @@ class LLM:
         """Runs one prompt, yielding each step's (new token ids, text delta, finish reason);
         the last item carries the finish reason. Returns the RequestOutput."""
         seq = self.engine.add_request(f"req-{next(self._ids)}", self._prompt_ids(prompt),
-                                      params or SamplingParams())
+                                      params or self.default_sampling_params())
         while not seq.finished:
             for out in self.engine.step():
                 if out.request_id == seq.request_id:

@@ -30,24 +30,25 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 is greedy (default: the model's generation_config.json, else 1)")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
 
 
-def sampling_params(args: argparse.Namespace):
+def sampling_params(llm, args: argparse.Namespace):
+    """The model's defaults, overridden by what the command line gives."""
     from armllm.cli import UsageError
-    from armllm.sampling import SamplingParams
     try:
-        return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                              top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                              repetition_penalty=args.repetition_penalty, seed=args.seed,
-                              stop=args.stop, ignore_eos=args.ignore_eos)
+        return llm.default_sampling_params(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+            top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+            seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -78,8 +79,8 @@ def load(args: argparse.Namespace):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from armllm.cli import UsageError
-    params = sampling_params(args)
     llm = load(args)
+    params = sampling_params(llm, args)
     try:
         prompt = (llm.chat_prompt([{"role": "user", "content": args.prompt}]) if args.chat
                   else args.prompt)
@@ -112,8 +113,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from armllm.cli import UsageError
-    params = sampling_params(args)
     llm = load(args)
+    params = sampling_params(llm, args)
     history: list[dict] = []
     print("chat: type a message; /reset clears the history; Ctrl-D quits", file=sys.stderr)
     while True:

@@ -106,3 +106,20 @@ def test_steady_state_decode_step_allocates_little(model_dir):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 1 << 20, f"decode steps allocated up to {peak} bytes"
+
+
+def test_generation_config_defaults(tmp_path):
+    import json
+    model = write_tiny_llama(tmp_path / "m")
+    (model / "generation_config.json").write_text(json.dumps({"do_sample": False,
+                                                              "eos_token_id": 1}))
+    llm = LLM(model, dtype="float32", kv_cache_gib=0.01)
+    assert llm.default_sampling_params().temperature == 0.0
+    assert llm.default_sampling_params(temperature=0.5).temperature == 0.5
+    p = prompts(1, seed=6)[0]
+    default = llm.generate(p)[0]
+    greedy = llm.generate(p, SamplingParams(temperature=0.0))[0]
+    assert default.token_ids == greedy.token_ids
+    (model / "generation_config.json").write_text(json.dumps({"temperature": 500.0}))
+    with pytest.raises(ValueError, match="generation_config.json: temperature must be in"):
+        LLM(model, dtype="float32", kv_cache_gib=0.01).default_sampling_params()

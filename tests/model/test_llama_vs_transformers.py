@@ -173,3 +173,18 @@ def test_thread_count_does_not_change_tokens(tmp_path):
         assert r.returncode == 0, r.stderr
         outs.add(r.stdout.strip())
     assert len(outs) == 1
+
+
+def test_sharded_float16_checkpoint(tmp_path):
+    """f16 weights in several safetensors shards with an index."""
+    import shutil
+    hf = make_tiny(tmp_path / "src", "LlamaConfig", "LlamaForCausalLM", {})
+    hf.to(torch.float16).save_pretrained(tmp_path / "f16", safe_serialization=True,
+                                         max_shard_size="60KB")
+    shutil.copy(tmp_path / "src" / "tokenizer.json", tmp_path / "f16" / "tokenizer.json")
+    assert (tmp_path / "f16" / "model.safetensors.index.json").exists()
+    lm = load_model(tmp_path / "f16", "f32")
+    ids = list(np.random.default_rng(3).integers(0, 97, 20))
+    theirs = hf_logits(hf.to(torch.float16).float(), ids)  # the f16 values, computed in f32
+    bound = 1e-4 * max(1.0, np.abs(theirs).max())
+    assert np.max(np.abs(prefill_logits(lm, ids) - theirs)) <= bound
