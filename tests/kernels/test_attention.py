@@ -4,8 +4,8 @@ against softmax attention computed densely in float64 from the same K/V.
 Tolerance: 2e-6 * max|V| per output element (f32 math over contexts of a
 few hundred keys); bf16 caches are compared with the bf16-rounded K/V they
 hold; variants that also round q and the softmax weights to bf16 (BFMMLA)
-get 2^-5 * max|V| with a bf16 cache. Split-KV (scratch given, several threads) must equal the unsplit run
-to the bit.
+get 2^-5 * max|V| with a bf16 cache. Split-KV (scratch given, several
+threads) must equal the unsplit run to the bit.
 """
 from __future__ import annotations
 
