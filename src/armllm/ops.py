@@ -164,7 +164,8 @@ def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
 
     scaling follows Hugging Face's rope_scaling: None, {"rope_type": "linear",
     "factor"} or {"rope_type": "llama3", "factor", "low_freq_factor",
-    "high_freq_factor", "original_max_position_embeddings"}.
+    "high_freq_factor", "original_max_position_embeddings"}; or GGUF's
+    {"rope_type": "freq_factors", "factors": [...]} (rot_dim/2 divisors).
     """
     if max_pos < 1:
         raise ValueError(f"max_pos must be >= 1, got {max_pos}")
@@ -190,6 +191,12 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
         raise ValueError(f"rope_scaling factor must be > 0, got {factor}")
     if kind == "linear":
         return inv_freq / factor
+    if kind == "freq_factors":  # GGUF rope_freqs: one divisor per frequency (llama.cpp)
+        factors = np.asarray(scaling["factors"], dtype=np.float64)
+        if factors.shape != inv_freq.shape or not np.all(factors > 0):
+            raise ValueError(f"rope freq_factors must be {inv_freq.shape[0]} positive values, "
+                             f"got shape {factors.shape}")
+        return inv_freq / factors
     if kind == "llama3":
         low = float(scaling["low_freq_factor"])
         high = float(scaling["high_freq_factor"])
@@ -202,7 +209,8 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
         medium = (1 - smooth) * inv_freq / factor + smooth * inv_freq
         return np.where(wavelen < old_len / high, inv_freq,
                         np.where(wavelen > old_len / low, inv_freq / factor, medium))
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, "
+                     f"llama3, freq_factors)")
 
 
 # ------------------------------------------------------------------- kernels

@@ -242,3 +242,15 @@ def test_exp_in_place(variant):
     variant.exp(x, want)
     variant.exp(x, x)
     assert np.array_equal(x, want)
+
+
+def test_rope_gguf_frequency_factors():
+    factors = np.linspace(1.0, 8.0, 4)
+    table = ops.rope_cos_sin(50, 8, theta=10000.0,
+                             scaling={"rope_type": "freq_factors", "factors": factors})
+    inv = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8) / factors
+    pos = np.arange(50)[:, None]
+    np.testing.assert_allclose(table[:, :4], np.cos(pos * inv), atol=2e-7)
+    np.testing.assert_allclose(table[:, 4:], np.sin(pos * inv), atol=2e-7)
+    with pytest.raises(ValueError, match="freq_factors must be 4 positive values"):
+        ops.rope_cos_sin(5, 8, scaling={"rope_type": "freq_factors", "factors": [1.0, 2.0]})

@@ -140,3 +140,22 @@ def test_every_supported_type_written_by_llama_cpp_tools(tmp_path, qtype):
     assert ours.tensors["w"].type_name == qtype and ours.tensors["w"].shape == (6, 96)
     want = gguf.quants.dequantize(stored, t).reshape(6, 96).astype(np.float32)
     assert np.array_equal(ours.dequantize("w"), want)
+
+
+def test_rope_freqs_tensor_becomes_frequency_factors(tmp_path):
+    from armllm.model.loader import gguf_model_config
+    writer = gguf.GGUFWriter(str(tmp_path / "r.gguf"), "llama")
+    for key, value in (("embedding_length", 64), ("feed_forward_length", 96),
+                       ("block_count", 1), ("attention.head_count", 4),
+                       ("attention.head_count_kv", 2), ("context_length", 128),
+                       ("vocab_size", 10)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_tensor("rope_freqs.weight", np.array([1, 2, 4, 8, 1, 1, 1, 1], np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = gguf_model_config(GGUFFile(tmp_path / "r.gguf"))
+    assert config.rope_scaling == {"rope_type": "freq_factors",
+                                   "factors": [1, 2, 4, 8, 1, 1, 1, 1]}
+    assert config.head_dim == 16 and config.tie_word_embeddings

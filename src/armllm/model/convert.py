@@ -3,7 +3,6 @@ config.json, tokenizer.json, tokenizer_config.json, generation_config.json)
 that transformers loads and that armllm loads with the same logits."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -11,9 +10,9 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from armllm import ops
-from armllm.model.config import config_from_gguf
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
+from armllm.model.loader import gguf_model_config
 from armllm.model.weights import GGUFSource
 
 LAYER_TENSORS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -27,9 +26,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
     gguf = GGUFFile(gguf_path)
-    config = config_from_gguf(gguf.metadata, str(gguf_path))
-    tied = "output.weight" not in gguf.tensors
-    config = dataclasses.replace(config, tie_word_embeddings=tied)
+    config = gguf_model_config(gguf)
+    tied = config.tie_word_embeddings
+    if config.rope_scaling:
+        raise ValueError(f"{gguf_path}: rope_freqs.weight (per-frequency RoPE factors) has no "
+                         f"config.json equivalent; armllm runs this GGUF directly")
     tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(gguf_path))
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):

@@ -35,6 +35,21 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path}: not valid JSON: {exc}") from None
 
 
+def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
+    """The config a GGUF file implies, its tensors included: tied embeddings when
+    there is no output.weight, RoPE frequency factors from rope_freqs.weight."""
+    config = config_from_gguf(gguf.metadata, str(gguf.path))
+    scaling = None
+    if "rope_freqs.weight" in gguf.tensors:
+        factors = gguf.dequantize("rope_freqs.weight")
+        if factors.shape != (config.head_dim // 2,):
+            raise ValueError(f"{gguf.path}: tensor rope_freqs.weight has shape "
+                             f"{list(factors.shape)}, expected [{config.head_dim // 2}]")
+        scaling = {"rope_type": "freq_factors", "factors": factors.tolist()}
+    return dataclasses.replace(config, rope_scaling=scaling,
+                               tie_word_embeddings="output.weight" not in gguf.tensors)
+
+
 def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> LoadedModel:
     """Loads a Hugging Face model directory or a GGUF file."""
     path = Path(path)
@@ -45,8 +60,7 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> 
             raise ValueError(f"{path}: a model is a directory or a .gguf file")
         gguf = GGUFFile(path)
         config = config_from_gguf(gguf.metadata, str(path))
-        config = dataclasses.replace(config,
-                                     tie_word_embeddings="output.weight" not in gguf.tensors)
+        config = gguf_model_config(gguf)
         weights = load_weights(GGUFSource(gguf, config), config, dtype, progress)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         gen = {"eos_token_id": list(config.eos_token_ids)} if config.eos_token_ids else {}

@@ -48,9 +48,6 @@ class GGUFSource:
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig):
         self.gguf, self.config, self.where = gguf, config, str(gguf.path)
-        if "rope_freqs.weight" in gguf.tensors:
-            raise ValueError(f"{gguf.path}: rope_freqs (Llama 3.1 frequency scaling stored as a "
-                             f"tensor) is not supported yet; load the Hugging Face checkpoint")
 
     def _gguf_name(self, name: str) -> str:
         if name == "model.embed_tokens.weight":
