@@ -123,3 +123,46 @@ def test_generation_config_defaults(tmp_path):
     (model / "generation_config.json").write_text(json.dumps({"temperature": 500.0}))
     with pytest.raises(ValueError, match="generation_config.json: temperature must be in"):
         LLM(model, dtype="float32", kv_cache_gib=0.01).default_sampling_params()
+
+
+def test_bad_checkpoints_name_the_file_and_tensor(tmp_path):
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    from armllm.model.loader import load_model
+    model = write_tiny_llama(tmp_path / "m")
+    tensors = load_file(str(model / "model.safetensors"))
+    tensors["model.layers.1.mlp.up_proj.weight"] = tensors["model.layers.1.mlp.up_proj.weight"][:5]
+    save_file(tensors, str(model / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"tensor model.layers.1.mlp.up_proj.weight has shape "
+                                         r"\[5, 64\], expected \[96, 64\]"):
+        load_model(model, "f32")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(model / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing tensor model.layers.1.mlp.up_proj.weight"):
+        load_model(model, "f32")
+    data = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(data[:len(data) // 2])
+    with pytest.raises(ValueError, match=r"model.safetensors: truncated file: tensor"):
+        load_model(model, "f32")
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 3}))
+    with pytest.raises(ValueError, match=r"config.json: config: num_attention_heads \(4\) must "
+                                         r"be a multiple of num_key_value_heads \(3\)"):
+        load_model(model, "f32")
+    with pytest.raises(ValueError, match="a model is a directory or a .gguf file"):
+        load_model(model / "config.json")
+
+
+def test_unsupported_gguf_architecture(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from armllm.model.loader import load_model
+    writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "falcon")
+    writer.add_tensor("w", np.zeros((2, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="x.gguf: unsupported GGUF architecture 'falcon'"):
+        load_model(tmp_path / "x.gguf")
