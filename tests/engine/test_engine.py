@@ -34,6 +34,15 @@ def test_batch_equals_one_at_a_time(model_dir):
     assert llm.engine.blocks.num_free == llm.engine.blocks.num_blocks
 
 
+@pytest.mark.parametrize("budget", [1, 7, 64])
+def test_chunked_prefill_does_not_change_tokens(model_dir, budget):
+    ref = LLM(model_dir, dtype="float32", kv_cache_gib=0.01)
+    ps = prompts(5, seed=7)
+    want = [o.token_ids for o in ref.generate(ps, GREEDY)]
+    chunked = LLM(model_dir, dtype="float32", kv_cache_gib=0.01, max_num_batched_tokens=budget)
+    assert [o.token_ids for o in chunked.generate(ps, GREEDY)] == want
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_block_size_and_preemption_do_not_change_tokens(model_dir, block_size):
     ref = LLM(model_dir, dtype="float32", kv_cache_gib=0.01)

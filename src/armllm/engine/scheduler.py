@@ -1,8 +1,10 @@
 """scheduler: picks what runs in each step (plain Python).
 
-Running sequences decode first (one token each); then waiting prompts are
-admitted whole, first come first served, while the token budget, the
-sequence cap and the free KV blocks allow. A decode that finds no free block
+Running sequences go first (a decode token each, or the next chunk of a
+prompt still being prefilled); then waiting prompts are admitted, first come
+first served, while the token budget, the sequence cap and the free KV
+blocks allow; a prompt longer than what is left of the budget is prefilled in
+chunks over several steps. A decode that finds no free block
 preempts the most recently admitted running sequence (its blocks are freed
 and it waits to be recomputed)."""
 from __future__ import annotations
@@ -45,9 +47,6 @@ class Scheduler:
         total = len(seq.prompt_ids) + seq.params.max_tokens
         if not seq.prompt_ids:
             raise ValueError("the prompt is empty")
-        if len(seq.prompt_ids) > self.max_tokens:
-            raise ValueError(f"the prompt has {len(seq.prompt_ids)} tokens, more than "
-                             f"max_num_batched_tokens={self.max_tokens}")
         if len(seq.prompt_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(seq.prompt_ids)} tokens; max_model_len is "
                              f"{self.max_model_len}")
@@ -70,31 +69,34 @@ class Scheduler:
         scheduled, preempted = [], []
         budget = self.max_tokens
         for seq in list(self.running):
-            if seq not in self.running:
-                continue  # preempted below to make room for an older one
-            while not self.blocks.can_allocate(seq, seq.num_tokens):
+            if seq not in self.running or budget <= 0:
+                continue  # preempted to make room for an older one, or no budget left
+            n = min(seq.num_tokens - seq.num_computed, budget)  # 1 for a decode
+            target = seq.num_computed + n
+            while not self.blocks.can_allocate(seq, target):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
                     break
-            if seq in self.running and budget > 0:
-                self.blocks.allocate(seq, seq.num_tokens)
-                scheduled.append(ScheduledSeq(seq, seq.num_tokens - seq.num_computed))
-                budget -= seq.num_tokens - seq.num_computed
-        while self.waiting and len(self.running) < self.max_num_seqs and not preempted:
+            if seq in self.running:
+                self.blocks.allocate(seq, target)
+                scheduled.append(ScheduledSeq(seq, n))
+                budget -= n
+        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
+               and not preempted):
             seq = self.waiting[0]
-            need = seq.num_tokens - seq.num_computed
-            if need > budget or not self.blocks.can_allocate(seq, seq.num_tokens):
+            n = min(seq.num_tokens - seq.num_computed, budget)  # long prompts go in chunks
+            if not self.blocks.can_allocate(seq, seq.num_computed + n):
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq, seq.num_tokens)
+            self.blocks.allocate(seq, seq.num_computed + n)
             seq.status = Status.RUNNING
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = time.monotonic()
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, need))
-            budget -= need
+            scheduled.append(ScheduledSeq(seq, n))
+            budget -= n
         return SchedulerOutput(scheduled, preempted)
 
     def finish(self, seq: Sequence, reason: str) -> None:

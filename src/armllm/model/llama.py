@@ -114,6 +114,8 @@ class LlamaModel:
             ops.linear(normed, lw.gate_up, out=ws.gate_up[:t])
             ops.silu_mul(ws.gate_up[:t], out=ws.act[:t])
             ops.linear(ws.act[:t], lw.down, out=x)
+        if r == 0:  # a step of prompt chunks only: nothing samples
+            return ws.logits[:0]
         ops.rms_norm(x, w.final_norm, c.rms_norm_eps, residual=res, out=normed)
         selected = ws.selected[:r]
         np.take(normed, meta.logits_rows, axis=0, out=selected)

@@ -1,0 +1,291 @@
+/* neon_mmla/attn.c: varlen paged attention on Armv8.6 BFMMLA (bf16 caches).
+ *
+ * Only the per-partition kernel is new: the driver (tiles of query rows x
+ * the query heads of one KV head, partition-ordered merges, split-KV with
+ * scratch) is neon/attn.c's armllm_neon_attn_run, so split and unsplit runs
+ * compute every partition with this same code and return the same bits.
+ * f32 caches run the neon kernel as it is (exact f32 path).
+ *
+ * BFMMLA c += A B^T takes A = 2 rows x 4 k and B = 2 rows x 4 k (8 bf16
+ * each, row-major) and accumulates the 2x2 product into 4 f32 lanes
+ * [a0b0, a0b1, a1b0, a1b1]. Per partition, for a tile's nq <= 16 query
+ * vectors (NP = ceil(nq/2) query pairs; an odd last pair has a zero row):
+ *   Q is rounded to bf16 (BFCVTN, nearest even) and packed as A operands,
+ *     qa[g][pair] = q[2pr][4g..4g+3], q[2pr+1][4g..4g+3] (dims past
+ *     head_dim zero);
+ *   S = scale * Q K^T: NP pairs x 2 key pairs (4 keys) of accumulators over
+ *     head_dim; B operands come from the cache rows as they are: 8 dims of
+ *     keys j, j+1 loaded as two q registers and ZIP1/ZIP2 on 64-bit lanes
+ *     give (keys j, j+1) x (dims d..d+3) and (d+4..d+7);
+ *   keys outside a vector's [lo, pos] get weight exactly 0; E = vexp(S - m)
+ *     in f32 (the shared exp), then rounded to bf16 and packed as A
+ *     operands pa[key group][pair] = E[2pr][4j..4j+3], E[2pr+1][4j..4j+3];
+ *     l = the sum of the rounded weights (so the output is a convex
+ *     combination of V rows);
+ *   acc = P V: NP pairs x 2 column pairs (4 dims) of accumulators over the
+ *     keys in order; B operands (2 columns x 4 keys of V^T) are gathered
+ *     from 4 V rows: t0 = ZIP1.8H(v0, v1), t1 = ZIP1.8H(v2, v3), then
+ *     ZIP1.4S / ZIP2.4S (t0, t1) give columns (d, d+1) and (d+2, d+3).
+ * Accuracy: q and E carry a relative error of 2^-9 each; with |V| <= 1 the
+ * output stays well inside the header's 2^-5 * max|V| for bf16-compute
+ * variants. */
+#include <arm_neon.h>
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "../attn_common.h"
+#include "../neon/vexp_neon.h"
+
+#define QMAX 16 /* the driver's tile size (neon/attn.c) */
+#define PMAX (QMAX / 2)
+#define PART ARMLLM_ATTN_PARTITION
+#define MAXHD ARMLLM_ATTN_MAX_HEAD_DIM
+
+typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                                       const float *const *q, const int64_t *lo,
+                                       const int64_t *hi, int64_t p, float *m, float *l,
+                                       float *accp);
+int64_t armllm_neon_attn_run(armllm_pool *pool, const armllm_attn_args *a,
+                             armllm_attn_partial_fn partial);
+
+#define AI static inline __attribute__((always_inline))
+
+AI bfloat16x8_t as_bf16(uint16x8_t u) { return vreinterpretq_bf16_u16(u); }
+
+/* 4 floats of a row from dim d, zero past hd. */
+AI float32x4_t ld_q4(const float *row, int64_t d, int64_t hd) {
+  if (d + 4 <= hd) return vld1q_f32(row + d);
+  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t e = d; e < hd; e++) t[e - d] = row[e];
+  return vld1q_f32(t);
+}
+
+/* 4 bf16 of a cache row from dim d (zero past hd), in the low half. */
+AI uint16x8_t ld_kv4(const uint16_t *row, int64_t d, int64_t hd) {
+  if (d + 4 <= hd) return vcombine_u16(vld1_u16(row + d), vdup_n_u16(0));
+  uint16_t t[4] = {0, 0, 0, 0};
+  for (int64_t e = d; e < hd; e++) t[e - d] = row[e];
+  return vcombine_u16(vld1_u16(t), vdup_n_u16(0));
+}
+
+/* qa[(g*np + pr)*8 + h*4 + i] = bf16(q[2pr+h][4g+i]), zero past nq / hd. */
+static void pack_q(const float *const *q, int nq, int64_t hd, uint16_t *qa) {
+  const int np = (nq + 1) / 2;
+  const int64_t G = (hd + 3) / 4;
+  for (int pr = 0; pr < np; pr++) {
+    const float *r0 = q[2 * pr], *r1 = 2 * pr + 1 < nq ? q[2 * pr + 1] : NULL;
+    for (int64_t g = 0; g < G; g++) {
+      bfloat16x8_t v = vcvtq_low_bf16_f32(ld_q4(r0, 4 * g, hd));
+      if (r1) v = vcvtq_high_bf16_f32(v, ld_q4(r1, 4 * g, hd));
+      vst1q_u16(qa + (g * np + pr) * 8, vreinterpretq_u16_bf16(v));
+    }
+  }
+}
+
+/* S tile of NP query pairs x keys k[0..3]: acc[pr][kp] lanes
+ * [q(2pr).k(2kp), q(2pr).k(2kp+1), q(2pr+1).k(2kp), q(2pr+1).k(2kp+1)],
+ * one BFMMLA chain over the dim groups in order. */
+AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int NP,
+                float32x4_t acc[PMAX][2]) {
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
+  const uint16_t *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3]; /* void * -> uint16_t * */
+  int64_t d = 0;
+  const uint16_t *ap = qa;
+  for (; d + 8 <= hd; d += 8) {
+    const uint64x2_t r0 = vreinterpretq_u64_u16(vld1q_u16(k0 + d));
+    const uint64x2_t r1 = vreinterpretq_u64_u16(vld1q_u16(k1 + d));
+    const uint64x2_t r2 = vreinterpretq_u64_u16(vld1q_u16(k2 + d));
+    const uint64x2_t r3 = vreinterpretq_u64_u16(vld1q_u16(k3 + d));
+    const bfloat16x8_t b00 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r0, r1)));
+    const bfloat16x8_t b10 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r2, r3)));
+    const bfloat16x8_t b01 = as_bf16(vreinterpretq_u16_u64(vzip2q_u64(r0, r1)));
+    const bfloat16x8_t b11 = as_bf16(vreinterpretq_u16_u64(vzip2q_u64(r2, r3)));
+    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b00);
+      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b10);
+    }
+    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + (NP + pr) * 8));
+      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b01);
+      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b11);
+    }
+    ap += 16 * NP;
+  }
+  for (; d < hd; d += 4) { /* 4 dims, then a zero-padded 1..3 */
+    const uint64x2_t r0 = vreinterpretq_u64_u16(ld_kv4(k0, d, hd));
+    const uint64x2_t r1 = vreinterpretq_u64_u16(ld_kv4(k1, d, hd));
+    const uint64x2_t r2 = vreinterpretq_u64_u16(ld_kv4(k2, d, hd));
+    const uint64x2_t r3 = vreinterpretq_u64_u16(ld_kv4(k3, d, hd));
+    const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r0, r1)));
+    const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r2, r3)));
+    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
+      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
+    }
+    ap += 8 * NP;
+  }
+}
+
+/* S rows [s + i*PART + j0 .. +4) = scale * dots, for all NP pairs. */
+AI void qk_keys(const uint16_t *qa, const void *const *k, int64_t hd, const int NP, int nq,
+                float32x4_t vscale, float *s, int64_t j0) {
+  float32x4_t acc[PMAX][2];
+  qk_tile(qa, k, hd, NP, acc);
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+    const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][0]), c1 = vreinterpretq_f64_f32(acc[pr][1]);
+    vst1q_f32(s + (2 * pr) * PART + j0, vmulq_f32(vreinterpretq_f32_f64(vtrn1q_f64(c0, c1)), vscale));
+    if (2 * pr + 1 < nq)
+      vst1q_f32(s + (2 * pr + 1) * PART + j0,
+                vmulq_f32(vreinterpretq_f32_f64(vtrn2q_f64(c0, c1)), vscale));
+  }
+}
+
+/* acc = P V for columns d0..d0+3 (fewer past hd): NP pairs x 2 column pairs,
+ * one BFMMLA chain over the key groups in order. */
+AI void pv_cols(const uint16_t *pa, const void *const *vr, int64_t n4, int64_t d0,
+                int64_t hd, const int NP, int nq, float *accp) {
+  float32x4_t acc[PMAX][2];
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
+  const uint16_t *ap = pa;
+  if (d0 + 4 <= hd) {
+    for (int64_t j = 0; j < n4; j += 4) {
+      const uint16x8_t v0 = vcombine_u16(vld1_u16((const uint16_t *)vr[j] + d0), vdup_n_u16(0));
+      const uint16x8_t v1 = vcombine_u16(vld1_u16((const uint16_t *)vr[j + 1] + d0), vdup_n_u16(0));
+      const uint16x8_t v2 = vcombine_u16(vld1_u16((const uint16_t *)vr[j + 2] + d0), vdup_n_u16(0));
+      const uint16x8_t v3 = vcombine_u16(vld1_u16((const uint16_t *)vr[j + 3] + d0), vdup_n_u16(0));
+      const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
+      const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
+      const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
+      const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
+      _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+        const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+        acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
+        acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
+      }
+      ap += 8 * NP;
+    }
+  } else { /* 1..3 columns left: zero-padded copies */
+    for (int64_t j = 0; j < n4; j += 4) {
+      const uint16x8_t v0 = ld_kv4((const uint16_t *)vr[j], d0, hd), v1 = ld_kv4((const uint16_t *)vr[j + 1], d0, hd);
+      const uint16x8_t v2 = ld_kv4((const uint16_t *)vr[j + 2], d0, hd), v3 = ld_kv4((const uint16_t *)vr[j + 3], d0, hd);
+      const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
+      const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
+      const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
+      const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
+      _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+        const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+        acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
+        acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
+      }
+      ap += 8 * NP;
+    }
+  }
+  const int64_t w = hd - d0 < 4 ? hd - d0 : 4;
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+    const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][0]), c1 = vreinterpretq_f64_f32(acc[pr][1]);
+    const float32x4_t row0 = vreinterpretq_f32_f64(vtrn1q_f64(c0, c1));
+    const float32x4_t row1 = vreinterpretq_f32_f64(vtrn2q_f64(c0, c1));
+    if (w == 4) {
+      vst1q_f32(accp + (2 * pr) * hd + d0, row0);
+      if (2 * pr + 1 < nq) vst1q_f32(accp + (2 * pr + 1) * hd + d0, row1);
+    } else {
+      float t[4];
+      vst1q_f32(t, row0);
+      memcpy(accp + (2 * pr) * hd + d0, t, (size_t)w * sizeof *t);
+      if (2 * pr + 1 < nq) {
+        vst1q_f32(t, row1);
+        memcpy(accp + (2 * pr + 1) * hd + d0, t, (size_t)w * sizeof *t);
+      }
+    }
+  }
+}
+
+/* Weights (s rows, stride PART) -> bf16 A operands pa[(g*np + pr)*8 + h*4 + i]
+ * = bf16(s[2pr+h][4g+i]); l[i] = the sum of row i's rounded weights. */
+static void pack_p(const float *s, int nq, int64_t n4, float *l, uint16_t *pa) {
+  const int np = (nq + 1) / 2;
+  const float32x4_t zero = vdupq_n_f32(0.0f);
+  for (int pr = 0; pr < np; pr++) {
+    const float *s0 = s + (2 * pr) * PART, *s1 = 2 * pr + 1 < nq ? s0 + PART : NULL;
+    float32x4_t l0 = zero, l1 = zero;
+    for (int64_t j = 0, g = 0; j < n4; j += 4, g++) {
+      bfloat16x8_t v = vcvtq_low_bf16_f32(vld1q_f32(s0 + j));
+      v = vcvtq_high_bf16_f32(v, s1 ? vld1q_f32(s1 + j) : zero);
+      const uint16x8_t u = vreinterpretq_u16_bf16(v);
+      vst1q_u16(pa + (g * np + pr) * 8, u);
+      l0 = vaddq_f32(l0, vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(u), 16)));
+      l1 = vaddq_f32(l1, vreinterpretq_f32_u32(vshll_high_n_u16(u, 16)));
+    }
+    l[2 * pr] = vaddvq_f32(l0);
+    if (s1) l[2 * pr + 1] = vaddvq_f32(l1);
+  }
+}
+
+/* S = scale * Q K^T for all keys (q rounded and packed here), and
+ * acc = P V with P the rounded weights of s (packed here, l their sums):
+ * one instance per NP. */
+#define MM_FN(NP)                                                                                \
+  static void qk_##NP(const float *const *q, int nq, const void *const *kr, int64_t n4,          \
+                      int64_t hd, float scale, float *s) {                                       \
+    uint16_t qa[(MAXHD / 4) * PMAX * 8] __attribute__((aligned(16)));                            \
+    pack_q(q, nq, hd, qa);                                                                       \
+    const float32x4_t vscale = vdupq_n_f32(scale);                                               \
+    for (int64_t j = 0; j < n4; j += 4) qk_keys(qa, kr + j, hd, NP, nq, vscale, s, j);           \
+  }                                                                                              \
+  static void pv_##NP(const float *s, int nq, const void *const *vr, int64_t n4, int64_t hd,     \
+                      float *l, float *accp) {                                                   \
+    uint16_t pa[(PART / 4) * PMAX * 8] __attribute__((aligned(16)));                             \
+    pack_p(s, nq, n4, l, pa);                                                                    \
+    for (int64_t d0 = 0; d0 < hd; d0 += 4) pv_cols(pa, vr, n4, d0, hd, NP, nq, accp);            \
+  }
+MM_FN(1) MM_FN(2) MM_FN(3) MM_FN(4) MM_FN(5) MM_FN(6) MM_FN(7) MM_FN(8)
+#undef MM_FN
+
+typedef void (*qk_fn)(const float *const *, int, const void *const *, int64_t, int64_t, float,
+                      float *);
+typedef void (*pv_fn)(const float *, int, const void *const *, int64_t, int64_t, float *, float *);
+static const qk_fn qk_by_np[PMAX + 1] = {NULL, qk_1, qk_2, qk_3, qk_4, qk_5, qk_6, qk_7, qk_8};
+static const pv_fn pv_by_np[PMAX + 1] = {NULL, pv_1, pv_2, pv_3, pv_4, pv_5, pv_6, pv_7, pv_8};
+
+static void mmla_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                              const float *const *q, const int64_t *lo, const int64_t *hi,
+                              int64_t p, float *m, float *l, float *accp) {
+  const int64_t hd = a->head_dim;
+  const void *kr[PART], *vr[PART];
+  int64_t k0;
+  const int64_t n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, 2, kr, vr, &k0);
+  const int64_t n4 = (n + 3) & ~(int64_t)3;
+  const int np = (nq + 1) / 2;
+  float s[QMAX][PART] __attribute__((aligned(16)));
+
+  qk_by_np[np](q, nq, kr, n4, hd, a->scale, &s[0][0]);
+
+  for (int i = 0; i < nq; i++) { /* mask, softmax numerators (f32) */
+    float *si = s[i];
+    const int64_t a0 = lo[i] - k0 > 0 ? lo[i] - k0 : 0, a1 = hi[i] - k0 < n ? hi[i] - k0 : n;
+    for (int64_t j = 0; j < a0; j++) si[j] = 0.0f;
+    for (int64_t j = a1 > a0 ? a1 : a0; j < n4; j++) si[j] = 0.0f;
+    if (a1 <= a0) { /* no keys of this vector here: not merged */
+      m[i] = -INFINITY;
+      continue;
+    }
+    float32x4_t vm = vdupq_n_f32(-INFINITY);
+    int64_t j = a0;
+    for (; j + 4 <= a1; j += 4) vm = vmaxq_f32(vm, vld1q_f32(si + j));
+    float mp = vmaxvq_f32(vm);
+    for (; j < a1; j++) mp = si[j] > mp ? si[j] : mp;
+    const float32x4_t vmp = vdupq_n_f32(mp);
+    for (j = a0; j + 4 <= a1; j += 4) vst1q_f32(si + j, armllm_vexpq_f32(vsubq_f32(vld1q_f32(si + j), vmp)));
+    for (; j < a1; j++) si[j] = armllm_exp_scalar(si[j] - mp);
+    m[i] = mp;
+  }
+
+  pv_by_np[np](&s[0][0], nq, vr, n4, hd, l, accp); /* l: sums of the rounded weights */
+}
+
+int64_t armllm_neon_mmla_attention(armllm_pool *pool, const armllm_attn_args *args) {
+  if (!args->cache_bf16) return armllm_neon_attention(pool, args); /* exact f32 path */
+  return armllm_neon_attn_run(pool, args, mmla_partial_bf16);
+}
