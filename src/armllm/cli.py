@@ -38,7 +38,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, impl in info["kernels"].items():
         print(f"  {name:<10} {impl}")
     print(f"gemm layouts: f32 {info['gemm_layouts']['f32']}, bf16 {info['gemm_layouts']['bf16']} "
-          f"(bf16 compute in {info['gemm_bf16_compute']})")
+          f"(bf16 compute in {info['gemm_bf16_compute']}); attention with a bf16 cache "
+          f"computes in {info['attention_bf16_compute']}")
     return 0
 
 

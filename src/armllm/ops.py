@@ -126,6 +126,7 @@ def cpu_info() -> dict:
         "kernels": _KERNELS.impl,
         "gemm_layouts": _KERNELS.gemm_layouts,
         "gemm_bf16_compute": _KERNELS.gemm_bf16_compute,
+        "attention_bf16_compute": _KERNELS.attention_bf16_compute,
     }
 
 

@@ -83,11 +83,17 @@ static void pack_q(const float *const *q, int nq, int64_t hd, uint16_t *qa) {
 }
 
 /* S tile of NP query pairs x keys k[0..3]: acc[pr][kp] lanes
- * [q(2pr).k(2kp), q(2pr).k(2kp+1), q(2pr+1).k(2kp), q(2pr+1).k(2kp+1)],
- * one BFMMLA chain over the dim groups in order. */
+ * [q(2pr).k(2kp), q(2pr).k(2kp+1), q(2pr+1).k(2kp), q(2pr+1).k(2kp+1)].
+ * NP <= 4: two BFMMLA chains, over the even and the odd dim groups (a
+ * 4-dim tail joins the even one), added at the end, so that short tiles
+ * are not bound by BFMMLA latency; NP > 4: one chain in group order. */
 AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int NP,
                 float32x4_t acc[PMAX][2]) {
+  const int SPLIT = NP <= 4;
+  float32x4_t acc2[PMAX / 2][2];
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
+  if (SPLIT)
+    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) acc2[pr][0] = acc2[pr][1] = vdupq_n_f32(0.0f);
   const uint16_t *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3]; /* void * -> uint16_t * */
   int64_t d = 0;
   const uint16_t *ap = qa;
@@ -107,8 +113,13 @@ AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int 
     }
     _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
       const bfloat16x8_t a = as_bf16(vld1q_u16(ap + (NP + pr) * 8));
-      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b01);
-      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b11);
+      if (SPLIT) {
+        acc2[pr][0] = vbfmmlaq_f32(acc2[pr][0], a, b01);
+        acc2[pr][1] = vbfmmlaq_f32(acc2[pr][1], a, b11);
+      } else {
+        acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b01);
+        acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b11);
+      }
     }
     ap += 16 * NP;
   }
@@ -126,6 +137,11 @@ AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int 
     }
     ap += 8 * NP;
   }
+  if (SPLIT)
+    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) {
+      acc[pr][0] = vaddq_f32(acc[pr][0], acc2[pr][0]);
+      acc[pr][1] = vaddq_f32(acc[pr][1], acc2[pr][1]);
+    }
 }
 
 /* S rows [s + i*PART + j0 .. +4) = scale * dots, for all NP pairs. */
@@ -140,6 +156,45 @@ AI void qk_keys(const uint16_t *qa, const void *const *k, int64_t hd, const int 
       vst1q_f32(s + (2 * pr + 1) * PART + j0,
                 vmulq_f32(vreinterpretq_f32_f64(vtrn2q_f64(c0, c1)), vscale));
   }
+}
+
+/* acc = P V for columns d0..d0+7 (NP <= 4): NP pairs x 4 column pairs, one
+ * BFMMLA chain over the key groups in order; B operands from 4 V rows of 8
+ * dims: ZIP1/ZIP2.8H of row pairs, then ZIP1/ZIP2.4S. */
+AI void pv_cols8(const uint16_t *pa, const void *const *vr, int64_t n4, int64_t d0, int64_t hd,
+                 const int NP, int nq, float *accp) {
+  float32x4_t acc[PMAX / 2][4];
+  _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++)
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[pr][c] = vdupq_n_f32(0.0f);
+  const uint16_t *ap = pa;
+  for (int64_t j = 0; j < n4; j += 4) {
+    const uint16x8_t v0 = vld1q_u16((const uint16_t *)vr[j] + d0);
+    const uint16x8_t v1 = vld1q_u16((const uint16_t *)vr[j + 1] + d0);
+    const uint16x8_t v2 = vld1q_u16((const uint16_t *)vr[j + 2] + d0);
+    const uint16x8_t v3 = vld1q_u16((const uint16_t *)vr[j + 3] + d0);
+    const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
+    const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
+    const uint32x4_t t2 = vreinterpretq_u32_u16(vzip2q_u16(v0, v1));
+    const uint32x4_t t3 = vreinterpretq_u32_u16(vzip2q_u16(v2, v3));
+    bfloat16x8_t bb[4];
+    bb[0] = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
+    bb[1] = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
+    bb[2] = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t2, t3)));
+    bb[3] = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t2, t3)));
+    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, bb[c]);
+    }
+    ap += 8 * NP;
+  }
+  _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++)
+    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+      const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][2 * h]);
+      const float64x2_t c1 = vreinterpretq_f64_f32(acc[pr][2 * h + 1]);
+      vst1q_f32(accp + (2 * pr) * hd + d0 + 4 * h, vreinterpretq_f32_f64(vtrn1q_f64(c0, c1)));
+      if (2 * pr + 1 < nq)
+        vst1q_f32(accp + (2 * pr + 1) * hd + d0 + 4 * h, vreinterpretq_f32_f64(vtrn2q_f64(c0, c1)));
+    }
 }
 
 /* acc = P V for columns d0..d0+3 (fewer past hd): NP pairs x 2 column pairs,
@@ -238,7 +293,10 @@ static void pack_p(const float *s, int nq, int64_t n4, float *l, uint16_t *pa) {
                       float *l, float *accp) {                                                   \
     uint16_t pa[(PART / 4) * PMAX * 8] __attribute__((aligned(16)));                             \
     pack_p(s, nq, n4, l, pa);                                                                    \
-    for (int64_t d0 = 0; d0 < hd; d0 += 4) pv_cols(pa, vr, n4, d0, hd, NP, nq, accp);            \
+    int64_t d0 = 0;                                                                              \
+    if (NP <= 4)                                                                                 \
+      for (; d0 + 8 <= hd; d0 += 8) pv_cols8(pa, vr, n4, d0, hd, NP <= 4 ? NP : 4, nq, accp);    \
+    for (; d0 < hd; d0 += 4) pv_cols(pa, vr, n4, d0, hd, NP, nq, accp);                          \
   }
 MM_FN(1) MM_FN(2) MM_FN(3) MM_FN(4) MM_FN(5) MM_FN(6) MM_FN(7) MM_FN(8)
 #undef MM_FN
