@@ -14,7 +14,8 @@
  *     qa[g][pair] = q[2pr][4g..4g+3], q[2pr+1][4g..4g+3] (dims past
  *     head_dim zero);
  *   S = scale * Q K^T: NP pairs x 2 key pairs (4 keys) of accumulators over
- *     head_dim; B operands come from the cache rows as they are: 8 dims of
+ *     head_dim (NP <= 4: two chains, even and odd dim groups, added at the
+ *     end); B operands come from the cache rows as they are: 8 dims of
  *     keys j, j+1 loaded as two q registers and ZIP1/ZIP2 on 64-bit lanes
  *     give (keys j, j+1) x (dims d..d+3) and (d+4..d+7);
  *   keys outside a vector's [lo, pos] get weight exactly 0; E = vexp(S - m)
@@ -22,10 +23,13 @@
  *     operands pa[key group][pair] = E[2pr][4j..4j+3], E[2pr+1][4j..4j+3];
  *     l = the sum of the rounded weights (so the output is a convex
  *     combination of V rows);
- *   acc = P V: NP pairs x 2 column pairs (4 dims) of accumulators over the
- *     keys in order; B operands (2 columns x 4 keys of V^T) are gathered
- *     from 4 V rows: t0 = ZIP1.8H(v0, v1), t1 = ZIP1.8H(v2, v3), then
- *     ZIP1.4S / ZIP2.4S (t0, t1) give columns (d, d+1) and (d+2, d+3).
+ *   acc = P V: NP pairs x 4 column pairs (8 dims, NP <= 4) or 2 column
+ *     pairs (4 dims) of accumulators over the keys in order; B operands
+ *     (2 columns x 4 keys of V^T) are gathered from 4 V rows:
+ *     t0 = ZIP1.8H(v0, v1), t1 = ZIP1.8H(v2, v3), then ZIP1.4S / ZIP2.4S
+ *     (t0, t1) give columns (d, d+1) and (d+2, d+3) (ZIP2.8H for d+4..d+7).
+ * Every sum order depends only on NP and head_dim, never on the thread
+ * count or on splitting.
  * Accuracy: q and E carry a relative error of 2^-9 each; with |V| <= 1 the
  * output stays well inside the header's 2^-5 * max|V| for bf16-compute
  * variants. */
