@@ -61,6 +61,39 @@ static inline int64_t armllm_attn_first_bad_slot(const int32_t *slot_mapping, in
   return -1;
 }
 
+/* Stores one row of head_dim floats into a cache row (float or bf16 bits). */
+typedef void (*armllm_kv_row_store)(void *dst, const float *src, int64_t head_dim);
+
+/* The KV write every variant shares: check the slots, then store each head's
+ * K and V row with `store` (f32 caches) or `store_bf16` (bf16 caches). */
+static inline int64_t armllm_kv_write_rows(const float *k, int64_t ldk, const float *v,
+                                           int64_t ldv, const int32_t *slot_mapping, int64_t t,
+                                           void *k_cache, void *v_cache, int cache_bf16,
+                                           int64_t n_kv_heads, int64_t head_dim,
+                                           int64_t block_size, int64_t num_blocks,
+                                           armllm_kv_row_store store_bf16) {
+  const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
+  if (bad >= 0) return bad;
+  const size_t esz = cache_bf16 ? 2 : 4;
+  for (int64_t i = 0; i < t; i++) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    const int64_t block = slot / block_size, off = slot % block_size;
+    for (int64_t h = 0; h < n_kv_heads; h++) {
+      const size_t dst = (size_t)(((block * n_kv_heads + h) * block_size + off) * head_dim) * esz;
+      const float *ks = k + i * ldk + h * head_dim, *vs = v + i * ldv + h * head_dim;
+      if (cache_bf16) {
+        store_bf16((char *)k_cache + dst, ks, head_dim);
+        store_bf16((char *)v_cache + dst, vs, head_dim);
+      } else {
+        memcpy((char *)k_cache + dst, ks, (size_t)head_dim * sizeof *ks);
+        memcpy((char *)v_cache + dst, vs, (size_t)head_dim * sizeof *vs);
+      }
+    }
+  }
+  return -1;
+}
+
 /* The keys of partition p that any of nq queries (key ranges [lo[i], hi[i]))
  * sees: [*k0, *k0 + n), with n returned, and the K/V row addresses of each in
  * kr/vr (element size esz), padded to a multiple of 4 by repeating the last. */
@@ -89,6 +122,18 @@ static inline int64_t armllm_attn_partition_rows(const armllm_attn_args *a, int6
   for (int64_t j = n; j < n4; j++) kr[j] = kr[n - 1], vr[j] = vr[n - 1];
   *k0_out = k0;
   return n;
+}
+
+/* Zeroes a partition's scores si[0..n4) outside the query's keys [lo, hi)
+ * (k0 is the partition's first key) and returns its range in [*a0, *a1);
+ * false when the query sees none of these keys. */
+static inline int armllm_attn_mask_scores(float *si, int64_t lo, int64_t hi, int64_t k0, int64_t n,
+                                          int64_t n4, int64_t *a0, int64_t *a1) {
+  *a0 = lo - k0 > 0 ? lo - k0 : 0;
+  *a1 = hi - k0 < n ? hi - k0 : n;
+  for (int64_t j = 0; j < *a0; j++) si[j] = 0.0f;
+  for (int64_t j = *a1 > *a0 ? *a1 : *a0; j < n4; j++) si[j] = 0.0f;
+  return *a1 > *a0;
 }
 
 /* Running softmax state of one (row, head): (m, l, acc[head_dim]). */

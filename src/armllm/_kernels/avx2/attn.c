@@ -45,7 +45,8 @@ static inline __m256i bf16_round8(__m256 x) {
   return _mm256_blendv_epi8(r, qn, nan); /* 8 x uint32 in [0, 0xffff] */
 }
 
-static inline void store_bf16_row(uint16_t *dst, const float *src, int64_t n) {
+static void store_bf16_row(void *dst_bytes, const float *src, int64_t n) {
+  uint16_t *dst = dst_bytes;
   int64_t d = 0;
   for (; d + 16 <= n; d += 16) {
     __m256i a = bf16_round8(_mm256_loadu_ps(src + d));
@@ -66,25 +67,8 @@ int64_t armllm_avx2_kv_write(armllm_pool *pool, const float *k, int64_t ldk, con
                              void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
                              int64_t block_size, int64_t num_blocks) {
   (void)pool; /* T rows of a few KB: memory-bound and short */
-  const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
-  if (bad >= 0) return bad;
-  for (int64_t i = 0; i < t; i++) {
-    const int64_t slot = slot_mapping[i];
-    if (slot < 0) continue;
-    const int64_t block = slot / block_size, off = slot % block_size;
-    for (int64_t h = 0; h < n_kv_heads; h++) {
-      const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim;
-      const float *ks = k + i * ldk + h * head_dim, *vs = v + i * ldv + h * head_dim;
-      if (cache_bf16) {
-        store_bf16_row((uint16_t *)k_cache + dst, ks, head_dim);
-        store_bf16_row((uint16_t *)v_cache + dst, vs, head_dim);
-      } else {
-        memcpy((float *)k_cache + dst, ks, (size_t)head_dim * sizeof(float));
-        memcpy((float *)v_cache + dst, vs, (size_t)head_dim * sizeof(float));
-      }
-    }
-  }
-  return -1;
+  return armllm_kv_write_rows(k, ldk, v, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16,
+                              n_kv_heads, head_dim, block_size, num_blocks, store_bf16_row);
 }
 
 /* ------------------------------------------------------------ loads */

@@ -234,10 +234,8 @@ static inline __attribute__((always_inline)) void neon_partial_t(
     }
   for (int i = 0; i < nq; i++) { /* mask, softmax numerators */
     float *si = s[i];
-    const int64_t a0 = lo[i] - k0 > 0 ? lo[i] - k0 : 0, a1 = hi[i] - k0 < n ? hi[i] - k0 : n;
-    for (int64_t j = 0; j < a0; j++) si[j] = 0.0f;
-    for (int64_t j = a1 > a0 ? a1 : a0; j < n4; j++) si[j] = 0.0f;
-    if (a1 <= a0) { /* no keys of this vector here: not merged */
+    int64_t a0, a1;
+    if (!armllm_attn_mask_scores(si, lo[i], hi[i], k0, n, n4, &a0, &a1)) { /* not merged */
       m[i] = -INFINITY;
       l[i] = 0.0f;
       continue;

@@ -72,6 +72,11 @@ AI uint16x8_t ld_kv4(const uint16_t *row, int64_t d, int64_t hd) {
   return vcombine_u16(vld1_u16(t), vdup_n_u16(0));
 }
 
+/* Columns d..d+3 of a V row in the low half: a plain load, or the padded one. */
+AI uint16x8_t ld_v4(const uint16_t *row, int64_t d, int64_t hd, int tail) {
+  return tail ? ld_kv4(row, d, hd) : vcombine_u16(vld1_u16(row + d), vdup_n_u16(0));
+}
+
 /* qa[(g*np + pr)*8 + h*4 + i] = bf16(q[2pr+h][4g+i]), zero past nq / hd. */
 static void pack_q(const float *const *q, int nq, int64_t hd, uint16_t *qa) {
   const int np = (nq + 1) / 2;
@@ -208,38 +213,22 @@ AI void pv_cols(const uint16_t *pa, const void *const *vr, int64_t n4, int64_t d
   float32x4_t acc[PMAX][2];
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
   const uint16_t *ap = pa;
-  if (d0 + 4 <= hd) {
-    for (int64_t j = 0; j < n4; j += 4) {
-      const uint16x8_t v0 = vcombine_u16(vld1_u16((const uint16_t *)vr[j] + d0), vdup_n_u16(0));
-      const uint16x8_t v1 = vcombine_u16(vld1_u16((const uint16_t *)vr[j + 1] + d0), vdup_n_u16(0));
-      const uint16x8_t v2 = vcombine_u16(vld1_u16((const uint16_t *)vr[j + 2] + d0), vdup_n_u16(0));
-      const uint16x8_t v3 = vcombine_u16(vld1_u16((const uint16_t *)vr[j + 3] + d0), vdup_n_u16(0));
-      const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
-      const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
-      const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
-      const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
-      _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-        const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-        acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
-        acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
-      }
-      ap += 8 * NP;
+  const int tail = d0 + 4 > hd; /* 1..3 columns left: zero-padded loads (the loop unswitches) */
+  for (int64_t j = 0; j < n4; j += 4) {
+    const uint16x8_t v0 = ld_v4((const uint16_t *)vr[j], d0, hd, tail);
+    const uint16x8_t v1 = ld_v4((const uint16_t *)vr[j + 1], d0, hd, tail);
+    const uint16x8_t v2 = ld_v4((const uint16_t *)vr[j + 2], d0, hd, tail);
+    const uint16x8_t v3 = ld_v4((const uint16_t *)vr[j + 3], d0, hd, tail);
+    const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
+    const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
+    const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
+    const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
+    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
+      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
     }
-  } else { /* 1..3 columns left: zero-padded copies */
-    for (int64_t j = 0; j < n4; j += 4) {
-      const uint16x8_t v0 = ld_kv4((const uint16_t *)vr[j], d0, hd), v1 = ld_kv4((const uint16_t *)vr[j + 1], d0, hd);
-      const uint16x8_t v2 = ld_kv4((const uint16_t *)vr[j + 2], d0, hd), v3 = ld_kv4((const uint16_t *)vr[j + 3], d0, hd);
-      const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
-      const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
-      const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
-      const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
-      _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-        const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-        acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
-        acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
-      }
-      ap += 8 * NP;
-    }
+    ap += 8 * NP;
   }
   const int64_t w = hd - d0 < 4 ? hd - d0 : 4;
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
@@ -326,10 +315,8 @@ static void mmla_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh,
 
   for (int i = 0; i < nq; i++) { /* mask, softmax numerators (f32) */
     float *si = s[i];
-    const int64_t a0 = lo[i] - k0 > 0 ? lo[i] - k0 : 0, a1 = hi[i] - k0 < n ? hi[i] - k0 : n;
-    for (int64_t j = 0; j < a0; j++) si[j] = 0.0f;
-    for (int64_t j = a1 > a0 ? a1 : a0; j < n4; j++) si[j] = 0.0f;
-    if (a1 <= a0) { /* no keys of this vector here: not merged */
+    int64_t a0, a1;
+    if (!armllm_attn_mask_scores(si, lo[i], hi[i], k0, n, n4, &a0, &a1)) { /* not merged */
       m[i] = -INFINITY;
       continue;
     }

@@ -5,32 +5,18 @@
 #include "../armllm_kernels.h"
 #include "../attn_common.h"
 
+static void store_bf16_row(void *dst_bytes, const float *src, int64_t n) {
+  uint16_t *dst = dst_bytes;
+  for (int64_t d = 0; d < n; d++) dst[d] = armllm_f32_to_bf16(src[d]);
+}
+
 int64_t armllm_ref_kv_write(armllm_pool *pool, const float *k, int64_t ldk, const float *v,
                             int64_t ldv, const int32_t *slot_mapping, int64_t t, void *k_cache,
                             void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
                             int64_t block_size, int64_t num_blocks) {
   (void)pool; /* T rows of a few KB: memory-bound and short */
-  const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
-  if (bad >= 0) return bad;
-  for (int64_t i = 0; i < t; i++) {
-    const int64_t slot = slot_mapping[i];
-    if (slot < 0) continue;
-    const int64_t block = slot / block_size, off = slot % block_size;
-    for (int64_t h = 0; h < n_kv_heads; h++) {
-      const int64_t dst = ((block * n_kv_heads + h) * block_size + off) * head_dim;
-      const float *ks = k + i * ldk + h * head_dim, *vs = v + i * ldv + h * head_dim;
-      for (int64_t d = 0; d < head_dim; d++) {
-        if (cache_bf16) {
-          ((uint16_t *)k_cache)[dst + d] = armllm_f32_to_bf16(ks[d]);
-          ((uint16_t *)v_cache)[dst + d] = armllm_f32_to_bf16(vs[d]);
-        } else {
-          ((float *)k_cache)[dst + d] = ks[d];
-          ((float *)v_cache)[dst + d] = vs[d];
-        }
-      }
-    }
-  }
-  return -1;
+  return armllm_kv_write_rows(k, ldk, v, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16,
+                              n_kv_heads, head_dim, block_size, num_blocks, store_bf16_row);
 }
 
 static inline float cache_at(const void *cache, int bf16, int64_t i) {
