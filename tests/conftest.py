@@ -37,5 +37,10 @@ def pool(pools) -> ops.ThreadPool:
     return pools[min(4, max(2, os.cpu_count() or 2))]
 
 
+def examples(n: int) -> int:
+    """Hypothesis examples per test: n, or ARMLLM_TEST_EXAMPLES (fewer under emulation)."""
+    return int(os.environ.get("ARMLLM_TEST_EXAMPLES", n))
+
+
 def rand(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from armllm import ops
+from tests.conftest import examples
 
 TOL = 2e-6
 BF16_COMPUTE_TOL = 2.0 ** -5  # variants that round q and the softmax weights to bf16
@@ -71,7 +72,7 @@ def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window):
 seq_lists = st.lists(st.tuples(st.integers(1, 9), st.integers(0, 300)), min_size=1, max_size=4)
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=examples(25), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=seq_lists, dims=st.sampled_from([(2, 2, 8), (6, 2, 64), (3, 1, 80), (4, 4, 36)]),
        block_size=st.sampled_from([1, 5, 16]), bf16=st.booleans(),

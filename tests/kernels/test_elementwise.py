@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from armllm import ops
-from tests.conftest import rand
+from tests.conftest import examples, rand
 
-fixture_ok = settings(deadline=None, max_examples=30,
+fixture_ok = settings(deadline=None, max_examples=examples(30),
                       suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

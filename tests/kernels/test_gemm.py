@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from armllm import ops
-from tests.conftest import rand
+from tests.conftest import examples, rand
 
 F32_REL = 1e-5
 BF16_ACT_REL = 2.0 ** -8
@@ -55,7 +55,7 @@ shapes = st.tuples(st.integers(1, 67), st.integers(1, 131), st.integers(1, 131))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=shapes, seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-20, 1.0, 1e15]),
        with_bias=st.booleans(), pad=st.integers(0, 5))
