@@ -22,7 +22,7 @@ CACHE=${ARMLLM_ARM64_CACHE:-/var/cache/armllm-arm64-root.tar.zst}
 SUITE=bookworm  # Python 3.11, the host's minor version (the wheel's tag comes from the host)
 MIRROR=${ARMLLM_ARM64_MIRROR:-http://deb.debian.org/debian}
 DEB_PACKAGES="python3 python3-dev python3-venv python3-pip python3-numpy python3-jinja2 pkg-config"
-PIP_PACKAGES="tokenizers safetensors pytest hypothesis"
+PIP_PACKAGES="tokenizers safetensors jinja2 pytest hypothesis"
 STAMP=etc/armllm-arm64.stamp
 levels="neon dotprod i8mm sve256"
 while [ $# -gt 0 ]; do
