@@ -120,11 +120,13 @@ def test_importing_armllm_leaves_no_blas_threads():
 
 
 def test_blas_limited_when_numpy_came_first():
-    code = ("import numpy, os; from armllm import _blas_threads as b; n = b.blas_threads(); "
-            "import armllm; print(b.blas_threads())")
+    code = ("import numpy, os; from armllm import _blas_threads as b; "
+            "print(b.blas_threads())")
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        timeout=120)
+    if r.stdout.strip() == "None":
+        pytest.skip("numpy's BLAS here is not OpenBLAS (no BLAS threads to limit)")
     assert r.stdout.strip() == "1", r.stderr
 
 
