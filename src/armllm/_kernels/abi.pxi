@@ -1,0 +1,121 @@
+# abi.pxi: the C kernel ABI as Cython sees it (pool.h, armllm_kernels.h,
+# cpu.h, probe.h), included by _ext.pyx.
+
+cdef extern from "pool.h" nogil:
+    ctypedef struct armllm_pool:
+        pass
+    armllm_pool *armllm_pool_create(int n_threads, int pin, char *err, size_t err_len)
+    void armllm_pool_destroy(armllm_pool *pool)
+    int armllm_pool_threads(const armllm_pool *pool)
+    int armllm_allowed_cpus()
+    const char *armllm_pool_atomic_impl()
+    void armllm_pool_count_items(armllm_pool *pool, int64_t n_items, int64_t grain,
+                                 uint32_t *counts)
+    void armllm_pool_count_items_nested(armllm_pool *pool, int64_t n_outer, int64_t n_inner,
+                                        uint32_t *counts)
+
+
+cdef extern from "armllm_kernels.h" nogil:
+    enum:
+        ARMLLM_ROPE_NEOX
+        ARMLLM_ROPE_GPTJ
+        ARMLLM_NUM_KERNELS
+    ctypedef size_t (*armllm_packed_len_fn)(int64_t n, int64_t k)
+    ctypedef void (*armllm_pack_f32_fn)(const float *w, int64_t n, int64_t k, float *packed)
+    ctypedef void (*armllm_pack_bf16_fn)(const uint16_t *w, int64_t n, int64_t k,
+                                         uint16_t *packed)
+    ctypedef void (*armllm_gemm_f32_fn)(armllm_pool *pool, const float *x, int64_t m,
+                                        int64_t k, int64_t ldx, const float *packed_w,
+                                        int64_t n, const float *bias, float *y, int64_t ldy)
+    ctypedef void (*armllm_gemm_bf16_fn)(armllm_pool *pool, const float *x, int64_t m,
+                                         int64_t k, int64_t ldx, const uint16_t *packed_w,
+                                         int64_t n, const float *bias, float *y, int64_t ldy)
+    ctypedef void (*armllm_rmsnorm_fn)(armllm_pool *pool, const float *x, int64_t ldx,
+                                       float *residual, int64_t ldr, const float *weight,
+                                       int64_t t, int64_t d, float eps, float *out,
+                                       int64_t ldo)
+    ctypedef int64_t (*armllm_rope_fn)(armllm_pool *pool, float *x, int64_t t,
+                                       int64_t n_heads, int64_t head_dim, int64_t ldx,
+                                       const int32_t *positions, const float *cos_sin,
+                                       int64_t max_pos, int64_t rot_dim, int style)
+    ctypedef void (*armllm_silu_mul_fn)(armllm_pool *pool, const float *gate_up, int64_t ldg,
+                                        int64_t t, int64_t inter, float *out, int64_t ldo)
+    ctypedef int64_t (*armllm_embed_f32_fn)(armllm_pool *pool, const int32_t *ids, int64_t t,
+                                            const float *table, int64_t vocab, int64_t d,
+                                            float *out, int64_t ldo)
+    ctypedef int64_t (*armllm_embed_bf16_fn)(armllm_pool *pool, const int32_t *ids,
+                                             int64_t t, const uint16_t *table, int64_t vocab,
+                                             int64_t d, float *out, int64_t ldo)
+    ctypedef void (*armllm_exp_fn)(const float *x, float *y, int64_t n)
+
+    ctypedef struct armllm_attn_args:
+        const float *q
+        int64_t ldq
+        const void *k_cache
+        const void *v_cache
+        int cache_bf16
+        const int32_t *block_table
+        int64_t max_blocks
+        const int32_t *seq_lens
+        const int32_t *query_start
+        int64_t n_seqs, n_heads, n_kv_heads, head_dim, block_size, num_blocks
+        float scale
+        int64_t sliding_window
+        float *out
+        int64_t ldo
+        float *scratch
+        size_t scratch_len
+    enum:
+        ARMLLM_ATTN_MAX_HEAD_DIM
+    size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim,
+                                   int64_t max_seq_len)
+    ctypedef int64_t (*armllm_kv_write_fn)(armllm_pool *pool, const float *k, int64_t ldk,
+                                           const float *v, int64_t ldv,
+                                           const int32_t *slot_mapping, int64_t t,
+                                           void *k_cache, void *v_cache, int cache_bf16,
+                                           int64_t n_kv_heads, int64_t head_dim,
+                                           int64_t block_size, int64_t num_blocks)
+    ctypedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args *args)
+
+    ctypedef struct armllm_kernels:
+        const char *isa
+        const char *impl[9]
+        const char *gemm_f32_layout
+        const char *gemm_bf16_layout
+        const char *gemm_bf16_compute
+        const char *attention_bf16_compute
+        armllm_packed_len_fn gemm_f32_packed_len
+        armllm_pack_f32_fn gemm_f32_pack
+        armllm_gemm_f32_fn gemm_f32
+        armllm_packed_len_fn gemm_bf16_packed_len
+        armllm_pack_bf16_fn gemm_bf16_pack
+        armllm_gemm_bf16_fn gemm_bf16
+        armllm_rmsnorm_fn rmsnorm
+        armllm_rope_fn rope
+        armllm_silu_mul_fn silu_mul
+        armllm_embed_f32_fn embed_f32
+        armllm_embed_bf16_fn embed_bf16
+        armllm_exp_fn exp
+        armllm_kv_write_fn kv_write
+        armllm_attention_fn attention
+
+
+cdef extern from "cpu.h" nogil:
+    enum:
+        ARMLLM_CPU_NUM_FEATURES
+    ctypedef struct armllm_cpu:
+        const char *arch
+        uint64_t features
+        int sve_vector_bits
+    const armllm_cpu *armllm_cpu_detect()
+    const char *armllm_cpu_feature_name(int feature)
+    int armllm_cpu_has(const armllm_cpu *cpu, int feature)
+    const char *const *armllm_isa_built()
+    const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
+                                           size_t err_len)
+    const char *armllm_isa_best(const armllm_cpu *cpu)
+
+
+cdef extern from "probe.h" nogil:
+    uint64_t armllm_probe_read(armllm_pool *pool, const void *buf, size_t nbytes)
+    double armllm_probe_fma(armllm_pool *pool, int64_t iters)
