@@ -123,7 +123,7 @@ def main() -> int:
                     continue
                 lines = compile_to_asm(src, flags, work / f"{lib}_{src.stem}.s")
                 best: dict[str, tuple] = {}
-                for function, body in innermost_loops(lines):
+                for index, (function, body) in enumerate(innermost_loops(lines)):
                     counts = mac_counts(body)
                     if sum(n for n, _ in counts.values()) < args.min_macs:
                         continue
@@ -131,7 +131,7 @@ def main() -> int:
                     kind, (n, macs) = max(counts.items(), key=lambda kv: kv[1][1])
                     row = (f"{lib}/{src.name}", function, kind, n, len(body), cycles,
                            macs / cycles, n / cycles / PIPES)
-                    key = function if not args.all else f"{function}@{len(rows)}"
+                    key = f"{function}#{index}" if args.all else function
                     if key not in best or row[-1] > best[key][-1]:
                         best[key] = row
                 rows.extend(best.values())

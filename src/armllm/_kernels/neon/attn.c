@@ -10,6 +10,10 @@
  *   m = max S, E = vexp(S - m) (bit-identical to armllm_exp_scalar), l = sum E,
  *   acc = E V          (4 queries x 16 columns register tile over keys),
  * and the driver merges partitions in order with armllm_attn_merge.
+ * bf16 caches: tiles of > 4 queries widen each 4 K rows once into a stack
+ * buffer for all query groups; PV runs 8 queries x 8 columns (4 x 8 for a
+ * lone 4-query group) so each widened V vector feeds more FMLAs. All exact
+ * and per-element orders unchanged: same bits as the plain tiles.
  *
  * Split-KV: when the tiles are fewer than 2x the threads and scratch is
  * large enough, items become (tile, KV head, chunk, partition) writing
@@ -178,36 +182,78 @@ static inline __attribute__((always_inline)) void qk_tile(const float *const *q,
 }
 
 /* acc[i][0..W) = sum over keys j (in order) of e_i[j] * V_j[d0..d0+W), for
- * NQ queries, W = 16 or 4 columns; e rows padded to a multiple of 4 with
- * zeros. Every output element is one fused chain over the keys in order. */
+ * NQ queries (<= 4 with W = 16 or 4 columns, 8 with W = 8: 8 queries share
+ * each widened bf16 V vector); e rows padded to a multiple of 4 with zeros.
+ * Every output element is one fused chain over the keys in order, whatever
+ * the tile shape. */
 static inline __attribute__((always_inline)) void pv_tile(const float *e, int64_t lde,
                                                           const void *const *vrow, int64_t n4,
                                                           int64_t d0, int bf16, const int NQ,
                                                           const int W, float *accp, int64_t hd) {
-  float32x4_t acc[4][4];
+  float32x4_t acc[8][4];
   const int nv = W / 4;
-  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+  _Pragma("GCC unroll 8") for (int i = 0; i < NQ; i++)
     _Pragma("GCC unroll 4") for (int c = 0; c < nv; c++) acc[i][c] = vdupq_n_f32(0.0f);
   for (int64_t j = 0; j < n4; j += 4) {
-    float32x4_t ev[4];
-    _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++) ev[i] = vld1q_f32(e + i * lde + j);
+    float32x4_t ev[8];
+    _Pragma("GCC unroll 8") for (int i = 0; i < NQ; i++) ev[i] = vld1q_f32(e + i * lde + j);
 #define PV_KEY(U)                                                                  \
     {                                                                              \
       float32x4_t vv[4];                                                           \
       if (nv == 4) {                                                               \
         ld8(vrow[j + U], d0, bf16, &vv[0], &vv[1]);                                \
         ld8(vrow[j + U], d0 + 8, bf16, &vv[2], &vv[3]);                            \
+      } else if (nv == 2) {                                                        \
+        ld8(vrow[j + U], d0, bf16, &vv[0], &vv[1]);                                \
       } else {                                                                     \
         vv[0] = ld4(vrow[j + U], d0, bf16);                                        \
       }                                                                            \
-      _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)                                                 \
+      _Pragma("GCC unroll 8") for (int i = 0; i < NQ; i++)                                                 \
         _Pragma("GCC unroll 4") for (int c = 0; c < nv; c++) acc[i][c] = vfmaq_laneq_f32(acc[i][c], vv[c], ev[i], U); \
     }
     PV_KEY(0) PV_KEY(1) PV_KEY(2) PV_KEY(3)
 #undef PV_KEY
   }
-  _Pragma("GCC unroll 4") for (int i = 0; i < NQ; i++)
+  _Pragma("GCC unroll 8") for (int i = 0; i < NQ; i++)
     _Pragma("GCC unroll 4") for (int c = 0; c < nv; c++) vst1q_f32(accp + i * hd + d0 + 4 * c, acc[i][c]);
+}
+
+/* The last 1..3 columns [d0, hd) of nqi queries (e rows PART apart), one
+ * scalar fused chain over the keys each. */
+static inline __attribute__((always_inline)) void pv_cols(const float *e, const void *const *vr,
+                                                          int64_t n4, int64_t d0, int64_t hd,
+                                                          int bf16, int nqi, float *accp) {
+  for (; d0 < hd; d0++)
+    for (int t = 0; t < nqi; t++) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n4; j++) {
+        const float vv = bf16 ? armllm_bf16_to_f32(((const uint16_t *)vr[j])[d0])
+                              : ((const float *)vr[j])[d0];
+        acc = fmaf(e[t * PART + j], vv, acc);
+      }
+      accp[t * hd + d0] = acc;
+    }
+}
+
+/* dst[r*ldd + c] = bf16 row src[r][d0 + c] widened, r < nr, c < w. */
+static void widen_rows(const void *const *src, int64_t nr, int64_t d0, int64_t w, float *dst,
+                       int64_t ldd) {
+  for (int64_t r = 0; r < nr; r++) {
+    const uint16_t *p = (const uint16_t *)src[r] + d0;
+    float *o = dst + r * ldd;
+    int64_t c = 0;
+    for (; c + 16 <= w; c += 16) {
+      float32x4_t x0, x1, x2, x3;
+      ld8(p, c, 1, &x0, &x1);
+      ld8(p, c + 8, 1, &x2, &x3);
+      vst1q_f32(o + c, x0);
+      vst1q_f32(o + c + 4, x1);
+      vst1q_f32(o + c + 8, x2);
+      vst1q_f32(o + c + 12, x3);
+    }
+    for (; c + 4 <= w; c += 4) vst1q_f32(o + c, ld4(p, c, 1));
+    for (; c < w; c++) o[c] = armllm_bf16_to_f32(p[c]);
+  }
 }
 
 static inline __attribute__((always_inline)) void neon_partial_t(
@@ -221,17 +267,31 @@ static inline __attribute__((always_inline)) void neon_partial_t(
   const int64_t n4 = (n + 3) & ~(int64_t)3;
   float s[QMAX][PART] __attribute__((aligned(16)));
   const float32x4_t vscale = vdupq_n_f32(a->scale);
-  for (int64_t j = 0; j < n4; j += 4)
+  /* bf16 with more than one query group: each 4 keys are widened once into
+   * kbuf and the groups run the f32 tile on it (exact, so the same bits) */
+  const int kwide = bf16 && nq > 4;
+  float kbuf[4][MAXHD] __attribute__((aligned(16)));
+  const void *kw[4] = {kbuf[0], kbuf[1], kbuf[2], kbuf[3]};
+  for (int64_t j = 0; j < n4; j += 4) {
+    if (kwide) widen_rows(kr + j, 4, 0, hd, kbuf[0], MAXHD);
     for (int i = 0; i < nq; i += 4) {
       float32x4_t d[4];
-      switch (nq - i >= 4 ? 4 : nq - i) {
-        case 4: qk_tile(q + i, kr + j, hd, bf16, 4, d); break;
-        case 3: qk_tile(q + i, kr + j, hd, bf16, 3, d); break;
-        case 2: qk_tile(q + i, kr + j, hd, bf16, 2, d); break;
-        default: qk_tile(q + i, kr + j, hd, bf16, 1, d); break;
+#define QK_CASES(K, BF)                                          \
+      switch (nq - i >= 4 ? 4 : nq - i) {                        \
+        case 4: qk_tile(q + i, K, hd, BF, 4, d); break;          \
+        case 3: qk_tile(q + i, K, hd, BF, 3, d); break;          \
+        case 2: qk_tile(q + i, K, hd, BF, 2, d); break;          \
+        default: qk_tile(q + i, K, hd, BF, 1, d); break;         \
       }
+      if (kwide) {
+        QK_CASES(kw, 0)
+      } else {
+        QK_CASES(kr + j, bf16)
+      }
+#undef QK_CASES
       for (int t = 0; t < 4 && i + t < nq; t++) vst1q_f32(&s[i + t][j], vmulq_f32(d[t], vscale));
     }
+  }
   for (int i = 0; i < nq; i++) { /* mask, softmax numerators */
     float *si = s[i];
     int64_t a0, a1;
@@ -260,30 +320,34 @@ static inline __attribute__((always_inline)) void neon_partial_t(
     m[i] = mp;
     l[i] = lp;
   }
-  for (int i = 0; i < nq; i += 4) {
+#define PV_CASES(V, BF, W)                                                           \
+    switch (nq - i >= 4 ? 4 : nq - i) {                                                  \
+      case 4: pv_tile(s[i], PART, V, n4, d0, BF, 4, W, accp + i * hd, hd); break;    \
+      case 3: pv_tile(s[i], PART, V, n4, d0, BF, 3, W, accp + i * hd, hd); break;    \
+      case 2: pv_tile(s[i], PART, V, n4, d0, BF, 2, W, accp + i * hd, hd); break;    \
+      default: pv_tile(s[i], PART, V, n4, d0, BF, 1, W, accp + i * hd, hd); break;   \
+    }
+  int i = 0;
+  if (bf16) /* 8-query tiles: each widened V vector feeds 8 queries */
+    for (; i + 8 <= nq; i += 8) {
+      int64_t d0 = 0;
+      for (; d0 + 8 <= hd; d0 += 8) pv_tile(s[i], PART, vr, n4, d0, 1, 8, 8, accp + i * hd, hd);
+      for (; d0 + 4 <= hd; d0 += 4) { /* the rest as 4-query tiles */
+        pv_tile(s[i], PART, vr, n4, d0, 1, 4, 4, accp + i * hd, hd);
+        pv_tile(s[i + 4], PART, vr, n4, d0, 1, 4, 4, accp + (i + 4) * hd, hd);
+      }
+      pv_cols(s[i], vr, n4, d0, hd, 1, 8, accp + i * hd);
+    }
+  for (; i < nq; i += 4) {
     const int nqi = nq - i >= 4 ? 4 : nq - i;
     int64_t d0 = 0;
-#define PV_CASES(W)                                                                     \
-    switch (nqi) {                                                                      \
-      case 4: pv_tile(s[i], PART, vr, n4, d0, bf16, 4, W, accp + i * hd, hd); break;    \
-      case 3: pv_tile(s[i], PART, vr, n4, d0, bf16, 3, W, accp + i * hd, hd); break;    \
-      case 2: pv_tile(s[i], PART, vr, n4, d0, bf16, 2, W, accp + i * hd, hd); break;    \
-      default: pv_tile(s[i], PART, vr, n4, d0, bf16, 1, W, accp + i * hd, hd); break;   \
-    }
-    for (; d0 + 16 <= hd; d0 += 16) PV_CASES(16)
-    for (; d0 + 4 <= hd; d0 += 4) PV_CASES(4)
-#undef PV_CASES
-    for (; d0 < hd; d0++) /* 1..3 columns left */
-      for (int t = 0; t < nqi; t++) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < n4; j++) {
-          const float vv = bf16 ? armllm_bf16_to_f32(((const uint16_t *)vr[j])[d0])
-                                : ((const float *)vr[j])[d0];
-          acc = fmaf(s[i + t][j], vv, acc);
-        }
-        accp[(i + t) * hd + d0] = acc;
-      }
+    if (bf16 && nqi == 4) /* 4 x 8: no accumulator copies (GCC) at 4 x 16 */
+      for (; d0 + 8 <= hd; d0 += 8) pv_tile(s[i], PART, vr, n4, d0, 1, 4, 8, accp + i * hd, hd);
+    for (; d0 + 16 <= hd; d0 += 16) PV_CASES(vr, bf16, 16)
+    for (; d0 + 4 <= hd; d0 += 4) PV_CASES(vr, bf16, 4)
+    pv_cols(s[i], vr, n4, d0, hd, bf16, nqi, accp + i * hd);
   }
+#undef PV_CASES
 }
 
 static void neon_partial_f32(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,

@@ -14,20 +14,20 @@
  *     qa[g][pair] = q[2pr][4g..4g+3], q[2pr+1][4g..4g+3] (dims past
  *     head_dim zero);
  *   S = scale * Q K^T: NP pairs x 2 key pairs (4 keys) of accumulators over
- *     head_dim (NP <= 4: two chains, even and odd dim groups, added at the
- *     end); B operands come from the cache rows as they are: 8 dims of
- *     keys j, j+1 loaded as two q registers and ZIP1/ZIP2 on 64-bit lanes
+ *     head_dim (tiles of <= 4 pairs, 6..8 pairs as two such halves: two
+ *     chains, even and odd dim groups, added at the end; 5 pairs: one chain;
+ *     1 pair: two key groups per tile); B operands are packed per 4 keys
+ *     (pack_k, 64-bit moves in general registers): 8 dims of keys j, j+1
  *     give (keys j, j+1) x (dims d..d+3) and (d+4..d+7);
  *   keys outside a vector's [lo, pos] get weight exactly 0; E = vexp(S - m)
  *     in f32 (the shared exp), then rounded to bf16 and packed as A
  *     operands pa[key group][pair] = E[2pr][4j..4j+3], E[2pr+1][4j..4j+3];
  *     l = the sum of the rounded weights (so the output is a convex
  *     combination of V rows);
- *   acc = P V: NP pairs x 4 column pairs (8 dims, NP <= 4) or 2 column
- *     pairs (4 dims) of accumulators over the keys in order; B operands
- *     (2 columns x 4 keys of V^T) are gathered from 4 V rows:
- *     t0 = ZIP1.8H(v0, v1), t1 = ZIP1.8H(v2, v3), then ZIP1.4S / ZIP2.4S
- *     (t0, t1) give columns (d, d+1) and (d+2, d+3) (ZIP2.8H for d+4..d+7).
+ *   acc = P V: the V rows are packed once per chunk of 32 columns as B
+ *     operands (2 columns x 4 keys of V^T; ST4 of 4 key rows writes that
+ *     layout), then blocks of NP pairs x C column pairs (C = 16/8/4/2 by NP)
+ *     run loads + BFMMLA only, one chain per output over the keys in order.
  * Every sum order depends only on NP and head_dim, never on the thread
  * count or on splitting.
  * Accuracy: q and E carry a relative error of 2^-9 each; with |V| <= 1 the
@@ -117,101 +117,114 @@ AI void pack_k(const void *const *k, int64_t hd, uint16_t *kb) {
     }
 }
 
-/* S tile of NP query pairs x keys k[0..3]: acc[pr][kp] lanes
- * [q(2pr).k(2kp), q(2pr).k(2kp+1), q(2pr+1).k(2kp), q(2pr+1).k(2kp+1)].
+/* S tile of NP query pairs (of NT in qa, from qa's first) x KG groups of 4
+ * keys (packed by pack_k, kb + 4*hdp per group): acc[pr][2kg + kp] lanes [q(2pr).k(2kp), q(2pr).k(2kp+1),
+ * q(2pr+1).k(2kp), q(2pr+1).k(2kp+1)] of group kg.
  * NP <= 4: two BFMMLA chains, over the even and the odd dim groups (a
  * 4-dim tail joins the even one), added at the end, so that short tiles
- * are not bound by BFMMLA latency; NP > 4: one chain in group order. */
-AI void qk_tile(const uint16_t *qa, const uint16_t *kb, int64_t hd, const int NP,
-                float32x4_t acc[PMAX][2]) {
+ * are not bound by BFMMLA latency; NP > 4: one chain in group order.
+ * KG = 2 (NP = 1 only) interleaves two key groups' independent chains.
+ * qk_keys runs tiles of 6..8 pairs as two halves of <= 4 (two chains each). */
+AI void qk_tile(const uint16_t *qa, const uint16_t *kb, int64_t hdp, int64_t hd, const int NP,
+                const int NT, const int KG, float32x4_t acc[PMAX][4]) {
   const int SPLIT = NP <= 4;
-  float32x4_t acc2[PMAX / 2][2];
-  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_f32(0.0f);
+  float32x4_t acc2[PMAX / 2][4];
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++)
+    _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) acc[pr][c] = vdupq_n_f32(0.0f);
   if (SPLIT)
-    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) acc2[pr][0] = acc2[pr][1] = vdupq_n_f32(0.0f);
+    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++)
+      _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) acc2[pr][c] = vdupq_n_f32(0.0f);
   int64_t d = 0;
   const uint16_t *ap = qa;
   for (; d + 8 <= hd; d += 8, kb += 32) {
-    const bfloat16x8_t b00 = as_bf16(vld1q_u16(kb));
-    const bfloat16x8_t b10 = as_bf16(vld1q_u16(kb + 8));
-    const bfloat16x8_t b01 = as_bf16(vld1q_u16(kb + 16));
-    const bfloat16x8_t b11 = as_bf16(vld1q_u16(kb + 24));
-    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b00);
-      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b10);
+    bfloat16x8_t b0[4], b1[4];
+    _Pragma("GCC unroll 2") for (int kg = 0; kg < KG; kg++) {
+      b0[2 * kg] = as_bf16(vld1q_u16(kb + kg * 4 * hdp));
+      b0[2 * kg + 1] = as_bf16(vld1q_u16(kb + kg * 4 * hdp + 8));
+      b1[2 * kg] = as_bf16(vld1q_u16(kb + kg * 4 * hdp + 16));
+      b1[2 * kg + 1] = as_bf16(vld1q_u16(kb + kg * 4 * hdp + 24));
     }
     _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + (NP + pr) * 8));
-      if (SPLIT) {
-        acc2[pr][0] = vbfmmlaq_f32(acc2[pr][0], a, b01);
-        acc2[pr][1] = vbfmmlaq_f32(acc2[pr][1], a, b11);
-      } else {
-        acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b01);
-        acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b11);
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
+      _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, b0[c]);
+    }
+    _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
+      const bfloat16x8_t a = as_bf16(vld1q_u16(ap + (NT + pr) * 8));
+      _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) {
+        if (SPLIT)
+          acc2[pr][c] = vbfmmlaq_f32(acc2[pr][c], a, b1[c]);
+        else
+          acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, b1[c]);
       }
     }
-    ap += 16 * NP;
+    ap += 16 * NT;
   }
   for (; d < hd; d += 4, kb += 16) { /* 4 dims, then a zero-padded 1..3 */
-    const bfloat16x8_t b0 = as_bf16(vld1q_u16(kb));
-    const bfloat16x8_t b1 = as_bf16(vld1q_u16(kb + 8));
+    bfloat16x8_t b0[4];
+    _Pragma("GCC unroll 2") for (int kg = 0; kg < KG; kg++) {
+      b0[2 * kg] = as_bf16(vld1q_u16(kb + kg * 4 * hdp));
+      b0[2 * kg + 1] = as_bf16(vld1q_u16(kb + kg * 4 * hdp + 8));
+    }
     _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
       const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-      acc[pr][0] = vbfmmlaq_f32(acc[pr][0], a, b0);
-      acc[pr][1] = vbfmmlaq_f32(acc[pr][1], a, b1);
+      _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, b0[c]);
     }
-    ap += 8 * NP;
+    ap += 8 * NT;
   }
   if (SPLIT)
-    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++) {
-      acc[pr][0] = vaddq_f32(acc[pr][0], acc2[pr][0]);
-      acc[pr][1] = vaddq_f32(acc[pr][1], acc2[pr][1]);
+    _Pragma("GCC unroll 4") for (int pr = 0; pr < NP; pr++)
+      _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) acc[pr][c] = vaddq_f32(acc[pr][c], acc2[pr][c]);
+}
+
+/* S rows [s + i*PART + j0 .. +4*KG) = scale * dots, for all NP pairs. */
+AI void qk_keys(const uint16_t *qa, const uint16_t *kb, int64_t hdp, int64_t hd, const int NP,
+                const int KG, int nq, float32x4_t vscale, float *s, int64_t j0) {
+  float32x4_t acc[PMAX][4];
+  const int H = NP >= 6 ? (NP + 1) / 2 : NP; /* pairs of the first tile */
+  qk_tile(qa, kb, hdp, hd, H, NP, KG, acc);
+  if (H < NP) {
+    float32x4_t acc1[PMAX][4];
+    qk_tile(qa + H * 8, kb, hdp, hd, NP - H, NP, KG, acc1);
+    _Pragma("GCC unroll 4") for (int pr = H; pr < NP; pr++)
+      _Pragma("GCC unroll 4") for (int c = 0; c < 2 * KG; c++) acc[pr][c] = acc1[pr - H][c];
+  }
+  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++)
+    _Pragma("GCC unroll 2") for (int kg = 0; kg < KG; kg++) {
+      const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][2 * kg]);
+      const float64x2_t c1 = vreinterpretq_f64_f32(acc[pr][2 * kg + 1]);
+      vst1q_f32(s + (2 * pr) * PART + j0 + 4 * kg,
+                vmulq_f32(vreinterpretq_f32_f64(vtrn1q_f64(c0, c1)), vscale));
+      if (2 * pr + 1 < nq)
+        vst1q_f32(s + (2 * pr + 1) * PART + j0 + 4 * kg,
+                  vmulq_f32(vreinterpretq_f32_f64(vtrn2q_f64(c0, c1)), vscale));
     }
 }
 
-/* S rows [s + i*PART + j0 .. +4) = scale * dots, for all NP pairs. */
-AI void qk_keys(const uint16_t *qa, const uint16_t *kb, int64_t hd, const int NP, int nq,
-                float32x4_t vscale, float *s, int64_t j0) {
-  float32x4_t acc[PMAX][2];
-  qk_tile(qa, kb, hd, NP, acc);
-  _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
-    const float64x2_t c0 = vreinterpretq_f64_f32(acc[pr][0]), c1 = vreinterpretq_f64_f32(acc[pr][1]);
-    vst1q_f32(s + (2 * pr) * PART + j0, vmulq_f32(vreinterpretq_f32_f64(vtrn1q_f64(c0, c1)), vscale));
-    if (2 * pr + 1 < nq)
-      vst1q_f32(s + (2 * pr + 1) * PART + j0,
-                vmulq_f32(vreinterpretq_f32_f64(vtrn2q_f64(c0, c1)), vscale));
-  }
-}
-
-#define VCH 16 /* V columns per packed chunk */
+#define VCH 32 /* V columns per packed chunk */
 
 /* Packs columns d0..d0+VCH-1 of the partition's V rows (zero past hd) as
  * BFMMLA B operands: vb[(g*(VCH/2) + c)*8 ..] = columns (d0+2c, d0+2c+1) x
- * keys 4g..4g+3, i.e. V^T rows of 4 keys. ST4 of 4 key rows writes exactly
- * this layout (element i of the 4 rows, then element i+1, ...). */
+ * keys 4g..4g+3, i.e. V^T rows of 4 keys. ST4 of 4 key rows (8 columns
+ * each) writes exactly this layout for 4 column pairs. */
 static void pack_v(const void *const *vr, int64_t n4, int64_t d0, int64_t hd, uint16_t *vb) {
-  const int full = d0 + VCH <= hd;
-  for (int64_t j = 0; j < n4; j += 4, vb += VCH * 4) {
-    uint16x8x4_t lo, hi;
-    if (full) {
-      for (int r = 0; r < 4; r++) {
-        const uint16_t *row = (const uint16_t *)vr[j + r] + d0;
-        lo.val[r] = vld1q_u16(row);
-        hi.val[r] = vld1q_u16(row + 8);
+  for (int64_t j = 0; j < n4; j += 4, vb += VCH * 4)
+    for (int sb = 0; sb < VCH / 8; sb++) {
+      const int64_t c0 = d0 + 8 * sb;
+      uint16x8x4_t t;
+      if (c0 + 8 <= hd) {
+        for (int r = 0; r < 4; r++) t.val[r] = vld1q_u16((const uint16_t *)vr[j + r] + c0);
+      } else if (c0 < hd) {
+        for (int r = 0; r < 4; r++) {
+          const uint16_t *row = vr[j + r];
+          uint16_t u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          for (int64_t e = c0; e < hd; e++) u[e - c0] = row[e];
+          t.val[r] = vld1q_u16(u);
+        }
+      } else {
+        t.val[0] = t.val[1] = t.val[2] = t.val[3] = vdupq_n_u16(0);
       }
-    } else {
-      for (int r = 0; r < 4; r++) {
-        const uint16_t *row = (const uint16_t *)vr[j + r];
-        uint16_t t[VCH] __attribute__((aligned(16)));
-        for (int e = 0; e < VCH; e++) t[e] = d0 + e < hd ? row[d0 + e] : 0;
-        lo.val[r] = vld1q_u16(t);
-        hi.val[r] = vld1q_u16(t + 8);
-      }
+      vst4q_u16(vb + 32 * sb, t);
     }
-    vst4q_u16(vb, lo);
-    vst4q_u16(vb + VCH * 2, hi);
-  }
 }
 
 /* acc = P V for NP pairs x C column pairs (columns d0 + 2cb .. d0 + 2(cb+C) - 1
@@ -221,20 +234,20 @@ AI void pv_block(const uint16_t *pa, const uint16_t *vb, int64_t ng, int64_t d0,
                  int64_t hd, const int NP, const int C, int nq, float *accp) {
   float32x4_t acc[PMAX][VCH / 2];
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++)
-    _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) acc[pr][c] = vdupq_n_f32(0.0f);
+    _Pragma("GCC unroll 16") for (int c = 0; c < C; c++) acc[pr][c] = vdupq_n_f32(0.0f);
   const uint16_t *ap = pa, *bp = vb + cb * 8;
   for (int64_t g = 0; g < ng; g++) {
     bfloat16x8_t bb[VCH / 2];
-    _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) bb[c] = as_bf16(vld1q_u16(bp + c * 8));
+    _Pragma("GCC unroll 16") for (int c = 0; c < C; c++) bb[c] = as_bf16(vld1q_u16(bp + c * 8));
     _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++) {
       const bfloat16x8_t a = as_bf16(vld1q_u16(ap + pr * 8));
-      _Pragma("GCC unroll 8") for (int c = 0; c < C; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, bb[c]);
+      _Pragma("GCC unroll 16") for (int c = 0; c < C; c++) acc[pr][c] = vbfmmlaq_f32(acc[pr][c], a, bb[c]);
     }
     ap += 8 * NP;
     bp += VCH * 4;
   }
   _Pragma("GCC unroll 8") for (int pr = 0; pr < NP; pr++)
-    _Pragma("GCC unroll 4") for (int h = 0; h < C / 2; h++) {
+    _Pragma("GCC unroll 8") for (int h = 0; h < C / 2; h++) {
       const int64_t col = d0 + 2 * cb + 4 * h;
       const int64_t w = hd - col < 4 ? hd - col : 4;
       if (w <= 0) break;
@@ -287,10 +300,18 @@ static void pack_p(const float *s, int nq, int64_t n4, float *l, uint16_t *pa) {
     uint16_t qa[(MAXHD / 4) * PMAX * 8] __attribute__((aligned(16)));                            \
     pack_q(q, nq, hd, qa);                                                                       \
     const float32x4_t vscale = vdupq_n_f32(scale);                                               \
-    uint16_t kb[MAXHD * 4] __attribute__((aligned(16)));                                         \
-    for (int64_t j = 0; j < n4; j += 4) {                                                        \
+    uint16_t kb[2 * MAXHD * 4] __attribute__((aligned(16)));                                     \
+    const int64_t hdp = (hd + 3) & ~(int64_t)3; /* packed dims per key */                        \
+    int64_t j = 0;                                                                               \
+    if (NP == 1) /* two key groups per tile: 8 independent chains */                             \
+      for (; j + 8 <= n4; j += 8) {                                                              \
+        pack_k(kr + j, hd, kb);                                                                  \
+        pack_k(kr + j + 4, hd, kb + 4 * hdp);                                                    \
+        qk_keys(qa, kb, hdp, hd, NP, 2, nq, vscale, s, j);                                       \
+      }                                                                                          \
+    for (; j < n4; j += 4) {                                                                     \
       pack_k(kr + j, hd, kb);                                                                    \
-      qk_keys(qa, kb, hd, NP, nq, vscale, s, j);                                                 \
+      qk_keys(qa, kb, hdp, hd, NP, 1, nq, vscale, s, j);                                         \
     }                                                                                            \
   }                                                                                              \
   static void pv_##NP(const float *s, int nq, const void *const *vr, int64_t n4, int64_t hd,     \
@@ -298,11 +319,19 @@ static void pack_p(const float *s, int nq, int64_t n4, float *l, uint16_t *pa) {
     uint16_t pa[(PART / 4) * PMAX * 8] __attribute__((aligned(16)));                             \
     uint16_t vb[(PART / 4) * VCH * 4] __attribute__((aligned(16)));                              \
     pack_p(s, nq, n4, l, pa);                                                                    \
-    enum { C = NP <= 2 ? 8 : NP <= 5 ? 4 : 2 }; /* column pairs per block */                     \
+    /* column pairs per block (<= 32 registers); C/2 when at most that many are left */          \
+    enum { C = NP == 1 ? 16 : NP == 2 ? 8 : NP <= 5 ? 4 : 2, CH = C >= 4 ? C / 2 : C };           \
     for (int64_t d0 = 0; d0 < hd; d0 += VCH) {                                                   \
       pack_v(vr, n4, d0, hd, vb);                                                                \
-      for (int cb = 0; cb < VCH / 2 && d0 + 2 * cb < hd; cb += C)                                \
-        pv_block(pa, vb, n4 / 4, d0, cb, hd, NP, C, nq, accp);                                   \
+      const int ncp = (int)((hd - d0 < VCH ? hd - d0 : VCH) + 1) / 2;                            \
+      for (int cb = 0; cb < ncp;)                                                                \
+        if (ncp - cb > CH) {                                                                     \
+          pv_block(pa, vb, n4 / 4, d0, cb, hd, NP, C, nq, accp);                                 \
+          cb += C;                                                                               \
+        } else {                                                                                 \
+          pv_block(pa, vb, n4 / 4, d0, cb, hd, NP, CH, nq, accp);                                \
+          cb += CH;                                                                              \
+        }                                                                                        \
     }                                                                                            \
   }
 MM_FN(1) MM_FN(2) MM_FN(3) MM_FN(4) MM_FN(5) MM_FN(6) MM_FN(7) MM_FN(8)

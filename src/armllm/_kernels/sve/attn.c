@@ -10,6 +10,9 @@
  *   keys outside a vector's [lo, pos] get weight 0, E = vexp(S - max);
  *   acc = E V: 4 queries x up to 4 VL vectors of columns, keys in order,
  *     FMLA (indexed) against the weights replicated with LD1RQW.
+ * bf16 whole 2 VL blocks skip the LSL: K and V are loaded as (even, odd)
+ * element vectors by LD1H into odd halfword lanes (ld_even/ld_odd), queries
+ * are pre-split with LD2W, PV accumulators re-interleaved with ST2W.
  * kv_write is the neon one (memory-bound). */
 #include <arm_sve.h>
 #include <math.h>
@@ -38,16 +41,59 @@ AI svfloat32_t ldw(svbool_t pg, const void *p, int64_t off, int bf16) {
   return svld1_f32(pg, (const float *)p + off);
 }
 
+/* bf16 pair widening without vector-pipe ops: LD1H into only the odd
+ * halfword lanes (inactive lanes are zeroed and touch no memory) puts a
+ * bf16 element in the high half of each word, i.e. an exact f32. From
+ * p + d that gives the odd elements d+1, d+3, ..; from one element earlier
+ * the even ones d, d+2, ... So 2 VL elements become (even, odd) vectors with
+ * two loads and no shift; the PV accumulators are interleaved back with ST2W
+ * at the end of the tile. */
+AI svbool_t odd_h(void) { return svtrn2_b16(svpfalse_b(), svptrue_b16()); }
+
+AI svfloat32_t ld_odd(svbool_t po, const void *p, int64_t d) {
+  return svreinterpret_f32_u16(svld1_u16(po, (const uint16_t *)p + d));
+}
+
+AI svfloat32_t ld_even(svbool_t po, const void *p, int64_t d) {
+  /* lane 0 (element d - 1) is inactive: no access before the row */
+  return svreinterpret_f32_u16(
+      svld1_u16(po, (const uint16_t *)((uintptr_t)p + (uintptr_t)(2 * d - 2))));
+}
+
 /* out[i*4 + u] = q_i . k_u for NQ queries and 4 keys; each dot is one VL
- * accumulator over head_dim then FADDV, so its bits do not depend on NQ. */
-AI void sve_qk_tile(const float *const *q, const void *const *k, int64_t hd, int bf16,
-                    const int NQ, float *out) {
+ * accumulator over head_dim then FADDV, so its bits do not depend on NQ.
+ * PAIR (bf16): the whole 2 VL blocks of head_dim take K as (even, odd)
+ * vectors (ld_even/ld_odd, no shifts) against qp, the queries with each
+ * block stored as its even then its odd elements; the rest as without. */
+AI void sve_qk_tile(const float *const *q, const float *const *qp, const void *const *k,
+                    int64_t hd, int bf16, const int NQ, float *out, const int PAIR) {
   const svbool_t all = svptrue_b32();
   const int64_t vl = (int64_t)svcntw();
   const svfloat32_t z = svdup_n_f32(0.0f);
   svfloat32_t a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
   svfloat32_t a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
-  for (int64_t d = 0; d < hd; d += vl) {
+  int64_t d = 0;
+  if (PAIR) {
+    const svbool_t po = odd_h();
+    for (; d + 2 * vl <= hd; d += 2 * vl) {
+      const svfloat32_t e0 = ld_even(po, k[0], d), o0 = ld_odd(po, k[0], d);
+      const svfloat32_t e1 = ld_even(po, k[1], d), o1 = ld_odd(po, k[1], d);
+      const svfloat32_t e2 = ld_even(po, k[2], d), o2 = ld_odd(po, k[2], d);
+      const svfloat32_t e3 = ld_even(po, k[3], d), o3 = ld_odd(po, k[3], d);
+#define QK_PAIR(I)                                                  \
+      if (NQ > I) {                                                 \
+        const svfloat32_t qe = svld1_f32(all, qp[I] + d);           \
+        const svfloat32_t qo = svld1_f32(all, qp[I] + d + vl);      \
+        a##I##0 = svmla_f32_x(all, svmla_f32_x(all, a##I##0, qe, e0), qo, o0); \
+        a##I##1 = svmla_f32_x(all, svmla_f32_x(all, a##I##1, qe, e1), qo, o1); \
+        a##I##2 = svmla_f32_x(all, svmla_f32_x(all, a##I##2, qe, e2), qo, o2); \
+        a##I##3 = svmla_f32_x(all, svmla_f32_x(all, a##I##3, qe, e3), qo, o3); \
+      }
+      QK_PAIR(0) QK_PAIR(1) QK_PAIR(2) QK_PAIR(3)
+#undef QK_PAIR
+    }
+  }
+  for (; d < hd; d += vl) {
     const svbool_t pg = svwhilelt_b32_s64(d, hd);
     const svfloat32_t k0 = ldw(pg, k[0], d, bf16), k1 = ldw(pg, k[1], d, bf16);
     const svfloat32_t k2 = ldw(pg, k[2], d, bf16), k3 = ldw(pg, k[3], d, bf16);
@@ -75,11 +121,15 @@ AI void sve_qk_tile(const float *const *q, const void *const *k, int64_t hd, int
 
 /* accp[i][d0 + c*VL ..] = sum over keys j in order of e_i[j] * V_j[...], for
  * NQ queries and NV (<= 4) column vectors; e rows padded with zeros to a
- * multiple of 4. Each output element is one fused chain over the keys. */
+ * multiple of 4. Each output element is one fused chain over the keys.
+ * PAIR (bf16, NV = 2 or 4, all NV*VL columns inside head_dim): vector 2c
+ * holds the even and 2c+1 the odd columns of d0 + 2c*VL .. + 2VL. */
 AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_t n4,
-                    int64_t d0, int64_t hd, int bf16, const int NQ, const int NV, float *accp) {
+                    int64_t d0, int64_t hd, int bf16, const int NQ, const int NV, float *accp,
+                    const int PAIR) {
   const svbool_t all = svptrue_b32();
   const int64_t vl = (int64_t)svcntw();
+  const svbool_t po = odd_h();
   const svbool_t p0 = svwhilelt_b32_s64(d0, hd), p1 = svwhilelt_b32_s64(d0 + vl, hd);
   const svbool_t p2 = svwhilelt_b32_s64(d0 + 2 * vl, hd), p3 = svwhilelt_b32_s64(d0 + 3 * vl, hd);
   const svfloat32_t z = svdup_n_f32(0.0f);
@@ -95,10 +145,18 @@ AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_
 #define PV_KEY(U)                                                                      \
     {                                                                                  \
       const void *vp = vrow[j + U];                                                    \
-      const svfloat32_t v0 = ldw(p0, vp, d0, bf16);                                    \
-      const svfloat32_t v1 = NV > 1 ? ldw(p1, vp, d0 + vl, bf16) : z;                  \
-      const svfloat32_t v2 = NV > 2 ? ldw(p2, vp, d0 + 2 * vl, bf16) : z;              \
-      const svfloat32_t v3 = NV > 3 ? ldw(p3, vp, d0 + 3 * vl, bf16) : z;              \
+      svfloat32_t v0, v1, v2, v3;                                                      \
+      if (PAIR) {                                                                      \
+        v0 = ld_even(po, vp, d0);                                                      \
+        v1 = ld_odd(po, vp, d0);                                                       \
+        v2 = NV > 2 ? ld_even(po, vp, d0 + 2 * vl) : z;                                \
+        v3 = NV > 2 ? ld_odd(po, vp, d0 + 2 * vl) : z;                                 \
+      } else {                                                                         \
+        v0 = ldw(p0, vp, d0, bf16);                                                    \
+        v1 = NV > 1 ? ldw(p1, vp, d0 + vl, bf16) : z;                                  \
+        v2 = NV > 2 ? ldw(p2, vp, d0 + 2 * vl, bf16) : z;                              \
+        v3 = NV > 3 ? ldw(p3, vp, d0 + 3 * vl, bf16) : z;                              \
+      }                                                                                \
       PV_FMA(0, 0, U) PV_FMA(0, 1, U) PV_FMA(0, 2, U) PV_FMA(0, 3, U)                  \
       PV_FMA(1, 0, U) PV_FMA(1, 1, U) PV_FMA(1, 2, U) PV_FMA(1, 3, U)                  \
       PV_FMA(2, 0, U) PV_FMA(2, 1, U) PV_FMA(2, 2, U) PV_FMA(2, 3, U)                  \
@@ -107,6 +165,14 @@ AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_
     PV_KEY(0) PV_KEY(1) PV_KEY(2) PV_KEY(3)
 #undef PV_KEY
 #undef PV_FMA
+  }
+  if (PAIR) {
+#define PV_ST2(I, C, D)                                                                  \
+  if (NQ > I && NV > C) svst2_f32(all, accp + I * hd + d0 + C * vl, svcreate2_f32(c##I##C, c##I##D));
+    PV_ST2(0, 0, 1) PV_ST2(0, 2, 3) PV_ST2(1, 0, 1) PV_ST2(1, 2, 3)
+    PV_ST2(2, 0, 1) PV_ST2(2, 2, 3) PV_ST2(3, 0, 1) PV_ST2(3, 2, 3)
+#undef PV_ST2
+    return;
   }
 #define PV_ST(I, C) \
   if (NQ > I && NV > C) svst1_f32(p##C, accp + I * hd + d0 + C * vl, c##I##C);
@@ -136,11 +202,23 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
                                                &k0);
   const int64_t n4 = (n + 3) & ~(int64_t)3;
   float s[QMAX][PART] __attribute__((aligned(16)));
+  /* bf16: the queries' whole 2 VL blocks split into even and odd halves
+   * (LD2W), to meet K widened as (even, odd) pairs in sve_qk_tile */
+  float qd[QMAX][ARMLLM_ATTN_MAX_HEAD_DIM] __attribute__((aligned(16)));
+  const float *qp[QMAX];
+  for (int i = 0; i < nq && bf16; i++) {
+    qp[i] = qd[i];
+    for (int64_t d = 0; d + 2 * vl <= hd; d += 2 * vl) {
+      const svfloat32x2_t x = svld2_f32(all, q[i] + d);
+      svst1_f32(all, qd[i] + d, svget2_f32(x, 0));
+      svst1_f32(all, qd[i] + d + vl, svget2_f32(x, 1));
+    }
+  }
   for (int64_t j = 0; j < n4; j += 4)
     for (int i = 0; i < nq; i += 4) {
       float d[16];
       const int nqi = nq - i >= 4 ? 4 : nq - i;
-#define QK_CALL(N) sve_qk_tile(q + i, kr + j, hd, bf16, N, d)
+#define QK_CALL(N) sve_qk_tile(q + i, qp + i, kr + j, hd, bf16, N, d, bf16)
       NQ_CASES(QK_CALL)
 #undef QK_CALL
       for (int t = 0; t < nqi; t++)
@@ -173,15 +251,26 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
   for (int i = 0; i < nq; i += 4) {
     const int nqi = nq - i >= 4 ? 4 : nq - i;
     int64_t d0 = 0;
-#define PV_CALL4(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 4, accp + i * hd)
-#define PV_CALL2(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 2, accp + i * hd)
-#define PV_CALL1(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 1, accp + i * hd)
+#define PV_CALL4P(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 4, accp + i * hd, 1)
+#define PV_CALL2P(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 2, accp + i * hd, 1)
+#define PV_CALL4(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 4, accp + i * hd, 0)
+#define PV_CALL2(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 2, accp + i * hd, 0)
+#define PV_CALL1(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 1, accp + i * hd, 0)
+    if (bf16) { /* whole 4- and 2-vector column blocks: shift-free widening */
+      for (; hd - d0 >= 4 * vl; d0 += 4 * vl) NQ_CASES(PV_CALL4P)
+      if (hd - d0 >= 2 * vl) {
+        NQ_CASES(PV_CALL2P)
+        d0 += 2 * vl;
+      }
+    }
     for (; hd - d0 > 3 * vl; d0 += 4 * vl) NQ_CASES(PV_CALL4)
     if (hd - d0 > vl) {
       NQ_CASES(PV_CALL2)
       d0 += 2 * vl;
     }
     if (hd - d0 > 0) NQ_CASES(PV_CALL1)
+#undef PV_CALL4P
+#undef PV_CALL2P
 #undef PV_CALL4
 #undef PV_CALL2
 #undef PV_CALL1
