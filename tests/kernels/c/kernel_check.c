@@ -66,69 +66,74 @@ static void report_end(report *r, const char *impl) {
 
 /* --------------------------------------------------------------- gemm */
 
-static void check_gemm(const armllm_kernels *v, armllm_pool *pool, int quick, int bf16) {
+/* One GEMM case, (m, n, k) with row strides ldx/ldy, against ref: within the
+ * stated tolerance, and nothing written past N in y's rows. */
+static void gemm_case(report *r, const armllm_kernels *v, armllm_pool *pool, int bf16,
+                      int64_t m, int64_t n, int64_t k, int64_t ldx, int64_t ldy, int with_bias) {
   const armllm_kernels *ref = &armllm_kernels_ref;
+  const int bf16_acts = bf16 && strcmp(v->gemm_bf16_compute, "bf16") == 0;
+  const double rel = bf16_acts ? 1.0 / 256 : 1e-5;
+  float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
+  float *w = xmalloc(sizeof(float) * (size_t)(n * k));
+  uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
+  float *bias = xmalloc(sizeof(float) * (size_t)n);
+  float *y = xmalloc(sizeof(float) * (size_t)(m * ldy));
+  float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
+  fill(x, m * ldx, 2.0f);
+  fill(w, n * k, 1.0f);
+  fill(bias, n, 1.0f);
+  for (int64_t i = 0; i < n * k; i++) {
+    wb[i] = armllm_f32_to_bf16(w[i]);
+    w[i] = bf16 ? armllm_bf16_to_f32(wb[i]) : w[i];
+  }
+  for (int64_t i = 0; i < m * ldy; i++) y[i] = yref[i] = -777.0f; /* row padding stays */
+  const float *b = with_bias ? bias : NULL;
+  if (bf16) {
+    uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
+    uint16_t *pr = xmalloc(sizeof(uint16_t) * ref->gemm_bf16_packed_len(n, k));
+    v->gemm_bf16_pack(wb, n, k, p);
+    ref->gemm_bf16_pack(wb, n, k, pr);
+    v->gemm_bf16(pool, x, m, k, ldx, p, n, b, y, ldy);
+    ref->gemm_bf16(NULL, x, m, k, ldx, pr, n, b, yref, ldy);
+    free(p);
+    free(pr);
+  } else {
+    float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
+    float *pr = xmalloc(sizeof(float) * ref->gemm_f32_packed_len(n, k));
+    v->gemm_f32_pack(w, n, k, p);
+    ref->gemm_f32_pack(w, n, k, pr);
+    v->gemm_f32(pool, x, m, k, ldx, p, n, b, y, ldy);
+    ref->gemm_f32(NULL, x, m, k, ldx, pr, n, b, yref, ldy);
+    free(p);
+    free(pr);
+  }
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < ldy; j++) {
+      if (j >= n) { /* past N: must be untouched */
+        if (y[i * ldy + j] != -777.0f) r->bad++;
+        continue;
+      }
+      double mag = with_bias ? fabs(bias[j]) : 0.0;
+      for (int64_t q = 0; q < k; q++) mag += fabs((double)x[i * ldx + q] * w[j * k + q]);
+      report_value(r, y[i * ldy + j], yref[i * ldy + j], rel * mag + 1e-30);
+    }
+  r->cases++;
+  free(x); free(w); free(wb); free(bias); free(y); free(yref);
+}
+
+/* Tail cases: M, N, K around every tile and vector width. */
+static void check_gemm(const armllm_kernels *v, armllm_pool *pool, int quick, int bf16) {
   static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 33};
   static const int64_t ns[] = {1, 3, 15, 17, 33, 47};
   static const int64_t ks[] = {1, 3, 7, 8, 9, 31, 33, 65};
   report r;
   report_start(&r, v->isa, bf16 ? "gemm_bf16" : "gemm_f32");
-  int bf16_acts = bf16 && strcmp(v->gemm_bf16_compute, "bf16") == 0;
-  double rel = bf16_acts ? 1.0 / 256 : 1e-5;
   int n_ms = quick ? 6 : (int)(sizeof ms / sizeof *ms);
   for (int im = 0; im < n_ms; im++)
     for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
-      for (size_t ik = 0; ik < sizeof ks / sizeof *ks; ik++) {
-        int64_t m = ms[im], n = ns[in], k = ks[ik];
-        int64_t ldx = k + (int64_t)(ik & 1) * 3, ldy = n + (int64_t)(in & 1) * 5;
-        int with_bias = (int)((im + in + ik) & 1);
-        float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
-        float *w = xmalloc(sizeof(float) * (size_t)(n * k));
-        uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
-        float *bias = xmalloc(sizeof(float) * (size_t)n);
-        float *y = xmalloc(sizeof(float) * (size_t)(m * ldy));
-        float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
-        fill(x, m * ldx, 2.0f);
-        fill(w, n * k, 1.0f);
-        fill(bias, n, 1.0f);
-        for (int64_t i = 0; i < n * k; i++) {
-          wb[i] = armllm_f32_to_bf16(w[i]);
-          w[i] = bf16 ? armllm_bf16_to_f32(wb[i]) : w[i];
-        }
-        for (int64_t i = 0; i < m * ldy; i++) y[i] = yref[i] = -777.0f; /* row padding stays */
-        const float *b = with_bias ? bias : NULL;
-        if (bf16) {
-          uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
-          uint16_t *pr = xmalloc(sizeof(uint16_t) * ref->gemm_bf16_packed_len(n, k));
-          v->gemm_bf16_pack(wb, n, k, p);
-          ref->gemm_bf16_pack(wb, n, k, pr);
-          v->gemm_bf16(pool, x, m, k, ldx, p, n, b, y, ldy);
-          ref->gemm_bf16(NULL, x, m, k, ldx, pr, n, b, yref, ldy);
-          free(p);
-          free(pr);
-        } else {
-          float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
-          float *pr = xmalloc(sizeof(float) * ref->gemm_f32_packed_len(n, k));
-          v->gemm_f32_pack(w, n, k, p);
-          ref->gemm_f32_pack(w, n, k, pr);
-          v->gemm_f32(pool, x, m, k, ldx, p, n, b, y, ldy);
-          ref->gemm_f32(NULL, x, m, k, ldx, pr, n, b, yref, ldy);
-          free(p);
-          free(pr);
-        }
-        for (int64_t i = 0; i < m; i++)
-          for (int64_t j = 0; j < ldy; j++) {
-            if (j >= n) { /* past N: must be untouched */
-              if (y[i * ldy + j] != -777.0f) r.bad++;
-              continue;
-            }
-            double mag = with_bias ? fabs(bias[j]) : 0.0;
-            for (int64_t p = 0; p < k; p++) mag += fabs((double)x[i * ldx + p] * w[j * k + p]);
-            report_value(&r, y[i * ldy + j], yref[i * ldy + j], rel * mag + 1e-30);
-          }
-        r.cases++;
-        free(x); free(w); free(wb); free(bias); free(y); free(yref);
-      }
+      for (size_t ik = 0; ik < sizeof ks / sizeof *ks; ik++)
+        gemm_case(&r, v, pool, bf16, ms[im], ns[in], ks[ik], ks[ik] + (int64_t)(ik & 1) * 3,
+                  ns[in] + (int64_t)(in & 1) * 5, (int)((im + in + ik) & 1));
   report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
 }
 
@@ -180,56 +185,14 @@ static void check_gemm_threads(const armllm_kernels *v, armllm_pool *pool, int b
   report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
 }
 
+/* Larger shapes: several K blocks, panel groups and row-block edges. */
 static void check_gemm_blocks(const armllm_kernels *v, armllm_pool *pool, int bf16) {
-  const armllm_kernels *ref = &armllm_kernels_ref;
   static const int64_t shapes[][3] = {{1, 129, 2100}, {2, 70, 2100}, {4, 40, 300}, {9, 129, 300}, {37, 33, 530}};
   report r;
   report_start(&r, v->isa, bf16 ? "bf16_big" : "f32_big");
-  int bf16_acts = bf16 && strcmp(v->gemm_bf16_compute, "bf16") == 0;
-  double rel = bf16_acts ? 1.0 / 256 : 1e-5;
-  for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++) {
-    int64_t m = shapes[is][0], n = shapes[is][1], k = shapes[is][2], ldx = k + 1, ldy = n + 2;
-    float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
-    float *w = xmalloc(sizeof(float) * (size_t)(n * k));
-    uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
-    float *bias = xmalloc(sizeof(float) * (size_t)n);
-    float *y = xmalloc(sizeof(float) * (size_t)(m * ldy));
-    float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
-    fill(x, m * ldx, 2.0f);
-    fill(w, n * k, 1.0f);
-    fill(bias, n, 1.0f);
-    for (int64_t i = 0; i < n * k; i++) {
-      wb[i] = armllm_f32_to_bf16(w[i]);
-      w[i] = bf16 ? armllm_bf16_to_f32(wb[i]) : w[i];
-    }
-    for (int64_t i = 0; i < m * ldy; i++) y[i] = yref[i] = -777.0f;
-    const float *b = (is & 1) ? bias : NULL;
-    if (bf16) {
-      uint16_t *p = xmalloc(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
-      v->gemm_bf16_pack(wb, n, k, p);
-      v->gemm_bf16(pool, x, m, k, ldx, p, n, b, y, ldy);
-      ref->gemm_bf16(NULL, x, m, k, ldx, wb, n, b, yref, ldy);
-      free(p);
-    } else {
-      float *p = xmalloc(sizeof(float) * v->gemm_f32_packed_len(n, k));
-      v->gemm_f32_pack(w, n, k, p);
-      v->gemm_f32(pool, x, m, k, ldx, p, n, b, y, ldy);
-      ref->gemm_f32(NULL, x, m, k, ldx, w, n, b, yref, ldy);
-      free(p);
-    }
-    for (int64_t i = 0; i < m; i++)
-      for (int64_t j = 0; j < ldy; j++) {
-        if (j >= n) {
-          if (y[i * ldy + j] != -777.0f) r.bad++;
-          continue;
-        }
-        double mag = b ? fabs(bias[j]) : 0.0;
-        for (int64_t q = 0; q < k; q++) mag += fabs((double)x[i * ldx + q] * w[j * k + q]);
-        report_value(&r, y[i * ldy + j], yref[i * ldy + j], rel * mag + 1e-30);
-      }
-    r.cases++;
-    free(x); free(w); free(wb); free(bias); free(y); free(yref);
-  }
+  for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++)
+    gemm_case(&r, v, pool, bf16, shapes[is][0], shapes[is][1], shapes[is][2], shapes[is][2] + 1,
+              shapes[is][1] + 2, (int)(is & 1));
   report_end(&r, v->impl[bf16 ? ARMLLM_K_GEMM_BF16 : ARMLLM_K_GEMM_F32]);
 }
 
