@@ -24,6 +24,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None       # None: none; k >= 0: the sampled token's and the top k
     skip_special_tokens: bool = True
+    n: int = 1                        # completions of the prompt (sharing its KV blocks)
 
     def __post_init__(self):
         def bad(name: str, why: str) -> ValueError:
@@ -51,6 +52,8 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "must be non-negative integers")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise bad("n", "must be an integer >= 1")
         if self.logprobs is not None and (not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")

@@ -1,7 +1,8 @@
 """runner: turns a SchedulerOutput into one model forward and sampled tokens.
 
-Owns the KV cache, the workspace and each request's random generator; builds
-the flattened BatchMeta (numpy) the model reads."""
+Owns the KV cache and the workspace; builds the flattened BatchMeta (numpy)
+the model reads, makes the copy-on-write block copies first, and samples each
+sequence's token with its own random generator."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,21 +19,8 @@ class ModelRunner:
         self.model, self.kv = model, kv
         self.workspace = Workspace(model.config, max_num_batched_tokens, max_num_seqs)
         self.max_blocks = -(-max_model_len // kv.block_size)
-        self._rngs: dict[str, np.random.Generator] = {}
         self._seed_source = np.random.default_rng()
-
-    def _rng(self, seq: Sequence) -> np.random.Generator:
-        rng = self._rngs.get(seq.request_id)
-        if rng is None:
-            seed = seq.params.seed
-            if seed is None:
-                seed = int(self._seed_source.integers(2**63))
-            rng = np.random.default_rng(seed)
-            self._rngs[seq.request_id] = rng
-        return rng
-
-    def forget(self, seq: Sequence) -> None:
-        self._rngs.pop(seq.request_id, None)
+        self._block_table = np.zeros((max_num_seqs, self.max_blocks), np.int32)
 
     def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
         """The batch, and the sequences (in logits-row order) that sample a token."""
@@ -40,13 +28,16 @@ class ModelRunner:
         n = len(out.scheduled)
         ids, positions, query_start = [], [], [0]
         seq_lens = np.empty(n, np.int32)
-        block_table = np.zeros((n, self.max_blocks), np.int32)
+        block_table = self._block_table[:n]
         logits_rows, sampling = [], []
         for b, item in enumerate(out.scheduled):
             seq = item.seq
             start = seq.num_computed
             stop = start + item.num_new_tokens
-            ids.extend(seq.all_ids[start:stop])
+            if item.num_new_tokens == 1 and start >= len(seq.prompt_ids):  # a decode
+                ids.append(seq.output_ids[start - len(seq.prompt_ids)])
+            else:
+                ids.extend(seq.all_ids[start:stop])
             positions.extend(range(start, stop))
             query_start.append(query_start[-1] + item.num_new_tokens)
             seq_lens[b] = stop
@@ -62,11 +53,20 @@ class ModelRunner:
                          np.asarray(logits_rows, np.int64))
         return meta, sampling
 
-    def run(self, out: SchedulerOutput) -> list[tuple[Sequence, SampleResult]]:
+    def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
+        """Runs the step; returns the sequences that sample and their logits rows
+        (a view of the workspace, valid until the next step)."""
+        if out.copies:
+            self.kv.copy_blocks(out.copies)
         meta, sampling = self.build_meta(out)
-        logits = self.model.forward(meta, self.kv, self.workspace)
-        for item in out.scheduled:
-            item.seq.num_computed += item.num_new_tokens
-        return [(seq, sample_row(logits[i], seq.params, self._rng(seq), seq.prompt_ids,
-                                 seq.output_ids))
-                for i, seq in enumerate(sampling)]
+        return sampling, self.model.forward(meta, self.kv, self.workspace)
+
+    def sample(self, seq: Sequence, row: np.ndarray) -> SampleResult:
+        """seq's next token from its logits row (modified in place)."""
+        if seq.rng is None:
+            seed = seq.params.seed
+            if seed is None:
+                seed = int(self._seed_source.integers(2**63))
+            # completion i > 0 of a seeded request draws from its own stream
+            seq.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
+        return sample_row(row, seq.params, seq.rng, seq.prompt_ids, seq.output_ids)

@@ -1,17 +1,23 @@
 """scheduler: picks what runs in each step (plain Python).
 
-Running sequences go first (a decode token each, or the next chunk of a
-prompt still being prefilled); then waiting prompts are admitted, first come
-first served, while the token budget, the sequence cap and the free KV
-blocks allow; a prompt longer than what is left of the budget is prefilled in
-chunks over several steps. A decode that finds no free block
-preempts the most recently admitted running sequence (its blocks are freed
-and it waits to be recomputed)."""
+Each step has a token budget (max_num_batched_tokens) and a sequence cap
+(max_num_seqs). Running decodes go first (one token each), then running
+prompts that are still being prefilled, then waiting requests in priority
+order (lower first, first come first served among equals). A prompt longer
+than what is left of the budget is prefilled in chunks over several steps,
+so it never holds running decodes back for more than one step. A new request
+starts after the longest prefix of its prompt found in the prefix cache.
+
+When a running sequence finds no free KV block, the most recently admitted
+running sequence of the lowest priority is preempted: its blocks are freed
+(they stay in the prefix cache) and it goes back to the front of the queue
+to be recomputed. A request that could never fit is refused when added."""
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from armllm.engine.block_manager import BlockManager
 from armllm.engine.sequence import Sequence, Status
@@ -27,6 +33,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
+    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks (src, dst)
 
     @property
     def num_tokens(self) -> int:
@@ -36,74 +43,151 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int):
+        for name, value in (("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.blocks = blocks
         self.max_num_seqs, self.max_tokens = max_num_seqs, max_num_batched_tokens
         self.max_model_len = max_model_len
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: list[Sequence] = []     # sorted by _order
+        self.running: list[Sequence] = []     # in admission order
         self.num_preemptions = 0
+        self._arrival = itertools.count()
+        self._order: dict[Sequence, tuple[int, int]] = {}  # (priority, arrival), for sorting
+        self._admitted: dict[Sequence, int] = {}           # admission counter, for preemption
+        self._admission = itertools.count()
+
+    # -- requests in and out -------------------------------------------------------------
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int, n: int = 1) -> None:
+        """Raises ValueError for a request that could never run."""
+        total = num_prompt_tokens + max_tokens
+        if num_prompt_tokens < 1:
+            raise ValueError("the prompt is empty")
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
+                             f"= {total} exceeds max_model_len {self.max_model_len}")
+        capacity = self.blocks.num_blocks * self.blocks.block_size
+        if -(-total // self.blocks.block_size) > self.blocks.num_blocks:
+            raise ValueError(f"prompt + max_tokens = {total} tokens cannot fit the KV cache "
+                             f"({capacity} tokens)")
+        if n > self.max_num_seqs:
+            raise ValueError(f"n = {n} completions exceeds max_num_seqs {self.max_num_seqs}")
 
     def add(self, seq: Sequence) -> None:
-        total = len(seq.prompt_ids) + seq.params.max_tokens
-        if not seq.prompt_ids:
-            raise ValueError("the prompt is empty")
-        if len(seq.prompt_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(seq.prompt_ids)} tokens; max_model_len is "
-                             f"{self.max_model_len}")
-        if -(-min(total, self.max_model_len) // self.blocks.block_size) > self.blocks.num_blocks:
-            raise ValueError(f"prompt + max_tokens = {total} tokens cannot fit the KV cache "
-                             f"({self.blocks.num_blocks * self.blocks.block_size} tokens)")
-        self.waiting.append(seq)
+        self.check_fits(len(seq.prompt_ids), seq.params.max_tokens, seq.num_forks_pending + 1)
+        self._order[seq] = (seq.priority, next(self._arrival))
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        bisect.insort(self.waiting, seq, key=self._order.__getitem__)
+
+    def add_running(self, seq: Sequence, after: Sequence) -> None:
+        """A sequence forked from `after` (which is running) joins the running set."""
+        self._order[seq] = self._order[after]
+        self._admitted[seq] = next(self._admission)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """seq is done (stopped, length, or aborted): its blocks are released."""
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        seq.timings.finished = time.monotonic()
+        if seq in self._admitted:
+            self.running.remove(seq)
+            del self._admitted[seq]
+        elif seq in self._order:
+            self.waiting.remove(seq)
+        self._order.pop(seq, None)
+        self.blocks.release(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # -- one step --------------------------------------------------------------------------
+
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
         self.running.remove(seq)
+        del self._admitted[seq]
         self.blocks.release(seq)
-        seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        self._enqueue(seq)
+
+    def _victim(self, exclude: set) -> Sequence:
+        """The running sequence to preempt: lowest priority, then most recently admitted."""
+        return max((s for s in self.running if s not in exclude),
+                   key=lambda s: (self._order[s][0], self._admitted[s]))
 
     def schedule(self) -> SchedulerOutput:
-        scheduled, preempted = [], []
+        out = SchedulerOutput([], [])
         budget = self.max_tokens
-        for seq in list(self.running):
-            if seq not in self.running or budget <= 0:
-                continue  # preempted to make room for an older one, or no budget left
-            n = min(seq.num_tokens - seq.num_computed, budget)  # 1 for a decode
+        done: set[Sequence] = set()
+        # decodes, then prompts still prefilling; each in priority then admission order
+        order = sorted(self.running, key=lambda s: (s.num_tokens - s.num_computed > 1,
+                                                    self._order[s], self._admitted[s]))
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue  # preempted to make room for an earlier one
+            n = min(seq.num_tokens - seq.num_computed, budget)
             target = seq.num_computed + n
             while not self.blocks.can_allocate(seq, target):
-                victim = self.running[-1]
+                victim = self._victim(done)
                 self._preempt(victim)
-                preempted.append(victim)
+                out.preempted.append(victim)
                 if victim is seq:
                     break
-            if seq in self.running:
-                self.blocks.allocate(seq, target)
-                scheduled.append(ScheduledSeq(seq, n))
+            if seq.status is Status.RUNNING:
+                out.copies += self.blocks.allocate(seq, target)
+                out.scheduled.append(ScheduledSeq(seq, n))
+                done.add(seq)
                 budget -= n
-        while (self.waiting and budget > 0 and len(self.running) < self.max_num_seqs
-               and not preempted):
+        # running sequences and the completions they will fork hold a slot each
+        slots = sum(1 + s.num_forks_pending for s in self.running)
+        while self.waiting and budget > 0 and not out.preempted:
             seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed, budget)  # long prompts go in chunks
-            if not self.blocks.can_allocate(seq, seq.num_computed + n):
+            if slots + seq.num_forks_pending + 1 > self.max_num_seqs:
                 break
-            self.waiting.popleft()
-            self.blocks.allocate(seq, seq.num_computed + n)
-            seq.status = Status.RUNNING
+            prefix = self.blocks.cached_prefix(seq)
+            start = len(prefix) * self.blocks.block_size
+            n = min(seq.num_tokens - start, budget)
+            if not self.blocks.can_allocate(seq, start + n, prefix):
+                break
+            self.waiting.pop(0)
+            self.blocks.take_prefix(seq, prefix)
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = time.monotonic()
+                seq.num_cached_prompt = start
+            out.copies += self.blocks.allocate(seq, start + n)
+            seq.status = Status.RUNNING
+            self._admitted[seq] = next(self._admission)
             self.running.append(seq)
-            scheduled.append(ScheduledSeq(seq, n))
+            out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
-        return SchedulerOutput(scheduled, preempted)
+            slots += seq.num_forks_pending + 1
+        return out
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        seq.status, seq.finish_reason = Status.FINISHED, reason
-        seq.timings.finished = time.monotonic()
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        self.blocks.release(seq)
+    def after_step(self, out: SchedulerOutput) -> None:
+        """The step ran: the scheduled tokens are in the cache."""
+        for item in out.scheduled:
+            item.seq.num_computed += item.num_new_tokens
+            self.blocks.commit(item.seq)
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def sequences(self, request_id: str) -> list[Sequence]:
+        """The unfinished sequences of one request."""
+        return [s for s in itertools.chain(self.running, self.waiting)
+                if s.request_id == request_id]
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)

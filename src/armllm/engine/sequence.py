@@ -1,4 +1,8 @@
-"""sequence: one request's state as the engine sees it (plain Python)."""
+"""sequence: one completion's state as the engine sees it (plain Python).
+
+A request with n > 1 completions is n Sequences sharing a request id
+(`index` 0..n-1); the first carries the prompt through prefill and the others
+are forked from it, sharing its KV blocks, when the prompt is done."""
 from __future__ import annotations
 
 import enum
@@ -22,19 +26,26 @@ class Timings:
     token_times: list[float] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: sequences live in lists and sets by object
 class Sequence:
     request_id: str
     prompt_ids: list[int]
     params: Any                      # SamplingParams (kept opaque here)
     eos_token_ids: frozenset[int] = frozenset()
+    index: int = 0                   # which of the request's n completions
+    priority: int = 0                # lower runs first; FCFS among equals
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0            # tokens whose K/V are in the cache
+    num_cached_prompt: int = 0       # prompt tokens found in the prefix cache at admission
+    num_committed_blocks: int = 0    # leading blocks already entered in the prefix cache
+    block_hashes: list[bytes] = field(default_factory=list)  # chained, of full token blocks
+    num_forks_pending: int = 0       # completions still to fork off when the prompt is done
     finish_reason: str | None = None
     text: str = ""                   # detokenized output, stop strings removed
     logprobs: list = field(default_factory=list)
+    rng: Any = None                  # the sampler's random generator (runner-owned)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 
     @property
@@ -48,3 +59,7 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.request_id, self.index

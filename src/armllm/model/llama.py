@@ -46,6 +46,13 @@ class KVCache:
         self.v = [np.zeros(shape, np_dtype) for _ in range(config.num_layers)]
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copies whole blocks (src, dst) in every layer: copy on write of shared blocks."""
+        src = np.fromiter((c[0] for c in copies), np.intp, len(copies))
+        dst = np.fromiter((c[1] for c in copies), np.intp, len(copies))
+        for cache in (*self.k, *self.v):
+            cache[dst] = cache[src]
+
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: str) -> int:
         item = 2 if dtype == "bf16" else 4

@@ -1,0 +1,151 @@
+"""engine_thread: one thread that owns an LLMEngine and runs its step loop;
+other threads (an asyncio event loop, the server) reach it only through a
+command queue and receive each completion's StepOutputs through a callback
+called on the engine thread. The kernels release the GIL, so the caller's
+thread keeps running during a forward pass."""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from armllm.engine.llm_engine import LLMEngine
+from armllm.engine.outputs import EngineStats, StepOutput
+from armllm.sampling import SamplingParams
+
+log = logging.getLogger("armllm")
+
+Sink = Callable[[StepOutput], None]
+
+
+class EngineClosed(RuntimeError):
+    pass
+
+
+class EngineThread:
+    def __init__(self, engine: LLMEngine, name: str = "armllm-engine"):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, tuple[Sink, list[int]]] = {}  # request -> (sink, [open count])
+        self._stats = engine.stats()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    # -- called from any thread ----------------------------------------------------------
+
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+            sink: Sink, priority: int = 0) -> Future:
+        """Queues a request; the future completes when the engine has accepted it
+        (or fails with the engine's ValueError). sink gets its StepOutputs."""
+        fut: Future = Future()
+        if self._closed:
+            fut.set_exception(EngineClosed("the engine is shut down"))
+            return fut
+        self._commands.put(("add", (request_id, prompt_ids, params, sink, priority), fut))
+        return fut
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request before the next step; unknown or finished ids are ignored."""
+        if not self._closed:
+            self._commands.put(("abort", request_id, None))
+
+    def stats(self) -> EngineStats:
+        """The counters as of the end of the last step or command."""
+        return self._stats
+
+    def call(self, fn: Callable[[LLMEngine], object]) -> Future:
+        """Runs fn(engine) on the engine thread between steps."""
+        fut: Future = Future()
+        self._commands.put(("call", fn, fut))
+        return fut
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Aborts what is in flight and stops the thread."""
+        if not self._closed:
+            self._closed = True
+            self._commands.put(("stop", None, None))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            block = not self.engine.has_unfinished()
+            while True:  # every queued command, waiting for one when idle
+                try:
+                    cmd = self._commands.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                if cmd[0] == "stop":
+                    self._stop()
+                    return
+                self._handle(*cmd)
+            try:
+                outputs = self.engine.step()
+            except Exception:  # the engine isolates request failures; this is a bug
+                log.exception("engine step raised; aborting every request in flight")
+                outputs = []
+                for rid in list(self._sinks):
+                    self.engine.abort(rid)
+            self._deliver(outputs)
+            self._stats = self.engine.stats()
+
+    def _handle(self, kind: str, arg, fut: Future | None) -> None:
+        if kind == "add":
+            request_id, prompt_ids, params, sink, priority = arg
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                self.engine.add_request(request_id, prompt_ids, params, priority)
+            except Exception as exc:
+                fut.set_exception(exc)
+                return
+            self._sinks[request_id] = (sink, [params.n])
+            fut.set_result(None)
+        elif kind == "abort":
+            self.engine.abort(arg)
+        elif kind == "call":
+            try:
+                fut.set_result(arg(self.engine))
+            except Exception as exc:
+                fut.set_exception(exc)
+        self._stats = self.engine.stats()
+
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            entry = self._sinks.get(out.request_id)
+            if entry is None:
+                continue
+            sink, open_count = entry
+            if out.finish_reason is not None:
+                open_count[0] -= 1
+                if open_count[0] == 0:
+                    del self._sinks[out.request_id]
+            try:
+                sink(out)
+            except Exception:  # the consumer is gone (closed event loop): stop its request
+                log.warning("request %s: output consumer failed; aborting", out.request_id,
+                            exc_info=True)
+                self._sinks.pop(out.request_id, None)
+                self.engine.abort(out.request_id)
+
+    def _stop(self) -> None:
+        for rid in list(self._sinks):
+            self.engine.abort(rid)
+        self._deliver(self.engine.step() if self.engine.has_unfinished() else [])
+        while True:  # commands that raced with the stop
+            try:
+                kind, _, fut = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if fut is not None and fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineClosed("the engine is shut down"))
+        self._stats = self.engine.stats()

@@ -1,0 +1,153 @@
+"""BlockManager alone (plain Python): exact block ids for allocation, prefix
+hits, eviction order and copy on write, and the counters."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from armllm.engine.block_manager import BlockManager, block_hash
+from armllm.engine.sequence import Sequence
+
+
+@dataclass
+class Params:
+    max_tokens: int = 8
+    n: int = 1
+
+
+def seq(tokens, rid="r") -> Sequence:
+    return Sequence(rid, list(tokens), Params())
+
+
+def run(bm: BlockManager, s: Sequence, upto: int) -> None:
+    """As a step does: room for `upto` tokens, then they are computed."""
+    bm.allocate(s, upto)
+    s.num_computed = upto
+    bm.commit(s)
+
+
+def free_order(bm: BlockManager) -> list[int]:
+    return list(bm.free)
+
+
+def test_allocation_takes_blocks_in_order_and_release_returns_them():
+    bm = BlockManager(8, 4)
+    a = seq(range(10))
+    run(bm, a, 10)
+    assert a.block_table == [0, 1, 2]
+    assert bm.ref_count[:3] == [1, 1, 1] and bm.num_free == 5
+    assert bm.usage == pytest.approx(3 / 8)
+    bm.release(a)
+    # the unhashed partial block first, then hashed ones tail first (the prefix lasts longest)
+    assert free_order(bm) == [2, 3, 4, 5, 6, 7, 1, 0]
+    assert a.block_table == [] and a.num_computed == 0
+
+
+def test_prefix_hit_reuses_exact_blocks_and_counts_tokens():
+    bm = BlockManager(8, 4)
+    a = seq(range(10))
+    run(bm, a, 10)
+    assert bm.cached == {a.block_hashes[0]: 0, a.block_hashes[1]: 1}
+    assert a.block_hashes[1] == block_hash(block_hash(b"", [0, 1, 2, 3]), [4, 5, 6, 7])
+    bm.release(a)
+    b = seq([0, 1, 2, 3, 4, 5, 6, 7, 50, 51], "b")
+    prefix = bm.cached_prefix(b)
+    assert prefix == [0, 1]
+    bm.take_prefix(b, prefix)
+    assert b.num_computed == 8 and bm.prefix_queries == 10 and bm.prefix_hits == 8
+    bm.allocate(b, 10)
+    assert b.block_table == [0, 1, 2]
+    # a running holder and a waiting one share block 0 and 1
+    c = seq([0, 1, 2, 3, 9, 9, 9, 9, 9], "c")
+    assert bm.cached_prefix(c) == [0]
+    bm.take_prefix(c, [0])
+    assert bm.ref_count[0] == 2 and bm.ref_count[1] == 1
+
+
+def test_at_least_one_prompt_token_is_recomputed():
+    bm = BlockManager(8, 4)
+    a = seq(range(8))
+    run(bm, a, 8)
+    bm.release(a)
+    again = seq(range(8), "again")
+    assert bm.cached_prefix(again) == [0]   # not [0, 1]: token 7 must produce logits
+    longer = seq(range(9), "longer")
+    assert bm.cached_prefix(longer) == [0, 1]
+
+
+def test_eviction_takes_unhashed_then_least_recently_freed():
+    bm = BlockManager(6, 2)
+    a, b = seq([1, 2, 3, 4, 5], "a"), seq([7, 8, 9], "b")
+    run(bm, a, 5)   # blocks 0 1 2 (0, 1 full)
+    run(bm, b, 3)   # blocks 3 4 (3 full)
+    bm.release(a)
+    bm.release(b)
+    assert free_order(bm) == [4, 2, 5, 1, 0, 3]
+    assert len(bm.cached) == 3
+    c = seq(range(100, 108), "c")
+    bm.allocate(c, 8)                        # four blocks: 4, 2, 5, then evicts 1
+    assert c.block_table == [4, 2, 5, 1]
+    assert set(bm.cached.values()) == {0, 3}
+    assert bm.cached_prefix(seq([1, 2, 3, 4, 5], "a2")) == [0]   # block 1 is gone
+    assert bm.cached_prefix(seq([7, 8, 9], "b2")) == [3]
+
+
+def test_fork_shares_blocks_and_copies_on_write():
+    bm = BlockManager(8, 4)
+    parent = seq(range(6))
+    run(bm, parent, 6)                       # blocks 0 (full) and 1 (2 of 4 tokens)
+    child = Sequence("r", parent.prompt_ids, Params(), index=1)
+    bm.fork(parent, child)
+    assert child.block_table == [0, 1] and bm.ref_count[:2] == [2, 2]
+    child.output_ids.append(42)
+    copies = bm.allocate(child, 7)           # writes position 6, in shared block 1
+    assert copies == [(1, 2)] and child.block_table == [0, 2]
+    assert bm.ref_count[:3] == [2, 1, 1]
+    parent.output_ids.append(43)
+    assert bm.allocate(parent, 7) == []      # block 1 is parent's alone now: no copy
+    assert parent.block_table == [0, 1]
+    bm.release(child)
+    bm.release(parent)
+    assert bm.num_free == 8 and all(r == 0 for r in bm.ref_count)
+
+
+def test_copy_on_write_counts_in_can_allocate():
+    bm = BlockManager(3, 4)
+    parent = seq(range(6))
+    run(bm, parent, 6)
+    child = Sequence("r", parent.prompt_ids, Params(), index=1)
+    bm.fork(parent, child)
+    child.output_ids.append(1)
+    assert bm.blocks_needed(child, 7) == 1 and bm.can_allocate(child, 7)
+    bm.allocate(child, 7)
+    child2 = Sequence("r", parent.prompt_ids, Params(), index=2)
+    bm.fork(parent, child2)
+    child2.output_ids.append(1)
+    assert not bm.can_allocate(child2, 7)
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
+        bm.allocate(child2, 7)
+
+
+def test_prefix_caching_off_hashes_nothing():
+    bm = BlockManager(8, 4, enable_prefix_caching=False)
+    a = seq(range(10))
+    run(bm, a, 10)
+    bm.release(a)
+    assert bm.cached == {} and bm.cached_prefix(seq(range(10))) == []
+    assert free_order(bm) == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_same_tokens_in_two_blocks_keep_the_first_cached():
+    bm = BlockManager(8, 4)
+    a, b = seq(range(5), "a"), seq(range(5), "b")
+    run(bm, a, 5)
+    run(bm, b, 5)                            # computed concurrently, not from the cache
+    assert bm.cached == {a.block_hashes[0]: 0}
+    bm.release(b)
+    assert free_order(bm)[:2] == [2, 3]      # b's blocks are unhashed: reused first
+
+
+def test_bad_sizes():
+    with pytest.raises(ValueError, match="num_blocks and block_size must be >= 1"):
+        BlockManager(0, 16)
