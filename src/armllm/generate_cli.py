@@ -25,7 +25,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="weight precision (auto = bfloat16)")
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--kv-cache-gib", type=float, default=None)
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache size (default: a share of the memory left after the weights)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="do not reuse the KV cache of earlier prompts' shared prefixes")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,7 +72,8 @@ def load(args: argparse.Namespace):
     t0 = time.perf_counter()
     try:
         llm = LLM(model, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                  max_model_len=args.max_model_len, max_num_seqs=4, progress=progress)
+                  max_model_len=args.max_model_len, max_num_seqs=4, progress=progress,
+                  enable_prefix_caching=not args.no_prefix_caching)
     except ValueError as exc:
         print(file=sys.stderr)
         raise UsageError(str(exc)) from None

@@ -173,3 +173,13 @@ class RandomOperations(RuleBasedStateMachine):
 RandomOperations.TestCase.settings = settings(max_examples=examples(150), deadline=None,
                                               stateful_step_count=30)
 test_random_operations = RandomOperations.TestCase
+
+
+def test_scheduler_and_block_manager_import_neither_numpy_nor_kernels():
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "import armllm.engine.scheduler, armllm.engine.block_manager\n"
+            "bad = [m for m in ('numpy', 'armllm._kernels._ext', 'armllm.ops') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
