@@ -1,4 +1,4 @@
-"""The `armllm` command line: info, generate, chat, bench.
+"""The `armllm` command line: info, generate, chat, convert, serve, bench.
 
 Bad input ends with a one-line message on stderr and exit code 2.
 """
@@ -59,6 +59,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     from armllm.generate_cli import add_commands
     add_commands(sub)
+
+    from armllm.server.cli import add_arguments as add_serve_arguments
+    from armllm.server.cli import cmd_serve
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -180,6 +180,7 @@ def test_scheduler_and_block_manager_import_neither_numpy_nor_kernels():
     import sys
     code = ("import sys\n"
             "import armllm.engine.scheduler, armllm.engine.block_manager\n"
-            "bad = [m for m in ('numpy', 'armllm._kernels._ext', 'armllm.ops') if m in sys.modules]\n"
+            "bad = [m for m in ('numpy', 'armllm._kernels._ext', 'armllm.ops')\n"
+            "       if m in sys.modules]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -4,7 +4,7 @@ from the deltas by OutputCollector), per-request timings, and the engine's
 counters (EngineStats)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -118,23 +118,27 @@ class OutputCollector:
         self._open = n
 
     def add(self, step: StepOutput) -> RequestOutput:
-        """Applies one delta; the returned output's delta fields hold just this step."""
-        for c in self.output.outputs:
-            c.text_delta, c.new_token_ids, c.new_logprobs = "", [], []
-        c = self.output.outputs[step.index]
+        """Applies one delta. Returns a new RequestOutput whose completions are new
+        objects (their delta fields hold just this step; the cumulative token and
+        logprob lists are shared and keep growing), so a consumer may hold it while
+        later steps arrive."""
+        out = self.output
+        c = out.outputs[step.index]
         c.text += step.text_delta
         c.token_ids.extend(step.new_token_ids)
-        c.text_delta, c.new_token_ids, c.new_logprobs = (step.text_delta, step.new_token_ids,
-                                                         step.logprobs)
         if c.logprobs is not None:
             c.logprobs.extend(step.logprobs)
         if step.finish_reason is not None and c.finish_reason is None:
             c.finish_reason, c.metrics = step.finish_reason, step.metrics
             self._open -= 1
             if step.error is not None:
-                self.output.error = step.error
-        self.output.finished = self._open == 0
-        return self.output
+                out.error = step.error
+        out.finished = self._open == 0
+        view = [replace(x, text_delta="", new_token_ids=[], new_logprobs=[])
+                for x in out.outputs]
+        view[step.index] = replace(c, text_delta=step.text_delta,
+                                   new_token_ids=step.new_token_ids, new_logprobs=step.logprobs)
+        return replace(out, outputs=view)
 
 
 @dataclass

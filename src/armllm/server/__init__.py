@@ -1,0 +1,2 @@
+"""The OpenAI-compatible HTTP server (`armllm serve`): a thin Starlette front
+end over the engine thread."""

@@ -1,0 +1,143 @@
+"""metrics: the server's Prometheus text exposition (/metrics): request
+counters by finish reason, histograms of per-request latencies and token
+counts observed when a completion ends, and the engine's gauges and counters
+read from its latest stats snapshot. Metric names follow vLLM's with an
+`armllm:` prefix so existing dashboards map over."""
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import Counter
+
+from armllm.engine.outputs import EngineStats, RequestMetrics
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
+                  100000)
+
+
+class Histogram:
+    def __init__(self, name: str, help: str, buckets: tuple):
+        self.name, self.help, self.buckets = name, help, buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one: above every bound (+Inf)
+        self.sum, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self, labels: str) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        cum = 0
+        for bound, c in zip(self.buckets, self.counts, strict=False):
+            cum += c
+            lines.append(f'{self.name}_bucket{{{labels},le="{bound}"}} {cum}')
+        lines.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {self.count}')
+        lines.append(f"{self.name}_sum{{{labels}}} {self.sum!r}")
+        lines.append(f"{self.name}_count{{{labels}}} {self.count}")
+        return lines
+
+
+class ServerMetrics:
+    """Observed on the event loop; rendered from any thread."""
+
+    def __init__(self, model_name: str):
+        self.labels = f'model_name="{_escape(model_name)}"'
+        self._lock = threading.Lock()
+        self.http: Counter[tuple[str, int]] = Counter()   # (route, status)
+        self.rejected_overload = 0
+        self.hist = {
+            "ttft": Histogram("armllm:time_to_first_token_seconds",
+                              "Time from arrival to the first output token.", _LATENCY_BUCKETS),
+            "itl": Histogram("armllm:inter_token_latency_seconds",
+                             "Time between consecutive output tokens.", _LATENCY_BUCKETS),
+            "tpot": Histogram("armllm:request_time_per_output_token_seconds",
+                              "Mean time per output token after the first, per completion.",
+                              _LATENCY_BUCKETS),
+            "e2e": Histogram("armllm:e2e_request_latency_seconds",
+                             "Time from arrival to the last token.", _LATENCY_BUCKETS),
+            "queue": Histogram("armllm:request_queue_time_seconds",
+                               "Time from arrival to first being scheduled.", _LATENCY_BUCKETS),
+            "prompt": Histogram("armllm:request_prompt_tokens",
+                                "Prompt tokens per request.", _TOKEN_BUCKETS),
+            "generation": Histogram("armllm:request_generation_tokens",
+                                    "Generated tokens per completion.", _TOKEN_BUCKETS),
+        }
+
+    def observe_completion(self, m: RequestMetrics | None, first: bool) -> None:
+        """A completion the client received ended; `first` marks a request's first
+        completion (its prompt is counted once)."""
+        with self._lock:
+            if m is None:
+                return
+            h = self.hist
+            if first:
+                h["prompt"].observe(m.num_prompt_tokens)
+            h["generation"].observe(m.num_output_tokens)
+            if m.queue_s is not None:
+                h["queue"].observe(m.queue_s)
+            if m.ttft_s is not None:
+                h["ttft"].observe(m.ttft_s)
+            if m.e2e_s is not None:
+                h["e2e"].observe(m.e2e_s)
+            if m.tpot_s is not None:
+                h["tpot"].observe(m.tpot_s)
+            for gap in m.itl_s:
+                h["itl"].observe(gap)
+
+    def observe_http(self, route: str, status: int) -> None:
+        with self._lock:
+            self.http[(route, status)] += 1
+
+    def render(self, stats: EngineStats, in_flight: int) -> str:
+        lb = self.labels
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help: str, value, labels: str = lb) -> None:
+            out.extend([f"# HELP {name} {help}", f"# TYPE {name} {kind}",
+                        f"{name}{{{labels}}} {value}"])
+
+        metric("armllm:num_requests_running", "gauge", "Sequences in the running batch.",
+               stats.num_running)
+        metric("armllm:num_requests_waiting", "gauge", "Sequences waiting to be scheduled.",
+               stats.num_waiting)
+        metric("armllm:num_requests_in_flight", "gauge",
+               "HTTP generation requests being served.", in_flight)
+        metric("armllm:kv_cache_usage_perc", "gauge",
+               "Fraction of KV-cache blocks held by sequences (1 = full).", stats.kv_usage)
+        metric("armllm:kv_cache_blocks", "gauge", "KV-cache blocks in all.", stats.num_blocks)
+        metric("armllm:kv_cache_free_blocks", "gauge", "KV-cache blocks free.",
+               stats.num_free_blocks)
+        metric("armllm:prefix_cache_cached_blocks", "gauge",
+               "Blocks the prefix cache can serve.", stats.num_cached_blocks)
+        metric("armllm:prefix_cache_queries_total", "counter",
+               "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries)
+        metric("armllm:prefix_cache_hits_total", "counter",
+               "Prompt tokens served from the prefix cache.", stats.prefix_cache_hits)
+        metric("armllm:num_preemptions_total", "counter", "Sequences preempted.",
+               stats.num_preemptions)
+        metric("armllm:prompt_tokens_total", "counter", "Prompt tokens received.",
+               stats.num_prompt_tokens)
+        metric("armllm:generation_tokens_total", "counter", "Tokens generated.",
+               stats.num_generation_tokens)
+        metric("armllm:engine_steps_total", "counter", "Engine steps run.", stats.num_steps)
+        name = "armllm:request_success_total"
+        out += [f"# HELP {name} Completions ended, by finish reason.", f"# TYPE {name} counter"]
+        for reason in sorted({"stop", "length", "abort", "error", *stats.finished}):
+            out.append(f'{name}{{{lb},finished_reason="{reason}"}} '
+                       f"{stats.finished.get(reason, 0)}")
+        with self._lock:
+            name = "armllm:http_requests_total"
+            out += [f"# HELP {name} HTTP requests answered, by route and status.",
+                    f"# TYPE {name} counter"]
+            for (route, status), count in sorted(self.http.items()):
+                out.append(f'{name}{{{lb},route="{_escape(route)}",status="{status}"}} {count}')
+            for h in self.hist.values():
+                out.extend(h.render(lb))
+        return "\n".join(out) + "\n"
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,250 @@
+"""protocol: the OpenAI request bodies armllm accepts, checked field by field
+where they enter, and the errors it answers with.
+
+Each endpoint has a table of the fields it knows. A known field of the wrong
+type or range is a 400 naming it; a known field armllm cannot honour (tools,
+a JSON response format, echo, ...) is a 400 saying so rather than a silently
+wrong answer; an unknown field is ignored and logged."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from armllm.sampling import SamplingParams
+
+log = logging.getLogger("armllm.server")
+
+MAX_LOGPROBS = 20
+
+
+class APIError(Exception):
+    """An error answered with OpenAI's body: {"error": {message, type, param, code}}."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None,
+                 code: str | None = None, type: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.param, self.code = message, status, param, code
+        self.type = type or {400: "invalid_request_error", 401: "authentication_error",
+                             404: "not_found_error", 413: "invalid_request_error",
+                             503: "service_unavailable_error"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(param: str, message: str, code: str | None = "invalid_value") -> APIError:
+    return APIError(f"{param}: {message}", 400, param, code)
+
+
+# -- field types ----------------------------------------------------------------------------
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_CHECKS = {
+    "int": (_int, "an integer"),
+    "num": (_num, "a number"),
+    "bool": (lambda v: isinstance(v, bool), "a boolean"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "obj": (lambda v: isinstance(v, dict), "an object"),
+    "list": (lambda v: isinstance(v, list), "an array"),
+    "any": (lambda v: True, ""),
+}
+
+# fields both endpoints share: name -> type (None is always allowed: the default)
+_SAMPLING_FIELDS = {
+    "model": "str", "max_tokens": "int", "temperature": "num", "top_p": "num",
+    "top_k": "int", "min_p": "num", "presence_penalty": "num", "frequency_penalty": "num",
+    "repetition_penalty": "num", "seed": "int", "stop": "any", "stop_token_ids": "list",
+    "ignore_eos": "bool", "n": "int", "stream": "bool", "stream_options": "obj",
+    "user": "str", "skip_special_tokens": "bool", "priority": "int", "best_of": "int",
+    "logit_bias": "obj", "metadata": "obj", "store": "bool", "service_tier": "str",
+    "safety_identifier": "str", "prompt_cache_key": "str",
+}
+COMPLETION_FIELDS = {**_SAMPLING_FIELDS, "prompt": "any", "logprobs": "int", "echo": "bool",
+                     "suffix": "str"}
+CHAT_FIELDS = {**_SAMPLING_FIELDS, "messages": "list", "max_completion_tokens": "int",
+               "logprobs": "bool", "top_logprobs": "int", "tools": "list",
+               "tool_choice": "any", "functions": "list", "function_call": "any",
+               "parallel_tool_calls": "bool", "response_format": "obj",
+               "add_generation_prompt": "bool", "continue_final_message": "bool",
+               "chat_template_kwargs": "obj", "modalities": "list", "audio": "obj",
+               "prediction": "obj", "reasoning_effort": "str", "web_search_options": "obj"}
+
+
+def check_fields(body: Any, fields: dict[str, str], endpoint: str) -> dict:
+    """The body as a dict of known fields with the right types (None dropped)."""
+    if not isinstance(body, dict):
+        raise APIError("the request body must be a JSON object", code="invalid_body")
+    unknown = sorted(k for k in body if k not in fields)
+    if unknown:
+        log.warning("%s: ignoring unknown fields %s", endpoint, ", ".join(unknown))
+    out = {}
+    for name, kind in fields.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        ok, what = _CHECKS[kind]
+        if not ok(value):
+            raise bad(name, f"must be {what}, got {type(value).__name__} {value!r}"[:300],
+                      "invalid_type")
+        out[name] = value
+    return out
+
+
+def refuse_unsupported(req: dict) -> None:
+    """A 400 for known fields whose effect armllm does not implement."""
+    def no(param: str, what: str) -> APIError:
+        return APIError(f"{param}: {what} is not supported by this server", 400, param,
+                        "unsupported_parameter")
+    if req.get("tools") or req.get("functions"):
+        raise no("tools" if req.get("tools") else "functions", "tool and function calling")
+    if req.get("tool_choice") not in (None, "none", "auto"):
+        raise no("tool_choice", "forcing a tool call")
+    if req.get("function_call") not in (None, "none", "auto"):
+        raise no("function_call", "forcing a function call")
+    fmt = req.get("response_format")
+    if fmt is not None and fmt.get("type") != "text":
+        raise no("response_format", f"response_format type {fmt.get('type')!r} "
+                                    "(structured output)")
+    if req.get("echo"):
+        raise no("echo", "echoing the prompt")
+    if req.get("suffix"):
+        raise no("suffix", "a suffix (fill in the middle)")
+    if req.get("logit_bias"):
+        raise no("logit_bias", "logit_bias")
+    if req.get("best_of") not in (None, req.get("n", 1)):
+        raise no("best_of", "best_of other than n")
+    mods = req.get("modalities")
+    if mods and mods != ["text"]:
+        raise no("modalities", "output other than text")
+    if req.get("audio"):
+        raise no("audio", "audio output")
+    if req.get("prediction"):
+        raise no("prediction", "predicted outputs")
+
+
+# -- prompts --------------------------------------------------------------------------------
+
+def completion_prompts(prompt: Any) -> list[str | list[int]]:
+    """prompt: a string, a list of strings, token ids, or a list of token-id lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(_int(t) for t in prompt):
+            return [prompt]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p and all(_int(t) for t in p) for p in prompt):
+            return list(prompt)
+    raise bad("prompt", "must be a string, a non-empty list of strings, a list of token ids, "
+                        "or a list of non-empty token-id lists")
+
+
+_ROLES = ("system", "developer", "user", "assistant")
+
+
+def chat_messages(messages: Any) -> list[dict]:
+    """Messages with string content (text parts joined), for the chat template."""
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty array of messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, "must be an object with role and content")
+        role = m.get("role")
+        if role == "tool" or m.get("tool_calls"):
+            raise APIError(f"{where}: tool messages and tool calls are not supported by this "
+                           "server", 400, where, "unsupported_parameter")
+        if role not in _ROLES:
+            raise bad(f"{where}.role", f"must be one of {', '.join(_ROLES)}, got {role!r}")
+        content = m.get("content")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" \
+                        or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise APIError(f"{where}.content[{j}]: only text parts are supported, got "
+                                   f"{kind!r}", 400, f"{where}.content", "unsupported_parameter")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None and role == "assistant":
+            content = ""
+        if not isinstance(content, str):
+            raise bad(f"{where}.content", "must be a string or an array of text parts")
+        msg = {"role": "system" if role == "developer" else role, "content": content}
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+# -- sampling -------------------------------------------------------------------------------
+
+@dataclass
+class Options:
+    """What a request asks for beyond the prompt."""
+    params: SamplingParams
+    max_tokens_given: bool
+    stream: bool
+    include_usage: bool
+    logprobs: int | None       # top-k alternatives wanted (0: only the sampled token's)
+    priority: int
+
+
+def sampling_options(req: dict, chat: bool, default_params) -> Options:
+    """SamplingParams from a checked request; default_params(**overrides) applies the
+    model's generation_config defaults. Raises APIError naming the field."""
+    max_tokens = req.get("max_completion_tokens", req.get("max_tokens")) if chat \
+        else req.get("max_tokens")
+    if max_tokens is not None and max_tokens < 1:
+        param = "max_completion_tokens" if chat and "max_completion_tokens" in req \
+            else "max_tokens"
+        raise bad(param, f"must be >= 1, got {max_tokens}")
+    stop = req.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and not (isinstance(stop, list) and len(stop) <= 16
+                                 and all(isinstance(s, str) and s for s in stop)):
+        raise bad("stop", "must be a non-empty string or a list of at most 16 of them")
+    if chat:
+        top = req.get("top_logprobs")
+        if top is not None and not req.get("logprobs"):
+            raise bad("top_logprobs", "needs logprobs: true")
+        logprobs = (top or 0) if req.get("logprobs") else None
+        lp_param = "top_logprobs"
+    else:
+        logprobs, lp_param = req.get("logprobs"), "logprobs"
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise bad(lp_param, f"must be in [0, {MAX_LOGPROBS}], got {logprobs}")
+    n = req.get("n", 1)
+    if not 1 <= n <= 128:
+        raise bad("n", f"must be in [1, 128], got {n}")
+    stream_options = req.get("stream_options") or {}
+    if stream_options and not req.get("stream"):
+        raise bad("stream_options", "is only allowed with stream: true")
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad("stream_options.include_usage", "must be a boolean")
+    overrides = {k: req.get(k) for k in ("temperature", "top_p", "top_k", "min_p",
+                                         "presence_penalty", "frequency_penalty",
+                                         "repetition_penalty", "seed", "stop_token_ids",
+                                         "ignore_eos", "skip_special_tokens")}
+    overrides.update(max_tokens=max_tokens or 1, stop=stop, n=n, logprobs=logprobs)
+    try:
+        params = default_params(**overrides)
+    except ValueError as exc:  # SamplingParams names the field first
+        field = str(exc).split()[0]
+        raise bad(field if field in overrides else "request", str(exc).split(" ", 1)[-1]
+                  if field in overrides else str(exc)) from None
+    return Options(params, max_tokens is not None, bool(req.get("stream")), include_usage,
+                   logprobs, req.get("priority", 0))
