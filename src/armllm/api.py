@@ -165,7 +165,12 @@ class AsyncLLM(_EngineClient):
             loop.call_soon_threadsafe(inbox.put_nowait, out)
 
         collector = OutputCollector(request_id, ids, params.n, params.logprobs is not None)
-        await asyncio.wrap_future(self.engine_thread.add(request_id, ids, params, sink, priority))
+        try:
+            await asyncio.wrap_future(self.engine_thread.add(request_id, ids, params, sink,
+                                                             priority))
+        except asyncio.CancelledError:  # the engine may have taken it already
+            self.engine_thread.abort(request_id)
+            raise
         try:
             while not collector.output.finished:
                 yield collector.add(await inbox.get())

@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 import armllm
 from armllm.api import AsyncLLM
-from armllm.engine.outputs import RequestOutput
+from armllm.engine.outputs import OutputCollector, RequestOutput
 from armllm.server import protocol as P
 from armllm.server.metrics import ServerMetrics
 
@@ -106,7 +106,8 @@ class _Disconnected(Exception):
 class Generation:
     """The engine requests of one HTTP request (one per prompt), merged into one
     stream of (prompt index, RequestOutput); aborts them all if the client leaves
-    or the consumer stops early."""
+    or the consumer stops early. Talks to the engine thread directly: its outputs
+    and the client's disconnect arrive on one queue."""
 
     def __init__(self, state: _State, request: Request, jobs: list[tuple[list[int], object]],
                  request_id: str, priority: int):
@@ -114,45 +115,40 @@ class Generation:
         self.request_id, self.priority = request_id, priority
 
     async def events(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        llm = self.state.llm
+        engine = self.state.llm.engine_thread
+        loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
-        done = object()
+        gone = object()
+        rids = [self.request_id if len(self.jobs) == 1 else f"{self.request_id}-{i}"
+                for i in range(len(self.jobs))]
+        collectors = [OutputCollector(rid, ids, p.n, p.logprobs is not None)
+                      for rid, (ids, p) in zip(rids, self.jobs, strict=True)]
 
-        async def pump(i: int, ids: list[int], params) -> None:
-            try:
-                rid = self.request_id if len(self.jobs) == 1 else f"{self.request_id}-{i}"
-                async for out in llm.generate(ids, params, request_id=rid,
-                                              priority=self.priority):
-                    inbox.put_nowait((i, out))
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer
-                inbox.put_nowait(exc)
-            finally:
-                inbox.put_nowait(done)
+        def sink(i: int):
+            return lambda out: loop.call_soon_threadsafe(inbox.put_nowait, (i, out))
 
         self.state.in_flight += len(self.jobs)
-        tasks = [asyncio.create_task(pump(i, ids, p)) for i, (ids, p) in enumerate(self.jobs)]
         watch = asyncio.create_task(_wait_disconnect(self.request))
-        open_tasks = len(tasks)
+        watch.add_done_callback(lambda t: t.cancelled() or inbox.put_nowait(gone))
         try:
-            while open_tasks:
-                get = asyncio.ensure_future(inbox.get())
-                finished, _ = await asyncio.wait({get, watch},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                if get not in finished:
-                    get.cancel()
+            accepted = [asyncio.wrap_future(engine.add(rid, ids, p, sink(i), self.priority))
+                        for i, (rid, (ids, p)) in enumerate(zip(rids, self.jobs, strict=True))]
+            await asyncio.gather(*accepted)
+            remaining = len(self.jobs)
+            while remaining:
+                item = await inbox.get()
+                if item is gone:
                     raise _Disconnected()
-                item = get.result()
-                if item is done:
-                    open_tasks -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
-                    yield item
+                i, step = item
+                out = collectors[i].add(step)
+                remaining -= out.finished
+                yield i, out
         finally:  # no await here: this may run inside a cancelled scope (client gone)
             self.state.in_flight -= len(self.jobs)
             watch.cancel()
-            for t in tasks:
-                t.cancel()  # a pump still running aborts its engine request
+            for rid, c in zip(rids, collectors, strict=True):
+                if not c.output.finished:
+                    engine.abort(rid)  # unknown (never accepted) or finished ids are ignored
 
 
 # -- building requests ----------------------------------------------------------------------
