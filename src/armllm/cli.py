@@ -1,4 +1,4 @@
-"""The `armllm` command line: info, generate, chat, convert, serve, bench.
+"""The `armllm` command line: info, generate, chat, convert, serve, plan, bench.
 
 Bad input ends with a one-line message on stderr and exit code 2.
 """
@@ -43,10 +43,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_kernels(args: argparse.Namespace) -> int:
-    _ops()
-    from armllm.bench import kernels as bench_kernels
-    return bench_kernels.run(args)
+def _after_ops(run):
+    """A command that needs the kernels: armllm.ops loads first, so that a bad
+    ARMLLM_ISA or ARMLLM_NUM_THREADS is a usage error."""
+    def command(args: argparse.Namespace) -> int:
+        _ops()
+        return run(args)
+    return command
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -66,12 +69,31 @@ def _build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(serve)
     serve.set_defaults(func=cmd_serve)
 
+    from armllm.bench import kernels, offline, plan
+    from armllm.bench import serve as bench_serve
+    planner = sub.add_parser("plan", help="memory and decode speed bound of a model, from its "
+                             "config alone")
+    plan.add_arguments(planner)
+    planner.set_defaults(func=_after_ops(plan.run))
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    from armllm.bench.kernels import add_arguments
-    kernels = bench_sub.add_parser("kernels", help="GEMM speed vs machine limits and numpy")
-    add_arguments(kernels)
-    kernels.set_defaults(func=cmd_bench_kernels)
+    benchmarks = [
+        ("kernels", "GEMM speed vs machine limits and numpy",
+         kernels.add_arguments, kernels.run),
+        ("throughput", "offline throughput: many requests at once, in-process",
+         offline.add_throughput_arguments, offline.run_throughput),
+        ("latency", "batch-1 TTFT, TPOT and end-to-end latency, in-process",
+         offline.add_latency_arguments, offline.run_latency),
+    ]
+    for name, help_text, add_arguments, run in benchmarks:
+        p = bench_sub.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=_after_ops(run))
+    client = bench_sub.add_parser("serve", help="load test any OpenAI-compatible server "
+                                  "(streaming client; TTFT, TPOT, ITL, E2E, SLOs)")
+    bench_serve.add_arguments(client)
+    client.set_defaults(func=bench_serve.run)
     return parser
 
 

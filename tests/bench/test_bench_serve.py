@@ -1,0 +1,194 @@
+"""`armllm bench serve` against a real armllm server (exact counts and lengths,
+the JSON schema) and against a small real HTTP server that streams at known
+intervals (TTFT/ITL/TPOT arithmetic, failures, SLOs and sweeps)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from armllm.cli import main
+from tests.server.conftest import ServerProcess, free_port
+from tests.tiny_model import write_tiny_llama
+
+SUMMARY_KEYS = {"max_concurrency", "request_rate", "completed", "failed", "duration_s",
+                "request_throughput", "output_throughput", "total_token_throughput",
+                "total_input_tokens", "total_output_tokens", "peak_concurrency", "errors",
+                "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}
+STAT_KEYS = {"mean", "median", "std", "p50", "p90", "p95", "p99"}
+RECORD_KEYS = {"index", "input_tokens", "output_tokens_requested", "success", "error",
+               "start_s", "ttft_s", "e2e_s", "itl_s", "output_tokens", "server_prompt_tokens",
+               "tpot_s"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-bench"))
+
+
+@pytest.fixture(scope="module")
+def armllm_server(tiny, tmp_path_factory):
+    srv = ServerProcess(tiny, "--dtype", "float32", "--kv-cache-gib", "0.01",
+                        "--served-model-name", "tiny",
+                        log=tmp_path_factory.mktemp("log") / "server.log")
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+
+
+def test_counts_exact_lengths_and_json_schema(armllm_server, tiny, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = main(["bench", "serve", "--base-url", armllm_server.url + "/v1", "--tokenizer",
+               str(tiny), "--input-len", "10", "--output-len", "7", "--num-prompts", "12",
+               "--max-concurrency", "4", "--json", str(out), "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "completed 12, failed 0" in text and "model 'tiny'" in text
+    doc = json.loads(out.read_text())
+    assert doc["schema_version"] == 1 and set(doc) == {"schema_version", "tool", "settings",
+                                                       "runs"}
+    (run,) = doc["runs"]
+    s = run["summary"]
+    assert set(s) == SUMMARY_KEYS
+    assert all(set(s[f"{m}_ms"]) == STAT_KEYS for m in ("ttft", "tpot", "itl", "e2e"))
+    assert s["completed"] == 12 and s["failed"] == 0 and s["peak_concurrency"] == 4
+    assert s["total_output_tokens"] == 12 * 7 and s["total_input_tokens"] == 12 * 10
+    assert len(run["requests"]) == 12
+    for r in run["requests"]:
+        assert set(r) == RECORD_KEYS
+        assert r["server_prompt_tokens"] == 10 and r["output_tokens"] == 7
+        assert len(r["itl_s"]) == 6   # one chunk per token from armllm
+        assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / 6)
+    assert s["output_throughput"] == pytest.approx(84 / s["duration_s"])
+
+
+def test_chat_endpoint_and_shared_prefix(armllm_server, tiny, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["bench", "serve", "--base-url", armllm_server.url + "/v1", "--tokenizer",
+                 str(tiny), "--endpoint", "chat", "--dataset", "shared-prefix",
+                 "--prefix-len", "32", "--input-len", "4", "--output-len", "3",
+                 "--num-prompts", "6", "--json", str(out), "--no-progress"]) == 0
+    run = json.loads(out.read_text())["runs"][0]
+    s = run["summary"]
+    assert s["completed"] == 6 and s["total_output_tokens"] == 18
+    assert all(len(r["itl_s"]) == 2 for r in run["requests"])   # the role chunk is no token
+    # every prompt shares its first 32 tokens: the server's prefix cache serves them
+    assert s["total_input_tokens"] == sum(r["server_prompt_tokens"] for r in run["requests"])
+
+
+# -- a server that streams at known intervals ----------------------------------------------
+
+FIRST, GAP, TOKENS = 0.30, 0.10, 6
+
+
+def slow_app() -> Starlette:
+    async def completions(request: Request):
+        body = await request.json()
+        if "fail" in body["prompt"]:
+            return JSONResponse({"error": {"message": "refused on purpose", "type": "x",
+                                           "param": None, "code": None}}, status_code=500)
+
+        async def stream():
+            await asyncio.sleep(FIRST)
+            for i in range(TOKENS):
+                if i:
+                    await asyncio.sleep(GAP)
+                yield "data: " + json.dumps({"choices": [{"index": 0, "text": f" t{i}"}]}) + \
+                    "\n\n"
+            yield "data: " + json.dumps({"choices": [], "usage": {
+                "prompt_tokens": 3, "completion_tokens": TOKENS}}) + "\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def models(request: Request):
+        return JSONResponse({"data": [{"id": "slow"}]})
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                             Route("/v1/models", models)])
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(slow_app(), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}/v1"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_latency_arithmetic_failures_and_slo(slow_server, tiny, tmp_path, capsys):
+    data = tmp_path / "prompts.json"
+    data.write_text(json.dumps(["w1 w2", {"prompt": "fail w3"}, "w4",
+                                {"conversations": [{"from": "human", "value": "w5 w6"},
+                                                   {"from": "gpt", "value": "w7 w8 w9"}]}]))
+    out = tmp_path / "r.json"
+    assert main(["bench", "serve", "--base-url", slow_server, "--tokenizer", str(tiny),
+                 "--dataset", "json", "--dataset-path", str(data), "--num-prompts", "8",
+                 "--output-len", "6", "--warmup", "0", "--slo",
+                 "ttft_p95_ms=450,tpot_median_ms=150", "--json", str(out),
+                 "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    s, reqs = doc["runs"][0]["summary"], doc["runs"][0]["requests"]
+    assert s["completed"] == 6 and s["failed"] == 2
+    assert s["errors"] == {"RuntimeError: HTTP 500: refused on purpose": 2}
+    assert "error x2: RuntimeError: HTTP 500: refused on purpose" in text
+    for r in (r for r in reqs if r["success"]):
+        assert r["ttft_s"] == pytest.approx(FIRST, abs=0.12)
+        assert len(r["itl_s"]) == TOKENS - 1
+        assert all(g == pytest.approx(GAP, abs=0.06) for g in r["itl_s"])
+        assert r["e2e_s"] == pytest.approx(FIRST + GAP * (TOKENS - 1), abs=0.15)
+        assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / (TOKENS - 1))
+    assert s["ttft_ms"]["median"] == pytest.approx(FIRST * 1e3, abs=120)
+    assert s["itl_ms"]["median"] == pytest.approx(GAP * 1e3, abs=60)
+    assert s["slo"]["ttft_p95_ms"]["pass"] and s["slo"]["tpot_median_ms"]["pass"]
+    assert s["slo_pass"] is False          # failures fail the run
+    assert s["goodput"] == pytest.approx(6 / s["duration_s"])
+
+
+def test_sweep_reports_the_highest_passing_concurrency(slow_server, tiny, capsys):
+    # one request takes ~0.8 s; E2E p95 under 1.2 s holds at any concurrency here
+    assert main(["bench", "serve", "--base-url", slow_server, "--tokenizer", str(tiny),
+                 "--input-len", "4", "--output-len", "6", "--num-prompts", "4",
+                 "--concurrency-sweep", "1,4", "--slo", "e2e_p95_ms=1200",
+                 "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "== sweep ==" in text and "highest concurrency meeting the SLO: 4" in text
+
+
+def test_poisson_rate_spreads_arrivals(slow_server, tiny, tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["bench", "serve", "--base-url", slow_server, "--tokenizer", str(tiny),
+                 "--input-len", "4", "--output-len", "6", "--num-prompts", "6",
+                 "--request-rate", "20", "--seed", "3", "--json", str(out),
+                 "--no-progress"]) == 0
+    starts = sorted(r["start_s"] for r in json.loads(out.read_text())["runs"][0]["requests"])
+    assert 0.02 < starts[-1] - starts[0] < 2.0     # 5 gaps of mean 50 ms
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--slo", "ttft_p95=3"], "--slo"),
+    (["--slo", "speed_p95_ms=3"], "--slo"),
+    (["--request-rate", "0"], "--request-rate"),
+    (["--num-prompts", "0"], "--num-prompts"),
+    (["--concurrency-sweep", "1,x"], "--concurrency-sweep"),
+    (["--dataset", "json"], "--dataset-path"),
+])
+def test_bad_arguments_exit_2(slow_server, tiny, capsys, argv, message):
+    assert main(["bench", "serve", "--base-url", slow_server, "--tokenizer", str(tiny),
+                 *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
