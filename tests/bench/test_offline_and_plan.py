@@ -146,7 +146,7 @@ def expected_plan(c, max_len: int, conc: int, bandwidth_gbs: float, item: int = 
                + layers * sum(linear(n, k) for n, k in shapes) + 4 * (layers * norms + h))
     kv_token = 2 * layers * kv * kv_item
     kv_total = conc * math.ceil(max_len / 16) * 16 * kv_token
-    ws = Workspace(c, 2048, conc)
+    ws = Workspace(c, 2048, conc, max_seq_len=max_len)
     workspace = sum(a.nbytes for a in vars(ws).values() if isinstance(a, np.ndarray))
     if quantized:  # an int8 copy of the widest activation row and its f32 scale
         workspace += 2048 * (max(h, q, inter) + 4)

@@ -105,7 +105,8 @@ def kv_bytes_per_token(c, kv_dtype: str) -> int:
     return 2 * c.num_layers * c.num_kv_heads * c.head_dim * KV_DTYPES[kv_dtype]
 
 
-def workspace_bytes(c, max_tokens: int, max_seqs: int, quantized: bool) -> int:
+def workspace_bytes(c, max_tokens: int, max_seqs: int, quantized: bool,
+                    max_model_len: int | None = None) -> int:
     """The engine's Workspace (f32 activations for max_tokens rows, logits for max_seqs),
     plus, when quantized, an int8 copy of the widest activation and a scale per row."""
     from armllm import ops
@@ -113,7 +114,7 @@ def workspace_bytes(c, max_tokens: int, max_seqs: int, quantized: bool) -> int:
                          + 3 * c.intermediate_size + (c.q_size + c.kv_size if c.qk_norm else 0))
     logits = max_seqs * (c.hidden_size + c.vocab_size)
     scratch = ops.attn_scratch_len(ATTN_SPLIT_ROWS, c.num_heads, c.head_dim,
-                                   c.max_position_embeddings)
+                                   max_model_len or c.max_position_embeddings)
     total = 4 * (rows + logits + scratch)
     if quantized:
         total += max_tokens * (max(c.hidden_size, c.q_size, c.intermediate_size) + 4)
@@ -134,7 +135,8 @@ def make_plan(c, max_model_len: int, concurrency: int, dense: str = "bf16",
     kv_token = kv_bytes_per_token(c, kv_dtype)
     blocks_per_seq = -(-max_model_len // BLOCK_SIZE)
     kv_seq = blocks_per_seq * BLOCK_SIZE * kv_token
-    workspace = workspace_bytes(c, max_num_batched_tokens, concurrency, quantization != "none")
+    workspace = workspace_bytes(c, max_num_batched_tokens, concurrency, quantization != "none",
+                                max_model_len)
     overhead = workspace + rope_table_bytes(c) + PROCESS_BYTES
     total = weights["total"] + concurrency * kv_seq + overhead
     plan = {

@@ -60,10 +60,11 @@ class KVCache:
 
 
 class Workspace:
-    """Activations for up to max_tokens rows and max_logits logits rows."""
+    """Activations for up to max_tokens rows and max_logits logits rows (attention
+    scratch for sequences of up to max_seq_len tokens; default: the model's context)."""
 
     def __init__(self, config: ModelConfig, max_tokens: int, max_logits: int,
-                 max_split_rows: int = 16):
+                 max_split_rows: int = 16, max_seq_len: int | None = None):
         c, f32 = config, np.float32
         self.max_tokens, self.max_logits = max_tokens, max_logits
         self.residual = np.empty((max_tokens, c.hidden_size), f32)
@@ -78,7 +79,8 @@ class Workspace:
         self.selected = np.empty((max_logits, c.hidden_size), f32)
         self.logits = np.empty((max_logits, c.vocab_size), f32)
         self.attn_scratch = np.empty(ops.attn_scratch_len(
-            max_split_rows, c.num_heads, c.head_dim, c.max_position_embeddings), f32)
+            max_split_rows, c.num_heads, c.head_dim, max_seq_len or c.max_position_embeddings),
+            f32)
 
 
 class LlamaModel:
