@@ -22,7 +22,8 @@ def test_info_json_reports_cpu_threads_and_kernels():
     assert info["num_threads"] == 2
     assert info["isa"] == ops.available_isas()[0]
     assert set(info["kernels"]) == {"gemm_f32", "gemm_bf16", "rmsnorm", "rope", "silu_mul",
-                                    "embed", "exp", "kv_write", "attention"}
+                                    "embed", "exp", "kv_write", "attention", "quant_act",
+                                    "gemm_wq"}
     assert set(info["kernels"].values()) <= set(info["isa_built"])
     if info["arch"] == "x86_64":
         assert ("avx2" in info["features"]) == ("avx2" in info["isa_available"])

@@ -7,7 +7,7 @@
 #
 # --install  apt-installs the cross compiler and qemu-user-static if missing.
 # Levels: cortex-a72 (Armv8.0 NEON, no LSE: the LL/SC fetch-add), neoverse-n1
-# (dotprod + LSE), max,sve=off (BF16/I8MM, no SVE), max at SVE 128/256/512.
+# (dotprod + LSE), max,sve=off (BF16/I8MM, no SVE), max at SVE 128/256/384/512.
 # Also checks that the pool object contains LDADDAL.
 set -euo pipefail
 
@@ -87,6 +87,7 @@ run_level "armv8.2 dotprod + lse" neoverse-n1
 run_level "armv8.6 bf16/i8mm, no sve" max,sve=off
 run_level "sve 128" max,sve-default-vector-length=16
 run_level "sve 256" max,sve-default-vector-length=32
+run_level "sve 384" max,sve-default-vector-length=48  # not a power of two
 run_level "sve 512" max,sve-default-vector-length=64
 
 echo

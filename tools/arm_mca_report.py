@@ -4,10 +4,13 @@ loops with llvm-mca on a Neoverse model (no Arm hardware is needed).
 
 Each Arm kernel file is compiled to assembly with its library's flags (as in
 src/armllm/_kernels/meson.build); every innermost loop that does vector
-multiply-accumulates (FMLA, BFMMLA, BFDOT, SMMLA, SDOT, SVE FMLA/FMAD) is fed
+multiply-accumulates (FMLA, BFMMLA, BFDOT, SMMLA, SDOT, SMULL/SMLAL, SVE FMLA/FMAD) is fed
 to llvm-mca, and the table gives predicted cycles per iteration, MACs per
 cycle (at 128-bit vectors, as the N2 model has) and the fraction of the
 core's peak for that instruction (2 per cycle on Neoverse N2/V2).
+Quantized GEMM kernels (*/quant.c) ending in _g32 are the group-32 variants:
+their innermost loop is one whole group, the int8 block and the float
+epilogue the ABI fixes per group; the others' is one 32-k block.
 
     tools/arm_mca_report.py [--mcpu neoverse-n2] [--min-macs 8] [--all]
 
@@ -39,6 +42,9 @@ MAC_RULES = [
     (re.compile(r"^\s*[su]mmla\s"), "SMMLA", 32),
     (re.compile(r"^\s*bfdot\s"), "BFDOT", 8),
     (re.compile(r"^\s*[su]dot\s.*\.4s"), "SDOT", 16),
+    # Armv8.0 int8 fallback (neon/quant.c without dotprod): 8 int16 products each
+    (re.compile(r"^\s*[su]ml[as]l2?\s+v\d+\.8h"), "SMLAL", 8),
+    (re.compile(r"^\s*[su]mull2?\s+v\d+\.8h"), "SMLAL", 8),
     (re.compile(r"^\s*f(mla|mls)\s+v\d+\.4s"), "FMLA", 4),
     (re.compile(r"^\s*f(mla|mls)\s+v\d+\.2d"), "FMLA.d", 2),
     (re.compile(r"^\s*f(mla|mls|mad|msb)\s+z\d+\.s"), "FMLA", 4),

@@ -38,7 +38,7 @@ FULL = dict(batch_n=32, batch_prompt=128, batch_gen=128, prefix_len=1024, suffix
 QUICK = dict(batch_n=8, batch_prompt=32, batch_gen=32, prefix_len=256, suffix_len=16,
              prefix_reps=3, n_decode=4, decode_prompt=32, decode_gen=192, add_after=8,
              long_prompt=512, long_gen=4, chunk_budgets=(16, 64), nochunk_budget=1024)
-ENGINE = dict(dtype="bfloat16", kv_cache_gib=1.0)
+ENGINE = dict(dtype="bfloat16", kv_cache_gib=1.0, quantization="none")  # the GGUF in bf16
 
 
 def model_path():

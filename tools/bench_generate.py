@@ -74,7 +74,7 @@ def main() -> int:
     print(f"{'engine':<28} {'TTFT ms':>9} {'TPOT ms':>9} {'bound ms':>9}")
     rows = {}
     for dtype in ("float32", "bfloat16"):
-        llm = LLM(path, dtype=dtype, max_num_seqs=1, kv_cache_gib=0.25)
+        llm = LLM(path, dtype=dtype, max_num_seqs=1, kv_cache_gib=0.25, quantization="none")
         w = llm.loaded.model.weights
         per_token = w.nbytes - w.embed.nbytes + w.embed.nbytes // w.embed.shape[0]
         bound = per_token / (read_gbs * 1e9)

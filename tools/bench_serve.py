@@ -37,7 +37,8 @@ from functools import partial
 
 import numpy as np
 
-ENGINE = dict(dtype="bfloat16", kv_cache_gib=1.0, max_num_seqs=32, max_num_batched_tokens=2048)
+ENGINE = dict(dtype="bfloat16", kv_cache_gib=1.0, max_num_seqs=32, max_num_batched_tokens=2048,
+              quantization="none")  # the GGUF in bf16
 PATHS = ("in-process", "server")
 
 
@@ -61,7 +62,8 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "armllm", "serve", str(model_path()), "--port",
              str(self.port), "--dtype", "bfloat16", "--max-num-seqs", "32",
-             "--max-num-batched-tokens", "2048", "--kv-cache-gib", "1", "--log-interval", "0"],
+             "--max-num-batched-tokens", "2048", "--kv-cache-gib", "1", "--log-interval", "0",
+             "--quantization", "none"],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_ready(self, timeout: float = 300.0) -> None:

@@ -6,7 +6,8 @@ one server at a time in one run, and a side-by-side table.
     python tools/compare_servers.py --llama-server /path/to/llama-server \
         [--concurrency 1,8,32] [--num-prompts 32] [--json FILE]
 
-armllm serves the GGUF in bf16 (its weights dequantized at load); llama-server
+armllm serves the GGUF in bf16 (its weights dequantized at load;
+`--armllm-quantization auto` runs its Q4_1 layers as W4A8 instead); llama-server
 runs the Q4_1 file as is with one slot per client (-np = the largest
 concurrency) and continuous batching. Both get greedy requests of exactly
 --input-len prompt tokens and --output-len output tokens (ignore_eos).
@@ -82,6 +83,8 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--armllm-quantization", default="none",
+                    help="none: the GGUF in bf16; auto: its Q4_1 layers as W4A8")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     from armllm.generate_cli import default_model
@@ -91,11 +94,13 @@ def main() -> int:
     slots = max(int(c) for c in args.concurrency.split(","))
     ctx = slots * (args.input_len + args.output_len + 64)
     binary = Path(args.llama_server).resolve()
+    armllm_name = "armllm bf16" if args.armllm_quantization == "none" else "armllm W4A8"
     servers = {
-        "armllm bf16": ([sys.executable, "-m", "armllm", "serve", str(model), "--dtype",
-                         "bfloat16", "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib",
-                         "1", "--threads", str(args.threads), "--log-interval", "0"],
-                        dict(os.environ)),
+        armllm_name: ([sys.executable, "-m", "armllm", "serve", str(model), "--dtype",
+                       "bfloat16", "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib",
+                       "1", "--threads", str(args.threads), "--log-interval", "0",
+                       "--quantization", args.armllm_quantization],
+                      dict(os.environ)),
         "llama.cpp Q4_1": ([str(binary), "-m", str(model), "--host", "127.0.0.1", "-np",
                             str(slots), "-c", str(ctx), "-t", str(args.threads), "-tb",
                             str(args.threads), "--alias", "smollm2"],

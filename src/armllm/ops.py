@@ -18,15 +18,19 @@ import numpy as np
 
 from armllm._kernels import _ext
 from armllm._kernels._ext import Kernels, PackedWeight, ThreadPool, attn_scratch_len
+from armllm._kernels._ext import q_groups as quant_groups
+from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "Kernels", "PackedWeight", "ThreadPool", "attn_scratch_len", "available_isas", "bf16_to_f32",
-    "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels", "kv_write", "linear",
-    "num_threads", "pack_weight", "paged_attention", "rms_norm", "rope", "rope_cos_sin",
-    "selected_isa", "silu_mul",
+    "ActScratch", "Kernels", "PackedWeight", "ThreadPool", "attn_scratch_len", "available_isas",
+    "bf16_to_f32", "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
+    "kv_write", "linear", "linear_quantized", "num_threads", "pack_quantized", "pack_weight",
+    "paged_attention", "quant_groups", "quant_kpad", "quantize_activations", "rms_norm", "rope",
+    "rope_cos_sin", "selected_isa", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
+QUANT_GROUPS = (0, 32, 64, 128)  # columns per scale group of quantized weights; 0: one per row
 
 
 def _isa_from_env() -> tuple[str, str]:
@@ -159,6 +163,21 @@ def pack_weight(w: np.ndarray, dtype: WeightDtype = "f32") -> PackedWeight:
     return _KERNELS.pack(w, dtype)
 
 
+def pack_quantized(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None, bits: int = 8,
+                   group: int = 0) -> PackedWeight:
+    """Prepacks quantized weights W = d * q + o for the selected kernels: q[N, K]
+    int8 (bits 8: -127..127; bits 4: 0..15 one per byte), d and o float32
+    [N, n_groups] (a 1-D [N] is taken as channelwise), o only for bits 4."""
+    d = np.asarray(d, dtype=np.float32)
+    if d.ndim == 1:
+        d = d[:, None]
+    if o is not None:
+        o = np.asarray(o, dtype=np.float32)
+        if o.ndim == 1:
+            o = o[:, None]
+    return _KERNELS.pack_wq(q, d, o, bits, group)
+
+
 def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
                  scaling: dict | None = None) -> np.ndarray:
     """The (max_pos, rot_dim) cos|sin table the RoPE kernel reads.
@@ -221,14 +240,105 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
     return np.empty(shape, dtype=np.float32) if out is None else out
 
 
+class ActScratch:
+    """Reusable buffers for the int8 activations of up to `rows` rows of K
+    columns: xq [rows, kpad], scale [rows], and with sums the group sums
+    [rows, n_groups] for weights of `group`. Allocated once (by the runner,
+    or per thread by linear()), so that quantizing allocates nothing."""
+
+    def __init__(self, rows: int, k: int, group: int = 0, sums: bool = True):
+        if rows < 1 or k < 1:
+            raise ValueError(f"rows and k must be >= 1, got {rows} and {k}")
+        if group not in QUANT_GROUPS:
+            raise ValueError(f"group must be one of {QUANT_GROUPS}, got {group}")
+        self.rows, self.k, self.group = rows, k, group
+        self.xq = np.zeros((rows, quant_kpad(k)), np.int8)
+        self.scale = np.zeros(rows, np.float32)
+        self.gsum = np.zeros((rows, quant_groups(k, group)), np.int32) if sums else None
+
+    def fits(self, rows: int, k: int, group: int, sums: bool) -> bool:
+        return rows <= self.rows and k == self.k and (not sums or (
+            self.gsum is not None and group == self.group))
+
+    def views(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        gsum = None if self.gsum is None else self.gsum[:rows]
+        return self.xq[:rows], self.scale[:rows], gsum
+
+
+def quantize_activations(x: np.ndarray, group: int = 0, out: ActScratch | None = None,
+                         sums: bool = True
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per-token symmetric int8 quantization of x[M, K]: (xq [M, kpad] int8,
+    scale [M] float32, gsum [M, n_groups] int32 or None without sums), with
+    x[m] ~ scale[m] * xq[m, :K]. gsum holds the sums of xq per group of
+    `group` columns, which 4-bit weights of that group need. out: an
+    ActScratch to fill (views of its first M rows are returned)."""
+    if not isinstance(x, np.ndarray) or x.ndim != 2:
+        raise ValueError(f"x must be a 2-D numpy array, got {getattr(x, 'shape', type(x))}")
+    rows, k = x.shape
+    if out is None:
+        out = ActScratch(max(rows, 1), max(k, 1), group, sums)
+    elif not out.fits(rows, k, group, sums):
+        raise ValueError(f"out (ActScratch of {out.rows} rows, K={out.k}, group={out.group}, "
+                         f"sums={out.gsum is not None}) does not fit x of shape {x.shape} with "
+                         f"group={group}, sums={sums}")
+    xq, scale, gsum = out.views(rows)
+    _KERNELS.quant_act(x, xq, scale, gsum if sums else None, group, get_pool())
+    return xq, scale, gsum if sums else None
+
+
+_act_local = threading.local()
+
+
+def _thread_scratch(rows: int, k: int, group: int, sums: bool) -> ActScratch:
+    """This thread's activation scratch for (K, group), grown to `rows` when needed."""
+    cache = getattr(_act_local, "scratch", None)
+    if cache is None:
+        cache = _act_local.scratch = {}
+    key = (k, group if sums else -1)
+    sc = cache.get(key)
+    if sc is None or sc.rows < rows:
+        sc = cache[key] = ActScratch(max(rows, sc.rows * 2 if sc else 1), k, group, sums)
+    return sc
+
+
 def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
-           out: np.ndarray | None = None) -> np.ndarray:
-    """out[M, N] = x[M, K] @ W.T (+ bias) with a prepacked weight."""
+           out: np.ndarray | None = None, act_scratch: ActScratch | None = None) -> np.ndarray:
+    """out[M, N] = x[M, K] @ W.T (+ bias) with a prepacked weight. A quantized
+    weight (w8/w4) quantizes x per token first, into act_scratch or a
+    per-thread scratch, then runs the int8 GEMM."""
     if not isinstance(weight, PackedWeight):
         raise ValueError(f"weight must be a PackedWeight (see pack_weight), got "
                          f"{type(weight).__name__}")
     rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else 0
-    return _KERNELS.gemm(x, weight, _out(out, (rows, weight.n)), bias, get_pool())
+    if not weight.quantized:
+        return _KERNELS.gemm(x, weight, _out(out, (rows, weight.n)), bias, get_pool())
+    if rows and x.shape[1] != weight.k:
+        raise ValueError(f"x has {x.shape[1]} columns but w has K={weight.k}")
+    sums = weight.bits == 4
+    if act_scratch is None and rows:
+        act_scratch = _thread_scratch(rows, weight.k, weight.group, sums)
+    xq, scale, gsum = quantize_activations(x, weight.group, act_scratch, sums)
+    return _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
+                            get_pool())
+
+
+def linear_quantized(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
+                     weight: PackedWeight, bias: np.ndarray | None = None,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """out[M, N] = W applied to activations already quantized by
+    quantize_activations (one quantization for several weights of the same
+    K; gsum must be in the weight's group, and is needed by 4-bit weights)."""
+    if not isinstance(weight, PackedWeight) or not weight.quantized:
+        raise ValueError("weight must be a quantized PackedWeight (see pack_quantized)")
+    if weight.bits == 4 and isinstance(gsum, np.ndarray) and gsum.ndim == 2 \
+            and gsum.shape[1] != weight.n_groups:
+        # equal counts mean equal group boundaries, so this catches every mismatch
+        raise ValueError(f"gsum has {gsum.shape[1]} groups a row; this weight (group "
+                         f"{weight.group}) needs {weight.n_groups}: quantize with its group")
+    rows = xq.shape[0] if isinstance(xq, np.ndarray) and xq.ndim == 2 else 0
+    return _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
+                            get_pool())
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,

@@ -29,7 +29,8 @@ def converted(tmp_path_factory):
 
 def test_converted_directory_matches_gguf(converted):
     gguf_path, out = converted
-    from_gguf, from_dir = load_model(gguf_path, "f32"), load_model(out, "f32")
+    from_gguf = load_model(gguf_path, "f32", quantization="none")
+    from_dir = load_model(out, "f32")
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
     prompt = "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"

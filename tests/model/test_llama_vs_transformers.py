@@ -57,7 +57,7 @@ def smollm2():
 
 def test_smollm2_f32_logits_match_transformers(smollm2):
     path, hf = smollm2
-    lm = load_model(path, "f32")
+    lm = load_model(path, "f32", quantization="none")
     for prompt in PROMPTS:
         ids = lm.tokenizer.encode(prompt, add_special_tokens=False).ids
         ours, theirs = prefill_logits(lm, ids), hf_logits(hf, ids)
@@ -66,7 +66,7 @@ def test_smollm2_f32_logits_match_transformers(smollm2):
 
 def test_smollm2_bf16_logits_close_to_transformers(smollm2):
     path, hf = smollm2
-    lm = load_model(path, "bf16")
+    lm = load_model(path, "bf16", quantization="none")
     for prompt in PROMPTS:
         ids = lm.tokenizer.encode(prompt, add_special_tokens=False).ids
         ours, theirs = prefill_logits(lm, ids, kv_dtype="bf16"), hf_logits(hf, ids)
@@ -146,7 +146,7 @@ def test_smollm2_greedy_continuation_matches_transformers(smollm2):
     """64 greedy tokens through armllm's engine (paged decode) equal transformers' greedy."""
     from armllm import LLM, SamplingParams
     path, hf = smollm2
-    llm = LLM(path, dtype="float32", kv_cache_gib=0.1, max_num_seqs=2)
+    llm = LLM(path, dtype="float32", kv_cache_gib=0.1, max_num_seqs=2, quantization="none")
     prompt = llm.chat_prompt([{"role": "user", "content": "Tell me about the Moon."}])
     ours = llm.generate(prompt, SamplingParams(max_tokens=64, temperature=0.0,
                                                ignore_eos=True))[0].token_ids

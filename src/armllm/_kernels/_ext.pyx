@@ -7,7 +7,7 @@ objects, and CPU feature queries. Every kernel call releases the GIL and
 never allocates: outputs are passed in.
 """
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint16_t, uint32_t, uint64_t, uintptr_t
 
 import numpy as np
 
@@ -19,7 +19,7 @@ include "abi.pxi"
 
 # Kernel slot names, in the order of armllm_kernels.impl.
 KERNEL_NAMES = ("gemm_f32", "gemm_bf16", "rmsnorm", "rope", "silu_mul", "embed", "exp",
-                "kv_write", "attention")
+                "kv_write", "attention", "quant_act", "gemm_wq")
 assert len(KERNEL_NAMES) == ARMLLM_NUM_KERNELS
 
 # ---------------------------------------------------------------- CPU info
@@ -196,12 +196,18 @@ cdef armllm_pool *_pool_ptr(ThreadPool pool) except? NULL:
 
 
 cdef class PackedWeight:
-    """A weight W[N, K] prepacked for one kernel table's GEMM micro-kernel."""
+    """A weight W[N, K] prepacked for one kernel table's GEMM micro-kernel.
+
+    dtype "f32" and "bf16" are float weights (gemm); "w8" and "w4" are
+    quantized ones (gemm_wq), W = d * q + o per group of `group` columns
+    (0: one group per row), scales and offsets packed with q."""
     cdef readonly cnp.ndarray data
     cdef readonly int64_t n, k
-    cdef readonly str dtype     # "f32" or "bf16"
+    cdef readonly str dtype     # "f32", "bf16", "w8" or "w4"
     cdef readonly str layout
     cdef readonly str isa
+    cdef readonly int bits      # bits per weight: 32, 16, 8 or 4
+    cdef readonly int64_t group  # quantized: columns per scale group, 0 = channelwise
 
     @property
     def shape(self):
@@ -211,8 +217,23 @@ cdef class PackedWeight:
     def nbytes(self):
         return self.data.nbytes
 
+    @property
+    def quantized(self):
+        return self.bits <= 8
+
+    @property
+    def kpad(self):
+        """Columns the quantized activations for this weight need (K rounded up)."""
+        return armllm_q_kpad(self.k)
+
+    @property
+    def n_groups(self):
+        """Scale groups per row (quantized weights), = group sums per activation row."""
+        return armllm_q_groups(self.k, self.group)
+
     def __repr__(self):
-        return (f"PackedWeight(shape=({self.n}, {self.k}), dtype={self.dtype}, "
+        grp = f", group={self.group}" if self.quantized else ""
+        return (f"PackedWeight(shape=({self.n}, {self.k}), dtype={self.dtype}{grp}, "
                 f"layout={self.layout}, isa={self.isa})")
 
 
@@ -248,7 +269,8 @@ cdef class Kernels:
 
     @property
     def gemm_layouts(self):
-        return {"f32": self.t.gemm_f32_layout.decode(), "bf16": self.t.gemm_bf16_layout.decode()}
+        return {"f32": self.t.gemm_f32_layout.decode(), "bf16": self.t.gemm_bf16_layout.decode(),
+                "wq": self.t.gemm_wq_layout.decode()}
 
     @property
     def gemm_bf16_compute(self):
@@ -289,6 +311,7 @@ cdef class Kernels:
             pw.layout = self.t.gemm_bf16_layout.decode()
         packed.flags.writeable = False
         pw.data, pw.n, pw.k, pw.dtype, pw.isa = packed, n, k, dtype, self.isa
+        pw.bits, pw.group = (32 if dtype == "f32" else 16), 0
         return pw
 
     def gemm(self, x, w_obj, out, bias=None, ThreadPool pool=None):
@@ -296,6 +319,8 @@ cdef class Kernels:
         if not isinstance(w_obj, PackedWeight):
             raise ValueError(f"w must be a PackedWeight, got {type(w_obj).__name__}")
         cdef PackedWeight w = <PackedWeight>w_obj
+        if w.quantized:
+            raise ValueError(f"w is a quantized weight ({w.dtype}): use gemm_wq")
         cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray ba
@@ -326,6 +351,149 @@ cdef class Kernels:
         else:
             with nogil:
                 self.t.gemm_bf16(p, xp, m, k, ldx, <const uint16_t *>wp, n, bias_ptr, yp, ldy)
+        return out
+
+    @property
+    def gemm_wq_layout(self):
+        """The packed layout of quantized (w8/w4) weights."""
+        return self.t.gemm_wq_layout.decode()
+
+    def quant_act(self, x, xq, scale, gsum=None, int64_t group=0, ThreadPool pool=None):
+        """Quantizes each row of x[M, K] to int8 (symmetric, per row) into
+        xq[:, :kpad] (columns K..kpad zero) and scale[M]; with gsum, also the
+        int32 sums of xq over each group of `group` columns (0: whole row)."""
+        _check_group(group)
+        cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
+        cdef cnp.ndarray qa = _array(xq, "xq", np.int8, 2)
+        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 1)
+        cdef cnp.ndarray ga
+        cdef int32_t *gs_ptr = NULL
+        cdef int64_t ldgs = 0
+        _writable(qa, "xq")
+        _writable(sa, "scale")
+        cdef int64_t m = xa.shape[0], k = xa.shape[1]
+        cdef int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group)
+        if qa.shape[0] != m or qa.shape[1] < kpad:
+            raise ValueError(f"xq must have {m} rows of at least kpad = {kpad} columns (K={k} "
+                             f"rounded up to {ARMLLM_Q_KALIGN}), got shape {_shp(qa)}")
+        if sa.shape[0] != m:
+            raise ValueError(f"scale must have shape ({m},), got {_shp(sa)}")
+        _no_overlap(qa, "xq", xa, "x")
+        _no_overlap(sa, "scale", xa, "x")
+        _no_overlap(sa, "scale", qa, "xq")
+        if gsum is not None:
+            ga = _array(gsum, "gsum", np.int32, 2)
+            _writable(ga, "gsum")
+            if ga.shape[0] != m or ga.shape[1] < ng:
+                raise ValueError(f"gsum must have {m} rows of at least {ng} columns (groups of "
+                                 f"{group or kpad} in kpad = {kpad}), got shape {_shp(ga)}")
+            _no_overlap(ga, "gsum", xa, "x")
+            _no_overlap(ga, "gsum", qa, "xq")
+            _no_overlap(ga, "gsum", sa, "scale")
+            gs_ptr = <int32_t *>cnp.PyArray_DATA(ga)
+            ldgs = _ld(ga)
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t ldx = _ld(xa), ldq = _ld(qa)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef int8_t *qp = <int8_t *>cnp.PyArray_DATA(qa)
+        cdef float *sp = <float *>cnp.PyArray_DATA(sa)
+        with nogil:
+            self.t.quant_act(p, xp, m, k, ldx, group, qp, ldq, sp, gs_ptr, ldgs)
+
+    def pack_wq(self, q, d, o=None, int bits=8, int64_t group=0):
+        """Prepacks quantized weights W = d * q + o: q[N, K] int8 (bits 8: -127..127;
+        bits 4: 0..15, one per byte), d and o float32 [N, n_groups] (o: bits 4
+        only, None for 0), group columns per scale (0: one per row)."""
+        if bits != 4 and bits != 8:
+            raise ValueError(f"bits must be 4 or 8, got {bits}")
+        _check_group(group)
+        cdef cnp.ndarray qa = _array(q, "q", np.int8, 2)
+        if _ld(qa) != qa.shape[1]:
+            qa = np.ascontiguousarray(qa)
+        cdef int64_t n = qa.shape[0], k = qa.shape[1], ng = armllm_q_groups(k, group)
+        cdef cnp.ndarray da = _scales(d, "d", n, ng, group)
+        cdef cnp.ndarray oa
+        cdef const float *o_ptr = NULL
+        if o is not None:
+            if bits == 8:
+                raise ValueError("o must be None for bits=8 (8-bit weights are symmetric)")
+            oa = _scales(o, "o", n, ng, group)
+            o_ptr = <const float *>cnp.PyArray_DATA(oa)
+        lo, hi = (-127, 127) if bits == 8 else (0, 15)
+        qmin, qmax = int(qa.min()), int(qa.max())
+        if qmin < lo or qmax > hi:
+            raise ValueError(f"q values must be in [{lo}, {hi}] for bits={bits}, got "
+                             f"[{qmin}, {qmax}]")
+        cdef cnp.ndarray packed = _aligned_empty(self.t.gemm_wq_packed_len(n, k, bits, group),
+                                                 np.uint8)
+        cdef const int8_t *qp = <const int8_t *>cnp.PyArray_DATA(qa)
+        cdef const float *dp = <const float *>cnp.PyArray_DATA(da)
+        with nogil:
+            self.t.gemm_wq_pack(qp, n, k, bits, group, dp, o_ptr, cnp.PyArray_DATA(packed))
+        packed.flags.writeable = False
+        cdef PackedWeight pw = PackedWeight.__new__(PackedWeight)
+        pw.data, pw.n, pw.k, pw.isa = packed, n, k, self.isa
+        pw.dtype, pw.bits, pw.group = f"w{bits}", bits, group
+        pw.layout = self.t.gemm_wq_layout.decode()
+        return pw
+
+    def gemm_wq(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None):
+        """out[M, N] = scale[m] * sum_g (d * (xq . q over g) + o * gsum[m, g]) (+ bias),
+        with xq, scale, gsum from quant_act (gsum in the weight's groups;
+        required for 4-bit weights, ignored for 8-bit) and W from pack_wq."""
+        if not isinstance(w_obj, PackedWeight):
+            raise ValueError(f"w must be a PackedWeight, got {type(w_obj).__name__}")
+        cdef PackedWeight w = <PackedWeight>w_obj
+        if not w.quantized:
+            raise ValueError(f"w is a float weight ({w.dtype}): use gemm")
+        if w.layout != self.t.gemm_wq_layout.decode():
+            raise ValueError(f"w is packed as {w.layout!r} (by {w.isa}); the {self.isa} kernels"
+                             f" read {self.t.gemm_wq_layout.decode()!r}: pack it with this table")
+        cdef cnp.ndarray qa = _array(xq, "xq", np.int8, 2)
+        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 1)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+        cdef cnp.ndarray ga, ba
+        cdef const int32_t *gs_ptr = NULL
+        cdef const float *bias_ptr = NULL
+        cdef int64_t ldgs = 0, m = qa.shape[0], kpad = w.kpad, ng = w.n_groups
+        _writable(oa, "out")
+        if qa.shape[1] < kpad:
+            raise ValueError(f"xq must have at least kpad = {kpad} columns for K={w.k}, got "
+                             f"{qa.shape[1]}")
+        if sa.shape[0] != m:
+            raise ValueError(f"scale must have shape ({m},), got {_shp(sa)}")
+        if oa.shape[0] != m or oa.shape[1] != w.n:
+            raise ValueError(f"out must have shape ({m}, {w.n}), got {_shp(oa)}")
+        _no_overlap(oa, "out", qa, "xq")
+        _no_overlap(oa, "out", sa, "scale")
+        _no_overlap(oa, "out", w.data, "w")
+        if w.bits == 4:
+            if gsum is None:
+                raise ValueError("gsum is required for 4-bit weights (their offsets multiply "
+                                 "the activations' group sums): quant_act(..., gsum=...)")
+            ga = _array(gsum, "gsum", np.int32, 2)
+            if ga.shape[0] != m or ga.shape[1] < ng:
+                raise ValueError(f"gsum must have {m} rows of at least {ng} columns (groups of "
+                                 f"{w.group or kpad}), got shape {_shp(ga)}")
+            _no_overlap(oa, "out", ga, "gsum")
+            gs_ptr = <const int32_t *>cnp.PyArray_DATA(ga)
+            ldgs = _ld(ga)
+        if bias is not None:
+            ba = _array(bias, "bias", np.float32, 1)
+            if ba.shape[0] != w.n:
+                raise ValueError(f"bias must have shape ({w.n},), got {_shp(ba)}")
+            _no_overlap(oa, "out", ba, "bias")
+            bias_ptr = <const float *>cnp.PyArray_DATA(ba)
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t k = w.k, n = w.n, ldq = _ld(qa), ldy = _ld(oa), group = w.group
+        cdef int bits = w.bits
+        cdef const int8_t *qp = <const int8_t *>cnp.PyArray_DATA(qa)
+        cdef const float *sp = <const float *>cnp.PyArray_DATA(sa)
+        cdef const void *wp = cnp.PyArray_DATA(w.data)
+        cdef float *yp = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            self.t.gemm_wq(p, qp, m, k, ldq, sp, gs_ptr, ldgs, wp, n, bits, group, bias_ptr, yp,
+                           ldy)
         return out
 
     def rmsnorm(self, x, weight, float eps, out, residual=None, ThreadPool pool=None):
@@ -562,6 +730,35 @@ cdef class Kernels:
         with nogil:
             self.t.exp(xp, op, n)
         return out
+
+
+# --------------------------------------------------------------- quantized
+
+
+def q_kpad(int64_t k):
+    """Columns of quantized activations for K: K rounded up to ARMLLM_Q_KALIGN."""
+    return armllm_q_kpad(k)
+
+
+def q_groups(int64_t k, int64_t group):
+    """Scale groups (and activation group sums) per row for K and group (0: one)."""
+    return armllm_q_groups(k, group)
+
+
+cdef void _check_group(int64_t group) except *:
+    if group != 0 and group != 32 and group != 64 and group != 128:
+        raise ValueError(f"group must be 0 (channelwise), 32, 64 or 128, got {group}")
+
+
+cdef cnp.ndarray _scales(object a, str name, int64_t n, int64_t ng, int64_t group):
+    """A C-contiguous float32 [n, ng] array of per-group scales or offsets."""
+    cdef cnp.ndarray arr = _array(a, name, np.float32, 2)
+    if arr.shape[0] != n or arr.shape[1] != ng:
+        raise ValueError(f"{name} must have shape ({n}, {ng}) (one per row and group of "
+                         f"{group or 'the whole row'}), got {_shp(arr)}")
+    if _ld(arr) != ng:
+        arr = np.ascontiguousarray(arr)
+    return arr
 
 
 # --------------------------------------------------------------- attention

@@ -77,9 +77,28 @@ cdef extern from "armllm_kernels.h" nogil:
                                            int64_t block_size, int64_t num_blocks)
     ctypedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args *args)
 
+    enum:
+        ARMLLM_Q_KALIGN
+    int64_t armllm_q_kpad(int64_t k)
+    int64_t armllm_q_groups(int64_t k, int64_t group)
+    ctypedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m,
+                                         int64_t k, int64_t ldx, int64_t group, int8_t *xq,
+                                         int64_t ldq, float *scale, int32_t *gsum,
+                                         int64_t ldgs)
+    ctypedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group)
+    ctypedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
+                                       int64_t group, const float *d, const float *o,
+                                       void *packed)
+    ctypedef void (*armllm_gemm_wq_fn)(armllm_pool *pool, const int8_t *xq, int64_t m,
+                                       int64_t k, int64_t ldq, const float *scale,
+                                       const int32_t *gsum, int64_t ldgs,
+                                       const void *packed_w, int64_t n, int bits,
+                                       int64_t group, const float *bias, float *y,
+                                       int64_t ldy)
+
     ctypedef struct armllm_kernels:
         const char *isa
-        const char *impl[9]
+        const char *impl[ARMLLM_NUM_KERNELS]
         const char *gemm_f32_layout
         const char *gemm_bf16_layout
         const char *gemm_bf16_compute
@@ -98,6 +117,11 @@ cdef extern from "armllm_kernels.h" nogil:
         armllm_exp_fn exp
         armllm_kv_write_fn kv_write
         armllm_attention_fn attention
+        const char *gemm_wq_layout
+        armllm_quant_act_fn quant_act
+        armllm_wq_packed_len_fn gemm_wq_packed_len
+        armllm_wq_pack_fn gemm_wq_pack
+        armllm_gemm_wq_fn gemm_wq
 
 
 cdef extern from "cpu.h" nogil:

@@ -2,14 +2,18 @@
 
 Measures, in one run: the read bandwidth and fp32 FMA peak (own probes),
 then armllm's GEMM for decode (memory-bound: effective GB/s of weights) and
-prefill (GFLOP/s) at real model layer shapes, for f32 and bf16 weights,
-beside numpy's `x @ W.T` (OpenBLAS) on the same shapes and thread count.
+prefill (GFLOP/s) at real model layer shapes, for f32 and bf16 weights and
+quantized ones (w8: int8 channelwise, w4: int4 in groups of 32; "w4g128",
+"w8g32"... pick the group), beside numpy's `x @ W.T` (OpenBLAS) on the same
+shapes and thread count. Quantized rows time what `ops.linear` runs: the
+per-token activation quantization plus the int8 GEMM (GOP/s, 2 ops a MAC).
 Timings are medians of repeated runs, interleaved with numpy's.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import time
 from functools import partial
@@ -36,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--m", default="1,4,128,512", help="comma-separated row counts M")
     p.add_argument("--threads", default=None,
                    help="comma-separated thread counts (default: 1 and the pool's count)")
-    p.add_argument("--dtypes", default="f32,bf16", help="weight dtypes: f32, bf16")
+    p.add_argument("--dtypes", default="f32,bf16",
+                   help="weight dtypes: f32, bf16, w8, w4 (w8/w4 take a group: w4g128, "
+                        "w8g32; default w8 channelwise, w4 groups of 32)")
     p.add_argument("--min-time", type=float, default=0.3,
                    help="seconds to spend per measurement (at least 3 repetitions)")
     p.add_argument("--no-numpy", action="store_true", help="skip the numpy comparison")
@@ -63,6 +69,44 @@ def _median_time(fn, min_time: float) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+_QUANT = re.compile(r"^w([48])(?:g(0|32|64|128))?$")
+
+
+def _quant_spec(dtype: str) -> tuple[int, int] | None:
+    """(bits, group) of a quantized dtype name, None for f32/bf16."""
+    m = _QUANT.match(dtype)
+    if not m:
+        return None
+    bits = int(m.group(1))
+    return bits, int(m.group(2)) if m.group(2) else (0 if bits == 8 else 32)
+
+
+def _quantized_weight(kern, rng, n: int, k: int, bits: int, group: int):
+    """A random quantized weight (q, d, o) packed for kern (values do not matter)."""
+    from armllm import ops
+    ng = ops.quant_groups(k, group)
+    lo, hi = (-127, 128) if bits == 8 else (0, 16)
+    q = rng.integers(lo, hi, (n, k), dtype=np.int8)
+    d = np.full((n, ng), 1e-3, np.float32)
+    o = np.full((n, ng), -8e-3, np.float32) if bits == 4 else None
+    return lambda: kern.pack_wq(q, d, o, bits, group)
+
+
+class _QuantLinear:
+    """ops.linear's work for a quantized weight: quantize x, then the int8 GEMM."""
+
+    def __init__(self, kern, x, w, y, pool):
+        from armllm import ops
+        m, k = x.shape
+        self.kern, self.x, self.w, self.y, self.pool = kern, x, w, y, pool
+        self.scratch = ops.ActScratch(m, k, w.group, sums=w.bits == 4)
+
+    def __call__(self):
+        xq, scale, gsum = self.scratch.views(self.x.shape[0])
+        self.kern.quant_act(self.x, xq, scale, gsum, self.w.group, self.pool)
+        self.kern.gemm_wq(xq, scale, gsum, self.w, self.y, None, self.pool)
 
 
 class _Rotate:
@@ -101,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"unknown model {m!r} for --models (known: {', '.join(MODEL_SHAPES)})")
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     for d in dtypes:
-        if d not in ("f32", "bf16"):
-            raise UsageError(f"--dtypes values must be f32 or bf16, got {d!r}")
+        if d not in ("f32", "bf16") and not _quant_spec(d):
+            raise UsageError(f"--dtypes values must be f32, bf16, w8 or w4 (with an optional "
+                             f"group: w4g128), got {d!r}")
     ms = _int_list(args.m, "m")
     threads = _int_list(args.threads, "threads") if args.threads else \
         sorted({1, ops.num_threads()})
@@ -111,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
 
     info = ops.cpu_info()
     print(f"armllm bench kernels: {info['cpu']}, variant {info['isa']} "
-          f"(gemm_f32 {info['kernels']['gemm_f32']}, gemm_bf16 {info['kernels']['gemm_bf16']})")
+          f"(gemm_f32 {info['kernels']['gemm_f32']}, gemm_bf16 {info['kernels']['gemm_bf16']}, "
+          f"gemm_wq {info['kernels']['gemm_wq']})")
     results: dict = {"cpu": info, "machine": {}, "gemm": []}
     pools = {n: ops.ThreadPool(n) for n in threads}
     for n, pool in pools.items():
@@ -120,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"threads {n}: read bandwidth {probe['read_gbs']:.1f} GB/s, "
               f"fp32 FMA peak {probe['fma_gflops']:.0f} GFLOP/s")
 
-    header = (f"{'model':<13} {'layer':<8} {'N':>6} {'K':>6} {'M':>4} {'w':>4} {'thr':>3} "
+    header = (f"{'model':<13} {'layer':<8} {'N':>6} {'K':>6} {'M':>4} {'w':>6} {'thr':>3} "
               f"{'armllm ms':>10} {'GFLOP/s':>8} {'GB/s':>6} {'%bw/%pk':>7} "
               f"{'numpy ms':>9} {'speedup':>7}")
     print(header)
@@ -129,15 +175,22 @@ def run(args: argparse.Namespace) -> int:
     for model in models:
         for layer, n, k in MODEL_SHAPES[model]:
             w32 = rng.standard_normal((n, k), dtype=np.float32) * np.float32(k ** -0.5)
-            packed = {d: kern.pack(w32 if d == "f32" else ops.f32_to_bf16(w32), d) for d in dtypes}
+            packers = {}
+            for d in dtypes:
+                spec = _quant_spec(d)
+                if spec:
+                    packers[d] = _quantized_weight(kern, rng, n, k, *spec)
+                else:
+                    wd = w32 if d == "f32" else ops.f32_to_bf16(w32)
+                    packers[d] = partial(kern.pack, wd, d)
+            packed = {d: pack() for d, pack in packers.items()}
             for m in ms:
                 if layer == "lm_head" and m > DECODE_MAX_M:
                     continue  # logits are computed only for the rows that sample
                 x = rng.standard_normal((m, k), dtype=np.float32)
                 y = np.empty((m, n), dtype=np.float32)
                 w_copies = [w32] + [w32.copy() for _ in range(_copies(w32.nbytes, m) - 1)]
-                copies = {d: [pw] + [kern.pack(ops.f32_to_bf16(w) if d == "bf16" else w, d)
-                                     for w in w_copies[1:_copies(pw.nbytes, m)]]
+                copies = {d: [pw] + [packers[d]() for _ in range(_copies(pw.nbytes, m) - 1)]
                           for d, pw in packed.items()}
                 for n_threads, pool in pools.items():
                     numpy_t = None
@@ -148,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
                         _blas_threads.set_blas_threads(1)
                     for d in dtypes:
                         pw = packed[d]
-                        t = _median_time(_Rotate([partial(kern.gemm, x, c, y, None, pool)
-                                                  for c in copies[d]]), args.min_time)
+                        calls = [_QuantLinear(kern, x, c, y, pool) if c.quantized else
+                                 partial(kern.gemm, x, c, y, None, pool) for c in copies[d]]
+                        t = _median_time(_Rotate(calls), args.min_time)
                         gflops = 2.0 * m * n * k / t / 1e9
                         gbs = pw.nbytes / t / 1e9
                         mach = results["machine"][n_threads]
@@ -162,12 +216,14 @@ def run(args: argparse.Namespace) -> int:
                         results["gemm"].append(row)
                         speed = f"{numpy_t / t:7.2f}" if numpy_t else "      -"
                         nms = f"{numpy_t * 1e3:9.3f}" if numpy_t else "        -"
-                        print(f"{model:<13} {layer:<8} {n:>6} {k:>6} {m:>4} {d:>4} {n_threads:>3} "
+                        print(f"{model:<13} {layer:<8} {n:>6} {k:>6} {m:>4} {d:>6} {n_threads:>3} "
                               f"{t * 1e3:10.3f} {gflops:8.1f} {gbs:6.1f} {frac * 100:6.0f}% "
                               f"{nms} {speed}", flush=True)
     print("%bw/%pk: decode rows (M <= 8; weights cycled through 256 MiB of copies so they come "
           "from DRAM) as a fraction of read bandwidth, prefill rows of FMA peak; "
-          "speedup = numpy f32 time / armllm time.")
+          "speedup = numpy f32 time / armllm time. w8/w4 rows include the activation "
+          "quantization; their GFLOP/s are GOP/s of int8 MACs (x2), compared with the same "
+          "fp32 peak.")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -104,7 +104,8 @@ def _load(args: argparse.Namespace, max_num_seqs: int, max_num_batched_tokens: i
         llm = LLM(model, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   max_model_len=args.max_model_len or need, kv_cache_dtype=args.kv_cache_dtype,
-                  enable_prefix_caching=not args.no_prefix_caching)
+                  enable_prefix_caching=not args.no_prefix_caching,
+                  quantization=args.quantization)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -120,7 +121,8 @@ def _setup(llm, args: argparse.Namespace) -> dict:
     """What the numbers depend on: model, machine, engine settings."""
     from armllm import ops
     e, info = llm.engine, ops.cpu_info()
-    return {"model": str(llm.loaded.path), "weights": llm.loaded.model.weights.dtype,
+    w = llm.loaded.model.weights
+    return {"model": str(llm.loaded.path), "weights": w.quantization or w.dtype,
             "cpu": info["cpu"], "isa": info["isa"], "threads": ops.num_threads(),
             "max_num_seqs": e.scheduler.max_num_seqs,
             "max_num_batched_tokens": e.scheduler.max_tokens, "max_model_len": e.max_model_len,

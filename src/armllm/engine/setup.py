@@ -11,6 +11,7 @@ from pathlib import Path
 from armllm.engine.llm_engine import LLMEngine
 from armllm.model.llama import KVCache
 from armllm.model.loader import load_model
+from armllm.model.quantize import parse_scheme
 
 log = logging.getLogger("armllm")
 
@@ -29,6 +30,7 @@ class EngineArgs:
     block_size: int = 16
     kv_cache_dtype: str = "bf16"
     enable_prefix_caching: bool = True
+    quantization: str = "auto"            # auto (the checkpoint's own), none, or a scheme name
 
     def __post_init__(self):
         if self.dtype not in _WEIGHT_DTYPES:
@@ -44,6 +46,8 @@ class EngineArgs:
         if self.kv_cache_gib is not None and not (isinstance(self.kv_cache_gib, (int, float))
                                                   and self.kv_cache_gib > 0):
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib!r}")
+        if self.quantization != "auto":
+            parse_scheme(self.quantization)  # raises ValueError naming the value
         if self.kv_cache_dtype not in ("bf16", "f32"):
             raise ValueError(f"kv_cache_dtype must be 'bf16' or 'f32', got "
                              f"{self.kv_cache_dtype!r}")
@@ -61,7 +65,11 @@ def available_bytes() -> int:
 
 
 def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
-    loaded = load_model(model, _WEIGHT_DTYPES[args.dtype], progress)
+    quant = args.quantization if args.quantization in ("auto", "none") else \
+        parse_scheme(args.quantization)
+    loaded = load_model(model, _WEIGHT_DTYPES[args.dtype], progress, quant)
+    if loaded.model.weights.quantization:
+        log.info("linear layers: %s", loaded.model.weights.quantization)
     c = loaded.config
     model_len = min(args.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
     per_block = KVCache.bytes_per_block(c, args.block_size, args.kv_cache_dtype)

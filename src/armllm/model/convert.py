@@ -1,6 +1,10 @@
-"""convert: writes a GGUF model as a Hugging Face directory (safetensors,
-config.json, tokenizer.json, tokenizer_config.json, generation_config.json)
-that transformers loads and that armllm loads with the same logits."""
+"""convert: writes a model as a Hugging Face directory (safetensors,
+config.json, tokenizer.json, tokenizer_config.json, generation_config.json):
+`convert_gguf` turns a GGUF file into one that transformers loads and that
+armllm loads with the same logits; `quantize_model` writes a GGUF file or a
+Hugging Face directory as a compressed-tensors checkpoint (int-quantized,
+symmetric, per-token int8 activations) that armllm reloads with the same
+outputs as quantizing at load."""
 from __future__ import annotations
 
 import json
@@ -10,15 +14,19 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from armllm import ops
+from armllm.model.compressed_tensors import matrix_tensors, parse_config, quantization_config
+from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.loader import gguf_model_config
-from armllm.model.weights import GGUFSource
+from armllm.model.quantize import Scheme, quantize_rtn
+from armllm.model.weights import GGUFSource, HFSource
 
 LAYER_TENSORS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                  "self_attn.v_proj.weight", "self_attn.o_proj.weight",
                  "post_attention_layernorm.weight", "mlp.gate_proj.weight",
                  "mlp.up_proj.weight", "mlp.down_proj.weight")
+LINEAR_TENSORS = tuple(t for t in LAYER_TENSORS if t.endswith("proj.weight"))
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
@@ -32,10 +40,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
         raise ValueError(f"{gguf_path}: rope_freqs.weight (per-frequency RoPE factors) has no "
                          f"config.json equivalent; armllm runs this GGUF directly")
     tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(gguf_path))
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out}: output directory exists and is not empty")
-    out.mkdir(parents=True, exist_ok=True)
+    out = _empty_dir(out_dir)
     source = GGUFSource(gguf, config)
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     names += [f"model.layers.{i}.{t}" for i in range(config.num_layers) for t in LAYER_TENSORS]
@@ -46,11 +51,25 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
         w = np.ascontiguousarray(source.get(name), dtype=np.float32)
         tensors[name] = w if dtype == "float32" else ops.f32_to_bf16(w)
     if dtype == "bfloat16":  # safetensors.numpy has no bf16: write the bits, then fix the header
-        _save_bf16(tensors, out / "model.safetensors")
+        save_tensors({n: ("BF16", t) for n, t in tensors.items()}, out / "model.safetensors")
     else:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    c = config
-    hf_config = {
+    hf_config = _gguf_hf_config(config, dtype)
+    _write_gguf_tokenizer(out, tokenizer, tok_config, config, hf_config)
+    return out
+
+
+def _empty_dir(out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out}: output directory exists and is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _gguf_hf_config(config, dtype: str) -> dict:
+    c, tied = config, config.tie_word_embeddings
+    return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
@@ -62,19 +81,26 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
         "eos_token_id": c.eos_token_ids[0] if len(c.eos_token_ids) == 1 else list(c.eos_token_ids),
         "torch_dtype": dtype,
     }
+
+
+def _write_gguf_tokenizer(out: Path, tokenizer, tok_config: dict, c, hf_config: dict) -> None:
     (out / "config.json").write_text(json.dumps(hf_config, indent=2))
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
     gen = {"bos_token_id": c.bos_token_id, "eos_token_id": hf_config["eos_token_id"]}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    return out
 
 
-def _save_bf16(tensors: dict[str, np.ndarray], path: Path) -> None:
+_ST_DTYPES = {"BF16": "<u2", "F32": "<f4", "I8": "i1", "F16": "<f2"}
+
+
+def save_tensors(tensors: dict[str, tuple[str, np.ndarray]], path: Path) -> None:
+    """A safetensors file of mixed dtypes ({name: (safetensors dtype, array)}; BF16 as
+    uint16 bits), which safetensors.numpy cannot write for bf16."""
     header, offset, blobs = {}, 0, []
-    for name, bits in tensors.items():
-        blob = np.ascontiguousarray(bits, dtype="<u2").tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(bits.shape),
+    for name, (st_dtype, array) in tensors.items():
+        blob = np.ascontiguousarray(array, dtype=_ST_DTYPES[st_dtype]).tobytes()
+        header[name] = {"dtype": st_dtype, "shape": list(array.shape),
                         "data_offsets": [offset, offset + len(blob)]}
         offset += len(blob)
         blobs.append(blob)
@@ -86,3 +112,68 @@ def _save_bf16(tensors: dict[str, np.ndarray], path: Path) -> None:
         f.write(raw)
         for blob in blobs:
             f.write(blob)
+
+
+def quantize_model(model: str | Path, out_dir: str | Path, scheme: Scheme) -> Path:
+    """A GGUF file or float Hugging Face directory -> a compressed-tensors checkpoint:
+    Linear layers int-quantized by round to nearest (quantize.quantize_rtn, scales in
+    float32 so a reload reproduces the same kernel inputs), everything else in bfloat16
+    (embeddings and lm_head included; norms and biases keep float32)."""
+    path = Path(model)
+    if not path.exists():
+        raise ValueError(f"{path}: no such model file or directory")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: a model is a directory or a .gguf file")
+        gguf = GGUFFile(path)
+        config = gguf_model_config(gguf)
+        if config.rope_scaling:
+            raise ValueError(f"{path}: rope_freqs.weight (per-frequency RoPE factors) has no "
+                             f"config.json equivalent")
+        source = GGUFSource(gguf, config)
+        tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
+        hf_config = _gguf_hf_config(config, "bfloat16")
+    else:
+        cfg_path = path / "config.json"
+        hf_config = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        if parse_config(hf_config, str(cfg_path)) is not None:
+            raise ValueError(f"{cfg_path}: the checkpoint is already quantized")
+        config = load_hf_config(path)
+        source = HFSource(path)
+    out = _empty_dir(out_dir)
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    names += [f"model.layers.{i}.{t}" for i in range(config.num_layers) for t in LAYER_TENSORS]
+    names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(config.num_layers)
+              for p in "qkv" if config.attention_bias]
+    names += [f"model.layers.{i}.self_attn.{p}_norm.weight" for i in range(config.num_layers)
+              for p in "qk" if config.qk_norm]
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    tensors: dict[str, tuple[str, np.ndarray]] = {}
+    for name in names:
+        a = source.get(name)
+        w = ops.bf16_to_f32(a) if a.dtype == np.uint16 else np.ascontiguousarray(a, np.float32)
+        if name.endswith(LINEAR_TENSORS):
+            qm = quantize_rtn(w, scheme)
+            for tname, array in matrix_tensors(name[:-len(".weight")], qm, w.shape[1]).items():
+                tensors[tname] = ("I8" if array.dtype == np.int8 else "F32", array)
+        elif a.dtype == np.uint16:
+            tensors[name] = ("BF16", a)
+        elif w.ndim == 1:   # norms and biases keep float32: armllm computes them in f32
+            tensors[name] = ("F32", w)
+        else:               # embeddings and lm_head in bf16
+            tensors[name] = ("BF16", ops.f32_to_bf16(w))
+    save_tensors(tensors, out / "model.safetensors")
+    ignore = [] if config.tie_word_embeddings else ["lm_head"]
+    hf_config = {**hf_config, "torch_dtype": "bfloat16",
+                 "quantization_config": quantization_config(scheme.bits, scheme.group,
+                                                            ignore or ["lm_head"])}
+    if path.is_file():
+        _write_gguf_tokenizer(out, tokenizer, tok_config, config, hf_config)
+    else:
+        (out / "config.json").write_text(json.dumps(hf_config, indent=2))
+        for extra in ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                      "special_tokens_map.json"):
+            if (path / extra).exists():
+                (out / extra).write_bytes((path / extra).read_bytes())
+    return out

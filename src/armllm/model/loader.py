@@ -9,12 +9,13 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.llama import LlamaModel
 from armllm.model.tokenizer import TextTokenizer
-from armllm.model.weights import GGUFSource, HFSource, WeightDtype, load_weights
+from armllm.model.weights import GGUFSource, HFSource, Quantization, WeightDtype, load_weights
 
 
 @dataclass
@@ -51,8 +52,10 @@ def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
                                tie_word_embeddings="output.weight" not in gguf.tensors)
 
 
-def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> LoadedModel:
-    """Loads a Hugging Face model directory or a GGUF file."""
+def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
+               quantization: Quantization = "auto") -> LoadedModel:
+    """Loads a Hugging Face model directory or a GGUF file (see load_weights for
+    `quantization`)."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such model file or directory")
@@ -61,12 +64,13 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None) -> 
             raise ValueError(f"{path}: a model is a directory or a .gguf file")
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
-        weights = load_weights(GGUFSource(gguf, config), config, dtype, progress)
+        weights = load_weights(GGUFSource(gguf, config), config, dtype, progress, quantization)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         gen = {"eos_token_id": list(config.eos_token_ids)} if config.eos_token_ids else {}
         return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config, gen)
     config = load_hf_config(path)
-    weights = load_weights(HFSource(path), config, dtype, progress)
+    ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
+    weights = load_weights(HFSource(path, ct), config, dtype, progress, quantization)
     return LoadedModel(path, config, LlamaModel(config, weights), _hf_tokenizer(path),
                        _read_json(path / "tokenizer_config.json"),
                        _read_json(path / "generation_config.json"))

@@ -11,25 +11,67 @@ from typing import Literal
 import numpy as np
 
 from armllm import ops
+from armllm.model.compressed_tensors import CTConfig
+from armllm.model.compressed_tensors import load_matrix as ct_load_matrix
 from armllm.model.config import ModelConfig
-from armllm.model.gguf import GGUFFile
+from armllm.model.gguf import GGML_TYPES, GGUFFile
+from armllm.model.quantize import (
+    GGUF_QUANTIZED,
+    QuantizedMatrix,
+    Scheme,
+    from_gguf_blocks,
+    quantize_rtn,
+)
 from armllm.model.safetensors_file import SafetensorsCheckpoint
 
 WeightDtype = Literal["f32", "bf16"]
 
 
 class HFSource:
-    """Tensors of a Hugging Face safetensors checkpoint, by HF name."""
+    """Tensors of a Hugging Face safetensors checkpoint, by HF name; the Linear
+    layers of a compressed-tensors checkpoint come quantized (get_quantized) or
+    dequantized (get)."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, ct: CTConfig | None = None):
         self.ckpt = SafetensorsCheckpoint(model_dir)
         self.where = str(model_dir)
+        self.ct = ct
+
+    def _quantized_module(self, name: str):
+        if self.ct is None or not name.endswith(".weight"):
+            return None
+        module = name[:-len(".weight")]
+        if f"{module}.weight_scale" not in self.ckpt:
+            return None
+        return module, self.ct.weight_args(module)
 
     def has(self, name: str) -> bool:
-        return name in self.ckpt
+        return name in self.ckpt or (self._quantized_module(name) is not None
+                                     and f"{name}_packed" in self.ckpt)
 
     def get(self, name: str) -> np.ndarray:
+        if self._quantized_module(name) is not None:
+            return self.get_quantized(name, None).dequantize()
         return self.ckpt.array(name)
+
+    def get_quantized(self, name: str, shape: tuple[int, int] | None) -> QuantizedMatrix | None:
+        found = self._quantized_module(name)
+        if found is None:
+            return None
+        module, scheme = found
+        if scheme is None:
+            raise ValueError(f"{self.where}: tensor {module}.weight_scale belongs to a layer "
+                             "the quantization_config does not target")
+        args, fmt = scheme
+        if shape is None:
+            shape = self._shape(module)
+        return ct_load_matrix(self.ckpt.array, self.ckpt.__contains__, module, args, fmt, shape,
+                              self.where)
+
+    def _shape(self, module: str) -> tuple[int, int]:
+        if f"{module}.weight" in self.ckpt:
+            return tuple(self.ckpt.array(f"{module}.weight").shape)
+        return tuple(int(v) for v in self.ckpt.array(f"{module}.weight_shape"))
 
 
 class GGUFSource:
@@ -64,12 +106,28 @@ class GGUFSource:
     def has(self, name: str) -> bool:
         return self._gguf_name(name) in self.gguf.tensors
 
+    def _rope_heads(self, name: str) -> int | None:
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            return self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
+        return None
+
     def get(self, name: str) -> np.ndarray:
         w = self.gguf.dequantize(self._gguf_name(name))
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
-            w = unpermute_rope_rows(w, heads)
-        return w
+        heads = self._rope_heads(name)
+        return w if heads is None else unpermute_rope_rows(w, heads)
+
+    def get_quantized(self, name: str, shape: tuple[int, int]) -> QuantizedMatrix | None:
+        """Q8_0 / Q4_0 / Q4_1 tensors exactly as the quantized GEMM's (q, d, o)."""
+        gname = self._gguf_name(name)
+        t = self.gguf.tensors.get(gname)
+        if t is None or t.type_name not in GGUF_QUANTIZED or tuple(t.shape) != tuple(shape):
+            return None
+        blocks = self.gguf.raw(gname).reshape(-1, GGML_TYPES[t.ggml_type][2])
+        qm = from_gguf_blocks(t.type_name, blocks, *shape)
+        heads = self._rope_heads(name)
+        if heads is not None:
+            qm = qm.take_rows(unpermute_rope_rows(np.arange(shape[0]), heads))
+        return qm
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -109,6 +167,7 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: np.ndarray
     lm_head: ops.PackedWeight
+    quantization: str | None = None   # what the linear layers run as, e.g. "w4a8-g32 (GGUF Q4_1)"
 
     @property
     def nbytes(self) -> int:
@@ -116,12 +175,23 @@ class ModelWeights:
         return linear + self.embed.nbytes + self.lm_head.nbytes
 
 
+Quantization = Literal["auto", "none"] | Scheme
+
+
 def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
-                 progress=None) -> ModelWeights:
-    """Reads, checks, converts and packs every tensor of the model."""
+                 progress=None, quantization: Quantization = "auto") -> ModelWeights:
+    """Reads, checks, converts and packs every tensor of the model.
+
+    quantization: "auto" runs the checkpoint's own quantized layers as they are (GGUF
+    Q8_0/Q4_0/Q4_1, compressed-tensors) and float layers in `dtype`; "none" dequantizes
+    everything to `dtype`; a Scheme quantizes float layers at load (round to nearest) and
+    keeps quantized ones that already match it. Embeddings and lm_head stay in `dtype`."""
     if dtype not in ("f32", "bf16"):
         raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
+    if not (isinstance(quantization, Scheme) or quantization in ("auto", "none")):
+        raise ValueError(f"quantization must be auto, none or a Scheme, got {quantization!r}")
     c = config
+    used: set[str] = set()   # what the linear layers ended up as
 
     def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
         if not source.has(name):
@@ -132,10 +202,44 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                              f"expected {list(shape)} for this config")
         return a
 
-    def matrix(names_shapes: list[tuple[str, tuple[int, int]]]) -> ops.PackedWeight:
+    def native(name: str, shape: tuple[int, int]) -> QuantizedMatrix | None:
+        getter = getattr(source, "get_quantized", None)
+        if getter is None:
+            return None
+        if not source.has(name):
+            raise ValueError(f"{source.where}: missing tensor {name}")
+        return getter(name, shape)
+
+    def quantized(names_shapes) -> QuantizedMatrix | None:
+        if quantization == "none":
+            return None
+        natives = [native(n, s) for n, s in names_shapes]
+        if quantization == "auto":
+            if all(q is not None for q in natives) and \
+                    len({(q.bits, q.group) for q in natives}) == 1:
+                used.add(f"w{natives[0].bits}a8-{_group_name(natives[0].group)} "
+                         f"({_origin(source)})")
+                return QuantizedMatrix.stack(natives)
+            return None  # float, or mixed formats within one fused matrix: run in dtype
+        parts = []
+        for (n, shp), q in zip(names_shapes, natives, strict=True):
+            if q is not None and q.bits == quantization.bits and q.group == quantization.group:
+                parts.append(q)   # already in the scheme: no second rounding
+            else:
+                parts.append(quantize_rtn(_as_f32(tensor(n, shp)), quantization))
+        used.add(quantization.name)
+        return QuantizedMatrix.stack(parts)
+
+    def matrix(names_shapes: list[tuple[str, tuple[int, int]]],
+               may_quantize: bool = True) -> ops.PackedWeight:
+        qm = quantized(names_shapes) if may_quantize else None
+        if qm is not None:
+            return ops.pack_quantized(qm.q, qm.d, qm.o, qm.bits, qm.group)
         parts = [tensor(n, s) for n, s in names_shapes]
         conv = _as_bf16 if dtype == "bf16" else _as_f32
         fused = conv(parts[0]) if len(parts) == 1 else np.concatenate([conv(p) for p in parts])
+        if may_quantize:
+            used.add(dtype)
         return ops.pack_weight(fused, dtype)
 
     h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
@@ -168,5 +272,16 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     embed = _as_bf16(embed_raw) if dtype == "bf16" else _as_f32(embed_raw)
     tied = c.tie_word_embeddings
     lm_head = ops.pack_weight(embed, dtype) if tied else \
-        matrix([("lm_head.weight", (c.vocab_size, h))])
-    return ModelWeights(dtype, embed, layers, _as_f32(tensor("model.norm.weight", (h,))), lm_head)
+        matrix([("lm_head.weight", (c.vocab_size, h))], may_quantize=False)
+    return ModelWeights(dtype, embed, layers, _as_f32(tensor("model.norm.weight", (h,))), lm_head,
+                        ", ".join(sorted(used)) or None)
+
+
+def _group_name(group: int) -> str:
+    return f"g{group}" if group else "ch"
+
+
+def _origin(source) -> str:
+    if isinstance(source, GGUFSource):
+        return "GGUF"
+    return "compressed-tensors"

@@ -71,7 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_dtype=args.kv_cache_dtype,
-                       enable_prefix_caching=not args.no_prefix_caching)
+                       enable_prefix_caching=not args.no_prefix_caching,
+                       quantization=args.quantization)
     try:
         EngineArgs(**engine_args)
     except ValueError as exc:

@@ -34,6 +34,12 @@ static void *xmalloc(size_t n) {
   if (!p) { fprintf(stderr, "out of memory\n"); exit(3); }
   return p;
 }
+/* 64-byte aligned, as the Python layer allocates packed weights */
+static void *xmalloc64(size_t n) {
+  void *p = aligned_alloc(64, ((n ? n : 1) + 63) / 64 * 64);
+  if (!p) { fprintf(stderr, "out of memory\n"); exit(3); }
+  return p;
+}
 
 typedef struct {
   const char *isa, *kernel;
@@ -470,6 +476,155 @@ static void check_kv_write(const armllm_kernels *v, armllm_pool *pool) {
   report_end(&r, v->impl[ARMLLM_K_KV_WRITE]);
 }
 
+/* ---------------------------------------------------------- quantized */
+
+/* Activation rows with the cases that matter for bit-exactness: ties of
+ * x / s at .5 (s = 1 exactly), an all-zero row, NaN, Inf, subnormals. */
+static void fill_act(float *x, int64_t m, int64_t k, int64_t ldx, int specials) {
+  fill(x, m * ldx, 3.0f);
+  if (!specials) return;
+  for (int64_t r = 0; r < m; r++) {
+    float *xr = x + r * ldx;
+    switch (r % 7) {
+      case 1: /* amax 127: s = 1, halves are exact ties */
+        for (int64_t i = 0; i < k; i++) xr[i] = (float)((i * 37) % 255 - 127) + (i & 1 ? 0.5f : 0.0f);
+        xr[0] = 127.0f;
+        break;
+      case 2: memset(xr, 0, sizeof(float) * (size_t)k); break;
+      case 3: xr[k / 2] = NAN; break;
+      case 4: xr[k - 1] = -INFINITY; break;
+      case 5:
+        for (int64_t i = 0; i < k; i++) xr[i] *= 1e-39f; /* subnormal */
+        break;
+      case 6:
+        for (int64_t i = 0; i < k; i++) xr[i] *= 1e30f;
+        break;
+      default: break;
+    }
+  }
+}
+
+static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ks[] = {1, 5, 16, 31, 32, 40, 100, 576, 1029};
+  static const int64_t groups[] = {0, 32, 64, 128};
+  report r;
+  report_start(&r, v->isa, "quant_act");
+  for (size_t ik = 0; ik < sizeof ks / sizeof *ks; ik++)
+    for (size_t ig = 0; ig < sizeof groups / sizeof *groups; ig++)
+      for (int with_gsum = 0; with_gsum < 2; with_gsum++) {
+        const int64_t k = ks[ik], group = groups[ig], m = 9 + (int64_t)(ik % 3) * 4;
+        const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+        const int64_t ldx = k + (int64_t)(ik & 1) * 3, ldq = kpad + (int64_t)(ig & 1) * 5, ldgs = ng + 2;
+        float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
+        int8_t *q = xmalloc((size_t)(m * ldq)), *qr = xmalloc((size_t)(m * ldq));
+        float *sc = xmalloc(sizeof(float) * (size_t)m), *scr = xmalloc(sizeof(float) * (size_t)m);
+        int32_t *gs = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
+        int32_t *gsr = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
+        fill_act(x, m, k, ldx, 1);
+        memset(q, 0x5a, (size_t)(m * ldq)); /* past kpad: untouched */
+        memset(qr, 0x5a, (size_t)(m * ldq));
+        memset(gs, 0x5a, sizeof(int32_t) * (size_t)(m * ldgs));
+        memset(gsr, 0x5a, sizeof(int32_t) * (size_t)(m * ldgs));
+        v->quant_act(pool, x, m, k, ldx, group, q, ldq, sc, with_gsum ? gs : NULL, ldgs);
+        armllm_kernels_ref.quant_act(NULL, x, m, k, ldx, group, qr, ldq, scr, with_gsum ? gsr : NULL, ldgs);
+        if (memcmp(q, qr, (size_t)(m * ldq)) || memcmp(sc, scr, sizeof(float) * (size_t)m) ||
+            memcmp(gs, gsr, sizeof(int32_t) * (size_t)(m * ldgs)))
+          r.bad++;
+        r.cases++;
+        free(x); free(q); free(qr); free(sc); free(scr); free(gs); free(gsr);
+      }
+  report_end(&r, v->impl[ARMLLM_K_QUANT_ACT]);
+}
+
+/* One quantized GEMM case against ref, bit for bit (memcmp of y, row
+ * padding included), with the variant's pool and on one thread. x is
+ * quantized by ref so that only the GEMM is under test. */
+static void wq_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64_t m, int64_t n,
+                    int64_t k, int bits, int64_t group, int with_bias, int with_o) {
+  const armllm_kernels *ref = &armllm_kernels_ref;
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  const int64_t ldx = k + 1, ldq = kpad + (m & 1) * 16, ldgs = ng + (n & 1), ldy = n + (k & 1) * 3;
+  float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
+  int8_t *xq = xmalloc((size_t)(m * ldq));
+  float *scale = xmalloc(sizeof(float) * (size_t)m);
+  int32_t *gsum = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
+  int8_t *wq = xmalloc((size_t)(n * k));
+  float *d = xmalloc(sizeof(float) * (size_t)(n * ng)), *o = xmalloc(sizeof(float) * (size_t)(n * ng));
+  float *bias = xmalloc(sizeof(float) * (size_t)n);
+  float *y = xmalloc(sizeof(float) * (size_t)(m * ldy)), *y1 = xmalloc(sizeof(float) * (size_t)(m * ldy));
+  float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
+  fill_act(x, m, k, ldx, m > 3);
+  if (m > 8) x[8 * ldx] = NAN; /* row 8: NaN scale */
+  ref->quant_act(NULL, x, m, k, ldx, group, xq, ldq, scale, gsum, ldgs);
+  for (int64_t i = 0; i < n * k; i++) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    const int u = (int)((rng_state >> 33) % 255);
+    wq[i] = (int8_t)(bits == 4 ? u % 16 : u - 127);
+  }
+  if (n > 2) /* extremes: the int32 sums of a whole row at their largest */
+    for (int64_t i = 0; i < k; i++) wq[i] = (int8_t)(bits == 4 ? 15 : (i & 1 ? 127 : -127));
+  fill(d, n * ng, 0.01f);
+  fill(o, n * ng, 0.1f);
+  fill(bias, n, 1.0f);
+  void *p = xmalloc64(v->gemm_wq_packed_len(n, k, bits, group));
+  void *pr = xmalloc64(ref->gemm_wq_packed_len(n, k, bits, group));
+  v->gemm_wq_pack(wq, n, k, bits, group, d, with_o ? o : NULL, p);
+  ref->gemm_wq_pack(wq, n, k, bits, group, d, with_o ? o : NULL, pr);
+  for (int64_t i = 0; i < m * ldy; i++) y[i] = y1[i] = yref[i] = -777.0f;
+  const float *b = with_bias ? bias : NULL;
+  const int32_t *gs = bits == 4 ? gsum : NULL; /* bits 8 must not need it */
+  v->gemm_wq(pool, xq, m, k, ldq, scale, gs, ldgs, p, n, bits, group, b, y, ldy);
+  v->gemm_wq(NULL, xq, m, k, ldq, scale, gs, ldgs, p, n, bits, group, b, y1, ldy);
+  ref->gemm_wq(NULL, xq, m, k, ldq, scale, gs, ldgs, pr, n, bits, group, b, yref, ldy);
+  const size_t bytes = sizeof(float) * (size_t)(m * ldy);
+  if (memcmp(y, yref, bytes) || memcmp(y1, yref, bytes)) {
+    if (r->bad < 3) {
+      for (int64_t i = 0; i < m * ldy; i++)
+        if (memcmp(&y[i], &yref[i], sizeof(float))) {
+          printf("  gemm_wq M=%lld N=%lld K=%lld bits=%d group=%lld: y[%lld,%lld] = %.9g, ref %.9g\n",
+                 (long long)m, (long long)n, (long long)k, bits, (long long)group,
+                 (long long)(i / ldy), (long long)(i % ldy), y[i], yref[i]);
+          break;
+        }
+    }
+    r->bad++;
+  }
+  r->cases++;
+  free(x); free(xq); free(scale); free(gsum); free(wq); free(d); free(o); free(bias);
+  free(y); free(y1); free(yref); free(p); free(pr);
+}
+
+static void check_gemm_wq(const armllm_kernels *v, armllm_pool *pool, int quick) {
+  /* (n, k): single columns, panel and tile edges, K = 40 (one 32-block of
+   * padding), K = 576 (group 128: a last group of 64), K blocks past 1024 */
+  static const int64_t shapes[][2] = {{1, 40}, {8, 32}, {9, 576}, {17, 100}, {40, 64},
+                                      {70, 1100}, {130, 40}, {33, 2100}};
+  static const int64_t ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16, 17, 33, 67};
+  static const int64_t groups[] = {0, 32, 64, 128};
+  const int n_ms = (int)(sizeof ms / sizeof *ms);
+  report r;
+  report_start(&r, v->isa, "gemm_wq");
+  int c = 0;
+  for (int bits = 8; bits >= 4; bits -= 4)
+    for (size_t ig = 0; ig < sizeof groups / sizeof *groups; ig++)
+      for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++)
+        for (int j = 0; j < (quick ? 1 : 3); j++, c++) {
+          const int64_t n = shapes[is][0], k = shapes[is][1];
+          int64_t m = ms[(c * 7 + j) % n_ms];
+          if (n * k > 30000 && m > 17) m = 17; /* keep qemu time in check */
+          wq_case(&r, v, pool, m, n, k, bits, groups[ig], c & 1, (c >> 1) & 1 || bits == 8);
+        }
+  /* several K blocks (the int32 sums of channelwise groups kept between
+   * them), decode and prefill, every group */
+  for (int bits = 8; bits >= 4; bits -= 4)
+    for (size_t ig = 0; ig < sizeof groups / sizeof *groups; ig++)
+      for (int64_t m = 1; m <= 12; m += 11) wq_case(&r, v, pool, m, 33, 2100, bits, groups[ig], 1, 1);
+  /* every M through the decode and prefill tiles, at K = 576, group 128 */
+  for (int bits = 8; bits >= 4; bits -= 4)
+    for (int64_t m = 1; m <= 17; m++) wq_case(&r, v, pool, m, 21, 576, bits, 128, (int)(m & 1), 1);
+  report_end(&r, v->impl[ARMLLM_K_GEMM_WQ]);
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -537,6 +692,8 @@ int main(int argc, char **argv) {
     check_exp(v);
     check_kv_write(v, pool);
     check_attention(v, pool);
+    check_quant_act(v, pool);
+    check_gemm_wq(v, pool, quick);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);

@@ -1,11 +1,12 @@
 /* avx2/table.c: the avx2 variant's dispatch table (x86-64, AVX2 + FMA + F16C).
  * Every kernel is ported; see gemm.c for the packed layouts
- * "nr16k1" (f32) and "nr16k1u" (bf16). */
+ * "nr16k1" (f32) and "nr16k1u" (bf16), quant.c for "nr8k4g" (w8/w4). */
 #include "../armllm_kernels.h"
 
 const armllm_kernels armllm_kernels_avx2 = {
     .isa = "avx2",
-    .impl = {"avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2"},
+    .impl = {"avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2", "avx2",
+             "avx2"},
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "nr16k1u",
     .attention_bf16_compute = "f32",
@@ -24,4 +25,9 @@ const armllm_kernels armllm_kernels_avx2 = {
     .kv_write = armllm_avx2_kv_write,
     .attention = armllm_avx2_attention,
     .exp = armllm_avx2_exp,
+    .gemm_wq_layout = "nr8k4g",
+    .quant_act = armllm_avx2_quant_act,
+    .gemm_wq_packed_len = armllm_avx2_gemm_wq_packed_len,
+    .gemm_wq_pack = armllm_avx2_gemm_wq_pack,
+    .gemm_wq = armllm_avx2_gemm_wq,
 };

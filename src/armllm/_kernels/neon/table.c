@@ -4,7 +4,7 @@
 
 const armllm_kernels armllm_kernels_neon = {
     .isa = "neon",
-    .impl = {"neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon"},
+    .impl = {"neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon", "neon"},
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr12k1",
     .attention_bf16_compute = "f32",
@@ -23,4 +23,9 @@ const armllm_kernels armllm_kernels_neon = {
     .kv_write = armllm_neon_kv_write,
     .attention = armllm_neon_attention,
     .exp = armllm_neon_exp,
+    .gemm_wq_layout = "sdot_n8k4",
+    .quant_act = armllm_neon_quant_act,
+    .gemm_wq_packed_len = armllm_neon_gemm_wq_packed_len,
+    .gemm_wq_pack = armllm_neon_gemm_wq_pack,
+    .gemm_wq = armllm_neon_gemm_wq,
 };

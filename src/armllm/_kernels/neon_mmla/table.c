@@ -6,7 +6,7 @@
 
 const armllm_kernels armllm_kernels_neon_mmla = {
     .isa = "neon_mmla",
-    .impl = {"neon", "neon_mmla", "neon", "neon", "neon", "neon", "neon", "neon", "neon_mmla"},
+    .impl = {"neon", "neon_mmla", "neon", "neon", "neon", "neon", "neon", "neon", "neon_mmla", "neon", "neon_mmla"},
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr8k4x2",
     .attention_bf16_compute = "bf16",
@@ -25,4 +25,9 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     .kv_write = armllm_neon_kv_write,
     .attention = armllm_neon_mmla_attention,
     .exp = armllm_neon_exp,
+    .gemm_wq_layout = "mmla_n8k8",
+    .quant_act = armllm_neon_quant_act,
+    .gemm_wq_packed_len = armllm_neon_mmla_gemm_wq_packed_len,
+    .gemm_wq_pack = armllm_neon_mmla_gemm_wq_pack,
+    .gemm_wq = armllm_neon_mmla_gemm_wq,
 };

@@ -3,7 +3,7 @@
 
 const armllm_kernels armllm_kernels_ref = {
     .isa = "ref",
-    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref"},
+    .impl = {"ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref", "ref"},
     .gemm_f32_layout = "nk",
     .gemm_bf16_layout = "nk",
     .attention_bf16_compute = "f32",
@@ -22,4 +22,9 @@ const armllm_kernels armllm_kernels_ref = {
     .kv_write = armllm_ref_kv_write,
     .attention = armllm_ref_attention,
     .exp = armllm_ref_exp,
+    .gemm_wq_layout = "nk8",
+    .quant_act = armllm_ref_quant_act,
+    .gemm_wq_packed_len = armllm_ref_gemm_wq_packed_len,
+    .gemm_wq_pack = armllm_ref_gemm_wq_pack,
+    .gemm_wq = armllm_ref_gemm_wq,
 };

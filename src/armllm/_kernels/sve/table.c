@@ -4,8 +4,9 @@
 
 const armllm_kernels armllm_kernels_sve = {
     .isa = "sve",
-    /* gemm_f32, gemm_bf16, rmsnorm, rope, silu_mul, embed, exp, kv_write, attention */
-    .impl = {"sve", "sve", "sve", "neon", "sve", "neon", "sve", "neon", "sve"},
+    /* gemm_f32, gemm_bf16, rmsnorm, rope, silu_mul, embed, exp, kv_write, attention,
+       quant_act, gemm_wq */
+    .impl = {"sve", "sve", "sve", "neon", "sve", "neon", "sve", "neon", "sve", "neon", "sve"},
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "sve_mmla_n16k4",
     .attention_bf16_compute = "f32",
@@ -24,4 +25,9 @@ const armllm_kernels armllm_kernels_sve = {
     .kv_write = armllm_neon_kv_write, /* memory-bound: NEON stores suffice */
     .attention = armllm_sve_attention,
     .exp = armllm_sve_exp,
+    .gemm_wq_layout = "mmla_n8k8", /* neon_mmla's layout: independent of the vector length */
+    .quant_act = armllm_neon_quant_act, /* memory-bound: NEON suffices */
+    .gemm_wq_packed_len = armllm_neon_mmla_gemm_wq_packed_len,
+    .gemm_wq_pack = armllm_neon_mmla_gemm_wq_pack,
+    .gemm_wq = armllm_sve_gemm_wq,
 };

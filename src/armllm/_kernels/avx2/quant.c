@@ -1,0 +1,482 @@
+/* avx2/quant.c: per-token int8 activation quantization and the quantized
+ * GEMM (int8 or int4 weights, int8 activations), AVX2.
+ *
+ * Packed layout "nr8k4g": N is cut into panels of 8 output rows (the last
+ * one padded with q = 0, d = 0, o = 0); panel p is one contiguous block of
+ * panel_bytes, group after group (group g covers k in [g*gl, min((g+1)*gl,
+ * kpad)), gl = group or kpad), each group its weights then its scales:
+ *   bits 8: for each 4-k step of the group, 32 bytes: rows r = 0..7, each
+ *           the 4 bytes q[8p + r, k .. k+4) + 128 (unsigned);  then
+ *           d[8p .. 8p+8) as 8 f32.
+ *   bits 4: for each 8-k step of the group, 32 bytes: byte 4r + j holds
+ *           q[8p + r, k + j] in its low nibble and q[8p + r, k + 4 + j] in
+ *           its high nibble (j < 4);  then d[8] f32, then o[8] f32.
+ * panel_bytes = 8*kpad + 32*ng (bits 8), 4*kpad + 64*ng (bits 4); every
+ * vector is 32-byte aligned when the buffer is.
+ *
+ * Inner products: one activation word x[k..k+4) broadcast to the 8 rows of
+ * a panel meets 4 k of each row in one maddubs (unsigned weight x signed
+ * activation, byte pairs summed in int16 lanes).
+ *   bits 4: the nibbles are the unsigned operand as they are; products of a
+ *           32-k chunk add up in int16 (<= 8 * 2*15*128 = 30720), then one
+ *           madd with ones widens them to int32.
+ *   bits 8: q + 128 = lo + 16 hi splits into two nibbles, each multiplied
+ *           like bits 4 (two int16 sums per chunk, madd by 1 and by 16), and
+ *           x.q = x.(q + 128) - 128 sum(x). This costs 4 vector ops per 32
+ *           MACs, like the sign trick (sign, maddubs, madd, add) but with 2
+ *           instead of 3 on the two multiply pipes; without VNNI nothing
+ *           does better, so W8A8 is ~1.3x, W4A8 ~2x the MACs/cycle of f32 FMA.
+ * Each group's dot product is exact in int32 (wrapping sums, exact while
+ * the true value fits, K < 133144), so the float epilogue (the header's
+ * order: per group t = fma(d, acc, t) [, t = fma(o, gsum, t)], then
+ * y = t * scale, then + bias) runs lane-wise with the very operations of
+ * ref: every result is bit-identical to ref, whatever the tile, the path
+ * or the thread count.
+ *
+ * Tiles are mr rows x 1 panel, the whole of K. Decode (M <= 4): all rows,
+ * panel after panel, each thread one contiguous run of panels (one stream,
+ * prefetched ahead in software). Prefill: MR rows (4 for bits 8, 6 for bits
+ * 4); items are (row block, panel chunk) pairs sized so that a row block's
+ * activations and a chunk's panels stay in L2, panel-major inside.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "vexp_avx2.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define PANEL 8         /* output rows per panel: one int32 / f32 lane each */
+#define DECODE_MAX_M 4  /* rows up to this take the streaming (decode) path */
+#ifndef WQ_MR8
+#define WQ_MR8 4 /* prefill tile rows, bits 8: 2 int16 accumulators a row */
+#define WQ_MR4 6 /* bits 4: 1 int16 accumulator a row */
+#endif
+#define MAX_MR 6 /* the largest tile height, decode or prefill */
+#ifndef WQ_PF_BYTES
+#define WQ_PF_BYTES 4096 /* decode: software prefetch distance in the panel stream */
+#endif
+#define WQ_L2_BYTES (192 * 1024) /* budget for a row block's x, and a chunk's panels */
+#define WQ_XSUM_CAP 4096         /* bits 8: a row block's per-group sums of x, on the stack */
+
+/* Keeps the compiler from fusing y = t * scale and y + bias into one FMA:
+ * the header fixes two roundings. */
+static ALWAYS_INLINE __m256 no_contract(__m256 v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
+/* ------------------------------------------------------- quant_act */
+
+typedef struct {
+  const float *x;
+  int64_t k, ldx, kpad, gl, ng;
+  int8_t *xq;
+  int64_t ldq;
+  float *scale;
+  int32_t *gsum;
+  int64_t ldgs;
+} quant_job;
+
+static ALWAYS_INLINE __m256 load_part(const float *p, int64_t left) {
+  if (left >= 8) return _mm256_loadu_ps(p);
+  if (left <= 0) return _mm256_setzero_ps();
+  return _mm256_maskload_ps(p, armllm_avx2_tail_mask(left));
+}
+
+/* max |x| over k elements, NaN when any is NaN (then |the last NaN|, as ref). */
+static float row_amax(const float *x, int64_t k) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m0 = _mm256_setzero_ps(), m1 = m0, nan = m0;
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    __m256 b = _mm256_and_ps(_mm256_loadu_ps(x + i + 8), abs_mask);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+    m0 = _mm256_max_ps(m0, a);
+    m1 = _mm256_max_ps(m1, b);
+  }
+  for (; i < k; i += 8) {
+    __m256 a = _mm256_and_ps(load_part(x + i, k - i), abs_mask);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    m0 = _mm256_max_ps(m0, a);
+  }
+  if (_mm256_movemask_ps(nan)) {
+    for (i = k - 1;; i--)
+      if (x[i] != x[i]) return fabsf(x[i]);
+  }
+  m0 = _mm256_max_ps(m0, m1);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+
+static ALWAYS_INLINE __m256i quant8(__m256 v, __m256 s) {
+  const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  v = _mm256_round_ps(_mm256_div_ps(v, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_cvtps_epi32(_mm256_max_ps(_mm256_min_ps(v, hi), lo));
+}
+
+static ALWAYS_INLINE int32_t hsum_epi32(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(h);
+}
+
+static void quant_row(const quant_job *job, int64_t r) {
+  const float *x = job->x + r * job->ldx;
+  int8_t *q = job->xq + r * job->ldq;
+  int32_t *gs = job->gsum ? job->gsum + r * job->ldgs : NULL;
+  const int64_t k = job->k, kpad = job->kpad, gl = job->gl;
+  const float s = row_amax(x, k) / 127.0f;
+  job->scale[r] = s;
+  if (s == 0.0f || !isfinite(s)) { /* every x / s is 0 or NaN: all zeros, as ref */
+    memset(q, 0, (size_t)kpad);
+    if (gs) memset(gs, 0, (size_t)job->ng * sizeof *gs);
+    return;
+  }
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  __m256i sum = _mm256_setzero_si256();
+  for (int64_t i = 0; i < kpad; i += 32) {
+    __m256i a = quant8(load_part(x + i, k - i), vs);
+    __m256i b = quant8(load_part(x + i + 8, k - i - 8), vs);
+    __m256i c = quant8(load_part(x + i + 16, k - i - 16), vs);
+    __m256i d = quant8(load_part(x + i + 24, k - i - 24), vs);
+    /* packs work within 128-bit lanes: the dword permute restores k order */
+    __m256i v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    v = _mm256_permutevar8x32_epi32(v, order);
+    _mm256_storeu_si256((__m256i *)(q + i), v);
+    if (gs) {
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16));
+      if ((i + 32) % gl == 0 || i + 32 == kpad) {
+        gs[i / gl] = hsum_epi32(sum);
+        sum = _mm256_setzero_si256();
+      }
+    }
+  }
+}
+
+static void quant_rows_task(void *ctx, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; r++) quant_row(ctx, r);
+}
+
+void armllm_avx2_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
+                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int32_t *gsum,
+                           int64_t ldgs) {
+  const int64_t kpad = armllm_q_kpad(k);
+  quant_job job = {x,  k,     ldx,   kpad, group ? group : kpad, armllm_q_groups(k, group),
+                   xq, ldq,   scale, gsum, ldgs};
+  if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
+  armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), quant_rows_task,
+                  &job);
+}
+
+/* ------------------------------------------------------------ pack */
+
+static inline int64_t n_panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
+
+static inline int64_t panel_bytes(int64_t k, int bits, int64_t group) {
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  return bits == 4 ? 4 * kpad + 64 * ng : 8 * kpad + 32 * ng;
+}
+
+size_t armllm_avx2_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
+  return (size_t)(n_panels(n) * panel_bytes(k, bits, group));
+}
+
+void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
+                              const float *d, const float *o, void *packed) {
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  const int64_t gl = group ? group : kpad;
+  uint8_t *dst = packed;
+  for (int64_t p = 0; p < n_panels(n); p++) {
+    for (int64_t g = 0; g < ng; g++) {
+      const int64_t k0 = g * gl, k1 = k0 + gl < kpad ? k0 + gl : kpad;
+      const int64_t step = bits == 4 ? 8 : 4;
+      for (int64_t ks = k0; ks < k1; ks += step)
+        for (int64_t r = 0; r < PANEL; r++)
+          for (int64_t j = 0; j < 4; j++) {
+            const int64_t row = p * PANEL + r;
+            uint8_t v = 0;
+            if (row < n && ks + j < k) v = (uint8_t)q[row * k + ks + j];
+            if (bits == 8) v ^= 0x80; /* q + 128: two unsigned nibbles */
+            if (bits == 4 && row < n && ks + 4 + j < k)
+              v = (uint8_t)(v | (uint8_t)q[row * k + ks + 4 + j] << 4);
+            *dst++ = v;
+          }
+      float scales[2 * PANEL];
+      for (int64_t r = 0; r < PANEL; r++) {
+        const int64_t row = p * PANEL + r;
+        scales[r] = row < n ? d[row * ng + g] : 0.0f;
+        scales[PANEL + r] = row < n && o ? o[row * ng + g] : 0.0f;
+      }
+      const size_t len = (bits == 4 ? 2 : 1) * PANEL * sizeof(float);
+      memcpy(dst, scales, len);
+      dst += len;
+    }
+  }
+}
+
+/* ------------------------------------------------------------ GEMM */
+
+typedef struct {
+  const int8_t *xq;
+  int64_t m, kpad, ldq;
+  const float *scale;
+  const int32_t *gsum;
+  int64_t ldgs;
+  const uint8_t *w;
+  int64_t n, panels, pbytes, ng, gl;
+  const float *bias;
+  float *y;
+  int64_t ldy;
+  int64_t mb, cp, n_pc; /* prefill: rows per block, panels per chunk, chunks */
+} wq_job;
+
+static ALWAYS_INLINE __m256i bcast4(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+/* acc + maddubs(w, x) in int16, the add opaque to the compiler: left to
+ * itself it re-associates a tile's accumulations into trees of temporaries
+ * that spill (or, pinned with an empty asm, copies every accumulator). */
+static ALWAYS_INLINE __m256i dot_add16(__m256i acc, __m256i w_u8, __m256i x_s8, int first) {
+  const __m256i prod = _mm256_maddubs_epi16(w_u8, x_s8);
+  if (first) return prod;
+  __asm__("vpaddw %1, %0, %0" : "+x"(acc) : "x"(prod));
+  return acc;
+}
+
+/* Sum of x[0 .. len), len a multiple of 32. */
+static ALWAYS_INLINE int32_t sum_i8(const int8_t *x, int64_t len) {
+  const __m256i flip = _mm256_set1_epi8((char)0x80), z = _mm256_setzero_si256();
+  __m256i s = z;
+  for (int64_t i = 0; i < len; i += 32) /* sad of x + 128 against 0: 4 sums of 8 */
+    s = _mm256_add_epi64(
+        s, _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x + i)), flip),
+                           z));
+  __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  h = _mm_add_epi64(h, _mm_unpackhi_epi64(h, h));
+  return (int32_t)(_mm_cvtsi128_si64(h) - 128 * len);
+}
+
+/* t = fma(d, acc, t) [then t = fma(o, gsum, t)] for one group of a tile;
+ * t lives in memory (a stack tile) so that the accumulators keep the
+ * registers; the first group starts from t = +0 without loading it. */
+static ALWAYS_INLINE void group_epilogue(float *t, __m256i acc, const float *scales,
+                                         const int first, const int offsets, int32_t gsum) {
+  __m256 v = first ? _mm256_setzero_ps() : _mm256_load_ps(t);
+  v = _mm256_fmadd_ps(_mm256_load_ps(scales), _mm256_cvtepi32_ps(acc), v);
+  if (offsets) v = _mm256_fmadd_ps(_mm256_load_ps(scales + PANEL), _mm256_set1_ps((float)gsum), v);
+  _mm256_store_ps(t, v);
+}
+
+/* Decode streams each panel once from memory: ask for the lines WQ_PF_BYTES
+ * ahead of the `len` bytes about to be read. */
+static ALWAYS_INLINE void prefetch_ahead(const uint8_t *w, int len) {
+  for (int i = 0; i < len; i += 64) _mm_prefetch((const char *)w + WQ_PF_BYTES + i, _MM_HINT_T0);
+}
+
+/* y = t * scale (+ bias) for mr rows of panel p, masked to N. */
+static ALWAYS_INLINE void tile_store(const int mr, const wq_job *job, const float *t, int64_t r0,
+                                     int64_t p) {
+  const int64_t col = p * PANEL, nv = job->n - col;
+  const __m256i mask = armllm_avx2_tail_mask(nv < PANEL ? nv : PANEL);
+  __m256 b = _mm256_setzero_ps();
+  if (job->bias)
+    b = nv >= PANEL ? _mm256_loadu_ps(job->bias + col) : _mm256_maskload_ps(job->bias + col, mask);
+  for (int r = 0; r < mr; r++) {
+    const __m256 tv = _mm256_load_ps(t + r * PANEL);
+    __m256 v = no_contract(_mm256_mul_ps(tv, _mm256_broadcast_ss(job->scale + r0 + r)));
+    if (job->bias) v = _mm256_add_ps(v, b);
+    float *y = job->y + (r0 + r) * job->ldy + col;
+    if (nv >= PANEL) _mm256_storeu_ps(y, v);
+    else _mm256_maskstore_ps(y, mask, v);
+  }
+}
+
+/* One 32-k chunk of 8-bit weights for mr rows: the int32 x.(q + 128) of
+ * each row's 8 outputs. Bytes hold q + 128 = lo + 16 hi (nibbles); the
+ * nibble products add up in int16 over the chunk (<= 8 * 3840) first. */
+static ALWAYS_INLINE void chunk8(const int mr, const int pf, const int8_t *x, int64_t ldq,
+                                 const uint8_t *wp, __m256i *out) {
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  __m256i lo16[MAX_MR], hi16[MAX_MR];
+  if (pf) prefetch_ahead(wp, 256);
+#pragma GCC unroll 8
+  for (int s = 0; s < 8; s++) { /* 8 steps of 4 k */
+    const __m256i v = _mm256_load_si256((const __m256i *)(wp + 32 * s));
+    const __m256i lo = _mm256_and_si256(v, nib);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    for (int r = 0; r < mr; r++) {
+      const __m256i xb = bcast4(x + r * ldq + 4 * s);
+      lo16[r] = dot_add16(lo16[r], lo, xb, s == 0);
+      hi16[r] = dot_add16(hi16[r], hi, xb, s == 0);
+    }
+  }
+  for (int r = 0; r < mr; r++)
+    out[r] = _mm256_add_epi32(_mm256_madd_epi16(lo16[r], _mm256_set1_epi16(1)),
+                              _mm256_madd_epi16(hi16[r], _mm256_set1_epi16(16)));
+}
+
+/* One 32-k chunk of 4-bit weights (both nibbles are weights, of k and
+ * k + 4, multiplied unsigned by the signed activations): int32 x.q. */
+static ALWAYS_INLINE void chunk4(const int mr, const int pf, const int8_t *x, int64_t ldq,
+                                 const uint8_t *wp, __m256i *out) {
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  __m256i a16[MAX_MR];
+  if (pf) prefetch_ahead(wp, 128);
+#pragma GCC unroll 4
+  for (int s = 0; s < 4; s++) { /* 4 steps of 8 k */
+    const __m256i v = _mm256_load_si256((const __m256i *)(wp + 32 * s));
+    const __m256i lo = _mm256_and_si256(v, nib);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+    for (int r = 0; r < mr; r++) {
+      const int8_t *xk = x + r * ldq + 8 * s;
+      a16[r] = dot_add16(dot_add16(a16[r], lo, bcast4(xk), s == 0), hi, bcast4(xk + 4), 0);
+    }
+  }
+  for (int r = 0; r < mr; r++) out[r] = _mm256_madd_epi16(a16[r], _mm256_set1_epi16(1));
+}
+
+/* y[r0 .. r0+mr, panel p] over the whole of K, group by group: the chunks
+ * of a group add up in int32, and the group's sums go to the float
+ * epilogue, whose t accumulates in a stack tile. Bits 8 need each row's
+ * sum of x per group: from xsum (rows ld_xsum apart) or computed here. */
+static ALWAYS_INLINE void tile(const int mr, const int bits, const int pf, const wq_job *job,
+                               int64_t r0, int64_t p, const int32_t *xsum, int64_t ld_xsum) {
+  const int64_t ldq = job->ldq, kpad = job->kpad, gl = job->gl;
+  const int64_t chunk_bytes = bits == 8 ? 256 : 128;
+  const int8_t *x = job->xq + r0 * ldq;
+  const uint8_t *wp = job->w + p * job->pbytes;
+  float t[MAX_MR * PANEL] __attribute__((aligned(32)));
+  __m256i acc[MAX_MR], part[MAX_MR];
+  for (int64_t g = 0, k0 = 0; g < job->ng; g++, k0 += gl) {
+    const int64_t k1 = k0 + gl < kpad ? k0 + gl : kpad;
+    int64_t kc = k0;
+    for (; kc + 32 < k1; kc += 32, wp += chunk_bytes) {
+      if (bits == 8) chunk8(mr, pf, x + kc, ldq, wp, part);
+      else chunk4(mr, pf, x + kc, ldq, wp, part);
+      for (int r = 0; r < mr; r++) acc[r] = kc == k0 ? part[r] : _mm256_add_epi32(acc[r], part[r]);
+    }
+    if (bits == 8) chunk8(mr, pf, x + kc, ldq, wp, part);
+    else chunk4(mr, pf, x + kc, ldq, wp, part);
+    wp += chunk_bytes;
+    const float *scales = (const float *)wp;
+    for (int r = 0; r < mr; r++) {
+      __m256i a = kc == k0 ? part[r] : _mm256_add_epi32(acc[r], part[r]);
+      if (bits == 8) { /* x.q = x.(q + 128) - 128 sum(x) */
+        const uint32_t sum = (uint32_t)(xsum ? xsum[r * ld_xsum + g]
+                                             : sum_i8(x + r * ldq + k0, k1 - k0));
+        a = _mm256_sub_epi32(a, _mm256_set1_epi32((int32_t)(128u * sum))); /* mod 2^32 */
+        group_epilogue(t + r * PANEL, a, scales, g == 0, 0, 0);
+      } else {
+        group_epilogue(t + r * PANEL, a, scales, g == 0, 1,
+                       job->gsum[(r0 + r) * job->ldgs + g]);
+      }
+    }
+    wp += (bits == 4 ? 2 : 1) * PANEL * sizeof(float);
+  }
+  tile_store(mr, job, t, r0, p);
+}
+
+/* A tile of mr (1 .. MAX_MR) rows, the height made a compile-time constant. */
+static ALWAYS_INLINE void tile_any(const int bits, const int pf, const wq_job *job, int64_t r0,
+                                   int64_t mr, int64_t p, const int32_t *xsum, int64_t ld_xsum) {
+  switch (mr) {
+    case 1: tile(1, bits, pf, job, r0, p, xsum, ld_xsum); break;
+    case 2: tile(2, bits, pf, job, r0, p, xsum, ld_xsum); break;
+    case 3: tile(3, bits, pf, job, r0, p, xsum, ld_xsum); break;
+    case 4: tile(4, bits, pf, job, r0, p, xsum, ld_xsum); break;
+    case 5: tile(5, bits, pf, job, r0, p, xsum, ld_xsum); break;
+    default: tile(6, bits, pf, job, r0, p, xsum, ld_xsum); break;
+  }
+}
+
+/* Decode: all M (<= 4) rows, one panel at a time. */
+static void decode_task8(void *ctx, int64_t p0, int64_t p1) {
+  const wq_job *job = ctx;
+  for (int64_t p = p0; p < p1; p++) tile_any(8, 1, job, 0, job->m, p, NULL, 0);
+}
+static void decode_task4(void *ctx, int64_t p0, int64_t p1) {
+  const wq_job *job = ctx;
+  for (int64_t p = p0; p < p1; p++) tile_any(4, 1, job, 0, job->m, p, NULL, 0);
+}
+
+/* Prefill item i: row block i / n_pc times panel chunk i % n_pc; panel by
+ * panel (it stays in L2), every row tile of the block (the block stays in
+ * L2), the first tile prefetching the panel stream. */
+static ALWAYS_INLINE void prefill_item(const int bits, const wq_job *job, int64_t item,
+                                       int32_t *xsum_buf) {
+  const int mr = bits == 8 ? WQ_MR8 : WQ_MR4;
+  const int64_t rb = item / job->n_pc, pc = item % job->n_pc, ng = job->ng;
+  const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
+  const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
+  const int32_t *xsum = NULL;
+  if (bits == 8 && (r1 - r0) * ng <= WQ_XSUM_CAP) { /* the block's sums, once for all panels */
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t g = 0; g < ng; g++) {
+        const int64_t k0 = g * job->gl, k1 = k0 + job->gl < job->kpad ? k0 + job->gl : job->kpad;
+        xsum_buf[(r - r0) * ng + g] = sum_i8(job->xq + r * job->ldq + k0, k1 - k0);
+      }
+    xsum = xsum_buf;
+  }
+#define XSUM(r) (xsum ? xsum + ((r) - r0) * ng : NULL)
+  for (int64_t p = p0; p < p1; p++) {
+    int64_t r = r0;
+    if (r + mr <= r1) { /* the first tile streams the panel in: prefetch ahead */
+      tile(mr, bits, 1, job, r, p, XSUM(r), ng);
+      r += mr;
+    }
+    for (; r + mr <= r1; r += mr) tile(mr, bits, 0, job, r, p, XSUM(r), ng);
+    if (r < r1) tile_any(bits, r == r0, job, r, r1 - r, p, XSUM(r), ng);
+  }
+#undef XSUM
+}
+
+static void prefill_task8(void *ctx, int64_t i0, int64_t i1) {
+  int32_t xsum[WQ_XSUM_CAP];
+  for (int64_t i = i0; i < i1; i++) prefill_item(8, ctx, i, xsum);
+}
+static void prefill_task4(void *ctx, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; i++) prefill_item(4, ctx, i, NULL);
+}
+
+void armllm_avx2_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                         const float *scale, const int32_t *gsum, int64_t ldgs,
+                         const void *packed_w, int64_t n, int bits, int64_t group,
+                         const float *bias, float *y, int64_t ldy) {
+  const int64_t kpad = armllm_q_kpad(k);
+  wq_job job = {xq,        m,    kpad, ldq,  scale, gsum, ldgs, packed_w, n, n_panels(n),
+                panel_bytes(k, bits, group), armllm_q_groups(k, group), group ? group : kpad,
+                bias,      y,    ldy,  0,    0,     0};
+  if (m <= DECODE_MAX_M) {
+    /* memory-bound: contiguous runs of panels per thread; small ones stay serial */
+    if ((double)job.panels * (double)job.pbytes < 64.0 * 1024) pool = NULL;
+    armllm_pool_run(pool, job.panels, armllm_pool_grain(pool, job.panels, 4, 4),
+                    bits == 4 ? decode_task4 : decode_task8, &job);
+    return;
+  }
+  if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
+  const int64_t mr = bits == 8 ? WQ_MR8 : WQ_MR4;
+  int64_t mb = WQ_L2_BYTES / kpad;
+  if (bits == 8 && mb * job.ng > WQ_XSUM_CAP) mb = WQ_XSUM_CAP / job.ng; /* sums fit the stack */
+  mb = mb / mr * mr;
+  mb = mb < mr ? mr : mb;
+  int64_t cp = WQ_L2_BYTES / job.pbytes;
+  cp = cp < 1 ? 1 : cp;
+  /* enough items for the threads: shrink the panel chunk */
+  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
+  const int64_t n_rb = (m + mb - 1) / mb;
+  while (cp > 1 && n_rb * ((job.panels + cp - 1) / cp) < 4 * threads) cp--;
+  job.mb = mb;
+  job.cp = cp;
+  job.n_pc = (job.panels + cp - 1) / cp;
+  armllm_pool_run(pool, n_rb * job.n_pc, 1, bits == 4 ? prefill_task4 : prefill_task8, &job);
+}

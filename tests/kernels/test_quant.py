@@ -1,0 +1,478 @@
+"""Quantized GEMM: activation quantization and int8/int4-weight GEMM.
+
+Every variant must equal an exact numpy model bit for bit (and so equal ref
+and each other): quant_act is exact arithmetic (a correctly rounded
+division, round-half-even, clamp, integer sums), and the GEMM is an exact
+integer dot product per group followed by the header's float epilogue,
+which the model replays in float32 with an exact emulation of fmaf.
+
+End to end (ops.linear with a quantized weight against a float GEMM with
+the dequantized weight), the only difference is the activation rounding:
+|x - scale*xq| <= scale/2 per element, so per output
+|y_q - y_f| <= scale/2 * sum_k |W_deq| (+ float rounding, 1e-5 * mag).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from armllm import ops
+from tests.conftest import examples, rand
+
+q_kpad, q_groups = ops.quant_kpad, ops.quant_groups
+
+GROUPS = [0, 32, 64, 128]
+
+
+# ------------------------------------------------------------ numpy models
+
+
+def fma32(a, b, c):
+    """fmaf(a, b, c) on float32 arrays, exactly: a*b is exact in float64; the
+    sum is rounded to odd in float64 (TwoSum), which then rounds to float32
+    correctly. Finite inputs only."""
+    a, b, c = (np.asarray(v, np.float32).astype(np.float64) for v in (a, b, c))
+    a, b, c = np.broadcast_arrays(a, b, c)
+    p = a * b
+    s = p + c
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)
+    even = (s.view(np.uint64) & np.uint64(1)) == 0
+    nudge = (err != 0) & even
+    s = np.where(nudge, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def np_quant_act(x, group):
+    """(xq [M, kpad] int8, scale [M] f32, gsum [M, ng] int32), as the header says."""
+    m, k = x.shape
+    kpad, ng = q_kpad(k), q_groups(k, group)
+    gl = group or kpad
+    with np.errstate(all="ignore"):
+        amax = np.max(np.abs(x), axis=1)  # NaN propagates
+        scale = (amax / np.float32(127)).astype(np.float32)
+        v = np.rint(x / scale[:, None])
+    v = np.clip(v, -127, 127)
+    v[~np.isfinite(v)] = 0
+    v[scale == 0] = 0
+    xq = np.zeros((m, ng * gl), np.int8)
+    xq[:, :k] = v.astype(np.int8)
+    gsum = xq.reshape(m, ng, gl).astype(np.int32).sum(axis=2)
+    return xq[:, :kpad], scale, gsum.astype(np.int32)
+
+
+def np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias):
+    """The header's y: exact int sums per group, then the fixed float epilogue."""
+    n, k = q.shape
+    kpad, ng = q_kpad(k), q_groups(k, group)
+    gl = group or kpad
+    m = xq.shape[0]
+    t = np.zeros((m, n), np.float32)
+    for g in range(ng):
+        k0, k1 = g * gl, min((g + 1) * gl, k)
+        acc = np.zeros((m, n), np.int64)
+        if k1 > k0:
+            acc = xq[:, k0:k1].astype(np.int64) @ q[:, k0:k1].astype(np.int64).T
+        assert np.all(np.abs(acc) < 2**31)
+        t = fma32(d[None, :, g], acc.astype(np.float32), t)
+        if bits == 4:
+            og = np.zeros(n, np.float32) if o is None else o[:, g]
+            t = fma32(og[None, :], gsum[:, g:g + 1].astype(np.float32), t)
+    with np.errstate(all="ignore"):
+        y = t * scale[:, None]
+        if bias is not None:
+            y = y + bias[None, :]
+    return y
+
+
+def quantize_weight(w, bits, group, symmetric):
+    """Round-to-nearest (q, d, o) of float W: int8 symmetric, or int4 symmetric
+    (q = v + 8, o = -8 d) or asymmetric (d = (max - min) / 15, o = min)."""
+    n, k = w.shape
+    gl, ng = group or q_kpad(k), q_groups(k, group)
+    g = np.zeros((n, ng * gl), np.float32)
+    g[:, :k] = w
+    g = g.reshape(n, ng, gl)
+    if bits == 8 or symmetric:
+        qmax = 127 if bits == 8 else 7
+        d = (np.abs(g).max(axis=2) / qmax).astype(np.float32)
+        v = np.clip(np.rint(g / np.where(d > 0, d, 1)[:, :, None]), -qmax - (bits == 4), qmax)
+        q, o = (v, None) if bits == 8 else (v + 8, (-8 * d).astype(np.float32))
+    else:
+        lo = g.min(axis=2)
+        d = ((g.max(axis=2) - lo) / 15).astype(np.float32)
+        q = np.clip(np.rint((g - lo[:, :, None]) / np.where(d > 0, d, 1)[:, :, None]), 0, 15)
+        o = lo.astype(np.float32)
+    return np.ascontiguousarray(q.reshape(n, -1)[:, :k], dtype=np.int8), d, o
+
+
+def make_weights(rng, n, k, bits, group, offsets=True):
+    ng = q_groups(k, group)
+    if bits == 8:
+        q = rng.integers(-127, 128, (n, k)).astype(np.int8)
+        o = None
+    else:
+        q = rng.integers(0, 16, (n, k)).astype(np.int8)
+        o = rand(rng, (n, ng), 0.1) if offsets else None
+    d = (rng.random((n, ng)) * 0.02 + 1e-4).astype(np.float32)
+    return q, d, o
+
+
+def quantize(kern, x, group, pool=None, sums=True):
+    m, k = x.shape
+    xq = np.empty((m, q_kpad(k)), np.int8)
+    scale = np.empty(m, np.float32)
+    gsum = np.empty((m, q_groups(k, group)), np.int32) if sums else None
+    kern.quant_act(x, xq, scale, gsum, group, pool)
+    return xq, scale, gsum
+
+
+def run_wq(kern, x, q, d, o, bits, group, bias=None, pool=None):
+    xq, scale, gsum = quantize(kern, x, group, pool)
+    pw = kern.pack_wq(q, d, o, bits, group)
+    y = np.full((x.shape[0], q.shape[0]), np.nan, np.float32)
+    kern.gemm_wq(xq, scale, gsum, pw, y, bias, pool)
+    return y
+
+
+# -------------------------------------------------------------- quant_act
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 67), k=st.integers(1, 300), group=st.sampled_from(GROUPS),
+       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e30]),
+       pad=st.integers(0, 9))
+def test_quant_act_matches_numpy(variant, pool, m, k, group, seed, scale, pad):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, (m, k + pad), scale)[:, :k]  # rows with a stride longer than K
+    kpad, ng = q_kpad(k), q_groups(k, group)
+    xq_buf = np.full((m, kpad + pad), 99, np.int8)
+    gs_buf = np.full((m, ng + pad), -5, np.int32)
+    scale_out = np.full(m, -1.0, np.float32)
+    variant.quant_act(x, xq_buf, scale_out, gs_buf, group, pool)
+    want_q, want_s, want_g = np_quant_act(x, group)
+    assert np.array_equal(scale_out, want_s)
+    assert np.array_equal(xq_buf[:, :kpad], want_q)
+    assert np.all(xq_buf[:, k:kpad] == 0), "padding columns must be 0"
+    assert np.array_equal(gs_buf[:, :ng], want_g)
+    assert np.all(xq_buf[:, kpad:] == 99) and np.all(gs_buf[:, ng:] == -5), "wrote past"
+    assert np.all(np.abs(xq_buf[:, :k]) <= 127)
+    # the scale is the max |x| over 127: the row's largest element maps to +-127
+    big = np.abs(x).max(axis=1) > 0
+    assert np.all(np.abs(xq_buf[big, :k]).max(axis=1) == 127)
+
+
+def test_quant_act_ties_round_to_even(variant):
+    x = np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5]], np.float32)
+    xq, scale, _ = quantize(variant, x, 0)
+    assert scale[0] == 1.0
+    assert xq[0, :8].tolist() == [127, 0, 2, 2, 0, -2, -2, 4]
+
+
+def test_quant_act_special_rows(variant):
+    x = rand(np.random.default_rng(1), (5, 70))
+    x[0] = 0.0
+    x[1, 7] = np.nan
+    x[2, 69] = np.inf
+    x[3, 0] = -np.inf
+    x[4] = np.float32(1e-45)  # below 127 * the smallest subnormal: the scale rounds to 0
+    xq, scale, gsum = quantize(variant, x, 32)
+    assert scale[0] == 0 and np.isnan(scale[1]) and scale[2] == np.inf and scale[3] == np.inf
+    assert scale[4] == 0
+    assert np.all(xq == 0) and np.all(gsum == 0)
+
+
+def test_quant_act_without_sums(variant):
+    x = rand(np.random.default_rng(2), (3, 40))
+    xq, scale, gsum = quantize(variant, x, 32, sums=False)
+    want_q, want_s, _ = np_quant_act(x, 32)
+    assert gsum is None and np.array_equal(xq, want_q) and np.array_equal(scale, want_s)
+
+
+# ----------------------------------------------------------------- gemm_wq
+
+
+@settings(max_examples=examples(60), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 67), n=st.integers(1, 131), k=st.integers(1, 300),
+       bits=st.sampled_from([8, 4]), group=st.sampled_from(GROUPS),
+       seed=st.integers(0, 2**32 - 1), with_bias=st.booleans(), offsets=st.booleans(),
+       pad=st.integers(0, 5))
+def test_gemm_wq_matches_exact(variant, pool, m, n, k, bits, group, seed, with_bias, offsets,
+                               pad):
+    rng = np.random.default_rng(seed)
+    x = rand(rng, (m, k))
+    q, d, o = make_weights(rng, n, k, bits, group, offsets)
+    bias = rand(rng, n) if with_bias else None
+    xq, scale, gsum = quantize(variant, x, group)
+    pw = variant.pack_wq(q, d, o, bits, group)
+    ybuf = np.full((m, n + pad), -7.0, np.float32)
+    variant.gemm_wq(xq, scale, gsum, pw, ybuf[:, :n], bias, pool)
+    want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias)
+    assert np.array_equal(ybuf[:, :n], want)
+    assert np.all(ybuf[:, n:] == -7.0), "wrote past N"
+
+
+@pytest.mark.parametrize("bits,group", [(8, 0), (8, 128), (4, 32), (4, 128), (4, 0)])
+def test_gemm_wq_model_shapes(variant, pool, bits, group):
+    """K = 576 (SmolLM2) with group 128: five groups, the last of 64 columns."""
+    rng = np.random.default_rng(3)
+    for m, n, k in [(1, 131, 576), (5, 64, 576), (67, 40, 576), (9, 24, 1000)]:
+        x = rand(rng, (m, k))
+        q, d, o = make_weights(rng, n, k, bits, group)
+        bias = rand(rng, n)
+        xq, scale, gsum = quantize(variant, x, group)
+        y = np.empty((m, n), np.float32)
+        variant.gemm_wq(xq, scale, gsum, variant.pack_wq(q, d, o, bits, group), y, bias, pool)
+        assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias))
+
+
+def test_gemm_wq_long_k_small_groups(variant, pool):
+    """Over a thousand groups a row (the kernels' per-block scratch may not fit)."""
+    rng = np.random.default_rng(14)
+    for bits in (8, 4):
+        x = rand(rng, (6, 33000))
+        q, d, o = make_weights(rng, 9, 33000, bits, 32)
+        xq, scale, gsum = quantize(variant, x, 32, pool)
+        y = np.empty((6, 9), np.float32)
+        variant.gemm_wq(xq, scale, gsum, variant.pack_wq(q, d, o, bits, 32), y, None, pool)
+        assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, 32, None))
+
+
+def test_gemm_wq_extreme_values_do_not_saturate(variant):
+    """Every product at its largest (|x| = |q| = 127, or 15 for 4 bits) over a
+    long K: int16 partial sums must never saturate."""
+    k, n = 4096, 16
+    x = np.where(np.arange(k) % 3 == 0, -1.0, 1.0).astype(np.float32)[None, :].repeat(4, 0)
+    x[1] = 1.0
+    x[2] = -1.0
+    for bits, qv in [(8, 127), (8, -127), (4, 15)]:
+        q = np.full((n, k), qv, np.int8)
+        q[1::2] = np.int8(-qv if bits == 8 else 0)
+        d = np.ones((n, q_groups(k, 0)), np.float32)
+        xq, scale, gsum = quantize(variant, x, 0)
+        y = np.empty((4, n), np.float32)
+        variant.gemm_wq(xq, scale, gsum, variant.pack_wq(q, d, None, bits, 0), y)
+        assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, None, bits, 0, None))
+
+
+def test_variants_agree_with_ref_bitwise(ref, pools):
+    rng = np.random.default_rng(4)
+    for bits, group in [(8, 0), (4, 32), (4, 128), (8, 64)]:
+        x = rand(rng, (67, 576))
+        q, d, o = make_weights(rng, 131, 576, bits, group)
+        bias = rand(rng, 131)
+        want = run_wq(ref, x, q, d, o, bits, group, bias)
+        for isa in ops.available_isas():
+            got = run_wq(ops.kernels(isa), x, q, d, o, bits, group, bias, pools[3])
+            assert np.array_equal(got, want), isa
+
+
+@pytest.mark.parametrize("bits,group", [(8, 0), (4, 64)])
+def test_gemm_wq_bit_identical_for_any_thread_count(variant, pools, bits, group):
+    rng = np.random.default_rng(5)
+    for m in (1, 3, 4, 5, 8, 67):
+        x = rand(rng, (m, 640))
+        q, d, o = make_weights(rng, 300, 640, bits, group)
+        outs = [run_wq(variant, x, q, d, o, bits, group, pool=p)
+                for p in [None, *pools.values()]]
+        for y in outs[1:]:
+            assert np.array_equal(y, outs[0])
+
+
+def test_gemm_wq_rows_do_not_depend_on_batch(variant, pool):
+    """A row's output is the same alone or in a batch (decode vs prefill path)."""
+    rng = np.random.default_rng(6)
+    x = rand(rng, (40, 200))
+    q, d, o = make_weights(rng, 50, 200, 4, 32)
+    full = run_wq(variant, x, q, d, o, 4, 32, pool=pool)
+    for rows in (slice(0, 1), slice(5, 9), slice(3, 40)):
+        part = run_wq(variant, np.ascontiguousarray(x[rows]), q, d, o, 4, 32, pool=pool)
+        assert np.array_equal(part, full[rows])
+
+
+def test_gemm_wq_nan_and_inf_rows(variant):
+    rng = np.random.default_rng(7)
+    x = rand(rng, (4, 50))
+    x[1, 3] = np.nan
+    x[2, 49] = -np.inf
+    x[3] = 0.0
+    q, d, o = make_weights(rng, 19, 50, 4, 32)
+    bias = rand(rng, 19)
+    y = run_wq(variant, x, q, d, o, 4, 32, bias)
+    assert np.all(np.isnan(y[1])) and np.all(np.isnan(y[2]))
+    assert np.all(np.isfinite(y[0])) and np.array_equal(y[3], bias)
+
+
+def test_packed_quantized_weight(variant):
+    q, d, o = make_weights(np.random.default_rng(8), 10, 70, 4, 32)
+    pw = variant.pack_wq(q, d, o, 4, 32)
+    assert pw.shape == (10, 70) and pw.dtype == "w4" and pw.bits == 4 and pw.group == 32
+    assert pw.quantized and pw.kpad == 96 and pw.n_groups == 3
+    assert pw.layout == variant.gemm_wq_layout == variant.gemm_layouts["wq"]
+    assert pw.isa == variant.isa and not pw.data.flags.writeable
+    assert pw.data.ctypes.data % 64 == 0
+    assert "w4" in repr(pw) and "group=32" in repr(pw)
+    pf = variant.pack(np.ones((3, 5), np.float32), "f32")
+    assert not pf.quantized and pf.bits == 32
+
+
+# ------------------------------------------------------------- validation
+
+
+@pytest.fixture(scope="module")
+def kern():
+    return ops.kernels()
+
+
+@pytest.fixture(scope="module")
+def w4(kern):
+    q, d, o = make_weights(np.random.default_rng(9), 8, 40, 4, 32)
+    return kern.pack_wq(q, d, o, 4, 32)
+
+
+def test_pack_wq_rejects_bad_arguments(kern):
+    q, d, _ = make_weights(np.random.default_rng(10), 4, 40, 8, 0)
+    with pytest.raises(ValueError, match="bits must be 4 or 8, got 5"):
+        kern.pack_wq(q, d, None, 5, 0)
+    with pytest.raises(ValueError, match="group must be 0 .*, got 16"):
+        kern.pack_wq(q, d, None, 8, 16)
+    with pytest.raises(ValueError, match="q must have dtype int8, got int16"):
+        kern.pack_wq(q.astype(np.int16), d, None, 8, 0)
+    with pytest.raises(ValueError, match=r"d must have shape \(4, 2\)"):
+        kern.pack_wq(q, d, None, 8, 32)
+    with pytest.raises(ValueError, match="o must be None for bits=8"):
+        kern.pack_wq(q, d, d, 8, 0)
+    bad = q.copy()
+    bad[2, 5] = -128
+    with pytest.raises(ValueError, match=r"q values must be in \[-127, 127\] for bits=8"):
+        kern.pack_wq(bad, d, None, 8, 0)
+    with pytest.raises(ValueError, match=r"q values must be in \[0, 15\] for bits=4, got \[-"):
+        kern.pack_wq(q, d, None, 4, 0)
+    with pytest.raises(ValueError, match="d must have dtype float32"):
+        kern.pack_wq(q, d.astype(np.float64), None, 8, 0)
+
+
+def test_quant_act_rejects_bad_arguments(kern):
+    x = np.ones((3, 40), np.float32)
+    xq, scale, gsum = np.empty((3, 64), np.int8), np.empty(3, np.float32), \
+        np.empty((3, 2), np.int32)
+    with pytest.raises(ValueError, match="x must have dtype float32, got float64"):
+        kern.quant_act(x.astype(np.float64), xq, scale, gsum, 32)
+    with pytest.raises(ValueError, match="x must have contiguous rows"):
+        kern.quant_act(np.ones((3, 80), np.float32)[:, ::2], xq, scale, gsum, 32)
+    with pytest.raises(ValueError, match=r"xq must have 3 rows of at least kpad = 64 columns"):
+        kern.quant_act(x, np.empty((3, 40), np.int8), scale, gsum, 32)
+    with pytest.raises(ValueError, match=r"scale must have shape \(3,\)"):
+        kern.quant_act(x, xq, np.empty(2, np.float32), gsum, 32)
+    with pytest.raises(ValueError, match="gsum must have 3 rows of at least 2 columns"):
+        kern.quant_act(x, xq, scale, gsum[:, :1], 32)
+    with pytest.raises(ValueError, match="group must be 0 .*, got 48"):
+        kern.quant_act(x, xq, scale, gsum, 48)
+    with pytest.raises(ValueError, match="gsum must have dtype int32"):
+        kern.quant_act(x, xq, scale, gsum.astype(np.int64), 32)
+    ro = xq.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="xq is read-only"):
+        kern.quant_act(x, ro, scale, gsum, 32)
+    buf = np.zeros(64 * 3 + 16, np.int8)
+    with pytest.raises(ValueError, match="scale and xq must not overlap"):
+        kern.quant_act(x, buf[:192].reshape(3, 64), buf[4:16].view(np.float32), None, 0)
+
+
+def test_gemm_wq_rejects_bad_arguments(kern, w4):
+    x = np.ones((2, 40), np.float32)
+    xq, scale, gsum = quantize(kern, x, 32)
+    out = np.empty((2, 8), np.float32)
+    with pytest.raises(ValueError, match="gsum is required for 4-bit weights"):
+        kern.gemm_wq(xq, scale, None, w4, out)
+    with pytest.raises(ValueError, match="xq must have at least kpad = 64 columns for K=40"):
+        kern.gemm_wq(np.zeros((2, 40), np.int8), scale, gsum, w4, out)
+    with pytest.raises(ValueError, match="gsum must have 2 rows of at least 2 columns"):
+        kern.gemm_wq(xq, scale, gsum[:, :1], w4, out)
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 8\), got \(2, 9\)"):
+        kern.gemm_wq(xq, scale, gsum, w4, np.empty((2, 9), np.float32))
+    with pytest.raises(ValueError, match=r"scale must have shape \(2,\)"):
+        kern.gemm_wq(xq, scale[:1], gsum, w4, out)
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        kern.gemm_wq(xq, scale, gsum, w4, out, np.ones(7, np.float32))
+    with pytest.raises(ValueError, match="xq must have dtype int8"):
+        kern.gemm_wq(xq.astype(np.uint8), scale, gsum, w4, out)
+    with pytest.raises(ValueError, match="w is a float weight"):
+        kern.gemm_wq(xq, scale, gsum, kern.pack(np.ones((8, 40), np.float32), "f32"), out)
+    with pytest.raises(ValueError, match="w is a quantized weight"):
+        kern.gemm(x, w4, out)
+    buf = np.zeros((2, 16), np.float32)
+    with pytest.raises(ValueError, match="out and xq must not overlap"):
+        kern.gemm_wq(buf.view(np.int8)[:, :64], scale, gsum, w4, buf[:, 8:])
+
+
+def test_gemm_wq_layout_mismatch():
+    tables = [ops.kernels(isa) for isa in ops.available_isas()]
+    pairs = [(a, b) for a in tables for b in tables if a.gemm_wq_layout != b.gemm_wq_layout]
+    if not pairs:
+        pytest.skip("one quantized layout on this machine")
+    packer, runner = pairs[0]
+    q, d, _ = make_weights(np.random.default_rng(11), 8, 32, 8, 0)
+    xq, scale, gsum = quantize(runner, np.ones((1, 32), np.float32), 0)
+    with pytest.raises(ValueError, match="pack it with this table"):
+        runner.gemm_wq(xq, scale, gsum, packer.pack_wq(q, d, None, 8, 0),
+                       np.empty((1, 8), np.float32))
+
+
+# ------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("bits,group,symmetric", [(8, 0, False), (4, 32, False),
+                                                  (4, 128, True), (4, 0, False)])
+def test_linear_quantized_vs_dequantized_float_gemm(bits, group, symmetric):
+    rng = np.random.default_rng(12)
+    m, n, k = 9, 70, 576
+    w = rand(rng, (n, k), k ** -0.5)
+    x = rand(rng, (m, k))
+    bias = rand(rng, n)
+    q, d, o = quantize_weight(w, bits, group, symmetric)
+    gl = group or q_kpad(k)
+    g = np.arange(k) // gl
+    w_deq = d[:, g] * q.astype(np.float32) + (0 if o is None else o[:, g])
+    # the weight quantization itself: within half a step of the original
+    assert np.all(np.abs(w_deq - w) <= d[:, g] * 0.5001 + 1e-7)
+    pw = ops.pack_quantized(q, d, o, bits, group)
+    y = ops.linear(x, pw, bias)
+    y_f = ops.linear(x, ops.pack_weight(w_deq), bias)
+    _, scale, _ = ops.quantize_activations(x, group)
+    mag = np.abs(x) @ np.abs(w_deq).T + np.abs(bias)
+    bound = 0.5 * scale[:, None] * np.abs(w_deq).sum(axis=1)[None, :] + 1e-5 * mag
+    assert np.all(np.abs(y - y_f) <= bound), np.max(np.abs(y - y_f) / bound)
+
+
+def test_ops_quantized_api_reuses_buffers():
+    rng = np.random.default_rng(13)
+    x = rand(rng, (6, 100))
+    q, d, o = quantize_weight(rand(rng, (24, 100)), 4, 32, False)
+    pw = ops.pack_quantized(q, d, o, 4, 32)
+    scratch = ops.ActScratch(16, 100, 32)
+    xq, scale, gsum = ops.quantize_activations(x, 32, out=scratch)
+    assert xq.base is scratch.xq and gsum.base is scratch.gsum
+    y1 = ops.linear_quantized(xq, scale, gsum, pw)
+    y2 = ops.linear(x, pw, act_scratch=scratch)
+    y3 = ops.linear(x, pw)
+    assert np.array_equal(y1, y2) and np.array_equal(y1, y3)
+    out = np.empty((6, 24), np.float32)
+    assert ops.linear(x, pw, out=out) is out and np.array_equal(out, y1)
+    # the per-thread scratch is allocated once, then reused
+    sc = ops._thread_scratch(6, 100, 32, True)
+    ops.linear(x[:3], pw)
+    assert ops._thread_scratch(6, 100, 32, True) is sc
+    with pytest.raises(ValueError, match="does not fit"):
+        ops.quantize_activations(x, 64, out=scratch)
+    with pytest.raises(ValueError, match="x has 99 columns but w has K=100"):
+        ops.linear(x[:, :99], pw)
+    with pytest.raises(ValueError, match="gsum is required"):
+        ops.linear_quantized(xq, scale, None, pw)
+    xq64, scale64, gsum64 = ops.quantize_activations(x, 64)
+    with pytest.raises(ValueError, match="gsum has 2 groups a row; this weight .* needs 4"):
+        ops.linear_quantized(xq64, scale64, gsum64, pw)
