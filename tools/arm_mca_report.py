@@ -10,7 +10,9 @@ cycle (at 128-bit vectors, as the N2 model has) and the fraction of the
 core's peak for that instruction (2 per cycle on Neoverse N2/V2).
 Quantized GEMM kernels (*/quant.c) ending in _g32 are the group-32 variants:
 their innermost loop is one whole group, the int8 block and the float
-epilogue the ABI fixes per group; the others' is one 32-k block.
+epilogue the ABI fixes per group (FSUB, FMUL by the group's activation
+scale, FMLA); the others' is one 32-k block. Channelwise weights are groups
+of 128 since the per-group activation scales, so there are no _cw kernels.
 
     tools/arm_mca_report.py [--mcpu neoverse-n2] [--min-macs 8] [--all]
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from armllm._kernels import _ext
 from armllm._kernels._ext import Kernels, PackedWeight, ThreadPool, attn_scratch_len
+from armllm._kernels._ext import q_group_len as quant_group_len
 from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
@@ -25,12 +26,14 @@ __all__ = [
     "ActScratch", "Kernels", "PackedWeight", "ThreadPool", "attn_scratch_len", "available_isas",
     "bf16_to_f32", "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
     "kv_write", "linear", "linear_quantized", "num_threads", "pack_quantized", "pack_weight",
-    "paged_attention", "quant_groups", "quant_kpad", "quantize_activations", "rms_norm", "rope",
-    "rope_cos_sin", "selected_isa", "silu_mul",
+    "paged_attention", "quant_group_len", "quant_groups", "quant_kpad", "quantize_activations",
+    "rms_norm", "rope", "rope_cos_sin", "selected_isa", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
-QUANT_GROUPS = (0, 32, 64, 128)  # columns per scale group of quantized weights; 0: one per row
+# columns per scale group of quantized weights; 0: one scale per row (channelwise), run
+# as groups of quant_group_len(0) columns with that scale repeated
+QUANT_GROUPS = (0, 32, 64, 128)
 
 
 def _isa_from_env() -> tuple[str, str]:
@@ -167,14 +170,15 @@ def pack_quantized(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None, bi
                    group: int = 0) -> PackedWeight:
     """Prepacks quantized weights W = d * q + o for the selected kernels: q[N, K]
     int8 (bits 8: -127..127; bits 4: 0..15 one per byte), d and o float32
-    [N, n_groups] (a 1-D [N] is taken as channelwise), o only for bits 4."""
+    [N, n_groups], or [N, 1] (or 1-D [N]) for group 0 (channelwise: one scale
+    per row), o only for bits 4."""
     d = np.asarray(d, dtype=np.float32)
     if d.ndim == 1:
-        d = d[:, None]
+        d = d.reshape(-1, 1)
     if o is not None:
         o = np.asarray(o, dtype=np.float32)
         if o.ndim == 1:
-            o = o[:, None]
+            o = o.reshape(-1, 1)
     return _KERNELS.pack_wq(q, d, o, bits, group)
 
 
@@ -242,9 +246,10 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
 
 class ActScratch:
     """Reusable buffers for the int8 activations of up to `rows` rows of K
-    columns: xq [rows, kpad], scale [rows], and with sums the group sums
-    [rows, n_groups] for weights of `group`. Allocated once (by the runner,
-    or per thread by linear()), so that quantizing allocates nothing."""
+    columns, quantized in the groups of weights of `group`: xq [rows, kpad],
+    scale [rows, n_groups], and with sums the group sums [rows, n_groups].
+    Allocated once (by the runner, or per thread by linear()), so that
+    quantizing allocates nothing."""
 
     def __init__(self, rows: int, k: int, group: int = 0, sums: bool = True):
         if rows < 1 or k < 1:
@@ -252,13 +257,16 @@ class ActScratch:
         if group not in QUANT_GROUPS:
             raise ValueError(f"group must be one of {QUANT_GROUPS}, got {group}")
         self.rows, self.k, self.group = rows, k, group
+        ng = quant_groups(k, group)
         self.xq = np.zeros((rows, quant_kpad(k)), np.int8)
-        self.scale = np.zeros(rows, np.float32)
-        self.gsum = np.zeros((rows, quant_groups(k, group)), np.int32) if sums else None
+        self.scale = np.zeros((rows, ng), np.float32)
+        self.gsum = np.zeros((rows, ng), np.int32) if sums else None
 
     def fits(self, rows: int, k: int, group: int, sums: bool) -> bool:
-        return rows <= self.rows and k == self.k and (not sums or (
-            self.gsum is not None and group == self.group))
+        # equal group lengths give equal groups (channelwise runs as groups of 128)
+        return rows <= self.rows and k == self.k and group in QUANT_GROUPS \
+            and quant_group_len(group) == quant_group_len(self.group) \
+            and (not sums or self.gsum is not None)
 
     def views(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         gsum = None if self.gsum is None else self.gsum[:rows]
@@ -268,10 +276,11 @@ class ActScratch:
 def quantize_activations(x: np.ndarray, group: int = 0, out: ActScratch | None = None,
                          sums: bool = True
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Per-token symmetric int8 quantization of x[M, K]: (xq [M, kpad] int8,
-    scale [M] float32, gsum [M, n_groups] int32 or None without sums), with
-    x[m] ~ scale[m] * xq[m, :K]. gsum holds the sums of xq per group of
-    `group` columns, which 4-bit weights of that group need. out: an
+    """Symmetric int8 quantization of x[M, K] per token and group of `group`
+    columns (0: groups of quant_group_len(0)): (xq [M, kpad] int8, scale
+    [M, n_groups] float32, gsum [M, n_groups] int32 or None without sums),
+    with x[m, k] ~ scale[m, k // G] * xq[m, k]. gsum holds the sums of xq per
+    group, which 4-bit weights need (8-bit ones use it when given). out: an
     ActScratch to fill (views of its first M rows are returned)."""
     if not isinstance(x, np.ndarray) or x.ndim != 2:
         raise ValueError(f"x must be a 2-D numpy array, got {getattr(x, 'shape', type(x))}")
@@ -295,7 +304,7 @@ def _thread_scratch(rows: int, k: int, group: int, sums: bool) -> ActScratch:
     cache = getattr(_act_local, "scratch", None)
     if cache is None:
         cache = _act_local.scratch = {}
-    key = (k, group if sums else -1)
+    key = (k, quant_group_len(group), sums)
     sc = cache.get(key)
     if sc is None or sc.rows < rows:
         sc = cache[key] = ActScratch(max(rows, sc.rows * 2 if sc else 1), k, group, sums)
@@ -305,7 +314,8 @@ def _thread_scratch(rows: int, k: int, group: int, sums: bool) -> ActScratch:
 def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
            out: np.ndarray | None = None, act_scratch: ActScratch | None = None) -> np.ndarray:
     """out[M, N] = x[M, K] @ W.T (+ bias) with a prepacked weight. A quantized
-    weight (w8/w4) quantizes x per token first, into act_scratch or a
+    weight (w8/w4) quantizes x per token and group first (with group sums,
+    which save the 8-bit GEMM computing them), into act_scratch or a
     per-thread scratch, then runs the int8 GEMM."""
     if not isinstance(weight, PackedWeight):
         raise ValueError(f"weight must be a PackedWeight (see pack_weight), got "
@@ -315,7 +325,7 @@ def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
         return _KERNELS.gemm(x, weight, _out(out, (rows, weight.n)), bias, get_pool())
     if rows and x.shape[1] != weight.k:
         raise ValueError(f"x has {x.shape[1]} columns but w has K={weight.k}")
-    sums = weight.bits == 4
+    sums = weight.bits == 4 or act_scratch is None or act_scratch.gsum is not None
     if act_scratch is None and rows:
         act_scratch = _thread_scratch(rows, weight.k, weight.group, sums)
     xq, scale, gsum = quantize_activations(x, weight.group, act_scratch, sums)
@@ -328,14 +338,15 @@ def linear_quantized(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
                      out: np.ndarray | None = None) -> np.ndarray:
     """out[M, N] = W applied to activations already quantized by
     quantize_activations (one quantization for several weights of the same
-    K; gsum must be in the weight's group, and is needed by 4-bit weights)."""
+    K and group length; scale and gsum must be in the weight's groups; gsum
+    is needed by 4-bit weights, optional for 8-bit)."""
     if not isinstance(weight, PackedWeight) or not weight.quantized:
         raise ValueError("weight must be a quantized PackedWeight (see pack_quantized)")
-    if weight.bits == 4 and isinstance(gsum, np.ndarray) and gsum.ndim == 2 \
-            and gsum.shape[1] != weight.n_groups:
-        # equal counts mean equal group boundaries, so this catches every mismatch
-        raise ValueError(f"gsum has {gsum.shape[1]} groups a row; this weight (group "
-                         f"{weight.group}) needs {weight.n_groups}: quantize with its group")
+    for name, a in (("scale", scale), ("gsum", gsum)):
+        if isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[1] != weight.n_groups:
+            # equal counts mean equal group boundaries, so this catches every mismatch
+            raise ValueError(f"{name} has {a.shape[1]} groups a row; this weight (group "
+                             f"{weight.group}) needs {weight.n_groups}: quantize with its group")
     rows = xq.shape[0] if isinstance(xq, np.ndarray) and xq.ndim == 2 else 0
     return _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
                             get_pool())

@@ -6,10 +6,13 @@ division, round-half-even, clamp, integer sums), and the GEMM is an exact
 integer dot product per group followed by the header's float epilogue,
 which the model replays in float32 with an exact emulation of fmaf.
 
-End to end (ops.linear with a quantized weight against a float GEMM with
-the dequantized weight), the only difference is the activation rounding:
-|x - scale*xq| <= scale/2 per element, so per output
-|y_q - y_f| <= scale/2 * sum_k |W_deq| (+ float rounding, 1e-5 * mag).
+Activations get one scale per token and group (channelwise weights run as
+groups of ARMLLM_Q_CHANNEL_GROUP = quant_group_len(0) with the row's scale
+repeated). End to end (ops.linear with a quantized weight against a float
+GEMM with the dequantized weight), the only difference is the activation
+rounding: |x - scale_g*xq| <= scale_g/2 per element of group g, so per
+output |y_q - y_f| <= sum_g scale_g/2 * sum_{k in g} |W_deq| (+ float
+rounding, 1e-5 * mag).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from hypothesis import strategies as st
 from armllm import ops
 from tests.conftest import examples, rand
 
-q_kpad, q_groups = ops.quant_kpad, ops.quant_groups
+q_kpad, q_groups, q_glen = ops.quant_kpad, ops.quant_groups, ops.quant_group_len
 
 GROUPS = [0, 32, 64, 128]
 
@@ -46,28 +49,38 @@ def fma32(a, b, c):
 
 
 def np_quant_act(x, group):
-    """(xq [M, kpad] int8, scale [M] f32, gsum [M, ng] int32), as the header says."""
+    """(xq [M, kpad] int8, scale [M, ng] f32, gsum [M, ng] int32), as the header
+    says: one scale per row and group of quant_group_len(group) columns."""
     m, k = x.shape
-    kpad, ng = q_kpad(k), q_groups(k, group)
-    gl = group or kpad
+    kpad, ng, gl = q_kpad(k), q_groups(k, group), q_glen(group)
+    xp = np.zeros((m, ng * gl), np.float32)
+    xp[:, :k] = x
+    xg = xp.reshape(m, ng, gl)
     with np.errstate(all="ignore"):
-        amax = np.max(np.abs(x), axis=1)  # NaN propagates
+        amax = np.max(np.abs(xg), axis=2)  # NaN propagates; padding zeros change nothing
         scale = (amax / np.float32(127)).astype(np.float32)
-        v = np.rint(x / scale[:, None])
+        v = np.rint(xg / scale[:, :, None])
     v = np.clip(v, -127, 127)
     v[~np.isfinite(v)] = 0
-    v[scale == 0] = 0
-    xq = np.zeros((m, ng * gl), np.int8)
-    xq[:, :k] = v.astype(np.int8)
+    v[np.broadcast_to((scale == 0)[:, :, None], v.shape)] = 0
+    xq = v.astype(np.int8).reshape(m, ng * gl)
+    xq[:, k:] = 0
     gsum = xq.reshape(m, ng, gl).astype(np.int32).sum(axis=2)
     return xq[:, :kpad], scale, gsum.astype(np.int32)
 
 
+def per_group(a, group, ng):
+    """Weight scales/offsets [n, ng]: channelwise ones ([n, 1]) repeated over the groups."""
+    return a if group else np.repeat(a, ng, axis=1)
+
+
 def np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias):
-    """The header's y: exact int sums per group, then the fixed float epilogue."""
+    """The header's y: exact int sums per group, then the fixed float epilogue
+    (a = acc * sx; t = fma(d, a, t); b = gsum * sx; t = fma(o, b, t); y = t + bias)."""
     n, k = q.shape
-    kpad, ng = q_kpad(k), q_groups(k, group)
-    gl = group or kpad
+    ng, gl = q_groups(k, group), q_glen(group)
+    d = per_group(d, group, ng)
+    o = np.zeros((n, ng), np.float32) if o is None else per_group(o, group, ng)
     m = xq.shape[0]
     t = np.zeros((m, n), np.float32)
     for g in range(ng):
@@ -76,13 +89,15 @@ def np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias):
         if k1 > k0:
             acc = xq[:, k0:k1].astype(np.int64) @ q[:, k0:k1].astype(np.int64).T
         assert np.all(np.abs(acc) < 2**31)
-        t = fma32(d[None, :, g], acc.astype(np.float32), t)
+        sx = scale[:, g:g + 1]
+        a = acc.astype(np.float32) * sx
+        t = fma32(d[None, :, g], a, t)
         if bits == 4:
-            og = np.zeros(n, np.float32) if o is None else o[:, g]
-            t = fma32(og[None, :], gsum[:, g:g + 1].astype(np.float32), t)
-    with np.errstate(all="ignore"):
-        y = t * scale[:, None]
-        if bias is not None:
+            b = gsum[:, g:g + 1].astype(np.float32) * sx
+            t = fma32(o[None, :, g], b, t)
+    y = t
+    if bias is not None:
+        with np.errstate(all="ignore"):
             y = y + bias[None, :]
     return y
 
@@ -91,7 +106,8 @@ def quantize_weight(w, bits, group, symmetric):
     """Round-to-nearest (q, d, o) of float W: int8 symmetric, or int4 symmetric
     (q = v + 8, o = -8 d) or asymmetric (d = (max - min) / 15, o = min)."""
     n, k = w.shape
-    gl, ng = group or q_kpad(k), q_groups(k, group)
+    gl = group or q_kpad(k)  # channelwise: one scale for the row
+    ng = q_groups(k, group) if group else 1
     g = np.zeros((n, ng * gl), np.float32)
     g[:, :k] = w
     g = g.reshape(n, ng, gl)
@@ -109,7 +125,7 @@ def quantize_weight(w, bits, group, symmetric):
 
 
 def make_weights(rng, n, k, bits, group, offsets=True):
-    ng = q_groups(k, group)
+    ng = q_groups(k, group) if group else 1  # channelwise: d, o are [n, 1]
     if bits == 8:
         q = rng.integers(-127, 128, (n, k)).astype(np.int8)
         o = None
@@ -123,7 +139,7 @@ def make_weights(rng, n, k, bits, group, offsets=True):
 def quantize(kern, x, group, pool=None, sums=True):
     m, k = x.shape
     xq = np.empty((m, q_kpad(k)), np.int8)
-    scale = np.empty(m, np.float32)
+    scale = np.empty((m, q_groups(k, group)), np.float32)
     gsum = np.empty((m, q_groups(k, group)), np.int32) if sums else None
     kern.quant_act(x, xq, scale, gsum, group, pool)
     return xq, scale, gsum
@@ -151,24 +167,28 @@ def test_quant_act_matches_numpy(variant, pool, m, k, group, seed, scale, pad):
     kpad, ng = q_kpad(k), q_groups(k, group)
     xq_buf = np.full((m, kpad + pad), 99, np.int8)
     gs_buf = np.full((m, ng + pad), -5, np.int32)
-    scale_out = np.full(m, -1.0, np.float32)
-    variant.quant_act(x, xq_buf, scale_out, gs_buf, group, pool)
+    sc_buf = np.full((m, ng + pad), -1.0, np.float32)
+    variant.quant_act(x, xq_buf, sc_buf, gs_buf, group, pool)
     want_q, want_s, want_g = np_quant_act(x, group)
-    assert np.array_equal(scale_out, want_s)
+    assert np.array_equal(sc_buf[:, :ng], want_s)
+    assert np.all(sc_buf[:, ng:] == -1.0), "wrote past the scales"
     assert np.array_equal(xq_buf[:, :kpad], want_q)
     assert np.all(xq_buf[:, k:kpad] == 0), "padding columns must be 0"
     assert np.array_equal(gs_buf[:, :ng], want_g)
     assert np.all(xq_buf[:, kpad:] == 99) and np.all(gs_buf[:, ng:] == -5), "wrote past"
     assert np.all(np.abs(xq_buf[:, :k]) <= 127)
-    # the scale is the max |x| over 127: the row's largest element maps to +-127
-    big = np.abs(x).max(axis=1) > 0
-    assert np.all(np.abs(xq_buf[big, :k]).max(axis=1) == 127)
+    # the scale is the group's max |x| over 127: its largest element maps to +-127
+    gl = q_glen(group)
+    for g in range(ng):
+        xs = x[:, g * gl:min((g + 1) * gl, k)]
+        big = np.abs(xs).max(axis=1) > 0
+        assert np.all(np.abs(xq_buf[big, g * gl:min((g + 1) * gl, k)]).max(axis=1) == 127)
 
 
 def test_quant_act_ties_round_to_even(variant):
     x = np.array([[127.0, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5]], np.float32)
     xq, scale, _ = quantize(variant, x, 0)
-    assert scale[0] == 1.0
+    assert scale[0, 0] == 1.0
     assert xq[0, :8].tolist() == [127, 0, 2, 2, 0, -2, -2, 4]
 
 
@@ -179,10 +199,35 @@ def test_quant_act_special_rows(variant):
     x[2, 69] = np.inf
     x[3, 0] = -np.inf
     x[4] = np.float32(1e-45)  # below 127 * the smallest subnormal: the scale rounds to 0
-    xq, scale, gsum = quantize(variant, x, 32)
-    assert scale[0] == 0 and np.isnan(scale[1]) and scale[2] == np.inf and scale[3] == np.inf
-    assert scale[4] == 0
-    assert np.all(xq == 0) and np.all(gsum == 0)
+    xq, scale, gsum = quantize(variant, x, 32)  # groups [0, 32), [32, 64), [64, 96)
+    assert np.all(scale[0] == 0) and np.all(scale[4] == 0)
+    assert np.isnan(scale[1, 0]) and scale[2, 2] == np.inf and scale[3, 0] == np.inf
+    special = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 2), (3, 0), (4, 0), (4, 1), (4, 2)]
+    for r, g in special:  # a group with a NaN or Inf (or all zero) is all zeros
+        assert np.all(xq[r, 32 * g:32 * g + 32] == 0) and gsum[r, g] == 0
+    # the other groups of those rows are quantized as usual (scale Inf, no NaN)
+    want_q, want_s, want_g = np_quant_act(x, 32)
+    assert np.array_equal(xq, want_q) and np.array_equal(gsum, want_g)
+    assert np.array_equal(scale, want_s, equal_nan=True)
+    for r, g in [(1, 1), (1, 2), (2, 0), (2, 1), (3, 1), (3, 2)]:
+        assert np.isfinite(scale[r, g]) and scale[r, g] > 0
+        assert np.abs(xq[r, 32 * g:32 * g + 32]).max() == 127
+
+
+def test_quant_act_channelwise_groups(variant, pool):
+    """group 0 quantizes activations in groups of quant_group_len(0) = 128."""
+    assert q_glen(0) == 128 and q_groups(576, 0) == 5 and q_groups(1000, 0) == 8
+    rng = np.random.default_rng(15)
+    x = rand(rng, (3, 576))
+    x[:, 300] = 1000.0  # an outlier costs only its own group's resolution
+    xq, scale, gsum = quantize(variant, x, 0, pool)
+    want_q, want_s, want_g = np_quant_act(x, 0)
+    assert np.array_equal(xq, want_q) and np.array_equal(scale, want_s)
+    assert np.array_equal(gsum, want_g)
+    assert np.all(scale[:, 2] > 100 * scale[:, [0, 1, 3, 4]].max(axis=1))
+    xq128, scale128, gsum128 = quantize(variant, x, 128, pool)
+    assert np.array_equal(xq, xq128) and np.array_equal(scale, scale128)
+    assert np.array_equal(gsum, gsum128)
 
 
 def test_quant_act_without_sums(variant):
@@ -205,28 +250,42 @@ def test_gemm_wq_matches_exact(variant, pool, m, n, k, bits, group, seed, with_b
                                pad):
     rng = np.random.default_rng(seed)
     x = rand(rng, (m, k))
+    x[rng.integers(0, m), rng.integers(0, k)] *= 300  # an outlier group
     q, d, o = make_weights(rng, n, k, bits, group, offsets)
     bias = rand(rng, n) if with_bias else None
-    xq, scale, gsum = quantize(variant, x, group)
+    ng = q_groups(k, group)
+    xq = np.empty((m, q_kpad(k)), np.int8)
+    scale = np.empty((m, ng + pad), np.float32)[:, :ng]  # scale rows longer than ng
+    gsum = np.empty((m, ng + 2 * pad), np.int32)[:, :ng]
+    variant.quant_act(x, xq, scale, gsum, group, pool)
     pw = variant.pack_wq(q, d, o, bits, group)
     ybuf = np.full((m, n + pad), -7.0, np.float32)
     variant.gemm_wq(xq, scale, gsum, pw, ybuf[:, :n], bias, pool)
     want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias)
     assert np.array_equal(ybuf[:, :n], want)
     assert np.all(ybuf[:, n:] == -7.0), "wrote past N"
+    if bits == 8:  # 8-bit weights compute the group sums themselves without gsum
+        y = np.empty((m, n), np.float32)
+        variant.gemm_wq(xq, scale, None, pw, y, bias, pool)
+        assert np.array_equal(y, want)
 
 
-@pytest.mark.parametrize("bits,group", [(8, 0), (8, 128), (4, 32), (4, 128), (4, 0)])
+@pytest.mark.parametrize("bits,group", [(8, 0), (8, 128), (8, 32), (4, 32), (4, 128), (4, 0)])
 def test_gemm_wq_model_shapes(variant, pool, bits, group):
-    """K = 576 (SmolLM2) with group 128: five groups, the last of 64 columns."""
+    """K = 576 (SmolLM2) with group 128 or channelwise: five groups, the last of
+    64 columns; 1536 (its MLP); 1000 (a padded last group)."""
     rng = np.random.default_rng(3)
-    for m, n, k in [(1, 131, 576), (5, 64, 576), (67, 40, 576), (9, 24, 1000)]:
+    for m, n, k in [(1, 131, 576), (4, 64, 576), (5, 64, 576), (67, 40, 576), (9, 24, 1000),
+                    (2, 48, 1536)]:
         x = rand(rng, (m, k))
         q, d, o = make_weights(rng, n, k, bits, group)
         bias = rand(rng, n)
         xq, scale, gsum = quantize(variant, x, group)
+        assert scale.shape == (m, q_groups(k, group))
+        pw = variant.pack_wq(q, d, o, bits, group)
+        assert pw.n_groups == q_groups(k, group)
         y = np.empty((m, n), np.float32)
-        variant.gemm_wq(xq, scale, gsum, variant.pack_wq(q, d, o, bits, group), y, bias, pool)
+        variant.gemm_wq(xq, scale, gsum, pw, y, bias, pool)
         assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias))
 
 
@@ -252,7 +311,7 @@ def test_gemm_wq_extreme_values_do_not_saturate(variant):
     for bits, qv in [(8, 127), (8, -127), (4, 15)]:
         q = np.full((n, k), qv, np.int8)
         q[1::2] = np.int8(-qv if bits == 8 else 0)
-        d = np.ones((n, q_groups(k, 0)), np.float32)
+        d = np.ones((n, 1), np.float32)
         xq, scale, gsum = quantize(variant, x, 0)
         y = np.empty((4, n), np.float32)
         variant.gemm_wq(xq, scale, gsum, variant.pack_wq(q, d, None, bits, 0), y)
@@ -261,17 +320,24 @@ def test_gemm_wq_extreme_values_do_not_saturate(variant):
 
 def test_variants_agree_with_ref_bitwise(ref, pools):
     rng = np.random.default_rng(4)
-    for bits, group in [(8, 0), (4, 32), (4, 128), (8, 64)]:
-        x = rand(rng, (67, 576))
-        q, d, o = make_weights(rng, 131, 576, bits, group)
-        bias = rand(rng, 131)
-        want = run_wq(ref, x, q, d, o, bits, group, bias)
-        for isa in ops.available_isas():
-            got = run_wq(ops.kernels(isa), x, q, d, o, bits, group, bias, pools[3])
-            assert np.array_equal(got, want), isa
+    for bits, group in [(8, 0), (4, 32), (4, 128), (8, 64), (4, 0), (8, 128)]:
+        for m in (1, 4, 67):
+            x = rand(rng, (m, 576))
+            x[:, 100] *= 50  # an outlier channel
+            q, d, o = make_weights(rng, 131, 576, bits, group)
+            bias = rand(rng, 131)
+            want_act = quantize(ref, x, group)
+            want = run_wq(ref, x, q, d, o, bits, group, bias)
+            for isa in ops.available_isas():
+                kern = ops.kernels(isa)
+                for got_a, want_a in zip(quantize(kern, x, group, pools[3]), want_act, strict=True):
+                    assert np.array_equal(got_a, want_a), isa
+                for p in pools.values():
+                    got = run_wq(kern, x, q, d, o, bits, group, bias, p)
+                    assert np.array_equal(got, want), (isa, p)
 
 
-@pytest.mark.parametrize("bits,group", [(8, 0), (4, 64)])
+@pytest.mark.parametrize("bits,group", [(8, 0), (4, 64), (4, 0), (8, 128)])
 def test_gemm_wq_bit_identical_for_any_thread_count(variant, pools, bits, group):
     rng = np.random.default_rng(5)
     for m in (1, 3, 4, 5, 8, 67):
@@ -294,16 +360,26 @@ def test_gemm_wq_rows_do_not_depend_on_batch(variant, pool):
         assert np.array_equal(part, full[rows])
 
 
-def test_gemm_wq_nan_and_inf_rows(variant):
+@pytest.mark.parametrize("bits,group", [(4, 32), (8, 0), (4, 0), (8, 64)])
+def test_gemm_wq_nan_and_inf_groups(variant, bits, group):
+    """A NaN or Inf in one group: that group's scale is NaN / Inf (no other
+    group's), its xq 0, and the row's outputs NaN (acc 0 times scale Inf)."""
     rng = np.random.default_rng(7)
-    x = rand(rng, (4, 50))
+    k = 300
+    x = rand(rng, (5, k))
     x[1, 3] = np.nan
-    x[2, 49] = -np.inf
+    x[2, k - 1] = -np.inf
     x[3] = 0.0
-    q, d, o = make_weights(rng, 19, 50, 4, 32)
+    x[4, 150] = np.inf
+    q, d, o = make_weights(rng, 19, k, bits, group)
     bias = rand(rng, 19)
-    y = run_wq(variant, x, q, d, o, 4, 32, bias)
-    assert np.all(np.isnan(y[1])) and np.all(np.isnan(y[2]))
+    xq, scale, gsum = quantize(variant, x, group)
+    gl = q_glen(group)
+    assert np.isnan(scale[1, 0]) and scale[2, -1] == np.inf and scale[4, 150 // gl] == np.inf
+    assert np.sum(~np.isfinite(scale)) == 3, "only the groups holding NaN / Inf"
+    assert np.all(xq[4, 150 // gl * gl:(150 // gl + 1) * gl] == 0)
+    y = run_wq(variant, x, q, d, o, bits, group, bias)
+    assert np.all(np.isnan(y[1])) and np.all(np.isnan(y[2])) and np.all(np.isnan(y[4]))
     assert np.all(np.isfinite(y[0])) and np.array_equal(y[3], bias)
 
 
@@ -354,11 +430,16 @@ def test_pack_wq_rejects_bad_arguments(kern):
         kern.pack_wq(q, d, None, 4, 0)
     with pytest.raises(ValueError, match="d must have dtype float32"):
         kern.pack_wq(q, d.astype(np.float64), None, 8, 0)
+    # channelwise scales are one per row, even when K spans several groups
+    q300 = np.zeros((4, 300), np.int8)
+    with pytest.raises(ValueError, match=r"d must have shape \(4, 1\) \(one per row"):
+        kern.pack_wq(q300, np.ones((4, 3), np.float32), None, 8, 0)
+    assert kern.pack_wq(q300, np.ones((4, 1), np.float32), None, 8, 0).n_groups == 3
 
 
 def test_quant_act_rejects_bad_arguments(kern):
     x = np.ones((3, 40), np.float32)
-    xq, scale, gsum = np.empty((3, 64), np.int8), np.empty(3, np.float32), \
+    xq, scale, gsum = np.empty((3, 64), np.int8), np.empty((3, 2), np.float32), \
         np.empty((3, 2), np.int32)
     with pytest.raises(ValueError, match="x must have dtype float32, got float64"):
         kern.quant_act(x.astype(np.float64), xq, scale, gsum, 32)
@@ -366,8 +447,12 @@ def test_quant_act_rejects_bad_arguments(kern):
         kern.quant_act(np.ones((3, 80), np.float32)[:, ::2], xq, scale, gsum, 32)
     with pytest.raises(ValueError, match=r"xq must have 3 rows of at least kpad = 64 columns"):
         kern.quant_act(x, np.empty((3, 40), np.int8), scale, gsum, 32)
-    with pytest.raises(ValueError, match=r"scale must have shape \(3,\)"):
-        kern.quant_act(x, xq, np.empty(2, np.float32), gsum, 32)
+    with pytest.raises(ValueError, match="scale must have 3 rows of at least 2 columns"):
+        kern.quant_act(x, xq, np.empty((2, 2), np.float32), gsum, 32)
+    with pytest.raises(ValueError, match="scale must have 3 rows of at least 2 columns"):
+        kern.quant_act(x, xq, scale[:, :1], gsum, 32)
+    with pytest.raises(ValueError, match="scale must be 2-D"):
+        kern.quant_act(x, xq, np.empty(3, np.float32), gsum, 32)
     with pytest.raises(ValueError, match="gsum must have 3 rows of at least 2 columns"):
         kern.quant_act(x, xq, scale, gsum[:, :1], 32)
     with pytest.raises(ValueError, match="group must be 0 .*, got 48"):
@@ -380,7 +465,8 @@ def test_quant_act_rejects_bad_arguments(kern):
         kern.quant_act(x, ro, scale, gsum, 32)
     buf = np.zeros(64 * 3 + 16, np.int8)
     with pytest.raises(ValueError, match="scale and xq must not overlap"):
-        kern.quant_act(x, buf[:192].reshape(3, 64), buf[4:16].view(np.float32), None, 0)
+        kern.quant_act(x, buf[:192].reshape(3, 64), buf[4:16].view(np.float32).reshape(3, 1),
+                       None, 0)
 
 
 def test_gemm_wq_rejects_bad_arguments(kern, w4):
@@ -395,8 +481,12 @@ def test_gemm_wq_rejects_bad_arguments(kern, w4):
         kern.gemm_wq(xq, scale, gsum[:, :1], w4, out)
     with pytest.raises(ValueError, match=r"out must have shape \(2, 8\), got \(2, 9\)"):
         kern.gemm_wq(xq, scale, gsum, w4, np.empty((2, 9), np.float32))
-    with pytest.raises(ValueError, match=r"scale must have shape \(2,\)"):
+    with pytest.raises(ValueError, match="scale must have 2 rows of at least 2 columns"):
         kern.gemm_wq(xq, scale[:1], gsum, w4, out)
+    with pytest.raises(ValueError, match="scale must have 2 rows of at least 2 columns"):
+        kern.gemm_wq(xq, scale[:, :1], gsum, w4, out)
+    with pytest.raises(ValueError, match="scale must be 2-D"):
+        kern.gemm_wq(xq, scale[:, 0], gsum, w4, out)
     with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
         kern.gemm_wq(xq, scale, gsum, w4, out, np.ones(7, np.float32))
     with pytest.raises(ValueError, match="xq must have dtype int8"):
@@ -435,7 +525,7 @@ def test_linear_quantized_vs_dequantized_float_gemm(bits, group, symmetric):
     x = rand(rng, (m, k))
     bias = rand(rng, n)
     q, d, o = quantize_weight(w, bits, group, symmetric)
-    gl = group or q_kpad(k)
+    gl = group or q_kpad(k)  # the weight's groups (channelwise: one a row)
     g = np.arange(k) // gl
     w_deq = d[:, g] * q.astype(np.float32) + (0 if o is None else o[:, g])
     # the weight quantization itself: within half a step of the original
@@ -444,8 +534,10 @@ def test_linear_quantized_vs_dequantized_float_gemm(bits, group, symmetric):
     y = ops.linear(x, pw, bias)
     y_f = ops.linear(x, ops.pack_weight(w_deq), bias)
     _, scale, _ = ops.quantize_activations(x, group)
+    assert scale.shape == (m, q_groups(k, group))
+    sx = scale[:, np.arange(k) // q_glen(group)]  # each column's activation scale
     mag = np.abs(x) @ np.abs(w_deq).T + np.abs(bias)
-    bound = 0.5 * scale[:, None] * np.abs(w_deq).sum(axis=1)[None, :] + 1e-5 * mag
+    bound = 0.5 * sx @ np.abs(w_deq).T + 1e-5 * mag
     assert np.all(np.abs(y - y_f) <= bound), np.max(np.abs(y - y_f) / bound)
 
 
@@ -456,7 +548,8 @@ def test_ops_quantized_api_reuses_buffers():
     pw = ops.pack_quantized(q, d, o, 4, 32)
     scratch = ops.ActScratch(16, 100, 32)
     xq, scale, gsum = ops.quantize_activations(x, 32, out=scratch)
-    assert xq.base is scratch.xq and gsum.base is scratch.gsum
+    assert xq.base is scratch.xq and gsum.base is scratch.gsum and scale.base is scratch.scale
+    assert scale.shape == (6, 4) and gsum.shape == (6, 4)
     y1 = ops.linear_quantized(xq, scale, gsum, pw)
     y2 = ops.linear(x, pw, act_scratch=scratch)
     y3 = ops.linear(x, pw)
@@ -474,5 +567,25 @@ def test_ops_quantized_api_reuses_buffers():
     with pytest.raises(ValueError, match="gsum is required"):
         ops.linear_quantized(xq, scale, None, pw)
     xq64, scale64, gsum64 = ops.quantize_activations(x, 64)
-    with pytest.raises(ValueError, match="gsum has 2 groups a row; this weight .* needs 4"):
+    with pytest.raises(ValueError, match="scale has 2 groups a row; this weight .* needs 4"):
         ops.linear_quantized(xq64, scale64, gsum64, pw)
+    with pytest.raises(ValueError, match="gsum has 2 groups a row; this weight .* needs 4"):
+        ops.linear_quantized(xq, scale, gsum64, pw)
+
+
+def test_ops_channelwise_shares_group_128_activations():
+    """Channelwise weights run as groups of 128: activations quantized for a
+    group-128 weight serve a channelwise one (and 8-bit weights take gsum)."""
+    rng = np.random.default_rng(16)
+    x = rand(rng, (5, 576))
+    q, d, _ = quantize_weight(rand(rng, (16, 576)), 8, 0, True)
+    assert d.shape == (16, 1)
+    pw = ops.pack_quantized(q, d[:, 0], None, 8, 0)  # a 1-D d is channelwise too
+    scratch = ops.ActScratch(8, 576, 128)
+    assert scratch.fits(5, 576, 0, True) and not scratch.fits(5, 576, 64, False)
+    xq, scale, gsum = ops.quantize_activations(x, 0, out=scratch)
+    assert scale.shape == (5, 5)
+    y = ops.linear_quantized(xq, scale, gsum, pw)
+    assert np.array_equal(y, ops.linear_quantized(xq, scale, None, pw))
+    assert np.array_equal(y, ops.linear(x, pw))
+    assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, None, 8, 0, None))

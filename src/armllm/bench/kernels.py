@@ -86,7 +86,7 @@ def _quant_spec(dtype: str) -> tuple[int, int] | None:
 def _quantized_weight(kern, rng, n: int, k: int, bits: int, group: int):
     """A random quantized weight (q, d, o) packed for kern (values do not matter)."""
     from armllm import ops
-    ng = ops.quant_groups(k, group)
+    ng = ops.quant_groups(k, group) if group else 1  # channelwise: one scale a row
     lo, hi = (-127, 128) if bits == 8 else (0, 16)
     q = rng.integers(lo, hi, (n, k), dtype=np.int8)
     d = np.full((n, ng), 1e-3, np.float32)
@@ -101,7 +101,7 @@ class _QuantLinear:
         from armllm import ops
         m, k = x.shape
         self.kern, self.x, self.w, self.y, self.pool = kern, x, w, y, pool
-        self.scratch = ops.ActScratch(m, k, w.group, sums=w.bits == 4)
+        self.scratch = ops.ActScratch(m, k, w.group)  # with sums, as ops.linear
 
     def __call__(self):
         xq, scale, gsum = self.scratch.views(self.x.shape[0])

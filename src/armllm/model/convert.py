@@ -18,7 +18,7 @@ from armllm.model.compressed_tensors import matrix_tensors, parse_config, quanti
 from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
-from armllm.model.loader import gguf_model_config
+from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import Scheme, quantize_rtn
 from armllm.model.weights import GGUFSource, HFSource
 
@@ -33,12 +33,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     """GGUF -> Hugging Face directory; dtype float32 (exact) or bfloat16."""
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
-    gguf = GGUFFile(gguf_path)
-    config = gguf_model_config(gguf)
+    gguf, config = _exportable_gguf(gguf_path)
     tied = config.tie_word_embeddings
-    if config.rope_scaling:
-        raise ValueError(f"{gguf_path}: rope_freqs.weight (per-frequency RoPE factors) has no "
-                         f"config.json equivalent; armllm runs this GGUF directly")
     tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(gguf_path))
     out = _empty_dir(out_dir)
     source = GGUFSource(gguf, config)
@@ -57,6 +53,15 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     hf_config = _gguf_hf_config(config, dtype)
     _write_gguf_tokenizer(out, tokenizer, tok_config, config, hf_config)
     return out
+
+
+def _exportable_gguf(path: str | Path) -> tuple[GGUFFile, object]:
+    gguf = GGUFFile(path)
+    config = gguf_model_config(gguf)
+    if config.rope_scaling:
+        raise ValueError(f"{path}: rope_freqs.weight (per-frequency RoPE factors) has no "
+                         f"config.json equivalent; armllm runs this GGUF directly")
+    return gguf, config
 
 
 def _empty_dir(out_dir: str | Path) -> Path:
@@ -119,17 +124,9 @@ def quantize_model(model: str | Path, out_dir: str | Path, scheme: Scheme) -> Pa
     Linear layers int-quantized by round to nearest (quantize.quantize_rtn, scales in
     float32 so a reload reproduces the same kernel inputs), everything else in bfloat16
     (embeddings and lm_head included; norms and biases keep float32)."""
-    path = Path(model)
-    if not path.exists():
-        raise ValueError(f"{path}: no such model file or directory")
+    path = model_path(model)
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"{path}: a model is a directory or a .gguf file")
-        gguf = GGUFFile(path)
-        config = gguf_model_config(gguf)
-        if config.rope_scaling:
-            raise ValueError(f"{path}: rope_freqs.weight (per-frequency RoPE factors) has no "
-                             f"config.json equivalent")
+        gguf, config = _exportable_gguf(path)
         source = GGUFSource(gguf, config)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         hf_config = _gguf_hf_config(config, "bfloat16")

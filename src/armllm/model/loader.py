@@ -52,16 +52,22 @@ def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
                                tie_word_embeddings="output.weight" not in gguf.tensors)
 
 
+def model_path(path: str | Path) -> Path:
+    """A model's path, checked: an existing directory or .gguf file."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path}: no such model file or directory")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"{path}: a model is a directory or a .gguf file")
+    return path
+
+
 def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
                quantization: Quantization = "auto") -> LoadedModel:
     """Loads a Hugging Face model directory or a GGUF file (see load_weights for
     `quantization`)."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: no such model file or directory")
+    path = model_path(path)
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"{path}: a model is a directory or a .gguf file")
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
         weights = load_weights(GGUFSource(gguf, config), config, dtype, progress, quantization)
@@ -89,12 +95,8 @@ def _hf_tokenizer(path: Path) -> Tokenizer:
 def load_tokenizer(path: str | Path) -> TextTokenizer:
     """Only the tokenizer (and chat template) of a model directory or GGUF file; no
     weights are read."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"{path}: no such model file or directory")
+    path = model_path(path)
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"{path}: a model is a directory or a .gguf file")
         tokenizer, tok_config = tokenizer_from_gguf(GGUFFile(path).metadata, str(path))
         return TextTokenizer(tokenizer, tok_config)
     return TextTokenizer(_hf_tokenizer(path), _read_json(path / "tokenizer_config.json"))

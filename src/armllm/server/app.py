@@ -338,14 +338,21 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> Starlette:
             raise P.bad("tokens", f"must be a list of token ids in [0, {vocab})")
         return JSONResponse({"prompt": llm.tokenizer.decode(tokens)})
 
-    async def completions(request: Request) -> Response:
+    async def generation_request(request: Request, fields: dict, endpoint: str,
+                                 required: str) -> tuple[AsyncLLM, dict]:
+        """The ready engine and the checked body of a completions/chat request."""
         llm = state.ready_llm()
         body = await _read_json(request, config.max_request_bytes)
-        req = P.check_fields(body, P.COMPLETION_FIELDS, "/v1/completions")
+        req = P.check_fields(body, fields, endpoint)
         _check_model(state, req)
         P.refuse_unsupported(req)
-        if "prompt" not in req:
-            raise P.bad("prompt", "is required", "missing_required_parameter")
+        if required not in req:
+            raise P.bad(required, "is required", "missing_required_parameter")
+        return llm, req
+
+    async def completions(request: Request) -> Response:
+        llm, req = await generation_request(request, P.COMPLETION_FIELDS, "/v1/completions",
+                                            "prompt")
         opts = P.sampling_options(req, False, llm.default_sampling_params)
         prompts = [llm.tokenizer.encode(p) if isinstance(p, str) else p
                    for p in P.completion_prompts(req["prompt"])]
@@ -355,13 +362,8 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> Starlette:
         return await _respond(state, llm, gen, opts, chat=False)
 
     async def chat_completions(request: Request) -> Response:
-        llm = state.ready_llm()
-        body = await _read_json(request, config.max_request_bytes)
-        req = P.check_fields(body, P.CHAT_FIELDS, "/v1/chat/completions")
-        _check_model(state, req)
-        P.refuse_unsupported(req)
-        if "messages" not in req:
-            raise P.bad("messages", "is required", "missing_required_parameter")
+        llm, req = await generation_request(request, P.CHAT_FIELDS, "/v1/chat/completions",
+                                            "messages")
         messages = P.chat_messages(req["messages"])
         cont = req.get("continue_final_message", False)
         add_gen = req.get("add_generation_prompt", not cont)

@@ -479,13 +479,16 @@ static void check_kv_write(const armllm_kernels *v, armllm_pool *pool) {
 /* ---------------------------------------------------------- quantized */
 
 /* Activation rows with the cases that matter for bit-exactness: ties of
- * x / s at .5 (s = 1 exactly), an all-zero row, NaN, Inf, subnormals. */
+ * x / s at .5 (s = 1 exactly), an all-zero row, NaN, Inf, subnormals; and,
+ * scales being per group, rows whose groups differ: a zero first group, a
+ * group with +-Inf (scale Inf, bytes 0) next to one with NaN, a group of
+ * large values next to one of small values. */
 static void fill_act(float *x, int64_t m, int64_t k, int64_t ldx, int specials) {
   fill(x, m * ldx, 3.0f);
   if (!specials) return;
   for (int64_t r = 0; r < m; r++) {
     float *xr = x + r * ldx;
-    switch (r % 7) {
+    switch (r % 10) {
       case 1: /* amax 127: s = 1, halves are exact ties */
         for (int64_t i = 0; i < k; i++) xr[i] = (float)((i * 37) % 255 - 127) + (i & 1 ? 0.5f : 0.0f);
         xr[0] = 127.0f;
@@ -498,6 +501,18 @@ static void fill_act(float *x, int64_t m, int64_t k, int64_t ldx, int specials) 
         break;
       case 6:
         for (int64_t i = 0; i < k; i++) xr[i] *= 1e30f;
+        break;
+      case 7: /* first group zero, Inf at the end */
+        memset(xr, 0, sizeof(float) * (size_t)(k < 32 ? k : 32));
+        xr[k - 1] = INFINITY;
+        break;
+      case 8: /* +Inf and -Inf in the first group, NaN in the last */
+        xr[0] = INFINITY;
+        if (k > 2) xr[2] = -INFINITY;
+        if (k > 64) xr[k - 3] = NAN;
+        break;
+      case 9: /* groups of very different magnitude */
+        for (int64_t i = 0; i < k; i++) xr[i] *= (i / 32) & 1 ? 1e-6f : 1e6f;
         break;
       default: break;
     }
@@ -515,9 +530,11 @@ static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
         const int64_t k = ks[ik], group = groups[ig], m = 9 + (int64_t)(ik % 3) * 4;
         const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
         const int64_t ldx = k + (int64_t)(ik & 1) * 3, ldq = kpad + (int64_t)(ig & 1) * 5, ldgs = ng + 2;
+        const int64_t ldsc = ng + (int64_t)with_gsum * 3;
         float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
         int8_t *q = xmalloc((size_t)(m * ldq)), *qr = xmalloc((size_t)(m * ldq));
-        float *sc = xmalloc(sizeof(float) * (size_t)m), *scr = xmalloc(sizeof(float) * (size_t)m);
+        float *sc = xmalloc(sizeof(float) * (size_t)(m * ldsc));
+        float *scr = xmalloc(sizeof(float) * (size_t)(m * ldsc));
         int32_t *gs = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
         int32_t *gsr = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
         fill_act(x, m, k, ldx, 1);
@@ -525,9 +542,12 @@ static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
         memset(qr, 0x5a, (size_t)(m * ldq));
         memset(gs, 0x5a, sizeof(int32_t) * (size_t)(m * ldgs));
         memset(gsr, 0x5a, sizeof(int32_t) * (size_t)(m * ldgs));
-        v->quant_act(pool, x, m, k, ldx, group, q, ldq, sc, with_gsum ? gs : NULL, ldgs);
-        armllm_kernels_ref.quant_act(NULL, x, m, k, ldx, group, qr, ldq, scr, with_gsum ? gsr : NULL, ldgs);
-        if (memcmp(q, qr, (size_t)(m * ldq)) || memcmp(sc, scr, sizeof(float) * (size_t)m) ||
+        memset(sc, 0x5a, sizeof(float) * (size_t)(m * ldsc)); /* past ng: untouched */
+        memset(scr, 0x5a, sizeof(float) * (size_t)(m * ldsc));
+        v->quant_act(pool, x, m, k, ldx, group, q, ldq, sc, ldsc, with_gsum ? gs : NULL, ldgs);
+        armllm_kernels_ref.quant_act(NULL, x, m, k, ldx, group, qr, ldq, scr, ldsc,
+                                     with_gsum ? gsr : NULL, ldgs);
+        if (memcmp(q, qr, (size_t)(m * ldq)) || memcmp(sc, scr, sizeof(float) * (size_t)(m * ldsc)) ||
             memcmp(gs, gsr, sizeof(int32_t) * (size_t)(m * ldgs)))
           r.bad++;
         r.cases++;
@@ -538,24 +558,27 @@ static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
 
 /* One quantized GEMM case against ref, bit for bit (memcmp of y, row
  * padding included), with the variant's pool and on one thread. x is
- * quantized by ref so that only the GEMM is under test. */
+ * quantized by ref so that only the GEMM is under test. Channelwise
+ * weights (group 0) take d, o as [n, 1]; 8-bit weights have no o, and get
+ * gsum in some cases (kernels may read it). */
 static void wq_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64_t m, int64_t n,
                     int64_t k, int bits, int64_t group, int with_bias, int with_o) {
   const armllm_kernels *ref = &armllm_kernels_ref;
   const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
   const int64_t ldx = k + 1, ldq = kpad + (m & 1) * 16, ldgs = ng + (n & 1), ldy = n + (k & 1) * 3;
+  const int64_t ldsc = ng + (m & 2), ngin = group ? ng : 1;
   float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
   int8_t *xq = xmalloc((size_t)(m * ldq));
-  float *scale = xmalloc(sizeof(float) * (size_t)m);
+  float *scale = xmalloc(sizeof(float) * (size_t)(m * ldsc));
   int32_t *gsum = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
   int8_t *wq = xmalloc((size_t)(n * k));
-  float *d = xmalloc(sizeof(float) * (size_t)(n * ng)), *o = xmalloc(sizeof(float) * (size_t)(n * ng));
+  float *d = xmalloc(sizeof(float) * (size_t)(n * ngin)), *o = xmalloc(sizeof(float) * (size_t)(n * ngin));
   float *bias = xmalloc(sizeof(float) * (size_t)n);
   float *y = xmalloc(sizeof(float) * (size_t)(m * ldy)), *y1 = xmalloc(sizeof(float) * (size_t)(m * ldy));
   float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
   fill_act(x, m, k, ldx, m > 3);
   if (m > 8) x[8 * ldx] = NAN; /* row 8: NaN scale */
-  ref->quant_act(NULL, x, m, k, ldx, group, xq, ldq, scale, gsum, ldgs);
+  ref->quant_act(NULL, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs);
   for (int64_t i = 0; i < n * k; i++) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     const int u = (int)((rng_state >> 33) % 255);
@@ -563,8 +586,9 @@ static void wq_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64
   }
   if (n > 2) /* extremes: the int32 sums of a whole row at their largest */
     for (int64_t i = 0; i < k; i++) wq[i] = (int8_t)(bits == 4 ? 15 : (i & 1 ? 127 : -127));
-  fill(d, n * ng, 0.01f);
-  fill(o, n * ng, 0.1f);
+  fill(d, n * ngin, 0.01f);
+  fill(o, n * ngin, 0.1f);
+  if (bits == 8) with_o = 0;
   fill(bias, n, 1.0f);
   void *p = xmalloc64(v->gemm_wq_packed_len(n, k, bits, group));
   void *pr = xmalloc64(ref->gemm_wq_packed_len(n, k, bits, group));
@@ -572,10 +596,10 @@ static void wq_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64
   ref->gemm_wq_pack(wq, n, k, bits, group, d, with_o ? o : NULL, pr);
   for (int64_t i = 0; i < m * ldy; i++) y[i] = y1[i] = yref[i] = -777.0f;
   const float *b = with_bias ? bias : NULL;
-  const int32_t *gs = bits == 4 ? gsum : NULL; /* bits 8 must not need it */
-  v->gemm_wq(pool, xq, m, k, ldq, scale, gs, ldgs, p, n, bits, group, b, y, ldy);
-  v->gemm_wq(NULL, xq, m, k, ldq, scale, gs, ldgs, p, n, bits, group, b, y1, ldy);
-  ref->gemm_wq(NULL, xq, m, k, ldq, scale, gs, ldgs, pr, n, bits, group, b, yref, ldy);
+  const int32_t *gs = bits == 4 || (n & 2) ? gsum : NULL; /* bits 8 must not need it */
+  v->gemm_wq(pool, xq, m, k, ldq, scale, ldsc, gs, ldgs, p, n, bits, group, b, y, ldy);
+  v->gemm_wq(NULL, xq, m, k, ldq, scale, ldsc, gs, ldgs, p, n, bits, group, b, y1, ldy);
+  ref->gemm_wq(NULL, xq, m, k, ldq, scale, ldsc, gs, ldgs, pr, n, bits, group, b, yref, ldy);
   const size_t bytes = sizeof(float) * (size_t)(m * ldy);
   if (memcmp(y, yref, bytes) || memcmp(y1, yref, bytes)) {
     if (r->bad < 3) {
@@ -612,16 +636,23 @@ static void check_gemm_wq(const armllm_kernels *v, armllm_pool *pool, int quick)
           const int64_t n = shapes[is][0], k = shapes[is][1];
           int64_t m = ms[(c * 7 + j) % n_ms];
           if (n * k > 30000 && m > 17) m = 17; /* keep qemu time in check */
-          wq_case(&r, v, pool, m, n, k, bits, groups[ig], c & 1, (c >> 1) & 1 || bits == 8);
+          wq_case(&r, v, pool, m, n, k, bits, groups[ig], c & 1, (c >> 1) & 1);
         }
-  /* several K blocks (the int32 sums of channelwise groups kept between
-   * them), decode and prefill, every group */
+  /* several K blocks (t kept in y between them), decode and prefill,
+   * every group */
   for (int bits = 8; bits >= 4; bits -= 4)
     for (size_t ig = 0; ig < sizeof groups / sizeof *groups; ig++)
       for (int64_t m = 1; m <= 12; m += 11) wq_case(&r, v, pool, m, 33, 2100, bits, groups[ig], 1, 1);
-  /* every M through the decode and prefill tiles, at K = 576, group 128 */
+  /* every M through the decode and prefill tiles, at K = 576 (group 128 and
+   * channelwise: a last group of 64) and K = 40 (one group, part padding) */
   for (int bits = 8; bits >= 4; bits -= 4)
-    for (int64_t m = 1; m <= 17; m++) wq_case(&r, v, pool, m, 21, 576, bits, 128, (int)(m & 1), 1);
+    for (int64_t m = 1; m <= 17; m++) {
+      wq_case(&r, v, pool, m, 21, 576, bits, 128, (int)(m & 1), 1);
+      if (!quick || (m & 3) == 1) {
+        wq_case(&r, v, pool, m, 21, 576, bits, 0, (int)(m & 1) ^ 1, 1);
+        wq_case(&r, v, pool, m, 13, 40, bits, m & 2 ? 128 : 32, 1, (int)(m & 1));
+      }
+    }
   report_end(&r, v->impl[ARMLLM_K_GEMM_WQ]);
 }
 

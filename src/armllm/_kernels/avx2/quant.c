@@ -1,10 +1,12 @@
-/* avx2/quant.c: per-token int8 activation quantization and the quantized
- * GEMM (int8 or int4 weights, int8 activations), AVX2.
+/* avx2/quant.c: int8 activation quantization (per token and group) and the
+ * quantized GEMM (int8 or int4 weights, int8 activations), AVX2.
  *
  * Packed layout "nr8k4g": N is cut into panels of 8 output rows (the last
  * one padded with q = 0, d = 0, o = 0); panel p is one contiguous block of
  * panel_bytes, group after group (group g covers k in [g*gl, min((g+1)*gl,
- * kpad)), gl = group or kpad), each group its weights then its scales:
+ * kpad)), gl = armllm_q_group_len(group): channelwise weights are groups of
+ * ARMLLM_Q_CHANNEL_GROUP with the row's scale repeated), each group its
+ * weights then its scales:
  *   bits 8: for each 4-k step of the group, 32 bytes: rows r = 0..7, each
  *           the 4 bytes q[8p + r, k .. k+4) + 128 (unsigned);  then
  *           d[8p .. 8p+8) as 8 f32.
@@ -26,12 +28,13 @@
  *           MACs, like the sign trick (sign, maddubs, madd, add) but with 2
  *           instead of 3 on the two multiply pipes; without VNNI nothing
  *           does better, so W8A8 is ~1.3x, W4A8 ~2x the MACs/cycle of f32 FMA.
- * Each group's dot product is exact in int32 (wrapping sums, exact while
- * the true value fits, K < 133144), so the float epilogue (the header's
- * order: per group t = fma(d, acc, t) [, t = fma(o, gsum, t)], then
- * y = t * scale, then + bias) runs lane-wise with the very operations of
- * ref: every result is bit-identical to ref, whatever the tile, the path
- * or the thread count.
+ * Each group's dot product is exact in int32 (groups are at most 128 k), so
+ * the float epilogue (the header's order: per group a = acc * sx,
+ * t = fma(d, a, t) [, b = gsum * sx, t = fma(o, b, t)], then y = t
+ * (+ bias)) runs lane-wise with the very operations of ref: every result is
+ * bit-identical to ref, whatever the tile, the path or the thread count.
+ * Bits 8 need each row's sum of x per group: quant_act's gsum when the
+ * caller passes it, else computed here.
  *
  * Tiles are mr rows x 1 panel, the whole of K. Decode (M <= 4): all rows,
  * panel after panel, each thread one contiguous run of panels (one stream,
@@ -57,10 +60,10 @@
 #define WQ_PF_BYTES 4096 /* decode: software prefetch distance in the panel stream */
 #endif
 #define WQ_L2_BYTES (192 * 1024) /* budget for a row block's x, and a chunk's panels */
-#define WQ_XSUM_CAP 4096         /* bits 8: a row block's per-group sums of x, on the stack */
+#define WQ_XSUM_CAP 4096 /* a row block's per-group sums of x (bits 8) or gsum * sx (bits 4) */
 
-/* Keeps the compiler from fusing y = t * scale and y + bias into one FMA:
- * the header fixes two roundings. */
+/* Keeps the compiler from fusing a = acc * sx into a neighbouring add: the
+ * header fixes the mul, then the fma. */
 static ALWAYS_INLINE __m256 no_contract(__m256 v) {
   __asm__("" : "+x"(v));
   return v;
@@ -74,6 +77,7 @@ typedef struct {
   int8_t *xq;
   int64_t ldq;
   float *scale;
+  int64_t ldsc;
   int32_t *gsum;
   int64_t ldgs;
 } quant_job;
@@ -125,38 +129,40 @@ static ALWAYS_INLINE int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(h);
 }
 
+/* One row, group by group: the group's amax over its real columns, then its
+ * 32-k chunks quantized (and summed) while they are in L1. */
 static void quant_row(const quant_job *job, int64_t r) {
   const float *x = job->x + r * job->ldx;
   int8_t *q = job->xq + r * job->ldq;
+  float *sc = job->scale + r * job->ldsc;
   int32_t *gs = job->gsum ? job->gsum + r * job->ldgs : NULL;
   const int64_t k = job->k, kpad = job->kpad, gl = job->gl;
-  const float s = row_amax(x, k) / 127.0f;
-  job->scale[r] = s;
-  if (s == 0.0f || !isfinite(s)) { /* every x / s is 0 or NaN: all zeros, as ref */
-    memset(q, 0, (size_t)kpad);
-    if (gs) memset(gs, 0, (size_t)job->ng * sizeof *gs);
-    return;
-  }
-  const __m256 vs = _mm256_set1_ps(s);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  __m256i sum = _mm256_setzero_si256();
-  for (int64_t i = 0; i < kpad; i += 32) {
-    __m256i a = quant8(load_part(x + i, k - i), vs);
-    __m256i b = quant8(load_part(x + i + 8, k - i - 8), vs);
-    __m256i c = quant8(load_part(x + i + 16, k - i - 16), vs);
-    __m256i d = quant8(load_part(x + i + 24, k - i - 24), vs);
-    /* packs work within 128-bit lanes: the dword permute restores k order */
-    __m256i v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-    v = _mm256_permutevar8x32_epi32(v, order);
-    _mm256_storeu_si256((__m256i *)(q + i), v);
-    if (gs) {
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16));
-      if ((i + 32) % gl == 0 || i + 32 == kpad) {
-        gs[i / gl] = hsum_epi32(sum);
-        sum = _mm256_setzero_si256();
-      }
+  for (int64_t g = 0, k0 = 0; g < job->ng; g++, k0 += gl) {
+    const int64_t k1 = k0 + gl < kpad ? k0 + gl : kpad;
+    const int64_t kx = k1 < k ? k1 : k; /* > k0: every group has a real column */
+    const float s = row_amax(x + k0, kx - k0) / 127.0f;
+    sc[g] = s;
+    if (s == 0.0f || !isfinite(s)) { /* every x / s is 0 or NaN: all zeros, as ref */
+      memset(q + k0, 0, (size_t)(k1 - k0));
+      if (gs) gs[g] = 0;
+      continue;
     }
+    const __m256 vs = _mm256_set1_ps(s);
+    __m256i sum = _mm256_setzero_si256();
+    for (int64_t i = k0; i < k1; i += 32) {
+      __m256i a = quant8(load_part(x + i, k - i), vs);
+      __m256i b = quant8(load_part(x + i + 8, k - i - 8), vs);
+      __m256i c = quant8(load_part(x + i + 16, k - i - 16), vs);
+      __m256i d = quant8(load_part(x + i + 24, k - i - 24), vs);
+      /* packs work within 128-bit lanes: the dword permute restores k order */
+      __m256i v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+      v = _mm256_permutevar8x32_epi32(v, order);
+      _mm256_storeu_si256((__m256i *)(q + i), v);
+      if (gs) sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16));
+    }
+    if (gs) gs[g] = hsum_epi32(sum);
   }
 }
 
@@ -165,11 +171,11 @@ static void quant_rows_task(void *ctx, int64_t r0, int64_t r1) {
 }
 
 void armllm_avx2_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
-                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int32_t *gsum,
-                           int64_t ldgs) {
+                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
+                           int32_t *gsum, int64_t ldgs) {
   const int64_t kpad = armllm_q_kpad(k);
-  quant_job job = {x,  k,     ldx,   kpad, group ? group : kpad, armllm_q_groups(k, group),
-                   xq, ldq,   scale, gsum, ldgs};
+  quant_job job = {x,   k,     ldx,  kpad, armllm_q_group_len(group), armllm_q_groups(k, group),
+                   xq,  ldq,   scale, ldsc, gsum, ldgs};
   if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), quant_rows_task,
                   &job);
@@ -191,7 +197,8 @@ size_t armllm_avx2_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t gr
 void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
                               const float *d, const float *o, void *packed) {
   const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
-  const int64_t gl = group ? group : kpad;
+  const int64_t gl = armllm_q_group_len(group);
+  const int64_t ngin = group ? ng : 1; /* channelwise: one scale a row, repeated */
   uint8_t *dst = packed;
   for (int64_t p = 0; p < n_panels(n); p++) {
     for (int64_t g = 0; g < ng; g++) {
@@ -211,8 +218,9 @@ void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, i
       float scales[2 * PANEL];
       for (int64_t r = 0; r < PANEL; r++) {
         const int64_t row = p * PANEL + r;
-        scales[r] = row < n ? d[row * ng + g] : 0.0f;
-        scales[PANEL + r] = row < n && o ? o[row * ng + g] : 0.0f;
+        const int64_t src = row * ngin + (group ? g : 0);
+        scales[r] = row < n ? d[src] : 0.0f;
+        scales[PANEL + r] = row < n && o ? o[src] : 0.0f;
       }
       const size_t len = (bits == 4 ? 2 : 1) * PANEL * sizeof(float);
       memcpy(dst, scales, len);
@@ -227,6 +235,7 @@ typedef struct {
   const int8_t *xq;
   int64_t m, kpad, ldq;
   const float *scale;
+  int64_t ldsc;
   const int32_t *gsum;
   int64_t ldgs;
   const uint8_t *w;
@@ -266,15 +275,27 @@ static ALWAYS_INLINE int32_t sum_i8(const int8_t *x, int64_t len) {
   return (int32_t)(_mm_cvtsi128_si64(h) - 128 * len);
 }
 
-/* t = fma(d, acc, t) [then t = fma(o, gsum, t)] for one group of a tile;
- * t lives in memory (a stack tile) so that the accumulators keep the
- * registers; the first group starts from t = +0 without loading it. */
-static ALWAYS_INLINE void group_epilogue(float *t, __m256i acc, const float *scales,
-                                         const int first, const int offsets, int32_t gsum) {
+/* a = acc * sx, t = fma(d, a, t) [then b = gsum * sx, t = fma(o, b, t)]
+ * for one group of a tile row; t lives in memory (a stack tile) so that the
+ * accumulators keep the registers; the first group starts from t = +0
+ * without loading it. */
+static ALWAYS_INLINE void group_epilogue(float *t, __m256i acc, const float *scales, float sx,
+                                         const int first, const int offsets, float b) {
   __m256 v = first ? _mm256_setzero_ps() : _mm256_load_ps(t);
-  v = _mm256_fmadd_ps(_mm256_load_ps(scales), _mm256_cvtepi32_ps(acc), v);
-  if (offsets) v = _mm256_fmadd_ps(_mm256_load_ps(scales + PANEL), _mm256_set1_ps((float)gsum), v);
+  const __m256 a = no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx)));
+  v = _mm256_fmadd_ps(_mm256_load_ps(scales), a, v);
+  if (offsets) v = _mm256_fmadd_ps(_mm256_load_ps(scales + PANEL), _mm256_set1_ps(b), v);
   _mm256_store_ps(t, v);
+}
+
+/* b = (float)gsum * sx (one scalar rounding, as ref) of rows r0 .. r1, every
+ * group, into out (rows ng apart): the same for every panel, so computed once
+ * per row block instead of in each tile's epilogue. */
+static void offset_terms(const wq_job *job, int64_t r0, int64_t r1, float *out) {
+  for (int64_t r = r0; r < r1; r++)
+    for (int64_t g = 0; g < job->ng; g++)
+      out[(r - r0) * job->ng + g] =
+          (float)job->gsum[r * job->ldgs + g] * job->scale[r * job->ldsc + g];
 }
 
 /* Decode streams each panel once from memory: ask for the lines WQ_PF_BYTES
@@ -283,7 +304,7 @@ static ALWAYS_INLINE void prefetch_ahead(const uint8_t *w, int len) {
   for (int i = 0; i < len; i += 64) _mm_prefetch((const char *)w + WQ_PF_BYTES + i, _MM_HINT_T0);
 }
 
-/* y = t * scale (+ bias) for mr rows of panel p, masked to N. */
+/* y = t (+ bias) for mr rows of panel p, masked to N. */
 static ALWAYS_INLINE void tile_store(const int mr, const wq_job *job, const float *t, int64_t r0,
                                      int64_t p) {
   const int64_t col = p * PANEL, nv = job->n - col;
@@ -292,8 +313,7 @@ static ALWAYS_INLINE void tile_store(const int mr, const wq_job *job, const floa
   if (job->bias)
     b = nv >= PANEL ? _mm256_loadu_ps(job->bias + col) : _mm256_maskload_ps(job->bias + col, mask);
   for (int r = 0; r < mr; r++) {
-    const __m256 tv = _mm256_load_ps(t + r * PANEL);
-    __m256 v = no_contract(_mm256_mul_ps(tv, _mm256_broadcast_ss(job->scale + r0 + r)));
+    __m256 v = _mm256_load_ps(t + r * PANEL);
     if (job->bias) v = _mm256_add_ps(v, b);
     float *y = job->y + (r0 + r) * job->ldy + col;
     if (nv >= PANEL) _mm256_storeu_ps(y, v);
@@ -350,13 +370,17 @@ static ALWAYS_INLINE void chunk4(const int mr, const int pf, const int8_t *x, in
  * epilogue, whose t accumulates in a stack tile. Bits 8 need each row's
  * sum of x per group: from xsum (rows ld_xsum apart) or computed here. */
 static ALWAYS_INLINE void tile(const int mr, const int bits, const int pf, const wq_job *job,
-                               int64_t r0, int64_t p, const int32_t *xsum, int64_t ld_xsum) {
+                               int64_t r0, int64_t p, const int32_t *xsum, int64_t ld_xsum,
+                               const float *boff) {
   const int64_t ldq = job->ldq, kpad = job->kpad, gl = job->gl;
   const int64_t chunk_bytes = bits == 8 ? 256 : 128;
   const int8_t *x = job->xq + r0 * ldq;
   const uint8_t *wp = job->w + p * job->pbytes;
-  float t[MAX_MR * PANEL] __attribute__((aligned(32)));
+  /* zeroed only to keep GCC's -Wmaybe-uninitialized quiet: every element is written
+   * (acc at a group's first chunk, t at group 0) before it is read */
+  float t[MAX_MR * PANEL] __attribute__((aligned(32))) = {0};
   __m256i acc[MAX_MR], part[MAX_MR];
+  for (int r = 0; r < MAX_MR; r++) acc[r] = part[r] = _mm256_setzero_si256();
   for (int64_t g = 0, k0 = 0; g < job->ng; g++, k0 += gl) {
     const int64_t k1 = k0 + gl < kpad ? k0 + gl : kpad;
     int64_t kc = k0;
@@ -371,14 +395,16 @@ static ALWAYS_INLINE void tile(const int mr, const int bits, const int pf, const
     const float *scales = (const float *)wp;
     for (int r = 0; r < mr; r++) {
       __m256i a = kc == k0 ? part[r] : _mm256_add_epi32(acc[r], part[r]);
+      const float sx = job->scale[(r0 + r) * job->ldsc + g];
       if (bits == 8) { /* x.q = x.(q + 128) - 128 sum(x) */
         const uint32_t sum = (uint32_t)(xsum ? xsum[r * ld_xsum + g]
                                              : sum_i8(x + r * ldq + k0, k1 - k0));
         a = _mm256_sub_epi32(a, _mm256_set1_epi32((int32_t)(128u * sum))); /* mod 2^32 */
-        group_epilogue(t + r * PANEL, a, scales, g == 0, 0, 0);
-      } else {
-        group_epilogue(t + r * PANEL, a, scales, g == 0, 1,
-                       job->gsum[(r0 + r) * job->ldgs + g]);
+        group_epilogue(t + r * PANEL, a, scales, sx, g == 0, 0, 0.0f);
+      } else { /* b = gsum * sx: precomputed (rows ng apart) or here */
+        const float b = boff ? boff[r * job->ng + g]
+                             : (float)job->gsum[(r0 + r) * job->ldgs + g] * sx;
+        group_epilogue(t + r * PANEL, a, scales, sx, g == 0, 1, b);
       }
     }
     wp += (bits == 4 ? 2 : 1) * PANEL * sizeof(float);
@@ -388,38 +414,50 @@ static ALWAYS_INLINE void tile(const int mr, const int bits, const int pf, const
 
 /* A tile of mr (1 .. MAX_MR) rows, the height made a compile-time constant. */
 static ALWAYS_INLINE void tile_any(const int bits, const int pf, const wq_job *job, int64_t r0,
-                                   int64_t mr, int64_t p, const int32_t *xsum, int64_t ld_xsum) {
+                                   int64_t mr, int64_t p, const int32_t *xsum, int64_t ld_xsum,
+                                   const float *boff) {
   switch (mr) {
-    case 1: tile(1, bits, pf, job, r0, p, xsum, ld_xsum); break;
-    case 2: tile(2, bits, pf, job, r0, p, xsum, ld_xsum); break;
-    case 3: tile(3, bits, pf, job, r0, p, xsum, ld_xsum); break;
-    case 4: tile(4, bits, pf, job, r0, p, xsum, ld_xsum); break;
-    case 5: tile(5, bits, pf, job, r0, p, xsum, ld_xsum); break;
-    default: tile(6, bits, pf, job, r0, p, xsum, ld_xsum); break;
+    case 1: tile(1, bits, pf, job, r0, p, xsum, ld_xsum, boff); break;
+    case 2: tile(2, bits, pf, job, r0, p, xsum, ld_xsum, boff); break;
+    case 3: tile(3, bits, pf, job, r0, p, xsum, ld_xsum, boff); break;
+    case 4: tile(4, bits, pf, job, r0, p, xsum, ld_xsum, boff); break;
+    case 5: tile(5, bits, pf, job, r0, p, xsum, ld_xsum, boff); break;
+    default: tile(6, bits, pf, job, r0, p, xsum, ld_xsum, boff); break;
   }
 }
 
 /* Decode: all M (<= 4) rows, one panel at a time. */
 static void decode_task8(void *ctx, int64_t p0, int64_t p1) {
   const wq_job *job = ctx;
-  for (int64_t p = p0; p < p1; p++) tile_any(8, 1, job, 0, job->m, p, NULL, 0);
+  for (int64_t p = p0; p < p1; p++)
+    tile_any(8, 1, job, 0, job->m, p, job->gsum, job->ldgs, NULL);
 }
 static void decode_task4(void *ctx, int64_t p0, int64_t p1) {
   const wq_job *job = ctx;
-  for (int64_t p = p0; p < p1; p++) tile_any(4, 1, job, 0, job->m, p, NULL, 0);
+  float boff_buf[WQ_XSUM_CAP];
+  const float *boff = NULL;
+  if (job->m * job->ng <= WQ_XSUM_CAP && p1 - p0 > 1) {
+    offset_terms(job, 0, job->m, boff_buf);
+    boff = boff_buf;
+  }
+  for (int64_t p = p0; p < p1; p++) tile_any(4, 1, job, 0, job->m, p, NULL, 0, boff);
 }
 
 /* Prefill item i: row block i / n_pc times panel chunk i % n_pc; panel by
  * panel (it stays in L2), every row tile of the block (the block stays in
  * L2), the first tile prefetching the panel stream. */
 static ALWAYS_INLINE void prefill_item(const int bits, const wq_job *job, int64_t item,
-                                       int32_t *xsum_buf) {
+                                       int32_t *xsum_buf, float *boff_buf) {
   const int mr = bits == 8 ? WQ_MR8 : WQ_MR4;
   const int64_t rb = item / job->n_pc, pc = item % job->n_pc, ng = job->ng;
   const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
   const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
   const int32_t *xsum = NULL;
-  if (bits == 8 && (r1 - r0) * ng <= WQ_XSUM_CAP) { /* the block's sums, once for all panels */
+  int64_t ldx = ng;
+  if (bits == 8 && job->gsum) { /* quant_act's sums */
+    xsum = job->gsum + r0 * job->ldgs;
+    ldx = job->ldgs;
+  } else if (bits == 8 && (r1 - r0) * ng <= WQ_XSUM_CAP) { /* the block's sums, once */
     for (int64_t r = r0; r < r1; r++)
       for (int64_t g = 0; g < ng; g++) {
         const int64_t k0 = g * job->gl, k1 = k0 + job->gl < job->kpad ? k0 + job->gl : job->kpad;
@@ -427,35 +465,43 @@ static ALWAYS_INLINE void prefill_item(const int bits, const wq_job *job, int64_
       }
     xsum = xsum_buf;
   }
-#define XSUM(r) (xsum ? xsum + ((r) - r0) * ng : NULL)
+  const float *boff = NULL;
+  if (bits == 4 && (r1 - r0) * ng <= WQ_XSUM_CAP) { /* the block's gsum * sx, once */
+    offset_terms(job, r0, r1, boff_buf);
+    boff = boff_buf;
+  }
+#define XSUM(r) (xsum ? xsum + ((r) - r0) * ldx : NULL)
+#define BOFF(r) (boff ? boff + ((r) - r0) * ng : NULL)
   for (int64_t p = p0; p < p1; p++) {
     int64_t r = r0;
     if (r + mr <= r1) { /* the first tile streams the panel in: prefetch ahead */
-      tile(mr, bits, 1, job, r, p, XSUM(r), ng);
+      tile(mr, bits, 1, job, r, p, XSUM(r), ldx, BOFF(r));
       r += mr;
     }
-    for (; r + mr <= r1; r += mr) tile(mr, bits, 0, job, r, p, XSUM(r), ng);
-    if (r < r1) tile_any(bits, r == r0, job, r, r1 - r, p, XSUM(r), ng);
+    for (; r + mr <= r1; r += mr) tile(mr, bits, 0, job, r, p, XSUM(r), ldx, BOFF(r));
+    if (r < r1) tile_any(bits, r == r0, job, r, r1 - r, p, XSUM(r), ldx, BOFF(r));
   }
 #undef XSUM
+#undef BOFF
 }
 
 static void prefill_task8(void *ctx, int64_t i0, int64_t i1) {
   int32_t xsum[WQ_XSUM_CAP];
-  for (int64_t i = i0; i < i1; i++) prefill_item(8, ctx, i, xsum);
+  for (int64_t i = i0; i < i1; i++) prefill_item(8, ctx, i, xsum, NULL);
 }
 static void prefill_task4(void *ctx, int64_t i0, int64_t i1) {
-  for (int64_t i = i0; i < i1; i++) prefill_item(4, ctx, i, NULL);
+  float boff[WQ_XSUM_CAP];
+  for (int64_t i = i0; i < i1; i++) prefill_item(4, ctx, i, NULL, boff);
 }
 
 void armllm_avx2_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
-                         const float *scale, const int32_t *gsum, int64_t ldgs,
+                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                          const void *packed_w, int64_t n, int bits, int64_t group,
                          const float *bias, float *y, int64_t ldy) {
   const int64_t kpad = armllm_q_kpad(k);
-  wq_job job = {xq,        m,    kpad, ldq,  scale, gsum, ldgs, packed_w, n, n_panels(n),
-                panel_bytes(k, bits, group), armllm_q_groups(k, group), group ? group : kpad,
-                bias,      y,    ldy,  0,    0,     0};
+  wq_job job = {xq,   m,    kpad,     ldq, scale, ldsc, gsum, ldgs, packed_w, n, n_panels(n),
+                panel_bytes(k, bits, group), armllm_q_groups(k, group), armllm_q_group_len(group),
+                bias, y,    ldy,      0,   0,     0};
   if (m <= DECODE_MAX_M) {
     /* memory-bound: contiguous runs of panels per thread; small ones stay serial */
     if ((double)job.panels * (double)job.pbytes < 64.0 * 1024) pool = NULL;
@@ -466,7 +512,7 @@ void armllm_avx2_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
   if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
   const int64_t mr = bits == 8 ? WQ_MR8 : WQ_MR4;
   int64_t mb = WQ_L2_BYTES / kpad;
-  if (bits == 8 && mb * job.ng > WQ_XSUM_CAP) mb = WQ_XSUM_CAP / job.ng; /* sums fit the stack */
+  if (bits == 8 && !gsum && mb * job.ng > WQ_XSUM_CAP) mb = WQ_XSUM_CAP / job.ng; /* on the stack */
   mb = mb / mr * mr;
   mb = mb < mr ? mr : mb;
   int64_t cp = WQ_L2_BYTES / job.pbytes;

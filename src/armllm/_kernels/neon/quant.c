@@ -1,16 +1,17 @@
-/* neon/quant.c: per-token int8 activation quantization and the quantized
+/* neon/quant.c: int8 activation quantization (per token and group) and the quantized
  * GEMM (int8 or uint4 weights, int8 activations) on Armv8 NEON, with SDOT
  * when the CPU has dotprod.
  *
- * quant_act: FMAX/FMAXV for the row's max |x| (NaN propagates, as in ref),
+ * quant_act: FMAX/FMAXV for each group's max |x| (NaN propagates, as in ref),
  *   FDIV (x / s correctly rounded, as ref), FCVTNS (round to nearest even,
  *   what nearbyintf does in the default rounding mode), saturating narrows
  *   and a max with -127: the same bytes as ref.
  *
  * Packed layout "sdot_n8k4": W is cut into panels of 8 output rows (the
  *   last zero-padded: q = 0, d = o = 0) and K (padded to kpad, a multiple
- *   of 32) into blocks of 32. A group is group/32 blocks (channelwise: all
- *   of them; the last group may be shorter). Panel p is one byte stream:
+ *   of 32) into blocks of 32. A group is G/32 blocks (G = group, or 128
+ *   for channelwise weights, whose row scale is repeated per group; the
+ *   last group may be shorter). Panel p is one byte stream:
  *   for each group, its blocks, then d[8] (f32, rows 8p..8p+7), then for 4
  *   bits o[8]. A block is 8 chunks c of 4 k, and a chunk two SDOT operands
  *   (h = 0, 1) of 4 rows x 4 k:
@@ -22,8 +23,9 @@
  *   8 / 4 bits), so the d and o of a group follow its weights in memory.
  *
  * GEMM: the int32 sums of a group are exact, so only the float epilogue
- *   could differ; it is the ABI's: t = fma(d, acc, t) (+ fma(o, gsum, t)),
- *   y = t * scale (+ bias), per output, in group order, from +0. Every path
+ *   could differ; it is the ABI's: a = (float)acc * sx; t = fma(d, a, t)
+ *   (+ fma(o, (float)gsum * sx, t)), y = t (+ bias), per output, in group
+ *   order, from +0. Every path
  *   and thread count therefore gives ref's bits.
  *   With dotprod, SDOT by lane: acc[r][h] (4 output columns of row r) +=
  *   W chunk (4 rows x 4 k) . x[r, 4 k], broadcast from a 16-byte x vector.
@@ -37,7 +39,8 @@
  *   loop); decode (M <= 4) M rows x 2-4 panels; x rows are read in place
  *   (no packing). t lives in y (or an edge tile), row-major like the
  *   accumulators; grouped K is cut into blocks of 1024 k (whole groups)
- *   whose gsum are converted to float once per M tile on the stack.
+ *   whose activation scales and gsum * sx are gathered once per M tile on
+ *   the stack.
  *   Grouped sums start biased so that int -> float is one FSUB (below).
  */
 #include <arm_neon.h>
@@ -65,30 +68,31 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ------------------------------------------------------ activations */
 
-static void quant_row(const float *xr, int64_t k, int64_t kpad, int64_t gl, int64_t ng,
-                      int8_t *qr, float *scale, int32_t *gs) {
+/* One group [k0, k1) of a row, its real columns [k0, kx): scale s, the
+ * bytes (padding 0) and their sum. */
+static void quant_group(const float *xr, int64_t k0, int64_t kx, int64_t k1, int8_t *qr,
+                        float *scale, int32_t *gs) {
   float32x4_t m0 = vdupq_n_f32(0.0f), m1 = m0;
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) { /* FMAX: a NaN stays */
+  int64_t i = k0;
+  for (; i + 8 <= kx; i += 8) { /* FMAX: a NaN stays */
     m0 = vmaxq_f32(m0, vabsq_f32(vld1q_f32(xr + i)));
     m1 = vmaxq_f32(m1, vabsq_f32(vld1q_f32(xr + i + 4)));
   }
   float amax = vmaxvq_f32(vmaxq_f32(m0, m1));
-  for (; i < k; i++) {
+  for (; i < kx; i++) {
     const float a = fabsf(xr[i]);
     amax = (a > amax || a != a) ? a : amax;
   }
   const float s = amax / 127.0f;
   *scale = s;
   if (s == 0.0f) {
-    memset(qr, 0, (size_t)kpad);
-    if (gs)
-      for (int64_t g = 0; g < ng; g++) gs[g] = 0;
+    memset(qr + k0, 0, (size_t)(k1 - k0));
+    if (gs) *gs = 0;
     return;
   }
   const float32x4_t sv = vdupq_n_f32(s);
   const int8x16_t lo = vdupq_n_s8(-127);
-  for (i = 0; i + 16 <= k; i += 16) {
+  for (i = k0; i + 16 <= kx; i += 16) {
     int32x4_t a = vcvtnq_s32_f32(vdivq_f32(vld1q_f32(xr + i), sv));
     int32x4_t b = vcvtnq_s32_f32(vdivq_f32(vld1q_f32(xr + i + 4), sv));
     int32x4_t c = vcvtnq_s32_f32(vdivq_f32(vld1q_f32(xr + i + 8), sv));
@@ -97,19 +101,17 @@ static void quant_row(const float *xr, int64_t k, int64_t kpad, int64_t gl, int6
     int16x8_t cd = vcombine_s16(vqmovn_s32(c), vqmovn_s32(d));
     vst1q_s8(qr + i, vmaxq_s8(vcombine_s8(vqmovn_s16(ab), vqmovn_s16(cd)), lo));
   }
-  for (; i < k; i++) {
+  for (; i < kx; i++) {
     float v = nearbyintf(xr[i] / s);
     v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
     qr[i] = (int8_t)(v == v ? v : 0.0f);
   }
-  memset(qr + k, 0, (size_t)(kpad - k));
-  if (gs)
-    for (int64_t g = 0; g < ng; g++) {
-      const int64_t k1 = min64((g + 1) * gl, kpad);
-      int32x4_t acc = vdupq_n_s32(0);
-      for (int64_t j = g * gl; j < k1; j += 16) acc = vpadalq_s16(acc, vpaddlq_s8(vld1q_s8(qr + j)));
-      gs[g] = vaddvq_s32(acc);
-    }
+  memset(qr + kx, 0, (size_t)(k1 - kx));
+  if (gs) { /* k1 - k0 is a multiple of 32 */
+    int32x4_t acc = vdupq_n_s32(0);
+    for (int64_t j = k0; j < k1; j += 16) acc = vpadalq_s16(acc, vpaddlq_s8(vld1q_s8(qr + j)));
+    *gs = vaddvq_s32(acc);
+  }
 }
 
 typedef struct {
@@ -118,23 +120,30 @@ typedef struct {
   int8_t *xq;
   int64_t ldq;
   float *scale;
+  int64_t ldsc;
   int32_t *gsum;
   int64_t ldgs;
 } quant_job;
 
 static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
   const quant_job *j = ctx;
-  for (int64_t r = r0; r < r1; r++)
-    quant_row(j->x + r * j->ldx, j->k, j->kpad, j->gl, j->ng, j->xq + r * j->ldq, j->scale + r,
-              j->gsum ? j->gsum + r * j->ldgs : NULL);
+  for (int64_t r = r0; r < r1; r++) {
+    const float *xr = j->x + r * j->ldx;
+    int8_t *qr = j->xq + r * j->ldq;
+    for (int64_t g = 0; g < j->ng; g++) {
+      const int64_t k0 = g * j->gl, k1 = min64(k0 + j->gl, j->kpad);
+      quant_group(xr, k0, min64(k1, j->k), k1, qr, j->scale + r * j->ldsc + g,
+                  j->gsum ? j->gsum + r * j->ldgs + g : NULL);
+    }
+  }
 }
 
 void armllm_neon_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
-                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int32_t *gsum,
-                           int64_t ldgs) {
+                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
+                           int32_t *gsum, int64_t ldgs) {
   const int64_t kpad = armllm_q_kpad(k);
-  quant_job job = {x, k, ldx, kpad, group ? group : kpad, armllm_q_groups(k, group),
-                   xq, ldq, scale, gsum, ldgs};
+  quant_job job = {x, k, ldx, kpad, armllm_q_group_len(group), armllm_q_groups(k, group),
+                   xq, ldq, scale, ldsc, gsum, ldgs};
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 4, 1 + 16384 / kpad), quant_rows, &job);
 }
 
@@ -148,7 +157,7 @@ static wq_geom geom_of(int64_t k, int bits, int64_t group) {
   wq_geom g;
   g.kpad = armllm_q_kpad(k);
   g.nblk = g.kpad / BLK;
-  g.bpg = group ? group / BLK : g.nblk;
+  g.bpg = armllm_q_group_len(group) / BLK;
   g.ng = armllm_q_groups(k, group);
   g.bb = bits == 4 ? 128 : 256;
   g.sb = bits == 4 ? 64 : 32;
@@ -163,6 +172,7 @@ size_t armllm_neon_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t gr
 void armllm_neon_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
                               const float *d, const float *o, void *packed) {
   const wq_geom G = geom_of(k, bits, group);
+  const int64_t ngin = group ? G.ng : 1; /* d, o given per row when channelwise */
   uint8_t *dst = packed;
   for (int64_t p = 0; p < (n + NR - 1) / NR; p++)
     for (int64_t g = 0; g < G.ng; g++) {
@@ -187,8 +197,9 @@ void armllm_neon_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, i
       float s[2 * NR];
       for (int j = 0; j < NR; j++) {
         const int64_t row = p * NR + j;
-        s[j] = row < n ? d[row * G.ng + g] : 0.0f;
-        s[NR + j] = row < n && o ? o[row * G.ng + g] : 0.0f;
+        const int64_t src = row * ngin + (group ? g : 0);
+        s[j] = row < n ? d[src] : 0.0f;
+        s[NR + j] = row < n && o ? o[src] : 0.0f;
       }
       memcpy(dst, s, (size_t)G.sb);
       dst += G.sb;
@@ -204,10 +215,10 @@ typedef struct {
   const int8_t *x[8];
   const uint8_t *w[4];
   int64_t nb, bpg;
-  const float *gsf; /* [group of the K block][8 rows]: gsum as float (4 bits) */
+  const float *gsx; /* [group of the K block][8 rows]: the activation scales sx */
+  const float *gsb; /* [group of the K block][8 rows]: (float)gsum * sx (4 bits) */
   float *y;
   int64_t ldy;
-  const float *sc;   /* [8]: the rows' scales */
   const float *bias; /* this tile's columns, or NULL; used in the last K block */
   int first, last;
 } tile_args;
@@ -217,8 +228,8 @@ typedef struct {
  * reads as the float 1.5 * 2^23 + s exactly, and (float)s is that minus
  * 1.5 * 2^23: one FSUB on either vector pipe instead of SCVTF (two uops on
  * V0 of Neoverse N2/V2). The starting values are loaded from memory (load
- * pipes), not materialized with MOVs. Channelwise sums can be larger: they
- * start at 0 and use SCVTF, once per output. */
+ * pipes), not materialized with MOVs. Channelwise weights are groups of 128
+ * too. (The Armv8.0 SMULL path sums from 0 and uses SCVTF.) */
 #define ACC_BIAS 0x4B400000
 #define ACC_BIAS_F 12582912.0f
 #define B4_ ACC_BIAS, ACC_BIAS, ACC_BIAS, ACC_BIAS
@@ -233,9 +244,10 @@ ALWAYS_INLINE float32x4_t acc_to_f32(const int BIASED, int32x4_t acc) {
 }
 
 /* The ABI's float epilogue of one group for the row-major accumulators
- * acc[r][2p + h] (columns 8p + 4h .. + 3 of row r) onto t in y: t = fma(d,
- * acc, t) (+ fma(o, gsum, t)). ws[p]: the group's d (and o) in panel p's
- * stream. */
+ * acc[r][2p + h] (columns 8p + 4h .. + 3 of row r) onto t in y: a =
+ * (float)acc * sx[r]; t = fma(d, a, t) (+ fma(o, b[r], t), b = (float)gsum *
+ * sx precomputed per row and group: the same rounding). ws[p]: the group's
+ * d (and o) in panel p's stream. */
 ALWAYS_INLINE void group_epilogue(const int MR, const int NP, const int B4, const int BIASED,
                                   int32x4_t acc[8][8], const uint8_t *const *ws,
                                   const tile_args a, int64_t gi) {
@@ -255,8 +267,9 @@ ALWAYS_INLINE void group_epilogue(const int MR, const int NP, const int B4, cons
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * NP; v++) {
       float *ty = a.y + r * a.ldy + 4 * v;
-      float32x4_t t = vfmaq_f32(vld1q_f32(ty), dv[v], acc_to_f32(BIASED, acc[r][v]));
-      if (B4) t = vfmaq_n_f32(t, ov[v], a.gsf[gi * 8 + r]);
+      const float32x4_t av = vmulq_n_f32(acc_to_f32(BIASED, acc[r][v]), a.gsx[gi * 8 + r]);
+      float32x4_t t = vfmaq_f32(vld1q_f32(ty), dv[v], av);
+      if (B4) t = vfmaq_n_f32(t, ov[v], a.gsb[gi * 8 + r]);
       vst1q_f32(ty, t);
     }
 }
@@ -269,16 +282,15 @@ ALWAYS_INLINE void tile_zero(const int MR, const int NP, const tile_args a) {
     for (int v = 0; v < 2 * NP; v++) vst1q_f32(a.y + r * a.ldy + 4 * v, vdupq_n_f32(0.0f));
 }
 
-/* y = t * scale (+ bias) after the last group (last K block) */
+/* y = t + bias after the last group (last K block) */
 ALWAYS_INLINE void tile_final(const int MR, const int NP, const tile_args a) {
+  if (!a.bias) return;
 #pragma GCC unroll 8
   for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * NP; v++) {
       float *ty = a.y + r * a.ldy + 4 * v;
-      float32x4_t t = vmulq_n_f32(vld1q_f32(ty), a.sc[r]);
-      if (a.bias) t = vaddq_f32(t, vld1q_f32(a.bias + 4 * v));
-      vst1q_f32(ty, t);
+      vst1q_f32(ty, vaddq_f32(vld1q_f32(ty), vld1q_f32(a.bias + 4 * v)));
     }
 }
 
@@ -713,7 +725,226 @@ DOT_FN void dot4_block_asm(int32x4_t acc[8][8], const int8_t *const x[8], const 
 
 }
 
-DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int CW, const int G1,
+/* The group epilogue of the 8-row x 1-panel tile in assembly (from
+ * intrinsics GCC 12 moves an accumulator around the block loop): per row r
+ * and half h, a = (acc - 1.5*2^23) * sx[r] (by element), t = fma(d, a, t)
+ * (+ fma(o, b[r], t)) on y; sp: the group's d[8] (then o[8]); sx, gb: the
+ * rows' sx and b = (float)gsum * sx of the group. */
+DOT_FN void dot8_epilogue_asm(int32x4_t acc[8][8], float *y, int64_t ldy, const float *sp,
+                              const float *sx, const float *gb, float32x4_t mg) {
+  float *yp = y;
+  __asm__ volatile(
+      "ldp q2, q3, [%[sp]]\n\t"
+      "ldp q6, q7, [%[sx]]\n\t"
+      "fsub v0.4s, %[c00].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c01].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c10].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c11].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c20].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c21].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c30].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c31].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c40].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c41].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c50].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c51].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c60].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c61].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c70].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c71].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      : [yp] "+r"(yp)
+      : [c00] "w"(acc[0][0]), [c01] "w"(acc[0][1]), [c10] "w"(acc[1][0]), [c11] "w"(acc[1][1]), [c20] "w"(acc[2][0]), [c21] "w"(acc[2][1]), [c30] "w"(acc[3][0]), [c31] "w"(acc[3][1]), [c40] "w"(acc[4][0]), [c41] "w"(acc[4][1]), [c50] "w"(acc[5][0]), [c51] "w"(acc[5][1]), [c60] "w"(acc[6][0]), [c61] "w"(acc[6][1]), [c70] "w"(acc[7][0]), [c71] "w"(acc[7][1]), [ld] "r"(ldy * 4), [sp] "r"(sp), [sx] "r"(sx), [gb] "r"(gb), [mg] "w"(mg)
+      : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "memory");
+}
+
+DOT_FN void dot4_epilogue_asm(int32x4_t acc[8][8], float *y, int64_t ldy, const float *sp,
+                              const float *sx, const float *gb, float32x4_t mg) {
+  float *yp = y;
+  __asm__ volatile(
+      "ldp q2, q3, [%[sp]]\n\t"
+      "ldp q4, q5, [%[sp], #32]\n\t"
+      "ldp q6, q7, [%[sx]]\n\t"
+      "ldp q8, q9, [%[gb]]\n\t"
+      "fsub v0.4s, %[c00].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v8.s[0]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c01].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v8.s[0]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c10].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v8.s[1]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c11].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v8.s[1]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c20].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v8.s[2]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c21].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v8.s[2]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c30].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v8.s[3]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c31].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v6.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v8.s[3]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c40].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v9.s[0]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c41].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[0]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v9.s[0]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c50].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v9.s[1]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c51].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[1]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v9.s[1]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c60].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v9.s[2]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c61].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[2]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v9.s[2]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      "add %[yp], %[yp], %[ld]\n\t"
+      "fsub v0.4s, %[c70].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #0]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v2.4s\n\t"
+      "fmla v1.4s, v4.4s, v9.s[3]\n\t"
+      "str q1, [%[yp], #0]\n\t"
+      "fsub v0.4s, %[c71].4s, %[mg].4s\n\t"
+      "ldr q1, [%[yp], #16]\n\t"
+      "fmul v0.4s, v0.4s, v7.s[3]\n\t"
+      "fmla v1.4s, v0.4s, v3.4s\n\t"
+      "fmla v1.4s, v5.4s, v9.s[3]\n\t"
+      "str q1, [%[yp], #16]\n\t"
+      : [yp] "+r"(yp)
+      : [c00] "w"(acc[0][0]), [c01] "w"(acc[0][1]), [c10] "w"(acc[1][0]), [c11] "w"(acc[1][1]), [c20] "w"(acc[2][0]), [c21] "w"(acc[2][1]), [c30] "w"(acc[3][0]), [c31] "w"(acc[3][1]), [c40] "w"(acc[4][0]), [c41] "w"(acc[4][1]), [c50] "w"(acc[5][0]), [c51] "w"(acc[5][1]), [c60] "w"(acc[6][0]), [c61] "w"(acc[6][1]), [c70] "w"(acc[7][0]), [c71] "w"(acc[7][1]), [ld] "r"(ldy * 4), [sp] "r"(sp), [sx] "r"(sx), [gb] "r"(gb), [mg] "w"(mg)
+      : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "memory");
+}
+
+DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int G1,
                     const tile_args a) {
   const int64_t BB = B4 ? 128 : 256, SB = B4 ? 64 : 32;
   /* 16 accumulators and more live values: x is reloaded for each W operand
@@ -728,6 +959,7 @@ DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int CW, con
   const int64_t bpg = G1 ? 1 : a.bpg; /* G1: group 32, one block per group */
   const int32_t *bias0 = acc_bias;
   __asm__("" : "+r"(bias0)); /* loads, not constants */
+  const float32x4_t mg = vdupq_n_f32(ACC_BIAS_F);
   if (a.first) tile_zero(MR, NP, a);
   for (int64_t g0 = 0, gi = 0; g0 < a.nb; g0 += bpg, gi++) {
     const int64_t gn = min64(bpg, a.nb - g0);
@@ -736,7 +968,7 @@ DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int CW, con
     for (int r = 0; r < MR; r++)
 #pragma GCC unroll 8
       for (int v = 0; v < 2 * NP; v++)
-        acc[r][v] = CW ? vdupq_n_s32(0) : vld1q_s32(bias0 + 4 * (2 * NP * r + v));
+        acc[r][v] = vld1q_s32(bias0 + 4 * (2 * NP * r + v));
     for (int64_t bi = 0; bi < gn; bi++) {
       if (MR == 8 && NP == 1) {
         if (B4) dot4_block_asm(acc, x, w[0], vdupq_n_u8(15));
@@ -754,7 +986,12 @@ DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int CW, con
 #pragma GCC unroll 4
       for (int p = 0; p < NP; p++) w[p] += BB;
     }
-    group_epilogue(MR, NP, B4, !CW, acc, w, a, gi);
+    if (MR == 8 && NP == 1) {
+      const float *sp = (const float *)(const void *)w[0];
+      if (B4) dot4_epilogue_asm(acc, a.y, a.ldy, sp, a.gsx + gi * 8, a.gsb + gi * 8, mg);
+      else dot8_epilogue_asm(acc, a.y, a.ldy, sp, a.gsx + gi * 8, a.gsb + gi * 8, mg);
+    } else
+      group_epilogue(MR, NP, B4, 1, acc, w, a, gi);
 #pragma GCC unroll 4
     for (int p = 0; p < NP; p++) w[p] += SB;
   }
@@ -822,17 +1059,14 @@ ALWAYS_INLINE void mull_tile(const int MR, const int B4, const tile_args a) {
 
 typedef void (*tile_fn)(const tile_args *);
 
-/* dot_<rows>x<panels>_b<bits>[_cw | _g32] */
+/* dot_<rows>x<panels>_b<bits>[_g32] */
 #define DOT_KERNEL(MR, NP, B)                                                             \
   DOT_NOINLINE void dot_##MR##x##NP##_b##B(const tile_args *a) {                          \
-    dot_tile(MR, NP, B == 4, 0, 0, *a);                                                   \
-  }                                                                                       \
-  DOT_NOINLINE void dot_##MR##x##NP##_b##B##_cw(const tile_args *a) {                     \
-    dot_tile(MR, NP, B == 4, 1, 0, *a);                                                   \
+    dot_tile(MR, NP, B == 4, 0, *a);                                                      \
   }
 #define DOT_KERNEL_G1(MR, NP, B)                                                          \
   DOT_NOINLINE void dot_##MR##x##NP##_b##B##_g32(const tile_args *a) {                    \
-    dot_tile(MR, NP, B == 4, 0, 1, *a);                                                   \
+    dot_tile(MR, NP, B == 4, 1, *a);                                                      \
   }
 #define MULL_KERNEL(MR, B)                                                                \
   static __attribute__((noinline)) void mull_##MR##_b##B(const tile_args *a) {            \
@@ -849,14 +1083,14 @@ typedef struct {
   int mr, np; /* rows and panels of the tile */
 } tile_kind;
 
-/* [channelwise][bits 4][dot][M for decode, 0 for prefill] */
+/* [bits 4][dot][M for decode, 0 for prefill] */
 #define MULL_KINDS(B) {{mull_4_b##B, 4, 1}, {mull_1_b##B, 1, 1}, {mull_2_b##B, 2, 1}, \
                        {mull_3_b##B, 3, 1}, {mull_4_b##B, 4, 1}}
-#define DOT_KINDS(B, S) {{dot_8x1_b##B##S, 8, 1}, {dot_1x4_b##B##S, 1, 4}, {dot_2x2_b##B##S, 2, 2}, \
-                         {dot_3x2_b##B##S, 3, 2}, {dot_4x2_b##B##S, 4, 2}}
-static const tile_kind tile_kinds[2][2][2][DECODE_MAX_M + 1] = {
-    {{MULL_KINDS(8), DOT_KINDS(8, )}, {MULL_KINDS(4), DOT_KINDS(4, )}},
-    {{MULL_KINDS(8), DOT_KINDS(8, _cw)}, {MULL_KINDS(4), DOT_KINDS(4, _cw)}},
+#define DOT_KINDS(B) {{dot_8x1_b##B, 8, 1}, {dot_1x4_b##B, 1, 4}, {dot_2x2_b##B, 2, 2}, \
+                      {dot_3x2_b##B, 3, 2}, {dot_4x2_b##B, 4, 2}}
+static const tile_kind tile_kinds[2][2][DECODE_MAX_M + 1] = {
+    {MULL_KINDS(8), DOT_KINDS(8)},
+    {MULL_KINDS(4), DOT_KINDS(4)},
 };
 #undef MULL_KINDS
 #undef DOT_KINDS
@@ -867,6 +1101,7 @@ typedef struct {
   const int8_t *xq;
   int64_t m, ldq;
   const float *scale;
+  int64_t ldsc;
   const int32_t *gsum;
   int64_t ldgs;
   const uint8_t *w;
@@ -885,10 +1120,10 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
   const wq_job *job = ctx;
   const wq_geom *G = &job->G;
   const int MR = job->kind.mr, NP = job->kind.np;
-  float gsf[KC_BLOCKS * 8], sc[8];
+  float gsx[KC_BLOCKS * 8], gsb[KC_BLOCKS * 8];
   tile_args a;
-  a.gsf = gsf;
-  a.sc = sc;
+  a.gsx = gsx;
+  a.gsb = gsb;
   for (int64_t i = i0; i < i1;) {
     const int64_t nc = i / job->n_mt, mt0 = i % job->n_mt;
     const int64_t mt1 = min64(mt0 + (i1 - i), job->n_mt);
@@ -905,9 +1140,11 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
         for (int r = 0; r < MR; r++) {
           const int64_t row = m0 + (r < mv ? r : mv - 1);
           a.x[r] = job->xq + row * job->ldq + b0 * BLK;
-          sc[r] = job->scale[row];
+          const float *sx = job->scale + row * job->ldsc + g0;
+          for (int64_t g = 0; g < gc; g++) gsx[g * 8 + r] = sx[g];
           if (job->b4)
-            for (int64_t g = 0; g < gc; g++) gsf[g * 8 + r] = (float)job->gsum[row * job->ldgs + g0 + g];
+            for (int64_t g = 0; g < gc; g++)
+              gsb[g * 8 + r] = (float)job->gsum[row * job->ldgs + g0 + g] * sx[g];
         }
         for (int64_t p = pa; p < pb; p += NP) {
           const int64_t np = min64(NP, pb - p), n0 = p * NR, nv = min64(NP * NR, job->n - n0);
@@ -939,17 +1176,16 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
 }
 
 void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
-                         const float *scale, const int32_t *gsum, int64_t ldgs,
+                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                          const void *packed_w, int64_t n, int bits, int64_t group,
                          const float *bias, float *y, int64_t ldy) {
   const int dot = armllm_cpu_has(armllm_cpu_detect(), ARMLLM_CPU_ASIMDDP);
   const int b4 = bits == 4;
-  wq_job job = {xq, m, ldq, scale, gsum, ldgs, packed_w, n, (n + NR - 1) / NR,
+  wq_job job = {xq, m, ldq, scale, ldsc, gsum, ldgs, packed_w, n, (n + NR - 1) / NR,
                 geom_of(k, bits, group), b4, bias, y, ldy,
-                tile_kinds[group == 0][b4][dot][m <= DECODE_MAX_M ? m : 0], 0, 0, 0};
+                tile_kinds[b4][dot][m <= DECODE_MAX_M ? m : 0], 0, 0, 0};
   if (dot && group == BLK && m > DECODE_MAX_M) job.kind.fn = b4 ? dot_8x1_b4_g32 : dot_8x1_b8_g32;
-  /* grouped: K blocks of whole groups; channelwise: one block (no int state in y) */
-  job.kcb = group ? KC_BLOCKS : job.G.nblk;
+  job.kcb = KC_BLOCKS; /* K blocks of whole groups */
   armllm_gemm_plan plan;
   if (m <= DECODE_MAX_M) {
     plan = armllm_plan_decode(pool, m, job.G.kpad, job.n_panels, NR, job.kind.np, MIN_CHUNK_MACS);

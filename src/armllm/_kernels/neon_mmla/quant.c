@@ -7,7 +7,8 @@
  * Packed layout "mmla_n8k8" (shared with sve/quant.c): panels of 8 output
  *   rows (the last zero-padded: q = 0, d = o = 0); K padded to kpad (a
  *   multiple of 32) and cut into blocks of 32; a group is group/32 blocks
- *   (channelwise: all; the last group may be shorter). Panel p is one byte
+ *   (channelwise: groups of 128, the row's scale repeated; the last group
+ *   may be shorter). Panel p is one byte
  *   stream: for each group, its blocks, then d[8] (f32, rows 8p..8p+7),
  *   then for 4 bits o[8]. A block holds 16 SMMLA operands v = 4c + s of 16
  *   bytes, chunk c (8 k) and row pair s:
@@ -19,21 +20,21 @@
  *   A panel takes nblk*BB + ng*SB bytes (BB = 256 / 128, SB = 32 / 64).
  *
  * Exactness: group sums are exact int32; the float epilogue is the ABI's
- *   t = fma(d, acc, t) (+ fma(o, gsum, t)) per group, y = t * scale
- *   (+ bias), so every path and thread count gives ref's bits.
+ *   a = (float)acc * sx; t = fma(d, a, t) (+ fma(o, (float)gsum * sx, t))
+ *   per group, y = t (+ bias), so every path and thread count gives ref's
+ *   bits.
  *
  * Loops: x rows are packed per (8-row tile, K block of 1024 k) onto the
- *   stack as SMMLA operands (row pairs x 8 k), with each pair's gsum as
- *   [g0, g0, g1, g1] floats. Prefill tile: 4 row pairs x 1 panel = 16
+ *   stack as SMMLA operands (row pairs x 8 k), with each pair's per-group
+ *   scales as [s0, s0, s1, s1] floats (and gsum * sx likewise). Prefill tile: 4 row pairs x 1 panel = 16
  *   accumulators, 16 SMMLA per 4 x + 4 W operands (4 bits: 2 loads, 4
  *   unpack ops); its 32-k block and its group epilogue are inline assembly
  *   (GCC 12 copies SMMLA accumulators around otherwise), with a variant for
  *   group 32 that drops the block loop. Decode (M <= 4): 1 pair x 4 panels
  *   or 2 pairs x 2 panels. t lives in a stack tile in the accumulators'
  *   2x2-blocked order; between K blocks it is kept in y (row-major,
- *   exact); channelwise weights keep their int32 sums there instead (the
- *   one group spans every K block). Grouped sums start biased so that
- *   int -> float is one FSUB (below).
+ *   exact). Group sums start biased so that int -> float is one FSUB
+ *   (below).
  */
 #include <arm_neon.h>
 
@@ -63,7 +64,7 @@ static wq_geom geom_of(int64_t k, int bits, int64_t group) {
   wq_geom g;
   g.kpad = armllm_q_kpad(k);
   g.nblk = g.kpad / BLK;
-  g.bpg = group ? group / BLK : g.nblk;
+  g.bpg = armllm_q_group_len(group) / BLK;
   g.ng = armllm_q_groups(k, group);
   g.bb = bits == 4 ? 128 : 256;
   g.sb = bits == 4 ? 64 : 32;
@@ -78,6 +79,7 @@ size_t armllm_neon_mmla_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64
 void armllm_neon_mmla_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits,
                                    int64_t group, const float *d, const float *o, void *packed) {
   const wq_geom G = geom_of(k, bits, group);
+  const int64_t ngin = group ? G.ng : 1; /* d, o given per row when channelwise */
   uint8_t *dst = packed;
   for (int64_t p = 0; p < (n + NR - 1) / NR; p++)
     for (int64_t g = 0; g < G.ng; g++) {
@@ -96,8 +98,9 @@ void armllm_neon_mmla_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bi
       float s[2 * NR];
       for (int j = 0; j < NR; j++) {
         const int64_t row = p * NR + j;
-        s[j] = row < n ? d[row * G.ng + g] : 0.0f;
-        s[NR + j] = row < n && o ? o[row * G.ng + g] : 0.0f;
+        const int64_t src = row * ngin + (group ? g : 0);
+        s[j] = row < n ? d[src] : 0.0f;
+        s[NR + j] = row < n && o ? o[src] : 0.0f;
       }
       memcpy(dst, s, (size_t)G.sb);
       dst += G.sb;
@@ -110,10 +113,10 @@ typedef struct {
   const int8_t *ap;  /* x operands of this K block: [block][chunk][pair] 16 bytes */
   const uint8_t *w[4]; /* panels (past the valid ones: the last again) at the K block */
   int64_t nb, bpg;   /* blocks in this K block, blocks per group */
-  const float *gsp;  /* [group of the K block][pair]: gsum as [g0, g0, g1, g1] (4 bits) */
-  float *y;          /* 2*MP rows x 8*NP columns, row-major: t or int sums between K blocks */
+  const float *sxp;  /* [group of the K block][pair]: sx as [s0, s0, s1, s1], then
+                        (float)gsum * sx in the same order (4 bits) */
+  float *y;          /* 2*MP rows x 8*NP columns, row-major: t between K blocks */
   int64_t ldy;
-  const float *sc;   /* [2*MP]: the rows' scales */
   const float *bias; /* this tile's columns or NULL; used in the last K block */
   int first, last;
   float *tb;         /* t in the accumulators' order: [pair][panel*4 + s][4] */
@@ -124,8 +127,8 @@ typedef struct {
  * reads as the float 1.5 * 2^23 + s exactly, and (float)s is that minus
  * 1.5 * 2^23: one FSUB on either vector pipe instead of SCVTF (two uops on
  * V0 of Neoverse N2/V2). The starting values are loaded from memory (load
- * pipes), not materialized with MOVs. Channelwise sums can be larger: they
- * start at 0 and use SCVTF, once per output. */
+ * pipes), not materialized with MOVs. Channelwise weights are groups of 128
+ * too. */
 #define ACC_BIAS 0x4B400000
 #define ACC_BIAS_F 12582912.0f
 #define B4_ ACC_BIAS, ACC_BIAS, ACC_BIAS, ACC_BIAS
@@ -362,90 +365,110 @@ ALWAYS_INLINE void mmla4_block_asm(int32x4_t acc[4][16], const int8_t *ab, const
 
 }
 
-/* The group epilogue of the 8x8 tile (grouped weights: biased sums) in
- * assembly, for the same reason: t[pair][s] = fma(d, acc - 1.5*2^23, t)
- * (+ fma(o, gsum, t)) in tb; sp: the group's d[8] (then o[8]); gs: the
- * pairs' gsum as [g0, g0, g1, g1]; mg: 1.5*2^23 in every lane. */
+/* The group epilogue of the 8x8 tile (biased sums) in assembly, for the
+ * same reason: a = (acc - 1.5*2^23) * sx; t[pair][s] = fma(d, a, t)
+ * (+ fma(o, b, t)) in tb; sp: the group's d[8] (then o[8]); sx: per pair
+ * [sx of rows 2pr, 2pr, 2pr+1, 2pr+1], then b = (float)gsum * sx in the
+ * same order (4 bits); mg: 1.5*2^23 in every lane. */
 ALWAYS_INLINE void mmla8_epilogue_asm(int32x4_t acc[4][16], float *tb, const float *sp,
-                                       float32x4_t mg) {
+                                       const float *sx, float32x4_t mg) {
   __asm__ volatile(
       "ldp q0, q1, [%[sp]]\n\t"
       "dup v2.2d, v0.d[0]\n\t"
       "dup v3.2d, v0.d[1]\n\t"
       "dup v4.2d, v1.d[0]\n\t"
       "dup v5.2d, v1.d[1]\n\t"
+      "ldr q1, [%[sx], #0]\n\t"
       "fsub v0.4s, %[c00].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #0]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
       "str q14, [%[tb], #0]\n\t"
-      "fsub v1.4s, %[c01].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c01].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #16]\n\t"
-      "fmla v14.4s, v1.4s, v3.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v3.4s\n\t"
       "str q14, [%[tb], #16]\n\t"
       "fsub v0.4s, %[c02].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #32]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
       "str q14, [%[tb], #32]\n\t"
-      "fsub v1.4s, %[c03].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c03].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #48]\n\t"
-      "fmla v14.4s, v1.4s, v5.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v5.4s\n\t"
       "str q14, [%[tb], #48]\n\t"
+      "ldr q1, [%[sx], #32]\n\t"
       "fsub v0.4s, %[c10].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #64]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
       "str q14, [%[tb], #64]\n\t"
-      "fsub v1.4s, %[c11].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c11].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #80]\n\t"
-      "fmla v14.4s, v1.4s, v3.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v3.4s\n\t"
       "str q14, [%[tb], #80]\n\t"
       "fsub v0.4s, %[c12].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #96]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
       "str q14, [%[tb], #96]\n\t"
-      "fsub v1.4s, %[c13].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c13].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #112]\n\t"
-      "fmla v14.4s, v1.4s, v5.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v5.4s\n\t"
       "str q14, [%[tb], #112]\n\t"
+      "ldr q1, [%[sx], #64]\n\t"
       "fsub v0.4s, %[c20].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #128]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
       "str q14, [%[tb], #128]\n\t"
-      "fsub v1.4s, %[c21].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c21].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #144]\n\t"
-      "fmla v14.4s, v1.4s, v3.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v3.4s\n\t"
       "str q14, [%[tb], #144]\n\t"
       "fsub v0.4s, %[c22].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #160]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
       "str q14, [%[tb], #160]\n\t"
-      "fsub v1.4s, %[c23].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c23].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #176]\n\t"
-      "fmla v14.4s, v1.4s, v5.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v5.4s\n\t"
       "str q14, [%[tb], #176]\n\t"
+      "ldr q1, [%[sx], #96]\n\t"
       "fsub v0.4s, %[c30].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #192]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
       "str q14, [%[tb], #192]\n\t"
-      "fsub v1.4s, %[c31].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c31].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #208]\n\t"
-      "fmla v14.4s, v1.4s, v3.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v3.4s\n\t"
       "str q14, [%[tb], #208]\n\t"
       "fsub v0.4s, %[c32].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #224]\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
       "str q14, [%[tb], #224]\n\t"
-      "fsub v1.4s, %[c33].4s, %[mg].4s\n\t"
+      "fsub v0.4s, %[c33].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #240]\n\t"
-      "fmla v14.4s, v1.4s, v5.4s\n\t"
+      "fmul v0.4s, v0.4s, v1.4s\n\t"
+      "fmla v14.4s, v0.4s, v5.4s\n\t"
       "str q14, [%[tb], #240]\n\t"
       :
-      : [c00] "w"(acc[0][0]), [c01] "w"(acc[0][1]), [c02] "w"(acc[0][2]), [c03] "w"(acc[0][3]), [c10] "w"(acc[1][0]), [c11] "w"(acc[1][1]), [c12] "w"(acc[1][2]), [c13] "w"(acc[1][3]), [c20] "w"(acc[2][0]), [c21] "w"(acc[2][1]), [c22] "w"(acc[2][2]), [c23] "w"(acc[2][3]), [c30] "w"(acc[3][0]), [c31] "w"(acc[3][1]), [c32] "w"(acc[3][2]), [c33] "w"(acc[3][3]), [tb] "r"(tb), [sp] "r"(sp), [mg] "w"(mg)
+      : [c00] "w"(acc[0][0]), [c01] "w"(acc[0][1]), [c02] "w"(acc[0][2]), [c03] "w"(acc[0][3]), [c10] "w"(acc[1][0]), [c11] "w"(acc[1][1]), [c12] "w"(acc[1][2]), [c13] "w"(acc[1][3]), [c20] "w"(acc[2][0]), [c21] "w"(acc[2][1]), [c22] "w"(acc[2][2]), [c23] "w"(acc[2][3]), [c30] "w"(acc[3][0]), [c31] "w"(acc[3][1]), [c32] "w"(acc[3][2]), [c33] "w"(acc[3][3]), [tb] "r"(tb), [sp] "r"(sp), [mg] "w"(mg), [sx] "r"(sx)
       : "v0", "v1", "v2", "v3", "v4", "v5", "v14", "memory");
-
 }
 
 ALWAYS_INLINE void mmla4_epilogue_asm(int32x4_t acc[4][16], float *tb, const float *sp,
-                                       const float *gs, float32x4_t mg) {
+                                       const float *sx, float32x4_t mg) {
   __asm__ volatile(
       "ldp q0, q1, [%[sp]]\n\t"
       "dup v2.2d, v0.d[0]\n\t"
@@ -457,96 +480,113 @@ ALWAYS_INLINE void mmla4_epilogue_asm(int32x4_t acc[4][16], float *tb, const flo
       "dup v7.2d, v0.d[1]\n\t"
       "dup v8.2d, v1.d[0]\n\t"
       "dup v9.2d, v1.d[1]\n\t"
-      "ldp q10, q11, [%[gs]]\n\t"
-      "ldp q12, q13, [%[gs], #32]\n\t"
+      "ldp q10, q11, [%[sx], #0]\n\t"
       "fsub v0.4s, %[c00].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #0]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
-      "fmla v14.4s, v6.4s, v10.4s\n\t"
+      "fmla v14.4s, v6.4s, v11.4s\n\t"
       "str q14, [%[tb], #0]\n\t"
       "fsub v1.4s, %[c01].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #16]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v3.4s\n\t"
-      "fmla v14.4s, v7.4s, v10.4s\n\t"
+      "fmla v14.4s, v7.4s, v11.4s\n\t"
       "str q14, [%[tb], #16]\n\t"
       "fsub v0.4s, %[c02].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #32]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
-      "fmla v14.4s, v8.4s, v10.4s\n\t"
+      "fmla v14.4s, v8.4s, v11.4s\n\t"
       "str q14, [%[tb], #32]\n\t"
       "fsub v1.4s, %[c03].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #48]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v5.4s\n\t"
-      "fmla v14.4s, v9.4s, v10.4s\n\t"
+      "fmla v14.4s, v9.4s, v11.4s\n\t"
       "str q14, [%[tb], #48]\n\t"
+      "ldp q10, q11, [%[sx], #32]\n\t"
       "fsub v0.4s, %[c10].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #64]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
       "fmla v14.4s, v6.4s, v11.4s\n\t"
       "str q14, [%[tb], #64]\n\t"
       "fsub v1.4s, %[c11].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #80]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v3.4s\n\t"
       "fmla v14.4s, v7.4s, v11.4s\n\t"
       "str q14, [%[tb], #80]\n\t"
       "fsub v0.4s, %[c12].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #96]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
       "fmla v14.4s, v8.4s, v11.4s\n\t"
       "str q14, [%[tb], #96]\n\t"
       "fsub v1.4s, %[c13].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #112]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v5.4s\n\t"
       "fmla v14.4s, v9.4s, v11.4s\n\t"
       "str q14, [%[tb], #112]\n\t"
+      "ldp q10, q11, [%[sx], #64]\n\t"
       "fsub v0.4s, %[c20].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #128]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
-      "fmla v14.4s, v6.4s, v12.4s\n\t"
+      "fmla v14.4s, v6.4s, v11.4s\n\t"
       "str q14, [%[tb], #128]\n\t"
       "fsub v1.4s, %[c21].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #144]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v3.4s\n\t"
-      "fmla v14.4s, v7.4s, v12.4s\n\t"
+      "fmla v14.4s, v7.4s, v11.4s\n\t"
       "str q14, [%[tb], #144]\n\t"
       "fsub v0.4s, %[c22].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #160]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
-      "fmla v14.4s, v8.4s, v12.4s\n\t"
+      "fmla v14.4s, v8.4s, v11.4s\n\t"
       "str q14, [%[tb], #160]\n\t"
       "fsub v1.4s, %[c23].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #176]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v5.4s\n\t"
-      "fmla v14.4s, v9.4s, v12.4s\n\t"
+      "fmla v14.4s, v9.4s, v11.4s\n\t"
       "str q14, [%[tb], #176]\n\t"
+      "ldp q10, q11, [%[sx], #96]\n\t"
       "fsub v0.4s, %[c30].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #192]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v2.4s\n\t"
-      "fmla v14.4s, v6.4s, v13.4s\n\t"
+      "fmla v14.4s, v6.4s, v11.4s\n\t"
       "str q14, [%[tb], #192]\n\t"
       "fsub v1.4s, %[c31].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #208]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v3.4s\n\t"
-      "fmla v14.4s, v7.4s, v13.4s\n\t"
+      "fmla v14.4s, v7.4s, v11.4s\n\t"
       "str q14, [%[tb], #208]\n\t"
       "fsub v0.4s, %[c32].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #224]\n\t"
+      "fmul v0.4s, v0.4s, v10.4s\n\t"
       "fmla v14.4s, v0.4s, v4.4s\n\t"
-      "fmla v14.4s, v8.4s, v13.4s\n\t"
+      "fmla v14.4s, v8.4s, v11.4s\n\t"
       "str q14, [%[tb], #224]\n\t"
       "fsub v1.4s, %[c33].4s, %[mg].4s\n\t"
       "ldr q14, [%[tb], #240]\n\t"
+      "fmul v1.4s, v1.4s, v10.4s\n\t"
       "fmla v14.4s, v1.4s, v5.4s\n\t"
-      "fmla v14.4s, v9.4s, v13.4s\n\t"
+      "fmla v14.4s, v9.4s, v11.4s\n\t"
       "str q14, [%[tb], #240]\n\t"
       :
-      : [c00] "w"(acc[0][0]), [c01] "w"(acc[0][1]), [c02] "w"(acc[0][2]), [c03] "w"(acc[0][3]), [c10] "w"(acc[1][0]), [c11] "w"(acc[1][1]), [c12] "w"(acc[1][2]), [c13] "w"(acc[1][3]), [c20] "w"(acc[2][0]), [c21] "w"(acc[2][1]), [c22] "w"(acc[2][2]), [c23] "w"(acc[2][3]), [c30] "w"(acc[3][0]), [c31] "w"(acc[3][1]), [c32] "w"(acc[3][2]), [c33] "w"(acc[3][3]), [tb] "r"(tb), [sp] "r"(sp), [mg] "w"(mg), [gs] "r"(gs)
-      : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v12", "v13", "v14", "memory");
-
+      : [c00] "w"(acc[0][0]), [c01] "w"(acc[0][1]), [c02] "w"(acc[0][2]), [c03] "w"(acc[0][3]), [c10] "w"(acc[1][0]), [c11] "w"(acc[1][1]), [c12] "w"(acc[1][2]), [c13] "w"(acc[1][3]), [c20] "w"(acc[2][0]), [c21] "w"(acc[2][1]), [c22] "w"(acc[2][2]), [c23] "w"(acc[2][3]), [c30] "w"(acc[3][0]), [c31] "w"(acc[3][1]), [c32] "w"(acc[3][2]), [c33] "w"(acc[3][3]), [tb] "r"(tb), [sp] "r"(sp), [mg] "w"(mg), [sx] "r"(sx)
+      : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "v10", "v11", "v14", "memory");
 }
 
-ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int CW,
-                             const int G1, const mtile_args a) {
+ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int G1,
+                             const mtile_args a) {
   const int64_t BB = B4 ? 128 : 256, SB = B4 ? 64 : 32;
   const int8_t *const ap = a.ap;
   const int64_t nb = a.nb, bpg = G1 ? 1 : a.bpg; /* G1: group 32 */
@@ -556,13 +596,9 @@ ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int
   const int32_t *bias0 = acc_bias;
   __asm__("" : "+r"(bias0)); /* loads, not constants */
   int32x4_t acc[4][16];
-#pragma GCC unroll 4
-  for (int pr = 0; pr < MP; pr++)
-#pragma GCC unroll 16
-    for (int v = 0; v < 4 * NP; v++) acc[pr][v] = vdupq_n_s32(0);
   /* t starts at +0 (ABI); or the state of earlier K blocks, from row-major
    * y to the blocked order */
-  if (a.first || CW)
+  if (a.first)
 #pragma GCC unroll 16
     for (int i = 0; i < 16 * NP * MP; i += 4) vst1q_f32(a.tb + i, vdupq_n_f32(0.0f));
   if (!a.first)
@@ -576,21 +612,15 @@ ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int
       const float64x2_t r1 = vreinterpretq_f64_f32(vld1q_f32(y1));
       const float32x4_t b0 = vreinterpretq_f32_f64(vtrn1q_f64(r0, r1));
       const float32x4_t b1 = vreinterpretq_f32_f64(vtrn2q_f64(r0, r1));
-      if (CW) {
-        acc[pr][i] = vreinterpretq_s32_f32(b0);
-        acc[pr][i + 1] = vreinterpretq_s32_f32(b1);
-      } else {
-        vst1q_f32(a.tb + (pr * 4 * NP + i) * 4, b0);
-        vst1q_f32(a.tb + (pr * 4 * NP + i + 1) * 4, b1);
-      }
+      vst1q_f32(a.tb + (pr * 4 * NP + i) * 4, b0);
+      vst1q_f32(a.tb + (pr * 4 * NP + i + 1) * 4, b1);
     }
   for (int64_t g0 = 0, gi = 0; g0 < nb; g0 += bpg, gi++) {
     const int64_t gn = min64(bpg, nb - g0);
-    if (!CW)
 #pragma GCC unroll 4
-      for (int pr = 0; pr < MP; pr++)
+    for (int pr = 0; pr < MP; pr++)
 #pragma GCC unroll 16
-        for (int v = 0; v < 4 * NP; v++) acc[pr][v] = vld1q_s32(bias0 + 4 * (4 * NP * pr + v));
+      for (int v = 0; v < 4 * NP; v++) acc[pr][v] = vld1q_s32(bias0 + 4 * (4 * NP * pr + v));
     for (int64_t bi = 0; bi < gn; bi++) {
       const int8_t *ab = ap + (g0 + bi) * 4 * MP * 16;
       if (MP == 4 && NP == 1) {
@@ -649,12 +679,12 @@ ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int
 #pragma GCC unroll 4
       for (int p = 0; p < NP; p++) w[p] += BB;
     }
-    if (CW && !a.last) break; /* the group goes on in the next K block */
     /* the group's epilogue, in the blocked order: lanes [r0 c0, r0 c1, r1 c0, r1 c1] */
-    if (MP == 4 && NP == 1 && !CW) {
+    const float *sxg = a.sxp + gi * MP * 8;
+    if (MP == 4 && NP == 1) {
       const float *sp = (const float *)(const void *)w[0];
-      if (B4) mmla4_epilogue_asm(acc, a.tb, sp, a.gsp + gi * 16, vdupq_n_f32(ACC_BIAS_F));
-      else mmla8_epilogue_asm(acc, a.tb, sp, vdupq_n_f32(ACC_BIAS_F));
+      if (B4) mmla4_epilogue_asm(acc, a.tb, sp, sxg, vdupq_n_f32(ACC_BIAS_F));
+      else mmla8_epilogue_asm(acc, a.tb, sp, sxg, vdupq_n_f32(ACC_BIAS_F));
       w[0] += SB;
       continue;
     }
@@ -675,41 +705,31 @@ ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int
         for (int pr = 0; pr < MP; pr++) {
           float *tp = a.tb + (pr * 4 * NP + 4 * p + s) * 4;
           const float32x4_t f =
-              CW ? vcvtq_f32_s32(acc[pr][4 * p + s])
-                 : vsubq_f32(vreinterpretq_f32_s32(acc[pr][4 * p + s]), vdupq_n_f32(ACC_BIAS_F));
-          float32x4_t t = vfmaq_f32(vld1q_f32(tp), dv, f);
-          if (B4) t = vfmaq_f32(t, ov, vld1q_f32(a.gsp + (gi * MP + pr) * 4));
+              vsubq_f32(vreinterpretq_f32_s32(acc[pr][4 * p + s]), vdupq_n_f32(ACC_BIAS_F));
+          const float32x4_t av = vmulq_f32(f, vld1q_f32(sxg + pr * 8));
+          float32x4_t t = vfmaq_f32(vld1q_f32(tp), dv, av);
+          if (B4) t = vfmaq_f32(t, ov, vld1q_f32(sxg + pr * 8 + 4));
           vst1q_f32(tp, t);
         }
       }
       w[p] += SB;
     }
   }
-  /* to row-major y: int sums (channelwise, not the last K block) or t */
+  /* t to row-major y (+ bias after the last K block) */
 #pragma GCC unroll 4
   for (int pr = 0; pr < MP; pr++)
 #pragma GCC unroll 8
     for (int v = 0; v < 2 * NP; v++) {
       float *y0 = a.y + 2 * pr * a.ldy + 4 * v, *y1 = y0 + a.ldy;
       const int i = 4 * (v / 2) + 2 * (v % 2);
-      float64x2_t b0, b1;
-      if (CW && !a.last) {
-        b0 = vreinterpretq_f64_s32(acc[pr][i]);
-        b1 = vreinterpretq_f64_s32(acc[pr][i + 1]);
-      } else {
-        b0 = vreinterpretq_f64_f32(vld1q_f32(a.tb + (pr * 4 * NP + i) * 4));
-        b1 = vreinterpretq_f64_f32(vld1q_f32(a.tb + (pr * 4 * NP + i + 1) * 4));
-      }
+      const float64x2_t b0 = vreinterpretq_f64_f32(vld1q_f32(a.tb + (pr * 4 * NP + i) * 4));
+      const float64x2_t b1 = vreinterpretq_f64_f32(vld1q_f32(a.tb + (pr * 4 * NP + i + 1) * 4));
       float32x4_t r0 = vreinterpretq_f32_f64(vtrn1q_f64(b0, b1));
       float32x4_t r1 = vreinterpretq_f32_f64(vtrn2q_f64(b0, b1));
-      if (a.last) {
-        r0 = vmulq_n_f32(r0, a.sc[2 * pr]);
-        r1 = vmulq_n_f32(r1, a.sc[2 * pr + 1]);
-        if (a.bias) {
-          const float32x4_t bv = vld1q_f32(a.bias + 4 * v);
-          r0 = vaddq_f32(r0, bv);
-          r1 = vaddq_f32(r1, bv);
-        }
+      if (a.last && a.bias) {
+        const float32x4_t bv = vld1q_f32(a.bias + 4 * v);
+        r0 = vaddq_f32(r0, bv);
+        r1 = vaddq_f32(r1, bv);
       }
       vst1q_f32(y0, r0);
       vst1q_f32(y1, r1);
@@ -718,30 +738,26 @@ ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int
 
 typedef void (*mtile_fn)(const mtile_args *);
 
-/* mmla_<pairs>x<panels>_b<bits>[_cw] */
-#define MMLA_KERNEL(MP, NP, B, CW, SUFFIX)                                                \
-  static __attribute__((noinline)) void mmla_##MP##x##NP##_b##B##SUFFIX(const mtile_args *a) { \
-    mmla_tile(MP, NP, B == 4, CW, 0, *a);                                                  \
+/* mmla_<pairs>x<panels>_b<bits>[_g32] */
+#define MMLA_KERNEL(MP, NP, B)                                                            \
+  static __attribute__((noinline)) void mmla_##MP##x##NP##_b##B(const mtile_args *a) {   \
+    mmla_tile(MP, NP, B == 4, 0, *a);                                                     \
   }
-#define MMLA_KERNELS(MP, NP) \
-  MMLA_KERNEL(MP, NP, 8, 0, ) MMLA_KERNEL(MP, NP, 4, 0, ) MMLA_KERNEL(MP, NP, 8, 1, _cw) MMLA_KERNEL(MP, NP, 4, 1, _cw)
+#define MMLA_KERNELS(MP, NP) MMLA_KERNEL(MP, NP, 8) MMLA_KERNEL(MP, NP, 4)
 MMLA_KERNELS(4, 1) MMLA_KERNELS(1, 4) MMLA_KERNELS(2, 2)
-static __attribute__((noinline)) void mmla_4x1_b8_g32(const mtile_args *a) { mmla_tile(4, 1, 0, 0, 1, *a); }
-static __attribute__((noinline)) void mmla_4x1_b4_g32(const mtile_args *a) { mmla_tile(4, 1, 1, 0, 1, *a); }
+static __attribute__((noinline)) void mmla_4x1_b8_g32(const mtile_args *a) { mmla_tile(4, 1, 0, 1, *a); }
+static __attribute__((noinline)) void mmla_4x1_b4_g32(const mtile_args *a) { mmla_tile(4, 1, 1, 1, *a); }
 
 typedef struct {
   mtile_fn fn;
   int mp, np; /* row pairs and panels of the tile */
 } mtile_kind;
 
-/* [channelwise][bits 4][M for decode, 0 for prefill] */
-#define KINDS(B, S)                                                                  \
-  {{mmla_4x1_b##B##S, 4, 1}, {mmla_1x4_b##B##S, 1, 4}, {mmla_1x4_b##B##S, 1, 4},   \
-   {mmla_2x2_b##B##S, 2, 2}, {mmla_2x2_b##B##S, 2, 2}}
-static const mtile_kind mtile_kinds[2][2][DECODE_MAX_M + 1] = {
-    {KINDS(8, ), KINDS(4, )},
-    {KINDS(8, _cw), KINDS(4, _cw)},
-};
+/* [bits 4][M for decode, 0 for prefill] */
+#define KINDS(B)                                                               \
+  {{mmla_4x1_b##B, 4, 1}, {mmla_1x4_b##B, 1, 4}, {mmla_1x4_b##B, 1, 4},       \
+   {mmla_2x2_b##B, 2, 2}, {mmla_2x2_b##B, 2, 2}}
+static const mtile_kind mtile_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 #undef KINDS
 
 /* ------------------------------------------------------------- driver */
@@ -750,22 +766,23 @@ static const int8_t zero_row[KC_BLOCKS * BLK];
 
 /* x rows m0 .. m0 + 2*MP of blocks [b0, b0 + nb) as SMMLA operands
  * ap[((b*4 + c)*MP + pr)*16 + 8h + i] = x[m0 + 2pr + h, 32(b0 + b) + 8c + i]
- * (rows past M: zero), with gsum of groups [g0, g0 + gc) per pair, the
- * rows' scales. */
-static void pack_rows(const int8_t *xq, int64_t ldq, const float *scale, const int32_t *gsum,
-                      int64_t ldgs, int64_t m, int64_t m0, int MP, int64_t b0, int64_t nb,
-                      int64_t g0, int64_t gc, int8_t *ap, float *gsp, float *sc) {
+ * (rows past M: zero), with the scales sx of groups [g0, g0 + gc) per pair
+ * as sxp[(g*MP + pr)*8 + 2h + e] and for 4 bits b = (float)gsum * sx at
+ * sxp[(g*MP + pr)*8 + 4 + 2h + e] (e = 0, 1). */
+static void pack_rows(const int8_t *xq, int64_t ldq, const float *scale, int64_t ldsc,
+                      const int32_t *gsum, int64_t ldgs, int64_t m, int64_t m0, int MP,
+                      int64_t b0, int64_t nb, int64_t g0, int64_t gc, int8_t *ap, float *sxp) {
   for (int pr = 0; pr < MP; pr++) {
     const int8_t *r[2];
     for (int h = 0; h < 2; h++) {
       const int64_t row = m0 + 2 * pr + h;
       r[h] = row < m ? xq + row * ldq + b0 * BLK : zero_row;
-      sc[2 * pr + h] = row < m ? scale[row] : 0.0f;
-      if (gsum)
-        for (int64_t g = 0; g < gc; g++) {
-          const float v = row < m ? (float)gsum[row * ldgs + g0 + g] : 0.0f;
-          gsp[(g * MP + pr) * 4 + 2 * h] = gsp[(g * MP + pr) * 4 + 2 * h + 1] = v;
-        }
+      for (int64_t g = 0; g < gc; g++) {
+        float *e = sxp + (g * MP + pr) * 8 + 2 * h;
+        const float sx = row < m ? scale[row * ldsc + g0 + g] : 0.0f;
+        e[0] = e[1] = sx;
+        if (gsum) e[4] = e[5] = row < m ? (float)gsum[row * ldgs + g0 + g] * sx : 0.0f;
+      }
     }
     for (int64_t b = 0; b < nb; b++)
       for (int half = 0; half < 2; half++) {
@@ -781,6 +798,7 @@ typedef struct {
   const int8_t *xq;
   int64_t m, ldq;
   const float *scale;
+  int64_t ldsc;
   const int32_t *gsum;
   int64_t ldgs;
   const uint8_t *w;
@@ -798,12 +816,11 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
   const wq_geom *G = &job->G;
   const int MP = job->kind.mp, NP = job->kind.np;
   int8_t ap[KC_BLOCKS * BLK * 8] __attribute__((aligned(64)));
-  float gsp[KC_BLOCKS * 4 * 4] __attribute__((aligned(16)));
-  float sc[8], tb[64] __attribute__((aligned(16)));
+  float sxp[KC_BLOCKS * 4 * 8] __attribute__((aligned(16)));
+  float tb[64] __attribute__((aligned(16)));
   mtile_args a;
   a.ap = ap;
-  a.gsp = gsp;
-  a.sc = sc;
+  a.sxp = sxp;
   a.tb = tb;
   a.bpg = G->bpg;
   for (int64_t i = i0; i < i1;) {
@@ -818,8 +835,8 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
       const int64_t gc = (a.nb + G->bpg - 1) / G->bpg;
       for (int64_t mt = mt0; mt < mt1; mt++) {
         const int64_t m0 = mt * 2 * MP, mv = min64(2 * MP, job->m - m0);
-        pack_rows(job->xq, job->ldq, job->scale, job->gsum, job->ldgs, job->m, m0, MP, b0, a.nb,
-                  g0, gc, ap, gsp, sc);
+        pack_rows(job->xq, job->ldq, job->scale, job->ldsc, job->gsum, job->ldgs, job->m, m0, MP,
+                  b0, a.nb, g0, gc, ap, sxp);
         for (int64_t p = pa; p < pb; p += NP) {
           const int64_t np = min64(NP, pb - p), n0 = p * NR, nv = min64(NP * NR, job->n - n0);
           for (int q = 0; q < NP; q++)
@@ -850,13 +867,13 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
 }
 
 void armllm_neon_mmla_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
-                              int64_t ldq, const float *scale, const int32_t *gsum, int64_t ldgs,
-                              const void *packed_w, int64_t n, int bits, int64_t group,
-                              const float *bias, float *y, int64_t ldy) {
+                              int64_t ldq, const float *scale, int64_t ldsc,
+                              const int32_t *gsum, int64_t ldgs, const void *packed_w, int64_t n,
+                              int bits, int64_t group, const float *bias, float *y, int64_t ldy) {
   const int b4 = bits == 4;
-  wq_job job = {xq, m, ldq, scale, b4 ? gsum : NULL, ldgs, packed_w, n, (n + NR - 1) / NR,
+  wq_job job = {xq, m, ldq, scale, ldsc, b4 ? gsum : NULL, ldgs, packed_w, n, (n + NR - 1) / NR,
                 geom_of(k, bits, group), bias, y, ldy,
-                mtile_kinds[group == 0][b4][m <= DECODE_MAX_M ? m : 0], 0, 0};
+                mtile_kinds[b4][m <= DECODE_MAX_M ? m : 0], 0, 0};
   if (group == BLK && m > DECODE_MAX_M) job.kind.fn = b4 ? mmla_4x1_b4_g32 : mmla_4x1_b8_g32;
   const int64_t mr = 2 * job.kind.mp;
   armllm_gemm_plan plan;

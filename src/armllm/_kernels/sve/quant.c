@@ -16,9 +16,10 @@
  * prefill 4 pairs x 4 vectors (16 accumulators; 1, 2, 4 panels at 128,
  * 256, 512 bits); decode 1 or 2 pairs x 8 vectors. Everything else is as
  * in neon_mmla/quant.c: x packed per (tile rows, K block) onto the stack,
- * the ABI's float epilogue per group into a stack tile in the blocked
- * order (grouped sums start biased so that int -> float is one FSUB),
- * t (or a channelwise group's int32 sums) kept in y between K blocks, a
+ * the ABI's float epilogue per group (a = (float)acc * sx; t = fma(d, a, t)
+ * (+ fma(o, (float)gsum * sx, t))) into a stack tile in the blocked order
+ * (sums start biased so that int -> float is one FSUB; channelwise
+ * weights are groups of 128), t kept in y between K blocks, a
  * group-32 variant of the prefill tile without the block loop; results are
  * ref's bits at every vector length, path and thread count.
  */
@@ -47,7 +48,7 @@ static wq_geom geom_of(int64_t k, int bits, int64_t group) {
   wq_geom g;
   g.kpad = armllm_q_kpad(k);
   g.nblk = g.kpad / BLK;
-  g.bpg = group ? group / BLK : g.nblk;
+  g.bpg = armllm_q_group_len(group) / BLK;
   g.ng = armllm_q_groups(k, group);
   g.bb = bits == 4 ? 128 : 256;
   g.sb = bits == 4 ? 64 : 32;
@@ -63,8 +64,8 @@ static inline int64_t segments(void) {
 
 /* ------------------------------------------------------ micro-kernels */
 
-/* Group sums of grouped weights start at the bits of 1.5 * 2^23: (float)s
- * is then one FSUB (see neon_mmla/quant.c); channelwise sums use SCVTF. */
+/* Group sums start at the bits of 1.5 * 2^23: (float)s is then one FSUB
+ * (see neon_mmla/quant.c); channelwise weights are groups of 128 too. */
 #define ACC_BIAS 0x4B400000
 #define ACC_BIAS_F 12582912.0f
 #define B4_ ACC_BIAS, ACC_BIAS, ACC_BIAS, ACC_BIAS
@@ -77,10 +78,10 @@ typedef struct {
   const int8_t *ap;    /* x operands of this K block: [block][chunk][pair] 16 bytes */
   const uint8_t *w[8]; /* the tile's panels at the K block (past the valid ones: the last again) */
   int64_t nb, bpg;     /* blocks in this K block, blocks per group */
-  const float *gsp;    /* [group of the K block][pair]: gsum as [g0, g0, g1, g1] (4 bits) */
+  const float *sxp;    /* [group of the K block][pair]: sx as [s0, s0, s1, s1], then
+                          (float)gsum * sx in the same order (4 bits) */
   float *y;            /* 2*MP rows x 2*S*NBV columns, row-major */
   int64_t ldy;
-  const float *sc;     /* [2*MP]: the rows' scales */
   const float *bias;   /* the tile's columns or NULL; used in the last K block */
   int first, last;
   float *tb;           /* t in the accumulators' order: [pair][vector][16] */
@@ -94,7 +95,7 @@ typedef struct {
 #define HAS(p, v) ((p) < MP && (v) < NBV)
 
 #define DECL_ACC(p, v) svint32_t a##p##v = svdup_n_s32(0);
-/* grouped weights: sums start at the bits of 1.5 * 2^23 (see neon_mmla/quant.c) */
+/* sums start at the bits of 1.5 * 2^23 (see neon_mmla/quant.c) */
 #define ZERO_ACC(p, v) if (HAS(p, v)) a##p##v = svld1rq_s32(pt32, bias0 + 4 * (4 * (p) + ((v) & 3)));
 /* B vector v: panel v / VPP, row pairs (v % VPP) * S .. + S - 1 */
 #define DECL_BP(v)                                                              \
@@ -113,8 +114,7 @@ typedef struct {
     const svfloat64_t r0 = svreinterpret_f64_f32(svld1_f32(p2, y0));                      \
     const svfloat64_t r1 = svreinterpret_f64_f32(svld1_f32(p2, y0 + a.ldy));              \
     const svfloat32_t b = svreinterpret_f32_f64(svzip1_f64(r0, r1));                      \
-    if (CW) a##p##v = svreinterpret_s32_f32(b);                                           \
-    else svst1_f32(p4, a.tb + ((p) * NBV + (v)) * 16, b);                                 \
+    svst1_f32(p4, a.tb + ((p) * NBV + (v)) * 16, b);                                      \
   }
 
 #define LOAD_A(p) svint8_t ax##p = svdup_n_s8(0), ah##p = ax##p;
@@ -162,36 +162,38 @@ typedef struct {
 #define EPI(p, v)                                                                          \
   if (HAS(p, v)) {                                                                         \
     float *tp = a.tb + ((p) * NBV + (v)) * 16;                                             \
-    const svfloat32_t f = CW ? svcvt_f32_s32_x(pt32, a##p##v)                               \
-                             : svsub_f32_x(pt32, svreinterpret_f32_s32(a##p##v), mg);       \
-    svfloat32_t t = svmla_f32_x(pt32, svld1_f32(p4, tp), dv##v, f);                        \
-    if (B4) t = svmla_f32_x(pt32, t, ov##v, svld1rq_f32(pt32, a.gsp + (gi * MP + (p)) * 4));  \
+    const svfloat32_t f = svsub_f32_x(pt32, svreinterpret_f32_s32(a##p##v), mg);           \
+    const svfloat32_t av = svmul_f32_x(pt32, f, sx##p);                                    \
+    svfloat32_t t = svmla_f32_x(pt32, svld1_f32(p4, tp), dv##v, av);                       \
+    if (B4) t = svmla_f32_x(pt32, t, ov##v, gb##p);                                        \
     svst1_f32(p4, tp, t);                                                                  \
   }
 #define STEP_SB(v) if ((v) < NBV) bp##v += SB;
+/* pair p's sx (and b = (float)gsum * sx) of group gi, replicated per segment */
+#define PAIR_SX(p)                                                                         \
+  svfloat32_t sx##p = svdup_n_f32(0.0f), gb##p = sx##p;                                    \
+  if ((p) < MP) {                                                                          \
+    sx##p = svld1rq_f32(pt32, a.sxp + (gi * MP + (p)) * 8);                                \
+    if (B4) gb##p = svld1rq_f32(pt32, a.sxp + (gi * MP + (p)) * 8 + 4);                    \
+  }
 
-/* blocked -> row-major y: int sums (channelwise, not the last K block) or t */
+/* blocked -> row-major y (+ bias after the last K block) */
 #define STORE(p, v)                                                                        \
   if (HAS(p, v)) {                                                                         \
     float *y0 = a.y + 2 * (p) * a.ldy + 2 * S * (v);                                       \
-    const svfloat64_t b = CW && !a.last ? svreinterpret_f64_s32(a##p##v)                   \
-                                         : svreinterpret_f64_f32(svld1_f32(p4, a.tb + ((p) * NBV + (v)) * 16));  \
+    const svfloat64_t b = svreinterpret_f64_f32(svld1_f32(p4, a.tb + ((p) * NBV + (v)) * 16)); \
     svfloat32_t r0 = svreinterpret_f32_f64(svuzp1_f64(b, b));                              \
     svfloat32_t r1 = svreinterpret_f32_f64(svuzp2_f64(b, b));                              \
-    if (a.last) {                                                                          \
-      r0 = svmul_n_f32_x(pt32, r0, a.sc[2 * (p)]);                                         \
-      r1 = svmul_n_f32_x(pt32, r1, a.sc[2 * (p) + 1]);                                     \
-      if (a.bias) {                                                                        \
-        const svfloat32_t bv = svld1_f32(p2, a.bias + 2 * S * (v));                        \
-        r0 = svadd_f32_x(pt32, r0, bv);                                                    \
-        r1 = svadd_f32_x(pt32, r1, bv);                                                    \
-      }                                                                                    \
+    if (a.last && a.bias) {                                                                \
+      const svfloat32_t bv = svld1_f32(p2, a.bias + 2 * S * (v));                          \
+      r0 = svadd_f32_x(pt32, r0, bv);                                                      \
+      r1 = svadd_f32_x(pt32, r1, bv);                                                      \
     }                                                                                      \
     svst1_f32(p2, y0, r0);                                                                 \
     svst1_f32(p2, y0 + a.ldy, r1);                                                         \
   }
 
-AI void sve_tile(const int MP, const int NBV, const int B4, const int CW, const int G1,
+AI void sve_tile(const int MP, const int NBV, const int B4, const int G1,
                  const stile_args a) {
   const int64_t BB = B4 ? 128 : 256, SB = B4 ? 64 : 32;
   const int64_t S = segments(), vpp = 4 / S;
@@ -209,12 +211,12 @@ AI void sve_tile(const int MP, const int NBV, const int B4, const int CW, const 
   ALL_PV(DECL_ACC)
   ALL_V(DECL_BP)
   /* t starts at +0 (ABI), or the state of earlier K blocks */
-  if (a.first || CW)
+  if (a.first)
     for (int i = 0; i < MP * NBV; i++) svst1_f32(p4, a.tb + 16 * i, svdup_n_f32(0.0f));
   if (!a.first) { ALL_PV(LOAD_STATE) }
   for (int64_t g0 = 0, gi = 0; g0 < nb; g0 += bpg, gi++) {
     const int64_t gn = min64(bpg, nb - g0);
-    if (!CW) { ALL_PV(ZERO_ACC) }
+    ALL_PV(ZERO_ACC)
     for (int64_t bi = 0; bi < gn; bi++) {
       const int8_t *ab = ap + (g0 + bi) * 4 * MP * 16;
       ALL_P(LOAD_A)
@@ -233,8 +235,8 @@ AI void sve_tile(const int MP, const int NBV, const int B4, const int CW, const 
       }
       ALL_V(STEP_BP)
     }
-    if (CW && !a.last) break; /* the group goes on in the next K block */
     ALL_V(SCALES)
+    ALL_P(PAIR_SX)
     ALL_PV(EPI)
     ALL_V(STEP_SB)
   }
@@ -243,29 +245,25 @@ AI void sve_tile(const int MP, const int NBV, const int B4, const int CW, const 
 
 typedef void (*stile_fn)(const stile_args *);
 
-#define SVE_KERNEL(MP, NBV, B, CW, SUFFIX)                                                  \
-  static __attribute__((noinline)) void sve_##MP##x##NBV##_b##B##SUFFIX(const stile_args *a) { \
-    sve_tile(MP, NBV, B == 4, CW, 0, *a);                                                     \
+#define SVE_KERNEL(MP, NBV, B)                                                             \
+  static __attribute__((noinline)) void sve_##MP##x##NBV##_b##B(const stile_args *a) {     \
+    sve_tile(MP, NBV, B == 4, 0, *a);                                                       \
   }
-#define SVE_KERNELS(MP, NBV) \
-  SVE_KERNEL(MP, NBV, 8, 0, ) SVE_KERNEL(MP, NBV, 4, 0, ) SVE_KERNEL(MP, NBV, 8, 1, _cw) SVE_KERNEL(MP, NBV, 4, 1, _cw)
+#define SVE_KERNELS(MP, NBV) SVE_KERNEL(MP, NBV, 8) SVE_KERNEL(MP, NBV, 4)
 SVE_KERNELS(4, 4) SVE_KERNELS(1, 8) SVE_KERNELS(2, 8)
-static __attribute__((noinline)) void sve_4x4_b8_g32(const stile_args *a) { sve_tile(4, 4, 0, 0, 1, *a); }
-static __attribute__((noinline)) void sve_4x4_b4_g32(const stile_args *a) { sve_tile(4, 4, 1, 0, 1, *a); }
+static __attribute__((noinline)) void sve_4x4_b8_g32(const stile_args *a) { sve_tile(4, 4, 0, 1, *a); }
+static __attribute__((noinline)) void sve_4x4_b4_g32(const stile_args *a) { sve_tile(4, 4, 1, 1, *a); }
 
 typedef struct {
   stile_fn fn;
   int mp, nbv; /* row pairs, B vectors per chunk */
 } stile_kind;
 
-/* [channelwise][bits 4][M for decode, 0 for prefill] */
-#define KINDS(B, S)                                                                 \
-  {{sve_4x4_b##B##S, 4, 4}, {sve_1x8_b##B##S, 1, 8}, {sve_1x8_b##B##S, 1, 8},     \
-   {sve_2x8_b##B##S, 2, 8}, {sve_2x8_b##B##S, 2, 8}}
-static const stile_kind stile_kinds[2][2][DECODE_MAX_M + 1] = {
-    {KINDS(8, ), KINDS(4, )},
-    {KINDS(8, _cw), KINDS(4, _cw)},
-};
+/* [bits 4][M for decode, 0 for prefill] */
+#define KINDS(B)                                                                \
+  {{sve_4x4_b##B, 4, 4}, {sve_1x8_b##B, 1, 8}, {sve_1x8_b##B, 1, 8},           \
+   {sve_2x8_b##B, 2, 8}, {sve_2x8_b##B, 2, 8}}
+static const stile_kind stile_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 #undef KINDS
 
 /* ------------------------------------------------------------- driver */
@@ -273,22 +271,23 @@ static const stile_kind stile_kinds[2][2][DECODE_MAX_M + 1] = {
 static const int8_t zero_row[KC_BLOCKS * BLK];
 
 /* As in neon_mmla/quant.c: x rows m0 .. m0 + 2*MP of blocks [b0, b0 + nb)
- * as SMMLA operands ap[((b*4 + c)*MP + pr)*16 + 8h + i], gsum per pair as
- * [g0, g0, g1, g1] floats, the rows' scales; rows past M are zero. */
-static void pack_rows(const int8_t *xq, int64_t ldq, const float *scale, const int32_t *gsum,
-                      int64_t ldgs, int64_t m, int64_t m0, int MP, int64_t b0, int64_t nb,
-                      int64_t g0, int64_t gc, int8_t *ap, float *gsp, float *sc) {
+ * as SMMLA operands ap[((b*4 + c)*MP + pr)*16 + 8h + i], per group and pair
+ * sx as [s0, s0, s1, s1] then (4 bits) (float)gsum * sx likewise; rows past
+ * M are zero. */
+static void pack_rows(const int8_t *xq, int64_t ldq, const float *scale, int64_t ldsc,
+                      const int32_t *gsum, int64_t ldgs, int64_t m, int64_t m0, int MP,
+                      int64_t b0, int64_t nb, int64_t g0, int64_t gc, int8_t *ap, float *sxp) {
   for (int pr = 0; pr < MP; pr++) {
     const int8_t *r[2];
     for (int h = 0; h < 2; h++) {
       const int64_t row = m0 + 2 * pr + h;
       r[h] = row < m ? xq + row * ldq + b0 * BLK : zero_row;
-      sc[2 * pr + h] = row < m ? scale[row] : 0.0f;
-      if (gsum)
-        for (int64_t g = 0; g < gc; g++) {
-          const float v = row < m ? (float)gsum[row * ldgs + g0 + g] : 0.0f;
-          gsp[(g * MP + pr) * 4 + 2 * h] = gsp[(g * MP + pr) * 4 + 2 * h + 1] = v;
-        }
+      for (int64_t g = 0; g < gc; g++) {
+        float *e = sxp + (g * MP + pr) * 8 + 2 * h;
+        const float sx = row < m ? scale[row * ldsc + g0 + g] : 0.0f;
+        e[0] = e[1] = sx;
+        if (gsum) e[4] = e[5] = row < m ? (float)gsum[row * ldgs + g0 + g] * sx : 0.0f;
+      }
     }
     for (int64_t b = 0; b < nb; b++)
       for (int half = 0; half < 2; half++) {
@@ -304,6 +303,7 @@ typedef struct {
   const int8_t *xq;
   int64_t m, ldq;
   const float *scale;
+  int64_t ldsc;
   const int32_t *gsum;
   int64_t ldgs;
   const uint8_t *w;
@@ -324,12 +324,11 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
   const int MP = job->kind.mp;
   const int64_t PT = job->pt, tc = PT * NR; /* columns per tile */
   int8_t ap[KC_BLOCKS * BLK * 8] __attribute__((aligned(64)));
-  float gsp[KC_BLOCKS * 4 * 4] __attribute__((aligned(16)));
-  float sc[8], tb[256] __attribute__((aligned(64)));
+  float sxp[KC_BLOCKS * 4 * 8] __attribute__((aligned(16)));
+  float tb[256] __attribute__((aligned(64)));
   stile_args a;
   a.ap = ap;
-  a.gsp = gsp;
-  a.sc = sc;
+  a.sxp = sxp;
   a.tb = tb;
   a.bpg = G->bpg;
   for (int64_t i = i0; i < i1;) {
@@ -344,8 +343,8 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
       const int64_t gc = (a.nb + G->bpg - 1) / G->bpg;
       for (int64_t mt = mt0; mt < mt1; mt++) {
         const int64_t m0 = mt * 2 * MP, mv = min64(2 * MP, job->m - m0);
-        pack_rows(job->xq, job->ldq, job->scale, job->gsum, job->ldgs, job->m, m0, MP, b0, a.nb,
-                  g0, gc, ap, gsp, sc);
+        pack_rows(job->xq, job->ldq, job->scale, job->ldsc, job->gsum, job->ldgs, job->m, m0, MP,
+                  b0, a.nb, g0, gc, ap, sxp);
         for (int64_t t = ta; t < tz; t++) {
           const int64_t p0 = t * PT, np = min64(PT, job->n_panels - p0);
           const int64_t n0 = p0 * NR, nv = min64(tc, job->n - n0);
@@ -377,13 +376,13 @@ static void wq_items(void *ctx, int64_t i0, int64_t i1) {
 }
 
 void armllm_sve_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
-                        const float *scale, const int32_t *gsum, int64_t ldgs,
+                        const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                         const void *packed_w, int64_t n, int bits, int64_t group,
                         const float *bias, float *y, int64_t ldy) {
   const int b4 = bits == 4;
-  wq_job job = {xq, m, ldq, scale, b4 ? gsum : NULL, ldgs, packed_w, n, (n + NR - 1) / NR,
+  wq_job job = {xq, m, ldq, scale, ldsc, b4 ? gsum : NULL, ldgs, packed_w, n, (n + NR - 1) / NR,
                 geom_of(k, bits, group), bias, y, ldy,
-                stile_kinds[group == 0][b4][m <= DECODE_MAX_M ? m : 0], 0, 0, 0, 0};
+                stile_kinds[b4][m <= DECODE_MAX_M ? m : 0], 0, 0, 0, 0};
   if (group == BLK && m > DECODE_MAX_M) job.kind.fn = b4 ? sve_4x4_b4_g32 : sve_4x4_b8_g32;
   job.pt = job.kind.nbv * segments() / 4;
   job.n_tiles = (job.n_panels + job.pt - 1) / job.pt;
