@@ -34,6 +34,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear layers: auto = as the checkpoint stores them (GGUF Q8_0/Q4_x, "
                         "compressed-tensors) else --dtype; none = all in --dtype; a scheme "
                         "quantizes at load (w8a8: int8 per channel; w4a8: int4 group 32)")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="quantize the lm_head too (a GGUF's Q8_0 token embedding runs as is)")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="do not reuse the KV cache of earlier prompts' shared prefixes")
 
@@ -81,7 +83,7 @@ def load(args: argparse.Namespace):
         llm = LLM(model, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
                   max_model_len=args.max_model_len, max_num_seqs=4, progress=progress,
                   enable_prefix_caching=not args.no_prefix_caching,
-                  quantization=args.quantization)
+                  quantization=args.quantization, quantize_lm_head=args.quantize_lm_head)
     except ValueError as exc:
         print(file=sys.stderr)
         raise UsageError(str(exc)) from None

@@ -147,3 +147,20 @@ def test_smollm2_perplexity_bounds():
     assert 15 < results["none"] < 25
     assert abs(results["w8a8"] / results["none"] - 1) < 0.02
     assert abs(results["auto"] / results["none"] - 1) < 0.02
+
+
+def test_lm_head_is_quantized_only_when_asked(tiny):
+    ref = LLM(tiny, dtype="float32", kv_cache_gib=0.01, quantization="none")
+    plain = LLM(tiny, dtype="float32", kv_cache_gib=0.01, quantization="w8a8")
+    assert not plain.loaded.model.weights.lm_head.quantized
+    head = LLM(tiny, dtype="float32", kv_cache_gib=0.01, quantization="w8a8",
+               quantize_lm_head=True)
+    assert head.loaded.model.weights.lm_head.quantized
+    assert head.loaded.model.weights.quantization == "w8a8; lm_head w8a8"
+    for (_, want), (_, got) in zip(outputs(ref), outputs(head), strict=True):
+        assert abs(want[0] - got[0]) < 0.02
+    from armllm.generate_cli import default_model
+    model = default_model()
+    if model is not None:   # the GGUF's tied Q8_0 token embedding runs as the lm_head
+        lm = load_model(model, "bf16", quantization="auto", quantize_lm_head=True)
+        assert lm.model.weights.quantization == "w4a8-g32 (GGUF); lm_head w8a8-g32 (GGUF)"

@@ -105,7 +105,7 @@ def _load(args: argparse.Namespace, max_num_seqs: int, max_num_batched_tokens: i
                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                   max_model_len=args.max_model_len or need, kv_cache_dtype=args.kv_cache_dtype,
                   enable_prefix_caching=not args.no_prefix_caching,
-                  quantization=args.quantization)
+                  quantization=args.quantization, quantize_lm_head=args.quantize_lm_head)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     try:

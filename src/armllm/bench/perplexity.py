@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         parse_scheme(args.quantization)
     t0 = time.perf_counter()
     try:
-        loaded = load_model(model, dtype, None, quant)
+        loaded = load_model(model, dtype, None, quant, args.quantize_lm_head)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     from armllm.model.tokenizer import TextTokenizer

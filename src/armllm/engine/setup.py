@@ -31,6 +31,7 @@ class EngineArgs:
     kv_cache_dtype: str = "bf16"
     enable_prefix_caching: bool = True
     quantization: str = "auto"            # auto (the checkpoint's own), none, or a scheme name
+    quantize_lm_head: bool = False        # the lm_head too (default: kept in dtype)
 
     def __post_init__(self):
         if self.dtype not in _WEIGHT_DTYPES:
@@ -67,7 +68,8 @@ def available_bytes() -> int:
 def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
     quant = args.quantization if args.quantization in ("auto", "none") else \
         parse_scheme(args.quantization)
-    loaded = load_model(model, _WEIGHT_DTYPES[args.dtype], progress, quant)
+    loaded = load_model(model, _WEIGHT_DTYPES[args.dtype], progress, quant,
+                        args.quantize_lm_head)
     if loaded.model.weights.quantization:
         log.info("linear layers: %s", loaded.model.weights.quantization)
     c = loaded.config

@@ -63,20 +63,23 @@ def model_path(path: str | Path) -> Path:
 
 
 def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
-               quantization: Quantization = "auto") -> LoadedModel:
+               quantization: Quantization = "auto", quantize_lm_head: bool = False
+               ) -> LoadedModel:
     """Loads a Hugging Face model directory or a GGUF file (see load_weights for
     `quantization`)."""
     path = model_path(path)
     if path.is_file():
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
-        weights = load_weights(GGUFSource(gguf, config), config, dtype, progress, quantization)
+        weights = load_weights(GGUFSource(gguf, config), config, dtype, progress, quantization,
+                               quantize_lm_head)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         gen = {"eos_token_id": list(config.eos_token_ids)} if config.eos_token_ids else {}
         return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config, gen)
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
-    weights = load_weights(HFSource(path, ct), config, dtype, progress, quantization)
+    weights = load_weights(HFSource(path, ct), config, dtype, progress, quantization,
+                           quantize_lm_head)
     return LoadedModel(path, config, LlamaModel(config, weights), _hf_tokenizer(path),
                        _read_json(path / "tokenizer_config.json"),
                        _read_json(path / "generation_config.json"))

@@ -179,13 +179,16 @@ Quantization = Literal["auto", "none"] | Scheme
 
 
 def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
-                 progress=None, quantization: Quantization = "auto") -> ModelWeights:
+                 progress=None, quantization: Quantization = "auto",
+                 quantize_lm_head: bool = False) -> ModelWeights:
     """Reads, checks, converts and packs every tensor of the model.
 
     quantization: "auto" runs the checkpoint's own quantized layers as they are (GGUF
     Q8_0/Q4_0/Q4_1, compressed-tensors) and float layers in `dtype`; "none" dequantizes
     everything to `dtype`; a Scheme quantizes float layers at load (round to nearest) and
-    keeps quantized ones that already match it. Embeddings and lm_head stay in `dtype`."""
+    keeps quantized ones that already match it. Embeddings stay in `dtype`; so does the
+    lm_head unless quantize_lm_head (then it follows the same rule: with "auto" a
+    quantized source tensor, e.g. a GGUF's Q8_0 token_embd for a tied head, runs as is)."""
     if dtype not in ("f32", "bf16"):
         raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
     if not (isinstance(quantization, Scheme) or quantization in ("auto", "none")):
@@ -271,10 +274,21 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     embed_raw = tensor("model.embed_tokens.weight", (c.vocab_size, h))
     embed = _as_bf16(embed_raw) if dtype == "bf16" else _as_f32(embed_raw)
     tied = c.tie_word_embeddings
-    lm_head = ops.pack_weight(embed, dtype) if tied else \
-        matrix([("lm_head.weight", (c.vocab_size, h))], may_quantize=False)
+    head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    head_q, label = None, ", ".join(sorted(used)) or None
+    if quantize_lm_head and quantization != "none":
+        used.clear()
+        head_q = quantized([(head_name, (c.vocab_size, h))])
+        if head_q is not None:
+            label = f"{label}; lm_head {', '.join(used)}"
+    if head_q is not None:
+        lm_head = ops.pack_quantized(head_q.q, head_q.d, head_q.o, head_q.bits, head_q.group)
+    elif tied:
+        lm_head = ops.pack_weight(embed, dtype)
+    else:
+        lm_head = matrix([(head_name, (c.vocab_size, h))], may_quantize=False)
     return ModelWeights(dtype, embed, layers, _as_f32(tensor("model.norm.weight", (h,))), lm_head,
-                        ", ".join(sorted(used)) or None)
+                        label)
 
 
 def _group_name(group: int) -> str:

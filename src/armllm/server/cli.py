@@ -72,7 +72,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_dtype=args.kv_cache_dtype,
                        enable_prefix_caching=not args.no_prefix_caching,
-                       quantization=args.quantization)
+                       quantization=args.quantization,
+                       quantize_lm_head=args.quantize_lm_head)
     try:
         EngineArgs(**engine_args)
     except ValueError as exc:
