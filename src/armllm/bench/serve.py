@@ -67,7 +67,9 @@ class Workload:
         special = {i for i in range(vocab)
                    if hf.id_to_token(i) is None or hf.decode([i]) == ""}
         bos = tokenizer.encode("")            # what the server adds in front (a BOS), if any
-        n, out_len = args.num_prompts, args.output_len
+        # the warm-up requests get prompts of their own, after the measured ones, so the
+        # server's prefix cache cannot serve a measured prompt from the warm-up
+        n, out_len = args.num_prompts + args.warmup, args.output_len
         if args.dataset == "random":
             body = args.input_len - len(bos)
             self.prompts = [Prompt(_text_of_length(tokenizer, rng, body, vocab, special),
@@ -81,6 +83,8 @@ class Workload:
                 self.prompts.append(Prompt(text, len(tokenizer.encode(text)), out_len))
         else:
             self.prompts = self._from_json(Path(args.dataset_path), n, out_len, rng)
+        self.warmup_prompts = self.prompts[args.num_prompts:]
+        self.prompts = self.prompts[:args.num_prompts]
 
     def _from_json(self, path: Path, n: int, out_len: int | None, rng) -> list[Prompt]:
         """A list of strings, of {"prompt", "max_tokens"?}, or ShareGPT conversations
@@ -226,7 +230,7 @@ async def _run(args, workload: Workload, concurrency: int | None, progress) -> d
 
     async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits,
                                  trust_env=False) as client:
-        for p in workload.prompts[:args.warmup]:   # warm-up: not recorded
+        for p in workload.warmup_prompts:   # warm-up: not recorded
             await _one(client, url, args, p, Record(-1, 0, 0), time.perf_counter(), workload.tok)
 
         async def guarded(p: Prompt, rec: Record, t0: float) -> None:
@@ -468,7 +472,11 @@ def run(args: argparse.Namespace) -> int:
     tok = _load_tokenizer(args)
     if args.model is None:
         args.model = _server_model(args)
-    workload = Workload(args, tok)
+    # every level of a sweep gets fresh prompts (another seed), so a server's prefix cache
+    # cannot serve one level's prompts from the level before
+    workloads = [Workload(argparse.Namespace(**{**vars(args), "seed": args.seed + i}), tok)
+                 for i in range(len(levels))]
+    workload = workloads[0]
     tty = sys.stderr.isatty() and not args.no_progress
 
     def progress(done: int, total: int) -> None:
@@ -482,8 +490,8 @@ def run(args: argparse.Namespace) -> int:
           f"{len(workload.prompts)} prompts, output {args.output_len} tokens, request rate "
           f"{args.request_rate:g}/s")
     runs = []
-    for c in levels:
-        summary = asyncio.run(_run(args, workload, c, progress))
+    for c, level_workload in zip(levels, workloads, strict=True):
+        summary = asyncio.run(_run(args, level_workload, c, progress))
         _print_summary(summary, f"max concurrency {c or 'unlimited'}")
         runs.append(summary)
     if len(levels) > 1:
