@@ -49,10 +49,11 @@
 #include "../armllm_kernels.h"
 #include "../cpu.h"
 #include "../gemm_plan.h"
+#include "../quant_arm.h"
 
-#define NR 8               /* panel width (output rows of W) */
-#define BLK 32             /* k per block */
-#define KC_BLOCKS 32       /* K block of grouped weights: 1024 k, a multiple of every group */
+#define NR ARMLLM_QA_NR
+#define BLK ARMLLM_QA_BLK
+#define KC_BLOCKS ARMLLM_QA_KC_BLOCKS
 #define CP_MAX 16          /* panels per prefill N chunk */
 #define DECODE_MAX_M 4
 #define MIN_CHUNK_MACS (1 << 17)
@@ -149,24 +150,8 @@ void armllm_neon_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t
 
 /* ----------------------------------------------------------- packing */
 
-typedef struct {
-  int64_t kpad, nblk, bpg, ng, bb, sb, pstride; /* bytes: block, scales, panel */
-} wq_geom;
-
-static wq_geom geom_of(int64_t k, int bits, int64_t group) {
-  wq_geom g;
-  g.kpad = armllm_q_kpad(k);
-  g.nblk = g.kpad / BLK;
-  g.bpg = armllm_q_group_len(group) / BLK;
-  g.ng = armllm_q_groups(k, group);
-  g.bb = bits == 4 ? 128 : 256;
-  g.sb = bits == 4 ? 64 : 32;
-  g.pstride = g.nblk * g.bb + g.ng * g.sb;
-  return g;
-}
-
 size_t armllm_neon_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
-  return (size_t)((n + NR - 1) / NR * geom_of(k, bits, group).pstride);
+  return armllm_qa_packed_len(n, k, bits, group);
 }
 
 void armllm_neon_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,

@@ -40,10 +40,12 @@
 
 #include "../armllm_kernels.h"
 #include "../gemm_plan.h"
+#define ARMLLM_QA_SMMLA_ROWS
+#include "../quant_arm.h"
 
-#define NR 8               /* panel width (output rows of W) */
-#define BLK 32             /* k per block */
-#define KC_BLOCKS 32       /* K block: 1024 k, a multiple of every group */
+#define NR ARMLLM_QA_NR
+#define BLK ARMLLM_QA_BLK
+#define KC_BLOCKS ARMLLM_QA_KC_BLOCKS
 #define CP_MAX 16          /* panels per prefill N chunk */
 #define DECODE_MAX_M 4
 #define MIN_CHUNK_MACS (1 << 18)
@@ -56,24 +58,8 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ----------------------------------------------------------- packing */
 
-typedef struct {
-  int64_t kpad, nblk, bpg, ng, bb, sb, pstride; /* bytes: block, scales, panel */
-} wq_geom;
-
-static wq_geom geom_of(int64_t k, int bits, int64_t group) {
-  wq_geom g;
-  g.kpad = armllm_q_kpad(k);
-  g.nblk = g.kpad / BLK;
-  g.bpg = armllm_q_group_len(group) / BLK;
-  g.ng = armllm_q_groups(k, group);
-  g.bb = bits == 4 ? 128 : 256;
-  g.sb = bits == 4 ? 64 : 32;
-  g.pstride = g.nblk * g.bb + g.ng * g.sb;
-  return g;
-}
-
 size_t armllm_neon_mmla_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
-  return (size_t)((n + NR - 1) / NR * geom_of(k, bits, group).pstride);
+  return armllm_qa_packed_len(n, k, bits, group);
 }
 
 void armllm_neon_mmla_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits,
@@ -761,38 +747,6 @@ static const mtile_kind mtile_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 #undef KINDS
 
 /* ------------------------------------------------------------- driver */
-
-static const int8_t zero_row[KC_BLOCKS * BLK];
-
-/* x rows m0 .. m0 + 2*MP of blocks [b0, b0 + nb) as SMMLA operands
- * ap[((b*4 + c)*MP + pr)*16 + 8h + i] = x[m0 + 2pr + h, 32(b0 + b) + 8c + i]
- * (rows past M: zero), with the scales sx of groups [g0, g0 + gc) per pair
- * as sxp[(g*MP + pr)*8 + 2h + e] and for 4 bits b = (float)gsum * sx at
- * sxp[(g*MP + pr)*8 + 4 + 2h + e] (e = 0, 1). */
-static void pack_rows(const int8_t *xq, int64_t ldq, const float *scale, int64_t ldsc,
-                      const int32_t *gsum, int64_t ldgs, int64_t m, int64_t m0, int MP,
-                      int64_t b0, int64_t nb, int64_t g0, int64_t gc, int8_t *ap, float *sxp) {
-  for (int pr = 0; pr < MP; pr++) {
-    const int8_t *r[2];
-    for (int h = 0; h < 2; h++) {
-      const int64_t row = m0 + 2 * pr + h;
-      r[h] = row < m ? xq + row * ldq + b0 * BLK : zero_row;
-      for (int64_t g = 0; g < gc; g++) {
-        float *e = sxp + (g * MP + pr) * 8 + 2 * h;
-        const float sx = row < m ? scale[row * ldsc + g0 + g] : 0.0f;
-        e[0] = e[1] = sx;
-        if (gsum) e[4] = e[5] = row < m ? (float)gsum[row * ldgs + g0 + g] * sx : 0.0f;
-      }
-    }
-    for (int64_t b = 0; b < nb; b++)
-      for (int half = 0; half < 2; half++) {
-        const int64x2_t x0 = vreinterpretq_s64_s8(vld1q_s8(r[0] + b * BLK + 16 * half));
-        const int64x2_t x1 = vreinterpretq_s64_s8(vld1q_s8(r[1] + b * BLK + 16 * half));
-        vst1q_s8(ap + ((b * 4 + 2 * half) * MP + pr) * 16, vreinterpretq_s8_s64(vzip1q_s64(x0, x1)));
-        vst1q_s8(ap + ((b * 4 + 2 * half + 1) * MP + pr) * 16, vreinterpretq_s8_s64(vzip2q_s64(x0, x1)));
-      }
-  }
-}
 
 typedef struct {
   const int8_t *xq;
