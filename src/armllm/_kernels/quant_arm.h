@@ -33,6 +33,23 @@ static inline size_t armllm_qa_packed_len(int64_t n, int64_t k, int bits, int64_
   return (size_t)((n + ARMLLM_QA_NR - 1) / ARMLLM_QA_NR * geom_of(k, bits, group).pstride);
 }
 
+/* Panel p's scales of group g after its weights: d[8] then (4 bits) o[8], rows past n
+ * zero; d/o are [n, ngin] (ngin 1: one per row, repeated over its groups). Returns
+ * the byte after them (sb bytes on). */
+static inline uint8_t *qa_pack_scales(uint8_t *dst, const float *d, const float *o, int64_t n,
+                                      int64_t p, int64_t g, int64_t group, int64_t ngin,
+                                      int64_t sb) {
+  float s[2 * ARMLLM_QA_NR];
+  for (int j = 0; j < ARMLLM_QA_NR; j++) {
+    const int64_t row = p * ARMLLM_QA_NR + j;
+    const int64_t src = row * ngin + (group ? g : 0);
+    s[j] = row < n ? d[src] : 0.0f;
+    s[ARMLLM_QA_NR + j] = row < n && o ? o[src] : 0.0f;
+  }
+  memcpy(dst, s, (size_t)sb);
+  return dst + sb;
+}
+
 #ifdef ARMLLM_QA_SMMLA_ROWS
 static const int8_t zero_row[ARMLLM_QA_KC_BLOCKS * ARMLLM_QA_BLK];
 

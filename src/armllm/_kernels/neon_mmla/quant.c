@@ -81,15 +81,7 @@ void armllm_neon_mmla_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bi
             else dst[16 * v + e] = val;
           }
       }
-      float s[2 * NR];
-      for (int j = 0; j < NR; j++) {
-        const int64_t row = p * NR + j;
-        const int64_t src = row * ngin + (group ? g : 0);
-        s[j] = row < n ? d[src] : 0.0f;
-        s[NR + j] = row < n && o ? o[src] : 0.0f;
-      }
-      memcpy(dst, s, (size_t)G.sb);
-      dst += G.sb;
+      dst = qa_pack_scales(dst, d, o, n, p, g, group, ngin, G.sb);
     }
 }
 
