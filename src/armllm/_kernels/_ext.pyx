@@ -72,12 +72,25 @@ cdef const armllm_kernels *_table(str isa) except NULL:
 # -------------------------------------------------------------- validation
 
 
+cdef inline int _typenum(object dtype):
+    """numpy's type number of a scalar type (identity checks first: the hot path)."""
+    if dtype is np.float32:
+        return cnp.NPY_FLOAT32
+    if dtype is np.int8:
+        return cnp.NPY_INT8
+    if dtype is np.int32:
+        return cnp.NPY_INT32
+    if dtype is np.uint16:
+        return cnp.NPY_UINT16
+    return np.dtype(dtype).num
+
+
 cdef cnp.ndarray _array(object a, str name, object dtype, int ndim):
     """a as an ndarray of dtype and ndim whose rows are contiguous."""
     if not isinstance(a, cnp.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
     cdef cnp.ndarray arr = <cnp.ndarray>a
-    if arr.dtype != dtype:
+    if cnp.PyArray_TYPE(arr) != _typenum(dtype):
         raise ValueError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype}")
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {_shp(arr)}")
@@ -125,6 +138,64 @@ cdef void _no_overlap(cnp.ndarray a, str a_name, cnp.ndarray b, str b_name) exce
     cdef uintptr_t a0 = _addr(a), b0 = _addr(b)
     if a0 < b0 + _span(b) and b0 < a0 + _span(a):
         raise ValueError(f"{a_name} and {b_name} must not overlap")
+
+
+cdef struct QuantOut:
+    int8_t *xq
+    int64_t ldq
+    float *scale
+    int64_t ldsc
+    int32_t *gsum
+    int64_t ldgs
+    int32_t *zp
+    int64_t ldzp
+
+
+cdef cnp.ndarray _group_array(object a, str name, object dtype, int64_t m, int64_t ng,
+                              int64_t group, int64_t kpad):
+    """A writable [m, >= ng] per-group output of quant_act."""
+    cdef cnp.ndarray arr = _array(a, name, dtype, 2)
+    _writable(arr, name)
+    if arr.shape[0] != m or arr.shape[1] < ng:
+        raise ValueError(f"{name} must have {m} rows of at least {ng} columns (groups of "
+                         f"{armllm_q_group_len(group)} in kpad = {kpad}), got shape {_shp(arr)}")
+    return arr
+
+
+cdef QuantOut _quant_out(cnp.ndarray xa, int64_t group, xq, scale, gsum, zp) except *:
+    """quant_act's outputs for x [M, K], checked: xq [M, >= kpad] int8, scale
+    and the optional gsum / zp [M, >= n_groups], writable, disjoint."""
+    cdef QuantOut qo
+    cdef int64_t m = xa.shape[0], k = xa.shape[1]
+    cdef int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group)
+    cdef cnp.ndarray qa = _array(xq, "xq", np.int8, 2)
+    cdef cnp.ndarray sa = _group_array(scale, "scale", np.float32, m, ng, group, kpad)
+    cdef cnp.ndarray ga, za
+    _writable(qa, "xq")
+    if qa.shape[0] != m or qa.shape[1] < kpad:
+        raise ValueError(f"xq must have {m} rows of at least kpad = {kpad} columns (K={k} "
+                         f"rounded up to {ARMLLM_Q_KALIGN}), got shape {_shp(qa)}")
+    _no_overlap(qa, "xq", xa, "x")
+    _no_overlap(sa, "scale", xa, "x")
+    _no_overlap(sa, "scale", qa, "xq")
+    qo.xq, qo.ldq = <int8_t *>cnp.PyArray_DATA(qa), _ld(qa)
+    qo.scale, qo.ldsc = <float *>cnp.PyArray_DATA(sa), _ld(sa)
+    qo.gsum, qo.ldgs, qo.zp, qo.ldzp = NULL, 0, NULL, 0
+    if gsum is not None:
+        ga = _group_array(gsum, "gsum", np.int32, m, ng, group, kpad)
+        _no_overlap(ga, "gsum", xa, "x")
+        _no_overlap(ga, "gsum", qa, "xq")
+        _no_overlap(ga, "gsum", sa, "scale")
+        qo.gsum, qo.ldgs = <int32_t *>cnp.PyArray_DATA(ga), _ld(ga)
+    if zp is not None:
+        za = _group_array(zp, "zp", np.int32, m, ng, group, kpad)
+        _no_overlap(za, "zp", xa, "x")
+        _no_overlap(za, "zp", qa, "xq")
+        _no_overlap(za, "zp", sa, "scale")
+        if gsum is not None:
+            _no_overlap(za, "zp", ga, "gsum")
+        qo.zp, qo.ldzp = <int32_t *>cnp.PyArray_DATA(za), _ld(za)
+    return qo
 
 
 cdef void _same_or_disjoint(cnp.ndarray out, str out_name, cnp.ndarray src, str src_name) except *:
@@ -209,6 +280,9 @@ cdef class PackedWeight:
     cdef readonly str isa
     cdef readonly int bits      # bits per weight: 32, 16, 8 or 4
     cdef readonly int64_t group  # quantized: columns per scale group, 0 = channelwise
+    # quantized with asymmetric activations: the f32 weight [N, n_groups] of the
+    # zero points' correction (armllm_kernels.h, quant_act), set by ops.pack_quantized
+    cdef public object zp_correction
 
     @property
     def shape(self):
@@ -360,51 +434,51 @@ cdef class Kernels:
         """The packed layout of quantized (w8/w4) weights."""
         return self.t.gemm_wq_layout.decode()
 
-    def quant_act(self, x, xq, scale, gsum=None, int64_t group=0, ThreadPool pool=None):
-        """Quantizes x[M, K] to int8 (symmetric, per row and group of `group`
-        columns; 0: groups of ARMLLM_Q_CHANNEL_GROUP) into xq[:, :kpad]
-        (columns K..kpad zero) and scale[M, n_groups]; with gsum, also the
-        int32 sums of xq over each group."""
+    def quant_act(self, x, xq, scale, gsum=None, int64_t group=0, ThreadPool pool=None,
+                  zp=None):
+        """Quantizes x[M, K] to int8 per row and group of `group` columns (0:
+        groups of ARMLLM_Q_CHANNEL_GROUP) into xq[:, :kpad] (columns K..kpad
+        zero) and scale[M, n_groups]; with gsum, also the int32 sums of xq over
+        each group; with zp (int32 [M, n_groups]) asymmetric, zero points there."""
         _check_group(group)
         cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
-        cdef cnp.ndarray qa = _array(xq, "xq", np.int8, 2)
-        cdef cnp.ndarray sa = _array(scale, "scale", np.float32, 2)
-        cdef cnp.ndarray ga
-        cdef int32_t *gs_ptr = NULL
-        cdef int64_t ldgs = 0
-        _writable(qa, "xq")
-        _writable(sa, "scale")
-        cdef int64_t m = xa.shape[0], k = xa.shape[1]
-        cdef int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group)
-        if qa.shape[0] != m or qa.shape[1] < kpad:
-            raise ValueError(f"xq must have {m} rows of at least kpad = {kpad} columns (K={k} "
-                             f"rounded up to {ARMLLM_Q_KALIGN}), got shape {_shp(qa)}")
-        if sa.shape[0] != m or sa.shape[1] < ng or _ld(sa) < ng:
-            raise ValueError(f"scale must have {m} rows of at least {ng} columns (groups of "
-                             f"{armllm_q_group_len(group)} in kpad = {kpad}), got shape "
-                             f"{_shp(sa)}")
-        _no_overlap(qa, "xq", xa, "x")
-        _no_overlap(sa, "scale", xa, "x")
-        _no_overlap(sa, "scale", qa, "xq")
-        if gsum is not None:
-            ga = _array(gsum, "gsum", np.int32, 2)
-            _writable(ga, "gsum")
-            if ga.shape[0] != m or ga.shape[1] < ng:
-                raise ValueError(f"gsum must have {m} rows of at least {ng} columns (groups of "
-                                 f"{armllm_q_group_len(group)} in kpad = {kpad}), got shape "
-                                 f"{_shp(ga)}")
-            _no_overlap(ga, "gsum", xa, "x")
-            _no_overlap(ga, "gsum", qa, "xq")
-            _no_overlap(ga, "gsum", sa, "scale")
-            gs_ptr = <int32_t *>cnp.PyArray_DATA(ga)
-            ldgs = _ld(ga)
+        cdef QuantOut qo = _quant_out(xa, group, xq, scale, gsum, zp)
         cdef armllm_pool *p = _pool_ptr(pool)
-        cdef int64_t ldx = _ld(xa), ldq = _ld(qa), ldsc = _ld(sa)
+        cdef int64_t m = xa.shape[0], k = xa.shape[1], ldx = _ld(xa)
         cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
-        cdef int8_t *qp = <int8_t *>cnp.PyArray_DATA(qa)
-        cdef float *sp = <float *>cnp.PyArray_DATA(sa)
         with nogil:
-            self.t.quant_act(p, xp, m, k, ldx, group, qp, ldq, sp, ldsc, gs_ptr, ldgs)
+            self.t.quant_act(p, xp, m, k, ldx, group, qo.xq, qo.ldq, qo.scale, qo.ldsc, qo.gsum,
+                             qo.ldgs, qo.zp, qo.ldzp)
+
+    def rmsnorm_quant(self, x, weight, float eps, out, xq, scale, gsum=None, int64_t group=0,
+                      residual=None, ThreadPool pool=None, zp=None):
+        """rmsnorm (as `rmsnorm`, into out) and quant_act of out in one pass
+        over the rows: the same bits as the two calls."""
+        _check_group(group)
+        self.rmsnorm(x, weight, eps, out, residual, None, check_only=True)
+        cdef cnp.ndarray xa = <cnp.ndarray>x
+        cdef cnp.ndarray oa = <cnp.ndarray>out
+        cdef QuantOut qo = _quant_out(oa, group, xq, scale, gsum, zp)
+        for name, a in (("xq", xq), ("scale", scale), ("gsum", gsum), ("zp", zp)):
+            if a is not None:
+                _no_overlap(<cnp.ndarray>a, name, xa, "x")
+                if residual is not None:
+                    _no_overlap(<cnp.ndarray>a, name, <cnp.ndarray>residual, "residual")
+        cdef float *res_ptr = NULL
+        cdef int64_t ldr = 0
+        if residual is not None:
+            res_ptr = <float *>cnp.PyArray_DATA(<cnp.ndarray>residual)
+            ldr = _ld(<cnp.ndarray>residual)
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t t = xa.shape[0], d = xa.shape[1], ldx = _ld(xa), ldo = _ld(oa)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef const float *wp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>weight)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            armllm_rmsnorm_quant(self.t, p, xp, ldx, res_ptr, ldr, wp, t, d, eps, op, ldo,
+                                 group, qo.xq, qo.ldq, qo.scale, qo.ldsc, qo.gsum, qo.ldgs,
+                                 qo.zp, qo.ldzp)
+        return out
 
     def pack_wq(self, q, d, o=None, int bits=8, int64_t group=0):
         """Prepacks quantized weights W = d * q + o: q[N, K] int8 (bits 8: -127..127;
@@ -507,8 +581,10 @@ cdef class Kernels:
                            yp, ldy)
         return out
 
-    def rmsnorm(self, x, weight, float eps, out, residual=None, ThreadPool pool=None):
-        """out = rmsnorm(x [+ residual]) * weight; residual is updated to x + residual."""
+    def rmsnorm(self, x, weight, float eps, out, residual=None, ThreadPool pool=None,
+                bint check_only=False):
+        """out = rmsnorm(x [+ residual]) * weight; residual is updated to x + residual.
+        check_only: validate the arguments, run nothing."""
         cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
         cdef cnp.ndarray wa = _array(weight, "weight", np.float32, 1)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
@@ -532,6 +608,8 @@ cdef class Kernels:
             _no_overlap(xa, "x", ra, "residual")
             res_ptr = <float *>cnp.PyArray_DATA(ra)
             ldr = _ld(ra)
+        if check_only:
+            return out
         cdef armllm_pool *p = _pool_ptr(pool)
         cdef int64_t t = xa.shape[0], d = xa.shape[1], ldx = _ld(xa), ldo = _ld(oa)
         cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)

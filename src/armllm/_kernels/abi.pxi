@@ -86,7 +86,8 @@ cdef extern from "armllm_kernels.h" nogil:
     ctypedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m,
                                          int64_t k, int64_t ldx, int64_t group, int8_t *xq,
                                          int64_t ldq, float *scale, int64_t ldsc,
-                                         int32_t *gsum, int64_t ldgs)
+                                         int32_t *gsum, int64_t ldgs, int32_t *zp,
+                                         int64_t ldzp)
     ctypedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group)
     ctypedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
                                        int64_t group, const float *d, const float *o,
@@ -124,6 +125,13 @@ cdef extern from "armllm_kernels.h" nogil:
         armllm_wq_packed_len_fn gemm_wq_packed_len
         armllm_wq_pack_fn gemm_wq_pack
         armllm_gemm_wq_fn gemm_wq
+
+    void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
+                              int64_t ldx, float *residual, int64_t ldr, const float *weight,
+                              int64_t t, int64_t d, float eps, float *out, int64_t ldo,
+                              int64_t group, int8_t *xq, int64_t ldq, float *scale,
+                              int64_t ldsc, int32_t *gsum, int64_t ldgs, int32_t *zp,
+                              int64_t ldzp)
 
 
 cdef extern from "cpu.h" nogil:

@@ -164,16 +164,34 @@ static inline size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int6
  * (finer than one per token: a token's outlier channels then cost only their
  * own group's resolution).
  *
- * Activation quantization (dynamic, per token and group, symmetric):
- *   quant_act(pool, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs)
- *   For each row r and group g: amax = max |x[r,k]| over the group's columns
- *   below K; s = amax / 127 (0 for an all-zero group); xq[r,k] = (int8)
- *   clamp(nearbyintf(x[r,k] / s), -127, 127) (0 when s == 0); scale[r*ldsc +
- *   g] = s; ldsc >= ng. Columns [K, kpad) of xq are written as 0; ldq >= kpad.
- *   With gsum != NULL: gsum[r*ldgs + g] = the int32 sum of the group's xq;
- *   ldgs >= ng. x / s is a correctly rounded float division; a NaN in a group
- *   makes its scale NaN, an Inf makes it Inf with every xq of the group 0 (the
- *   GEMM rows are then NaN or +-Inf).
+ * Activation quantization (dynamic, per token and group):
+ *   quant_act(pool, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs,
+ *             zp, ldzp)
+ *   Symmetric (zp == NULL), for each row r and group g: amax = max |x[r,k]|
+ *   over the group's columns below K; s = amax / 127 (0 for an all-zero
+ *   group); xq[r,k] = (int8) clamp(nearbyintf(x[r,k] / s), -127, 127).
+ *   Asymmetric (zp != NULL): lo = min(0, min x), hi = max(0, max x) over the
+ *   same columns (the range holds 0, so 0 is exact: PyTorch's observers do
+ *   the same); s = (hi - lo) / 254; z = (int32) nearbyintf(-127 - lo / s), in
+ *   [-127, 127]; xq[r,k] = clamp(nearbyintf(x[r,k] / s) + z, -127, 127) (254
+ *   steps, not 255: every kernel may then assume |xq| <= 127);
+ *   zp[r*ldzp + g] = z, ldzp >= ng.
+ *   Both: scale[r*ldsc + g] = s, ldsc >= ng; when s is 0 or not finite every
+ *   xq of the group is 0 (and z = 0). Columns [K, kpad) of xq are written as
+ *   0; ldq >= kpad. With gsum != NULL: gsum[r*ldgs + g] = the int32 sum of
+ *   the group's xq (as stored, z included); ldgs >= ng. x / s and lo / s are
+ *   correctly rounded float divisions; a NaN in a group makes its scale NaN,
+ *   an Inf makes it Inf (the GEMM rows are then NaN or +-Inf).
+ *   The GEMM below knows nothing of z: with asymmetric activations the
+ *   caller subtracts sum_g (sx[r,g] * z[r,g]) * C[n,g] from its rows, C[n,g]
+ *   = d[n,g] * (sum of q[n,k] over the group's real columns) + o[n,g] *
+ *   (the group's real column count) (armllm.ops does it with the f32 GEMM).
+ *
+ * Fused RMSNorm + quantization (not a slot: composed from a table's own
+ * rmsnorm and quant_act): armllm_rmsnorm_quant(table, pool, ...) runs one
+ * job over row blocks; each block is normalized into out (and residual
+ * updated) and quantized while it is in L1/L2: one call and one pass over
+ * the rows instead of two, with exactly the bits of the two kernels.
  *
  * Quantized weights W[n, k] = d[n, g] * q[n, k] + o[n, g]:
  *   bits 8: q int8 in [-127, 127], o = 0 (symmetric);
@@ -245,7 +263,8 @@ typedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args
 
 typedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m, int64_t k,
                                     int64_t ldx, int64_t group, int8_t *xq, int64_t ldq,
-                                    float *scale, int64_t ldsc, int32_t *gsum, int64_t ldgs);
+                                    float *scale, int64_t ldsc, int32_t *gsum, int64_t ldgs,
+                                    int32_t *zp, int64_t ldzp);
 typedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group);
 typedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
                                   int64_t group, const float *d, const float *o, void *packed);
@@ -351,7 +370,7 @@ typedef struct armllm_kernels {
                               int64_t m, int64_t k, int64_t ldx,        \
                               int64_t group, int8_t *xq, int64_t ldq,   \
                               float *scale, int64_t ldsc, int32_t *gsum, \
-                              int64_t ldgs);                            \
+                              int64_t ldgs, int32_t *zp, int64_t ldzp); \
   size_t armllm_##v##_gemm_wq_packed_len(int64_t n, int64_t k, int bits, \
                                          int64_t group);                \
   void armllm_##v##_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, \
@@ -365,6 +384,14 @@ typedef struct armllm_kernels {
                             int64_t group, const float *bias, float *y, \
                             int64_t ldy);                               \
   extern const armllm_kernels armllm_kernels_##v;
+
+/* The fused RMSNorm + quant_act of the header comment above: rmsnorm's
+ * arguments (out required), then quant_act's (of out). */
+void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
+                          int64_t ldx, float *residual, int64_t ldr, const float *weight,
+                          int64_t t, int64_t d, float eps, float *out, int64_t ldo,
+                          int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
+                          int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp);
 
 /* Every variant declares the full set; a variant's table.c defines only the
  * table, and its kernel files define only the kernels it ports. */

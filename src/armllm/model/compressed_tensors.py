@@ -29,6 +29,7 @@ class WeightArgs:
     bits: int
     group: int          # 0: channel
     symmetric: bool
+    act_symmetric: bool = True   # input_activations.symmetric
 
 
 @dataclass
@@ -107,9 +108,13 @@ def parse_config(cfg: dict, source: str) -> CTConfig | None:
         if acts and acts.get("dynamic") is False:
             raise ValueError(f"{where}.input_activations: static activation scales are not "
                              "supported (armllm quantizes activations per token)")
-        groups.append((list(group.get("targets") or []), WeightArgs(bits, gsize,
-                                                                     w.get("symmetric", True)),
-                       fmt))
+        if acts and acts.get("strategy", "token") not in ("token", "tensor"):
+            raise ValueError(f"{where}.input_activations.strategy {acts.get('strategy')!r} is "
+                             "not supported (token or tensor: armllm quantizes per token and "
+                             "per group of the weight, never coarser)")
+        act_sym = bool(acts.get("symmetric", True)) if acts else True
+        groups.append((list(group.get("targets") or []),
+                       WeightArgs(bits, gsize, w.get("symmetric", True), act_sym), fmt))
     if not groups:
         raise ValueError(f"{source}: quantization_config has no weight quantization")
     return CTConfig(top_format, groups, list(qc.get("ignore") or []), source)
@@ -186,10 +191,11 @@ def load_matrix(get, has, prefix: str, args: WeightArgs, fmt: str, shape: tuple[
                              "supported")
         # -128 has no exact place in the kernels' symmetric [-127, 127]: one step up
         q = np.clip(stored, -127, 127).astype(np.int8)
-        return QuantizedMatrix(q, scale, None, 8, args.group)
+        return QuantizedMatrix(q, scale, None, 8, args.group, args.act_symmetric)
     q = (stored + 8).astype(np.int8)
     zp_f = np.zeros_like(scale) if zp is None else zp.astype(np.float32)
-    return QuantizedMatrix(q, scale, (-scale * (8.0 + zp_f)).astype(np.float32), 4, args.group)
+    return QuantizedMatrix(q, scale, (-scale * (8.0 + zp_f)).astype(np.float32), 4, args.group,
+                           args.act_symmetric)
 
 
 def _float(a: np.ndarray) -> np.ndarray:
@@ -200,14 +206,15 @@ def _float(a: np.ndarray) -> np.ndarray:
 
 # -- writing ---------------------------------------------------------------------------------
 
-def quantization_config(bits: int, group: int, ignore: list[str]) -> dict:
+def quantization_config(bits: int, group: int, ignore: list[str],
+                        act_symmetric: bool = True) -> dict:
     """config.json's quantization_config for armllm's RTN output: int-quantized, symmetric
-    weights (channel or group), dynamic per-token int8 activations."""
+    weights (channel or group), dynamic per-token int8 activations (symmetric or not)."""
     weights = {"num_bits": bits, "type": "int", "symmetric": True,
                "strategy": "group" if group else "channel", "group_size": group or None,
                "dynamic": False, "actorder": None, "observer": "minmax", "block_structure": None,
                "observer_kwargs": {}}
-    acts = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+    acts = {"num_bits": 8, "type": "int", "symmetric": act_symmetric, "strategy": "token",
             "dynamic": True, "group_size": None, "actorder": None, "observer": None,
             "block_structure": None, "observer_kwargs": {}}
     return {"quant_method": "compressed-tensors", "format": "int-quantized",

@@ -164,7 +164,8 @@ def quantize_model(model: str | Path, out_dir: str | Path, scheme: Scheme) -> Pa
     ignore = [] if config.tie_word_embeddings else ["lm_head"]
     hf_config = {**hf_config, "torch_dtype": "bfloat16",
                  "quantization_config": quantization_config(scheme.bits, scheme.group,
-                                                            ignore or ["lm_head"])}
+                                                            ignore or ["lm_head"],
+                                                            scheme.act_symmetric)}
     if path.is_file():
         _write_gguf_tokenizer(out, tokenizer, tok_config, config, hf_config)
     else:

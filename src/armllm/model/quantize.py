@@ -26,11 +26,14 @@ class Scheme:
     name: str
     bits: int
     group: int              # 0: channelwise
+    act_symmetric: bool = True  # False: activations get zero points (name ends in -asym)
 
     @property
     def label(self) -> str:
         grouping = f"group {self.group}" if self.group else "per channel"
-        return f"{self.name} (int{self.bits} weights {grouping}, int8 per-token activations)"
+        acts = "" if self.act_symmetric else " asymmetric"
+        return (f"{self.name} (int{self.bits} weights {grouping}, int8{acts} per-token "
+                f"activations)")
 
 
 SCHEMES = {
@@ -44,15 +47,20 @@ SCHEMES = {
 }
 
 
+ASYM_SUFFIX = "-asym"  # any scheme + this: asymmetric activations
+
+
 def parse_scheme(name: str | None) -> Scheme | None:
-    """A scheme by name; None, "none" -> no quantization."""
+    """A scheme by name (a SCHEMES key, optionally + ASYM_SUFFIX for asymmetric
+    activations); None, "none" -> no quantization."""
     if name is None or name == "none":
         return None
-    try:
-        return SCHEMES[name]
-    except KeyError:
-        raise ValueError(f"quantization must be none or one of {', '.join(SCHEMES)}, "
-                         f"got {name!r}") from None
+    base = name[:-len(ASYM_SUFFIX)] if name.endswith(ASYM_SUFFIX) else name
+    if base not in SCHEMES:
+        raise ValueError(f"quantization must be none or one of {', '.join(SCHEMES)} (each "
+                         f"also with {ASYM_SUFFIX} for asymmetric activations), got {name!r}")
+    s = SCHEMES[base]
+    return s if base == name else Scheme(name, s.bits, s.group, act_symmetric=False)
 
 
 def kpad(k: int) -> int:
@@ -70,6 +78,7 @@ class QuantizedMatrix:
     o: np.ndarray | None        # [n, groups] float32, bits 4 only
     bits: int
     group: int
+    act_symmetric: bool = True  # the activations it meets: symmetric, or with zero points
 
     def __post_init__(self):
         n, k = self.q.shape
@@ -105,7 +114,8 @@ class QuantizedMatrix:
 
     def take_rows(self, rows: np.ndarray) -> QuantizedMatrix:
         return QuantizedMatrix(np.ascontiguousarray(self.q[rows]), self.d[rows],
-                               None if self.o is None else self.o[rows], self.bits, self.group)
+                               None if self.o is None else self.o[rows], self.bits, self.group,
+                               self.act_symmetric)
 
     @staticmethod
     def stack(parts: list[QuantizedMatrix]) -> QuantizedMatrix:
@@ -118,8 +128,10 @@ class QuantizedMatrix:
         if any(o is None for o in offsets) and any(o is not None for o in offsets):
             offsets = [p.o if p.o is not None else np.zeros_like(p.d) for p in parts]
         o = None if all(x is None for x in offsets) else np.concatenate(offsets)
+        # one quantization of the input serves every part: asymmetric if any asks for it
         return QuantizedMatrix(np.concatenate([p.q for p in parts]),
-                               np.concatenate([p.d for p in parts]), o, first.bits, first.group)
+                               np.concatenate([p.d for p in parts]), o, first.bits, first.group,
+                               all(p.act_symmetric for p in parts))
 
 
 def _group_view(w: np.ndarray, group: int) -> tuple[np.ndarray, int]:
@@ -149,12 +161,13 @@ def quantize_rtn(w: np.ndarray, scheme: Scheme) -> QuantizedMatrix:
         safe = np.where(d > 0, d, 1.0)[..., None]
         v = np.clip(np.rint(groups / safe), -127, 127)
         q = v.reshape(n, -1)[:, :k].astype(np.int8)
-        return QuantizedMatrix(q, d, None, 8, scheme.group)
+        return QuantizedMatrix(q, d, None, 8, scheme.group, scheme.act_symmetric)
     d = (amax / 7.5).astype(np.float32)
     safe = np.where(d > 0, d, 1.0)[..., None]
     v = np.clip(np.rint(groups / safe), -8, 7)
     q = (v.reshape(n, -1)[:, :k] + 8).astype(np.int8)
-    return QuantizedMatrix(q, d, (-8.0 * d).astype(np.float32), 4, scheme.group)
+    return QuantizedMatrix(q, d, (-8.0 * d).astype(np.float32), 4, scheme.group,
+                           scheme.act_symmetric)
 
 
 GGUF_QUANTIZED = {"Q8_0": (8, 32), "Q4_0": (4, 32), "Q4_1": (4, 32)}

@@ -4,7 +4,7 @@ prepacks the linear layers once (fused QKV and gate/up), so that `forward`
 never converts or repacks anything."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -220,9 +220,11 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         if quantization == "auto":
             if all(q is not None for q in natives) and \
                     len({(q.bits, q.group) for q in natives}) == 1:
+                stacked = QuantizedMatrix.stack(natives)
+                acts = "" if stacked.act_symmetric else ", asymmetric activations"
                 used.add(f"w{natives[0].bits}a8-{_group_name(natives[0].group)} "
-                         f"({_origin(source)})")
-                return QuantizedMatrix.stack(natives)
+                         f"({_origin(source)}{acts})")
+                return stacked
             return None  # float, or mixed formats within one fused matrix: run in dtype
         parts = []
         for (n, shp), q in zip(names_shapes, natives, strict=True):
@@ -231,13 +233,14 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             else:
                 parts.append(quantize_rtn(_as_f32(tensor(n, shp)), quantization))
         used.add(quantization.name)
-        return QuantizedMatrix.stack(parts)
+        return replace(QuantizedMatrix.stack(parts), act_symmetric=quantization.act_symmetric)
 
     def matrix(names_shapes: list[tuple[str, tuple[int, int]]],
                may_quantize: bool = True) -> ops.PackedWeight:
         qm = quantized(names_shapes) if may_quantize else None
         if qm is not None:
-            return ops.pack_quantized(qm.q, qm.d, qm.o, qm.bits, qm.group)
+            return ops.pack_quantized(qm.q, qm.d, qm.o, qm.bits, qm.group,
+                                      act_asym=not qm.act_symmetric)
         parts = [tensor(n, s) for n, s in names_shapes]
         conv = _as_bf16 if dtype == "bf16" else _as_f32
         fused = conv(parts[0]) if len(parts) == 1 else np.concatenate([conv(p) for p in parts])
@@ -282,7 +285,8 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         if head_q is not None:
             label = f"{label}; lm_head {', '.join(used)}"
     if head_q is not None:
-        lm_head = ops.pack_quantized(head_q.q, head_q.d, head_q.o, head_q.bits, head_q.group)
+        lm_head = ops.pack_quantized(head_q.q, head_q.d, head_q.o, head_q.bits, head_q.group,
+                                     act_asym=not head_q.act_symmetric)
     elif tied:
         lm_head = ops.pack_weight(embed, dtype)
     else:

@@ -526,34 +526,92 @@ static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
   report_start(&r, v->isa, "quant_act");
   for (size_t ik = 0; ik < sizeof ks / sizeof *ks; ik++)
     for (size_t ig = 0; ig < sizeof groups / sizeof *groups; ig++)
-      for (int with_gsum = 0; with_gsum < 2; with_gsum++) {
+      for (int mode = 0; mode < 4; mode++) { /* bit 0: gsum, bit 1: asymmetric */
+        const int with_gsum = mode & 1, asym = mode >> 1;
         const int64_t k = ks[ik], group = groups[ig], m = 9 + (int64_t)(ik % 3) * 4;
         const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
         const int64_t ldx = k + (int64_t)(ik & 1) * 3, ldq = kpad + (int64_t)(ig & 1) * 5, ldgs = ng + 2;
-        const int64_t ldsc = ng + (int64_t)with_gsum * 3;
+        const int64_t ldsc = ng + (int64_t)with_gsum * 3, ldzp = ng + 1;
         float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
         int8_t *q = xmalloc((size_t)(m * ldq)), *qr = xmalloc((size_t)(m * ldq));
         float *sc = xmalloc(sizeof(float) * (size_t)(m * ldsc));
         float *scr = xmalloc(sizeof(float) * (size_t)(m * ldsc));
         int32_t *gs = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
         int32_t *gsr = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
+        int32_t *zp = xmalloc(sizeof(int32_t) * (size_t)(m * ldzp));
+        int32_t *zpr = xmalloc(sizeof(int32_t) * (size_t)(m * ldzp));
         fill_act(x, m, k, ldx, 1);
+        if (asym) /* skew some rows: all positive, all negative */
+          for (int64_t i = 0; i < k; i++) {
+            x[2 * ldx + i] = fabsf(x[2 * ldx + i]) + 0.5f;
+            x[3 * ldx + i] = -fabsf(x[3 * ldx + i]) * 3.0f;
+          }
         memset(q, 0x5a, (size_t)(m * ldq)); /* past kpad: untouched */
         memset(qr, 0x5a, (size_t)(m * ldq));
         memset(gs, 0x5a, sizeof(int32_t) * (size_t)(m * ldgs));
         memset(gsr, 0x5a, sizeof(int32_t) * (size_t)(m * ldgs));
+        memset(zp, 0x5a, sizeof(int32_t) * (size_t)(m * ldzp));
+        memset(zpr, 0x5a, sizeof(int32_t) * (size_t)(m * ldzp));
         memset(sc, 0x5a, sizeof(float) * (size_t)(m * ldsc)); /* past ng: untouched */
         memset(scr, 0x5a, sizeof(float) * (size_t)(m * ldsc));
-        v->quant_act(pool, x, m, k, ldx, group, q, ldq, sc, ldsc, with_gsum ? gs : NULL, ldgs);
+        v->quant_act(pool, x, m, k, ldx, group, q, ldq, sc, ldsc, with_gsum ? gs : NULL, ldgs,
+                     asym ? zp : NULL, ldzp);
         armllm_kernels_ref.quant_act(NULL, x, m, k, ldx, group, qr, ldq, scr, ldsc,
-                                     with_gsum ? gsr : NULL, ldgs);
+                                     with_gsum ? gsr : NULL, ldgs, asym ? zpr : NULL, ldzp);
         if (memcmp(q, qr, (size_t)(m * ldq)) || memcmp(sc, scr, sizeof(float) * (size_t)(m * ldsc)) ||
-            memcmp(gs, gsr, sizeof(int32_t) * (size_t)(m * ldgs)))
+            memcmp(gs, gsr, sizeof(int32_t) * (size_t)(m * ldgs)) ||
+            memcmp(zp, zpr, sizeof(int32_t) * (size_t)(m * ldzp)))
           r.bad++;
         r.cases++;
-        free(x); free(q); free(qr); free(sc); free(scr); free(gs); free(gsr);
+        free(x); free(q); free(qr); free(sc); free(scr); free(gs); free(gsr); free(zp); free(zpr);
       }
   report_end(&r, v->impl[ARMLLM_K_QUANT_ACT]);
+}
+
+/* The fused RMSNorm + quantization against the table's two kernels run one
+ * after the other (every output compared bit for bit, residual included). */
+static void check_rmsnorm_quant(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ds[] = {7, 64, 576, 1029, 4100};
+  static const int64_t ts[] = {1, 3, 40};
+  report r;
+  report_start(&r, v->isa, "rmsnorm_quant");
+  for (size_t id = 0; id < sizeof ds / sizeof *ds; id++)
+    for (size_t it = 0; it < sizeof ts / sizeof *ts; it++)
+      for (int mode = 0; mode < 4; mode++) { /* bit 0: residual, bit 1: asymmetric */
+        const int64_t d = ds[id], t = ts[it], group = (int64_t)(id % 2) * 32;
+        const int64_t kpad = armllm_q_kpad(d), ng = armllm_q_groups(d, group);
+        const size_t nx = (size_t)(t * d), nq = (size_t)(t * kpad), ns = (size_t)(t * ng);
+        float *x = xmalloc(sizeof(float) * nx), *w = xmalloc(sizeof(float) * (size_t)d);
+        float *res[2] = {xmalloc(sizeof(float) * nx), xmalloc(sizeof(float) * nx)};
+        float *out[2] = {xmalloc(sizeof(float) * nx), xmalloc(sizeof(float) * nx)};
+        int8_t *q[2] = {xmalloc(nq), xmalloc(nq)};
+        float *sc[2] = {xmalloc(sizeof(float) * ns), xmalloc(sizeof(float) * ns)};
+        int32_t *gs[2] = {xmalloc(sizeof(int32_t) * ns), xmalloc(sizeof(int32_t) * ns)};
+        int32_t *zp[2] = {xmalloc(sizeof(int32_t) * ns), xmalloc(sizeof(int32_t) * ns)};
+        fill(x, (int64_t)nx, 2.0f);
+        fill(w, d, 1.0f);
+        fill(res[0], (int64_t)nx, 1.0f);
+        memcpy(res[1], res[0], sizeof(float) * nx);
+        float *rp[2] = {mode & 1 ? res[0] : NULL, mode & 1 ? res[1] : NULL};
+        int32_t *zpp[2] = {mode & 2 ? zp[0] : NULL, mode & 2 ? zp[1] : NULL};
+        memset(zp[0], 0, sizeof(int32_t) * ns);
+        memset(zp[1], 0, sizeof(int32_t) * ns);
+        armllm_rmsnorm_quant(v, pool, x, d, rp[0], d, w, t, d, 1e-5f, out[0], d, group, q[0],
+                             kpad, sc[0], ng, gs[0], ng, zpp[0], ng);
+        v->rmsnorm(pool, x, d, rp[1], d, w, t, d, 1e-5f, out[1], d);
+        v->quant_act(pool, out[1], t, d, d, group, q[1], kpad, sc[1], ng, gs[1], ng, zpp[1], ng);
+        if (memcmp(out[0], out[1], sizeof(float) * nx) || memcmp(q[0], q[1], nq) ||
+            memcmp(sc[0], sc[1], sizeof(float) * ns) || memcmp(gs[0], gs[1], sizeof(int32_t) * ns) ||
+            memcmp(zp[0], zp[1], sizeof(int32_t) * ns) ||
+            ((mode & 1) && memcmp(res[0], res[1], sizeof(float) * nx)))
+          r.bad++;
+        r.cases++;
+        free(x); free(w);
+        for (int i = 0; i < 2; i++) {
+          free(res[i]); free(out[i]); free(q[i]); free(sc[i]); free(gs[i]); free(zp[i]);
+        }
+      }
+  report_end(&r, v->impl[ARMLLM_K_RMSNORM]);
 }
 
 /* One quantized GEMM case against ref, bit for bit (memcmp of y, row
@@ -578,7 +636,7 @@ static void wq_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64
   float *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
   fill_act(x, m, k, ldx, m > 3);
   if (m > 8) x[8 * ldx] = NAN; /* row 8: NaN scale */
-  ref->quant_act(NULL, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs);
+  ref->quant_act(NULL, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, NULL, 0);
   for (int64_t i = 0; i < n * k; i++) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     const int u = (int)((rng_state >> 33) % 255);
@@ -724,6 +782,7 @@ int main(int argc, char **argv) {
     check_kv_write(v, pool);
     check_attention(v, pool);
     check_quant_act(v, pool);
+    check_rmsnorm_quant(v, pool);
     check_gemm_wq(v, pool, quick);
   }
   armllm_pool_destroy(pool);

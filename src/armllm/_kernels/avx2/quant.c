@@ -80,6 +80,8 @@ typedef struct {
   int64_t ldsc;
   int32_t *gsum;
   int64_t ldgs;
+  int32_t *zp; /* asymmetric when set */
+  int64_t ldzp;
 } quant_job;
 
 static ALWAYS_INLINE __m256 load_part(const float *p, int64_t left) {
@@ -129,6 +131,76 @@ static ALWAYS_INLINE int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(h);
 }
 
+/* min(0, min x) and max(0, max x) over k elements; 0 when any is NaN. */
+static int row_range(const float *x, int64_t k, float *lo, float *hi) {
+  __m256 mn = _mm256_setzero_ps(), mx = mn, nan = mn;
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 a = load_part(x + i, k - i); /* zeros past k: inside the range anyway */
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+    mn = _mm256_min_ps(mn, a);
+    mx = _mm256_max_ps(mx, a);
+  }
+  if (_mm256_movemask_ps(nan)) return 0;
+  __m128 l = _mm_min_ps(_mm256_castps256_ps128(mn), _mm256_extractf128_ps(mn, 1));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  l = _mm_min_ps(l, _mm_movehl_ps(l, l));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  *lo = _mm_cvtss_f32(_mm_min_ss(l, _mm_shuffle_ps(l, l, 1)));
+  *hi = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+  return 1;
+}
+
+/* The sum of a group's stored bytes (k1 - k0 a multiple of 32). */
+static int32_t group_sum(const int8_t *q, int64_t k0, int64_t k1) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  __m256i sum = _mm256_setzero_si256();
+  for (int64_t i = k0; i < k1; i += 32) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + i));
+    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16));
+  }
+  return hsum_epi32(sum);
+}
+
+/* One asymmetric group [k0, k1) of a row, real columns [k0, kx): the header's
+ * s = (hi - lo) / 254 and zero point z, xq = clamp(round(x / s) + z). */
+static void quant_group_asym(const float *x, int64_t k0, int64_t kx, int64_t k1, int8_t *q,
+                             float *sc, int32_t *zp, int32_t *gs) {
+  float lo = 0.0f, hi = 0.0f;
+  if (!row_range(x + k0, kx - k0, &lo, &hi)) { /* a NaN: ref's scale bits, all zeros */
+    for (int64_t i = k0; i < kx; i++) {
+      hi = (x[i] > hi || x[i] != x[i]) ? x[i] : hi;
+      lo = (x[i] < lo || x[i] != x[i]) ? x[i] : lo;
+    }
+  }
+  const float s = (hi - lo) / 254.0f;
+  *sc = s;
+  *zp = 0;
+  if (gs) *gs = 0;
+  if (s == 0.0f || !isfinite(s)) {
+    memset(q + k0, 0, (size_t)(k1 - k0));
+    return;
+  }
+  const int32_t z = (int32_t)nearbyintf(-127.0f - lo / s);
+  *zp = z;
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i vz = _mm256_set1_epi32(z), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i lo127 = _mm256_set1_epi8(-127);
+  for (int64_t i = k0; i < k1; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; j++) {
+      const __m256 r = _mm256_round_ps(_mm256_div_ps(load_part(x + i + 8 * j, kx - i - 8 * j), vs),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v[j] = _mm256_add_epi32(_mm256_cvtps_epi32(r), vz);
+    }
+    /* saturating packs clamp to [-128, 127]; the max makes it [-127, 127] */
+    __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    b = _mm256_max_epi8(_mm256_permutevar8x32_epi32(b, order), lo127);
+    _mm256_storeu_si256((__m256i *)(q + i), b);
+  }
+  memset(q + kx, 0, (size_t)(k1 - kx)); /* padding is 0, not z */
+  if (gs) *gs = group_sum(q, k0, k1);
+}
+
 /* One row, group by group: the group's amax over its real columns, then its
  * 32-k chunks quantized (and summed) while they are in L1. */
 static void quant_row(const quant_job *job, int64_t r) {
@@ -142,6 +214,10 @@ static void quant_row(const quant_job *job, int64_t r) {
   for (int64_t g = 0, k0 = 0; g < job->ng; g++, k0 += gl) {
     const int64_t k1 = k0 + gl < kpad ? k0 + gl : kpad;
     const int64_t kx = k1 < k ? k1 : k; /* > k0: every group has a real column */
+    if (job->zp) {
+      quant_group_asym(x, k0, kx, k1, q, sc + g, job->zp + r * job->ldzp + g, gs ? gs + g : NULL);
+      continue;
+    }
     const float s = row_amax(x + k0, kx - k0) / 127.0f;
     sc[g] = s;
     if (s == 0.0f || !isfinite(s)) { /* every x / s is 0 or NaN: all zeros, as ref */
@@ -172,10 +248,10 @@ static void quant_rows_task(void *ctx, int64_t r0, int64_t r1) {
 
 void armllm_avx2_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                            int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
-                           int32_t *gsum, int64_t ldgs) {
+                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
   const int64_t kpad = armllm_q_kpad(k);
-  quant_job job = {x,   k,     ldx,  kpad, armllm_q_group_len(group), armllm_q_groups(k, group),
-                   xq,  ldq,   scale, ldsc, gsum, ldgs};
+  quant_job job = {x,  k,   ldx,   kpad, armllm_q_group_len(group), armllm_q_groups(k, group),
+                   xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
   if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), quant_rows_task,
                   &job);

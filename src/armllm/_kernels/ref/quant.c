@@ -14,9 +14,25 @@ static size_t q_bytes(int64_t n, int64_t k) {
   return ((size_t)(n * armllm_q_kpad(k)) + 15) & ~(size_t)15;
 }
 
+/* One group's scale (and zero point): the header's rules, NaN winning every max/min. */
+static float ref_group_scale(const float *x, int64_t k0, int64_t kx, int asym, int32_t *z) {
+  float amax = 0.0f, lo = 0.0f, hi = 0.0f;
+  for (int64_t i = k0; i < kx; i++) {
+    const float v = x[i], a = fabsf(v);
+    amax = (a > amax || a != a) ? a : amax;
+    hi = (v > hi || v != v) ? v : hi;
+    lo = (v < lo || v != v) ? v : lo;
+  }
+  *z = 0;
+  if (!asym) return amax / 127.0f;
+  const float s = (hi - lo) / 254.0f;
+  if (s != 0.0f && isfinite(s)) *z = (int32_t)nearbyintf(-127.0f - lo / s);
+  return s;
+}
+
 static void ref_quant_rows(const float *x, int64_t r0, int64_t r1, int64_t k, int64_t ldx,
                            int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
-                           int32_t *gsum, int64_t ldgs) {
+                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
   const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
   const int64_t gl = armllm_q_group_len(group);
   for (int64_t r = r0; r < r1; r++) {
@@ -25,22 +41,24 @@ static void ref_quant_rows(const float *x, int64_t r0, int64_t r1, int64_t k, in
     for (int64_t g = 0; g < ng; g++) {
       const int64_t k0 = g * gl, k1 = (g + 1) * gl < kpad ? (g + 1) * gl : kpad;
       const int64_t kx = k1 < k ? k1 : k; /* the group's real columns */
-      float amax = 0.0f;
-      for (int64_t i = k0; i < kx; i++) {
-        const float a = fabsf(xr[i]);
-        amax = (a > amax || a != a) ? a : amax; /* NaN wins */
-      }
-      const float s = amax / 127.0f;
+      int32_t z;
+      const float s = ref_group_scale(xr, k0, kx, zp != NULL, &z);
+      const int zero = s == 0.0f || !isfinite(s);
       int32_t acc = 0;
       for (int64_t i = k0; i < kx; i++) {
-        float v = s != 0.0f ? nearbyintf(xr[i] / s) : 0.0f;
-        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
-        qr[i] = (int8_t)(v == v ? v : 0.0f);
+        float v = zero ? 0.0f : nearbyintf(xr[i] / s);
+        v = v == v ? v : 0.0f;
+        if (v > 255.0f) v = 255.0f; /* keeps the int conversion defined; clamped below */
+        if (v < -255.0f) v = -255.0f;
+        int32_t iv = (int32_t)v + z;
+        iv = iv > 127 ? 127 : (iv < -127 ? -127 : iv);
+        qr[i] = (int8_t)iv;
         acc += qr[i];
       }
       for (int64_t i = kx; i < k1; i++) qr[i] = 0;
       scale[r * ldsc + g] = s;
       if (gsum) gsum[r * ldgs + g] = acc;
+      if (zp) zp[r * ldzp + g] = z;
     }
   }
 }
@@ -54,18 +72,20 @@ typedef struct {
   int64_t ldsc;
   int32_t *gsum;
   int64_t ldgs;
+  int32_t *zp;
+  int64_t ldzp;
 } ref_qa_job;
 
 static void ref_quant_task(void *ctx, int64_t r0, int64_t r1) {
   const ref_qa_job *j = ctx;
   ref_quant_rows(j->x, r0, r1, j->k, j->ldx, j->group, j->xq, j->ldq, j->scale, j->ldsc,
-                 j->gsum, j->ldgs);
+                 j->gsum, j->ldgs, j->zp, j->ldzp);
 }
 
 void armllm_ref_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
-                          int32_t *gsum, int64_t ldgs) {
-  ref_qa_job job = {x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs};
+                          int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
+  ref_qa_job job = {x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 4, 4), ref_quant_task, &job);
 }
 
