@@ -37,7 +37,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "quantizes at load (w8a8: int8 per channel; w4a8: int4 group 32; "
                         "-asym: activations with zero points)")
     p.add_argument("--quantize-lm-head", action="store_true",
-                   help="quantize the lm_head too (a GGUF's Q8_0 token embedding runs as is)")
+                   help="quantize a float lm_head with the scheme too (under auto a "
+                        "quantized one, e.g. a GGUF's Q8_0 token embedding, runs as is)")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="do not reuse the KV cache of earlier prompts' shared prefixes")
 

@@ -712,7 +712,8 @@ def test_rms_norm_linear_equals_norm_then_linear(variant):
 
 def test_asymmetric_arguments_are_checked(kern):
     x = np.ones((2, 40), np.float32)
-    xq, sc, gs = np.empty((2, 64), np.int8), np.empty((2, 2), np.float32), np.empty((2, 2), np.int32)
+    xq, sc = np.empty((2, 64), np.int8), np.empty((2, 2), np.float32)
+    gs = np.empty((2, 2), np.int32)
     with pytest.raises(ValueError, match="zp must have dtype int32"):
         kern.quant_act(x, xq, sc, gs, 32, None, zp=np.empty((2, 2), np.float32))
     with pytest.raises(ValueError, match="zp must have 2 rows of at least 2 columns"):

@@ -31,7 +31,7 @@ class EngineArgs:
     kv_cache_dtype: str = "bf16"
     enable_prefix_caching: bool = True
     quantization: str = "auto"            # auto (the checkpoint's own), none, or a scheme name
-    quantize_lm_head: bool = False        # the lm_head too (default: kept in dtype)
+    quantize_lm_head: bool = False        # a float lm_head too (default: kept in dtype)
 
     def __post_init__(self):
         if self.dtype not in _WEIGHT_DTYPES:

@@ -186,9 +186,10 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     quantization: "auto" runs the checkpoint's own quantized layers as they are (GGUF
     Q8_0/Q4_0/Q4_1, compressed-tensors) and float layers in `dtype`; "none" dequantizes
     everything to `dtype`; a Scheme quantizes float layers at load (round to nearest) and
-    keeps quantized ones that already match it. Embeddings stay in `dtype`; so does the
-    lm_head unless quantize_lm_head (then it follows the same rule: with "auto" a
-    quantized source tensor, e.g. a GGUF's Q8_0 token_embd for a tied head, runs as is)."""
+    keeps quantized ones that already match it. Embeddings stay in `dtype`. The lm_head
+    follows the linear layers' rule when the checkpoint stores it quantized ("auto", e.g.
+    a GGUF's Q8_0 token_embd under a tied head, runs as is, as llama.cpp runs it) or when
+    quantize_lm_head asks for it; a float lm_head otherwise stays in `dtype`."""
     if dtype not in ("f32", "bf16"):
         raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
     if not (isinstance(quantization, Scheme) or quantization in ("auto", "none")):
@@ -279,7 +280,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     tied = c.tie_word_embeddings
     head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
     head_q, label = None, ", ".join(sorted(used)) or None
-    if quantize_lm_head and quantization != "none":
+    if quantization == "auto" or (quantize_lm_head and quantization != "none"):
         used.clear()
         head_q = quantized([(head_name, (c.vocab_size, h))])
         if head_q is not None:
