@@ -1,6 +1,6 @@
 /* family_jobs.h: the pool-task arguments of the element-wise kernel families
- * (norm, rope, act, embed), the same for every ISA, and the range checks
- * those kernels run before they touch anything. */
+ * (norm, rope, act, embed, activation quantization), the same for every ISA,
+ * and the range checks those kernels run before they touch anything. */
 #ifndef ARMLLM_FAMILY_JOBS_H
 #define ARMLLM_FAMILY_JOBS_H
 
@@ -17,6 +17,20 @@ typedef struct {
   float *out;
   int64_t ldo;
 } armllm_norm_job;
+
+/* quant_act's arguments (armllm_kernels.h), K's padding and groups worked out. */
+typedef struct {
+  const float *x;
+  int64_t k, ldx, kpad, gl, ng; /* gl: group length, ng: groups a row */
+  int8_t *xq;
+  int64_t ldq;
+  float *scale;
+  int64_t ldsc;
+  int32_t *gsum; /* NULL: no sums */
+  int64_t ldgs;
+  int32_t *zp; /* NULL: symmetric */
+  int64_t ldzp;
+} armllm_quant_job;
 
 typedef struct {
   float *x;

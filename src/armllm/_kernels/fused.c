@@ -7,6 +7,7 @@
  * caller makes one call instead of two (at decode, one row, that is most of
  * the saving: two kernel entries and their argument checks per layer). */
 #include "armllm_kernels.h"
+#include "family_jobs.h"
 
 /* Rows a block: about 16 KB of normalized floats, so the block stays in L1
  * between the two passes. */
@@ -14,37 +15,26 @@
 
 typedef struct {
   const armllm_kernels *kt;
-  const float *x;
-  int64_t ldx;
-  float *residual;
-  int64_t ldr;
-  const float *weight;
-  int64_t d;
-  float eps;
-  float *out;
-  int64_t ldo, group;
-  int8_t *xq;
-  int64_t ldq;
-  float *scale;
-  int64_t ldsc;
-  int32_t *gsum;
-  int64_t ldgs;
-  int32_t *zp;
-  int64_t ldzp;
+  armllm_norm_job norm;   /* its out is quant's x */
+  armllm_quant_job quant;
+  int64_t group;
 } norm_quant_job;
 
 static void norm_quant_block(const norm_quant_job *j, int64_t r0, int64_t n) {
-  j->kt->rmsnorm(NULL, j->x + r0 * j->ldx, j->ldx, j->residual ? j->residual + r0 * j->ldr : NULL,
-                 j->ldr, j->weight, n, j->d, j->eps, j->out + r0 * j->ldo, j->ldo);
-  j->kt->quant_act(NULL, j->out + r0 * j->ldo, n, j->d, j->ldo, j->group, j->xq + r0 * j->ldq,
-                   j->ldq, j->scale + r0 * j->ldsc, j->ldsc,
-                   j->gsum ? j->gsum + r0 * j->ldgs : NULL, j->ldgs,
-                   j->zp ? j->zp + r0 * j->ldzp : NULL, j->ldzp);
+  const armllm_norm_job *nj = &j->norm;
+  const armllm_quant_job *qj = &j->quant;
+  j->kt->rmsnorm(NULL, nj->x + r0 * nj->ldx, nj->ldx,
+                 nj->residual ? nj->residual + r0 * nj->ldr : NULL, nj->ldr, nj->weight, n, nj->d,
+                 nj->eps, nj->out + r0 * nj->ldo, nj->ldo);
+  j->kt->quant_act(NULL, qj->x + r0 * qj->ldx, n, qj->k, qj->ldx, j->group, qj->xq + r0 * qj->ldq,
+                   qj->ldq, qj->scale + r0 * qj->ldsc, qj->ldsc,
+                   qj->gsum ? qj->gsum + r0 * qj->ldgs : NULL, qj->ldgs,
+                   qj->zp ? qj->zp + r0 * qj->ldzp : NULL, qj->ldzp);
 }
 
 static void norm_quant_rows(void *ctx, int64_t r0, int64_t r1) {
   const norm_quant_job *j = ctx;
-  const int64_t block = j->d < FUSED_BLOCK_FLOATS ? FUSED_BLOCK_FLOATS / j->d : 1;
+  const int64_t d = j->norm.d, block = d < FUSED_BLOCK_FLOATS ? FUSED_BLOCK_FLOATS / d : 1;
   for (int64_t r = r0; r < r1; r += block) norm_quant_block(j, r, r1 - r < block ? r1 - r : block);
 }
 
@@ -53,8 +43,11 @@ void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const flo
                           int64_t t, int64_t d, float eps, float *out, int64_t ldo,
                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
-  norm_quant_job job = {kt, x, ldx, residual, ldr, weight, d, eps, out, ldo, group,
-                        xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
+  norm_quant_job job = {kt,
+                        {x, ldx, residual, ldr, weight, d, eps, out, ldo},
+                        {out, d, ldo, armllm_q_kpad(d), armllm_q_group_len(group),
+                         armllm_q_groups(d, group), xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp},
+                        group};
   if (t * d < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), norm_quant_rows, &job);
 }

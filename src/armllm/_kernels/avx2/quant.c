@@ -46,6 +46,7 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "vexp_avx2.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -71,18 +72,7 @@ static ALWAYS_INLINE __m256 no_contract(__m256 v) {
 
 /* ------------------------------------------------------- quant_act */
 
-typedef struct {
-  const float *x;
-  int64_t k, ldx, kpad, gl, ng;
-  int8_t *xq;
-  int64_t ldq;
-  float *scale;
-  int64_t ldsc;
-  int32_t *gsum;
-  int64_t ldgs;
-  int32_t *zp; /* asymmetric when set */
-  int64_t ldzp;
-} quant_job;
+typedef armllm_quant_job quant_job;
 
 static ALWAYS_INLINE __m256 load_part(const float *p, int64_t left) {
   if (left >= 8) return _mm256_loadu_ps(p);

@@ -47,6 +47,7 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 #include "../cpu.h"
 #include "../gemm_plan.h"
 #include "../quant_arm.h"
@@ -172,18 +173,7 @@ static void quant_group_asym(const float *xr, int64_t k0, int64_t kx, int64_t k1
   if (gs) *gs = group_sum(qr, k0, k1);
 }
 
-typedef struct {
-  const float *x;
-  int64_t k, ldx, kpad, gl, ng;
-  int8_t *xq;
-  int64_t ldq;
-  float *scale;
-  int64_t ldsc;
-  int32_t *gsum;
-  int64_t ldgs;
-  int32_t *zp; /* asymmetric when set */
-  int64_t ldzp;
-} quant_job;
+typedef armllm_quant_job quant_job;
 
 static void quant_rows(void *ctx, int64_t r0, int64_t r1) {
   const quant_job *j = ctx;

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../family_jobs.h"
 
 static size_t q_bytes(int64_t n, int64_t k) {
   return ((size_t)(n * armllm_q_kpad(k)) + 15) & ~(size_t)15;
@@ -30,11 +31,14 @@ static float ref_group_scale(const float *x, int64_t k0, int64_t kx, int asym, i
   return s;
 }
 
-static void ref_quant_rows(const float *x, int64_t r0, int64_t r1, int64_t k, int64_t ldx,
-                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
-                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
-  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
-  const int64_t gl = armllm_q_group_len(group);
+static void ref_quant_rows(const armllm_quant_job *j, int64_t r0, int64_t r1) {
+  const int64_t k = j->k, kpad = j->kpad, ng = j->ng, gl = j->gl, ldq = j->ldq;
+  const int64_t ldsc = j->ldsc, ldgs = j->ldgs, ldzp = j->ldzp;
+  const float *x = j->x;
+  int8_t *xq = j->xq;
+  float *scale = j->scale;
+  int32_t *gsum = j->gsum, *zp = j->zp;
+  const int64_t ldx = j->ldx;
   for (int64_t r = r0; r < r1; r++) {
     const float *xr = x + r * ldx;
     int8_t *qr = xq + r * ldq;
@@ -63,29 +67,16 @@ static void ref_quant_rows(const float *x, int64_t r0, int64_t r1, int64_t k, in
   }
 }
 
-typedef struct {
-  const float *x;
-  int64_t k, ldx, group;
-  int8_t *xq;
-  int64_t ldq;
-  float *scale;
-  int64_t ldsc;
-  int32_t *gsum;
-  int64_t ldgs;
-  int32_t *zp;
-  int64_t ldzp;
-} ref_qa_job;
-
 static void ref_quant_task(void *ctx, int64_t r0, int64_t r1) {
-  const ref_qa_job *j = ctx;
-  ref_quant_rows(j->x, r0, r1, j->k, j->ldx, j->group, j->xq, j->ldq, j->scale, j->ldsc,
-                 j->gsum, j->ldgs, j->zp, j->ldzp);
+  const armllm_quant_job *j = ctx;
+  ref_quant_rows(j, r0, r1);
 }
 
 void armllm_ref_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
-  ref_qa_job job = {x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
+  armllm_quant_job job = {x,  k,   ldx,   armllm_q_kpad(k), armllm_q_group_len(group),
+                          armllm_q_groups(k, group), xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 4, 4), ref_quant_task, &job);
 }
 
