@@ -196,16 +196,26 @@ def test_plan_tiny_model_bf16_and_f32(tiny, capsys):
     check(p, expected_plan(c, 512, 2, 25.0, item=4, kv_item=4))
 
 
-@pytest.mark.parametrize("quantization, linear", [
-    ("w8a8", lambda n, k: n * k + 4 * n),                       # int8 + f32 per channel
-    ("w4a8", lambda n, k: n * k // 2 + 2 * n * math.ceil(k / 32)),   # int4 + bf16 per 32
-    ("w4a8-g128", lambda n, k: n * k // 2 + 2 * n * math.ceil(k / 128)),
-])
-def test_plan_quantized_weights(tiny, capsys, quantization, linear):
+def packed_bytes(scheme: str):
+    """What the loader really allocates for an [n, k] linear weight under `scheme`: a
+    weight packed by the selected kernels (and its zero-point correction)."""
+    from armllm import ops
+    from armllm.model.quantize import parse_scheme, quantize_rtn
+
+    def size(n, k):
+        s = parse_scheme(scheme)
+        qm = quantize_rtn(np.ones((n, k), np.float32), s)
+        pw = ops.pack_quantized(qm.q, qm.d, qm.o, qm.bits, qm.group, not s.act_symmetric)
+        return pw.nbytes + (0 if pw.zp_correction is None else 4 * n * pw.n_groups)
+    return size
+
+
+@pytest.mark.parametrize("quantization", ["w8a8", "w4a8", "w4a8-g128", "w8a8-g32", "w4a8-asym"])
+def test_plan_quantized_weights(tiny, capsys, quantization):
     c = load_hf_config(tiny)
     p = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--quantization", quantization,
                            "--bandwidth-gbs", "10"])
-    check(p, expected_plan(c, 64, 1, 10.0, linear=linear))
+    check(p, expected_plan(c, 64, 1, 10.0, linear=packed_bytes(quantization)))
     assert any(quantization in line for line in p["assumptions"])
 
 
@@ -232,7 +242,7 @@ def test_plan_text_with_measured_bandwidth(tiny, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
-    (["--quantization", "q3_k"], "--quantization must be one of none, w8a8, w4a8, w4a8-g128"),
+    (["--quantization", "q3_k"], "--quantization must be one of none, w8a8, w8a8-g32, w4a8"),
     (["--dtype", "fp8"], "--dtype must be one of auto, bfloat16, float32"),
     (["--max-model-len", "513"], "--max-model-len 513 exceeds the model's context (512"),
     (["--bandwidth-gbs", "0"], "--bandwidth-gbs must be > 0"),

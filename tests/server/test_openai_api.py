@@ -219,3 +219,26 @@ def test_metrics_count_requests_and_tokens(server, client):
         assert name in text, name
     assert metric(server.url, 'armllm:request_success_total{model_name="tiny",'
                   'finished_reason="length"}') == done + 1
+
+
+@pytest.mark.parametrize("scheme", ["w8a8", "w4a8-asym"])
+def test_serve_quantization_flag_from_a_float_checkpoint(tiny_model, tmp_path, scheme):
+    """`armllm serve MODEL --quantization w8a8` quantizes the float checkpoint at
+    load: the HTTP answers equal the in-process engine with the same scheme, and
+    the startup log names it."""
+    from tests.server.conftest import ServerProcess
+    srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-dtype", "f32",
+                        "--kv-cache-gib", "0.02", "--served-model-name", "tiny",
+                        "--quantization", scheme, log=tmp_path / "server.log")
+    try:
+        srv.wait_ready()
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused")
+        ref = LLM(tiny_model, dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.01,
+                  quantization=scheme)
+        for prompt in PROMPTS:
+            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=8,
+                                            temperature=0.0, extra_body={"ignore_eos": True})
+            assert got.choices[0].text == greedy(ref, prompt)
+        assert f"linear layers: {scheme}" in srv.log()
+    finally:
+        srv.stop()

@@ -480,6 +480,15 @@ cdef class Kernels:
                                  qo.zp, qo.ldzp)
         return out
 
+    def wq_packed_len(self, int64_t n, int64_t k, int bits, int64_t group=0):
+        """Bytes pack_wq allocates for an [n, k] weight of `bits` in groups of `group`."""
+        if bits != 4 and bits != 8:
+            raise ValueError(f"bits must be 4 or 8, got {bits}")
+        _check_group(group)
+        if n < 1 or k < 1:
+            raise ValueError(f"n and k must be >= 1, got {n} and {k}")
+        return self.t.gemm_wq_packed_len(n, k, bits, group)
+
     def pack_wq(self, q, d, o=None, int bits=8, int64_t group=0):
         """Prepacks quantized weights W = d * q + o: q[N, K] int8 (bits 8: -127..127;
         bits 4: 0..15, one per byte), d and o float32 [N, n_groups], or [N, 1]

@@ -17,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from armllm.model.quantize import ASYM_SUFFIX, SCHEMES, parse_scheme
+
 BLOCK_SIZE = 16                  # KV cache tokens per block, the engine's default
 PROCESS_BYTES = 300 << 20        # Python, numpy, tokenizer and code: a fixed allowance
 ATTN_SPLIT_ROWS = 16             # Workspace's max_split_rows
@@ -25,10 +27,7 @@ PROBE_MIN_TIME = 0.3             # seconds per bandwidth measurement
 DTYPES = {"auto": "bf16", "bfloat16": "bf16", "float32": "f32"}
 KV_DTYPES = {"bf16": 2, "f32": 4}
 ITEM_BYTES = {"bf16": 2, "f32": 4}
-# quantization -> (weight bits, scale group along K: None = one scale per output channel)
-QUANTIZATIONS = {"none": None, "w8a8": (8, None), "w4a8": (4, 32), "w4a8-g128": (4, 128)}
-CHANNEL_SCALE_BYTES = 4          # f32 per output channel (w8a8)
-GROUP_SCALE_BYTES = 2            # bf16 per group (w4a8), as groupwise Arm W4A8 kernels take them
+QUANTIZATION_CHOICES = ("none", *SCHEMES, *(n + ASYM_SUFFIX for n in SCHEMES))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--quantization the embedding and lm_head")
     p.add_argument("--kv-cache-dtype", default="bf16", help="bf16 or f32")
     p.add_argument("--quantization", default="none",
-                   help="linear layers: none, w8a8 (int8, f32 scale per output channel), "
-                        "w4a8 (int4, bf16 scale per 32 inputs) or w4a8-g128 (per 128)")
+                   help="linear layers: none or a scheme of --quantization (w8a8, w4a8, "
+                        "w4a8-g128, ..., -asym), sized as this CPU's kernels pack them")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="token rows per engine step, which size the workspace (default 2048)")
     p.add_argument("--bandwidth-gbs", type=float, default=None,
@@ -78,14 +77,17 @@ def param_counts(c) -> dict:
 
 
 def linear_bytes(n: int, k: int, dense: str, quantization: str) -> int:
-    """Bytes of one [n, k] weight with its scales."""
-    q = QUANTIZATIONS[quantization]
-    if q is None:
+    """Bytes of one [n, k] weight: dense, or packed for this CPU's quantized kernels with
+    its scales and offsets (and, for asymmetric activations, the zero points' f32
+    correction of one float a group)."""
+    if quantization == "none":
         return n * k * ITEM_BYTES[dense]
-    bits, group = q
-    if group is None:
-        return n * k * bits // 8 + n * CHANNEL_SCALE_BYTES
-    return math.ceil(n * k * bits / 8) + n * math.ceil(k / group) * GROUP_SCALE_BYTES
+    from armllm import ops
+    s = parse_scheme(quantization)
+    packed = ops.kernels().wq_packed_len(n, k, s.bits, s.group)
+    if not s.act_symmetric:
+        packed += n * ops.quant_groups(k, s.group) * ITEM_BYTES["f32"]
+    return packed
 
 
 def weight_bytes(c, dense: str, quantization: str) -> dict:
@@ -220,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     from armllm.generate_cli import default_model
     _choice("dtype", args.dtype, DTYPES)
     _choice("kv-cache-dtype", args.kv_cache_dtype, KV_DTYPES)
-    _choice("quantization", args.quantization, QUANTIZATIONS)
+    _choice("quantization", args.quantization, QUANTIZATION_CHOICES)
     for name in ("concurrency", "max_num_batched_tokens", "max_model_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -266,12 +268,12 @@ def assumptions(p: dict) -> list[str]:
     dense, q = p["weight_dtype"], p["quantization"]
     out = [f"weights: {dense}, {ITEM_BYTES[dense]} B per parameter; norms and biases f32"]
     if q != "none":
-        bits, group = QUANTIZATIONS[q]
-        scales = ("an f32 scale per output channel" if group is None
-                  else f"a bf16 scale per {group} inputs of each output channel")
-        out = [f"linear layers {q}: {bits // 8 if bits >= 8 else bits / 8} B per parameter "
-               f"+ {scales}; embedding and lm_head at {dense}; norms and biases f32; "
-               f"workspace adds int8 activations"]
+        from armllm import ops
+        s = parse_scheme(q)
+        grouping = f"per {s.group} inputs" if s.group else "per output channel"
+        out = [f"linear layers {q}: int{s.bits} as the {ops.selected_isa()} kernels pack them, "
+               f"with f32 scales {grouping}; embedding and lm_head at {dense}; norms and "
+               f"biases f32; workspace adds int8 activations"]
     if p["params"]["tied"]:
         out.append("tied lm_head: counted once as parameters, but armllm packs a second copy "
                    "for the GEMM, so its bytes count twice in memory")
