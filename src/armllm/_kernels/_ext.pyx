@@ -480,14 +480,17 @@ cdef class Kernels:
                                  qo.zp, qo.ldzp)
         return out
 
-    def wq_packed_len(self, int64_t n, int64_t k, int bits, int64_t group=0):
-        """Bytes pack_wq allocates for an [n, k] weight of `bits` in groups of `group`."""
+    def wq_packed_len(self, int64_t n, int64_t k, int bits, int64_t group=0, bint f16=True):
+        """Bytes pack_wq allocates for an [n, k] weight of `bits` in groups of `group`,
+        for scales exact in f16 (GGUF's, armllm's RTN ones) or, with f16=False, any."""
         if bits != 4 and bits != 8:
             raise ValueError(f"bits must be 4 or 8, got {bits}")
         _check_group(group)
         if n < 1 or k < 1:
             raise ValueError(f"n and k must be >= 1, got {n} and {k}")
-        return self.t.gemm_wq_packed_len(n, k, bits, group)
+        cdef cnp.ndarray ones = np.ones(n * armllm_q_groups(k, group), np.float32)
+        cdef const float *dp = <const float *>cnp.PyArray_DATA(ones) if f16 else NULL
+        return self.t.gemm_wq_packed_len(n, k, bits, group, dp, NULL)
 
     def pack_wq(self, q, d, o=None, int bits=8, int64_t group=0):
         """Prepacks quantized weights W = d * q + o: q[N, K] int8 (bits 8: -127..127;
@@ -515,10 +518,10 @@ cdef class Kernels:
         if qmin < lo or qmax > hi:
             raise ValueError(f"q values must be in [{lo}, {hi}] for bits={bits}, got "
                              f"[{qmin}, {qmax}]")
-        cdef cnp.ndarray packed = _aligned_empty(self.t.gemm_wq_packed_len(n, k, bits, group),
-                                                 np.uint8)
         cdef const int8_t *qp = <const int8_t *>cnp.PyArray_DATA(qa)
         cdef const float *dp = <const float *>cnp.PyArray_DATA(da)
+        cdef cnp.ndarray packed = _aligned_empty(
+            self.t.gemm_wq_packed_len(n, k, bits, group, dp, o_ptr), np.uint8)
         with nogil:
             self.t.gemm_wq_pack(qp, n, k, bits, group, dp, o_ptr, cnp.PyArray_DATA(packed))
         packed.flags.writeable = False

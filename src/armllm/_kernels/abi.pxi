@@ -88,7 +88,8 @@ cdef extern from "armllm_kernels.h" nogil:
                                          int64_t ldq, float *scale, int64_t ldsc,
                                          int32_t *gsum, int64_t ldgs, int32_t *zp,
                                          int64_t ldzp)
-    ctypedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group)
+    ctypedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group,
+                                               const float *d, const float *o)
     ctypedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
                                        int64_t group, const float *d, const float *o,
                                        void *packed)

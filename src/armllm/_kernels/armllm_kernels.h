@@ -202,9 +202,12 @@ static inline size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int6
  *   values; for bits 4 one value 0..15 per byte); d and o are f32 [n, ng], or
  *   [n, 1] when group is 0 (one scale per row: the pack repeats it over the
  *   row's groups); o may be NULL (0) and must be NULL for bits 8. packed holds
- *   wq_packed_len(n, k, bits, group) bytes in the variant's layout
- *   (`gemm_wq_layout`), scales and offsets included; packed buffers are 64-byte
- *   aligned (variants may use aligned loads). Padding columns have q = 0.
+ *   wq_packed_len(n, k, bits, group, d, o) bytes in the variant's layout
+ *   (`gemm_wq_layout`), scales and offsets included: the length may depend on
+ *   the values (a variant may store scales that are exact in f16 as f16, which
+ *   changes no result); with d == NULL it is the largest for any values.
+ *   Packed buffers are 64-byte aligned (variants may use aligned loads).
+ *   Padding columns have q = 0.
  *
  * GEMM  y[r, n] = sum_g sx[r,g] * (d[n,g] * acc[r,n,g] + o[n,g] * gsum[r,g])
  *   (+ bias[n]), acc[r,n,g] = sum_{k in g} xq[r,k] * q[n,k] exactly in int32,
@@ -265,7 +268,8 @@ typedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m
                                     int64_t ldx, int64_t group, int8_t *xq, int64_t ldq,
                                     float *scale, int64_t ldsc, int32_t *gsum, int64_t ldgs,
                                     int32_t *zp, int64_t ldzp);
-typedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group);
+typedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group,
+                                          const float *d, const float *o);
 typedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
                                   int64_t group, const float *d, const float *o, void *packed);
 typedef void (*armllm_gemm_wq_fn)(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
@@ -372,7 +376,8 @@ typedef struct armllm_kernels {
                               float *scale, int64_t ldsc, int32_t *gsum, \
                               int64_t ldgs, int32_t *zp, int64_t ldzp); \
   size_t armllm_##v##_gemm_wq_packed_len(int64_t n, int64_t k, int bits, \
-                                         int64_t group);                \
+                                         int64_t group, const float *d, \
+                                         const float *o);               \
   void armllm_##v##_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, \
                                  int bits, int64_t group, const float *d, \
                                  const float *o, void *packed);         \

@@ -144,10 +144,25 @@ def _group_view(w: np.ndarray, group: int) -> tuple[np.ndarray, int]:
     return padded.reshape(n, ng, g), ng
 
 
+F16_MIN_NORMAL, F16_MAX = 2.0 ** -14, 65504.0
+
+
+def _f16_up(d: np.ndarray) -> np.ndarray:
+    """d rounded up to the next f16 value where f16 holds it as a normal number (else
+    kept): 4-bit scales then pack as f16 (1/6 fewer bytes to read at group 32), and
+    rounding up keeps every |w| / d within the int4 range."""
+    with np.errstate(over="ignore"):   # beyond f16: kept below
+        up = d.astype(np.float16)
+    up = np.where(up.astype(np.float32) < d, np.nextafter(up, np.float16(np.inf)), up)
+    ok = (d >= F16_MIN_NORMAL) & (d <= F16_MAX / 8)   # o = -8 d must fit too
+    return np.where(ok, up.astype(np.float32), d).astype(np.float32)
+
+
 def quantize_rtn(w: np.ndarray, scheme: Scheme) -> QuantizedMatrix:
     """Round-to-nearest symmetric quantization of float weights [n, k]: int8 with
     d = amax / 127, or int4 in [-8, 7] with d = amax / 7.5 (compressed-tensors'
-    symmetric range), stored as q = v + 8 with offset o = -8 d."""
+    symmetric range) rounded up to an f16 value, stored as q = v + 8 with offset
+    o = -8 d."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     if w.ndim != 2:
         raise ValueError(f"weights must be a matrix, got shape {list(w.shape)}")
@@ -162,7 +177,7 @@ def quantize_rtn(w: np.ndarray, scheme: Scheme) -> QuantizedMatrix:
         v = np.clip(np.rint(groups / safe), -127, 127)
         q = v.reshape(n, -1)[:, :k].astype(np.int8)
         return QuantizedMatrix(q, d, None, 8, scheme.group, scheme.act_symmetric)
-    d = (amax / 7.5).astype(np.float32)
+    d = _f16_up((amax / 7.5).astype(np.float32))
     safe = np.where(d > 0, d, 1.0)[..., None]
     v = np.clip(np.rint(groups / safe), -8, 7)
     q = (v.reshape(n, -1)[:, :k] + 8).astype(np.int8)

@@ -1,20 +1,24 @@
 /* avx2/quant.c: int8 activation quantization (per token and group) and the
  * quantized GEMM (int8 or int4 weights, int8 activations), AVX2.
  *
- * Packed layout "nr8k4g": N is cut into panels of 8 output rows (the last
- * one padded with q = 0, d = 0, o = 0); panel p is one contiguous block of
- * panel_bytes, group after group (group g covers k in [g*gl, min((g+1)*gl,
- * kpad)), gl = armllm_q_group_len(group): channelwise weights are groups of
- * ARMLLM_Q_CHANNEL_GROUP with the row's scale repeated), each group its
- * weights then its scales:
+ * Packed layout "nr8k4g": a 64-byte header (its first uint32: 1 when the
+ * scales are stored as f16), then N cut into panels of 8 output rows (the
+ * last one padded with q = 0, d = 0, o = 0); panel p is one contiguous block
+ * of panel_bytes, group after group (group g covers k in [g*gl,
+ * min((g+1)*gl, kpad)), gl = armllm_q_group_len(group): channelwise weights
+ * are groups of ARMLLM_Q_CHANNEL_GROUP with the row's scale repeated), each
+ * group its weights then its scales:
  *   bits 8: for each 4-k step of the group, 32 bytes: rows r = 0..7, each
  *           the 4 bytes q[8p + r, k .. k+4) + 128 (unsigned);  then
  *           d[8p .. 8p+8) as 8 f32.
  *   bits 4: for each 8-k step of the group, 32 bytes: byte 4r + j holds
  *           q[8p + r, k + j] in its low nibble and q[8p + r, k + 4 + j] in
- *           its high nibble (j < 4);  then d[8] f32, then o[8] f32.
- * panel_bytes = 8*kpad + 32*ng (bits 8), 4*kpad + 64*ng (bits 4); every
- * vector is 32-byte aligned when the buffer is.
+ *           its high nibble (j < 4);  then d[8], then o[8]: f16 when every d
+ *           and o of the matrix is exact in f16 (GGUF's, armllm's RTN ones;
+ *           F16C widens them to the same floats), else f32.
+ * panel_bytes = 8*kpad + 32*ng (bits 8), 4*kpad + 32*ng or 64*ng (bits 4,
+ * f16 or f32 scales: f16 reads 1/6 fewer bytes at group 32); every vector
+ * is 32-byte aligned when the buffer is.
  *
  * Inner products: one activation word x[k..k+4) broadcast to the 8 rows of
  * a panel meets 4 k of each row in one maddubs (unsigned weight x signed
@@ -62,6 +66,7 @@
 #endif
 #define WQ_L2_BYTES (192 * 1024) /* budget for a row block's x, and a chunk's panels */
 #define WQ_XSUM_CAP 4096 /* a row block's per-group sums of x (bits 8) or gsum * sx (bits 4) */
+#define HEADER_BYTES 64  /* the layout's header: keeps the panels 64-byte aligned */
 
 /* Keeps the compiler from fusing a = acc * sx into a neighbouring add: the
  * header fixes the mul, then the fma. */
@@ -251,13 +256,38 @@ void armllm_avx2_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t
 
 static inline int64_t n_panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
 
-static inline int64_t panel_bytes(int64_t k, int bits, int64_t group) {
-  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
-  return bits == 4 ? 4 * kpad + 64 * ng : 8 * kpad + 32 * ng;
+/* Bytes of one group's scales (and offsets) in a panel. */
+static inline int64_t scale_bytes(int bits, int f16) {
+  return bits == 4 ? (f16 ? 2 : 4) * 2 * PANEL : 4 * PANEL;
 }
 
-size_t armllm_avx2_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
-  return (size_t)(n_panels(n) * panel_bytes(k, bits, group));
+static inline int64_t panel_bytes(int64_t k, int bits, int64_t group, int f16) {
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  return (bits == 4 ? 4 : 8) * kpad + scale_bytes(bits, f16) * ng;
+}
+
+/* 1 when every a[i] is finite and an f16 value (NULL: none to check). */
+static int exact_f16(const float *a, int64_t count) {
+  if (!a) return 1;
+  for (int64_t i = 0; i < count; i++) {
+    if (!isfinite(a[i])) return 0;
+    if (_cvtsh_ss(_cvtss_sh(a[i], _MM_FROUND_TO_NEAREST_INT)) != a[i]) return 0;
+  }
+  return 1;
+}
+
+/* Whether a 4-bit matrix's scales and offsets go in as f16 (8-bit: never;
+ * no d given: the largest layout). */
+static int scales_f16(int64_t n, int64_t k, int bits, int64_t group, const float *d,
+                      const float *o) {
+  const int64_t count = n * (group ? armllm_q_groups(k, group) : 1);
+  return bits == 4 && d && exact_f16(d, count) && exact_f16(o, count);
+}
+
+size_t armllm_avx2_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
+                                      const float *d, const float *o) {
+  const int f16 = scales_f16(n, k, bits, group, d, o);
+  return (size_t)(HEADER_BYTES + n_panels(n) * panel_bytes(k, bits, group, f16));
 }
 
 void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
@@ -265,7 +295,11 @@ void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, i
   const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
   const int64_t gl = armllm_q_group_len(group);
   const int64_t ngin = group ? ng : 1; /* channelwise: one scale a row, repeated */
+  const int f16 = scales_f16(n, k, bits, group, d, o);
   uint8_t *dst = packed;
+  memset(dst, 0, HEADER_BYTES);
+  *(uint32_t *)dst = (uint32_t)f16;
+  dst += HEADER_BYTES;
   for (int64_t p = 0; p < n_panels(n); p++) {
     for (int64_t g = 0; g < ng; g++) {
       const int64_t k0 = g * gl, k1 = k0 + gl < kpad ? k0 + gl : kpad;
@@ -288,9 +322,13 @@ void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, i
         scales[r] = row < n ? d[src] : 0.0f;
         scales[PANEL + r] = row < n && o ? o[src] : 0.0f;
       }
-      const size_t len = (bits == 4 ? 2 : 1) * PANEL * sizeof(float);
-      memcpy(dst, scales, len);
-      dst += len;
+      if (f16) { /* exact: the same floats come back */
+        _mm_store_si128((__m128i *)dst, _mm256_cvtps_ph(_mm256_loadu_ps(scales), 0));
+        _mm_store_si128((__m128i *)(dst + 16), _mm256_cvtps_ph(_mm256_loadu_ps(scales + PANEL), 0));
+      } else {
+        memcpy(dst, scales, (size_t)scale_bytes(bits, 0));
+      }
+      dst += scale_bytes(bits, f16);
     }
   }
 }
@@ -304,7 +342,8 @@ typedef struct {
   int64_t ldsc;
   const int32_t *gsum;
   int64_t ldgs;
-  const uint8_t *w;
+  const uint8_t *w; /* the first panel, past the header */
+  int f16;          /* 4-bit scales stored as f16 */
   int64_t n, panels, pbytes, ng, gl;
   const float *bias;
   float *y;
@@ -345,12 +384,12 @@ static ALWAYS_INLINE int32_t sum_i8(const int8_t *x, int64_t len) {
  * for one group of a tile row; t lives in memory (a stack tile) so that the
  * accumulators keep the registers; the first group starts from t = +0
  * without loading it. */
-static ALWAYS_INLINE void group_epilogue(float *t, __m256i acc, const float *scales, float sx,
+static ALWAYS_INLINE void group_epilogue(float *t, __m256i acc, __m256 d, __m256 o, float sx,
                                          const int first, const int offsets, float b) {
   __m256 v = first ? _mm256_setzero_ps() : _mm256_load_ps(t);
   const __m256 a = no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx)));
-  v = _mm256_fmadd_ps(_mm256_load_ps(scales), a, v);
-  if (offsets) v = _mm256_fmadd_ps(_mm256_load_ps(scales + PANEL), _mm256_set1_ps(b), v);
+  v = _mm256_fmadd_ps(d, a, v);
+  if (offsets) v = _mm256_fmadd_ps(o, _mm256_set1_ps(b), v);
   _mm256_store_ps(t, v);
 }
 
@@ -458,7 +497,14 @@ static ALWAYS_INLINE void tile(const int mr, const int bits, const int pf, const
     if (bits == 8) chunk8(mr, pf, x + kc, ldq, wp, part);
     else chunk4(mr, pf, x + kc, ldq, wp, part);
     wp += chunk_bytes;
-    const float *scales = (const float *)wp;
+    __m256 dv, ov = _mm256_setzero_ps();
+    if (bits == 4 && job->f16) {
+      dv = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)wp));
+      ov = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(wp + 16)));
+    } else {
+      dv = _mm256_load_ps((const float *)wp);
+      if (bits == 4) ov = _mm256_load_ps((const float *)wp + PANEL);
+    }
     for (int r = 0; r < mr; r++) {
       __m256i a = kc == k0 ? part[r] : _mm256_add_epi32(acc[r], part[r]);
       const float sx = job->scale[(r0 + r) * job->ldsc + g];
@@ -466,14 +512,14 @@ static ALWAYS_INLINE void tile(const int mr, const int bits, const int pf, const
         const uint32_t sum = (uint32_t)(xsum ? xsum[r * ld_xsum + g]
                                              : sum_i8(x + r * ldq + k0, k1 - k0));
         a = _mm256_sub_epi32(a, _mm256_set1_epi32((int32_t)(128u * sum))); /* mod 2^32 */
-        group_epilogue(t + r * PANEL, a, scales, sx, g == 0, 0, 0.0f);
+        group_epilogue(t + r * PANEL, a, dv, ov, sx, g == 0, 0, 0.0f);
       } else { /* b = gsum * sx: precomputed (rows ng apart) or here */
         const float b = boff ? boff[r * job->ng + g]
                              : (float)job->gsum[(r0 + r) * job->ldgs + g] * sx;
-        group_epilogue(t + r * PANEL, a, scales, sx, g == 0, 1, b);
+        group_epilogue(t + r * PANEL, a, dv, ov, sx, g == 0, 1, b);
       }
     }
-    wp += (bits == 4 ? 2 : 1) * PANEL * sizeof(float);
+    wp += scale_bytes(bits, job->f16);
   }
   tile_store(mr, job, t, r0, p);
 }
@@ -565,9 +611,28 @@ void armllm_avx2_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
                          const void *packed_w, int64_t n, int bits, int64_t group,
                          const float *bias, float *y, int64_t ldy) {
   const int64_t kpad = armllm_q_kpad(k);
-  wq_job job = {xq,   m,    kpad,     ldq, scale, ldsc, gsum, ldgs, packed_w, n, n_panels(n),
-                panel_bytes(k, bits, group), armllm_q_groups(k, group), armllm_q_group_len(group),
-                bias, y,    ldy,      0,   0,     0};
+  const int f16 = bits == 4 && *(const uint32_t *)packed_w; /* the header */
+  wq_job job = {xq,
+                m,
+                kpad,
+                ldq,
+                scale,
+                ldsc,
+                gsum,
+                ldgs,
+                (const uint8_t *)packed_w + HEADER_BYTES,
+                f16,
+                n,
+                n_panels(n),
+                panel_bytes(k, bits, group, f16),
+                armllm_q_groups(k, group),
+                armllm_q_group_len(group),
+                bias,
+                y,
+                ldy,
+                0,
+                0,
+                0};
   if (m <= DECODE_MAX_M) {
     /* memory-bound: contiguous runs of panels per thread; small ones stay serial */
     if ((double)job.panels * (double)job.pbytes < 64.0 * 1024) pool = NULL;

@@ -204,7 +204,9 @@ void armllm_neon_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t
 
 /* ----------------------------------------------------------- packing */
 
-size_t armllm_neon_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
+size_t armllm_neon_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
+                                      const float *d, const float *o) {
+  (void)d, (void)o; /* f32 scales whatever their values */
   return armllm_qa_packed_len(n, k, bits, group);
 }
 

@@ -58,7 +58,9 @@ static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ----------------------------------------------------------- packing */
 
-size_t armllm_neon_mmla_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
+size_t armllm_neon_mmla_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
+                                           const float *d, const float *o) {
+  (void)d, (void)o; /* f32 scales whatever their values */
   return armllm_qa_packed_len(n, k, bits, group);
 }
 

@@ -80,7 +80,9 @@ void armllm_ref_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t 
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 4, 4), ref_quant_task, &job);
 }
 
-size_t armllm_ref_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
+size_t armllm_ref_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
+                                     const float *d, const float *o) {
+  (void)d, (void)o; /* f32 scales whatever their values */
   (void)bits;
   return q_bytes(n, k) + 2 * (size_t)(n * armllm_q_groups(k, group)) * sizeof(float);
 }
