@@ -29,6 +29,23 @@ static inline wq_geom geom_of(int64_t k, int bits, int64_t group) {
   return g;
 }
 
+/* The leading fields of each Arm variant's quantized-GEMM job: the call's
+ * arguments and the weights' geometry, in the order of the variants'
+ * positional initializers; each job adds its tile kind and work plan. */
+#define ARMLLM_QA_JOB_ARGS \
+  const int8_t *xq;        \
+  int64_t m, ldq;          \
+  const float *scale;      \
+  int64_t ldsc;            \
+  const int32_t *gsum;     \
+  int64_t ldgs;            \
+  const uint8_t *w;        \
+  int64_t n, n_panels;     \
+  wq_geom G;               \
+  const float *bias;       \
+  float *y;                \
+  int64_t ldy
+
 static inline size_t armllm_qa_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
   return (size_t)((n + ARMLLM_QA_NR - 1) / ARMLLM_QA_NR * geom_of(k, bits, group).pstride);
 }

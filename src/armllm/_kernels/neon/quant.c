@@ -1131,19 +1131,8 @@ static const tile_kind tile_kinds[2][2][DECODE_MAX_M + 1] = {
 /* ------------------------------------------------------------- driver */
 
 typedef struct {
-  const int8_t *xq;
-  int64_t m, ldq;
-  const float *scale;
-  int64_t ldsc;
-  const int32_t *gsum;
-  int64_t ldgs;
-  const uint8_t *w;
-  int64_t n, n_panels;
-  wq_geom G;
+  ARMLLM_QA_JOB_ARGS;
   int b4;
-  const float *bias;
-  float *y;
-  int64_t ldy;
   tile_kind kind;
   int64_t kcb;      /* blocks per K block */
   int64_t n_mt, cp; /* M tiles, panels per N chunk */
@@ -1215,7 +1204,7 @@ void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
   const int dot = armllm_cpu_has(armllm_cpu_detect(), ARMLLM_CPU_ASIMDDP);
   const int b4 = bits == 4;
   wq_job job = {xq, m, ldq, scale, ldsc, gsum, ldgs, packed_w, n, (n + NR - 1) / NR,
-                geom_of(k, bits, group), b4, bias, y, ldy,
+                geom_of(k, bits, group), bias, y, ldy, b4,
                 tile_kinds[b4][dot][m <= DECODE_MAX_M ? m : 0], 0, 0, 0};
   if (dot && group == BLK && m > DECODE_MAX_M) job.kind.fn = b4 ? dot_8x1_b4_g32 : dot_8x1_b8_g32;
   job.kcb = KC_BLOCKS; /* K blocks of whole groups */

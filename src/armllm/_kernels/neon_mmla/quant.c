@@ -743,18 +743,7 @@ static const mtile_kind mtile_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 /* ------------------------------------------------------------- driver */
 
 typedef struct {
-  const int8_t *xq;
-  int64_t m, ldq;
-  const float *scale;
-  int64_t ldsc;
-  const int32_t *gsum;
-  int64_t ldgs;
-  const uint8_t *w;
-  int64_t n, n_panels;
-  wq_geom G;
-  const float *bias;
-  float *y;
-  int64_t ldy;
+  ARMLLM_QA_JOB_ARGS;
   mtile_kind kind;
   int64_t n_mt, cp; /* M tiles, panels per N chunk */
 } wq_job;

@@ -255,18 +255,7 @@ static const stile_kind stile_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 /* ------------------------------------------------------------- driver */
 
 typedef struct {
-  const int8_t *xq;
-  int64_t m, ldq;
-  const float *scale;
-  int64_t ldsc;
-  const int32_t *gsum;
-  int64_t ldgs;
-  const uint8_t *w;
-  int64_t n, n_panels;
-  wq_geom G;
-  const float *bias;
-  float *y;
-  int64_t ldy;
+  ARMLLM_QA_JOB_ARGS;
   stile_kind kind;
   int64_t pt;             /* panels per tile */
   int64_t n_tiles;        /* column tiles of pt panels */
