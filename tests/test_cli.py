@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from armllm import ops
 
 
@@ -118,3 +120,36 @@ def test_chat_session_with_reset(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "(history cleared)" in r.stderr and len(r.stdout.strip().splitlines()) == 2
+
+
+ENGINE_FLAGS = {"--dtype", "--quantization", "--quantize-lm-head", "--max-model-len",
+                "--kv-cache-gib", "--kv-cache-dtype", "--block-size", "--max-num-seqs",
+                "--max-num-batched-tokens", "--no-prefix-caching", "--threads"}
+# one window at a time, and windows at shifted positions share no cached prefix
+NOT_FOR_PERPLEXITY = {"--max-num-seqs", "--no-prefix-caching"}
+
+
+def test_every_command_that_loads_a_model_shows_the_engine_flags(capsys):
+    from armllm.cli import main
+    commands = {("generate",): ENGINE_FLAGS, ("chat",): ENGINE_FLAGS, ("serve",): ENGINE_FLAGS,
+                ("bench", "throughput"): ENGINE_FLAGS, ("bench", "latency"): ENGINE_FLAGS,
+                ("eval", "perplexity"): ENGINE_FLAGS - NOT_FOR_PERPLEXITY}
+    for command, flags in commands.items():
+        with pytest.raises(SystemExit):
+            main([*command, "--help"])
+        shown = {word.strip("[],") for word in capsys.readouterr().out.split()
+                 if word.strip("[],").startswith("--")}
+        assert shown & ENGINE_FLAGS == flags, command
+
+
+def test_threads_flag_beats_the_environment(tmp_path):
+    from tests.tiny_model import write_tiny_llama
+    model = write_tiny_llama(tmp_path / "tiny")
+    out = tmp_path / "latency.json"
+    r = armllm("bench", "latency", str(model), "--threads", "1", "--input-len", "4",
+               "--output-len", "2", "--warmup", "0", "--repetitions", "1", "--json", str(out),
+               ARMLLM_NUM_THREADS="2")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["threads"] == 1
+    r = armllm("generate", str(model), "--prompt", "w1", "--threads", "0")
+    assert r.returncode == 2 and "threads must be an integer from 1 to 4096, got 0" in r.stderr

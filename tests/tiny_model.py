@@ -58,3 +58,47 @@ def write_tiny_llama(path: Path, seed: int = 0, hidden: int = 64, layers: int = 
          "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
                           "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}))
     return path
+
+
+def write_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: int = 64,
+                    layers: int = 2, heads: int = 4, kv_heads: int = 2, inter: int = 96,
+                    vocab: int = 122, metadata: dict | None = None) -> Path:
+    """A llama GGUF of random weights (no tokenizer) with the ggml type of each
+    tensor in `types` (e.g. {"blk.0.attn_q.weight": "Q8_0"}; default F32), written
+    and quantized by the gguf package (llama.cpp's). token_embd is the tied head.
+    `metadata` adds keys: str, bool, int (uint32), float (float32) or list values."""
+    import gguf
+    rng = np.random.default_rng(seed)
+    hd = hidden // heads
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"blk.{i}."
+        shapes.update({p + "attn_norm.weight": (hidden,), p + "ffn_norm.weight": (hidden,),
+                       p + "attn_q.weight": (heads * hd, hidden),
+                       p + "attn_k.weight": (kv_heads * hd, hidden),
+                       p + "attn_v.weight": (kv_heads * hd, hidden),
+                       p + "attn_output.weight": (hidden, heads * hd),
+                       p + "ffn_gate.weight": (inter, hidden), p + "ffn_up.weight": (inter, hidden),
+                       p + "ffn_down.weight": (hidden, inter)})
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", hidden), ("feed_forward_length", inter),
+                       ("block_count", layers), ("attention.head_count", heads),
+                       ("attention.head_count_kv", kv_heads), ("context_length", 256),
+                       ("vocab_size", vocab)):
+        writer.add_uint32(f"llama.{key}", value)
+    for key, value in (metadata or {}).items():
+        add = {str: writer.add_string, bool: writer.add_bool, int: writer.add_uint32,
+               float: writer.add_float32, list: writer.add_array}[type(value)]
+        add(key, value)
+    for name, shape in shapes.items():
+        data = (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+        qtype = getattr(gguf.GGMLQuantizationType, types.get(name, "F32"))
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

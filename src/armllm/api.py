@@ -3,7 +3,10 @@
 `LLM(model).generate(prompts, params)` runs synchronously in the caller's
 thread; `AsyncLLM(model)` puts the engine on its own thread and gives each
 request an async iterator of incremental outputs (cancelling the consuming
-task aborts the request). Both take the fields of EngineArgs as keywords."""
+task aborts the request). Both take the fields of EngineArgs as keywords and
+answer what a caller must know before sending a request: the model's limits
+(max_model_len, max_num_seqs, vocab_size) and check_request, which refuses a
+request that could never be served, whatever the load."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from armllm.engine.engine_thread import EngineThread
+from armllm.engine.engine_thread import EngineClosed, EngineThread
 from armllm.engine.outputs import (
     CompletionOutput,
     EngineStats,
@@ -21,11 +24,26 @@ from armllm.engine.outputs import (
     StepOutput,
 )
 from armllm.engine.setup import EngineArgs, build_engine
-from armllm.sampling import SamplingParams
+from armllm.sampling import FALLBACK_DEFAULTS, MODEL_DEFAULT_FIELDS, SamplingParams
 
-__all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EngineArgs"]
+__all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EngineArgs",
+           "RequestRejected", "ContextLengthExceeded", "EngineClosed"]
 
 Prompt = str | list[int]
+
+
+class RequestRejected(ValueError):
+    """A request that could never be served, however long it waited; `field` names
+    what to change: "prompt", "max_tokens" or "n"."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+class ContextLengthExceeded(RequestRejected):
+    """The prompt, or the prompt with max_tokens, is longer than the model's context
+    (max_model_len) or the KV cache can hold."""
 
 
 class _EngineClient:
@@ -37,18 +55,19 @@ class _EngineClient:
         self.tokenizer = self.engine.tokenizer
 
     def default_sampling_params(self, **overrides) -> SamplingParams:
-        """SamplingParams with the model's generation_config.json defaults (temperature,
-        top_p, top_k, min_p, repetition_penalty; do_sample=false means greedy), then
-        `overrides` (None values are ignored)."""
+        """SamplingParams with the model's own defaults (generation_config.json, or a
+        GGUF's general.sampling.* keys: temperature, top_p, top_k, min_p,
+        repetition_penalty; do_sample=false means greedy) or, for a model that sets
+        none of them, FALLBACK_DEFAULTS; then `overrides` (None values are ignored)."""
         gen = self.loaded.generation_config
-        kw = {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-              if gen.get(k) is not None}
+        kw = {k: gen[k] for k in MODEL_DEFAULT_FIELDS if gen.get(k) is not None}
         if gen.get("do_sample") is False:
             kw["temperature"] = 0.0
         try:
-            defaults = SamplingParams(**kw)
+            defaults = SamplingParams(**(kw or FALLBACK_DEFAULTS))
         except ValueError as exc:
-            raise ValueError(f"{self.loaded.path}: generation_config.json: {exc}") from None
+            raise ValueError(f"{self.loaded.path}: the model's sampling defaults: {exc}") \
+                from None
         merged = {**defaults.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
         return SamplingParams(**merged)
 
@@ -68,7 +87,51 @@ class _EngineClient:
 
     @property
     def max_model_len(self) -> int:
+        """Tokens one sequence may hold, prompt and output together (at most what the
+        KV cache holds)."""
         return self.engine.max_model_len
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Sequences (completions) the engine runs at once; more wait their turn."""
+        return self.engine.scheduler.max_num_seqs
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to vocab_size - 1."""
+        return self.loaded.config.vocab_size
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raises RequestRejected (a ValueError naming the value and, in `field`, what
+        to change) if this request could never be served: a prompt that is empty or
+        holds ids outside the vocabulary, a prompt (+ max_tokens) longer than
+        max_model_len (which the engine already capped to what the KV cache holds), or
+        more completions (n) than max_num_seqs."""
+        if not isinstance(prompt_ids, list):
+            raise RequestRejected(f"the prompt must be a list of token ids, got "
+                                  f"{type(prompt_ids).__name__}", "prompt")
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty", "prompt")
+        vocab = self.vocab_size
+        bad = next((t for t in prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestRejected(f"prompt token id {bad!r} is outside the vocabulary "
+                                  f"[0, {vocab})" if type(bad) is int else
+                                  f"the prompt must be a list of token ids, it holds {bad!r}",
+                                  "prompt")
+        max_len, prompt_len = self.max_model_len, len(prompt_ids)
+        if prompt_len >= max_len:  # at least one token must fit after the prompt
+            raise ContextLengthExceeded(
+                f"the prompt has {prompt_len} tokens; this model's maximum context length "
+                f"(max_model_len) is {max_len}, prompt and output together", "prompt")
+        total = prompt_len + params.max_tokens
+        if total > max_len:
+            raise ContextLengthExceeded(
+                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len {max_len}", "max_tokens")
+        if params.n > self.max_num_seqs:
+            raise RequestRejected(f"n = {params.n} completions exceeds max_num_seqs "
+                                  f"{self.max_num_seqs}", "n")
 
 
 class LLM(_EngineClient):
@@ -91,7 +154,7 @@ class LLM(_EngineClient):
             raise ValueError("no prompts given")
         ids = [self.prompt_ids(p) for p in batch]
         for p in ids:
-            self.engine.scheduler.check_fits(len(p), params.max_tokens, params.n)
+            self.check_request(p, params)
         collectors = {}
         for p in ids:
             rid = f"req-{next(self._ids)}"
@@ -111,6 +174,7 @@ class LLM(_EngineClient):
         params = params or self.default_sampling_params()
         rid = f"req-{next(self._ids)}"
         ids = self.prompt_ids(prompt)
+        self.check_request(ids, params)
         self.engine.add_request(rid, ids, params)
         collector = OutputCollector(rid, ids, params.n, params.logprobs is not None)
         try:
@@ -142,22 +206,27 @@ class AsyncLLM(_EngineClient):
         llm = AsyncLLM(model)
         async for out in llm.generate("Hello", params):
             print(out.outputs[0].text_delta, end="")
-    """
+
+    Every call is safe from the event loop's thread; the engine itself is touched
+    only by the engine thread."""
 
     def __init__(self, model: str | Path, progress=None, **engine_args):
         super().__init__(model, progress, **engine_args)
-        self.engine_thread = EngineThread(self.engine)
+        self._engine_thread = EngineThread(self.engine)
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0
                        ) -> AsyncIterator[RequestOutput]:
         """Yields the request's RequestOutput after every step that changed it
         (cumulative text and ids, with this step's part in the *_delta/new_* fields);
-        the last one has finished=True. Raises ValueError for a bad request before
-        anything is queued."""
+        the last one has finished=True. Raises ValueError (RequestRejected: see
+        check_request) for a bad request before anything is queued, EngineClosed
+        after shutdown. Closing the iterator early, or cancelling the task consuming
+        it, aborts the request."""
         params = params or self.default_sampling_params()
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         ids = self.prompt_ids(prompt)
+        self.check_request(ids, params)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[StepOutput] = asyncio.Queue()
 
@@ -166,26 +235,37 @@ class AsyncLLM(_EngineClient):
 
         collector = OutputCollector(request_id, ids, params.n, params.logprobs is not None)
         try:
-            await asyncio.wrap_future(self.engine_thread.add(request_id, ids, params, sink,
-                                                             priority))
+            await asyncio.wrap_future(self._engine_thread.add(request_id, ids, params, sink,
+                                                              priority))
         except asyncio.CancelledError:  # the engine may have taken it already
-            self.engine_thread.abort(request_id)
+            self._engine_thread.abort(request_id)
             raise
         try:
             while not collector.output.finished:
                 yield collector.add(await inbox.get())
         finally:
             if not collector.output.finished:  # the consumer stopped or was cancelled
-                self.engine_thread.abort(request_id)
+                self._engine_thread.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        self.engine_thread.abort(request_id)
+        """Aborts a request at the engine's next step: its blocks are freed and its
+        generate() iterator ends with finish_reason "abort". Unknown or finished ids
+        are ignored."""
+        self._engine_thread.abort(request_id)
 
     def stats(self) -> EngineStats:
-        return self.engine_thread.stats()
+        """The engine's gauges and counters as of its last step or command."""
+        return self._engine_thread.stats()
+
+    @property
+    def is_running(self) -> bool:
+        """False once the engine thread has stopped (shut down, or died of a bug)."""
+        return self._engine_thread.alive
 
     def shutdown(self) -> None:
-        self.engine_thread.shutdown()
+        """Aborts what is in flight and stops the engine thread; generate() then
+        raises EngineClosed."""
+        self._engine_thread.shutdown()
 
     async def __aenter__(self) -> AsyncLLM:
         return self

@@ -1,7 +1,12 @@
 """The `armllm` command line: info, generate, chat, convert, quantize, serve, plan, eval,
 bench.
 
-Bad input ends with a one-line message on stderr and exit code 2.
+Bad input ends with a one-line message on stderr and exit code 2. Building
+the parser loads no engine and no kernels (`armllm --help` is instant): a
+subcommand module imports at its top only what its flags need, and the engine,
+the kernels or the server inside the function that runs the command. main
+loads the kernels (armllm.ops) before running a command, so that a bad
+ARMLLM_ISA or ARMLLM_NUM_THREADS is a one-line message too.
 """
 from __future__ import annotations
 
@@ -9,21 +14,15 @@ import argparse
 import json
 import sys
 
-
-class UsageError(Exception):
-    """A bad command-line value: reported in one line, exit code 2."""
-
-
-def _ops():
-    try:
-        from armllm import ops
-    except ValueError as exc:  # ARMLLM_ISA / ARMLLM_NUM_THREADS
-        raise UsageError(str(exc)) from None
-    return ops
+from armllm import generate_cli
+from armllm.bench import kernels, offline, perplexity, plan
+from armllm.bench import serve as bench_serve
+from armllm.cmdline import UsageError
+from armllm.server import cli as server_cli
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    info = _ops().cpu_info()
+    info = _kernels().cpu_info()
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -45,13 +44,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _after_ops(run):
-    """A command that needs the kernels: armllm.ops loads first, so that a bad
-    ARMLLM_ISA or ARMLLM_NUM_THREADS is a usage error."""
-    def command(args: argparse.Namespace) -> int:
-        _ops()
-        return run(args)
-    return command
+def _kernels():
+    """armllm.ops, loaded on first use; a bad ARMLLM_ISA or ARMLLM_NUM_THREADS is a
+    UsageError."""
+    try:
+        from armllm import ops
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return ops
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -62,28 +62,22 @@ def _build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print as JSON")
     info.set_defaults(func=cmd_info)
 
-    from armllm.generate_cli import add_commands
-    add_commands(sub)
+    generate_cli.add_commands(sub)
 
-    from armllm.server.cli import add_arguments as add_serve_arguments
-    from armllm.server.cli import cmd_serve
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
-    add_serve_arguments(serve)
-    serve.set_defaults(func=cmd_serve)
+    server_cli.add_arguments(serve)
+    serve.set_defaults(func=server_cli.cmd_serve)
 
-    from armllm.bench import kernels, offline, plan
-    from armllm.bench import serve as bench_serve
     planner = sub.add_parser("plan", help="memory and decode speed bound of a model, from its "
                              "config alone")
     plan.add_arguments(planner)
-    planner.set_defaults(func=_after_ops(plan.run))
+    planner.set_defaults(func=plan.run)
 
-    from armllm.bench import perplexity
     evaluate = sub.add_parser("eval", help="accuracy checks")
     eval_sub = evaluate.add_subparsers(dest="eval_command", required=True)
     ppl = eval_sub.add_parser("perplexity", help="sliding-window perplexity over a text file")
     perplexity.add_arguments(ppl)
-    ppl.set_defaults(func=_after_ops(perplexity.run))
+    ppl.set_defaults(func=perplexity.run)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -94,22 +88,20 @@ def _build_parser() -> argparse.ArgumentParser:
          offline.add_throughput_arguments, offline.run_throughput),
         ("latency", "batch-1 TTFT, TPOT and end-to-end latency, in-process",
          offline.add_latency_arguments, offline.run_latency),
+        ("serve", "load test any OpenAI-compatible server (streaming client; TTFT, TPOT, "
+         "ITL, E2E, SLOs)", bench_serve.add_arguments, bench_serve.run),
     ]
     for name, help_text, add_arguments, run in benchmarks:
         p = bench_sub.add_parser(name, help=help_text)
         add_arguments(p)
-        p.set_defaults(func=_after_ops(run))
-    client = bench_sub.add_parser("serve", help="load test any OpenAI-compatible server "
-                                  "(streaming client; TTFT, TPOT, ITL, E2E, SLOs)")
-    bench_serve.add_arguments(client)
-    client.set_defaults(func=bench_serve.run)
+        p.set_defaults(func=run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _build_parser()
-    args = parser.parse_args(argv)
+    args = _build_parser().parse_args(argv)
     try:
+        _kernels()
         return args.func(args)
     except UsageError as exc:
         print(f"armllm: error: {exc}", file=sys.stderr)

@@ -17,7 +17,14 @@ from typing import Literal
 import numpy as np
 
 from armllm._kernels import _ext
-from armllm._kernels._ext import Kernels, PackedWeight, ThreadPool, attn_scratch_len
+from armllm._kernels._ext import (
+    Kernels,
+    PackedWeight,
+    ThreadPool,
+    attn_scratch_len,
+    probe_fma,  # machine limits, for bench kernels and plan
+    probe_read,
+)
 from armllm._kernels._ext import q_group_len as quant_group_len
 from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
@@ -25,9 +32,9 @@ from armllm._kernels._ext import q_kpad as quant_kpad
 __all__ = [
     "ActScratch", "Kernels", "PackedWeight", "ThreadPool", "attn_scratch_len", "available_isas",
     "bf16_to_f32", "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
-    "kv_write", "linear", "linear_quantized", "num_threads", "pack_quantized", "pack_weight",
-    "paged_attention", "quant_group_len", "quant_groups", "quant_kpad", "quantize_activations",
-    "rms_norm", "rms_norm_linear", "rope", "rope_cos_sin", "selected_isa", "silu_mul",
+    "kv_write", "linear", "num_threads", "pack_quantized", "pack_weight", "paged_attention",
+    "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
+    "rms_norm_linear", "rope", "rope_cos_sin", "selected_isa", "set_num_threads", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
@@ -91,6 +98,17 @@ def available_isas() -> list[str]:
 
 def num_threads() -> int:
     return _NUM_THREADS
+
+
+def set_num_threads(n: int) -> None:
+    """Sets the default pool's thread count (EngineArgs.threads). The pool is one per
+    process: once it has started, only its own count is accepted."""
+    global _NUM_THREADS
+    with _pool_lock:
+        if _pool is not None and n != _pool.num_threads:
+            raise ValueError(f"threads={n}, but this process's kernel thread pool already runs "
+                             f"{_pool.num_threads} threads")
+        _NUM_THREADS = n
 
 
 def get_pool() -> ThreadPool:
@@ -265,35 +283,62 @@ def _out(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
 
 
 class ActScratch:
-    """Reusable buffers for the int8 activations of up to `rows` rows of K
-    columns, quantized in the groups of weights of `group`: xq [rows, kpad],
-    scale [rows, n_groups], with sums the group sums [rows, n_groups], and
-    asymmetric the zero points [rows, n_groups] (and the correction's buffers).
-    Allocated once (by the runner, or per thread by linear()), so that
-    quantizing allocates nothing."""
+    """The int8 activations of up to `rows` rows of K columns, quantized in the
+    groups of weights of `group`: xq [rows, kpad], scale [rows, n_groups], with
+    sums the group sums [rows, n_groups]; for asymmetric activations (asym_n > 0)
+    also the zero points and their scaled copy [rows, n_groups] and the zero
+    points' correction [rows, N] of weights of up to asym_n outputs. Allocated
+    once, by the model's Workspace (or for one call by linear() when none is
+    given), so that quantizing allocates nothing."""
 
-    def __init__(self, rows: int, k: int, group: int = 0, sums: bool = True,
-                 asym: bool = False):
-        if rows < 1 or k < 1:
-            raise ValueError(f"rows and k must be >= 1, got {rows} and {k}")
+    def __init__(self, rows: int, k: int, group: int = 0, sums: bool = True, asym_n: int = 0):
+        buffers = self.buffers(rows, k, group, sums, asym_n)
+        self.rows, self.k, self.group, self.asym_n = rows, k, group, asym_n
+        self._group_len = quant_group_len(group)
+        # uninitialized: the kernels write every element a call reads (xq's padding too)
+        self.xq, self.scale = (np.empty(*buffers[name]) for name in ("xq", "scale"))
+        self.gsum = np.empty(*buffers["gsum"]) if sums else None
+        asym = asym_n > 0
+        self.zp = np.empty(*buffers["zp"]) if asym else None
+        self.scaled_zp = np.empty(*buffers["scaled_zp"]) if asym else None
+        self._correction = np.empty(*buffers["correction"]) if asym else None
+
+    @staticmethod
+    def buffers(rows: int, k: int, group: int = 0, sums: bool = True, asym_n: int = 0
+                ) -> dict[str, tuple[tuple[int, ...], type]]:
+        """Shape and dtype of each buffer an ActScratch of these arguments holds."""
+        if rows < 1 or k < 1 or asym_n < 0:
+            raise ValueError(f"rows and k must be >= 1 and asym_n >= 0, got {rows}, {k} and "
+                             f"{asym_n}")
         if group not in QUANT_GROUPS:
             raise ValueError(f"group must be one of {QUANT_GROUPS}, got {group}")
-        self.rows, self.k, self.group = rows, k, group
-        self._group_len = quant_group_len(group)
         ng = quant_groups(k, group)
-        self.xq = np.zeros((rows, quant_kpad(k)), np.int8)
-        self.scale = np.zeros((rows, ng), np.float32)
-        self.gsum = np.zeros((rows, ng), np.int32) if sums else None
-        self.zp = np.zeros((rows, ng), np.int32) if asym else None
-        self.scaled_zp = np.zeros((rows, ng), np.float32) if asym else None
-        self._correction = np.zeros(0, np.float32)
+        out = {"xq": ((rows, quant_kpad(k)), np.int8), "scale": ((rows, ng), np.float32)}
+        if sums:
+            out["gsum"] = ((rows, ng), np.int32)
+        if asym_n:
+            out.update(zp=((rows, ng), np.int32), scaled_zp=((rows, ng), np.float32),
+                       correction=((rows * asym_n,), np.float32))
+        return out
 
-    def fits(self, rows: int, k: int, group: int, sums: bool, asym: bool = False) -> bool:
+    @classmethod
+    def nbytes_for(cls, rows: int, k: int, group: int = 0, sums: bool = True,
+                   asym_n: int = 0) -> int:
+        """Bytes an ActScratch of these arguments allocates."""
+        return sum(math.prod(shape) * np.dtype(dtype).itemsize
+                   for shape, dtype in cls.buffers(rows, k, group, sums, asym_n).values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.xq, self.scale, self.gsum, self.zp, self.scaled_zp,
+                                      self._correction) if a is not None)
+
+    def fits(self, rows: int, k: int, group: int, sums: bool, asym_n: int = 0) -> bool:
         # equal group lengths give equal groups (channelwise runs as groups of 128)
         return rows <= self.rows and k == self.k \
             and (group == self.group or (group in QUANT_GROUPS
                                          and quant_group_len(group) == self._group_len)) \
-            and (not sums or self.gsum is not None) and (not asym or self.zp is not None)
+            and (not sums or self.gsum is not None) and asym_n <= self.asym_n
 
     def views(self, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         if rows == self.rows:
@@ -305,59 +350,18 @@ class ActScratch:
         return None if self.zp is None else self.zp[:rows]
 
     def correction(self, rows: int, n: int) -> np.ndarray:
-        """A [rows, n] float32 buffer for the zero points' correction (grown on demand)."""
-        if self._correction.size < rows * n:
-            self._correction = np.zeros(rows * n, np.float32)
+        """A [rows, n] float32 view for the zero points' correction (n <= asym_n)."""
         return self._correction[:rows * n].reshape(rows, n)
 
 
-def quantize_activations(x: np.ndarray, group: int = 0, out: ActScratch | None = None,
-                         sums: bool = True, asym: bool = False
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """int8 quantization of x[M, K] per token and group of `group` columns (0:
-    groups of quant_group_len(0)): (xq [M, kpad] int8, scale [M, n_groups]
-    float32, gsum [M, n_groups] int32 or None without sums), with x[m, k] ~
-    scale[m, k // G] * (xq[m, k] - zp[m, k // G]). Symmetric (zp = 0) unless
-    asym, whose zero points are then in out.zp. gsum holds the sums of xq per
-    group, which 4-bit weights need (8-bit ones use it when given). out: an
-    ActScratch to fill (views of its first M rows are returned)."""
-    if not isinstance(x, np.ndarray) or x.ndim != 2:
-        raise ValueError(f"x must be a 2-D numpy array, got {getattr(x, 'shape', type(x))}")
-    rows, k = x.shape
-    out = _checked_scratch(out, rows, k, group, sums, asym)
-    xq, scale, gsum = out.views(rows)
-    if not sums:
-        gsum = None
-    _KERNELS.quant_act(x, xq, scale, gsum, group, get_pool(),
-                       out.zero_points(rows) if asym else None)
-    return xq, scale, gsum
-
-
-def _checked_scratch(out: ActScratch | None, rows: int, k: int, group: int, sums: bool,
-                     asym: bool) -> ActScratch:
-    if out is None:
-        return ActScratch(max(rows, 1), max(k, 1), group, sums, asym)
-    if not out.fits(rows, k, group, sums, asym):
-        raise ValueError(f"out (ActScratch of {out.rows} rows, K={out.k}, group={out.group}, "
-                         f"sums={out.gsum is not None}, asym={out.zp is not None}) does not "
-                         f"fit x of shape {(rows, k)} with group={group}, sums={sums}, "
-                         f"asym={asym}")
+def _checked_scratch(out: ActScratch, rows: int, k: int, group: int, sums: bool,
+                     asym_n: int) -> ActScratch:
+    if not out.fits(rows, k, group, sums, asym_n):
+        raise ValueError(f"act_scratch (ActScratch of {out.rows} rows, K={out.k}, "
+                         f"group={out.group}, sums={out.gsum is not None}, "
+                         f"asym_n={out.asym_n}) does not fit x of shape {(rows, k)} with "
+                         f"group={group}, sums={sums}, asym_n={asym_n}")
     return out
-
-
-_act_local = threading.local()
-
-
-def _thread_scratch(rows: int, k: int, group: int, sums: bool, asym: bool) -> ActScratch:
-    """This thread's activation scratch for (K, group), grown to `rows` when needed."""
-    cache = getattr(_act_local, "scratch", None)
-    if cache is None:
-        cache = _act_local.scratch = {}
-    key = (k, quant_group_len(group), sums, asym)
-    sc = cache.get(key)
-    if sc is None or sc.rows < rows:
-        sc = cache[key] = ActScratch(max(rows, sc.rows * 2 if sc else 1), k, group, sums, asym)
-    return sc
 
 
 def _quantized_matmul(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
@@ -370,7 +374,11 @@ def _quantized_matmul(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None
     corr_w = weight.zp_correction
     if corr_w is not None:  # y -= (scale * zp) @ C.T
         szp = sc.scaled_zp[:rows]
-        np.multiply(scale, sc.zp[:rows], out=szp)
+        # zp (|zp| <= 127) converts to float32 exactly, and a float32 product is the
+        # correctly rounded one a float64 product would round to; a mixed-type multiply
+        # would allocate casting buffers every call
+        np.copyto(szp, sc.zp[:rows])
+        np.multiply(szp, scale, out=szp)
         corr = _KERNELS.gemm(szp, corr_w, sc.correction(rows, weight.n), None, get_pool())
         np.subtract(y, corr, out=y)
     return y
@@ -378,13 +386,15 @@ def _quantized_matmul(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None
 
 def _act_scratch(weight: PackedWeight, rows: int, act_scratch: ActScratch | None
                  ) -> tuple[ActScratch, bool]:
-    """The scratch a quantized weight's activations go to (checked), and whether
-    they are asymmetric."""
+    """The scratch a quantized weight's activations go to (checked; a new one
+    when none is given), and whether they are asymmetric."""
     asym = weight.zp_correction is not None
     if act_scratch is None:
-        return _thread_scratch(max(rows, 1), weight.k, weight.group, True, asym), asym
+        return ActScratch(max(rows, 1), weight.k, weight.group, True,
+                          weight.n if asym else 0), asym
     sums = weight.bits == 4 or act_scratch.gsum is not None
-    return _checked_scratch(act_scratch, rows, weight.k, weight.group, sums, asym), asym
+    return _checked_scratch(act_scratch, rows, weight.k, weight.group, sums,
+                            weight.n if asym else 0), asym
 
 
 def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
@@ -392,8 +402,8 @@ def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
     """out[M, N] = x[M, K] @ W.T (+ bias) with a prepacked weight. A quantized
     weight (w8/w4) quantizes x per token and group first (with group sums,
     which save the 8-bit GEMM computing them; asymmetric when the weight was
-    packed for it), into act_scratch or a per-thread scratch, then runs the
-    int8 GEMM."""
+    packed for it) into act_scratch (allocated for this call when not given),
+    then runs the int8 GEMM."""
     if not isinstance(weight, PackedWeight):
         raise ValueError(f"weight must be a PackedWeight (see pack_weight), got "
                          f"{type(weight).__name__}")
@@ -407,27 +417,6 @@ def linear(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None,
     _KERNELS.quant_act(x, xq, scale, gsum, weight.group, get_pool(),
                        sc.zero_points(rows) if asym else None)
     return _quantized_matmul(xq, scale, gsum, weight, sc, bias, out)
-
-
-def linear_quantized(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None,
-                     weight: PackedWeight, bias: np.ndarray | None = None,
-                     out: np.ndarray | None = None) -> np.ndarray:
-    """out[M, N] = W applied to activations already quantized by
-    quantize_activations (one quantization for several weights of the same
-    K and group length; scale and gsum must be in the weight's groups; gsum
-    is needed by 4-bit weights, optional for 8-bit)."""
-    if not isinstance(weight, PackedWeight) or not weight.quantized:
-        raise ValueError("weight must be a quantized PackedWeight (see pack_quantized)")
-    if weight.zp_correction is not None:
-        raise ValueError("this weight takes asymmetric activations (zero points): use linear()")
-    for name, a in (("scale", scale), ("gsum", gsum)):
-        if isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[1] != weight.n_groups:
-            # equal counts mean equal group boundaries, so this catches every mismatch
-            raise ValueError(f"{name} has {a.shape[1]} groups a row; this weight (group "
-                             f"{weight.group}) needs {weight.n_groups}: quantize with its group")
-    rows = xq.shape[0] if isinstance(xq, np.ndarray) and xq.ndim == 2 else 0
-    return _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
-                            get_pool())
 
 
 def rms_norm_linear(x: np.ndarray, norm_weight: np.ndarray, eps: float, weight: PackedWeight,

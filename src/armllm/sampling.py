@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# what a model's generation_config.json (or a GGUF's general.sampling.* keys) may set
+MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# the defaults of a model that sets none of them: at SamplingParams' own (temperature 1,
+# nothing truncated) small models such as SmolLM2-135M ramble; a lower temperature with
+# top-p and min-p cut-offs keeps them coherent
+FALLBACK_DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}
+
 
 @dataclass
 class SamplingParams:

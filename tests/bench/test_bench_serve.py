@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 
+import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -21,12 +23,12 @@ from tests.tiny_model import write_tiny_llama
 
 SUMMARY_KEYS = {"max_concurrency", "request_rate", "completed", "failed", "duration_s",
                 "request_throughput", "output_throughput", "total_token_throughput",
-                "total_input_tokens", "total_output_tokens", "peak_concurrency", "errors",
-                "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}
+                "total_input_tokens", "total_output_tokens", "total_cached_input_tokens",
+                "peak_concurrency", "errors", "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"}
 STAT_KEYS = {"mean", "median", "std", "p50", "p90", "p95", "p99"}
 RECORD_KEYS = {"index", "input_tokens", "output_tokens_requested", "success", "error",
                "start_s", "ttft_s", "e2e_s", "itl_s", "output_tokens", "server_prompt_tokens",
-               "tpot_s"}
+               "server_cached_tokens", "tpot_s"}
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +67,23 @@ def test_counts_exact_lengths_and_json_schema(armllm_server, tiny, tmp_path, cap
     for r in run["requests"]:
         assert set(r) == RECORD_KEYS
         assert r["server_prompt_tokens"] == 10 and r["output_tokens"] == 7
+        assert r["server_cached_tokens"] == 0   # random prompts share no block
         assert len(r["itl_s"]) == 6   # one chunk per token from armllm
         assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / 6)
     assert s["output_throughput"] == pytest.approx(84 / s["duration_s"])
 
 
+def prefix_cache_hits(server: ServerProcess) -> int:
+    """armllm:prefix_cache_hits_total on the server's /metrics."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    found = re.search(r"^armllm:prefix_cache_hits_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert found, text
+    return int(float(found.group(1)))
+
+
 def test_chat_endpoint_and_shared_prefix(armllm_server, tiny, tmp_path, capsys):
     out = tmp_path / "r.json"
+    hits_before = prefix_cache_hits(armllm_server)
     assert main(["bench", "serve", "--base-url", armllm_server.url + "/v1", "--tokenizer",
                  str(tiny), "--endpoint", "chat", "--dataset", "shared-prefix",
                  "--prefix-len", "32", "--input-len", "4", "--output-len", "3",
@@ -80,8 +92,13 @@ def test_chat_endpoint_and_shared_prefix(armllm_server, tiny, tmp_path, capsys):
     s = run["summary"]
     assert s["completed"] == 6 and s["total_output_tokens"] == 18
     assert all(len(r["itl_s"]) == 2 for r in run["requests"])   # the role chunk is no token
-    # every prompt shares its first 32 tokens: the server's prefix cache serves them
-    assert s["total_input_tokens"] == sum(r["server_prompt_tokens"] for r in run["requests"])
+    # every prompt, the warm-up's too, shares its first 32 tokens (after the chat
+    # template's first one): once the warm-up has run, the server's prefix cache serves
+    # them to every measured request, two KV blocks of 16 tokens each
+    assert all(r["server_cached_tokens"] == 32 for r in run["requests"])
+    assert s["total_cached_input_tokens"] == 6 * 32
+    # and the server's own counter agrees (the warm-up found nothing cached)
+    assert prefix_cache_hits(armllm_server) - hits_before == 6 * 32
 
 
 # -- a server that streams at known intervals ----------------------------------------------

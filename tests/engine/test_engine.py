@@ -107,7 +107,7 @@ def full_recompute_logprobs(llm, ids: list[int]) -> np.ndarray:
     from armllm.model.llama import BatchMeta, KVCache, Workspace
     model, t = llm.engine.runner.model, len(ids)
     kv = KVCache(model.config, -(-t // 16), 16, "f32")
-    ws = Workspace(model.config, t, t)
+    ws = Workspace(model.config, t, t, model.formats)
     meta = BatchMeta(np.asarray(ids, np.int32), np.arange(t, dtype=np.int32),
                      np.arange(t, dtype=np.int32), np.asarray([0, t], np.int32),
                      np.asarray([t], np.int32),
@@ -274,6 +274,22 @@ def test_stop_conditions(model_dir):
     assert by_id.finish_reason == "stop" and by_id.token_ids == free.token_ids[:3]
 
 
+def test_a_stop_string_spanning_the_first_tokens_is_found(model_dir):
+    """While the text is shorter than a stop string, all of it is held back (none of
+    a stop string may stream before the match is decided)."""
+    llm = LLM(model_dir, dtype="float32", kv_cache_gib=0.01)
+    p = prompts(1, seed=3)[0]
+    free = llm.generate(p, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))[0]
+    stop = " ".join(free.text.split()[:3])
+    for n in (1, 2):
+        cut = llm.generate(p, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
+                                             stop=[stop], n=n))[0]
+        for c in cut.outputs:
+            assert c.finish_reason == "stop" and stop not in c.text
+            assert c.token_ids == free.token_ids[:len(c.token_ids)]
+            assert stop in llm.tokenizer.decode(c.token_ids) and free.text.startswith(c.text)
+
+
 def test_seeded_sampling_is_reproducible(model_dir):
     llm = LLM(model_dir, dtype="float32", kv_cache_gib=0.01)
     params = SamplingParams(max_tokens=15, temperature=1.0, seed=42, ignore_eos=True)
@@ -285,7 +301,7 @@ def test_bad_requests_are_refused(model_dir):
     llm = LLM(model_dir, dtype="float32", kv_cache_gib=0.01, max_model_len=64)
     with pytest.raises(ValueError, match="prompt token id 500 is outside the vocabulary"):
         llm.generate([3, 500], GREEDY)
-    with pytest.raises(ValueError, match="exceeds max_model_len 64"):
+    with pytest.raises(ValueError, match=r"maximum context length \(max_model_len\) is 64"):
         llm.generate([3] * 70, GREEDY)
     with pytest.raises(ValueError, match="a prompt is a string or a list of token ids"):
         llm.generate([3.5], GREEDY)
@@ -331,7 +347,7 @@ def test_generation_config_defaults(tmp_path):
     greedy = llm.generate(p, SamplingParams(temperature=0.0))[0]
     assert default.token_ids == greedy.token_ids
     (model / "generation_config.json").write_text(json.dumps({"temperature": 500.0}))
-    with pytest.raises(ValueError, match="generation_config.json: temperature must be in"):
+    with pytest.raises(ValueError, match="sampling defaults: temperature must be in"):
         LLM(model, dtype="float32", kv_cache_gib=0.01).default_sampling_params()
 
 

@@ -1,7 +1,7 @@
-"""Scheduler with the BlockManager, without a model (tests/engine/sim.py):
-budgets, chunked prefill, decodes first, priority, preemption, fork,
-abort, refusal up front, and a hypothesis state machine of random
-add/step/abort sequences checking every invariant."""
+"""The Scheduler and BlockManager driven by the real LLMEngine over a
+model-free runner (tests/engine/sim.py): budgets, chunked prefill, decodes
+first, priority, preemption, fork, abort, refusal up front, and a hypothesis
+state machine of random add/step/abort sequences checking every invariant."""
 from __future__ import annotations
 
 import pytest
@@ -37,7 +37,7 @@ def test_sequence_cap_and_fcfs_admission():
     out = sim.step()
     assert [s.seq.request_id for s in out.scheduled] == ["a", "b"]
     sim.drain()
-    assert all(sim.finished[(r, 0)] == 1 for r in "abc")
+    assert all(sim.ends[(r, 0)] == 1 for r in "abc")
 
 
 def test_priority_orders_the_waiting_queue():
@@ -62,7 +62,7 @@ def test_preemption_takes_the_newest_and_recomputes():
     assert out.preempted == [b] and b.block_table == [] and sim.sched.num_preemptions == 1
     sim.check()
     sim.drain()
-    assert sim.finished[("a", 0)] == 1 and sim.finished[("b", 0)] == 1
+    assert sim.ends[("a", 0)] == 1 and sim.ends[("b", 0)] == 1
     assert len(b.output_ids) == 8
 
 
@@ -81,7 +81,7 @@ def test_parallel_sampling_forks_after_the_prompt():
     sim.add("r", list(range(6)), max_tokens=4, n=3)
     out = sim.step()
     assert [s.num_new_tokens for s in out.scheduled] == [6]
-    seqs = sim.requests["r"]
+    seqs = sim.requests("r")
     assert [s.index for s in seqs] == [0, 1, 2]
     assert seqs[1].block_table == seqs[0].block_table and sim.blocks.ref_count[1] == 3
     out = sim.step()                                     # each writes into shared block 1
@@ -100,7 +100,7 @@ def test_group_waits_for_room_for_all_its_completions():
     sim.step()
     assert [s.seq.request_id for s in sim.step().scheduled] == ["a"]   # 1 + 3 > 3
     sim.drain()
-    assert all(sim.finished[("g", i)] == 1 for i in range(3))
+    assert all(sim.ends[("g", i)] == 1 for i in range(3))
 
 
 def test_requests_that_can_never_fit_are_refused():
@@ -124,9 +124,11 @@ def test_abort_frees_blocks_and_unknown_or_finished_is_harmless():
     assert sim.blocks.num_free < 16
     sim.abort("a")
     assert sim.blocks.num_free == 16 and not sim.sched.has_work()
+    assert sim.ends[("a", 0)] == 0                       # reported by the next step
     sim.abort("a")
     sim.abort("nobody")
-    assert sim.finished[("a", 0)] == 1
+    sim.drain()
+    assert sim.ends[("a", 0)] == 1 and sim.reasons == {"abort": 1}
 
 
 class RandomOperations(RuleBasedStateMachine):
@@ -156,6 +158,15 @@ class RandomOperations(RuleBasedStateMachine):
     def abort(self, which):
         self.sim.abort(f"r{1 + which % self.count}")
 
+    @precondition(lambda self: self.count > 0)
+    @rule(which=st.integers(1, 1000), forward=st.booleans())
+    def fail(self, which, forward):
+        """The next forward fails (every request in it ends), or one request's sampling."""
+        if forward:
+            self.sim.runner.fail_run = True
+        else:
+            self.sim.runner.fail_sample.add(f"r{1 + which % self.count}")
+
     @invariant()
     def consistent(self):
         self.sim.check()
@@ -165,9 +176,13 @@ class RandomOperations(RuleBasedStateMachine):
         self.sim.check()
         for rid, params in self.sim.params.items():
             for index in range(params.n):
-                assert self.sim.finished[(rid, index)] == 1, f"{rid}/{index} not ended once"
+                assert self.sim.ends[(rid, index)] == 1, f"{rid}/{index} not ended once"
+        assert set(self.sim.reasons) <= {"length", "abort", "error"}
         bm = self.sim.blocks
         assert bm.num_free == bm.num_blocks and sum(bm.ref_count) == 0
+        stats = self.sim.engine.stats()
+        assert stats.finished == {r: k for r, k in self.sim.reasons.items() if k}
+        assert stats.num_generation_tokens == sum(map(len, self.sim.tokens.values()))
 
 
 RandomOperations.TestCase.settings = settings(max_examples=examples(150), deadline=None,
@@ -175,11 +190,12 @@ RandomOperations.TestCase.settings = settings(max_examples=examples(150), deadli
 test_random_operations = RandomOperations.TestCase
 
 
-def test_scheduler_and_block_manager_import_neither_numpy_nor_kernels():
+def test_scheduler_block_manager_and_sequence_import_neither_numpy_nor_kernels():
     import subprocess
     import sys
     code = ("import sys\n"
             "import armllm.engine.scheduler, armllm.engine.block_manager\n"
+            "import armllm.engine.sequence\n"
             "bad = [m for m in ('numpy', 'armllm._kernels._ext', 'armllm.ops')\n"
             "       if m in sys.modules]\n"
             "assert not bad, bad\n")

@@ -16,6 +16,8 @@ rounding, 1e-5 * mag).
 """
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -518,7 +520,7 @@ def test_gemm_wq_layout_mismatch():
 
 @pytest.mark.parametrize("bits,group,symmetric", [(8, 0, False), (4, 32, False),
                                                   (4, 128, True), (4, 0, False)])
-def test_linear_quantized_vs_dequantized_float_gemm(bits, group, symmetric):
+def test_linear_quantized_weight_vs_dequantized_float_gemm(bits, group, symmetric):
     rng = np.random.default_rng(12)
     m, n, k = 9, 70, 576
     w = rand(rng, (n, k), k ** -0.5)
@@ -533,7 +535,7 @@ def test_linear_quantized_vs_dequantized_float_gemm(bits, group, symmetric):
     pw = ops.pack_quantized(q, d, o, bits, group)
     y = ops.linear(x, pw, bias)
     y_f = ops.linear(x, ops.pack_weight(w_deq), bias)
-    _, scale, _ = ops.quantize_activations(x, group)
+    _, scale, _ = quantize(ops.kernels(), x, group)
     assert scale.shape == (m, q_groups(k, group))
     sx = scale[:, np.arange(k) // q_glen(group)]  # each column's activation scale
     mag = np.abs(x) @ np.abs(w_deq).T + np.abs(bias)
@@ -541,52 +543,76 @@ def test_linear_quantized_vs_dequantized_float_gemm(bits, group, symmetric):
     assert np.all(np.abs(y - y_f) <= bound), np.max(np.abs(y - y_f) / bound)
 
 
-def test_ops_quantized_api_reuses_buffers():
+def test_linear_quantizes_into_the_given_scratch():
+    """ops.linear writes the int8 activations into act_scratch (views of its first
+    rows), with the kernels' bits; without one it allocates one for the call."""
     rng = np.random.default_rng(13)
+    kern = ops.kernels()
     x = rand(rng, (6, 100))
     q, d, o = quantize_weight(rand(rng, (24, 100)), 4, 32, False)
     pw = ops.pack_quantized(q, d, o, 4, 32)
     scratch = ops.ActScratch(16, 100, 32)
-    xq, scale, gsum = ops.quantize_activations(x, 32, out=scratch)
-    assert xq.base is scratch.xq and gsum.base is scratch.gsum and scale.base is scratch.scale
-    assert scale.shape == (6, 4) and gsum.shape == (6, 4)
-    y1 = ops.linear_quantized(xq, scale, gsum, pw)
-    y2 = ops.linear(x, pw, act_scratch=scratch)
-    y3 = ops.linear(x, pw)
-    assert np.array_equal(y1, y2) and np.array_equal(y1, y3)
+    y = ops.linear(x, pw, act_scratch=scratch)
+    xq, scale, gsum = quantize(kern, x, 32)
+    assert np.array_equal(scratch.xq[:6], xq) and np.array_equal(scratch.scale[:6], scale)
+    assert np.array_equal(scratch.gsum[:6], gsum)
+    want = np.empty((6, 24), np.float32)
+    kern.gemm_wq(xq, scale, gsum, pw, want)
+    assert np.array_equal(y, want) and np.array_equal(ops.linear(x, pw), want)
     out = np.empty((6, 24), np.float32)
-    assert ops.linear(x, pw, out=out) is out and np.array_equal(out, y1)
-    # the per-thread scratch is allocated once, then reused
-    sc = ops._thread_scratch(6, 100, 32, True, False)
-    ops.linear(x[:3], pw)
-    assert ops._thread_scratch(6, 100, 32, True, False) is sc
-    with pytest.raises(ValueError, match="does not fit"):
-        ops.quantize_activations(x, 64, out=scratch)
+    assert ops.linear(x, pw, out=out, act_scratch=scratch) is out and np.array_equal(out, want)
+    assert np.array_equal(ops.linear(x[:3], pw, act_scratch=scratch), want[:3])
+
+
+def test_linear_refuses_a_scratch_that_does_not_fit():
+    rng = np.random.default_rng(14)
+    x = rand(rng, (6, 100))
+    q, d, o = quantize_weight(rand(rng, (24, 100)), 4, 32, True)
+    pw = ops.pack_quantized(q, d, o, 4, 32)
+    q64, d64, o64 = quantize_weight(rand(rng, (24, 100)), 4, 64, True)
+    for scratch, weight in [(ops.ActScratch(5, 100, 32), pw),           # too few rows
+                            (ops.ActScratch(6, 128, 32), pw),           # another K
+                            (ops.ActScratch(6, 100, 32), ops.pack_quantized(q64, d64, o64, 4,
+                                                                            64)),  # groups
+                            (ops.ActScratch(6, 100, 32, sums=False), pw),  # 4 bits: sums
+                            (ops.ActScratch(6, 100, 32),                # no zero points
+                             ops.pack_quantized(q, d, o, 4, 32, act_asym=True)),
+                            (ops.ActScratch(6, 100, 32, asym_n=23),     # correction too narrow
+                             ops.pack_quantized(q, d, o, 4, 32, act_asym=True))]:
+        with pytest.raises(ValueError, match="does not fit x of shape"):
+            ops.linear(x, weight, act_scratch=scratch)
     with pytest.raises(ValueError, match="x has 99 columns but w has K=100"):
         ops.linear(x[:, :99], pw)
-    with pytest.raises(ValueError, match="gsum is required"):
-        ops.linear_quantized(xq, scale, None, pw)
-    xq64, scale64, gsum64 = ops.quantize_activations(x, 64)
-    with pytest.raises(ValueError, match="scale has 2 groups a row; this weight .* needs 4"):
-        ops.linear_quantized(xq64, scale64, gsum64, pw)
-    with pytest.raises(ValueError, match="gsum has 2 groups a row; this weight .* needs 4"):
-        ops.linear_quantized(xq, scale, gsum64, pw)
+
+
+@pytest.mark.parametrize("sums,asym_n", [(True, 0), (False, 0), (True, 40)])
+def test_act_scratch_nbytes_counts_every_buffer(sums, asym_n):
+    sc = ops.ActScratch(7, 300, 64, sums, asym_n)
+    assert ops.ActScratch.nbytes_for(7, 300, 64, sums, asym_n) == sc.nbytes == \
+        sum(a.nbytes for a in vars(sc).values() if isinstance(a, np.ndarray))
+    with pytest.raises(ValueError, match="group must be one of"):
+        ops.ActScratch(7, 300, 48)
+    with pytest.raises(ValueError, match="rows and k must be >= 1"):
+        ops.ActScratch.nbytes_for(0, 300)
 
 
 def test_ops_channelwise_shares_group_128_activations():
     """Channelwise weights run as groups of 128: activations quantized for a
     group-128 weight serve a channelwise one (and 8-bit weights take gsum)."""
     rng = np.random.default_rng(16)
+    kern = ops.kernels()
     x = rand(rng, (5, 576))
     q, d, _ = quantize_weight(rand(rng, (16, 576)), 8, 0, True)
     assert d.shape == (16, 1)
     pw = ops.pack_quantized(q, d[:, 0], None, 8, 0)  # a 1-D d is channelwise too
     scratch = ops.ActScratch(8, 576, 128)
     assert scratch.fits(5, 576, 0, True) and not scratch.fits(5, 576, 64, False)
-    xq, scale, gsum = ops.quantize_activations(x, 0, out=scratch)
-    assert scale.shape == (5, 5)
-    y = ops.linear_quantized(xq, scale, gsum, pw)
-    assert np.array_equal(y, ops.linear_quantized(xq, scale, None, pw))
+    y = ops.linear(x, pw, act_scratch=scratch)
+    xq, scale, gsum = quantize(kern, x, 0)
+    assert scale.shape == (5, 5) and np.array_equal(scratch.scale[:5], scale)
+    without_sums = np.empty_like(y)
+    kern.gemm_wq(xq, scale, None, pw, without_sums)
+    assert np.array_equal(y, without_sums)
     assert np.array_equal(y, ops.linear(x, pw))
     assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, None, 8, 0, None))
 
@@ -720,8 +746,22 @@ def test_asymmetric_arguments_are_checked(kern):
         kern.quant_act(x, xq, sc, gs, 32, None, zp=np.empty((2, 1), np.int32))
     with pytest.raises(ValueError, match="zp and gsum must not overlap"):
         kern.quant_act(x, xq, sc, gs, 32, None, zp=gs)
-    q, d, o = quantize_weight(np.ones((8, 40), np.float32), 4, 32, True)
+
+
+def test_asymmetric_linear_allocates_nothing_with_a_scratch():
+    """The zero points' correction goes to the scratch's own buffer, sized at start:
+    a call (the first included) allocates no array."""
+    rng = np.random.default_rng(23)
+    m, n, k = 64, 512, 1024
+    x = (rand(rng, (m, k)) + np.float32(1)).astype(np.float32)
+    q, d, o = quantize_weight(rand(rng, (n, k), k ** -0.5), 4, 32, True)
     pw = ops.pack_quantized(q, d, o, 4, 32, act_asym=True)
-    xq_, s_, g_ = ops.quantize_activations(x, 32)
-    with pytest.raises(ValueError, match="asymmetric activations"):
-        ops.linear_quantized(xq_, s_, g_, pw)
+    scratch, out = ops.ActScratch(m, k, 32, asym_n=n), np.empty((m, n), np.float32)
+    want = ops.linear(x, pw)
+    tracemalloc.start()
+    y = ops.linear(x, pw, out=out, act_scratch=scratch)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert np.array_equal(y, want)
+    # one [m, n] correction alone is 128 KiB; views and call frames stay far below
+    assert peak < 8 << 10, f"ops.linear allocated up to {peak} bytes"

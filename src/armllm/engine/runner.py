@@ -18,7 +18,7 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int):
         self.model, self.kv = model, kv
         self.workspace = Workspace(model.config, max_num_batched_tokens, max_num_seqs,
-                                   max_seq_len=max_model_len)
+                                   model.formats, max_seq_len=max_model_len)
         self.max_blocks = -(-max_model_len // kv.block_size)
         self._seed_source = np.random.default_rng()
         self._block_table = np.zeros((max_num_seqs, self.max_blocks), np.int32)

@@ -11,7 +11,12 @@ starts after the longest prefix of its prompt found in the prefix cache.
 When a running sequence finds no free KV block, the most recently admitted
 running sequence of the lowest priority is preempted: its blocks are freed
 (they stay in the prefix cache) and it goes back to the front of the queue
-to be recomputed. A request that could never fit is refused when added."""
+to be recomputed. A request that could never fit is refused when added.
+
+After the step has run, update() advances each sequence's computed tokens,
+commits its newly full blocks to the prefix cache and, when the prompt of a
+request with n > 1 completions is done, forks the other n - 1 from it
+(sharing its blocks, copied on write). finish() frees a finished sequence."""
 from __future__ import annotations
 
 import bisect
@@ -54,6 +59,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []     # sorted by _order
         self.running: list[Sequence] = []     # in admission order
         self.num_preemptions = 0
+        self.num_steps = 0                    # steps that scheduled any token
+        self.num_scheduled_tokens = 0         # token rows scheduled (recomputes included)
         self._arrival = itertools.count()
         self._order: dict[Sequence, tuple[int, int]] = {}  # (priority, arrival), for sorting
         self._admitted: dict[Sequence, int] = {}           # admission counter, for preemption
@@ -84,13 +91,6 @@ class Scheduler:
     def _enqueue(self, seq: Sequence) -> None:
         seq.status = Status.WAITING
         bisect.insort(self.waiting, seq, key=self._order.__getitem__)
-
-    def add_running(self, seq: Sequence, after: Sequence) -> None:
-        """A sequence forked from `after` (which is running) joins the running set."""
-        self._order[seq] = self._order[after]
-        self._admitted[seq] = next(self._admission)
-        seq.status = Status.RUNNING
-        self.running.append(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """seq is done (stopped, length, or aborted): its blocks are released."""
@@ -169,13 +169,36 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, n))
             budget -= n
             slots += seq.num_forks_pending + 1
+        if out.scheduled:
+            self.num_steps += 1
+            self.num_scheduled_tokens += out.num_tokens
         return out
 
-    def after_step(self, out: SchedulerOutput) -> None:
-        """The step ran: the scheduled tokens are in the cache."""
+    def update(self, out: SchedulerOutput) -> dict[Sequence, list[Sequence]]:
+        """The step ran: the scheduled tokens are in the cache. Returns the completions
+        forked from each prompt that finished (empty unless a request has n > 1); they
+        sample their first token from their parent's logits."""
+        forks = {}
         for item in out.scheduled:
-            item.seq.num_computed += item.num_new_tokens
-            self.blocks.commit(item.seq)
+            seq = item.seq
+            seq.num_computed += item.num_new_tokens
+            self.blocks.commit(seq)
+            if seq.num_forks_pending and seq.num_computed == seq.num_tokens:
+                forks[seq] = self._fork(seq)
+        return forks
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """The prompt is done: the request's other completions start from its KV blocks
+        and run beside it."""
+        children = [parent.fork(index) for index in range(1, parent.num_forks_pending + 1)]
+        parent.num_forks_pending = 0
+        for child in children:
+            self.blocks.fork(parent, child)
+            self._order[child] = self._order[parent]
+            self._admitted[child] = next(self._admission)
+            child.status = Status.RUNNING
+            self.running.append(child)
+        return children
 
     # -- lookups ---------------------------------------------------------------------------
 

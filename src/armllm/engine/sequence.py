@@ -1,8 +1,10 @@
-"""sequence: one completion's state as the engine sees it (plain Python).
+"""sequence: one completion's state as the scheduler sees it (plain Python).
 
 A request with n > 1 completions is n Sequences sharing a request id
-(`index` 0..n-1); the first carries the prompt through prefill and the others
-are forked from it, sharing its KV blocks, when the prompt is done."""
+(`index` 0..n-1); the first carries the prompt through prefill and the
+scheduler forks the others from it, sharing its KV blocks, when the prompt is
+done. What a completion's tokens mean as output (stop conditions, text) is
+the engine's CompletionState, which the sequence carries opaquely."""
 from __future__ import annotations
 
 import enum
@@ -31,7 +33,6 @@ class Sequence:
     request_id: str
     prompt_ids: list[int]
     params: Any                      # SamplingParams (kept opaque here)
-    eos_token_ids: frozenset[int] = frozenset()
     index: int = 0                   # which of the request's n completions
     priority: int = 0                # lower runs first; FCFS among equals
     status: Status = Status.WAITING
@@ -43,9 +44,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # chained, of full token blocks
     num_forks_pending: int = 0       # completions still to fork off when the prompt is done
     finish_reason: str | None = None
-    text: str = ""                   # detokenized output, stop strings removed
-    logprobs: list = field(default_factory=list)
     rng: Any = None                  # the sampler's random generator (runner-owned)
+    completion: Any = None           # stop checks and text so far (engine-owned)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 
     @property
@@ -63,3 +63,19 @@ class Sequence:
     @property
     def key(self) -> tuple[str, int]:
         return self.request_id, self.index
+
+    def append(self, token: int) -> None:
+        """Adds a sampled token and records when it came."""
+        now = time.monotonic()
+        self.output_ids.append(token)
+        self.timings.token_times.append(now)
+        if self.timings.first_token is None:
+            self.timings.first_token = now
+
+    def fork(self, index: int) -> Sequence:
+        """Completion `index` of the same request, before it has any output: it shares
+        the prompt, priority, arrival and admission time, and the prefix-cache hit."""
+        t = self.timings
+        return Sequence(self.request_id, self.prompt_ids, self.params, index=index,
+                        priority=self.priority, num_cached_prompt=self.num_cached_prompt,
+                        timings=Timings(t.arrival, t.first_scheduled))

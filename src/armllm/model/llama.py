@@ -8,6 +8,7 @@ that need them. Every activation lives in a preallocated Workspace.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,7 +16,13 @@ import numpy as np
 
 from armllm import ops
 from armllm.model.config import ModelConfig
-from armllm.model.weights import ModelWeights
+from armllm.model.weights import (
+    LAYER_LINEARS,
+    LinearFormats,
+    ModelWeights,
+    QuantFormat,
+    linear_shapes,
+)
 
 
 @dataclass
@@ -66,32 +73,104 @@ class KVCache:
 
 
 class Workspace:
-    """Activations for up to max_tokens rows and max_logits logits rows (attention
-    scratch for sequences of up to max_seq_len tokens; default: the model's context)."""
+    """Every buffer a forward writes, allocated once: activations for up to max_tokens
+    rows, logits for max_logits rows, attention scratch for sequences of up to
+    max_seq_len tokens (default: the model's context), and for quantized linear
+    weights (`formats`, as ModelWeights.formats gives them) the int8 activations: one
+    ActScratch per distinct input (K and group length) of the layers, one for the
+    lm_head. `Workspace.nbytes` is what this allocates, from the same arguments."""
+
+    residual: np.ndarray          # [max_tokens, hidden] the residual stream
+    hidden: np.ndarray            # [max_tokens, hidden] attention / MLP output
+    normed: np.ndarray            # [max_tokens, hidden] RMSNorm output
+    qkv: np.ndarray               # [max_tokens, q + 2 kv]
+    q_normed: np.ndarray | None   # [max_tokens, q] per-head normed q (Qwen3)
+    k_normed: np.ndarray | None   # [max_tokens, kv]
+    attn: np.ndarray              # [max_tokens, q] attention output
+    gate_up: np.ndarray           # [max_tokens, 2 intermediate]
+    act: np.ndarray               # [max_tokens, intermediate] silu(gate) * up
+    selected: np.ndarray          # [max_logits, hidden] the rows that need logits
+    logits: np.ndarray            # [max_logits, vocab]
+    attn_scratch: np.ndarray      # the attention kernel's split-KV partials
 
     def __init__(self, config: ModelConfig, max_tokens: int, max_logits: int,
-                 max_split_rows: int = 16, max_seq_len: int | None = None):
-        c, f32 = config, np.float32
-        self.max_tokens, self.max_logits = max_tokens, max_logits
-        self.residual = np.empty((max_tokens, c.hidden_size), f32)
-        self.hidden = np.empty((max_tokens, c.hidden_size), f32)
-        self.normed = np.empty((max_tokens, c.hidden_size), f32)
-        self.qkv = np.empty((max_tokens, c.q_size + 2 * c.kv_size), f32)
-        self.q_normed = np.empty((max_tokens, c.q_size), f32) if c.qk_norm else None
-        self.k_normed = np.empty((max_tokens, c.kv_size), f32) if c.qk_norm else None
-        self.attn = np.empty((max_tokens, c.q_size), f32)
-        self.gate_up = np.empty((max_tokens, 2 * c.intermediate_size), f32)
-        self.act = np.empty((max_tokens, c.intermediate_size), f32)
-        self.selected = np.empty((max_logits, c.hidden_size), f32)
-        self.logits = np.empty((max_logits, c.vocab_size), f32)
-        self.attn_scratch = np.empty(ops.attn_scratch_len(
-            max_split_rows, c.num_heads, c.head_dim, max_seq_len or c.max_position_embeddings),
-            f32)
+                 formats: LinearFormats | None = None, max_split_rows: int = 16,
+                 max_seq_len: int | None = None):
+        self.max_tokens, self.max_logits, self.formats = max_tokens, max_logits, formats
+        for name, shape in self._arrays(config, max_tokens, max_logits, max_split_rows,
+                                        max_seq_len).items():
+            setattr(self, name, None if shape is None else np.empty(shape, np.float32))
+        scratch_args, layer_keys, head_key = self._scratch_plan(config, max_tokens, max_logits,
+                                                                formats)
+        made = {key: ops.ActScratch(**args) for key, args in scratch_args.items()}
+        self.scratches: list[ops.ActScratch] = list(made.values())
+        # per layer, the scratch of each of its LAYER_LINEARS weights (None: a float weight)
+        self.layer_scratch = [tuple(made.get(key) for key in keys) for keys in layer_keys]
+        self.head_scratch: ops.ActScratch | None = made.get(head_key)
+
+    @classmethod
+    def nbytes(cls, config: ModelConfig, max_tokens: int, max_logits: int,
+               formats: LinearFormats | None = None, max_split_rows: int = 16,
+               max_seq_len: int | None = None) -> int:
+        """Bytes a Workspace of these arguments allocates: the engine's working memory."""
+        arrays = cls._arrays(config, max_tokens, max_logits, max_split_rows, max_seq_len)
+        scratches = cls._scratch_plan(config, max_tokens, max_logits, formats)[0]
+        return (sum(4 * math.prod(shape) for shape in arrays.values() if shape is not None)
+                + sum(ops.ActScratch.nbytes_for(**args) for args in scratches.values()))
+
+    @staticmethod
+    def _arrays(c: ModelConfig, max_tokens: int, max_logits: int, max_split_rows: int,
+                max_seq_len: int | None) -> dict[str, tuple[int, ...] | None]:
+        """The float32 buffers' shapes, by attribute name."""
+        t, h = max_tokens, c.hidden_size
+        return {
+            "residual": (t, h), "hidden": (t, h), "normed": (t, h),
+            "qkv": (t, c.q_size + 2 * c.kv_size),
+            "q_normed": (t, c.q_size) if c.qk_norm else None,
+            "k_normed": (t, c.kv_size) if c.qk_norm else None,
+            "attn": (t, c.q_size), "gate_up": (t, 2 * c.intermediate_size),
+            "act": (t, c.intermediate_size),
+            "selected": (max_logits, h), "logits": (max_logits, c.vocab_size),
+            "attn_scratch": (ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
+                                                  max_seq_len or c.max_position_embeddings),),
+        }
+
+    @staticmethod
+    def _scratch_plan(c: ModelConfig, max_tokens: int, max_logits: int,
+                      formats: LinearFormats | None
+                      ) -> tuple[dict[tuple, dict], list[tuple], tuple | None]:
+        """The ActScratch arguments by key, each layer's keys (in LAYER_LINEARS order,
+        None for a float weight) and the lm_head's key. Inputs of one row count, K and
+        group length share a scratch (each call quantizes into it in turn), which holds
+        the zero points' correction of the widest asymmetric weight among them."""
+        if formats is None:
+            return {}, [(None,) * len(LAYER_LINEARS)] * c.num_layers, None
+        if len(formats.layers) != c.num_layers:
+            raise ValueError(f"formats describe {len(formats.layers)} layers, the model has "
+                             f"{c.num_layers}")
+        scratches: dict[tuple, dict] = {}
+
+        def key(fmt: QuantFormat | None, n: int, k: int, rows: int) -> tuple | None:
+            if fmt is None:
+                return None
+            kk = (rows, k, ops.quant_group_len(fmt.group))
+            args = scratches.setdefault(kk, {"rows": rows, "k": k, "group": fmt.group,
+                                             "sums": True, "asym_n": 0})
+            if not fmt.act_symmetric:
+                args["asym_n"] = max(args["asym_n"], n)
+            return kk
+
+        shapes = linear_shapes(c)
+        layers = [tuple(key(fmt, n, k, max_tokens) for fmt, (n, k) in zip(layer, shapes,
+                                                                         strict=True))
+                  for layer in formats.layers]
+        return scratches, layers, key(formats.lm_head, c.vocab_size, c.hidden_size, max_logits)
 
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: ModelWeights):
         self.config, self.weights = config, weights
+        self.formats = weights.formats   # what a Workspace for these weights is built with
         c = config
         self.cos_sin = ops.rope_cos_sin(c.max_position_embeddings, c.head_dim, c.rope_theta,
                                         c.rope_scaling)
@@ -104,15 +183,19 @@ class LlamaModel:
         if t > ws.max_tokens or r > ws.max_logits:
             raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
                              f"({ws.max_tokens} / {ws.max_logits})")
+        if ws.formats is not self.formats and ws.formats != self.formats:
+            raise ValueError("the workspace was built for other linear weight formats than "
+                             "this model's: build it with Workspace(..., model.formats)")
         res, x, normed = ws.residual[:t], ws.hidden[:t], ws.normed[:t]
         qkv, attn = ws.qkv[:t], ws.attn[:t]
         q, k, v = (qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size],
                    qkv[:, c.q_size + c.kv_size:])
         ops.embedding(meta.input_ids, w.embed, out=res)
-        for i, lw in enumerate(w.layers):
+        for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
+            qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
             # res += x (the previous MLP's output; none before layer 0), normalize, project
             ops.rms_norm_linear(res if i == 0 else x, lw.input_norm, c.rms_norm_eps, lw.qkv,
-                                lw.qkv_bias, None if i == 0 else res, normed, qkv)
+                                lw.qkv_bias, None if i == 0 else res, normed, qkv, qkv_in)
             q_in, k_in = q, k
             if c.qk_norm:
                 q_in, k_in = self._qk_norm(q, k, lw, ws, t)
@@ -122,17 +205,19 @@ class LlamaModel:
             ops.paged_attention(q_in, kv.k[i], kv.v[i], meta.block_table, meta.seq_lens,
                                 meta.query_start, c.num_heads, self.scale, out=attn,
                                 sliding_window=c.sliding_window, scratch=ws.attn_scratch)
-            ops.linear(attn, lw.o, out=x)
+            ops.linear(attn, lw.o, out=x, act_scratch=o_in)
             ops.rms_norm_linear(x, lw.post_norm, c.rms_norm_eps, lw.gate_up, residual=res,
-                                normed=normed, out=ws.gate_up[:t])
+                                normed=normed, out=ws.gate_up[:t], act_scratch=gate_up_in)
             ops.silu_mul(ws.gate_up[:t], out=ws.act[:t])
-            ops.linear(ws.act[:t], lw.down, out=x)
+            ops.linear(ws.act[:t], lw.down, out=x, act_scratch=down_in)
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
         ops.rms_norm(x, w.final_norm, c.rms_norm_eps, residual=res, out=normed)
         selected = ws.selected[:r]
-        np.take(normed, meta.logits_rows, axis=0, out=selected)
-        return ops.linear(selected, w.lm_head, out=ws.logits[:r])
+        # rows index this batch (the runner builds them); mode="raise" would copy through
+        # a temporary the size of the selection every step
+        np.take(normed, meta.logits_rows, axis=0, out=selected, mode="clip")
+        return ops.linear(selected, w.lm_head, out=ws.logits[:r], act_scratch=ws.head_scratch)
 
     def _qk_norm(self, q, k, lw, ws, t):
         """RMSNorm over each head of q and k (Qwen3), into contiguous buffers."""

@@ -17,6 +17,14 @@ from armllm.model.llama import LlamaModel
 from armllm.model.tokenizer import TextTokenizer
 from armllm.model.weights import GGUFSource, HFSource, Quantization, WeightDtype, load_weights
 
+# llama.cpp's recommended-sampler metadata (gguf-py's Keys.General.SAMPLING_*) -> the
+# generation_config.json field it sets
+GGUF_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_p": "top_p",
+                      "general.sampling.top_k": "top_k", "general.sampling.min_p": "min_p",
+                      "general.sampling.penalty_repeat": "repetition_penalty"}
+# GGUF stores those as float32, which reads 0.95 as 0.949999988: 6 decimals undo that
+GGUF_FLOAT_DECIMALS = 6
+
 
 @dataclass
 class LoadedModel:
@@ -25,7 +33,7 @@ class LoadedModel:
     model: LlamaModel
     tokenizer: Tokenizer
     tokenizer_config: dict
-    generation_config: dict
+    generation_config: dict   # generation_config.json, or what a GGUF's metadata implies
 
 
 def _read_json(path: Path) -> dict:
@@ -52,6 +60,19 @@ def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
                                tie_word_embeddings="output.weight" not in gguf.tensors)
 
 
+def gguf_generation_config(gguf: GGUFFile, config: ModelConfig) -> dict:
+    """The generation_config.json a GGUF implies: its EOS ids and its sampling keys."""
+    gen: dict = {"eos_token_id": list(config.eos_token_ids)} if config.eos_token_ids else {}
+    for key, name in GGUF_SAMPLING_KEYS.items():
+        value = gguf.metadata.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{gguf.path}: metadata {key} must be a number, got {value!r}")
+        gen[name] = round(value, GGUF_FLOAT_DECIMALS) if isinstance(value, float) else value
+    return gen
+
+
 def model_path(path: str | Path) -> Path:
     """A model's path, checked: an existing directory or .gguf file."""
     path = Path(path)
@@ -74,8 +95,8 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
         weights = load_weights(GGUFSource(gguf, config), config, dtype, progress, quantization,
                                quantize_lm_head)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
-        gen = {"eos_token_id": list(config.eos_token_ids)} if config.eos_token_ids else {}
-        return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config, gen)
+        return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config,
+                           gguf_generation_config(gguf, config))
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
     weights = load_weights(HFSource(path, ct), config, dtype, progress, quantization,

@@ -48,6 +48,7 @@ SCHEMES = {
 
 
 ASYM_SUFFIX = "-asym"  # any scheme + this: asymmetric activations
+SCHEME_NAMES = (*SCHEMES, *(name + ASYM_SUFFIX for name in SCHEMES))  # what parse_scheme takes
 
 
 def parse_scheme(name: str | None) -> Scheme | None:

@@ -1,6 +1,6 @@
-"""tokenizer: text <-> token ids for a loaded model, Hugging Face style chat
-templates (Jinja, sandboxed), and incremental detokenization that never
-emits half of a multi-byte UTF-8 character."""
+"""tokenizer: text <-> token ids for a loaded model, and Hugging Face style
+chat templates (Jinja, sandboxed). Turning a growing completion into text
+deltas is engine/completion.py's IncrementalDetokenizer."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -9,8 +9,6 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
-
-REPLACEMENT = "\ufffd"  # what a decoder emits for an incomplete UTF-8 sequence
 
 
 def _raise(message: str) -> None:
@@ -80,27 +78,3 @@ class TextTokenizer:
             if isinstance(final, str) and final.strip() and final.strip() in text:
                 text = text[:text.rindex(final.strip()) + len(final.strip())]
         return text
-
-
-class IncrementalDetokenizer:
-    """Text deltas for a growing token list.
-
-    Decodes a short window of recent tokens (so a multi-token character or a
-    byte-fallback sequence is decoded whole) and holds back text while it ends
-    in an incomplete UTF-8 sequence."""
-
-    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
-                 skip_special_tokens: bool = True):
-        self.tok, self.skip = tokenizer, skip_special_tokens
-        self.ids = list(prompt_ids[-6:])  # a little left context for merges like leading spaces
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
-        full = self.tok.decode(self.ids[self.prefix_offset:], self.skip)
-        if full.endswith(REPLACEMENT) or len(full) <= len(prefix):
-            return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return full[len(prefix):]

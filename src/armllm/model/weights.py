@@ -1,10 +1,13 @@
 """weights: loads a checkpoint's tensors (safetensors directory or GGUF),
 checks every shape against the config, converts to the chosen precision and
 prepacks the linear layers once (fused QKV and gate/up), so that `forward`
-never converts or repacks anything."""
+never converts or repacks anything. `linear_formats` tells from a checkpoint's
+metadata alone what format each linear weight will load in (what `armllm plan`
+and the Workspace size memory by)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -54,7 +57,8 @@ class HFSource:
             return self.get_quantized(name, None).dequantize()
         return self.ckpt.array(name)
 
-    def get_quantized(self, name: str, shape: tuple[int, int] | None) -> QuantizedMatrix | None:
+    def _scheme(self, name: str):
+        """(module, (WeightArgs, format)) of a quantized Linear's weight, else None."""
         found = self._quantized_module(name)
         if found is None:
             return None
@@ -62,7 +66,21 @@ class HFSource:
         if scheme is None:
             raise ValueError(f"{self.where}: tensor {module}.weight_scale belongs to a layer "
                              "the quantization_config does not target")
-        args, fmt = scheme
+        return module, scheme
+
+    def native_format(self, name: str, shape: tuple[int, int]) -> QuantFormat | None:
+        """The format get_quantized gives `name` in, from the config and headers alone."""
+        found = self._scheme(name)
+        if found is None:
+            return None
+        args = found[1][0]
+        return QuantFormat(args.bits, args.group, args.act_symmetric)
+
+    def get_quantized(self, name: str, shape: tuple[int, int] | None) -> QuantizedMatrix | None:
+        found = self._scheme(name)
+        if found is None:
+            return None
+        module, (args, fmt) = found
         if shape is None:
             shape = self._shape(module)
         return ct_load_matrix(self.ckpt.array, self.ckpt.__contains__, module, args, fmt, shape,
@@ -116,12 +134,23 @@ class GGUFSource:
         heads = self._rope_heads(name)
         return w if heads is None else unpermute_rope_rows(w, heads)
 
-    def get_quantized(self, name: str, shape: tuple[int, int]) -> QuantizedMatrix | None:
-        """Q8_0 / Q4_0 / Q4_1 tensors exactly as the quantized GEMM's (q, d, o)."""
-        gname = self._gguf_name(name)
-        t = self.gguf.tensors.get(gname)
+    def _quantized_tensor(self, name: str, shape: tuple[int, int]):
+        t = self.gguf.tensors.get(self._gguf_name(name))
         if t is None or t.type_name not in GGUF_QUANTIZED or tuple(t.shape) != tuple(shape):
             return None
+        return t
+
+    def native_format(self, name: str, shape: tuple[int, int]) -> QuantFormat | None:
+        """The format get_quantized gives `name` in, from the tensor's type alone."""
+        t = self._quantized_tensor(name, shape)
+        return None if t is None else QuantFormat(*GGUF_QUANTIZED[t.type_name])
+
+    def get_quantized(self, name: str, shape: tuple[int, int]) -> QuantizedMatrix | None:
+        """Q8_0 / Q4_0 / Q4_1 tensors exactly as the quantized GEMM's (q, d, o)."""
+        t = self._quantized_tensor(name, shape)
+        if t is None:
+            return None
+        gname = self._gguf_name(name)
         blocks = self.gguf.raw(gname).reshape(-1, GGML_TYPES[t.ggml_type][2])
         qm = from_gguf_blocks(t.type_name, blocks, *shape)
         heads = self._rope_heads(name)
@@ -145,6 +174,44 @@ def _as_f32(a: np.ndarray) -> np.ndarray:
 
 def _as_bf16(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a) if a.dtype == np.uint16 else ops.f32_to_bf16(_as_f32(a))
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """How a quantized linear weight runs: int`bits` values in scale groups of
+    `group` columns (0: one scale a row), meeting symmetric int8 activations or,
+    act_symmetric False, ones with zero points."""
+    bits: int
+    group: int
+    act_symmetric: bool = True
+
+
+LAYER_LINEARS = ("qkv", "o", "gate_up", "down")   # a layer's packed linear weights
+
+
+@dataclass(frozen=True)
+class LinearFormats:
+    """What each linear weight runs as: per layer the LAYER_LINEARS weights' formats,
+    and the lm_head's; None: a float weight in the model's dtype."""
+    layers: tuple[tuple[QuantFormat | None, ...], ...]
+    lm_head: QuantFormat | None
+
+
+def _layer_tensors(c: ModelConfig, i: int) -> list[list[tuple[str, tuple[int, int]]]]:
+    """The checkpoint tensors (name, [N, K]) of layer i's packed linear weights, in
+    LAYER_LINEARS order: q/k/v fused, o, gate/up fused, down."""
+    p = f"model.layers.{i}."
+    h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+    return [[(p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
+             (p + "self_attn.v_proj.weight", (kv, h))],
+            [(p + "self_attn.o_proj.weight", (h, q))],
+            [(p + "mlp.gate_proj.weight", (inter, h)), (p + "mlp.up_proj.weight", (inter, h))],
+            [(p + "mlp.down_proj.weight", (h, inter))]]
+
+
+def linear_shapes(c: ModelConfig) -> list[tuple[int, int]]:
+    """[N, K] of each layer's packed linear weights, in LAYER_LINEARS order."""
+    return [(sum(n for _, (n, _) in parts), parts[0][1][1]) for parts in _layer_tensors(c, 0)]
 
 
 @dataclass
@@ -174,8 +241,69 @@ class ModelWeights:
         linear = sum(w.nbytes for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
         return linear + self.embed.nbytes + self.lm_head.nbytes
 
+    @cached_property
+    def formats(self) -> LinearFormats | None:
+        """The formats of the packed linear weights (None: all float)."""
+        def fmt(w: ops.PackedWeight) -> QuantFormat | None:
+            return QuantFormat(w.bits, w.group, w.zp_correction is None) if w.quantized \
+                else None
+        return _formats_or_none(
+            tuple(tuple(fmt(getattr(lw, name)) for name in LAYER_LINEARS) for lw in self.layers),
+            fmt(self.lm_head))
+
+
+def _formats_or_none(layers: tuple[tuple[QuantFormat | None, ...], ...],
+                     lm_head: QuantFormat | None) -> LinearFormats | None:
+    if lm_head is None and all(f is None for layer in layers for f in layer):
+        return None
+    return LinearFormats(layers, lm_head)
+
 
 Quantization = Literal["auto", "none"] | Scheme
+
+
+def _fused_format(natives: list[QuantFormat | None], quantization: Quantization
+                  ) -> QuantFormat | None:
+    """What one packed matrix runs as, from the formats its parts are stored in (None:
+    float): under "auto" the stored format when every part shares it (mixed parts run
+    as floats), a Scheme's own format, or None for "none"."""
+    if quantization == "none":
+        return None
+    if quantization == "auto":
+        if any(f is None for f in natives) or len({(f.bits, f.group) for f in natives}) != 1:
+            return None
+        # one quantization of the input serves every part: asymmetric if any asks for it
+        return QuantFormat(natives[0].bits, natives[0].group,
+                           all(f.act_symmetric for f in natives))
+    return QuantFormat(quantization.bits, quantization.group, quantization.act_symmetric)
+
+
+def _quantizes_head(quantization: Quantization, quantize_lm_head: bool) -> bool:
+    return quantization == "auto" or (quantize_lm_head and quantization != "none")
+
+
+def _head_tensor(c: ModelConfig) -> tuple[str, tuple[int, int]]:
+    name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    return name, (c.vocab_size, c.hidden_size)
+
+
+def linear_formats(source, config: ModelConfig, quantization: Quantization = "auto",
+                   quantize_lm_head: bool = False) -> LinearFormats | None:
+    """What load_weights runs each linear weight of `source` as (None: all float), from
+    the checkpoint's metadata alone: no tensor data is read."""
+    getter = getattr(source, "native_format", None)
+
+    def fmt(names_shapes: list[tuple[str, tuple[int, int]]]) -> QuantFormat | None:
+        if quantization == "none":
+            return None
+        natives = [getter(n, s) if getter else None for n, s in names_shapes]
+        return _fused_format(natives, quantization)
+
+    layers = tuple(tuple(fmt(parts) for parts in _layer_tensors(config, i))
+                   for i in range(config.num_layers))
+    head = fmt([_head_tensor(config)]) if _quantizes_head(quantization, quantize_lm_head) \
+        else None
+    return _formats_or_none(layers, head)
 
 
 def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
@@ -218,15 +346,16 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         if quantization == "none":
             return None
         natives = [native(n, s) for n, s in names_shapes]
-        if quantization == "auto":
-            if all(q is not None for q in natives) and \
-                    len({(q.bits, q.group) for q in natives}) == 1:
-                stacked = QuantizedMatrix.stack(natives)
-                acts = "" if stacked.act_symmetric else ", asymmetric activations"
-                used.add(f"w{natives[0].bits}a8-{_group_name(natives[0].group)} "
-                         f"({_origin(source)}{acts})")
-                return stacked
+        fmt = _fused_format([None if q is None else QuantFormat(q.bits, q.group,
+                                                                q.act_symmetric)
+                             for q in natives], quantization)
+        if fmt is None:
             return None  # float, or mixed formats within one fused matrix: run in dtype
+        if quantization == "auto":
+            stacked = QuantizedMatrix.stack(natives)
+            acts = "" if stacked.act_symmetric else ", asymmetric activations"
+            used.add(f"w{fmt.bits}a8-{_group_name(fmt.group)} ({_origin(source)}{acts})")
+            return stacked
         parts = []
         for (n, shp), q in zip(names_shapes, natives, strict=True):
             if q is not None and q.bits == quantization.bits and q.group == quantization.group:
@@ -249,40 +378,38 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             used.add(dtype)
         return ops.pack_weight(fused, dtype)
 
-    h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+    h, q, kv = c.hidden_size, c.q_size, c.kv_size
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
+        qkv, o, gate_up, down = _layer_tensors(c, i)
         bias = None
         if c.attention_bias:
             bias = np.concatenate([_as_f32(tensor(p + f"self_attn.{n}_proj.bias", (size,)))
                                    for n, size in (("q", q), ("k", kv), ("v", kv))])
         layers.append(LayerWeights(
             input_norm=_as_f32(tensor(p + "input_layernorm.weight", (h,))),
-            qkv=matrix([(p + "self_attn.q_proj.weight", (q, h)),
-                        (p + "self_attn.k_proj.weight", (kv, h)),
-                        (p + "self_attn.v_proj.weight", (kv, h))]),
+            qkv=matrix(qkv),
             qkv_bias=bias,
             q_norm=_as_f32(tensor(p + "self_attn.q_norm.weight", (c.head_dim,))) if c.qk_norm
             else None,
             k_norm=_as_f32(tensor(p + "self_attn.k_norm.weight", (c.head_dim,))) if c.qk_norm
             else None,
-            o=matrix([(p + "self_attn.o_proj.weight", (h, q))]),
+            o=matrix(o),
             post_norm=_as_f32(tensor(p + "post_attention_layernorm.weight", (h,))),
-            gate_up=matrix([(p + "mlp.gate_proj.weight", (inter, h)),
-                            (p + "mlp.up_proj.weight", (inter, h))]),
-            down=matrix([(p + "mlp.down_proj.weight", (h, inter))]),
+            gate_up=matrix(gate_up),
+            down=matrix(down),
         ))
         if progress:
             progress(i + 1, c.num_layers)
     embed_raw = tensor("model.embed_tokens.weight", (c.vocab_size, h))
     embed = _as_bf16(embed_raw) if dtype == "bf16" else _as_f32(embed_raw)
     tied = c.tie_word_embeddings
-    head_name = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    head_name, head_shape = _head_tensor(c)
     head_q, label = None, ", ".join(sorted(used)) or None
-    if quantization == "auto" or (quantize_lm_head and quantization != "none"):
+    if _quantizes_head(quantization, quantize_lm_head):
         used.clear()
-        head_q = quantized([(head_name, (c.vocab_size, h))])
+        head_q = quantized([(head_name, head_shape)])
         if head_q is not None:
             label = f"{label}; lm_head {', '.join(used)}"
     if head_q is not None:
@@ -291,7 +418,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     elif tied:
         lm_head = ops.pack_weight(embed, dtype)
     else:
-        lm_head = matrix([(head_name, (c.vocab_size, h))], may_quantize=False)
+        lm_head = matrix([(head_name, head_shape)], may_quantize=False)
     return ModelWeights(dtype, embed, layers, _as_f32(tensor("model.norm.weight", (h,))), lm_head,
                         label)
 

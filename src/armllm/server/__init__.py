@@ -1,2 +1,3 @@
 """The OpenAI-compatible HTTP server (`armllm serve`): a thin Starlette front
-end over the engine thread."""
+end that talks to the engine only through AsyncLLM (routes → AsyncLLM →
+engine thread → LLMEngine)."""

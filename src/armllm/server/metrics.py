@@ -1,5 +1,6 @@
 """metrics: the server's Prometheus text exposition (/metrics): request
-counters by finish reason, histograms of per-request latencies and token
+counters by finish reason and HTTP status, requests refused at capacity,
+histograms of per-request latencies and token
 counts observed when a completion ends, and the engine's gauges and counters
 read from its latest stats snapshot. Metric names follow vLLM's with an
 `armllm:` prefix so existing dashboards map over."""
@@ -104,7 +105,7 @@ class ServerMetrics:
         metric("armllm:num_requests_waiting", "gauge", "Sequences waiting to be scheduled.",
                stats.num_waiting)
         metric("armllm:num_requests_in_flight", "gauge",
-               "HTTP generation requests being served.", in_flight)
+               "Completions admitted (n per prompt) and not yet answered.", in_flight)
         metric("armllm:kv_cache_usage_perc", "gauge",
                "Fraction of KV-cache blocks held by sequences (1 = full).", stats.kv_usage)
         metric("armllm:kv_cache_blocks", "gauge", "KV-cache blocks in all.", stats.num_blocks)
@@ -129,6 +130,9 @@ class ServerMetrics:
             out.append(f'{name}{{{lb},finished_reason="{reason}"}} '
                        f"{stats.finished.get(reason, 0)}")
         with self._lock:
+            metric("armllm:requests_rejected_overload_total", "counter",
+                   "Requests answered 503 because the server was at capacity.",
+                   self.rejected_overload)
             name = "armllm:http_requests_total"
             out += [f"# HELP {name} HTTP requests answered, by route and status.",
                     f"# TYPE {name} counter"]

@@ -1,15 +1,21 @@
 """protocol: the OpenAI request bodies armllm accepts, checked field by field
 where they enter, and the errors it answers with.
 
-Each endpoint has a table of the fields it knows. A known field of the wrong
-type or range is a 400 naming it; a known field armllm cannot honour (tools,
-a JSON response format, echo, ...) is a 400 saying so rather than a silently
-wrong answer; an unknown field is ignored and logged."""
+A body is read within a size limit and a deadline, and must be JSON nested at
+most MAX_DEPTH levels whose strings are valid Unicode (no lone surrogates, which
+the tokenizer cannot take). Each endpoint has a table of the fields it knows.
+A known field of the wrong type or range is a 400 naming it; a known field
+armllm cannot honour (tools, a JSON response format, echo, ...) is a 400 saying
+so rather than a silently wrong answer; an unknown field is ignored and logged."""
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.requests import Request
 
 from armllm.sampling import SamplingParams
 
@@ -26,7 +32,8 @@ class APIError(Exception):
         super().__init__(message)
         self.message, self.status, self.param, self.code = message, status, param, code
         self.type = type or {400: "invalid_request_error", 401: "authentication_error",
-                             404: "not_found_error", 413: "invalid_request_error",
+                             404: "not_found_error", 408: "invalid_request_error",
+                             413: "invalid_request_error",
                              503: "service_unavailable_error"}.get(status, "server_error")
 
     def body(self) -> dict:
@@ -38,9 +45,99 @@ def bad(param: str, message: str, code: str | None = "invalid_value") -> APIErro
     return APIError(f"{param}: {message}", 400, param, code)
 
 
+# -- the body -------------------------------------------------------------------------------
+
+# OpenAI bodies nest a handful of levels; the bound keeps everything that later walks a
+# body (error messages' repr, chat templates, json.dumps) far from Python's recursion limit
+MAX_DEPTH = 64
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> Any:
+    """The request's JSON body: at most `limit` bytes, received within `timeout_s`."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise APIError(f"Content-Type must be application/json, got {ctype or 'none'!r}",
+                       code="invalid_content_type")
+    declared = request.headers.get("content-length")
+    too_big = APIError(f"the request body exceeds the limit of {limit} bytes", 400,
+                       code="request_too_large")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(f"the request body did not arrive within {timeout_s:g} s", 408,
+                       code="request_timeout") from None
+    return parse_json(b"".join(chunks))
+
+
+def parse_json(raw: bytes) -> Any:
+    """A JSON document nested at most MAX_DEPTH levels, all of whose strings (keys
+    included) are valid Unicode; a 400 naming where it is not."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise APIError(f"the request body is nested deeper than {MAX_DEPTH} levels",
+                       code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(f"the request body is not valid JSON: {exc}",
+                       code="invalid_json") from None
+    _check_tree(body)
+    return body
+
+
+def _check_tree(body: Any) -> None:
+    """Walks the document without recursion (it may be deep) and without building a
+    path for every scalar (it may hold a million token ids)."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)] if isinstance(body, (dict, list)) \
+        else []
+    while stack:
+        node, path, depth = stack.pop()
+        if depth >= MAX_DEPTH:
+            raise bad(_top(path), f"is nested deeper than {MAX_DEPTH} levels")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            if isinstance(key, str) and not _valid_text(key):
+                raise bad(_top(path) or "request", f"the field name {key!r} is not valid "
+                                                   "Unicode (it holds a lone surrogate)")
+            if isinstance(value, str):
+                if not _valid_text(value):
+                    raise bad(_join(path, key), "is not valid Unicode text (it holds a lone "
+                                                "surrogate such as \\ud800)")
+            elif isinstance(value, (dict, list)):
+                stack.append((value, _join(path, key), depth + 1))
+
+
+def _valid_text(s: str) -> bool:
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _top(path: str) -> str:
+    """The top-level field a path starts in."""
+    return path.split(".")[0].split("[")[0]
+
+
 # -- field types ----------------------------------------------------------------------------
 
-def _int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -49,7 +146,7 @@ def _num(v: Any) -> bool:
 
 
 _CHECKS = {
-    "int": (_int, "an integer"),
+    "int": (is_int, "an integer"),
     "num": (_num, "a number"),
     "bool": (lambda v: isinstance(v, bool), "a boolean"),
     "str": (lambda v: isinstance(v, str), "a string"),
@@ -138,11 +235,11 @@ def completion_prompts(prompt: Any) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
-        if all(_int(t) for t in prompt):
+        if all(is_int(t) for t in prompt):
             return [prompt]
         if all(isinstance(p, str) for p in prompt):
             return list(prompt)
-        if all(isinstance(p, list) and p and all(_int(t) for t in p) for p in prompt):
+        if all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in prompt):
             return list(prompt)
     raise bad("prompt", "must be a string, a non-empty list of strings, a list of token ids, "
                         "or a list of non-empty token-id lists")

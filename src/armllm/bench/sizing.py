@@ -1,0 +1,194 @@
+"""sizing: what serving a model takes, from its config and headers alone (no tensor
+data is read): parameter counts, the weights as the engine loads and packs them for this
+CPU's kernels (--quantization auto included), the KV cache, the engine's Workspace (as
+Workspace.nbytes computes it), a fixed allowance for the process, and the bytes one
+decode step reads. `armllm plan` prints it.
+
+Decode reads every weight once per step (the embedding only one row per
+sequence) plus each sequence's KV cache, so with read bandwidth B a step of
+b sequences at average context n takes at least
+    (weights + b * (embedding row + n * KV bytes per token)) / B,
+which bounds TPOT from below and tok/s from above. n = max_model_len / 2.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from armllm import ops
+from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
+from armllm.model.compressed_tensors import parse_config
+from armllm.model.config import ModelConfig, load_hf_config
+from armllm.model.gguf import GGUFFile
+from armllm.model.llama import KVCache, Workspace
+from armllm.model.loader import gguf_model_config, model_path
+from armllm.model.quantize import parse_scheme
+from armllm.model.weights import (
+    GGUFSource,
+    HFSource,
+    LinearFormats,
+    QuantFormat,
+    linear_formats,
+    linear_shapes,
+)
+
+PROCESS_BYTES = 300 << 20        # Python, numpy, tokenizer and code: a fixed allowance
+ITEM_BYTES = {"bf16": 2, "f32": 4}
+
+
+def _layer_small_params(c: ModelConfig) -> int:
+    """Per layer: the two RMSNorm weights, q/k/v biases, per-head q/k norms (kept f32)."""
+    return (2 * c.hidden_size + (c.q_size + 2 * c.kv_size if c.attention_bias else 0)
+            + (2 * c.head_dim if c.qk_norm else 0))
+
+
+def param_counts(c: ModelConfig) -> dict:
+    embedding = c.vocab_size * c.hidden_size
+    per_layer = sum(n * k for n, k in linear_shapes(c)) + _layer_small_params(c)
+    lm_head = 0 if c.tie_word_embeddings else embedding
+    counts = {"embedding": embedding, "per_layer": per_layer,
+              "layers": c.num_layers * per_layer, "final_norm": c.hidden_size,
+              "lm_head": lm_head, "tied": c.tie_word_embeddings}
+    counts["total"] = embedding + counts["layers"] + c.hidden_size + lm_head
+    return counts
+
+
+def linear_bytes(n: int, k: int, dense: str, fmt: QuantFormat | None) -> int:
+    """Bytes of one [n, k] weight: dense, or packed for this CPU's quantized kernels with
+    its scales and offsets (and, for asymmetric activations, the zero points' f32
+    correction of one float a group)."""
+    if fmt is None:
+        return n * k * ITEM_BYTES[dense]
+    packed = ops.kernels().wq_packed_len(n, k, fmt.bits, fmt.group)
+    if not fmt.act_symmetric:
+        packed += n * ops.quant_groups(k, fmt.group) * ITEM_BYTES["f32"]
+    return packed
+
+
+def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> dict:
+    """Resident weight bytes. The lm_head is packed for the GEMM, so a tied lm_head is a
+    second copy of the embedding; norms and biases stay f32."""
+    shapes = linear_shapes(c)
+    layers_fmt = formats.layers if formats else [(None,) * len(shapes)] * c.num_layers
+    linear = [sum(linear_bytes(n, k, dense, f) for f, (n, k) in zip(layer, shapes, strict=True))
+              for layer in layers_fmt]
+    small = 4 * _layer_small_params(c)
+    out = {"embedding": c.vocab_size * c.hidden_size * ITEM_BYTES[dense],
+           "per_layer": max(linear) + small, "layers": sum(linear) + c.num_layers * small,
+           "final_norm": 4 * c.hidden_size,
+           "lm_head": linear_bytes(c.vocab_size, c.hidden_size, dense,
+                                   formats.lm_head if formats else None)}
+    out["total"] = out["embedding"] + out["layers"] + out["final_norm"] + out["lm_head"]
+    return out
+
+
+def format_name(fmt: QuantFormat | None, dense: str) -> str:
+    """w4a8-g32, w8a8-ch-asym, ... or the dense dtype."""
+    if fmt is None:
+        return dense
+    return (f"w{fmt.bits}a8-{f'g{fmt.group}' if fmt.group else 'ch'}"
+            f"{'' if fmt.act_symmetric else '-asym'}")
+
+
+def describe_formats(formats: LinearFormats | None, dense: str, num_layers: int) -> dict:
+    """How many of the layers' linear weights run in each format, and the lm_head's."""
+    layers = formats.layers if formats else [(None,) * 4] * num_layers
+    counts = Counter(format_name(f, dense) for layer in layers for f in layer)
+    return {"layers": dict(sorted(counts.items())),
+            "lm_head": format_name(formats.lm_head if formats else None, dense)}
+
+
+def rope_table_bytes(c: ModelConfig) -> int:
+    return c.max_position_embeddings * c.head_dim * 4
+
+
+def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
+              max_model_len: int, bandwidth_gbs: float | None = None,
+              mem_available: int | None = None) -> dict:
+    """Every figure of the plan, in bytes, seconds and tokens."""
+    dense, seqs, block = WEIGHT_DTYPES[engine.dtype], engine.max_num_seqs, engine.block_size
+    params = param_counts(c)
+    weights = weight_bytes(c, dense, formats)
+    per_block = KVCache.bytes_per_block(c, block, engine.kv_cache_dtype)
+    kv_token = per_block // block
+    blocks_per_seq = -(-max_model_len // block)
+    kv_seq = blocks_per_seq * per_block
+    if engine.kv_cache_gib is not None:   # as build_engine sizes it
+        kv_blocks = int(engine.kv_cache_gib * 2**30 // per_block)
+        kv_source = "--kv-cache-gib"
+    else:
+        kv_blocks = seqs * blocks_per_seq
+        kv_source = "--max-num-seqs sequences at --max-model-len"
+    workspace = Workspace.nbytes(c, engine.max_num_batched_tokens, seqs, formats,
+                                 max_seq_len=max_model_len)
+    overhead = workspace + rope_table_bytes(c) + PROCESS_BYTES
+    total = weights["total"] + kv_blocks * per_block + overhead
+    plan = {
+        "kernel_variant": ops.selected_isa(), "max_model_len": max_model_len, "max_num_seqs": seqs,
+        "weight_dtype": dense, "quantization": engine.quantization,
+        "quantize_lm_head": engine.quantize_lm_head,
+        "linear_formats": describe_formats(formats, dense, c.num_layers),
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        "params": params, "weight_bytes": weights,
+        "kv_cache": {"bytes_per_token": kv_token, "block_size": block,
+                     "blocks_per_sequence": blocks_per_seq, "bytes_per_sequence": kv_seq,
+                     "sized_by": kv_source, "blocks": kv_blocks, "tokens": kv_blocks * block,
+                     "bytes": kv_blocks * per_block,
+                     "sequences_at_full_length": kv_blocks / blocks_per_seq,
+                     "kv_cache_gib_flag": -(-seqs * kv_seq * 100 // 2**30) / 100},
+        "overhead": {"max_num_batched_tokens": engine.max_num_batched_tokens,
+                     "workspace_bytes": workspace, "rope_table_bytes": rope_table_bytes(c),
+                     "process_bytes": PROCESS_BYTES, "bytes": overhead},
+        "total_bytes": total, "mem_available_bytes": mem_available,
+    }
+    if mem_available is not None:
+        plan["fits"] = total <= mem_available
+        room = mem_available - weights["total"] - overhead
+        plan["max_concurrency_that_fits"] = max(0, room // kv_seq)
+        if engine.kv_cache_gib is None:   # serve caps its default KV cache (build_engine)
+            cap = int(max(0, mem_available - weights["total"]) * DEFAULT_KV_FRACTION
+                      // per_block)
+            plan["kv_cache"]["serve_default_cap_blocks"] = cap
+    # decode: all weights once per step, one embedding row and the KV of each sequence
+    row = c.hidden_size * ITEM_BYTES[dense]
+    step_weights = weights["total"] - weights["embedding"]
+    kv_read = kv_token * max_model_len // 2  # per sequence, at the average context
+
+    def step(batch: int) -> dict:
+        nbytes = step_weights + batch * (row + kv_read)
+        d = {"batch": batch, "bytes": nbytes, "weight_bytes": step_weights + batch * row,
+             "kv_bytes": batch * kv_read}
+        if bandwidth_gbs:
+            t = nbytes / (bandwidth_gbs * 1e9)
+            d.update(min_step_s=t, max_tokens_per_s=batch / t)
+        return d
+
+    plan["decode"] = {"bandwidth_gbs": bandwidth_gbs, "context": max_model_len / 2,
+                      "batch_1": step(1), "batch_c": step(seqs)}
+    return plan
+
+
+# -- reading the model -------------------------------------------------------------------
+
+def read_model(model: str | Path, engine: EngineArgs) -> tuple[ModelConfig, LinearFormats | None]:
+    """The ModelConfig of a model directory (config.json) or GGUF file (its metadata
+    and tensor list), and the formats its linear weights load in under `engine`'s
+    quantization; only headers are read."""
+    path = model_path(model)
+    quantization = engine.quantization if engine.quantization in ("auto", "none") else \
+        parse_scheme(engine.quantization)
+    if path.is_dir():
+        config = load_hf_config(path)
+        ct = parse_config(json.loads((path / "config.json").read_text()),
+                          str(path / "config.json"))
+        # a float checkpoint stores no quantized layer: config.json alone answers
+        source = HFSource(path, ct) if ct is not None else None
+        return config, linear_formats(source, config, quantization, engine.quantize_lm_head)
+    gguf = GGUFFile(path)
+    try:
+        config = gguf_model_config(gguf)
+        return config, linear_formats(GGUFSource(gguf, config), config, quantization,
+                                      engine.quantize_lm_head)
+    finally:
+        gguf.close()

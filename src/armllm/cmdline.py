@@ -1,0 +1,37 @@
+"""cmdline: what every armllm subcommand shares, in a module that imports
+nothing of armllm above it: the UsageError a bad command-line value raises
+(reported in one line, exit code 2) and the MODEL argument with its default,
+the demo model."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from armllm import demo_model
+
+MODEL_HELP = ("a Hugging Face model directory or a .gguf file (default: "
+              f"{demo_model.DESCRIPTION}, downloaded on first use unless installed)")
+
+
+class UsageError(Exception):
+    """A bad command-line value: reported in one line, exit code 2."""
+
+
+def add_model_argument(parser: argparse.ArgumentParser) -> None:
+    """The optional positional MODEL."""
+    parser.add_argument("model", nargs="?", help=MODEL_HELP)
+
+
+def resolve_model(model: str | None) -> str:
+    """MODEL as given, else the demo model: installed, fetched before, or fetched now."""
+    if model:
+        return model
+    path = demo_model.locate()
+    if path is None:
+        print(f"armllm: fetching the default model ({demo_model.DESCRIPTION}) into "
+              f"{demo_model.cache_dir()}", file=sys.stderr)
+        try:
+            path = demo_model.fetch()
+        except demo_model.DemoModelError as exc:
+            raise UsageError(str(exc)) from None
+    return str(path)

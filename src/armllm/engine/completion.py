@@ -1,0 +1,83 @@
+"""completion: what one completion's sampled tokens mean as output.
+
+CompletionState decides whether a token ends the completion (EOS or a stop
+token id, a stop string in the text, max_tokens, the end of the context) and
+which text it adds; IncrementalDetokenizer turns the growing token list into
+text deltas that never split a UTF-8 character. As in vLLM v1, stop strings
+belong to detokenization: text that may be the start of a stop string is held
+back until it is decided, so emitted text never holds a whole stop string."""
+from __future__ import annotations
+
+from armllm.model.tokenizer import TextTokenizer
+from armllm.sampling import SamplingParams
+
+REPLACEMENT = "\ufffd"  # what a decoder emits for an incomplete UTF-8 sequence
+
+
+class IncrementalDetokenizer:
+    """Text deltas for a growing token list.
+
+    Decodes a short window of recent tokens (so a multi-token character or a
+    byte-fallback sequence is decoded whole) and holds back text while it ends
+    in an incomplete UTF-8 sequence."""
+
+    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
+                 skip_special_tokens: bool = True):
+        self.tok, self.skip = tokenizer, skip_special_tokens
+        self.ids = list(prompt_ids[-6:])  # a little left context for merges like leading spaces
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
+        full = self.tok.decode(self.ids[self.prefix_offset:], self.skip)
+        if full.endswith(REPLACEMENT) or len(full) <= len(prefix):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return full[len(prefix):]
+
+
+class CompletionState:
+    """One completion's stop conditions and the text not yet emitted.
+
+    A token in the stop ids (EOS unless ignore_eos, and stop_token_ids) ends the
+    completion with "stop" and adds no text; a stop string ends it with "stop" and
+    is cut from the text with whatever follows; the max_tokens-th token, or the
+    one that fills the context (max_model_len), ends it with "length"."""
+
+    __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending")
+
+    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
+                 params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int):
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens)
+        stop_ids = frozenset(params.stop_token_ids)
+        self._stop_ids = stop_ids if params.ignore_eos else stop_ids | eos_token_ids
+        self._stop = tuple(params.stop)
+        # text that may be the start of a stop string: at most one character short of one
+        self._hold = max(map(len, self._stop), default=1) - 1
+        self._tokens_left = min(params.max_tokens, max_model_len - len(prompt_ids))
+        self._pending = ""  # decoded text held back for stop strings
+
+    def add(self, token: int) -> tuple[str, str | None]:
+        """The text the next sampled token releases, and the finish reason it causes
+        (None: the completion goes on)."""
+        self._tokens_left -= 1
+        if token in self._stop_ids:
+            return self._release(self._pending), "stop"
+        text = self._pending + self._detok.add(token)
+        if self._stop:
+            cut = min((at for at in map(text.find, self._stop) if at >= 0), default=-1)
+            if cut >= 0:
+                return self._release(text[:cut]), "stop"
+        if self._tokens_left <= 0:
+            return self._release(text), "length"
+        if not self._hold:
+            return text, None
+        emit = max(len(text) - self._hold, 0)
+        self._pending = text[emit:]
+        return text[:emit], None
+
+    def _release(self, text: str) -> str:
+        self._pending = ""
+        return text

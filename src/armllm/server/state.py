@@ -1,0 +1,102 @@
+"""state: what the server's routes share: the configuration, the AsyncLLM once
+it has loaded, the admission count that bounds the completions in flight (and
+the Admission that holds one request's share of it until its response ends),
+the metrics, and the switch that ends every generation still running when the
+shutdown grace period is over."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from armllm.api import AsyncLLM
+from armllm.server import protocol as P
+from armllm.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerConfig:
+    model: str | Path
+    served_model_name: str
+    engine_args: dict = field(default_factory=dict)
+    api_key: str | None = None
+    max_waiting_requests: int = 256      # completions queued beyond max_num_seqs
+    max_request_bytes: int = 4 << 20     # request bodies above this are refused
+    log_interval_s: float = 10.0         # 0: no periodic stats line
+    shutdown_grace_s: float = 10.0
+    body_timeout_s: float = 30.0         # to receive a request body, once its headers are in
+
+
+class Admission:
+    """One request's completions counted in flight, from admission until release()
+    (called however its response ends; later calls do nothing)."""
+
+    def __init__(self, state: ServerState, count: int):
+        self._state, self.count = state, count
+        state.in_flight += count
+
+    def release(self) -> None:
+        if self.count:
+            self._state.in_flight -= self.count
+            self.count = 0
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, llm: AsyncLLM | None = None):
+        self.config = config
+        self.llm = llm
+        self.load_error: str | None = None
+        self.metrics = ServerMetrics(config.served_model_name)
+        self.in_flight = 0               # completions admitted and not yet answered
+        self.created = int(time.time())
+        self.live: set[str] = set()      # engine request ids being generated
+        self.stopping = False            # the shutdown grace period is over
+
+    def ready_llm(self) -> AsyncLLM:
+        if self.llm is None:
+            msg = (f"the model failed to load: {self.load_error}" if self.load_error
+                   else "the model is still loading")
+            raise P.APIError(msg, 503, code="model_not_ready")
+        if not self.llm.is_running:
+            raise P.APIError("the engine has stopped", 503, code="engine_stopped")
+        return self.llm
+
+    def check_model(self, req: dict) -> None:
+        name = req.get("model")
+        if name is not None and name != self.config.served_model_name:
+            raise P.APIError(f"model {name!r} does not exist; this server serves "
+                             f"{self.config.served_model_name!r}", 400, "model",
+                             "model_not_found")
+
+    def capacity(self, llm: AsyncLLM) -> int:
+        """Completions in flight at most: running plus waiting."""
+        return llm.max_num_seqs + self.config.max_waiting_requests
+
+    def check_capacity(self, llm: AsyncLLM, num_prompts: int, n: int) -> None:
+        """A 400 for a request with more completions than the server ever holds at once
+        (it could never be admitted, however long the client retried)."""
+        limit, count = self.capacity(llm), num_prompts * n
+        if count > limit:
+            raise P.bad("prompt" if num_prompts > limit else "n",
+                        f"this request asks for {count} completions ({num_prompts} prompts, "
+                        f"n = {n}); this server holds at most {limit} at once "
+                        f"(max_num_seqs {llm.max_num_seqs} + max_waiting_requests "
+                        f"{self.config.max_waiting_requests})", "exceeds_server_capacity")
+
+    def admit(self, llm: AsyncLLM, count: int) -> Admission:
+        """Counts `count` completions in flight, or answers 503 when they do not fit now."""
+        if self.stopping:
+            raise P.APIError("the server is shutting down", 503, code="server_shutting_down")
+        if self.in_flight + count > self.capacity(llm):
+            self.metrics.rejected_overload += 1
+            raise P.APIError(f"the server is at capacity ({self.in_flight} completions in "
+                             "flight); retry later", 503, code="server_overloaded")
+        return Admission(self, count)
+
+    def end_generations(self) -> None:
+        """Aborts every generation still running (the shutdown grace period is over);
+        each response then ends with an error saying so."""
+        self.stopping = True
+        if self.llm is not None:
+            for request_id in self.live:
+                self.llm.abort(request_id)
