@@ -168,8 +168,11 @@ import json, sys
 info = json.load(open(sys.argv[1])); want = sys.argv[2]
 assert info['arch'] == 'aarch64', info['arch']
 assert info['isa'] == want, (info['isa'], want)
-assert set(info['kernels'].values()) <= {'ref', 'neon', 'neon_mmla', 'sve'}
-assert 'ref' not in info['kernels'].values(), info['kernels']
+variants = {impl.split('+')[0] for impl in info['kernels'].values()}  # 'neon+dotprod': neon
+assert variants <= {'neon', 'neon_mmla', 'sve'}, info['kernels']
+if want == 'neon':  # SDOT exactly where HWCAP has asimddp
+    dot = 'asimddp' in info['features']
+    assert info['kernels']['gemm_wq'] == ('neon+dotprod' if dot else 'neon'), info['kernels']
 print('info ok:', info['isa'], info['features'], 'fetch-add', info['fetch_add'])
 PY
       cd /src && ARMLLM_TEST_EXAMPLES=5 /tmp/venv/bin/python -m pytest -q -p no:cacheprovider \

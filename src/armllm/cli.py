@@ -35,8 +35,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"variant:     {info['isa']} ({source}; "
           f"runnable: {', '.join(info['isa_available'])})")
     print("kernels:")
+    width = max(map(len, info["kernels"]))
     for name, impl in info["kernels"].items():
-        print(f"  {name:<10} {impl}")
+        print(f"  {name:<{width}} {impl}")
     print(f"gemm layouts: f32 {info['gemm_layouts']['f32']}, bf16 {info['gemm_layouts']['bf16']}, "
           f"int8/int4 {info['gemm_layouts']['wq']} "
           f"(bf16 compute in {info['gemm_bf16_compute']}); attention with a bf16 cache "

@@ -5,6 +5,7 @@ SVE, and SVE at 128, 256 and 512 bits, each variant against ref."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,3 +35,12 @@ def test_arm_kernels_under_qemu(tmp_path):
     assert "\nneon_mmla  gemm_bf16" in r.stdout
     assert "\nsve        gemm_bf16" in r.stdout
     assert "fetch-add ldaxr/stlxr" in r.stdout  # the cortex-a72 run used the LL/SC loop
+    # neon's quantized GEMM names its run-time choice: SDOT only where HWCAP has asimddp
+    assert neon_gemm_wq_impl(r.stdout, "armv8.0 neon, no lse") == "neon"
+    assert neon_gemm_wq_impl(r.stdout, "armv8.2 dotprod + lse") == "neon+dotprod"
+
+
+def neon_gemm_wq_impl(output: str, level: str) -> str:
+    """The impl column of the neon gemm_wq line in one level's run."""
+    section = output.split(f"=== {level} (")[1].split("\n=== ")[0]
+    return re.search(r"^neon +gemm_wq +(\S+)", section, re.M).group(1)

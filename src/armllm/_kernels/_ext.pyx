@@ -17,10 +17,8 @@ cnp.import_array()
 include "abi.pxi"
 
 
-# Kernel slot names, in the order of armllm_kernels.impl.
-KERNEL_NAMES = ("gemm_f32", "gemm_bf16", "rmsnorm", "rope", "silu_mul", "embed", "exp",
-                "kv_write", "attention", "quant_act", "gemm_wq")
-assert len(KERNEL_NAMES) == ARMLLM_NUM_KERNELS
+# Kernel slot names, in table order (ARMLLM_KERNEL_SLOTS in armllm_kernels.h).
+KERNEL_NAMES = tuple(armllm_slot_name(i).decode() for i in range(ARMLLM_NUM_SLOTS))
 
 # ---------------------------------------------------------------- CPU info
 
@@ -340,8 +338,13 @@ cdef class Kernels:
 
     @property
     def impl(self):
-        """The variant whose code runs for each kernel slot."""
-        return {name: self.t.impl[i].decode() for i, name in enumerate(KERNEL_NAMES)}
+        """What runs in each kernel slot: the variant whose code it is, with
+        "+choice" for a run-time choice inside that code (e.g. "neon+dotprod")."""
+        cdef char buf[64]
+        impl = {}
+        for i, name in enumerate(KERNEL_NAMES):
+            impl[name] = armllm_slot_impl(self.t, i, buf, sizeof(buf)).decode()
+        return impl
 
     @property
     def gemm_layouts(self):

@@ -19,34 +19,6 @@ cdef extern from "armllm_kernels.h" nogil:
     enum:
         ARMLLM_ROPE_NEOX
         ARMLLM_ROPE_GPTJ
-        ARMLLM_NUM_KERNELS
-    ctypedef size_t (*armllm_packed_len_fn)(int64_t n, int64_t k)
-    ctypedef void (*armllm_pack_f32_fn)(const float *w, int64_t n, int64_t k, float *packed)
-    ctypedef void (*armllm_pack_bf16_fn)(const uint16_t *w, int64_t n, int64_t k,
-                                         uint16_t *packed)
-    ctypedef void (*armllm_gemm_f32_fn)(armllm_pool *pool, const float *x, int64_t m,
-                                        int64_t k, int64_t ldx, const float *packed_w,
-                                        int64_t n, const float *bias, float *y, int64_t ldy)
-    ctypedef void (*armllm_gemm_bf16_fn)(armllm_pool *pool, const float *x, int64_t m,
-                                         int64_t k, int64_t ldx, const uint16_t *packed_w,
-                                         int64_t n, const float *bias, float *y, int64_t ldy)
-    ctypedef void (*armllm_rmsnorm_fn)(armllm_pool *pool, const float *x, int64_t ldx,
-                                       float *residual, int64_t ldr, const float *weight,
-                                       int64_t t, int64_t d, float eps, float *out,
-                                       int64_t ldo)
-    ctypedef int64_t (*armllm_rope_fn)(armllm_pool *pool, float *x, int64_t t,
-                                       int64_t n_heads, int64_t head_dim, int64_t ldx,
-                                       const int32_t *positions, const float *cos_sin,
-                                       int64_t max_pos, int64_t rot_dim, int style)
-    ctypedef void (*armllm_silu_mul_fn)(armllm_pool *pool, const float *gate_up, int64_t ldg,
-                                        int64_t t, int64_t inter, float *out, int64_t ldo)
-    ctypedef int64_t (*armllm_embed_f32_fn)(armllm_pool *pool, const int32_t *ids, int64_t t,
-                                            const float *table, int64_t vocab, int64_t d,
-                                            float *out, int64_t ldo)
-    ctypedef int64_t (*armllm_embed_bf16_fn)(armllm_pool *pool, const int32_t *ids,
-                                             int64_t t, const uint16_t *table, int64_t vocab,
-                                             int64_t d, float *out, int64_t ldo)
-    ctypedef void (*armllm_exp_fn)(const float *x, float *y, int64_t n)
 
     ctypedef struct armllm_attn_args:
         const float *q
@@ -69,13 +41,6 @@ cdef extern from "armllm_kernels.h" nogil:
         ARMLLM_ATTN_MAX_HEAD_DIM
     size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim,
                                    int64_t max_seq_len)
-    ctypedef int64_t (*armllm_kv_write_fn)(armllm_pool *pool, const float *k, int64_t ldk,
-                                           const float *v, int64_t ldv,
-                                           const int32_t *slot_mapping, int64_t t,
-                                           void *k_cache, void *v_cache, int cache_bf16,
-                                           int64_t n_kv_heads, int64_t head_dim,
-                                           int64_t block_size, int64_t num_blocks)
-    ctypedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args *args)
 
     enum:
         ARMLLM_Q_KALIGN
@@ -83,49 +48,68 @@ cdef extern from "armllm_kernels.h" nogil:
     int64_t armllm_q_kpad(int64_t k)
     int64_t armllm_q_group_len(int64_t group)
     int64_t armllm_q_groups(int64_t k, int64_t group)
-    ctypedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m,
-                                         int64_t k, int64_t ldx, int64_t group, int8_t *xq,
-                                         int64_t ldq, float *scale, int64_t ldsc,
-                                         int32_t *gsum, int64_t ldgs, int32_t *zp,
-                                         int64_t ldzp)
-    ctypedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group,
-                                               const float *d, const float *o)
-    ctypedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
-                                       int64_t group, const float *d, const float *o,
-                                       void *packed)
-    ctypedef void (*armllm_gemm_wq_fn)(armllm_pool *pool, const int8_t *xq, int64_t m,
-                                       int64_t k, int64_t ldq, const float *scale,
-                                       int64_t ldsc, const int32_t *gsum, int64_t ldgs,
-                                       const void *packed_w, int64_t n, int bits,
-                                       int64_t group, const float *bias, float *y,
-                                       int64_t ldy)
+
+    # The slots (ARMLLM_KERNEL_SLOTS): their number and names come from C; the
+    # members below repeat the signatures Python calls, because Cython cannot
+    # expand the X-macro. The C compiler checks each call Cython emits against
+    # the real member types.
+    enum:
+        ARMLLM_NUM_SLOTS
+    const char *armllm_slot_name(int slot)
 
     ctypedef struct armllm_kernels:
         const char *isa
-        const char *impl[ARMLLM_NUM_KERNELS]
         const char *gemm_f32_layout
         const char *gemm_bf16_layout
+        const char *gemm_wq_layout
         const char *gemm_bf16_compute
         const char *attention_bf16_compute
-        armllm_packed_len_fn gemm_f32_packed_len
-        armllm_pack_f32_fn gemm_f32_pack
-        armllm_gemm_f32_fn gemm_f32
-        armllm_packed_len_fn gemm_bf16_packed_len
-        armllm_pack_bf16_fn gemm_bf16_pack
-        armllm_gemm_bf16_fn gemm_bf16
-        armllm_rmsnorm_fn rmsnorm
-        armllm_rope_fn rope
-        armllm_silu_mul_fn silu_mul
-        armllm_embed_f32_fn embed_f32
-        armllm_embed_bf16_fn embed_bf16
-        armllm_exp_fn exp
-        armllm_kv_write_fn kv_write
-        armllm_attention_fn attention
-        const char *gemm_wq_layout
-        armllm_quant_act_fn quant_act
-        armllm_wq_packed_len_fn gemm_wq_packed_len
-        armllm_wq_pack_fn gemm_wq_pack
-        armllm_gemm_wq_fn gemm_wq
+        size_t (*gemm_f32_packed_len)(int64_t n, int64_t k) noexcept nogil
+        void (*gemm_f32_pack)(const float *w, int64_t n, int64_t k,
+                              float *packed) noexcept nogil
+        void (*gemm_f32)(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
+                         const float *packed_w, int64_t n, const float *bias, float *y,
+                         int64_t ldy) noexcept nogil
+        size_t (*gemm_bf16_packed_len)(int64_t n, int64_t k) noexcept nogil
+        void (*gemm_bf16_pack)(const uint16_t *w, int64_t n, int64_t k,
+                               uint16_t *packed) noexcept nogil
+        void (*gemm_bf16)(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
+                          const uint16_t *packed_w, int64_t n, const float *bias, float *y,
+                          int64_t ldy) noexcept nogil
+        void (*rmsnorm)(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
+                        int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
+                        float *out, int64_t ldo) noexcept nogil
+        int64_t (*rope)(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
+                        int64_t head_dim, int64_t ldx, const int32_t *positions,
+                        const float *cos_sin, int64_t max_pos, int64_t rot_dim,
+                        int style) noexcept nogil
+        void (*silu_mul)(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                         int64_t inter, float *out, int64_t ldo) noexcept nogil
+        int64_t (*embed_f32)(armllm_pool *pool, const int32_t *ids, int64_t t,
+                             const float *table, int64_t vocab, int64_t d, float *out,
+                             int64_t ldo) noexcept nogil
+        int64_t (*embed_bf16)(armllm_pool *pool, const int32_t *ids, int64_t t,
+                              const uint16_t *table, int64_t vocab, int64_t d, float *out,
+                              int64_t ldo) noexcept nogil
+        void (*exp)(const float *x, float *y, int64_t n) noexcept nogil
+        int64_t (*kv_write)(armllm_pool *pool, const float *k, int64_t ldk, const float *v,
+                            int64_t ldv, const int32_t *slot_mapping, int64_t t,
+                            void *k_cache, void *v_cache, int cache_bf16, int64_t n_kv_heads,
+                            int64_t head_dim, int64_t block_size,
+                            int64_t num_blocks) noexcept nogil
+        int64_t (*attention)(armllm_pool *pool, const armllm_attn_args *args) noexcept nogil
+        void (*quant_act)(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
+                          int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
+                          int32_t *gsum, int64_t ldgs, int32_t *zp,
+                          int64_t ldzp) noexcept nogil
+        size_t (*gemm_wq_packed_len)(int64_t n, int64_t k, int bits, int64_t group,
+                                     const float *d, const float *o) noexcept nogil
+        void (*gemm_wq_pack)(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
+                             const float *d, const float *o, void *packed) noexcept nogil
+        void (*gemm_wq)(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                        const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                        const void *packed_w, int64_t n, int bits, int64_t group,
+                        const float *bias, float *y, int64_t ldy) noexcept nogil
 
     void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
                               int64_t ldx, float *residual, int64_t ldr, const float *weight,
@@ -149,6 +133,7 @@ cdef extern from "cpu.h" nogil:
     const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
                                            size_t err_len)
     const char *armllm_isa_best(const armllm_cpu *cpu)
+    const char *armllm_slot_impl(const armllm_kernels *t, int slot, char *buf, size_t len)
 
 
 cdef extern from "probe.h" nogil:

@@ -1,10 +1,11 @@
 /* armllm_kernels.h: the kernel ABI shared by every ISA variant.
  *
- * Every variant (ref, avx2, neon, neon_mmla, sve) implements the functions
- * below with identical signatures and semantics; `armllm_kernels` is the
- * dispatch table that names one implementation per kernel. Tables are filled
- * statically in each variant's table.c; a kernel a variant does not port
- * points at the ref (or a lower Arm level's) function and says so in `impl`.
+ * Every variant (ref, avx2, neon, neon_mmla, sve) implements the slots of
+ * ARMLLM_KERNEL_SLOTS (below: the one list of signatures) with identical
+ * semantics; `armllm_kernels` is the dispatch table that names one
+ * implementation per slot. Tables are filled statically in each variant's
+ * table.c, one ARMLLM_SLOT per slot; a slot a variant does not port points at
+ * the ref (or a lower Arm level's) function, and `impl` says so.
  *
  * Conventions (all kernels):
  *   - activations are float32; bf16 data is passed as raw uint16_t bits and
@@ -56,8 +57,10 @@ static inline uint16_t armllm_f32_to_bf16(float f) {
  *   y + m*ldy; bias may be NULL; y must not overlap x or W. M, N, K >= 1.
  *   Decode (small M, memory-bound) and prefill (register-tiled) paths are
  *   chosen inside. Accuracy: f32 weights, and bf16 weights widened to f32,
- *   are within 1e-5 * sum_k |x*w| of exact; variants that round activations
- *   to bf16 (BFMMLA/BFDOT, round-to-nearest-even) within 2^-8 * sum_k |x*w|.
+ *   are within 1e-5 * sum_k |x*w| of exact, and give ref's bits: each output
+ *   is one FMA chain over k ascending from +0, then + bias; variants that
+ *   round activations to bf16 (BFMMLA/BFDOT, round-to-nearest-even,
+ *   gemm_bf16_compute "bf16") are within 2^-8 * sum_k |x*w|.
  *
  * RMSNorm  r = x (+ residual);  out = r / sqrt(mean(r^2) + eps) * weight
  *   For each of T rows of D elements. With residual != NULL, residual is
@@ -232,162 +235,102 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
   return (armllm_q_kpad(k) + armllm_q_group_len(group) - 1) / armllm_q_group_len(group);
 }
 
-typedef size_t (*armllm_packed_len_fn)(int64_t n, int64_t k);
-typedef void (*armllm_pack_f32_fn)(const float *w, int64_t n, int64_t k, float *packed);
-typedef void (*armllm_pack_bf16_fn)(const uint16_t *w, int64_t n, int64_t k, uint16_t *packed);
-typedef void (*armllm_gemm_f32_fn)(armllm_pool *pool, const float *x, int64_t m, int64_t k,
-                                   int64_t ldx, const float *packed_w, int64_t n,
-                                   const float *bias, float *y, int64_t ldy);
-typedef void (*armllm_gemm_bf16_fn)(armllm_pool *pool, const float *x, int64_t m, int64_t k,
-                                    int64_t ldx, const uint16_t *packed_w, int64_t n,
-                                    const float *bias, float *y, int64_t ldy);
-typedef void (*armllm_rmsnorm_fn)(armllm_pool *pool, const float *x, int64_t ldx,
-                                  float *residual, int64_t ldr, const float *weight,
-                                  int64_t t, int64_t d, float eps, float *out, int64_t ldo);
-typedef int64_t (*armllm_rope_fn)(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
-                                  int64_t head_dim, int64_t ldx, const int32_t *positions,
-                                  const float *cos_sin, int64_t max_pos, int64_t rot_dim,
-                                  int style);
-typedef void (*armllm_silu_mul_fn)(armllm_pool *pool, const float *gate_up, int64_t ldg,
-                                   int64_t t, int64_t inter, float *out, int64_t ldo);
-typedef int64_t (*armllm_embed_f32_fn)(armllm_pool *pool, const int32_t *ids, int64_t t,
-                                       const float *table, int64_t vocab, int64_t d,
-                                       float *out, int64_t ldo);
-typedef int64_t (*armllm_embed_bf16_fn)(armllm_pool *pool, const int32_t *ids, int64_t t,
-                                        const uint16_t *table, int64_t vocab, int64_t d,
-                                        float *out, int64_t ldo);
-typedef void (*armllm_exp_fn)(const float *x, float *y, int64_t n);
-typedef int64_t (*armllm_kv_write_fn)(armllm_pool *pool, const float *k, int64_t ldk,
-                                      const float *v, int64_t ldv, const int32_t *slot_mapping,
-                                      int64_t t, void *k_cache, void *v_cache, int cache_bf16,
-                                      int64_t n_kv_heads, int64_t head_dim, int64_t block_size,
-                                      int64_t num_blocks);
-typedef int64_t (*armllm_attention_fn)(armllm_pool *pool, const armllm_attn_args *args);
+/* ------------------------------------------------------------ the slots
+ *
+ * The ABI, written once: X(variant, name, return type, (parameters)) for
+ * every kernel slot, in table order. It generates the function-pointer typedefs
+ * armllm_<name>_fn, the slot indices ARMLLM_K_<name>, the slot names, the
+ * table's members and, for each variant v, the declarations of its functions
+ * armllm_<v>_<name> (ARMLLM_DECLARE_VARIANT). A new kernel is its entry
+ * here, one ARMLLM_SLOT in each table.c, and (for Python to call it) its
+ * member in abi.pxi's armllm_kernels.
+ */
+#define ARMLLM_KERNEL_SLOTS(X, variant)                                                            \
+  X(variant, gemm_f32_packed_len, size_t, (int64_t n, int64_t k))                                  \
+  X(variant, gemm_f32_pack, void, (const float *w, int64_t n, int64_t k, float *packed))           \
+  X(variant, gemm_f32, void,                                                                       \
+    (armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,                         \
+     const float *packed_w, int64_t n, const float *bias, float *y, int64_t ldy))                  \
+  X(variant, gemm_bf16_packed_len, size_t, (int64_t n, int64_t k))                                 \
+  X(variant, gemm_bf16_pack, void, (const uint16_t *w, int64_t n, int64_t k, uint16_t *packed))    \
+  X(variant, gemm_bf16, void,                                                                      \
+    (armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,                         \
+     const uint16_t *packed_w, int64_t n, const float *bias, float *y, int64_t ldy))               \
+  X(variant, rmsnorm, void,                                                                        \
+    (armllm_pool *pool, const float *x, int64_t ldx, float *residual, int64_t ldr,                 \
+     const float *weight, int64_t t, int64_t d, float eps, float *out, int64_t ldo))               \
+  X(variant, rope, int64_t,                                                                        \
+    (armllm_pool *pool, float *x, int64_t t, int64_t n_heads, int64_t head_dim, int64_t ldx,       \
+     const int32_t *positions, const float *cos_sin, int64_t max_pos, int64_t rot_dim,             \
+     int style))                                                                                   \
+  X(variant, silu_mul, void,                                                                       \
+    (armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t, int64_t inter,               \
+     float *out, int64_t ldo))                                                                     \
+  X(variant, embed_f32, int64_t,                                                                   \
+    (armllm_pool *pool, const int32_t *ids, int64_t t, const float *table, int64_t vocab,          \
+     int64_t d, float *out, int64_t ldo))                                                          \
+  X(variant, embed_bf16, int64_t,                                                                  \
+    (armllm_pool *pool, const int32_t *ids, int64_t t, const uint16_t *table, int64_t vocab,       \
+     int64_t d, float *out, int64_t ldo))                                                          \
+  X(variant, exp, void, (const float *x, float *y, int64_t n))                                     \
+  X(variant, kv_write, int64_t,                                                                    \
+    (armllm_pool *pool, const float *k, int64_t ldk, const float *v, int64_t ldv,                  \
+     const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache, int cache_bf16,         \
+     int64_t n_kv_heads, int64_t head_dim, int64_t block_size, int64_t num_blocks))                \
+  X(variant, attention, int64_t, (armllm_pool *pool, const armllm_attn_args *args))                \
+  X(variant, quant_act, void,                                                                      \
+    (armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx, int64_t group,          \
+     int8_t *xq, int64_t ldq, float *scale, int64_t ldsc, int32_t *gsum, int64_t ldgs,             \
+     int32_t *zp, int64_t ldzp))                                                                   \
+  X(variant, gemm_wq_packed_len, size_t,                                                           \
+    (int64_t n, int64_t k, int bits, int64_t group, const float *d, const float *o))               \
+  X(variant, gemm_wq_pack, void,                                                                   \
+    (const int8_t *q, int64_t n, int64_t k, int bits, int64_t group, const float *d,               \
+     const float *o, void *packed))                                                                \
+  X(variant, gemm_wq, void,                                                                        \
+    (armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,                       \
+     const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,                          \
+     const void *packed_w, int64_t n, int bits, int64_t group, const float *bias, float *y,        \
+     int64_t ldy))
 
-typedef void (*armllm_quant_act_fn)(armllm_pool *pool, const float *x, int64_t m, int64_t k,
-                                    int64_t ldx, int64_t group, int8_t *xq, int64_t ldq,
-                                    float *scale, int64_t ldsc, int32_t *gsum, int64_t ldgs,
-                                    int32_t *zp, int64_t ldzp);
-typedef size_t (*armllm_wq_packed_len_fn)(int64_t n, int64_t k, int bits, int64_t group,
-                                          const float *d, const float *o);
-typedef void (*armllm_wq_pack_fn)(const int8_t *q, int64_t n, int64_t k, int bits,
-                                  int64_t group, const float *d, const float *o, void *packed);
-typedef void (*armllm_gemm_wq_fn)(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
-                                  int64_t ldq, const float *scale, int64_t ldsc,
-                                  const int32_t *gsum, int64_t ldgs, const void *packed_w,
-                                  int64_t n, int bits, int64_t group, const float *bias,
-                                  float *y, int64_t ldy);
+#define ARMLLM_SLOT_TYPEDEF_(variant, name, ret, params) typedef ret(*armllm_##name##_fn) params;
+#define ARMLLM_SLOT_INDEX_(variant, name, ret, params) ARMLLM_K_##name,
+#define ARMLLM_SLOT_NAME_(variant, name, ret, params) #name,
+#define ARMLLM_SLOT_MEMBER_(variant, name, ret, params) armllm_##name##_fn name;
+#define ARMLLM_SLOT_DECLARE_(variant, name, ret, params) ret armllm_##variant##_##name params;
 
-/* Kernel slots, in the order `impl` lists them. */
-enum {
-  ARMLLM_K_GEMM_F32,
-  ARMLLM_K_GEMM_BF16,
-  ARMLLM_K_RMSNORM,
-  ARMLLM_K_ROPE,
-  ARMLLM_K_SILU_MUL,
-  ARMLLM_K_EMBED,
-  ARMLLM_K_EXP,
-  ARMLLM_K_KV_WRITE,
-  ARMLLM_K_ATTENTION,
-  ARMLLM_K_QUANT_ACT,
-  ARMLLM_K_GEMM_WQ,
-  ARMLLM_NUM_KERNELS
-};
+ARMLLM_KERNEL_SLOTS(ARMLLM_SLOT_TYPEDEF_, _)
+
+enum { ARMLLM_KERNEL_SLOTS(ARMLLM_SLOT_INDEX_, _) ARMLLM_NUM_SLOTS };
+
+static inline const char *armllm_slot_name(int slot) {
+  static const char *const names[ARMLLM_NUM_SLOTS] = {ARMLLM_KERNEL_SLOTS(ARMLLM_SLOT_NAME_, _)};
+  return slot >= 0 && slot < ARMLLM_NUM_SLOTS ? names[slot] : "?";
+}
 
 typedef struct armllm_kernels {
-  const char *isa;                      /* this table's variant name */
-  const char *impl[ARMLLM_NUM_KERNELS]; /* variant whose code runs for each slot */
-  const char *gemm_f32_layout;          /* packed layout names, e.g. "nr16k1" */
+  const char *isa;                    /* this table's variant name */
+  const char *impl[ARMLLM_NUM_SLOTS]; /* variant whose code runs in each slot (ARMLLM_SLOT) */
+  const char *gemm_f32_layout;        /* packed layout names, e.g. "nr16k1" */
   const char *gemm_bf16_layout;
-  const char *gemm_bf16_compute;        /* "f32": weights widened; "bf16": activations rounded too */
-  const char *attention_bf16_compute;   /* with a bf16 cache: "f32" (K/V widened) or "bf16" (q and
-                                           the softmax weights rounded to bf16 too, e.g. BFMMLA) */
-  armllm_packed_len_fn gemm_f32_packed_len;
-  armllm_pack_f32_fn gemm_f32_pack;
-  armllm_gemm_f32_fn gemm_f32;
-  armllm_packed_len_fn gemm_bf16_packed_len;
-  armllm_pack_bf16_fn gemm_bf16_pack;
-  armllm_gemm_bf16_fn gemm_bf16;
-  armllm_rmsnorm_fn rmsnorm;
-  armllm_rope_fn rope;
-  armllm_silu_mul_fn silu_mul;
-  armllm_embed_f32_fn embed_f32;
-  armllm_embed_bf16_fn embed_bf16;
-  armllm_exp_fn exp;
-  armllm_kv_write_fn kv_write;
-  armllm_attention_fn attention;
-  const char *gemm_wq_layout;           /* packed layout of quantized weights */
-  armllm_quant_act_fn quant_act;
-  armllm_wq_packed_len_fn gemm_wq_packed_len;
-  armllm_wq_pack_fn gemm_wq_pack;
-  armllm_gemm_wq_fn gemm_wq;
+  const char *gemm_wq_layout;         /* packed layout of quantized weights */
+  const char *gemm_bf16_compute;      /* "f32": weights widened; "bf16": activations rounded too */
+  const char *attention_bf16_compute; /* with a bf16 cache: "f32" (K/V widened) or "bf16" (q and
+                                         the softmax weights rounded to bf16 too, e.g. BFMMLA) */
+  ARMLLM_KERNEL_SLOTS(ARMLLM_SLOT_MEMBER_, _)
 } armllm_kernels;
+
+/* In a table's initializer: slot `name` runs variant v's function
+ * armllm_<v>_<name>, and impl says v. Pointing a slot at another variant
+ * (a missing port: ARMLLM_SLOT(rope, neon) in the sve table) reports that
+ * variant. Setting a slot twice is a -Woverride-init warning; a slot left out
+ * makes armllm_isa_table refuse the table. */
+#define ARMLLM_SLOT(name, v) .name = armllm_##v##_##name, .impl[ARMLLM_K_##name] = #v
 
 /* Declares one variant's kernels: ARMLLM_DECLARE_VARIANT(avx2) declares
  * armllm_avx2_gemm_f32, ... and the table armllm_kernels_avx2. */
-#define ARMLLM_DECLARE_VARIANT(v)                                       \
-  size_t armllm_##v##_gemm_f32_packed_len(int64_t n, int64_t k);        \
-  void armllm_##v##_gemm_f32_pack(const float *w, int64_t n, int64_t k, \
-                                  float *packed);                       \
-  void armllm_##v##_gemm_f32(armllm_pool *pool, const float *x,         \
-                             int64_t m, int64_t k, int64_t ldx,         \
-                             const float *packed_w, int64_t n,          \
-                             const float *bias, float *y, int64_t ldy); \
-  size_t armllm_##v##_gemm_bf16_packed_len(int64_t n, int64_t k);       \
-  void armllm_##v##_gemm_bf16_pack(const uint16_t *w, int64_t n,        \
-                                   int64_t k, uint16_t *packed);        \
-  void armllm_##v##_gemm_bf16(armllm_pool *pool, const float *x,        \
-                              int64_t m, int64_t k, int64_t ldx,        \
-                              const uint16_t *packed_w, int64_t n,      \
-                              const float *bias, float *y, int64_t ldy);\
-  void armllm_##v##_rmsnorm(armllm_pool *pool, const float *x,          \
-                            int64_t ldx, float *residual, int64_t ldr,  \
-                            const float *weight, int64_t t, int64_t d,  \
-                            float eps, float *out, int64_t ldo);        \
-  int64_t armllm_##v##_rope(armllm_pool *pool, float *x, int64_t t,     \
-                            int64_t n_heads, int64_t head_dim,          \
-                            int64_t ldx, const int32_t *positions,      \
-                            const float *cos_sin, int64_t max_pos,      \
-                            int64_t rot_dim, int style);                \
-  void armllm_##v##_silu_mul(armllm_pool *pool, const float *gate_up,   \
-                             int64_t ldg, int64_t t, int64_t inter,     \
-                             float *out, int64_t ldo);                  \
-  int64_t armllm_##v##_embed_f32(armllm_pool *pool, const int32_t *ids, \
-                                 int64_t t, const float *table,         \
-                                 int64_t vocab, int64_t d, float *out,  \
-                                 int64_t ldo);                          \
-  int64_t armllm_##v##_embed_bf16(armllm_pool *pool,                    \
-                                  const int32_t *ids, int64_t t,        \
-                                  const uint16_t *table, int64_t vocab, \
-                                  int64_t d, float *out, int64_t ldo);  \
-  void armllm_##v##_exp(const float *x, float *y, int64_t n);           \
-  int64_t armllm_##v##_kv_write(armllm_pool *pool, const float *k,      \
-                                int64_t ldk, const float *v, int64_t ldv, \
-                                const int32_t *slot_mapping, int64_t t, \
-                                void *k_cache, void *v_cache,           \
-                                int cache_bf16, int64_t n_kv_heads,     \
-                                int64_t head_dim, int64_t block_size,   \
-                                int64_t num_blocks);                    \
-  int64_t armllm_##v##_attention(armllm_pool *pool,                     \
-                                 const armllm_attn_args *args);         \
-  void armllm_##v##_quant_act(armllm_pool *pool, const float *x,        \
-                              int64_t m, int64_t k, int64_t ldx,        \
-                              int64_t group, int8_t *xq, int64_t ldq,   \
-                              float *scale, int64_t ldsc, int32_t *gsum, \
-                              int64_t ldgs, int32_t *zp, int64_t ldzp); \
-  size_t armllm_##v##_gemm_wq_packed_len(int64_t n, int64_t k, int bits, \
-                                         int64_t group, const float *d, \
-                                         const float *o);               \
-  void armllm_##v##_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, \
-                                 int bits, int64_t group, const float *d, \
-                                 const float *o, void *packed);         \
-  void armllm_##v##_gemm_wq(armllm_pool *pool, const int8_t *xq,        \
-                            int64_t m, int64_t k, int64_t ldq,          \
-                            const float *scale, int64_t ldsc,           \
-                            const int32_t *gsum, int64_t ldgs,          \
-                            const void *packed_w, int64_t n, int bits,  \
-                            int64_t group, const float *bias, float *y, \
-                            int64_t ldy);                               \
+#define ARMLLM_DECLARE_VARIANT(v)                                                                  \
+  ARMLLM_KERNEL_SLOTS(ARMLLM_SLOT_DECLARE_, v)                                                     \
   extern const armllm_kernels armllm_kernels_##v;
 
 /* The fused RMSNorm + quant_act of the header comment above: rmsnorm's

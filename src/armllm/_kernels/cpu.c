@@ -1,5 +1,6 @@
-/* cpu.c: reads CPU features (getauxval on aarch64, cpuid/xgetbv on x86-64)
- * and maps variant names to kernel tables with their feature requirements. */
+/* cpu.c: reads CPU features (getauxval on aarch64, cpuid/xgetbv on x86-64),
+ * maps variant names to kernel tables with their feature requirements, and
+ * names what runs in each slot, run-time choices inside a variant included. */
 #include "cpu.h"
 
 #include <stdio.h>
@@ -158,6 +159,15 @@ const char *const *armllm_isa_built(void) {
   return names;
 }
 
+/* The first slot table t leaves without a function or an impl name, or NULL. */
+static const char *empty_slot(const armllm_kernels *t) {
+#define EMPTY_IF_(variant, name, ret, params) \
+  if (!t->name || !t->impl[ARMLLM_K_##name]) return #name;
+  ARMLLM_KERNEL_SLOTS(EMPTY_IF_, _)
+#undef EMPTY_IF_
+  return NULL;
+}
+
 const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
                                        size_t err_len) {
   for (size_t i = 0; i < N_ISA; i++) {
@@ -175,6 +185,12 @@ const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, c
         if (missing & BIT(f)) used += (size_t)snprintf(err + used, err_len - used, " %s", feature_names[f]);
       return NULL;
     }
+    const char *empty = empty_slot(e->table);
+    if (empty) {
+      snprintf(err, err_len, "kernel variant '%s' leaves slot '%s' empty (its table.c lacks "
+               "an ARMLLM_SLOT)", isa, empty);
+      return NULL;
+    }
     return e->table;
   }
   size_t used = (size_t)snprintf(err, err_len, "unknown kernel variant '%s' (known:", isa);
@@ -190,4 +206,49 @@ const char *armllm_isa_best(const armllm_cpu *cpu) {
     if (e->table && (e->needs & ~cpu->features) == 0) return e->name;
   }
   return "ref";
+}
+
+/* ------------------------------------------------------ run-time choices */
+
+int armllm_neon_sdot(void) { return armllm_cpu_has(armllm_cpu_detect(), ARMLLM_CPU_ASIMDDP); }
+
+typedef void (*any_fn)(void); /* any slot's function, for comparing pointers */
+
+/* A run-time choice inside one variant's function. Keyed by the function, not
+ * by a table, so every table whose slot points at it reports it. */
+typedef struct {
+  int slot;
+  any_fn fn;
+  const char *name; /* shown as impl+name when taken */
+  int (*taken)(void);
+} slot_choice;
+
+static const slot_choice choices[] = {
+#if defined(__aarch64__)
+    {ARMLLM_K_gemm_wq, (any_fn)armllm_neon_gemm_wq, "dotprod", armllm_neon_sdot},
+#endif
+    {-1, NULL, NULL, NULL}, /* end */
+};
+
+static any_fn slot_fn(const armllm_kernels *t, int slot) {
+  switch (slot) {
+#define SLOT_FN_CASE_(variant, name, ret, params) \
+  case ARMLLM_K_##name: return (any_fn)t->name;
+    ARMLLM_KERNEL_SLOTS(SLOT_FN_CASE_, _)
+#undef SLOT_FN_CASE_
+  }
+  return NULL;
+}
+
+const char *armllm_slot_impl(const armllm_kernels *t, int slot, char *buf, size_t len) {
+  if (slot < 0 || slot >= ARMLLM_NUM_SLOTS) {
+    snprintf(buf, len, "?");
+    return buf;
+  }
+  size_t used = (size_t)snprintf(buf, len, "%s", t->impl[slot]);
+  any_fn fn = slot_fn(t, slot);
+  for (const slot_choice *c = choices; c->name; c++)
+    if (c->slot == slot && c->fn == fn && c->taken() && used < len)
+      used += (size_t)snprintf(buf + used, len - used, "+%s", c->name);
+  return buf;
 }

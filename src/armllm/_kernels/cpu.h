@@ -36,13 +36,26 @@ int armllm_cpu_has(const armllm_cpu *cpu, int feature);
 const char *const *armllm_isa_built(void);
 
 /* The table for `isa`, or NULL with a message in err: unknown name, not
- * built for this architecture, or not supported by this CPU (naming the
- * missing features). */
+ * built for this architecture, not supported by this CPU (naming the
+ * missing features), or a table that leaves a slot empty. */
 const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, char *err,
                                        size_t err_len);
 
 /* The best variant this CPU runs. */
 const char *armllm_isa_best(const armllm_cpu *cpu);
+
+/* Run-time choices inside a variant's function: the code branches on one of
+ * these predicates, and armllm_slot_impl names the path it takes, so that
+ * `armllm info` shows what runs. */
+
+/* neon's quantized GEMM (armllm_neon_gemm_wq) runs SDOT (FEAT_DotProd,
+ * HWCAP asimddp) rather than SMULL/SMLAL. */
+int armllm_neon_sdot(void);
+
+/* What runs in `slot` of table t: the variant named by its ARMLLM_SLOT, then
+ * "+choice" for each run-time choice that function takes on this CPU (e.g.
+ * "neon+dotprod"). Written to buf (at most len bytes); returns buf. */
+const char *armllm_slot_impl(const armllm_kernels *t, int slot, char *buf, size_t len);
 
 #ifdef __cplusplus
 }
