@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from armllm.engine.engine_thread import EngineClosed, EngineThread
+from armllm.engine.llm_engine import ContextLengthExceeded, RequestRejected
 from armllm.engine.outputs import (
     CompletionOutput,
     EngineStats,
@@ -30,20 +31,6 @@ __all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EngineArgs",
            "RequestRejected", "ContextLengthExceeded", "EngineClosed"]
 
 Prompt = str | list[int]
-
-
-class RequestRejected(ValueError):
-    """A request that could never be served, however long it waited; `field` names
-    what to change: "prompt", "max_tokens" or "n"."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.field = field
-
-
-class ContextLengthExceeded(RequestRejected):
-    """The prompt, or the prompt with max_tokens, is longer than the model's context
-    (max_model_len) or the KV cache can hold."""
 
 
 class _EngineClient:
@@ -103,36 +90,10 @@ class _EngineClient:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raises RequestRejected (a ValueError naming the value and, in `field`, what
-        to change) if this request could never be served: a prompt that is empty or
-        holds ids outside the vocabulary, a prompt (+ max_tokens) longer than
-        max_model_len (which the engine already capped to what the KV cache holds), or
-        more completions (n) than max_num_seqs."""
-        if not isinstance(prompt_ids, list):
-            raise RequestRejected(f"the prompt must be a list of token ids, got "
-                                  f"{type(prompt_ids).__name__}", "prompt")
-        if not prompt_ids:
-            raise RequestRejected("the prompt is empty", "prompt")
-        vocab = self.vocab_size
-        bad = next((t for t in prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestRejected(f"prompt token id {bad!r} is outside the vocabulary "
-                                  f"[0, {vocab})" if type(bad) is int else
-                                  f"the prompt must be a list of token ids, it holds {bad!r}",
-                                  "prompt")
-        max_len, prompt_len = self.max_model_len, len(prompt_ids)
-        if prompt_len >= max_len:  # at least one token must fit after the prompt
-            raise ContextLengthExceeded(
-                f"the prompt has {prompt_len} tokens; this model's maximum context length "
-                f"(max_model_len) is {max_len}, prompt and output together", "prompt")
-        total = prompt_len + params.max_tokens
-        if total > max_len:
-            raise ContextLengthExceeded(
-                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds max_model_len {max_len}", "max_tokens")
-        if params.n > self.max_num_seqs:
-            raise RequestRejected(f"n = {params.n} completions exceeds max_num_seqs "
-                                  f"{self.max_num_seqs}", "n")
-
+        to change) if this request could never be served, whatever the load (see
+        LLMEngine.check_request). Reads only the engine's fixed limits, so any thread
+        may call it."""
+        self.engine.check_request(prompt_ids, params)
 
 class LLM(_EngineClient):
     """A model loaded for in-process, synchronous generation."""

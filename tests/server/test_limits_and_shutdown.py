@@ -266,11 +266,11 @@ def test_signal_finishes_in_flight_requests_and_exits_0(tiny_model, tmp_path, si
 
 
 def test_the_grace_period_ends_each_request_with_an_error(tiny_model, tmp_path):
-    """SIGTERM with a 0.5 s grace: a stream still running then ends with an error
+    """SIGTERM with a 0.1 s grace: a stream still running then ends with an error
     event and [DONE], a non-streaming request with a 503 error body; the process
     exits 0 and logs no traceback."""
     srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-gib", "0.01",
-                        "--shutdown-grace", "0.5", "--max-model-len", "512",
+                        "--shutdown-grace", "0.1", "--max-model-len", "512",
                         log=tmp_path / "s.log")
     srv.wait_ready()
     result, events = {}, []
@@ -304,7 +304,7 @@ def test_the_grace_period_ends_each_request_with_an_error(tiny_model, tmp_path):
     assert error["code"] == "server_shutting_down" and "shutting down" in error["message"]
     done = sum(c["finish_reason"] == "length" for e in events[:-2]
                for c in json.loads(e)["choices"])
-    assert done < 12, "the stream ran to the end despite the 0.5 s grace"
+    assert done < 12, "the stream ran to the end despite the 0.1 s grace"
     assert result["r"].status_code == 503
     assert result["r"].json()["error"]["code"] == "server_shutting_down"
     log = srv.log()

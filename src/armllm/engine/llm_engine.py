@@ -27,6 +27,20 @@ from armllm.sampling import SampleResult, SamplingParams
 log = logging.getLogger("armllm")
 
 
+class RequestRejected(ValueError):
+    """A request that could never be served, however long it waited; `field` names
+    what to change: "prompt", "max_tokens" or "n"."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+class ContextLengthExceeded(RequestRejected):
+    """The prompt, or the prompt with max_tokens, is longer than the model's context
+    (max_model_len) or the KV cache can hold."""
+
+
 class Runner(Protocol):
     """What the engine needs of a model runner (engine/runner.py's ModelRunner)."""
 
@@ -76,11 +90,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        vocab = self.loaded.config.vocab_size
-        bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad!r} is outside the vocabulary [0, {vocab})")
-        self.scheduler.check_fits(len(prompt_ids), params.max_tokens, params.n)
+        self.check_request(prompt_ids, params)
         seq = Sequence(request_id, list(prompt_ids), params, priority=priority,
                        num_forks_pending=params.n - 1,
                        timings=Timings(arrival_time or time.monotonic()))
@@ -88,6 +98,41 @@ class LLMEngine:
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, params.n)
         self._num_prompt_tokens += len(prompt_ids)
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raises RequestRejected (a ValueError naming the value and, in `field`, what
+        to change) if this request could never be served: a prompt that is empty or
+        holds ids outside the vocabulary, a prompt (+ max_tokens) longer than
+        max_model_len (which build_engine already capped to what the KV cache holds),
+        more KV blocks than the cache has, or more completions (n) than max_num_seqs.
+        Reads only fixed limits: safe from any thread."""
+        if not isinstance(prompt_ids, list):
+            raise RequestRejected(f"the prompt must be a list of token ids, got "
+                                  f"{type(prompt_ids).__name__}", "prompt")
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty", "prompt")
+        vocab = self.loaded.config.vocab_size
+        bad = next((t for t in prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestRejected(f"prompt token id {bad!r} is outside the vocabulary "
+                                  f"[0, {vocab})" if type(bad) is int else
+                                  f"the prompt must be a list of token ids, it holds {bad!r}",
+                                  "prompt")
+        max_len, prompt_len = self.max_model_len, len(prompt_ids)
+        if prompt_len >= max_len:  # at least one token must fit after the prompt
+            raise ContextLengthExceeded(
+                f"the prompt has {prompt_len} tokens; this model's maximum context length "
+                f"(max_model_len) is {max_len}, prompt and output together", "prompt")
+        total = prompt_len + params.max_tokens
+        if total > max_len:
+            raise ContextLengthExceeded(
+                f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len {max_len}", "max_tokens")
+        try:  # the scheduler's own limits: the KV cache's size, max_num_seqs
+            self.scheduler.check_fits(prompt_len, params.max_tokens, params.n)
+        except ValueError as exc:
+            raise RequestRejected(str(exc), "n" if params.n > self.scheduler.max_num_seqs
+                                  else "max_tokens") from None
 
     def _completion_state(self, seq: Sequence) -> CompletionState:
         return CompletionState(self.tokenizer, seq.prompt_ids, seq.params, self.eos_token_ids,

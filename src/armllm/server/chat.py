@@ -25,14 +25,9 @@ TEMPLATE_OWN_NAMES = frozenset({"messages", "add_generation_prompt", "continue_f
 
 def routes(state: ServerState) -> list[Route]:
     async def chat_completions(request: Request) -> Response:
-        llm = state.ready_llm()
-        body = await P.read_body(request, state.config.max_request_bytes,
-                                 state.config.body_timeout_s)
-        req = P.check_fields(body, P.CHAT_FIELDS, "/v1/chat/completions")
-        state.check_model(req)
+        llm, req = await state.read_request(request, P.CHAT_FIELDS, "/v1/chat/completions",
+                                            "messages")
         P.refuse_unsupported(req)
-        if "messages" not in req:
-            raise P.bad("messages", "is required", "missing_required_parameter")
         messages = P.chat_messages(req["messages"])
         cont = req.get("continue_final_message", False)
         add_gen = req.get("add_generation_prompt", not cont)

@@ -20,14 +20,9 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 def routes(state: ServerState) -> list[Route]:
     async def completions(request: Request) -> Response:
-        llm = state.ready_llm()
-        body = await P.read_body(request, state.config.max_request_bytes,
-                                 state.config.body_timeout_s)
-        req = P.check_fields(body, P.COMPLETION_FIELDS, "/v1/completions")
-        state.check_model(req)
+        llm, req = await state.read_request(request, P.COMPLETION_FIELDS, "/v1/completions",
+                                            "prompt")
         P.refuse_unsupported(req)
-        if "prompt" not in req:
-            raise P.bad("prompt", "is required", "missing_required_parameter")
         opts = P.sampling_options(req, False, llm.default_sampling_params)
         prompts = P.completion_prompts(req["prompt"])
         state.check_capacity(llm, len(prompts), opts.params.n)

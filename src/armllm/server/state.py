@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from starlette.requests import Request
+
 from armllm.api import AsyncLLM
 from armllm.server import protocol as P
 from armllm.server.metrics import ServerMetrics
@@ -60,6 +62,19 @@ class ServerState:
         if not self.llm.is_running:
             raise P.APIError("the engine has stopped", 503, code="engine_stopped")
         return self.llm
+
+    async def read_request(self, request: Request, fields: dict[str, str], endpoint: str,
+                           required: str | None = None) -> tuple[AsyncLLM, dict]:
+        """The ready engine and a request's body as a dict of its known fields, checked
+        (size, read deadline, types, the model's name, and the `required` field)."""
+        llm = self.ready_llm()
+        body = await P.read_body(request, self.config.max_request_bytes,
+                                 self.config.body_timeout_s)
+        req = P.check_fields(body, fields, endpoint)
+        self.check_model(req)
+        if required is not None and required not in req:
+            raise P.bad(required, "is required", "missing_required_parameter")
+        return llm, req
 
     def check_model(self, req: dict) -> None:
         name = req.get("model")

@@ -13,13 +13,10 @@ from armllm.server.state import ServerState
 
 def routes(state: ServerState) -> list[Route]:
     async def tokenize(request: Request) -> Response:
-        llm = state.ready_llm()
-        body = await P.read_body(request, state.config.max_request_bytes,
-                                 state.config.body_timeout_s)
-        req = P.check_fields(body, {"model": "str", "prompt": "str", "messages": "list",
-                                    "add_special_tokens": "bool",
-                                    "add_generation_prompt": "bool"}, "/tokenize")
-        state.check_model(req)
+        llm, req = await state.read_request(
+            request, {"model": "str", "prompt": "str", "messages": "list",
+                      "add_special_tokens": "bool", "add_generation_prompt": "bool"},
+            "/tokenize")
         if ("prompt" in req) == ("messages" in req):
             raise P.bad("prompt", "give exactly one of prompt and messages")
         if "prompt" in req:
@@ -31,11 +28,8 @@ def routes(state: ServerState) -> list[Route]:
                              "tokens": ids})
 
     async def detokenize(request: Request) -> Response:
-        llm = state.ready_llm()
-        body = await P.read_body(request, state.config.max_request_bytes,
-                                 state.config.body_timeout_s)
-        req = P.check_fields(body, {"model": "str", "tokens": "list"}, "/detokenize")
-        state.check_model(req)
+        llm, req = await state.read_request(request, {"model": "str", "tokens": "list"},
+                                            "/detokenize")
         tokens, vocab = req.get("tokens"), llm.vocab_size
         if tokens is None or not all(P.is_int(t) and 0 <= t < vocab for t in tokens):
             raise P.bad("tokens", f"must be a list of token ids in [0, {vocab})")
