@@ -8,7 +8,7 @@ multiply-accumulates (FMLA, BFMMLA, BFDOT, SMMLA, SDOT, SMULL/SMLAL, SVE FMLA/FM
 to llvm-mca, and the table gives predicted cycles per iteration, MACs per
 cycle (at 128-bit vectors, as the N2 model has) and the fraction of the
 core's peak for that instruction (2 per cycle on Neoverse N2/V2).
-Quantized GEMM kernels (*/quant.c) ending in _g32 are the group-32 variants:
+Quantized GEMM kernels (*/quant_gemm.c) ending in _g32 are the group-32 variants:
 their innermost loop is one whole group, the int8 block and the float
 epilogue the ABI fixes per group (FSUB, FMUL by the group's activation
 scale, FMLA); the others' is one 32-k block. Channelwise weights are groups
@@ -44,7 +44,7 @@ MAC_RULES = [
     (re.compile(r"^\s*[su]mmla\s"), "SMMLA", 32),
     (re.compile(r"^\s*bfdot\s"), "BFDOT", 8),
     (re.compile(r"^\s*[su]dot\s.*\.4s"), "SDOT", 16),
-    # Armv8.0 int8 fallback (neon/quant.c without dotprod): 8 int16 products each
+    # Armv8.0 int8 fallback (neon/quant_gemm.c without dotprod): 8 int16 products each
     (re.compile(r"^\s*[su]ml[as]l2?\s+v\d+\.8h"), "SMLAL", 8),
     (re.compile(r"^\s*[su]mull2?\s+v\d+\.8h"), "SMLAL", 8),
     (re.compile(r"^\s*f(mla|mls)\s+v\d+\.4s"), "FMLA", 4),

@@ -94,6 +94,19 @@ static inline int64_t armllm_kv_write_rows(const float *k, int64_t ldk, const fl
   return -1;
 }
 
+/* Defines `name`, a kv_write kernel (armllm_kernels.h) that writes on the
+ * calling thread (T rows of a few KB: memory-bound and short), bf16 rows
+ * with `store_bf16`. */
+#define ARMLLM_KV_WRITE_ON_CALLER(name, store_bf16)                                              \
+  int64_t name(armllm_pool *pool, const float *k, int64_t ldk, const float *v, int64_t ldv,      \
+               const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache,            \
+               int cache_bf16, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,         \
+               int64_t num_blocks) {                                                             \
+    (void)pool;                                                                                  \
+    return armllm_kv_write_rows(k, ldk, v, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16,   \
+                                n_kv_heads, head_dim, block_size, num_blocks, store_bf16);       \
+  }
+
 /* The keys of partition p that any of nq queries (key ranges [lo[i], hi[i]))
  * sees: [*k0, *k0 + n), with n returned, and the K/V row addresses of each in
  * kr/vr (element size esz), padded to a multiple of 4 by repeating the last. */

@@ -1,10 +1,16 @@
 /* family_jobs.h: the pool-task arguments of the element-wise kernel families
  * (norm, rope, act, embed, activation quantization), the same for every ISA,
- * and the range checks those kernels run before they touch anything. */
+ * the range checks those kernels run before they touch anything, and the
+ * rope driver every variant runs around its head rotations. */
 #ifndef ARMLLM_FAMILY_JOBS_H
 #define ARMLLM_FAMILY_JOBS_H
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "armllm_kernels.h"
+#include "pool.h"
 
 typedef struct {
   const float *x;
@@ -18,7 +24,8 @@ typedef struct {
   int64_t ldo;
 } armllm_norm_job;
 
-/* quant_act's arguments (armllm_kernels.h), K's padding and groups worked out. */
+/* quant_act's arguments (armllm_kernels.h), K's padding and groups worked
+ * out (armllm_quant_job_of). */
 typedef struct {
   const float *x;
   int64_t k, ldx, kpad, gl, ng; /* gl: group length, ng: groups a row */
@@ -31,6 +38,16 @@ typedef struct {
   int32_t *zp; /* NULL: symmetric */
   int64_t ldzp;
 } armllm_quant_job;
+
+static inline armllm_quant_job armllm_quant_job_of(const float *x, int64_t k, int64_t ldx,
+                                                   int64_t group, int8_t *xq, int64_t ldq,
+                                                   float *scale, int64_t ldsc, int32_t *gsum,
+                                                   int64_t ldgs, int32_t *zp, int64_t ldzp) {
+  const armllm_quant_job job = {x,    k,    ldx,  armllm_q_kpad(k), armllm_q_group_len(group),
+                                armllm_q_groups(k, group), xq, ldq, scale, ldsc, gsum, ldgs, zp,
+                                ldzp};
+  return job;
+}
 
 typedef struct {
   float *x;
@@ -62,5 +79,80 @@ static inline int64_t armllm_first_out_of_range(const int32_t *v, int64_t n, int
     if (v[i] < 0 || v[i] >= limit) return i;
   return -1;
 }
+
+/* x[k0, kx)'s range with 0 in it, *lo <= 0 <= *hi, in ref's order: a NaN
+ * wins every max and min (the walk vector forms fall back to on a NaN). */
+static inline void armllm_q_range(const float *x, int64_t k0, int64_t kx, float *lo, float *hi) {
+  float l = 0.0f, h = 0.0f;
+  for (int64_t i = k0; i < kx; i++) {
+    h = (x[i] > h || x[i] != x[i]) ? x[i] : h;
+    l = (x[i] < l || x[i] != x[i]) ? x[i] : l;
+  }
+  *lo = l;
+  *hi = h;
+}
+
+/* An asymmetric group's scale s = (hi - lo) / 254 (returned) and zero
+ * point *z = round(-127 - lo / s) from its range (armllm_kernels.h); z is 0
+ * when s is 0 or not finite: the group quantizes to zeros. */
+static inline float armllm_q_asym_scale(float lo, float hi, int32_t *z) {
+  const float s = (hi - lo) / 254.0f;
+  *z = s != 0.0f && isfinite(s) ? (int32_t)nearbyintf(-127.0f - lo / s) : 0;
+  return s;
+}
+
+/* Stores an asymmetric group's scale and zero point (its gsum, if any, 0)
+ * from its range and returns 1; or, when it quantizes to zeros, also writes
+ * its bytes q[k0, k1) and returns 0. */
+static inline int armllm_q_asym_group(float lo, float hi, int8_t *q, int64_t k0, int64_t k1,
+                                      float *scale, int32_t *zp, int32_t *gs) {
+  const float s = armllm_q_asym_scale(lo, hi, zp);
+  *scale = s;
+  if (gs) *gs = 0;
+  if (s != 0.0f && isfinite(s)) return 1;
+  memset(q + k0, 0, (size_t)(k1 - k0));
+  return 0;
+}
+
+/* A variant's rotation of one head v: pairs (v[i], v[half + i]) (neox) or
+ * (v[2i], v[2i + 1]) (gpt-j), i < half, by cos cs[i] and sin cs[half + i]. */
+typedef void (*armllm_rope_head_fn)(float *v, const float *cs, int64_t half);
+
+/* Rows [t0, t1) of a rope job, head by head, in the job's style. */
+static inline __attribute__((always_inline)) void armllm_rope_rows(const armllm_rope_job *job,
+                                                                   int64_t t0, int64_t t1,
+                                                                   armllm_rope_head_fn neox,
+                                                                   armllm_rope_head_fn gptj) {
+  const int64_t half = job->rot_dim / 2;
+  for (int64_t t = t0; t < t1; t++) {
+    const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
+    float *row = job->x + t * job->ldx;
+    if (job->style == ARMLLM_ROPE_NEOX)
+      for (int64_t h = 0; h < job->n_heads; h++) neox(row + h * job->head_dim, cs, half);
+    else
+      for (int64_t h = 0; h < job->n_heads; h++) gptj(row + h * job->head_dim, cs, half);
+  }
+}
+
+/* Defines `name`, a rope kernel (armllm_kernels.h) rotating each head with
+ * `neox` or `gptj` (armllm_rope_head_fn): positions checked first; each
+ * thread's chunk rotates at least min_elems elements (below that the call
+ * stays on the calling thread). */
+#define ARMLLM_ROPE_KERNEL(name, neox, gptj, min_elems)                                          \
+  static void name##_rows(void *ctx, int64_t t0, int64_t t1) {                                  \
+    armllm_rope_rows(ctx, t0, t1, neox, gptj);                                                  \
+  }                                                                                             \
+  int64_t name(armllm_pool *pool, float *x, int64_t t, int64_t n_heads, int64_t head_dim,       \
+               int64_t ldx, const int32_t *positions, const float *cos_sin, int64_t max_pos,    \
+               int64_t rot_dim, int style) {                                                    \
+    const int64_t bad = armllm_first_out_of_range(positions, t, max_pos);                       \
+    if (bad >= 0) return bad;                                                                   \
+    if (rot_dim < 2) return -1;                                                                 \
+    armllm_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};      \
+    const int64_t per_row = n_heads * rot_dim + 1;                                              \
+    const int64_t min_rows = ((min_elems) + per_row - 1) / per_row;                             \
+    armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), name##_rows, &job);       \
+    return -1;                                                                                  \
+  }
 
 #endif /* ARMLLM_FAMILY_JOBS_H */

@@ -45,8 +45,8 @@ void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const flo
                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
   norm_quant_job job = {kt,
                         {x, ldx, residual, ldr, weight, d, eps, out, ldo},
-                        {out, d, ldo, armllm_q_kpad(d), armllm_q_group_len(group),
-                         armllm_q_groups(d, group), xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp},
+                        armllm_quant_job_of(out, d, ldo, group, xq, ldq, scale, ldsc, gsum, ldgs,
+                                            zp, ldzp),
                         group};
   if (t * d < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), norm_quant_rows, &job);

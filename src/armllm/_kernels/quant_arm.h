@@ -1,108 +1,105 @@
-/* quant_arm.h: what the Arm quantized-GEMM variants (neon, neon_mmla, sve)
- * share: the panel geometry of their packed weights (panels of NR output rows,
- * BLK-k blocks, then each group's scales) and, for the SMMLA variants, the
- * run-time packing of activation row pairs into SMMLA operands. */
+/* quant_arm.h: the quantized GEMM (int8 or uint4 weights, int8 activations)
+ * of the Arm variants (neon, neon_mmla, sve): what their packed weights
+ * share (panels of NR output rows, K padded and cut into BLK-k blocks, each
+ * group's scales after its blocks), the tile a micro-kernel is handed, and
+ * the one driver (quant_arm.c) that packs weights and walks a GEMM's tiles.
+ * A variant adds its block layout and its micro-kernels.
+ *
+ * Exactness: a group's int32 sums are exact, so only the float epilogue
+ * could differ; it is the ABI's: a = (float)acc * sx; t = fma(d, a, t)
+ * (+ fma(o, (float)gsum * sx, t)), y = t (+ bias), per output, in group
+ * order, from +0. Every variant, tile and thread count gives ref's bits. */
 #ifndef ARMLLM_QUANT_ARM_H
 #define ARMLLM_QUANT_ARM_H
 
-#include <arm_neon.h>
+#include <stdint.h>
 
 #include "armllm_kernels.h"
+#include "pool.h"
 
 #define ARMLLM_QA_NR 8         /* panel width (output rows of W) */
 #define ARMLLM_QA_BLK 32       /* k per block */
 #define ARMLLM_QA_KC_BLOCKS 32 /* K block: 1024 k, a multiple of every group */
+#define ARMLLM_QA_MAX_ROWS 8   /* rows of x per tile, at most */
+#define ARMLLM_QA_MAX_PANELS 8 /* panels per tile, at most (SVE decode at 512 bits) */
 
+/* Group sums start at the bits of 1.5 * 2^23 (ACC_BIAS): a sum s with
+ * |s| < 2^22 (any group of <= 128 k: |s| <= 128^3 = 2^21) then reads as the
+ * float 1.5 * 2^23 + s exactly, and (float)s is that minus 1.5 * 2^23: one
+ * FSUB on either vector pipe instead of SCVTF (two uops on V0 of Neoverse
+ * N2/V2). The starting values are loaded from memory (load pipes), not
+ * materialized with MOVs. Channelwise weights are groups of 128 too. */
+#define ARMLLM_QA_ACC_BIAS 0x4B400000
+#define ARMLLM_QA_ACC_BIAS_F 12582912.0f
+#define ARMLLM_QA_B4_ ARMLLM_QA_ACC_BIAS, ARMLLM_QA_ACC_BIAS, ARMLLM_QA_ACC_BIAS, ARMLLM_QA_ACC_BIAS
+#define ARMLLM_QA_B16_ ARMLLM_QA_B4_, ARMLLM_QA_B4_, ARMLLM_QA_B4_, ARMLLM_QA_B4_
+static const int32_t armllm_qa_acc_bias[64] __attribute__((aligned(64))) = {
+    ARMLLM_QA_B16_, ARMLLM_QA_B16_, ARMLLM_QA_B16_, ARMLLM_QA_B16_};
+#undef ARMLLM_QA_B4_
+#undef ARMLLM_QA_B16_
+
+/* One tile as the driver hands it to a micro-kernel: rows x panels of the
+ * output over one K block (nb blocks in groups of bpg, whole groups). The
+ * rows come in place (x) or packed as SMMLA operands (ap), as the tile
+ * kind asks; either way rows past M repeat the last one or are zero. */
 typedef struct {
-  int64_t kpad, nblk, bpg, ng, bb, sb, pstride; /* bytes: block, scales, panel */
-} wq_geom;
+  const uint8_t *w[ARMLLM_QA_MAX_PANELS]; /* panels at the K block (past the valid ones:
+                                             the last again) */
+  int64_t nb, bpg;                        /* blocks in this K block, blocks per group */
+  const int8_t *x[ARMLLM_QA_MAX_ROWS];    /* in place: row r at the K block */
+  const int8_t *ap;  /* packed: x operands [block][chunk][pair] of 16 bytes */
+  const float *sx;   /* in place: [group of the K block][8 rows] sx; packed: [group][pair]
+                        sx as [s0, s0, s1, s1], then (float)gsum * sx likewise (4 bits) */
+  const float *sb;   /* in place: [group][8 rows] (float)gsum * sx (4 bits) */
+  float *y;          /* the tile's rows x columns, row-major: t between K blocks */
+  int64_t ldy;
+  const float *bias; /* the tile's columns or NULL; given in the last K block only */
+  int first, last;   /* the first / last K block */
+  float *tb;         /* packed: scratch for t in the accumulators' order */
+} armllm_qa_tile;
 
-static inline wq_geom geom_of(int64_t k, int bits, int64_t group) {
-  wq_geom g;
-  g.kpad = armllm_q_kpad(k);
-  g.nblk = g.kpad / ARMLLM_QA_BLK;
-  g.bpg = armllm_q_group_len(group) / ARMLLM_QA_BLK;
-  g.ng = armllm_q_groups(k, group);
-  g.bb = bits == 4 ? 128 : 256;
-  g.sb = bits == 4 ? 64 : 32;
-  g.pstride = g.nblk * g.bb + g.ng * g.sb;
-  return g;
-}
+typedef void (*armllm_qa_tile_fn)(const armllm_qa_tile *tile);
 
-/* The leading fields of each Arm variant's quantized-GEMM job: the call's
- * arguments and the weights' geometry, in the order of the variants'
- * positional initializers; each job adds its tile kind and work plan. */
-#define ARMLLM_QA_JOB_ARGS \
-  const int8_t *xq;        \
-  int64_t m, ldq;          \
-  const float *scale;      \
-  int64_t ldsc;            \
-  const int32_t *gsum;     \
-  int64_t ldgs;            \
-  const uint8_t *w;        \
-  int64_t n, n_panels;     \
-  wq_geom G;               \
-  const float *bias;       \
-  float *y;                \
-  int64_t ldy
-
-static inline size_t armllm_qa_packed_len(int64_t n, int64_t k, int bits, int64_t group) {
-  return (size_t)((n + ARMLLM_QA_NR - 1) / ARMLLM_QA_NR * geom_of(k, bits, group).pstride);
-}
-
-/* Panel p's scales of group g after its weights: d[8] then (4 bits) o[8], rows past n
- * zero; d/o are [n, ngin] (ngin 1: one per row, repeated over its groups). Returns
- * the byte after them (sb bytes on). */
-static inline uint8_t *qa_pack_scales(uint8_t *dst, const float *d, const float *o, int64_t n,
-                                      int64_t p, int64_t g, int64_t group, int64_t ngin,
-                                      int64_t sb) {
-  float s[2 * ARMLLM_QA_NR];
-  for (int j = 0; j < ARMLLM_QA_NR; j++) {
-    const int64_t row = p * ARMLLM_QA_NR + j;
-    const int64_t src = row * ngin + (group ? g : 0);
-    s[j] = row < n ? d[src] : 0.0f;
-    s[ARMLLM_QA_NR + j] = row < n && o ? o[src] : 0.0f;
+/* A variant's micro-kernels from its always-inline tile template
+ * impl(R, C, B4, G1, tile) (R, C: the tile's rows or row pairs, panels or B
+ * vectors; B4: 4-bit weights; G1: group 32, no block loop): P_<R>x<C>_b8
+ * and P_<R>x<C>_b4 (ARMLLM_QA_KERNELS_G32: ..._b8_g32 and ..._b4_g32). */
+#define ARMLLM_QA_KERNEL(P, impl, R, C, BITS, G1, SUFFIX)                                     \
+  static __attribute__((noinline)) void P##_##R##x##C##_b##BITS##SUFFIX(                      \
+      const armllm_qa_tile *a) {                                                               \
+    impl(R, C, BITS == 4, G1, *a);                                                             \
   }
-  memcpy(dst, s, (size_t)sb);
-  return dst + sb;
-}
+#define ARMLLM_QA_KERNELS(P, impl, R, C) \
+  ARMLLM_QA_KERNEL(P, impl, R, C, 8, 0, ) ARMLLM_QA_KERNEL(P, impl, R, C, 4, 0, )
+#define ARMLLM_QA_KERNELS_G32(P, impl, R, C) \
+  ARMLLM_QA_KERNEL(P, impl, R, C, 8, 1, _g32) ARMLLM_QA_KERNEL(P, impl, R, C, 4, 1, _g32)
 
-#ifdef ARMLLM_QA_SMMLA_ROWS
-static const int8_t zero_row[ARMLLM_QA_KC_BLOCKS * ARMLLM_QA_BLK];
+/* A variant's tile: its micro-kernel and shape. */
+typedef struct {
+  armllm_qa_tile_fn fn;
+  int rows;   /* rows of x (an even number when packed) */
+  int panels; /* panels of W */
+  int packed; /* rows packed as SMMLA operands (pairs), else read in place */
+} armllm_qa_kind;
 
-/* x rows m0 .. m0 + 2*MP of blocks [b0, b0 + nb) as SMMLA operands
- * ap[((b*4 + c)*MP + pr)*16 + 8h + i] = x[m0 + 2pr + h, 32(b0 + b) + 8c + i]
- * (rows past M: zero), with the scales sx of groups [g0, g0 + gc) per pair
- * as sxp[(g*MP + pr)*8 + 2h + e] and for 4 bits b = (float)gsum * sx at
- * sxp[(g*MP + pr)*8 + 4 + 2h + e] (e = 0, 1). */
-static void pack_rows(const int8_t *xq, int64_t ldq, const float *scale, int64_t ldsc,
-                      const int32_t *gsum, int64_t ldgs, int64_t m, int64_t m0, int MP,
-                      int64_t b0, int64_t nb, int64_t g0, int64_t gc, int8_t *ap, float *sxp) {
-  for (int pr = 0; pr < MP; pr++) {
-    const int8_t *r[2];
-    for (int h = 0; h < 2; h++) {
-      const int64_t row = m0 + 2 * pr + h;
-      r[h] = row < m ? xq + row * ldq + b0 * ARMLLM_QA_BLK : zero_row;
-      for (int64_t g = 0; g < gc; g++) {
-        float *e = sxp + (g * MP + pr) * 8 + 2 * h;
-        const float sx = row < m ? scale[row * ldsc + g0 + g] : 0.0f;
-        e[0] = e[1] = sx;
-        if (gsum) e[4] = e[5] = row < m ? (float)gsum[row * ldgs + g0 + g] * sx : 0.0f;
-      }
-    }
-    for (int64_t b = 0; b < nb; b++)
-      for (int half = 0; half < 2; half++) {
-        const int64x2_t x0 =
-            vreinterpretq_s64_s8(vld1q_s8(r[0] + b * ARMLLM_QA_BLK + 16 * half));
-        const int64x2_t x1 =
-            vreinterpretq_s64_s8(vld1q_s8(r[1] + b * ARMLLM_QA_BLK + 16 * half));
-        vst1q_s8(ap + ((b * 4 + 2 * half) * MP + pr) * 16,
-                 vreinterpretq_s8_s64(vzip1q_s64(x0, x1)));
-        vst1q_s8(ap + ((b * 4 + 2 * half + 1) * MP + pr) * 16,
-                 vreinterpretq_s8_s64(vzip2q_s64(x0, x1)));
-      }
-  }
-}
-#endif
+/* Writes block b (k 32b .. 32b + 31) of panel p of q [n, k] in a variant's
+ * layout: 256 bytes (8 bits) or 128 (4 bits); rows past n, k past k: 0. */
+typedef void (*armllm_qa_block_fn)(uint8_t *dst, const int8_t *q, int64_t n, int64_t k,
+                                   int64_t p, int64_t b, int bits);
+
+/* gemm_wq_packed_len / gemm_wq_pack (armllm_kernels.h) around a block layout:
+ * panel p is, per group, its blocks, then d[8] (f32, rows 8p..8p+7, 0 past
+ * n), then for 4 bits o[8]. */
+size_t armllm_qa_packed_len(int64_t n, int64_t k, int bits, int64_t group);
+void armllm_qa_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
+                    const float *d, const float *o, void *packed, armllm_qa_block_fn block);
+
+/* gemm_wq (armllm_kernels.h) with tiles of `kind` (decode for M <=
+ * ARMLLM_GEMM_DECODE_MAX_M: one tile of all rows; the variant picks a kind
+ * of that many rows or more). */
+void armllm_qa_gemm(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                    const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                    const void *packed_w, int64_t n, int bits, int64_t group, const float *bias,
+                    float *y, int64_t ldy, armllm_qa_kind kind, int64_t min_chunk_macs);
 
 #endif /* ARMLLM_QUANT_ARM_H */

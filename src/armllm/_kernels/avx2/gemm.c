@@ -34,6 +34,7 @@
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
+#include "../gemm_plan.h"
 #include "vexp_avx2.h"
 
 #define NR 16
@@ -203,13 +204,7 @@ static void ukr_rows(const float *x, int64_t ldx, int64_t m0, int64_t m1, const 
 }
 
 typedef struct {
-  const float *x;
-  int64_t m, k, ldx;
-  const void *w;
-  int64_t n;
-  const float *bias;
-  float *y;
-  int64_t ldy;
+  ARMLLM_GEMM_JOB_ARGS;
   int64_t panels; /* ceil(n / 16) */
   int64_t mc;     /* rows per row block (prefill) */
   int64_t gp;     /* panels per group (prefill) */

@@ -160,23 +160,12 @@ static int32_t group_sum(const int8_t *q, int64_t k0, int64_t k1) {
  * s = (hi - lo) / 254 and zero point z, xq = clamp(round(x / s) + z). */
 static void quant_group_asym(const float *x, int64_t k0, int64_t kx, int64_t k1, int8_t *q,
                              float *sc, int32_t *zp, int32_t *gs) {
-  float lo = 0.0f, hi = 0.0f;
-  if (!row_range(x + k0, kx - k0, &lo, &hi)) { /* a NaN: ref's scale bits, all zeros */
-    for (int64_t i = k0; i < kx; i++) {
-      hi = (x[i] > hi || x[i] != x[i]) ? x[i] : hi;
-      lo = (x[i] < lo || x[i] != x[i]) ? x[i] : lo;
-    }
-  }
-  const float s = (hi - lo) / 254.0f;
-  *sc = s;
-  *zp = 0;
-  if (gs) *gs = 0;
-  if (s == 0.0f || !isfinite(s)) {
-    memset(q + k0, 0, (size_t)(k1 - k0));
-    return;
-  }
-  const int32_t z = (int32_t)nearbyintf(-127.0f - lo / s);
-  *zp = z;
+  float lo, hi;
+  if (!row_range(x + k0, kx - k0, &lo, &hi)) /* a NaN: ref's scale bits, all zeros */
+    armllm_q_range(x, k0, kx, &lo, &hi);
+  if (!armllm_q_asym_group(lo, hi, q, k0, k1, sc, zp, gs)) return;
+  const float s = *sc;
+  const int32_t z = *zp;
   const __m256 vs = _mm256_set1_ps(s);
   const __m256i vz = _mm256_set1_epi32(z), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i lo127 = _mm256_set1_epi8(-127);
@@ -244,9 +233,7 @@ static void quant_rows_task(void *ctx, int64_t r0, int64_t r1) {
 void armllm_avx2_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                            int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
                            int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
-  const int64_t kpad = armllm_q_kpad(k);
-  quant_job job = {x,  k,   ldx,   kpad, armllm_q_group_len(group), armllm_q_groups(k, group),
-                   xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
+  quant_job job = armllm_quant_job_of(x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp);
   if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), quant_rows_task,
                   &job);

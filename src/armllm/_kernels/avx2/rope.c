@@ -11,6 +11,8 @@
 #include "../family_jobs.h"
 #include "vexp_avx2.h"
 
+#define ROPE_MIN_CHUNK 32768 /* elements: less (a decode row) stays on the caller */
+
 static inline void rope_neox_head(float *v, const float *cs, int64_t half) {
   int64_t i = 0;
   for (; i + 8 <= half; i += 8) {
@@ -51,26 +53,4 @@ static inline void rope_gptj_head(float *v, const float *cs, int64_t half) {
   }
 }
 
-static void avx2_rope_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_rope_job *job = ctx;
-  const int64_t half = job->rot_dim / 2;
-  for (int64_t t = t0; t < t1; t++) {
-    const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
-    float *row = job->x + t * job->ldx;
-    if (job->style == ARMLLM_ROPE_NEOX)
-      for (int64_t h = 0; h < job->n_heads; h++) rope_neox_head(row + h * job->head_dim, cs, half);
-    else
-      for (int64_t h = 0; h < job->n_heads; h++) rope_gptj_head(row + h * job->head_dim, cs, half);
-  }
-}
-
-int64_t armllm_avx2_rope(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
-                         int64_t head_dim, int64_t ldx, const int32_t *positions,
-                         const float *cos_sin, int64_t max_pos, int64_t rot_dim, int style) {
-  int64_t bad = armllm_first_out_of_range(positions, t, max_pos);
-  if (bad >= 0) return bad;
-  armllm_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
-  if (t * n_heads * rot_dim < 32768) pool = NULL; /* decode: one row, stay on the caller */
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_rope_rows, &job);
-  return -1;
-}
+ARMLLM_ROPE_KERNEL(armllm_avx2_rope, rope_neox_head, rope_gptj_head, ROPE_MIN_CHUNK)

@@ -1,36 +1,25 @@
-/* neon/attn.c: paged KV write and varlen paged attention on Armv8.0 NEON
- * (f32 math; bf16 caches widened with ZIP against zero).
+/* neon/attn.c: paged KV write and the partial kernel of varlen paged
+ * attention on Armv8.0 NEON (f32 math; bf16 caches widened with ZIP against
+ * zero); the driver is attn_arm.c.
  *
- * Work item = (tile of query rows of one sequence, KV head, chunk of that KV
- * head's query heads): the tile's nq = rows * heads query vectors (<= QMAX)
- * share every K/V row loaded. Per partition of ARMLLM_ATTN_PARTITION
- * absolute key positions the partial kernel computes, for all nq vectors,
+ * Per partition, for a tile's nq query vectors:
  *   S = scale * Q K^T   (4 queries x 4 keys register tile over head_dim),
- *   keys outside a vector's [lo, pos] masked to -inf,
+ *   keys outside a vector's [lo, pos] masked out,
  *   m = max S, E = vexp(S - m) (bit-identical to armllm_exp_scalar), l = sum E,
- *   acc = E V          (4 queries x 16 columns register tile over keys),
- * and the driver merges partitions in order with armllm_attn_merge.
+ *   acc = E V          (4 queries x 16 columns register tile over keys).
  * bf16 caches: tiles of > 4 queries widen each 4 K rows once into a stack
  * buffer for all query groups; PV runs 8 queries x 8 columns (4 x 8 for a
  * lone 4-query group) so each widened V vector feeds more FMLAs. All exact
- * and per-element orders unchanged: same bits as the plain tiles.
- *
- * Split-KV: when the tiles are fewer than 2x the threads and scratch is
- * large enough, items become (tile, KV head, chunk, partition) writing
- * (m, l, acc) to scratch, and a second pass merges them per (row, head) in
- * partition order. Both paths run the same partial kernel on the same
- * tiles (tiles depend only on the metadata), so they return the same bits.
- *
- * The driver (armllm_neon_attn_run) is shared with sve/attn.c, which passes
- * its own partial kernel. */
+ * and per-element orders unchanged: same bits as the plain tiles. */
 #include <arm_neon.h>
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../attn_arm.h"
 #include "../attn_common.h"
-#include "vexp_neon.h"
+#include "attn_neon.h"
 
-#define QMAX 16                     /* query vectors per tile */
+#define QMAX ARMLLM_ATTN_QMAX
 #define PART ARMLLM_ATTN_PARTITION
 #define MAXHD ARMLLM_ATTN_MAX_HEAD_DIM
 
@@ -99,14 +88,6 @@ int64_t armllm_neon_kv_write(armllm_pool *pool, const float *k, int64_t ldk, con
 }
 
 /* ------------------------------------------------------ partial kernel */
-
-/* What the shared driver calls for one partition p of a tile. */
-typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                                       const float *const *q, const int64_t *lo,
-                                       const int64_t *hi, int64_t p, float *m, float *l,
-                                       float *accp);
-int64_t armllm_neon_attn_run(armllm_pool *pool, const armllm_attn_args *a,
-                             armllm_attn_partial_fn partial);
 
 /* 4 widened floats from f32 or bf16 bits at element offset d. */
 static inline __attribute__((always_inline)) float32x4_t ld4(const void *p, int64_t d, int bf16) {
@@ -260,11 +241,10 @@ static inline __attribute__((always_inline)) void neon_partial_t(
     const armllm_attn_args *a, int64_t b, int64_t kvh, int nq, const float *const *q,
     const int64_t *lo, const int64_t *hi, int64_t p, float *m, float *l, float *accp, int bf16) {
   const int64_t hd = a->head_dim;
-  const void *kr[PART], *vr[PART];
-  int64_t k0;
-  const int64_t n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4, kr, vr,
-                                               &k0);
-  const int64_t n4 = (n + 3) & ~(int64_t)3;
+  armllm_attn_keys keys;
+  armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4);
+  const void *const *kr = keys.kr, *const *vr = keys.vr;
+  const int64_t n4 = keys.n4;
   float s[QMAX][PART] __attribute__((aligned(16)));
   const float32x4_t vscale = vdupq_n_f32(a->scale);
   /* bf16 with more than one query group: each 4 keys are widened once into
@@ -292,34 +272,7 @@ static inline __attribute__((always_inline)) void neon_partial_t(
       for (int t = 0; t < 4 && i + t < nq; t++) vst1q_f32(&s[i + t][j], vmulq_f32(d[t], vscale));
     }
   }
-  for (int i = 0; i < nq; i++) { /* mask, softmax numerators */
-    float *si = s[i];
-    int64_t a0, a1;
-    if (!armllm_attn_mask_scores(si, lo[i], hi[i], k0, n, n4, &a0, &a1)) { /* not merged */
-      m[i] = -INFINITY;
-      l[i] = 0.0f;
-      continue;
-    }
-    float32x4_t vm = vdupq_n_f32(-INFINITY);
-    int64_t j = a0;
-    for (; j + 4 <= a1; j += 4) vm = vmaxq_f32(vm, vld1q_f32(si + j));
-    float mp = vmaxvq_f32(vm);
-    for (; j < a1; j++) mp = si[j] > mp ? si[j] : mp;
-    const float32x4_t vmp = vdupq_n_f32(mp);
-    float32x4_t vl = vdupq_n_f32(0.0f);
-    for (j = a0; j + 4 <= a1; j += 4) {
-      const float32x4_t ev = armllm_vexpq_f32(vsubq_f32(vld1q_f32(si + j), vmp));
-      vst1q_f32(si + j, ev);
-      vl = vaddq_f32(vl, ev);
-    }
-    float lp = vaddvq_f32(vl);
-    for (; j < a1; j++) {
-      si[j] = armllm_exp_scalar(si[j] - mp);
-      lp += si[j];
-    }
-    m[i] = mp;
-    l[i] = lp;
-  }
+  armllm_attn_softmax(&s[0][0], nq, lo, hi, keys.k0, keys.n, m, l, armllm_neon_softmax_row);
 #define PV_CASES(V, BF, W)                                                           \
     switch (nq - i >= 4 ? 4 : nq - i) {                                                  \
       case 4: pv_tile(s[i], PART, V, n4, d0, BF, 4, W, accp + i * hd, hd); break;    \
@@ -350,167 +303,9 @@ static inline __attribute__((always_inline)) void neon_partial_t(
 #undef PV_CASES
 }
 
-static void neon_partial_f32(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                             const float *const *q, const int64_t *lo, const int64_t *hi,
-                             int64_t p, float *m, float *l, float *accp) {
-  neon_partial_t(a, b, kvh, nq, q, lo, hi, p, m, l, accp, 0);
-}
-
-static void neon_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                              const float *const *q, const int64_t *lo, const int64_t *hi,
-                              int64_t p, float *m, float *l, float *accp) {
-  neon_partial_t(a, b, kvh, nq, q, lo, hi, p, m, l, accp, 1);
-}
-
-/* --------------------------------------------------------------- driver */
-
-typedef struct {
-  const armllm_attn_args *a;
-  armllm_attn_partial_fn partial;
-  int64_t group, tr, hcs, nhc, nparts;
-} attn_job;
-
-typedef struct {
-  int64_t b, row0, nrows, h0, nh, p0, p1;
-  int nq;
-  const float *q[QMAX];
-  int64_t lo[QMAX], hi[QMAX];
-} attn_tile;
-
-/* The tile starting at row r (0 if r does not start one). */
-static int tile_at(const attn_job *j, int64_t r, int64_t kvh, int64_t hc, attn_tile *t) {
-  const armllm_attn_args *a = j->a;
-  const int64_t b = armllm_attn_seq_of_row(a, r);
-  if ((r - a->query_start[b]) % j->tr != 0) return 0;
-  t->b = b;
-  t->row0 = r;
-  t->nrows = a->query_start[b + 1] - r < j->tr ? a->query_start[b + 1] - r : j->tr;
-  t->h0 = kvh * j->group + hc * j->hcs;
-  t->nh = j->group - hc * j->hcs < j->hcs ? j->group - hc * j->hcs : j->hcs;
-  t->nq = (int)(t->nrows * t->nh);
-  int64_t lmin = INT64_MAX, hmax = 0;
-  for (int64_t i = 0; i < t->nrows; i++) {
-    const int64_t pos = armllm_attn_pos(a, b, r + i), lo = armllm_attn_lo(a, pos);
-    lmin = lo < lmin ? lo : lmin;
-    hmax = pos + 1 > hmax ? pos + 1 : hmax;
-    for (int64_t h = 0; h < t->nh; h++) {
-      t->q[i * t->nh + h] = a->q + (r + i) * a->ldq + (t->h0 + h) * a->head_dim;
-      t->lo[i * t->nh + h] = lo;
-      t->hi[i * t->nh + h] = pos + 1;
-    }
-  }
-  t->p0 = lmin / PART;
-  t->p1 = (hmax - 1) / PART;
-  return 1;
-}
-
-static inline int in_part(const attn_tile *t, int i, int64_t p) {
-  return t->lo[i] / PART <= p && p <= (t->hi[i] - 1) / PART;
-}
-
-static void finish(float *out, const float *acc, float l, int64_t hd) {
-  const float32x4_t vl = vdupq_n_f32(l);
-  int64_t d = 0;
-  for (; d + 4 <= hd; d += 4) vst1q_f32(out + d, vdivq_f32(vld1q_f32(acc + d), vl));
-  for (; d < hd; d++) out[d] = acc[d] / l;
-}
-
-static void attn_items(void *ctx, int64_t i0, int64_t i1) {
-  const attn_job *j = ctx;
-  const armllm_attn_args *a = j->a;
-  const int64_t hd = a->head_dim, per_row = a->n_kv_heads * j->nhc;
-  float acc[QMAX][MAXHD] __attribute__((aligned(16)));
-  float accp[QMAX * MAXHD] __attribute__((aligned(16)));
-  float m[QMAX], l[QMAX];
-  armllm_softmax_state st[QMAX];
-  for (int64_t item = i0; item < i1; item++) {
-    attn_tile t;
-    if (!tile_at(j, item / per_row, (item % per_row) / j->nhc, item % j->nhc, &t)) continue;
-    for (int i = 0; i < t.nq; i++) st[i].have = 0;
-    for (int64_t p = t.p0; p <= t.p1; p++) {
-      j->partial(a, t.b, (item % per_row) / j->nhc, t.nq, t.q, t.lo, t.hi, p, m, l, accp);
-      for (int i = 0; i < t.nq; i++)
-        if (in_part(&t, i, p)) armllm_attn_merge(&st[i], acc[i], m[i], l[i], accp + i * hd, hd);
-    }
-    for (int i = 0; i < t.nq; i++)
-      finish(a->out + (t.row0 + i / t.nh) * a->ldo + (t.h0 + i % t.nh) * hd, acc[i], st[i].l, hd);
-  }
-}
-
-/* Split pass 1: items (row, KV head, chunk, partition) -> scratch partials. */
-static void attn_split_items(void *ctx, int64_t i0, int64_t i1) {
-  const attn_job *j = ctx;
-  const armllm_attn_args *a = j->a;
-  const int64_t hd = a->head_dim, per_row = a->n_kv_heads * j->nhc * j->nparts;
-  float accp[QMAX * MAXHD] __attribute__((aligned(16)));
-  float m[QMAX], l[QMAX];
-  for (int64_t item = i0; item < i1; item++) {
-    const int64_t r = item / per_row, rest = item % per_row, p = rest % j->nparts;
-    const int64_t kvh = rest / j->nparts / j->nhc, hc = rest / j->nparts % j->nhc;
-    attn_tile t;
-    if (!tile_at(j, r, kvh, hc, &t) || p < t.p0 || p > t.p1) continue;
-    j->partial(a, t.b, kvh, t.nq, t.q, t.lo, t.hi, p, m, l, accp);
-    for (int i = 0; i < t.nq; i++) {
-      if (!in_part(&t, i, p)) continue;
-      const int64_t row = t.row0 + i / t.nh, h = t.h0 + i % t.nh;
-      float *dst = a->scratch + ((row * a->n_heads + h) * j->nparts + p) * (hd + 2);
-      dst[0] = m[i];
-      dst[1] = l[i];
-      memcpy(dst + 2, accp + i * hd, (size_t)hd * sizeof(float));
-    }
-  }
-}
-
-/* Split pass 2: items (row, head) merge their partitions in order. */
-static void attn_merge_items(void *ctx, int64_t i0, int64_t i1) {
-  const attn_job *j = ctx;
-  const armllm_attn_args *a = j->a;
-  const int64_t hd = a->head_dim;
-  float acc[MAXHD] __attribute__((aligned(16)));
-  for (int64_t item = i0; item < i1; item++) {
-    const int64_t row = item / a->n_heads, h = item % a->n_heads;
-    const int64_t b = armllm_attn_seq_of_row(a, row);
-    const int64_t pos = armllm_attn_pos(a, b, row), lo = armllm_attn_lo(a, pos);
-    armllm_softmax_state st = {0.0f, 0.0f, 0};
-    for (int64_t p = lo / PART; p <= pos / PART; p++) {
-      const float *src = a->scratch + ((row * a->n_heads + h) * j->nparts + p) * (hd + 2);
-      armllm_attn_merge(&st, acc, src[0], src[1], src + 2, hd);
-    }
-    finish(a->out + row * a->ldo + h * hd, acc, st.l, hd);
-  }
-}
-
-__attribute__((visibility("hidden"))) int64_t armllm_neon_attn_run(
-    armllm_pool *pool, const armllm_attn_args *a, armllm_attn_partial_fn partial) {
-  const int64_t bad = armllm_attn_check(a);
-  if (bad >= 0) return bad;
-  const int64_t rows = a->query_start[a->n_seqs];
-  if (rows <= 0) return -1;
-  attn_job j = {a, partial, a->n_heads / a->n_kv_heads, 1, 1, 1, 1};
-  j.hcs = j.group < QMAX ? j.group : QMAX;
-  j.nhc = (j.group + j.hcs - 1) / j.hcs;
-  j.tr = QMAX / j.hcs;
-  int64_t tiles = 0, max_len = 0;
-  for (int64_t b = 0; b < a->n_seqs; b++) {
-    tiles += (a->query_start[b + 1] - a->query_start[b] + j.tr - 1) / j.tr;
-    if (a->seq_lens[b] > max_len) max_len = a->seq_lens[b];
-  }
-  tiles *= a->n_kv_heads * j.nhc;
-  j.nparts = (max_len + PART - 1) / PART;
-  const int64_t threads = armllm_pool_threads(pool);
-  if (threads > 1 && tiles < 2 * threads && j.nparts > 1 && a->scratch &&
-      a->scratch_len >= armllm_attn_scratch_len(rows, a->n_heads, a->head_dim, max_len)) {
-    const int64_t items = rows * a->n_kv_heads * j.nhc * j.nparts;
-    armllm_pool_run(pool, items, armllm_pool_grain(pool, items, 4, 1), attn_split_items, &j);
-    const int64_t mitems = rows * a->n_heads;
-    armllm_pool_run(pool, mitems, armllm_pool_grain(pool, mitems, 2, 1), attn_merge_items, &j);
-    return -1;
-  }
-  const int64_t items = rows * a->n_kv_heads * j.nhc;
-  armllm_pool_run(pool, items, armllm_pool_grain(pool, items, 4, 1), attn_items, &j);
-  return -1;
-}
+ARMLLM_ATTN_PARTIAL(neon_partial_f32, neon_partial_t, 0)
+ARMLLM_ATTN_PARTIAL(neon_partial_bf16, neon_partial_t, 1)
 
 int64_t armllm_neon_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  return armllm_neon_attn_run(pool, args, args->cache_bf16 ? neon_partial_bf16 : neon_partial_f32);
+  return armllm_arm_attn_run(pool, args, args->cache_bf16 ? neon_partial_bf16 : neon_partial_f32);
 }

@@ -25,11 +25,13 @@
 
 #include "../armllm_kernels.h"
 #include "../gemm_plan.h"
+#include "gemm_neon.h"
 
 #define NR 12           /* panel width (output rows of W) */
 #define MR 8            /* prefill tile height (rows of x) */
 #define KC 256          /* prefill K block: A block 8 KB, f32 panel block 12 KB */
-#define DECODE_MAX_M 4  /* M above this takes the prefill path */
+_Static_assert(KC <= ARMLLM_ZERO_ROW_FLOATS, "K block longer than the zero row");
+#define DECODE_MAX_M ARMLLM_GEMM_DECODE_MAX_M
 #define CP_MAX 16       /* panels per prefill N chunk: 192 KB of f32 B block in L2 */
 #define MIN_CHUNK_MACS (1 << 17) /* less work than this per chunk is not worth a thread */
 
@@ -94,34 +96,13 @@ ALWAYS_INLINE void load_b12(const void *base, int64_t off, int bf16, float32x4_t
 
 /* ------------------------------------------------------------- decode */
 
-/* Stores 12 columns (3 vectors) of one row at y, + bias, the first `nv`
- * columns only (nv < 12 goes through a stack tile). */
-ALWAYS_INLINE void store_row12(float *y, float32x4_t c0, float32x4_t c1, float32x4_t c2,
-                               const float *bias, int64_t nv) {
-  if (nv == NR) {
-    if (bias) {
-      c0 = vaddq_f32(c0, vld1q_f32(bias));
-      c1 = vaddq_f32(c1, vld1q_f32(bias + 4));
-      c2 = vaddq_f32(c2, vld1q_f32(bias + 8));
-    }
-    vst1q_f32(y, c0);
-    vst1q_f32(y + 4, c1);
-    vst1q_f32(y + 8, c2);
-    return;
-  }
-  float t[NR];
-  if (bias) {
-    float tb[NR] = {0};
-    memcpy(tb, bias, (size_t)nv * sizeof *tb);
-    c0 = vaddq_f32(c0, vld1q_f32(tb));
-    c1 = vaddq_f32(c1, vld1q_f32(tb + 4));
-    c2 = vaddq_f32(c2, vld1q_f32(tb + 8));
-  }
-  vst1q_f32(t, c0);
-  vst1q_f32(t + 4, c1);
-  vst1q_f32(t + 8, c2);
-  memcpy(y, t, (size_t)nv * sizeof *t);
-}
+typedef struct {
+  ARMLLM_GEMM_JOB_ARGS;
+  int bf16;
+  armllm_tile_grid grid; /* prefill: 8 x 12 tiles, K blocks of KC */
+} neon_gemm_job;
+
+ARMLLM_NEON_STORE_ROW(store_row12, 3)
 
 /* y[0..M, panels p0..p0+P) for M <= 4 rows: one pass over the P panel
  * streams, M*3P accumulators, x used by lane 4 k at a time. */
@@ -217,14 +198,11 @@ DECODE_FN(dec_bf16_1x1, 1, 1, 1)
 DECODE_FN(dec_bf16_2x1, 2, 1, 1)
 DECODE_FN(dec_bf16_3x1, 3, 1, 1)
 
-typedef void (*decode_fn)(const float *, int64_t, int64_t, const void *, int64_t,
-                          const float *, float *, int64_t, int64_t);
-
-static const decode_fn decode_group[2][DECODE_MAX_M + 1] = {
+static const armllm_decode_fn decode_group[2][DECODE_MAX_M + 1] = {
     {NULL, dec_f32_1x3, dec_f32_2x2, dec_f32_3x1, dec_f32_4x1},
     {NULL, dec_bf16_1x3, dec_bf16_2x2, dec_bf16_3x1, dec_bf16_4x1},
 };
-static const decode_fn decode_single[2][DECODE_MAX_M + 1] = {
+static const armllm_decode_fn decode_single[2][DECODE_MAX_M + 1] = {
     {NULL, dec_f32_1x1, dec_f32_2x1, dec_f32_3x1, dec_f32_4x1},
     {NULL, dec_bf16_1x1, dec_bf16_2x1, dec_bf16_3x1, dec_bf16_4x1},
 };
@@ -273,23 +251,26 @@ ALWAYS_INLINE void kern_8x12(int64_t kc, const float *ap, const void *w, int64_t
 #undef STOREC
 }
 
-static void kern_8x12_f32(int64_t kc, const float *ap, const void *w, int64_t off, float *c,
-                          int64_t ldc, int first, const float *bias) {
+/* noinline: the kernels stay functions of their own (one copy, and each
+ * inner loop where arm_mca_report looks for it) */
+static __attribute__((noinline)) void kern_8x12_f32(int64_t kc, const float *ap, const void *w,
+                                                    int64_t off, float *c, int64_t ldc, int first,
+                                                    const float *bias) {
   kern_8x12(kc, ap, w, off, c, ldc, first, bias, 0);
 }
-static void kern_8x12_bf16(int64_t kc, const float *ap, const void *w, int64_t off, float *c,
-                           int64_t ldc, int first, const float *bias) {
+static __attribute__((noinline)) void kern_8x12_bf16(int64_t kc, const float *ap, const void *w,
+                                                     int64_t off, float *c, int64_t ldc, int first,
+                                                     const float *bias) {
   kern_8x12(kc, ap, w, off, c, ldc, first, bias, 1);
 }
 
-static const float zero_row[KC];
-
-/* ap[k*8 + r] = x[m0 + r, kb + k] for k < kc, r < 8; rows past M are zero.
- * 4x4 transposes with TRN1/TRN2. */
-static void pack_a(const float *x, int64_t ldx, int64_t m, int64_t m0, int64_t kb, int64_t kc,
-                   float *ap) {
+/* The prefill rows (armllm_tile_rows_fn): ap[k*8 + r] = x[m0 + r, kb + k]
+ * for k < kc, r < 8; rows past M are zero. 4x4 transposes with TRN1/TRN2. */
+static void pack_a(const void *ctx, void *scratch, int64_t m0, int64_t kb, int64_t kc) {
+  const neon_gemm_job *job = ctx;
+  float *ap = scratch;
   const float *rp[MR];
-  for (int r = 0; r < MR; r++) rp[r] = m0 + r < m ? x + (m0 + r) * ldx + kb : zero_row;
+  armllm_tile_rows_at(job->x, job->ldx, job->m, m0, kb, MR, rp);
   int64_t k = 0;
   for (; k + 4 <= kc; k += 4)
     for (int h = 0; h < 2; h++) {
@@ -311,89 +292,34 @@ static void pack_a(const float *x, int64_t ldx, int64_t m, int64_t m0, int64_t k
 
 /* ------------------------------------------------------------- driver */
 
-typedef struct {
-  const float *x;
-  int64_t m, k, ldx;
-  const void *w;
-  int64_t n;
-  const float *bias;
-  float *y;
-  int64_t ldy;
-  int bf16;
-  int64_t n_panels;
-  int64_t n_mt, cp; /* prefill: M tiles, panels per N chunk */
-} neon_gemm_job;
-
 static void decode_items(void *ctx, int64_t g0, int64_t g1) {
   const neon_gemm_job *job = ctx;
-  const int M = (int)job->m, P = decode_panels[M];
-  decode_fn group = decode_group[job->bf16][M], single = decode_single[job->bf16][M];
-  for (int64_t g = g0; g < g1; g++) {
-    int64_t p0 = g * P;
-    if (p0 + P <= job->n_panels) {
-      group(job->x, job->ldx, job->k, job->w, p0, job->bias, job->y, job->ldy, job->n);
-    } else {
-      for (int64_t p = p0; p < job->n_panels; p++)
-        single(job->x, job->ldx, job->k, job->w, p, job->bias, job->y, job->ldy, job->n);
-    }
-  }
+  armllm_decode_groups(g0, g1, job->grid.cp, job->grid.n_tiles, decode_group[job->bf16][job->m],
+                       decode_single[job->bf16][job->m], job->x, job->ldx, job->k, job->w,
+                       job->bias, job->y, job->ldy, job->n);
+}
+
+static void prefill_tile(const void *ctx, void *ap, int64_t p, int64_t kb, int64_t kc,
+                         float *y, int64_t ldy, int first, const float *bias) {
+  const neon_gemm_job *job = ctx;
+  const int64_t off = (p * job->k + kb) * NR;
+  if (job->bf16) kern_8x12_bf16(kc, ap, job->w, off, y, ldy, first, bias);
+  else kern_8x12_f32(kc, ap, job->w, off, y, ldy, first, bias);
 }
 
 static void prefill_items(void *ctx, int64_t i0, int64_t i1) {
   const neon_gemm_job *job = ctx;
-  const int64_t M = job->m, K = job->k, N = job->n, ldy = job->ldy;
-  void (*kern)(int64_t, const float *, const void *, int64_t, float *, int64_t, int,
-               const float *) = job->bf16 ? kern_8x12_bf16 : kern_8x12_f32;
   float ap[KC * MR] __attribute__((aligned(64)));
-  for (int64_t i = i0; i < i1;) {
-    /* the items of one N chunk in this range share its B block over K blocks */
-    const int64_t nc = i / job->n_mt, mt0 = i % job->n_mt;
-    const int64_t mt1 = mt0 + (i1 - i) < job->n_mt ? mt0 + (i1 - i) : job->n_mt;
-    const int64_t pa = nc * job->cp;
-    const int64_t pb = pa + job->cp < job->n_panels ? pa + job->cp : job->n_panels;
-    for (int64_t kb = 0; kb < K; kb += KC) {
-      const int64_t kc = K - kb < KC ? K - kb : KC;
-      const int first = kb == 0, last = kb + kc == K;
-      for (int64_t mt = mt0; mt < mt1; mt++) {
-        const int64_t m0 = mt * MR, mv = M - m0 < MR ? M - m0 : MR;
-        pack_a(job->x, job->ldx, M, m0, kb, kc, ap);
-        for (int64_t p = pa; p < pb; p++) {
-          const int64_t n0 = p * NR, nv = N - n0 < NR ? N - n0 : NR;
-          const int64_t off = p * K * NR + kb * NR;
-          const float *bias = last && job->bias ? job->bias + n0 : NULL;
-          if (mv == MR && nv == NR) {
-            kern(kc, ap, job->w, off, job->y + m0 * ldy + n0, ldy, first, bias);
-            continue;
-          }
-          /* edge tile: through a stack tile, only the valid part of y touched */
-          float t[MR * NR] __attribute__((aligned(16))) = {0};
-          float tb[NR] __attribute__((aligned(16))) = {0};
-          float *yt = job->y + m0 * ldy + n0;
-          armllm_edge_tile_load(t, tb, NR, yt, ldy, mv, nv, first, bias);
-          kern(kc, ap, job->w, off, t, NR, first, bias ? tb : NULL);
-          armllm_edge_tile_store(t, NR, yt, ldy, mv, nv);
-        }
-      }
-    }
-    i += mt1 - mt0;
-  }
+  armllm_gemm_tiles(&job->grid, ctx, ap, i0, i1, pack_a, prefill_tile);
 }
 
 static void neon_gemm(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                       const void *w, int64_t n, const float *bias, float *y, int64_t ldy,
                       int bf16) {
-  neon_gemm_job job = {x, m, k, ldx, w, n, bias, y, ldy, bf16, (n + NR - 1) / NR, 0, 0};
-  if (m <= DECODE_MAX_M) {
-    armllm_gemm_plan plan =
-        armllm_plan_decode(pool, m, k, job.n_panels, NR, decode_panels[m], MIN_CHUNK_MACS);
-    armllm_pool_run(pool, plan.items, plan.grain, decode_items, &job);
-    return;
-  }
-  armllm_gemm_plan plan =
-      armllm_plan_prefill(pool, m, k, job.n_panels, MR, NR, CP_MAX, MIN_CHUNK_MACS);
-  job.n_mt = plan.n_mt;
-  job.cp = plan.cp;
-  armllm_pool_run(pool, plan.items, plan.grain, prefill_items, &job);
+  neon_gemm_job job = {x, m, k, ldx, w, n, bias, y, ldy, bf16,
+                       {m, n, MR, NR, (n + NR - 1) / NR, k, KC, 0, 0, y, ldy, bias}};
+  armllm_gemm_run(pool, &job, &job.grid, k, m <= DECODE_MAX_M ? decode_panels[m] : 1, CP_MAX,
+                  MIN_CHUNK_MACS, decode_items, prefill_items);
 }
 
 void armllm_neon_gemm_f32(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,

@@ -11,6 +11,8 @@
 #include "../family_jobs.h"
 #include "vexp_neon.h" /* ARMLLM_NEON_OPAQUE */
 
+#define ROPE_MIN_CHUNK 16384 /* elements: less is not worth a thread */
+
 static inline __attribute__((always_inline)) void rot4(float32x4_t *a, float32x4_t *b,
                                                        float32x4_t c, float32x4_t s) {
   float32x4_t ac = vmulq_f32(*a, c), bs = vmulq_f32(*b, s);
@@ -69,29 +71,4 @@ static void rope_gptj_head(float *v, const float *cs, int64_t half) {
   }
 }
 
-static void neon_rope_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_rope_job *job = ctx;
-  const int64_t half = job->rot_dim / 2;
-  for (int64_t t = t0; t < t1; t++) {
-    const float *cs = job->cos_sin + (int64_t)job->positions[t] * job->rot_dim;
-    float *row = job->x + t * job->ldx;
-    for (int64_t h = 0; h < job->n_heads; h++) {
-      float *v = row + h * job->head_dim;
-      if (job->style == ARMLLM_ROPE_NEOX) rope_neox_head(v, cs, half);
-      else rope_gptj_head(v, cs, half);
-    }
-  }
-}
-
-int64_t armllm_neon_rope(armllm_pool *pool, float *x, int64_t t, int64_t n_heads,
-                         int64_t head_dim, int64_t ldx, const int32_t *positions,
-                         const float *cos_sin, int64_t max_pos, int64_t rot_dim, int style) {
-  int64_t bad = armllm_first_out_of_range(positions, t, max_pos);
-  if (bad >= 0) return bad;
-  if (rot_dim < 2) return -1;
-  armllm_rope_job job = {x, n_heads, head_dim, ldx, positions, cos_sin, rot_dim, style};
-  int64_t per_row = n_heads * rot_dim + 1;
-  int64_t min_rows = (16384 + per_row - 1) / per_row;
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), neon_rope_rows, &job);
-  return -1;
-}
+ARMLLM_ROPE_KERNEL(armllm_neon_rope, rope_neox_head, rope_gptj_head, ROPE_MIN_CHUNK)

@@ -2,9 +2,9 @@
  *
  * Only the per-partition kernel is new: the driver (tiles of query rows x
  * the query heads of one KV head, partition-ordered merges, split-KV with
- * scratch) is neon/attn.c's armllm_neon_attn_run, so split and unsplit runs
- * compute every partition with this same code and return the same bits.
- * f32 caches run the neon kernel as it is (exact f32 path).
+ * scratch) is attn_arm.c's, so split and unsplit runs compute every
+ * partition with this same code and return the same bits. f32 caches run
+ * the neon kernel as it is (exact f32 path).
  *
  * BFMMLA c += A B^T takes A = 2 rows x 4 k and B = 2 rows x 4 k (8 bf16
  * each, row-major) and accumulates the 2x2 product into 4 f32 lanes
@@ -37,20 +37,14 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../attn_arm.h"
 #include "../attn_common.h"
-#include "../neon/vexp_neon.h"
+#include "../neon/attn_neon.h"
 
-#define QMAX 16 /* the driver's tile size (neon/attn.c) */
+#define QMAX ARMLLM_ATTN_QMAX
 #define PMAX (QMAX / 2)
 #define PART ARMLLM_ATTN_PARTITION
 #define MAXHD ARMLLM_ATTN_MAX_HEAD_DIM
-
-typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                                       const float *const *q, const int64_t *lo,
-                                       const int64_t *hi, int64_t p, float *m, float *l,
-                                       float *accp);
-int64_t armllm_neon_attn_run(armllm_pool *pool, const armllm_attn_args *a,
-                             armllm_attn_partial_fn partial);
 
 #define AI static inline __attribute__((always_inline))
 
@@ -347,37 +341,21 @@ static void mmla_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh,
                               const float *const *q, const int64_t *lo, const int64_t *hi,
                               int64_t p, float *m, float *l, float *accp) {
   const int64_t hd = a->head_dim;
-  const void *kr[PART], *vr[PART];
-  int64_t k0;
-  const int64_t n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, 2, kr, vr, &k0);
-  const int64_t n4 = (n + 3) & ~(int64_t)3;
+  armllm_attn_keys keys;
+  armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, 2);
+  const void *const *kr = keys.kr, *const *vr = keys.vr;
+  const int64_t n4 = keys.n4;
   const int np = (nq + 1) / 2;
   float s[QMAX][PART] __attribute__((aligned(16)));
 
   qk_by_np[np](q, nq, kr, n4, hd, a->scale, &s[0][0]);
 
-  for (int i = 0; i < nq; i++) { /* mask, softmax numerators (f32) */
-    float *si = s[i];
-    int64_t a0, a1;
-    if (!armllm_attn_mask_scores(si, lo[i], hi[i], k0, n, n4, &a0, &a1)) { /* not merged */
-      m[i] = -INFINITY;
-      continue;
-    }
-    float32x4_t vm = vdupq_n_f32(-INFINITY);
-    int64_t j = a0;
-    for (; j + 4 <= a1; j += 4) vm = vmaxq_f32(vm, vld1q_f32(si + j));
-    float mp = vmaxvq_f32(vm);
-    for (; j < a1; j++) mp = si[j] > mp ? si[j] : mp;
-    const float32x4_t vmp = vdupq_n_f32(mp);
-    for (j = a0; j + 4 <= a1; j += 4) vst1q_f32(si + j, armllm_vexpq_f32(vsubq_f32(vld1q_f32(si + j), vmp)));
-    for (; j < a1; j++) si[j] = armllm_exp_scalar(si[j] - mp);
-    m[i] = mp;
-  }
-
+  /* f32 softmax numerators; l comes from the rounded weights (pv) */
+  armllm_attn_softmax(&s[0][0], nq, lo, hi, keys.k0, keys.n, m, NULL, armllm_neon_softmax_row);
   pv_by_np[np](&s[0][0], nq, vr, n4, hd, l, accp); /* l: sums of the rounded weights */
 }
 
 int64_t armllm_neon_mmla_attention(armllm_pool *pool, const armllm_attn_args *args) {
   if (!args->cache_bf16) return armllm_neon_attention(pool, args); /* exact f32 path */
-  return armllm_neon_attn_run(pool, args, mmla_partial_bf16);
+  return armllm_arm_attn_run(pool, args, mmla_partial_bf16);
 }

@@ -27,11 +27,13 @@
 
 #include "../armllm_kernels.h"
 #include "../gemm_plan.h"
+#include "../neon/gemm_neon.h"
 
 #define NRM 8            /* panel width (output rows of W) */
 #define MRM 8            /* prefill tile height (rows of x), 4 pairs */
 #define KCM 512          /* prefill K block (multiple of 4): 8 KB of A, 8 KB per panel */
-#define DECODE_MAX_M 4
+_Static_assert(KCM <= ARMLLM_ZERO_ROW_FLOATS, "K block longer than the zero row");
+#define DECODE_MAX_M ARMLLM_GEMM_DECODE_MAX_M
 #define CP_MAX 24        /* panels per prefill N chunk: 192 KB B block in L2 */
 #define MIN_CHUNK_MACS (1 << 18)
 
@@ -80,31 +82,15 @@ ALWAYS_INLINE float32x4_t row1_of(float32x4_t acc0, float32x4_t acc1) {
   return vreinterpretq_f32_f64(vtrn2q_f64(vreinterpretq_f64_f32(acc0), vreinterpretq_f64_f32(acc1)));
 }
 
-/* Stores row values (8 columns as 2 vectors) + bias, first nv columns. */
-ALWAYS_INLINE void store_row8(float *y, float32x4_t r0, float32x4_t r1, const float *bias,
-                              int64_t nv) {
-  if (nv == NRM) {
-    if (bias) {
-      r0 = vaddq_f32(r0, vld1q_f32(bias));
-      r1 = vaddq_f32(r1, vld1q_f32(bias + 4));
-    }
-    vst1q_f32(y, r0);
-    vst1q_f32(y + 4, r1);
-    return;
-  }
-  float t[NRM];
-  if (bias) {
-    float tb[NRM] = {0};
-    memcpy(tb, bias, (size_t)nv * sizeof *tb);
-    r0 = vaddq_f32(r0, vld1q_f32(tb));
-    r1 = vaddq_f32(r1, vld1q_f32(tb + 4));
-  }
-  vst1q_f32(t, r0);
-  vst1q_f32(t + 4, r1);
-  memcpy(y, t, (size_t)nv * sizeof *t);
-}
+ARMLLM_NEON_STORE_ROW(store_row8, 2)
 
 /* ------------------------------------------------------------- decode */
+
+typedef struct {
+  ARMLLM_GEMM_JOB_ARGS;
+  armllm_tile_grid grid; /* prefill: 8 x 8 tiles, K blocks of KCM */
+} mmla_gemm_job;
+
 
 ALWAYS_INLINE void decode_tile(const float *x, int64_t ldx, int64_t K, const uint16_t *w,
                                int64_t p0, const float *bias, float *y, int64_t ldy, int64_t N,
@@ -148,15 +134,17 @@ ALWAYS_INLINE void decode_tile(const float *x, int64_t ldx, int64_t K, const uin
 #pragma GCC unroll 2
     for (int pr = 0; pr < PAIRS; pr++) {
       float32x4_t *c = &acc[pr][4 * p];
-      store_row8(y + 2 * pr * ldy + n0, row0_of(c[0], c[1]), row0_of(c[2], c[3]), bp, nv);
+      const float32x4_t none = vdupq_n_f32(0.0f); /* no third vector */
+      store_row8(y + 2 * pr * ldy + n0, row0_of(c[0], c[1]), row0_of(c[2], c[3]), none, bp, nv);
       if (2 * pr + 1 < M)
-        store_row8(y + (2 * pr + 1) * ldy + n0, row1_of(c[0], c[1]), row1_of(c[2], c[3]), bp, nv);
+        store_row8(y + (2 * pr + 1) * ldy + n0, row1_of(c[0], c[1]), row1_of(c[2], c[3]), none,
+                   bp, nv);
     }
   }
 }
 
 #define DECODE_FN(name, M, P)                                                              \
-  static void name(const float *x, int64_t ldx, int64_t K, const uint16_t *w, int64_t p0,  \
+  static void name(const float *x, int64_t ldx, int64_t K, const void *w, int64_t p0,      \
                    const float *bias, float *y, int64_t ldy, int64_t N) {                  \
     decode_tile(x, ldx, K, w, p0, bias, y, ldy, N, M, P);                                  \
   }
@@ -169,10 +157,10 @@ DECODE_FN(dec_2x1, 2, 1)
 DECODE_FN(dec_3x1, 3, 1)
 DECODE_FN(dec_4x1, 4, 1)
 
-typedef void (*decode_fn)(const float *, int64_t, int64_t, const uint16_t *, int64_t,
-                          const float *, float *, int64_t, int64_t);
-static const decode_fn decode_group[DECODE_MAX_M + 1] = {NULL, dec_1x3, dec_2x3, dec_3x2, dec_4x2};
-static const decode_fn decode_single[DECODE_MAX_M + 1] = {NULL, dec_1x1, dec_2x1, dec_3x1, dec_4x1};
+static const armllm_decode_fn decode_group[DECODE_MAX_M + 1] = {NULL, dec_1x3, dec_2x3, dec_3x2,
+                                                                 dec_4x2};
+static const armllm_decode_fn decode_single[DECODE_MAX_M + 1] = {NULL, dec_1x1, dec_2x1, dec_3x1,
+                                                                  dec_4x1};
 static const int decode_panels[DECODE_MAX_M + 1] = {0, 3, 3, 2, 2};
 
 /* ------------------------------------------------------------ prefill */
@@ -239,14 +227,14 @@ static __attribute__((noinline)) void kern_8x8(int64_t gc, const uint16_t *ap, c
 #undef STOREC
 }
 
-static const float zero_row[KCM];
-
-/* ap[(g*4 + pr)*8 + h*4 + i] = bf16(x[m0 + 2pr + h, kb + 4g + i]) for the
- * ceil(kc/4) groups of this K block; rows past M and k past K are zero. */
-static void pack_a(const float *x, int64_t ldx, int64_t m, int64_t m0, int64_t kb, int64_t kc,
-                   uint16_t *ap) {
+/* The prefill rows (armllm_tile_rows_fn): ap[(g*4 + pr)*8 + h*4 + i] =
+ * bf16(x[m0 + 2pr + h, kb + 4g + i]) for the ceil(kc/4) groups of this K
+ * block; rows past M and k past K are zero. */
+static void pack_a(const void *ctx, void *scratch, int64_t m0, int64_t kb, int64_t kc) {
+  const mmla_gemm_job *job = ctx;
+  uint16_t *ap = scratch;
   const float *rp[MRM];
-  for (int r = 0; r < MRM; r++) rp[r] = m0 + r < m ? x + (m0 + r) * ldx + kb : zero_row;
+  armllm_tile_rows_at(job->x, job->ldx, job->m, m0, kb, MRM, rp);
   const int64_t gc = groups_of(kc);
   for (int64_t g = 0; g < gc; g++)
     for (int pr = 0; pr < 4; pr++) {
@@ -258,80 +246,31 @@ static void pack_a(const float *x, int64_t ldx, int64_t m, int64_t m0, int64_t k
 
 /* ------------------------------------------------------------- driver */
 
-typedef struct {
-  const float *x;
-  int64_t m, k, ldx;
-  const uint16_t *w;
-  int64_t n;
-  const float *bias;
-  float *y;
-  int64_t ldy;
-  int64_t n_panels;
-  int64_t n_mt, cp;
-} mmla_gemm_job;
-
 static void decode_items(void *ctx, int64_t g0, int64_t g1) {
   const mmla_gemm_job *job = ctx;
-  const int M = (int)job->m, P = decode_panels[M];
-  for (int64_t g = g0; g < g1; g++) {
-    int64_t p0 = g * P;
-    if (p0 + P <= job->n_panels)
-      decode_group[M](job->x, job->ldx, job->k, job->w, p0, job->bias, job->y, job->ldy, job->n);
-    else
-      for (int64_t p = p0; p < job->n_panels; p++)
-        decode_single[M](job->x, job->ldx, job->k, job->w, p, job->bias, job->y, job->ldy, job->n);
-  }
+  armllm_decode_groups(g0, g1, job->grid.cp, job->grid.n_tiles, decode_group[job->m],
+                       decode_single[job->m], job->x, job->ldx, job->k, job->w, job->bias, job->y,
+                       job->ldy, job->n);
+}
+
+static void prefill_tile(const void *ctx, void *ap, int64_t p, int64_t kb, int64_t kc,
+                         float *y, int64_t ldy, int first, const float *bias) {
+  const mmla_gemm_job *job = ctx;
+  const uint16_t *bp = (const uint16_t *)job->w + (p * groups_of(job->k) + kb / 4) * 32;
+  kern_8x8(groups_of(kc), ap, bp, y, ldy, first, bias);
 }
 
 static void prefill_items(void *ctx, int64_t i0, int64_t i1) {
   const mmla_gemm_job *job = ctx;
-  const int64_t M = job->m, K = job->k, N = job->n, ldy = job->ldy, G = groups_of(K);
   uint16_t ap[KCM * MRM] __attribute__((aligned(64)));
-  for (int64_t i = i0; i < i1;) {
-    const int64_t nc = i / job->n_mt, mt0 = i % job->n_mt;
-    const int64_t mt1 = mt0 + (i1 - i) < job->n_mt ? mt0 + (i1 - i) : job->n_mt;
-    const int64_t pa = nc * job->cp;
-    const int64_t pb = pa + job->cp < job->n_panels ? pa + job->cp : job->n_panels;
-    for (int64_t kb = 0; kb < K; kb += KCM) {
-      const int64_t kc = K - kb < KCM ? K - kb : KCM, gc = groups_of(kc);
-      const int first = kb == 0, last = kb + kc == K;
-      for (int64_t mt = mt0; mt < mt1; mt++) {
-        const int64_t m0 = mt * MRM, mv = M - m0 < MRM ? M - m0 : MRM;
-        pack_a(job->x, job->ldx, M, m0, kb, kc, ap);
-        for (int64_t p = pa; p < pb; p++) {
-          const int64_t n0 = p * NRM, nv = N - n0 < NRM ? N - n0 : NRM;
-          const uint16_t *bp = job->w + (p * G + kb / 4) * 32;
-          const float *bias = last && job->bias ? job->bias + n0 : NULL;
-          if (mv == MRM && nv == NRM) {
-            kern_8x8(gc, ap, bp, job->y + m0 * ldy + n0, ldy, first, bias);
-            continue;
-          }
-          float t[MRM * NRM] __attribute__((aligned(16))) = {0};
-          float tb[NRM] __attribute__((aligned(16))) = {0};
-          float *yt = job->y + m0 * ldy + n0;
-          armllm_edge_tile_load(t, tb, NRM, yt, ldy, mv, nv, first, bias);
-          kern_8x8(gc, ap, bp, t, NRM, first, bias ? tb : NULL);
-          armllm_edge_tile_store(t, NRM, yt, ldy, mv, nv);
-        }
-      }
-    }
-    i += mt1 - mt0;
-  }
+  armllm_gemm_tiles(&job->grid, ctx, ap, i0, i1, pack_a, prefill_tile);
 }
 
 void armllm_neon_mmla_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t k,
                                 int64_t ldx, const uint16_t *packed_w, int64_t n,
                                 const float *bias, float *y, int64_t ldy) {
-  mmla_gemm_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, (n + NRM - 1) / NRM, 0, 0};
-  if (m <= DECODE_MAX_M) {
-    armllm_gemm_plan plan =
-        armllm_plan_decode(pool, m, k, job.n_panels, NRM, decode_panels[m], MIN_CHUNK_MACS);
-    armllm_pool_run(pool, plan.items, plan.grain, decode_items, &job);
-    return;
-  }
-  armllm_gemm_plan plan =
-      armllm_plan_prefill(pool, m, k, job.n_panels, MRM, NRM, CP_MAX, MIN_CHUNK_MACS);
-  job.n_mt = plan.n_mt;
-  job.cp = plan.cp;
-  armllm_pool_run(pool, plan.items, plan.grain, prefill_items, &job);
+  mmla_gemm_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy,
+                       {m, n, MRM, NRM, (n + NRM - 1) / NRM, k, KCM, 0, 0, y, ldy, bias}};
+  armllm_gemm_run(pool, &job, &job.grid, k, m <= DECODE_MAX_M ? decode_panels[m] : 1, CP_MAX,
+                  MIN_CHUNK_MACS, decode_items, prefill_items);
 }

@@ -10,14 +10,7 @@ static void store_bf16_row(void *dst_bytes, const float *src, int64_t n) {
   for (int64_t d = 0; d < n; d++) dst[d] = armllm_f32_to_bf16(src[d]);
 }
 
-int64_t armllm_ref_kv_write(armllm_pool *pool, const float *k, int64_t ldk, const float *v,
-                            int64_t ldv, const int32_t *slot_mapping, int64_t t, void *k_cache,
-                            void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
-                            int64_t block_size, int64_t num_blocks) {
-  (void)pool; /* T rows of a few KB: memory-bound and short */
-  return armllm_kv_write_rows(k, ldk, v, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16,
-                              n_kv_heads, head_dim, block_size, num_blocks, store_bf16_row);
-}
+ARMLLM_KV_WRITE_ON_CALLER(armllm_ref_kv_write, store_bf16_row)
 
 static inline float cache_at(const void *cache, int bf16, int64_t i) {
   return bf16 ? armllm_bf16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];

@@ -26,9 +26,7 @@ static float ref_group_scale(const float *x, int64_t k0, int64_t kx, int asym, i
   }
   *z = 0;
   if (!asym) return amax / 127.0f;
-  const float s = (hi - lo) / 254.0f;
-  if (s != 0.0f && isfinite(s)) *z = (int32_t)nearbyintf(-127.0f - lo / s);
-  return s;
+  return armllm_q_asym_scale(lo, hi, z);
 }
 
 static void ref_quant_rows(const armllm_quant_job *j, int64_t r0, int64_t r1) {
@@ -75,8 +73,8 @@ static void ref_quant_task(void *ctx, int64_t r0, int64_t r1) {
 void armllm_ref_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                           int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
                           int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
-  armllm_quant_job job = {x,  k,   ldx,   armllm_q_kpad(k), armllm_q_group_len(group),
-                          armllm_q_groups(k, group), xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp};
+  armllm_quant_job job =
+      armllm_quant_job_of(x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp);
   armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 4, 4), ref_quant_task, &job);
 }
 

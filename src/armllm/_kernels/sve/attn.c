@@ -3,8 +3,8 @@
  *
  * Only the per-partition kernel is SVE: the driver (tiles of query rows x
  * the query heads of one KV head, partition-ordered merges, split-KV with
- * scratch) is neon/attn.c's armllm_neon_attn_run, so both variants merge
- * and split identically. Per partition, for a tile's nq query vectors:
+ * scratch) is attn_arm.c's, so every variant merges and splits
+ * identically. Per partition, for a tile's nq query vectors:
  *   S = scale * Q K^T: 4 queries x 4 keys, one VL accumulator per dot over
  *     head_dim (WHILELT-predicated tail), reduced with FADDV;
  *   keys outside a vector's [lo, pos] get weight 0, E = vexp(S - max);
@@ -18,18 +18,12 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../attn_arm.h"
 #include "../attn_common.h"
 #include "vexp_sve.h"
 
-#define QMAX 16 /* the driver's tile size (neon/attn.c) */
+#define QMAX ARMLLM_ATTN_QMAX
 #define PART ARMLLM_ATTN_PARTITION
-
-typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                                       const float *const *q, const int64_t *lo,
-                                       const int64_t *hi, int64_t p, float *m, float *l,
-                                       float *accp);
-int64_t armllm_neon_attn_run(armllm_pool *pool, const armllm_attn_args *a,
-                             armllm_attn_partial_fn partial);
 
 #define AI static inline __attribute__((always_inline))
 
@@ -191,16 +185,36 @@ AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_
     default: CALL(1); break;      \
   }
 
+/* armllm_softmax_row_fn: predicated max, vexp and sum over the row */
+AI float sve_softmax_row(float *si, int64_t a0, int64_t a1, float *sum) {
+  const svbool_t all = svptrue_b32();
+  const int64_t vl = (int64_t)svcntw();
+  svfloat32_t vm = svdup_n_f32(-INFINITY);
+  for (int64_t j = a0; j < a1; j += vl) {
+    const svbool_t pg = svwhilelt_b32_s64(j, a1);
+    vm = svmax_f32_m(pg, vm, svld1_f32(pg, si + j));
+  }
+  const float mp = svmaxv_f32(all, vm);
+  svfloat32_t vsum = svdup_n_f32(0.0f);
+  for (int64_t j = a0; j < a1; j += vl) {
+    const svbool_t pg = svwhilelt_b32_s64(j, a1);
+    const svfloat32_t ev = armllm_sve_vexp(pg, svsub_n_f32_x(pg, svld1_f32(pg, si + j), mp));
+    svst1_f32(pg, si + j, ev);
+    vsum = svadd_f32_m(pg, vsum, ev);
+  }
+  *sum = svaddv_f32(all, vsum);
+  return mp;
+}
+
 AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
                       const float *const *q, const int64_t *lo, const int64_t *hi, int64_t p,
                       float *m, float *l, float *accp, int bf16) {
   const int64_t hd = a->head_dim, vl = (int64_t)svcntw();
   const svbool_t all = svptrue_b32();
-  const void *kr[PART], *vr[PART];
-  int64_t k0;
-  const int64_t n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4, kr, vr,
-                                               &k0);
-  const int64_t n4 = (n + 3) & ~(int64_t)3;
+  armllm_attn_keys keys;
+  armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4);
+  const void *const *kr = keys.kr, *const *vr = keys.vr;
+  const int64_t n4 = keys.n4;
   float s[QMAX][PART] __attribute__((aligned(16)));
   /* bf16: the queries' whole 2 VL blocks split into even and odd halves
    * (LD2W), to meet K widened as (even, odd) pairs in sve_qk_tile */
@@ -224,30 +238,7 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
       for (int t = 0; t < nqi; t++)
         for (int u = 0; u < 4; u++) s[i + t][j + u] = d[t * 4 + u] * a->scale;
     }
-  for (int i = 0; i < nq; i++) { /* mask, softmax numerators */
-    float *si = s[i];
-    int64_t a0, a1;
-    if (!armllm_attn_mask_scores(si, lo[i], hi[i], k0, n, n4, &a0, &a1)) { /* not merged */
-      m[i] = -INFINITY;
-      l[i] = 0.0f;
-      continue;
-    }
-    svfloat32_t vm = svdup_n_f32(-INFINITY);
-    for (int64_t j = a0; j < a1; j += vl) {
-      const svbool_t pg = svwhilelt_b32_s64(j, a1);
-      vm = svmax_f32_m(pg, vm, svld1_f32(pg, si + j));
-    }
-    const float mp = svmaxv_f32(all, vm);
-    svfloat32_t vsum = svdup_n_f32(0.0f);
-    for (int64_t j = a0; j < a1; j += vl) {
-      const svbool_t pg = svwhilelt_b32_s64(j, a1);
-      const svfloat32_t ev = armllm_sve_vexp(pg, svsub_n_f32_x(pg, svld1_f32(pg, si + j), mp));
-      svst1_f32(pg, si + j, ev);
-      vsum = svadd_f32_m(pg, vsum, ev);
-    }
-    m[i] = mp;
-    l[i] = svaddv_f32(all, vsum);
-  }
+  armllm_attn_softmax(&s[0][0], nq, lo, hi, keys.k0, keys.n, m, l, sve_softmax_row);
   for (int i = 0; i < nq; i += 4) {
     const int nqi = nq - i >= 4 ? 4 : nq - i;
     int64_t d0 = 0;
@@ -277,18 +268,9 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
   }
 }
 
-static void sve_partial_f32(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                            const float *const *q, const int64_t *lo, const int64_t *hi,
-                            int64_t p, float *m, float *l, float *accp) {
-  sve_partial_t(a, b, kvh, nq, q, lo, hi, p, m, l, accp, 0);
-}
-
-static void sve_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                             const float *const *q, const int64_t *lo, const int64_t *hi,
-                             int64_t p, float *m, float *l, float *accp) {
-  sve_partial_t(a, b, kvh, nq, q, lo, hi, p, m, l, accp, 1);
-}
+ARMLLM_ATTN_PARTIAL(sve_partial_f32, sve_partial_t, 0)
+ARMLLM_ATTN_PARTIAL(sve_partial_bf16, sve_partial_t, 1)
 
 int64_t armllm_sve_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  return armllm_neon_attn_run(pool, args, args->cache_bf16 ? sve_partial_bf16 : sve_partial_f32);
+  return armllm_arm_attn_run(pool, args, args->cache_bf16 ? sve_partial_bf16 : sve_partial_f32);
 }

@@ -31,6 +31,7 @@
 #include <arm_sve.h>
 
 #include "../armllm_kernels.h"
+#include "../gemm_plan.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -145,19 +146,14 @@ AI void f32_tile(const int NV, const int MR, const int NP, const float *x, int64
 }
 
 typedef struct {
-  const float *x;
-  int64_t m, k, ldx;
-  const float *w;
-  int64_t n;
-  const float *bias;
-  float *y;
-  int64_t ldy;
-  int64_t kc, mc; /* K block (multiple of 4) and M block (multiple of MR) */
-} f32_job;
+  ARMLLM_GEMM_JOB_ARGS;
+  int64_t kc, mc; /* K block (f32: a multiple of 4, bf16: of 64), M block (a multiple of the
+                     tile's rows) */
+} sve_gemm_job;
 
 /* Panels [p0, p1): K blocks, then M blocks (x block stays in L2), then
  * groups of NP panels (their K block stays in L1), then row tiles. */
-AI void f32_run(const f32_job *j, int64_t p0, int64_t p1, const int NV, const int MR,
+AI void f32_run(const sve_gemm_job *j, int64_t p0, int64_t p1, const int NV, const int MR,
                 const int NP) {
   const int64_t K = j->k, M = j->m, ldx = j->ldx, ldy = j->ldy, pstride = 16 * K;
   for (int64_t k0 = 0; k0 < K; k0 += j->kc) {
@@ -168,13 +164,15 @@ AI void f32_run(const f32_job *j, int64_t p0, int64_t p1, const int NV, const in
       int64_t p = p0;
       for (; p + NP <= p1; p += NP)
         for (int64_t m0 = mb; m0 < me; m0 += MR)
-          f32_tile(NV, MR, NP, j->x + m0 * ldx, ldx, min64(MR, me - m0), j->w + p * pstride,
-                   pstride, k0, k1, j->y + m0 * ldy + p * 16, ldy, j->n - p * 16,
+          f32_tile(NV, MR, NP, j->x + m0 * ldx, ldx, min64(MR, me - m0),
+                   (const float *)j->w + p * pstride, pstride, k0, k1, j->y + m0 * ldy + p * 16,
+                   ldy, j->n - p * 16,
                    last && j->bias ? j->bias + p * 16 : NULL, first);
       for (; p < p1; p++)
         for (int64_t m0 = mb; m0 < me; m0 += MR)
-          f32_tile(NV, MR, 1, j->x + m0 * ldx, ldx, min64(MR, me - m0), j->w + p * pstride,
-                   pstride, k0, k1, j->y + m0 * ldy + p * 16, ldy, j->n - p * 16,
+          f32_tile(NV, MR, 1, j->x + m0 * ldx, ldx, min64(MR, me - m0),
+                   (const float *)j->w + p * pstride, pstride, k0, k1, j->y + m0 * ldy + p * 16,
+                   ldy, j->n - p * 16,
                    last && j->bias ? j->bias + p * 16 : NULL, first);
     }
   }
@@ -183,7 +181,7 @@ AI void f32_run(const f32_job *j, int64_t p0, int64_t p1, const int NV, const in
 #define F32_TASK(name, NV, MR, NP)                                   \
   _Static_assert((NV) * (NP) <= 8 && (MR) <= 8, "tile too large");   \
   static void name(void *ctx, int64_t p0, int64_t p1) {              \
-    f32_run((const f32_job *)ctx, p0, p1, NV, MR, NP);               \
+    f32_run((const sve_gemm_job *)ctx, p0, p1, NV, MR, NP);          \
   }
 /* class A (128-bit: 4 vectors per panel row) */
 F32_TASK(f32_a1, 4, 1, 2)
@@ -225,7 +223,7 @@ void armllm_sve_gemm_f32(armllm_pool *pool, const float *x, int64_t m, int64_t k
   int decode = m <= 4;
   int cls = vl_class(), idx = decode ? (int)m - 1 : 4;
   int mr = f32_tasks[cls][idx].mr, np = f32_tasks[cls][idx].np;
-  f32_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, 0, 0};
+  sve_gemm_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, 0, 0};
   job.kc = decode ? k : 256;
   job.mc = decode ? m : (256 / mr) * mr;
   int64_t n_panels = (n + 15) / 16;
@@ -355,20 +353,9 @@ AI void bf16_tile(const int NVB, const int RP, const int NP, const uint16_t *a,
   B_ALLPAIRS(B_STORE)
 }
 
-typedef struct {
-  const float *x;
-  int64_t m, k, ldx;
-  const uint16_t *w;
-  int64_t n;
-  const float *bias;
-  float *y;
-  int64_t ldy;
-  int64_t kc, mc; /* K block (multiple of 64), M block (multiple of 2*RP) */
-} bf16_job;
-
 /* Panels [p0, p1): K blocks, then M blocks (rounded to bf16 once into the
  * stack tile), then groups of NP panels, then row tiles of 2*RP rows. */
-AI void bf16_run(const bf16_job *j, int64_t p0, int64_t p1, const int NVB, const int RP,
+AI void bf16_run(const sve_gemm_job *j, int64_t p0, int64_t p1, const int NVB, const int RP,
                  const int NP) {
   uint16_t abuf[ABUF_HALFWORDS] __attribute__((aligned(64)));
   const int MR = 2 * RP;
@@ -385,13 +372,13 @@ AI void bf16_run(const bf16_job *j, int64_t p0, int64_t p1, const int NVB, const
       for (; p + NP <= p1; p += NP)
         for (int64_t m0 = mb; m0 < me; m0 += MR)
           bf16_tile(NVB, RP, NP, abuf + ((m0 - mb) / 2) * astride, astride,
-                    min64(MR, me - m0), j->w + p * pstride, pstride, g0, g1,
+                    min64(MR, me - m0), (const uint16_t *)j->w + p * pstride, pstride, g0, g1,
                     j->y + m0 * ldy + p * 16, ldy, j->n - p * 16,
                     last && j->bias ? j->bias + p * 16 : NULL, first);
       for (; p < p1; p++)
         for (int64_t m0 = mb; m0 < me; m0 += MR)
           bf16_tile(NVB, RP, 1, abuf + ((m0 - mb) / 2) * astride, astride,
-                    min64(MR, me - m0), j->w + p * pstride, pstride, g0, g1,
+                    min64(MR, me - m0), (const uint16_t *)j->w + p * pstride, pstride, g0, g1,
                     j->y + m0 * ldy + p * 16, ldy, j->n - p * 16,
                     last && j->bias ? j->bias + p * 16 : NULL, first);
     }
@@ -401,7 +388,7 @@ AI void bf16_run(const bf16_job *j, int64_t p0, int64_t p1, const int NVB, const
 #define BF16_TASK(name, NVB, RP, NP)                                 \
   _Static_assert((NVB) * (NP) <= 8 && (RP) <= 4, "tile too large");  \
   static void name(void *ctx, int64_t p0, int64_t p1) {              \
-    bf16_run((const bf16_job *)ctx, p0, p1, NVB, RP, NP);            \
+    bf16_run((const sve_gemm_job *)ctx, p0, p1, NVB, RP, NP);       \
   }
 /* class A (128-bit: 8 B vectors per panel and k group) */
 BF16_TASK(bf16_a1, 8, 1, 1)
@@ -430,7 +417,7 @@ void armllm_sve_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t 
   int decode = m <= 4;
   int cls = vl_class(), idx = m <= 2 ? 0 : decode ? 1 : 2;
   int mr = bf16_tasks[cls][idx].mr, np = bf16_tasks[cls][idx].np;
-  bf16_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, 0, 0};
+  sve_gemm_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, 0, 0};
   job.kc = decode ? 2048 : 256; /* the A tile: mc * kc <= ABUF_HALFWORDS */
   job.mc = decode ? 4 : (ABUF_HALFWORDS / job.kc) / mr * mr;
   int64_t n_panels = (n + 15) / 16;
