@@ -448,7 +448,7 @@ void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
                          const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                          const void *packed_w, int64_t n, int bits, int64_t group,
                          const float *bias, float *y, int64_t ldy) {
-  const int dot = armllm_cpu_has(armllm_cpu_detect(), ARMLLM_CPU_ASIMDDP);
+  const int dot = armllm_neon_sdot(); /* what `armllm info` reports as neon+dotprod */
   const int b4 = bits == 4;
   armllm_qa_kind kind = tile_kinds[b4][dot][m <= DECODE_MAX_M ? m : 0];
   if (dot && group == BLK && m > DECODE_MAX_M) kind.fn = b4 ? dot_8x1_b4_g32 : dot_8x1_b8_g32;
