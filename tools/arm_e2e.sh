@@ -22,7 +22,7 @@ CACHE=${ARMLLM_ARM64_CACHE:-/var/cache/armllm-arm64-root.tar.zst}
 SUITE=bookworm  # Python 3.11, the host's minor version (the wheel's tag comes from the host)
 MIRROR=${ARMLLM_ARM64_MIRROR:-http://deb.debian.org/debian}
 DEB_PACKAGES="python3 python3-dev python3-venv python3-pip python3-numpy python3-jinja2 pkg-config"
-PIP_PACKAGES="tokenizers safetensors jinja2 pytest hypothesis"
+PIP_PACKAGES="tokenizers safetensors jinja2 httpx pytest hypothesis"  # armllm's imports at parse time + tests
 STAMP=etc/armllm-arm64.stamp
 levels="neon dotprod i8mm sve256"
 while [ $# -gt 0 ]; do
@@ -83,6 +83,13 @@ if [ ! -f "$ROOT/$STAMP" ]; then
     tar -C "$ROOT" --zstd -cf "$CACHE.tmp" . && mv "$CACHE.tmp" "$CACHE"
     note "cached the root in $CACHE ($(du -h "$CACHE" | cut -f1))"
   fi
+fi
+if [ "$(cat "$ROOT/$STAMP")" != "$DEB_PACKAGES | $PIP_PACKAGES" ]; then
+  # a root (or cached tarball) made for an older package list: add what is new
+  note "updating the root's Python packages: $PIP_PACKAGES"
+  in_root max sh -c "python3 -m pip install -q --break-system-packages $PIP_PACKAGES"
+  echo "$DEB_PACKAGES | $PIP_PACKAGES" >"$ROOT/$STAMP"
+  tar -C "$ROOT" --zstd -cf "$CACHE.tmp" . && mv "$CACHE.tmp" "$CACHE"
 fi
 
 # -------------------------------------------------------------- the wheel

@@ -151,28 +151,6 @@ def summary(values: list[float]) -> dict:
 
 # -- throughput --------------------------------------------------------------------------
 
-class StepRows:
-    """Counts the prompt rows and decode rows of each engine step, by wrapping the
-    engine's scheduler (the rows must be classified before the step commits them)."""
-
-    def __init__(self, scheduler):
-        self._schedule = scheduler.schedule
-        scheduler.schedule = self._count
-        self.prompt = self.decode = 0
-
-    def _count(self):
-        out = self._schedule()
-        self.prompt = self.decode = 0
-        for item in out.scheduled:
-            seq = item.seq
-            # the runner's test for a decode: one new row past the prompt
-            if item.num_new_tokens == 1 and seq.num_computed >= len(seq.prompt_ids):
-                self.decode += 1
-            else:
-                self.prompt += item.num_new_tokens
-        return out
-
-
 def run_throughput(args: argparse.Namespace) -> int:
     _at_least(args, 1, "num_prompts", "input_len", "output_len")
     llm = _load(args)
@@ -184,7 +162,6 @@ def run_throughput(args: argparse.Namespace) -> int:
     llm.generate(warmup, greedy(min(WARMUP_TOKENS, args.output_len)))
     before = engine.stats()
 
-    rows = StepRows(engine.scheduler)
     prefill = {"steps": 0, "time_s": 0.0, "prompt_tokens": 0, "decode_tokens": 0}
     decode = {"steps": 0, "time_s": 0.0, "tokens": 0}
     metrics, produced = {}, {f"bench-{i}": 0 for i in range(args.num_prompts)}
@@ -192,18 +169,22 @@ def run_throughput(args: argparse.Namespace) -> int:
     for i, prompt in enumerate(prompts):
         engine.add_request(f"bench-{i}", prompt, params)
     while engine.has_unfinished():
+        last = engine.stats()
         t_step = time.perf_counter()
         outs = engine.step()
         dt = time.perf_counter() - t_step
-        if rows.prompt:
+        now = engine.stats()  # this step's rows: decodes, and prompt rows (or recomputes)
+        decode_rows = now.num_decode_tokens - last.num_decode_tokens
+        prompt_rows = now.num_computed_tokens - last.num_computed_tokens - decode_rows
+        if prompt_rows:
             prefill["steps"] += 1
             prefill["time_s"] += dt
-            prefill["prompt_tokens"] += rows.prompt
-            prefill["decode_tokens"] += rows.decode
-        elif rows.decode:
+            prefill["prompt_tokens"] += prompt_rows
+            prefill["decode_tokens"] += decode_rows
+        elif decode_rows:
             decode["steps"] += 1
             decode["time_s"] += dt
-            decode["tokens"] += rows.decode
+            decode["tokens"] += decode_rows
         for out in outs:
             produced[out.request_id] += len(out.new_token_ids)
             if out.finish_reason is not None:

@@ -251,4 +251,5 @@ class LLMEngine:
         return EngineStats(s.num_running, s.num_waiting, b.num_blocks, b.num_free, b.usage,
                            b.num_cached_blocks, s.num_preemptions, b.prefix_queries,
                            b.prefix_hits, self._num_prompt_tokens, self._num_generation_tokens,
-                           s.num_scheduled_tokens, s.num_steps, dict(self._finished))
+                           s.num_scheduled_tokens, s.num_decode_tokens, s.num_steps,
+                           dict(self._finished))

@@ -156,6 +156,7 @@ class EngineStats:
     num_prompt_tokens: int              # prompt tokens of the requests added
     num_generation_tokens: int
     num_computed_tokens: int            # token rows run through the model (incl. recompute)
+    num_decode_tokens: int              # of which decodes (one new row past the prompt)
     num_steps: int
     finished: dict[str, int]            # completions by finish reason
 
