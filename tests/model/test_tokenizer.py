@@ -47,3 +47,9 @@ def test_chat_template_errors(smollm2):
     no_template = TextTokenizer(tok.tokenizer, {})
     with pytest.raises(ValueError, match="no chat template"):
         no_template.apply_chat_template(CONVERSATIONS[0])
+    # extra template variables may not replace what the call itself passes
+    for name in ("bos_token", "eos_token", "raise_exception", "strftime_now"):
+        with pytest.raises(ValueError, match=f"chat template variables {name} cannot be set"):
+            tok.apply_chat_template(CONVERSATIONS[0], **{name: "x"})
+    extra = tok.apply_chat_template(CONVERSATIONS[0], unused_variable="x")
+    assert extra == tok.apply_chat_template(CONVERSATIONS[0])

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -70,17 +71,25 @@ def tiny_model(tmp_path_factory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-server"))
 
 
+@contextmanager
+def running_server(model: Path, tmp_path_factory, name: str, *flags: str):
+    """`armllm serve model *flags`, ready; stopped on exit. Logs to NAME.log."""
+    srv = ServerProcess(model, *flags, log=tmp_path_factory.mktemp("log") / f"{name}.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     """The tiny model served with default settings (float32 weights and KV cache, so
     its greedy tokens equal the in-process reference's)."""
-    srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-dtype", "f32",
-                        "--kv-cache-gib", "0.02", "--max-num-seqs", "16",
-                        "--served-model-name", "tiny",
-                        log=tmp_path_factory.mktemp("log") / "server.log")
-    srv.wait_ready()
-    yield srv
-    srv.stop()
+    with running_server(tiny_model, tmp_path_factory, "server", "--dtype", "float32",
+                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.02",
+                        "--max-num-seqs", "16", "--served-model-name", "tiny") as srv:
+        yield srv
 
 
 def metric(url: str, name: str, headers: dict | None = None) -> float:

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerProcess, free_port, metric
+from tests.server.conftest import ServerProcess, free_port, metric, running_server
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -153,14 +153,11 @@ KEY = "s3cret-key"
 
 @pytest.fixture(scope="module")
 def strict(tiny_model, tmp_path_factory):
-    srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-gib", "0.01",
-                        "--served-model-name", "tiny", "--api-key", KEY,
-                        "--max-request-bytes", "2000", "--max-num-seqs", "1",
-                        "--max-waiting-requests", "1",
-                        log=tmp_path_factory.mktemp("log") / "strict.log")
-    srv.wait_ready()
-    yield srv
-    srv.stop()
+    with running_server(tiny_model, tmp_path_factory, "strict", "--dtype", "float32",
+                        "--kv-cache-gib", "0.01", "--served-model-name", "tiny",
+                        "--api-key", KEY, "--max-request-bytes", "2000",
+                        "--max-num-seqs", "1", "--max-waiting-requests", "1") as srv:
+        yield srv
 
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

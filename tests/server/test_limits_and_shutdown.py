@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess, metric
+from tests.server.conftest import ServerProcess, metric, running_server
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -30,13 +30,10 @@ IN_FLIGHT = "armllm:num_requests_in_flight"
 @pytest.fixture(scope="module")
 def small(tiny_model, tmp_path_factory):
     """Four sequences running and four waiting at most: a limit of 8 completions."""
-    srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-gib", "0.02",
-                        "--max-num-seqs", "4", "--max-waiting-requests", "4",
-                        "--served-model-name", "tiny",
-                        log=tmp_path_factory.mktemp("log") / "small.log")
-    srv.wait_ready()
-    yield srv
-    srv.stop()
+    with running_server(tiny_model, tmp_path_factory, "small", "--dtype", "float32",
+                        "--kv-cache-gib", "0.02", "--max-num-seqs", "4",
+                        "--max-waiting-requests", "4", "--served-model-name", "tiny") as srv:
+        yield srv
 
 
 async def stream_or_refusal(client: httpx.AsyncClient, url: str, body: dict):
@@ -144,13 +141,10 @@ def test_streams_closed_early_release_their_admission(small):
 
 @pytest.fixture(scope="module")
 def guarded(tiny_model, tmp_path_factory):
-    srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-gib", "0.01",
-                        "--timeout-request-read", "1", "--timeout-keep-alive", "1",
-                        "--limit-concurrency", "8",
-                        log=tmp_path_factory.mktemp("log") / "guarded.log")
-    srv.wait_ready()
-    yield srv
-    srv.stop()
+    with running_server(tiny_model, tmp_path_factory, "guarded", "--dtype", "float32",
+                        "--kv-cache-gib", "0.01", "--timeout-request-read", "1",
+                        "--timeout-keep-alive", "1", "--limit-concurrency", "8") as srv:
+        yield srv
 
 
 def connect(srv: ServerProcess) -> socket.socket:

@@ -15,6 +15,12 @@ def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
+# what apply_chat_template passes to the template itself (its arguments and the
+# environment's globals): extra template variables may not replace them
+TEMPLATE_OWN_NAMES = frozenset({"messages", "add_generation_prompt", "continue_final_message",
+                                "bos_token", "eos_token", "raise_exception", "strftime_now"})
+
+
 class TextTokenizer:
     def __init__(self, tokenizer: Tokenizer, config: dict[str, Any]):
         self.tokenizer, self.config = tokenizer, config
@@ -50,7 +56,12 @@ class TextTokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, **kwargs: Any) -> str:
-        """The prompt text for a conversation, as HF's apply_chat_template renders it."""
+        """The prompt text for a conversation, as HF's apply_chat_template renders it;
+        kwargs are extra template variables (none may be one of TEMPLATE_OWN_NAMES)."""
+        clash = sorted(TEMPLATE_OWN_NAMES & kwargs.keys())
+        if clash:
+            raise ValueError(f"chat template variables {', '.join(clash)} cannot be set: "
+                             "the template call sets them itself")
         if not self.chat_template:
             raise ValueError("this model has no chat template (tokenizer_config.json "
                              "chat_template); use a plain prompt")

@@ -13,14 +13,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from armllm.api import AsyncLLM, CompletionOutput
+from armllm.model.tokenizer import TEMPLATE_OWN_NAMES
 from armllm.server import protocol as P
 from armllm.server.generation import Generation, prepare_jobs, respond, token_text
 from armllm.server.state import ServerState
-
-# what TextTokenizer.apply_chat_template passes to the template itself (its arguments
-# and the environment's globals): chat_template_kwargs may not replace them
-TEMPLATE_OWN_NAMES = frozenset({"messages", "add_generation_prompt", "continue_final_message",
-                                "bos_token", "eos_token", "raise_exception", "strftime_now"})
 
 
 def routes(state: ServerState) -> list[Route]:
