@@ -140,7 +140,8 @@ def test_abort_frees_blocks_now_and_reports_at_the_next_step(model_dir):
     engine = llm.engine
     params = SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True, n=2)
     engine.add_request("a", prompts(1, seed=14)[0], params)
-    engine.add_request("b", prompts(1, seed=15)[0], SamplingParams(max_tokens=5))
+    engine.add_request("b", prompts(1, seed=15)[0], SamplingParams(max_tokens=5,
+                                                                   ignore_eos=True))
     for _ in range(3):
         engine.step()
     used = engine.blocks.num_blocks - engine.blocks.num_free

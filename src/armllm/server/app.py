@@ -98,22 +98,27 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
 
 
 async def _log_stats(state: ServerState) -> None:
-    """A line of throughput and occupancy every log_interval_s while there is work."""
-    last, last_t = None, time.monotonic()
+    """A line of throughput and occupancy every log_interval_s while there is work
+    (work done since the previous line, counted from the engine's start: a request
+    that ran between the model becoming ready and the first tick is reported too)."""
+    prompt_tokens = generation_tokens = 0   # as of the previous tick
+    last_t = time.monotonic()
     while True:
         await asyncio.sleep(state.config.log_interval_s)
+        now = time.monotonic()
         if state.llm is None:
+            last_t = now
             continue
-        s, now = state.llm.stats(), time.monotonic()
-        if last is not None and (s.num_running or s.num_waiting
-                                 or s.num_generation_tokens != last.num_generation_tokens):
+        s = state.llm.stats()
+        if s.num_running or s.num_waiting or s.num_generation_tokens != generation_tokens:
             dt = now - last_t
             log.info("prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, "
                      "KV usage %.1f%%, prefix-cache hit rate %.1f%%",
-                     (s.num_prompt_tokens - last.num_prompt_tokens) / dt,
-                     (s.num_generation_tokens - last.num_generation_tokens) / dt,
+                     (s.num_prompt_tokens - prompt_tokens) / dt,
+                     (s.num_generation_tokens - generation_tokens) / dt,
                      s.num_running, s.num_waiting, 100 * s.kv_usage, 100 * s.prefix_hit_rate)
-        last, last_t = s, now
+        prompt_tokens, generation_tokens, last_t = (s.num_prompt_tokens,
+                                                    s.num_generation_tokens, now)
 
 
 async def _api_error(request: Request, exc: P.APIError) -> Response:
