@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 import threading
 import time
 
@@ -217,3 +218,13 @@ def test_bad_arguments_exit_2(slow_server, tiny, capsys, argv, message):
                  *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_plot_without_matplotlib_is_refused_before_any_request(tiny, capsys, monkeypatch):
+    """`--plot` on an install without matplotlib: exit 2 naming it, before the sweep runs
+    (the base URL points nowhere, so a request would fail differently)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # find_spec: not installed
+    assert main(["bench", "serve", "--base-url", "http://127.0.0.1:9/v1", "--tokenizer",
+                 str(tiny), "--concurrency-sweep", "1,2", "--plot", "x.png"]) == 2
+    err = capsys.readouterr().err
+    assert "--plot needs matplotlib" in err and err.count("\n") == 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
@@ -441,6 +442,8 @@ def _check(args) -> list[int | None]:
         raise UsageError("--dataset json needs --dataset-path FILE")
     if args.plot and not args.concurrency_sweep:
         raise UsageError("--plot draws a --concurrency-sweep")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # before the sweep runs
+        raise UsageError("--plot needs matplotlib: pip install matplotlib (or armllm[plot])")
     if args.concurrency_sweep is None:
         return [args.max_concurrency]
     try:
@@ -540,12 +543,9 @@ def _write_json(args, runs: list[dict], workload: Workload) -> None:
 
 
 def _plot(runs: list[dict], path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
+    import matplotlib  # checked by the argument checks
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     conc = [s["max_concurrency"] for s in runs]
     fig, ax1 = plt.subplots(figsize=(7, 4))
     ax1.plot(conc, [s["output_throughput"] for s in runs], "o-", color="tab:blue")
