@@ -543,9 +543,12 @@ def _write_json(args, runs: list[dict], workload: Workload) -> None:
 
 
 def _plot(runs: list[dict], path: str) -> None:
-    import matplotlib  # checked by the argument checks
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:  # an optional package (the [plot] extra); _check refused its absence up front
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install matplotlib") from None
     conc = [s["max_concurrency"] for s in runs]
     fig, ax1 = plt.subplots(figsize=(7, 4))
     ax1.plot(conc, [s["output_throughput"] for s in runs], "o-", color="tab:blue")
