@@ -18,7 +18,7 @@
 static const char *const feature_names[ARMLLM_CPU_NUM_FEATURES] = {
     "asimd", "asimddp", "fp16", "bf16", "i8mm", "sve", "sve2", "svebf16", "svei8mm",
     "atomics", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-    "avx512vnni", "avx512bf16", "avxvnni",
+    "avx512vnni", "avx512bf16", "avxvnni", "avx512dq",
 };
 
 const char *armllm_cpu_feature_name(int feature) {
@@ -89,6 +89,7 @@ static void detect(armllm_cpu *cpu) {
     __cpuid_count(7, 0, a, b, c, d);
     if (ymm_os && ((b >> 5) & 1)) f |= BIT(ARMLLM_CPU_AVX2);
     if (zmm_os && ((b >> 16) & 1)) f |= BIT(ARMLLM_CPU_AVX512F);
+    if (zmm_os && ((b >> 17) & 1)) f |= BIT(ARMLLM_CPU_AVX512DQ);
     if (zmm_os && ((b >> 30) & 1)) f |= BIT(ARMLLM_CPU_AVX512BW);
     if (zmm_os && ((b >> 31) & 1)) f |= BIT(ARMLLM_CPU_AVX512VL);
     if (zmm_os && ((c >> 11) & 1)) f |= BIT(ARMLLM_CPU_AVX512VNNI);
@@ -123,6 +124,9 @@ typedef struct {
   const armllm_kernels *table; /* NULL when not built for this architecture */
 } isa_entry;
 
+/* What the avx2 variant needs; avx512 runs avx2 code in the slots it does not port. */
+#define AVX2_NEEDS_ (BIT(ARMLLM_CPU_AVX2) | BIT(ARMLLM_CPU_FMA) | BIT(ARMLLM_CPU_F16C))
+
 static const isa_entry isa_entries[] = {
 #if defined(__aarch64__)
     {"sve", "aarch64",
@@ -133,17 +137,22 @@ static const isa_entry isa_entries[] = {
      BIT(ARMLLM_CPU_ASIMD) | BIT(ARMLLM_CPU_BF16) | BIT(ARMLLM_CPU_I8MM),
      &armllm_kernels_neon_mmla},
     {"neon", "aarch64", BIT(ARMLLM_CPU_ASIMD), &armllm_kernels_neon},
+    {"avx512", "x86_64", 0, NULL},
     {"avx2", "x86_64", 0, NULL},
 #elif defined(__x86_64__)
     {"sve", "aarch64", 0, NULL},
     {"neon_mmla", "aarch64", 0, NULL},
     {"neon", "aarch64", 0, NULL},
-    {"avx2", "x86_64", BIT(ARMLLM_CPU_AVX2) | BIT(ARMLLM_CPU_FMA) | BIT(ARMLLM_CPU_F16C),
-     &armllm_kernels_avx2},
+    {"avx512", "x86_64",
+     AVX2_NEEDS_ | BIT(ARMLLM_CPU_AVX512F) | BIT(ARMLLM_CPU_AVX512BW) | BIT(ARMLLM_CPU_AVX512VL) |
+         BIT(ARMLLM_CPU_AVX512DQ) | BIT(ARMLLM_CPU_AVX512VNNI) | BIT(ARMLLM_CPU_AVX512BF16),
+     &armllm_kernels_avx512},
+    {"avx2", "x86_64", AVX2_NEEDS_, &armllm_kernels_avx2},
 #else
     {"sve", "aarch64", 0, NULL},
     {"neon_mmla", "aarch64", 0, NULL},
     {"neon", "aarch64", 0, NULL},
+    {"avx512", "x86_64", 0, NULL},
     {"avx2", "x86_64", 0, NULL},
 #endif
     {"ref", "any", 0, &armllm_kernels_ref},

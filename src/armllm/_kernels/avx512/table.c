@@ -1,0 +1,32 @@
+/* avx512/table.c: the avx512 variant's dispatch table (x86-64 with
+ * AVX-512 F/BW/VL/DQ, AVX512_VNNI and AVX512_BF16: Zen 4, Sapphire Rapids and
+ * later). Slots it does not port run the avx2 code (every avx512 CPU runs
+ * AVX2), and `impl` says so. */
+#include "../armllm_kernels.h"
+
+const armllm_kernels armllm_kernels_avx512 = {
+    .isa = "avx512",
+    .gemm_f32_layout = "nr16k1",
+    .gemm_bf16_layout = "nr16k1u",
+    .gemm_wq_layout = "nr8k4g",
+    .gemm_bf16_compute = "f32",
+    .attention_bf16_compute = "f32",
+    ARMLLM_SLOT(gemm_f32_packed_len, avx2),
+    ARMLLM_SLOT(gemm_f32_pack, avx2),
+    ARMLLM_SLOT(gemm_f32, avx2),
+    ARMLLM_SLOT(gemm_bf16_packed_len, avx2),
+    ARMLLM_SLOT(gemm_bf16_pack, avx2),
+    ARMLLM_SLOT(gemm_bf16, avx2),
+    ARMLLM_SLOT(rmsnorm, avx2),
+    ARMLLM_SLOT(rope, avx2),
+    ARMLLM_SLOT(silu_mul, avx2),
+    ARMLLM_SLOT(embed_f32, avx2),
+    ARMLLM_SLOT(embed_bf16, avx2),
+    ARMLLM_SLOT(exp, avx2),
+    ARMLLM_SLOT(kv_write, avx2),
+    ARMLLM_SLOT(attention, avx2),
+    ARMLLM_SLOT(quant_act, avx2),
+    ARMLLM_SLOT(gemm_wq_packed_len, avx2),
+    ARMLLM_SLOT(gemm_wq_pack, avx2),
+    ARMLLM_SLOT(gemm_wq, avx2),
+};
