@@ -18,8 +18,9 @@
  *   [s0, s0, s1, s1] floats (and gsum * sx likewise). Prefill: 4 row pairs
  *   x 1 panel = 16 accumulators, 16 SMMLA per 4 x + 4 W operands (4 bits:
  *   2 loads, 4 unpack ops); its 32-k block and its group epilogue are
- *   inline assembly (GCC 12 copies SMMLA accumulators around otherwise),
- *   with a variant for group 32 that drops the block loop. Decode (M <= 4):
+ *   inline assembly (GCC 12 copies SMMLA accumulators around otherwise).
+ *   Group 32 (every GGUF Q4_0/Q4_1/Q8_0) has its own prefill tile, 3 row
+ *   pairs x 1 panel with t in registers (mmla_g32_tile). Decode (M <= 4):
  *   1 pair x 4 panels or 2 pairs x 2 panels. t lives in a stack tile in the
  *   accumulators' 2x2-blocked order; between K blocks it is kept in y
  *   (row-major, exact). Group sums start biased so that int -> float is
@@ -353,9 +354,150 @@ ALWAYS_INLINE void mmla_tile(const int MP, const int NP, const int B4, const int
     }
 }
 
+/* The group-32 prefill tile: 3 row pairs x 1 panel, t in registers.
+ *
+ * With group 32 every 2x2 accumulator gets only 4 SMMLA per group, then
+ * the ABI's epilogue (FSUB, FMUL, FMLA; 4 bits: + FMLA) on the same two
+ * vector pipes. The 4x1 tile also stored and reloaded its 16 t vectors per
+ * group (a store takes a vector-pipe slot too) and needs 16 + 16
+ * registers to keep them; 3 pairs x 1 panel keeps its 12 t vectors in
+ * registers over the whole K block (12 accumulators + 12 t + 8 working
+ * registers), so a group costs 48 SMMLA + 36 (4 bits: 48) epilogue
+ * operations + 4 (8) DUPs of d (o) and no stores. One asm statement per
+ * group: the accumulators are v16..v27 (acc[pair][s] = v(16 + 4 pair +
+ * s)), x operands v0..v2, W operands v4..v7 (4 bits: one raw load at a
+ * time, unpacked in place), mg v3; t is %[t<pair><s>]. */
+#define G_LDX(XO, XO2) "ldp q0, q1, [%[ab], #" XO "]\n\t" "ldr q2, [%[ab], #" XO2 "]\n\t"
+#define G_SMM(A, X, W) "smmla v" A ".4s, v" X ".16b, v" W ".16b\n\t"
+#define G_SMM_S(S, A0, A1, A2, W) G_SMM(A0, "0", W) G_SMM(A1, "1", W) G_SMM(A2, "2", W)
+/* 8 bits: chunk c, x at byte 48c, W operands s = 0..3 at byte 64c + 16s */
+#define G_CHUNK8(XO, XO2, WO, WO2)                                                   \
+  G_LDX(XO, XO2) "ldp q4, q5, [%[wb], #" WO "]\n\t" "ldp q6, q7, [%[wb], #" WO2 "]\n\t" \
+  G_SMM_S(0, "16", "20", "24", "4") G_SMM_S(1, "17", "21", "25", "5")                \
+  G_SMM_S(2, "18", "22", "26", "6") G_SMM_S(3, "19", "23", "27", "7")
+/* 4 bits: operand s of chunk hh (low nibbles, AND) or hh + 2 (high, USHR)
+ * from the raw bytes at 64hh + 16s */
+#define G_NIB_LO(WO, S, A0, A1, A2)                                                  \
+  "ldr q4, [%[wb], #" WO "]\n\t" "and v4.16b, v4.16b, v5.16b\n\t" G_SMM_S(S, A0, A1, A2, "4")
+#define G_NIB_HI(WO, S, A0, A1, A2)                                                  \
+  "ldr q6, [%[wb], #" WO "]\n\t" "ushr v6.16b, v6.16b, #4\n\t" G_SMM_S(S, A0, A1, A2, "6")
+#define G_HALF4(NIB, XO, XO2, W0, W1, W2, W3)                                        \
+  G_LDX(XO, XO2) NIB(W0, 0, "16", "20", "24") NIB(W1, 1, "17", "21", "25")          \
+  NIB(W2, 2, "18", "22", "26") NIB(W3, 3, "19", "23", "27")
+#define G_INIT                                                                       \
+  "ldp q16, q17, [%[bias]]\n\t" "ldp q18, q19, [%[bias], #32]\n\t"                   \
+  "ldp q20, q21, [%[bias], #64]\n\t" "ldp q22, q23, [%[bias], #96]\n\t"              \
+  "ldp q24, q25, [%[bias], #128]\n\t" "ldp q26, q27, [%[bias], #160]\n\t"
+/* the four [D, D] of the 8 floats at byte SO of the group's scales in v4..v7 */
+#define G_DUPS(SO)                                                                   \
+  "ldp q6, q7, [%[wb], #" SO "]\n\t" "dup v4.2d, v6.d[0]\n\t" "dup v5.2d, v6.d[1]\n\t"  \
+  "dup v6.2d, v7.d[0]\n\t" "dup v7.2d, v7.d[1]\n\t"
+/* per pair, [sx, sx, sx', sx'] (then [b, b, b', b'] at byte 16) in v0..v2 */
+#define G_SX(OFF)                                                                    \
+  "ldr q0, [%[sx], #" OFF "]\n\t" "ldr q1, [%[sx], #32 + " OFF "]\n\t"               \
+  "ldr q2, [%[sx], #64 + " OFF "]\n\t"
+#define G_EPI_A(A, X, D, T)                                                          \
+  "fsub v" A ".4s, v" A ".4s, v3.4s\n\t" "fmul v" A ".4s, v" A ".4s, v" X ".4s\n\t"   \
+  "fmla %[" T "].4s, v" A ".4s, v" D ".4s\n\t"
+#define G_EPI_D                                                                      \
+  G_EPI_A("16", "0", "4", "t00") G_EPI_A("17", "0", "5", "t01")                      \
+  G_EPI_A("18", "0", "6", "t02") G_EPI_A("19", "0", "7", "t03")                      \
+  G_EPI_A("20", "1", "4", "t10") G_EPI_A("21", "1", "5", "t11")                      \
+  G_EPI_A("22", "1", "6", "t12") G_EPI_A("23", "1", "7", "t13")                      \
+  G_EPI_A("24", "2", "4", "t20") G_EPI_A("25", "2", "5", "t21")                      \
+  G_EPI_A("26", "2", "6", "t22") G_EPI_A("27", "2", "7", "t23")
+#define G_EPI_B(X, O, T) "fmla %[" T "].4s, v" O ".4s, v" X ".4s\n\t"
+#define G_EPI_O                                                                      \
+  G_EPI_B("0", "4", "t00") G_EPI_B("0", "5", "t01") G_EPI_B("0", "6", "t02")          \
+  G_EPI_B("0", "7", "t03") G_EPI_B("1", "4", "t10") G_EPI_B("1", "5", "t11")          \
+  G_EPI_B("1", "6", "t12") G_EPI_B("1", "7", "t13") G_EPI_B("2", "4", "t20")          \
+  G_EPI_B("2", "5", "t21") G_EPI_B("2", "6", "t22") G_EPI_B("2", "7", "t23")
+#define G_T_OPS                                                                      \
+  [t00] "+w"(t[0][0]), [t01] "+w"(t[0][1]), [t02] "+w"(t[0][2]), [t03] "+w"(t[0][3]), \
+      [t10] "+w"(t[1][0]), [t11] "+w"(t[1][1]), [t12] "+w"(t[1][2]), [t13] "+w"(t[1][3]), \
+      [t20] "+w"(t[2][0]), [t21] "+w"(t[2][1]), [t22] "+w"(t[2][2]), [t23] "+w"(t[2][3])
+#define G_CLOBBERS                                                                   \
+  "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v16", "v17", "v18", "v19", "v20", "v21", \
+      "v22", "v23", "v24", "v25", "v26", "v27", "memory"
+
+ALWAYS_INLINE void mmla_g32_tile(const int B4, const armllm_qa_tile a) {
+  const int MP = 3; /* row pairs */
+  const int64_t GB = B4 ? 128 + 64 : 256 + 32; /* a group in the panel: block, scales */
+  const int8_t *ab = a.ap;
+  const uint8_t *wb = a.w[0];
+  const float *sx = a.sx;
+  const int32_t *bias0 = armllm_qa_acc_bias;
+  static const float mg[4] __attribute__((aligned(16))) = {
+      ARMLLM_QA_ACC_BIAS_F, ARMLLM_QA_ACC_BIAS_F, ARMLLM_QA_ACC_BIAS_F, ARMLLM_QA_ACC_BIAS_F};
+  static const uint8_t m15[16] __attribute__((aligned(16))) = {
+      15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
+  /* t in the blocked order t[pair][s] = [r0 c, r0 c', r1 c, r1 c'] (c = 2s):
+   * +0 (ABI) or the state of earlier K blocks, from row-major y */
+  float32x4_t t[3][4];
+#pragma GCC unroll 3
+  for (int pr = 0; pr < MP; pr++)
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; v++) {
+      if (a.first) {
+        t[pr][2 * v] = t[pr][2 * v + 1] = vdupq_n_f32(0.0f);
+        continue;
+      }
+      const float *y0 = a.y + 2 * pr * a.ldy + 4 * v;
+      const float64x2_t r0 = vreinterpretq_f64_f32(vld1q_f32(y0));
+      const float64x2_t r1 = vreinterpretq_f64_f32(vld1q_f32(y0 + a.ldy));
+      t[pr][2 * v] = vreinterpretq_f32_f64(vtrn1q_f64(r0, r1));
+      t[pr][2 * v + 1] = vreinterpretq_f32_f64(vtrn2q_f64(r0, r1));
+    }
+  for (int64_t gi = 0; gi < a.nb; gi++, ab += 4 * MP * 16, wb += GB, sx += MP * 8) {
+    if (B4)
+      __asm__(G_INIT "ldr q5, [%[m15]]\n\t"
+              G_HALF4(G_NIB_LO, "0", "32", "0", "16", "32", "48")
+              G_HALF4(G_NIB_HI, "96", "128", "0", "16", "32", "48")
+              G_HALF4(G_NIB_LO, "48", "80", "64", "80", "96", "112")
+              G_HALF4(G_NIB_HI, "144", "176", "64", "80", "96", "112")
+              "ldr q3, [%[mg]]\n\t" G_DUPS("128") G_SX("0") G_EPI_D
+              G_DUPS("160") G_SX("16") G_EPI_O
+              : G_T_OPS
+              : [ab] "r"(ab), [wb] "r"(wb), [sx] "r"(sx), [bias] "r"(bias0), [mg] "r"(mg),
+                [m15] "r"(m15)
+              : G_CLOBBERS);
+    else
+      __asm__(G_INIT G_CHUNK8("0", "32", "0", "32") G_CHUNK8("48", "80", "64", "96")
+              G_CHUNK8("96", "128", "128", "160") G_CHUNK8("144", "176", "192", "224")
+              "ldr q3, [%[mg]]\n\t" G_DUPS("256") G_SX("0") G_EPI_D
+              : G_T_OPS
+              : [ab] "r"(ab), [wb] "r"(wb), [sx] "r"(sx), [bias] "r"(bias0), [mg] "r"(mg)
+              : G_CLOBBERS);
+  }
+  /* t to row-major y (+ bias after the last K block) */
+#pragma GCC unroll 3
+  for (int pr = 0; pr < MP; pr++)
+#pragma GCC unroll 2
+    for (int v = 0; v < 2; v++) {
+      float *y0 = a.y + 2 * pr * a.ldy + 4 * v;
+      const float64x2_t b0 = vreinterpretq_f64_f32(t[pr][2 * v]);
+      const float64x2_t b1 = vreinterpretq_f64_f32(t[pr][2 * v + 1]);
+      float32x4_t r0 = vreinterpretq_f32_f64(vtrn1q_f64(b0, b1));
+      float32x4_t r1 = vreinterpretq_f32_f64(vtrn2q_f64(b0, b1));
+      if (a.last && a.bias) {
+        const float32x4_t bv = vld1q_f32(a.bias + 4 * v);
+        r0 = vaddq_f32(r0, bv);
+        r1 = vaddq_f32(r1, bv);
+      }
+      vst1q_f32(y0, r0);
+      vst1q_f32(y0 + a.ldy, r1);
+    }
+}
+
 /* mmla_<pairs>x<panels>_b<bits>[_g32] */
 ARMLLM_QA_KERNELS(mmla, mmla_tile, 4, 1) ARMLLM_QA_KERNELS(mmla, mmla_tile, 1, 4)
-ARMLLM_QA_KERNELS(mmla, mmla_tile, 2, 2) ARMLLM_QA_KERNELS_G32(mmla, mmla_tile, 4, 1)
+ARMLLM_QA_KERNELS(mmla, mmla_tile, 2, 2)
+static __attribute__((noinline)) void mmla_3x1_b8_g32(const armllm_qa_tile *a) {
+  mmla_g32_tile(0, *a);
+}
+static __attribute__((noinline)) void mmla_3x1_b4_g32(const armllm_qa_tile *a) {
+  mmla_g32_tile(1, *a);
+}
 
 /* [bits 4][M for decode, 0 for prefill]: {kernel, rows, panels, packed rows} */
 #define KINDS(B)                                                                          \
@@ -369,7 +511,8 @@ void armllm_neon_mmla_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, in
                               const int32_t *gsum, int64_t ldgs, const void *packed_w, int64_t n,
                               int bits, int64_t group, const float *bias, float *y, int64_t ldy) {
   armllm_qa_kind kind = tile_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
-  if (group == BLK && m > DECODE_MAX_M) kind.fn = bits == 4 ? mmla_4x1_b4_g32 : mmla_4x1_b8_g32;
+  if (group == BLK && m > DECODE_MAX_M) /* {kernel, rows, panels, packed rows} */
+    kind = (armllm_qa_kind){bits == 4 ? mmla_3x1_b4_g32 : mmla_3x1_b8_g32, 6, 1, 1};
   armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
                  ldy, kind, MIN_CHUNK_MACS);
 }
