@@ -18,8 +18,10 @@
  * in neon_mmla/quant_gemm.c: x packed per (tile rows, K block) by the
  * driver, the ABI's float epilogue per group into a stack tile in the
  * blocked order (sums start biased so that int -> float is one FSUB), t
- * kept in y between K blocks, a group-32 variant of the prefill tile
- * without the block loop; results are ref's bits at every vector length,
+ * kept in y between K blocks; for group 32 a prefill tile of 3 pairs x 4
+ * vectors without the block loop that keeps t in registers over the K
+ * block (12 accumulators + 12 t: no store per group and accumulator, which
+ * takes a vector-pipe slot); results are ref's bits at every vector length,
  * path and thread count.
  */
 #include <arm_neon.h>
@@ -123,10 +125,15 @@ static inline int64_t segments(void) {
     float *tp = a.tb + ((p) * NBV + (v)) * 16;                                             \
     const svfloat32_t f = svsub_f32_x(pt32, svreinterpret_f32_s32(a##p##v), mg);           \
     const svfloat32_t av = svmul_f32_x(pt32, f, sx##p);                                    \
-    svfloat32_t t = svmla_f32_x(pt32, svld1_f32(p4, tp), dv##v, av);                       \
+    svfloat32_t t = svmla_f32_x(pt32, G1 ? t##p##v : svld1_f32(p4, tp), dv##v, av);        \
     if (B4) t = svmla_f32_x(pt32, t, ov##v, gb##p);                                        \
-    svst1_f32(p4, tp, t);                                                                  \
+    if (G1) t##p##v = t;                                                                   \
+    else svst1_f32(p4, tp, t);                                                             \
   }
+/* group 32: t in registers over the K block (tb before and after) */
+#define DECL_T(p, v) svfloat32_t t##p##v = svdup_n_f32(0.0f);
+#define T_LOAD(p, v) if (G1 && HAS(p, v)) t##p##v = svld1_f32(p4, a.tb + ((p) * NBV + (v)) * 16);
+#define T_STORE(p, v) if (G1 && HAS(p, v)) svst1_f32(p4, a.tb + ((p) * NBV + (v)) * 16, t##p##v);
 #define STEP_SB(v) if ((v) < NBV) bp##v += SB;
 /* pair p's sx (and b = (float)gsum * sx) of group gi, replicated per segment */
 #define PAIR_SX(p)                                                                         \
@@ -168,11 +175,13 @@ AI void sve_tile(const int MP, const int NBV, const int B4, const int G1,
   __asm__("" : "+r"(bias0)); /* loads, not constants */
   const svfloat32_t mg = svdup_n_f32(ARMLLM_QA_ACC_BIAS_F);
   ALL_PV(DECL_ACC)
+  ALL_PV(DECL_T)
   ALL_V(DECL_BP)
   /* t starts at +0 (ABI), or the state of earlier K blocks */
   if (a.first)
     for (int i = 0; i < MP * NBV; i++) svst1_f32(p4, a.tb + 16 * i, svdup_n_f32(0.0f));
   if (!a.first) { ALL_PV(LOAD_STATE) }
+  ALL_PV(T_LOAD)
   for (int64_t g0 = 0, gi = 0; g0 < nb; g0 += bpg, gi++) {
     const int64_t gn = min64(bpg, nb - g0);
     ALL_PV(ZERO_ACC)
@@ -199,12 +208,13 @@ AI void sve_tile(const int MP, const int NBV, const int B4, const int G1,
     ALL_PV(EPI)
     ALL_V(STEP_SB)
   }
+  ALL_PV(T_STORE)
   ALL_PV(STORE)
 }
 
 /* sve_<pairs>x<B vectors>_b<bits>[_g32] */
 ARMLLM_QA_KERNELS(sve, sve_tile, 4, 4) ARMLLM_QA_KERNELS(sve, sve_tile, 1, 8)
-ARMLLM_QA_KERNELS(sve, sve_tile, 2, 8) ARMLLM_QA_KERNELS_G32(sve, sve_tile, 4, 4)
+ARMLLM_QA_KERNELS(sve, sve_tile, 2, 8) ARMLLM_QA_KERNELS_G32(sve, sve_tile, 3, 4)
 
 typedef struct {
   armllm_qa_tile_fn fn;
@@ -224,7 +234,10 @@ void armllm_sve_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t 
                         const float *bias, float *y, int64_t ldy) {
   const sve_kind sk = sve_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
   armllm_qa_kind kind = {sk.fn, 2 * sk.mp, (int)(sk.nbv * segments() / 4), 1};
-  if (group == BLK && m > DECODE_MAX_M) kind.fn = bits == 4 ? sve_4x4_b4_g32 : sve_4x4_b8_g32;
+  if (group == BLK && m > DECODE_MAX_M) { /* 3 pairs x 4 B vectors, t in registers */
+    kind.fn = bits == 4 ? sve_3x4_b4_g32 : sve_3x4_b8_g32;
+    kind.rows = 6;
+  }
   armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
                  ldy, kind, MIN_CHUNK_MACS);
 }
