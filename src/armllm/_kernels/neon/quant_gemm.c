@@ -18,8 +18,9 @@
  *   int16: |sum| <= 2*127*128 < 2^15, activations being in [-127, 127])
  *   and SADALP into int32.
  * Tiles: prefill 8 rows x 1 panel (16 accumulators, 128 SDOT per 32 k,
- *   the block and the group epilogue in inline assembly; a variant for
- *   group 32 without the block loop); decode (M <= 4) M rows x 2-4 panels;
+ *   the block and the group epilogue in inline assembly; for group 32 a
+ *   4-bit variant without the block loop and an 8-bit 4-row tile that keeps
+ *   t in registers, dot_g32_tile8); decode (M <= 4) M rows x 2-4 panels;
  *   x rows are read in place (no packing). t lives in y (or an edge tile),
  *   row-major like the accumulators. Grouped sums start biased so that
  *   int -> float is one FSUB (quant_arm.h; the SMULL path sums from 0 and
@@ -354,6 +355,74 @@ DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int G1,
   if (a.last) tile_final(MR, NP, a);
 }
 
+/* The 8-bit group-32 prefill tile: 4 rows x 1 panel, t in registers.
+ * With group 32 each accumulator gets 8 SDOT per group and then the ABI's
+ * epilogue (FSUB, FMUL, FMLA) on the same vector pipes; the 8-row tile
+ * also stores its 16 t vectors per group (a store takes a vector-pipe slot
+ * too) since 16 accumulators + 16 t leave no registers for x. 4 rows keep
+ * t in registers over the whole K block: 64 SDOT + 24 epilogue operations
+ * a group, no stores. One asm statement per group: accumulators v16..v23
+ * (acc[r][h] = v(16 + 2r + h)), x rows v0..v3, W operands v4, v5, d v4,
+ * v5, sx v6, mg v7; t is %[t<r><h>]. (4 bits gain nothing from this: the
+ * nibble unpack per row doubles, so they keep the 8-row tile.) */
+#define G_SDOT(A, W, X, L) "sdot v" A ".4s, v" W ".16b, v" X ".4b[" L "]\n\t"
+/* chunk c (operands at byte WO) against lane L of every row's x vector */
+#define G_DOT8_CHUNK(WO, L)                                                          \
+  "ldp q4, q5, [%[wb], #" WO "]\n\t" G_SDOT("16", "4", "0", L) G_SDOT("17", "5", "0", L) \
+  G_SDOT("18", "4", "1", L) G_SDOT("19", "5", "1", L) G_SDOT("20", "4", "2", L)        \
+  G_SDOT("21", "5", "2", L) G_SDOT("22", "4", "3", L) G_SDOT("23", "5", "3", L)
+#define G_X_ROWS(OFF)                                                                \
+  "ldr q0, [%[x0], #" OFF "]\n\t" "ldr q1, [%[x1], #" OFF "]\n\t"                    \
+  "ldr q2, [%[x2], #" OFF "]\n\t" "ldr q3, [%[x3], #" OFF "]\n\t"
+#define G_EPI(A, L, D, T)                                                            \
+  "fsub v" A ".4s, v" A ".4s, v7.4s\n\t" "fmul v" A ".4s, v" A ".4s, v6.s[" L "]\n\t" \
+  "fmla %[" T "].4s, v" A ".4s, v" D ".4s\n\t"
+
+DOT_FN void dot_g32_tile8(const armllm_qa_tile a) {
+  const int MR = 4;
+  const int8_t *x0 = a.x[0], *x1 = a.x[1], *x2 = a.x[2], *x3 = a.x[3];
+  const uint8_t *wb = a.w[0];
+  const float *sx = a.sx;
+  const int32_t *bias0 = armllm_qa_acc_bias;
+  static const float mg[4] __attribute__((aligned(16))) = {
+      ARMLLM_QA_ACC_BIAS_F, ARMLLM_QA_ACC_BIAS_F, ARMLLM_QA_ACC_BIAS_F, ARMLLM_QA_ACC_BIAS_F};
+  float32x4_t t[4][2]; /* row r, columns 4h .. 4h + 3: +0 (ABI) or earlier K blocks' */
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+      t[r][h] = a.first ? vdupq_n_f32(0.0f) : vld1q_f32(a.y + r * a.ldy + 4 * h);
+  for (int64_t gi = 0; gi < a.nb; gi++, x0 += BLK, x1 += BLK, x2 += BLK, x3 += BLK,
+               wb += 256 + 32, sx += 8)
+    __asm__("ldp q16, q17, [%[bias]]\n\t" "ldp q18, q19, [%[bias], #32]\n\t"
+            "ldp q20, q21, [%[bias], #64]\n\t" "ldp q22, q23, [%[bias], #96]\n\t"
+            G_X_ROWS("0") G_DOT8_CHUNK("0", "0") G_DOT8_CHUNK("32", "1")
+            G_DOT8_CHUNK("64", "2") G_DOT8_CHUNK("96", "3")
+            G_X_ROWS("16") G_DOT8_CHUNK("128", "0") G_DOT8_CHUNK("160", "1")
+            G_DOT8_CHUNK("192", "2") G_DOT8_CHUNK("224", "3")
+            "ldp q4, q5, [%[wb], #256]\n\t" "ldr q6, [%[sx]]\n\t" "ldr q7, [%[mg]]\n\t"
+            G_EPI("16", "0", "4", "t00") G_EPI("17", "0", "5", "t01")
+            G_EPI("18", "1", "4", "t10") G_EPI("19", "1", "5", "t11")
+            G_EPI("20", "2", "4", "t20") G_EPI("21", "2", "5", "t21")
+            G_EPI("22", "3", "4", "t30") G_EPI("23", "3", "5", "t31")
+            : [t00] "+w"(t[0][0]), [t01] "+w"(t[0][1]), [t10] "+w"(t[1][0]),
+              [t11] "+w"(t[1][1]), [t20] "+w"(t[2][0]), [t21] "+w"(t[2][1]),
+              [t30] "+w"(t[3][0]), [t31] "+w"(t[3][1])
+            : [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [x3] "r"(x3), [wb] "r"(wb),
+              [sx] "r"(sx), [bias] "r"(bias0), [mg] "r"(mg)
+            : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v16", "v17", "v18", "v19",
+              "v20", "v21", "v22", "v23", "memory");
+  /* y = t (+ bias after the last K block) */
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      float32x4_t v = t[r][h];
+      if (a.last && a.bias) v = vaddq_f32(v, vld1q_f32(a.bias + 4 * h));
+      vst1q_f32(a.y + r * a.ldy + 4 * h, v);
+    }
+}
+
 /* Armv8.0: chunks L and L+1 multiplied in int16 (SMULL + SMLAL) and
  * pairwise added into int32 (SADALP): lo[r][h] holds columns 0, 1 of
  * operand h as two partial sums each, hi[r][h] columns 2, 3. */
@@ -428,7 +497,8 @@ ALWAYS_INLINE void mull_tile(const int MR, const int B4, const armllm_qa_tile a)
   }
 DOT_KERNEL(8, 1, 8) DOT_KERNEL(1, 4, 8) DOT_KERNEL(2, 2, 8) DOT_KERNEL(3, 2, 8) DOT_KERNEL(4, 2, 8)
 DOT_KERNEL(8, 1, 4) DOT_KERNEL(1, 4, 4) DOT_KERNEL(2, 2, 4) DOT_KERNEL(3, 2, 4) DOT_KERNEL(4, 2, 4)
-DOT_KERNEL_G1(8, 1, 8) DOT_KERNEL_G1(8, 1, 4)
+DOT_KERNEL_G1(8, 1, 4)
+DOT_NOINLINE void dot_4x1_b8_g32(const armllm_qa_tile *a) { dot_g32_tile8(*a); }
 MULL_KERNEL(1, 8) MULL_KERNEL(2, 8) MULL_KERNEL(3, 8) MULL_KERNEL(4, 8)
 MULL_KERNEL(1, 4) MULL_KERNEL(2, 4) MULL_KERNEL(3, 4) MULL_KERNEL(4, 4)
 
@@ -451,7 +521,8 @@ void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
   const int dot = armllm_neon_sdot(); /* what `armllm info` reports as neon+dotprod */
   const int b4 = bits == 4;
   armllm_qa_kind kind = tile_kinds[b4][dot][m <= DECODE_MAX_M ? m : 0];
-  if (dot && group == BLK && m > DECODE_MAX_M) kind.fn = b4 ? dot_8x1_b4_g32 : dot_8x1_b8_g32;
+  if (dot && group == BLK && m > DECODE_MAX_M) /* {kernel, rows, panels, rows in place} */
+    kind = b4 ? (armllm_qa_kind){dot_8x1_b4_g32, 8, 1, 0} : (armllm_qa_kind){dot_4x1_b8_g32, 4, 1, 0};
   armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
                  ldy, kind, MIN_CHUNK_MACS);
 }
