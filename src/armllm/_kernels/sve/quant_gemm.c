@@ -86,7 +86,7 @@ static inline int64_t segments(void) {
 #define MM8(v)                                                                 \
   if ((v) < NBV) {                                                             \
     const svint8_t b = svld1_s8(pb, (const int8_t *)bp##v + 64 * c);           \
-    if (MP > 1 && (v) > 0) { ALL_P(LD_AX) }                                    \
+    if (!G1 && MP > 1 && (v) > 0) { ALL_P(LD_AX) } /* G1: 3 pairs, room for x */ \
     MM(0, v, ax, b) MM(1, v, ax, b) MM(2, v, ax, b) MM(3, v, ax, b)            \
     if (MP > 1) BARRIER;                                                       \
   }
