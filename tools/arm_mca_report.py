@@ -14,6 +14,16 @@ epilogue the ABI fixes per group (FSUB, FMUL by the group's activation
 scale, FMLA); the others' is one 32-k block. Channelwise weights are groups
 of 128 since the per-group activation scales, so there are no _cw kernels.
 
+The _g32 loops have a ceiling below the per-block loops' 100%: per group, a
+2x2 SMMLA accumulator (4 outputs) takes 4 SMMLA and then at least FSUB,
+FMUL, FMLA (4 bits: one more FMLA for o, and the nibble unpack) on the same
+two vector pipes, a stored t vector one more (store data), so the
+bit-exact ceiling on this model is 4/7 = 57% of SMMLA peak at 8 bits and
+4/8 = 50% at 4 bits before the unpack; an SDOT accumulator takes 8 SDOT a
+group: 8/11 = 73% and 8/12 = 67%. The float epilogue is the ABI's
+(armllm_kernels.h), so only tiling (t in registers, fewer unpacks per
+SMMLA) moves these figures.
+
     tools/arm_mca_report.py [--mcpu neoverse-n2] [--min-macs 8] [--all]
 
 Needs aarch64-linux-gnu-gcc and llvm-mca-16 (apt: gcc-aarch64-linux-gnu llvm-16).

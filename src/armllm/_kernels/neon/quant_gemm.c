@@ -18,9 +18,11 @@
  *   int16: |sum| <= 2*127*128 < 2^15, activations being in [-127, 127])
  *   and SADALP into int32.
  * Tiles: prefill 8 rows x 1 panel (16 accumulators, 128 SDOT per 32 k,
- *   the block and the group epilogue in inline assembly; for group 32 a
- *   4-bit variant without the block loop and an 8-bit 4-row tile that keeps
- *   t in registers, dot_g32_tile8); decode (M <= 4) M rows x 2-4 panels;
+ *   the block and the group epilogue in inline assembly); for group 32
+ *   tiles that keep t in registers over the K block, 8 bits 4 rows and 4
+ *   bits 6 rows x 1 panel (dot_g32_b8_tile, dot_g32_b4_tile: with 8 rows,
+ *   16 t vectors do not fit and storing them costs vector-pipe slots);
+ *   decode (M <= 4) M rows x 2-4 panels;
  *   x rows are read in place (no packing). t lives in y (or an edge tile),
  *   row-major like the accumulators. Grouped sums start biased so that
  *   int -> float is one FSUB (quant_arm.h; the SMULL path sums from 0 and
@@ -36,6 +38,9 @@
 #define BLK ARMLLM_QA_BLK
 #define DECODE_MAX_M ARMLLM_GEMM_DECODE_MAX_M
 #define MIN_CHUNK_MACS (1 << 17)
+/* 4-bit group 32 from M = 9 on takes the 6-row tile that keeps t in
+ * registers: up to 8 rows one 8-row tile (computing no more rows) is cheaper */
+#define G32_MIN_M 8
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 /* The SDOT code: GCC's arm_neon.h defines vdotq_* for arch=armv8.2-a+dotprod
@@ -301,8 +306,7 @@ DOT_FN void dot4_epilogue_asm(int32x4_t acc[8][8], float *y, int64_t ldy, const 
                    : "v0", "v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9", "memory");
 }
 
-DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int G1,
-                    const armllm_qa_tile a) {
+DOT_FN void dot_tile(const int MR, const int NP, const int B4, const armllm_qa_tile a) {
   const int64_t BB = B4 ? 128 : 256, SB = B4 ? 64 : 32;
   /* 16 accumulators and more live values: x is reloaded for each W operand
    * pair (loads are cheap) so that GCC allocates registers without copies */
@@ -313,13 +317,12 @@ DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int G1,
   for (int p = 0; p < NP; p++) w[p] = a.w[p];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; r++) x[r] = a.x[r];
-  const int64_t bpg = G1 ? 1 : a.bpg; /* G1: group 32, one block per group */
   const int32_t *bias0 = armllm_qa_acc_bias;
   __asm__("" : "+r"(bias0)); /* loads, not constants */
   const float32x4_t mg = vdupq_n_f32(ARMLLM_QA_ACC_BIAS_F);
   if (a.first) tile_zero(MR, NP, a);
-  for (int64_t g0 = 0, gi = 0; g0 < a.nb; g0 += bpg, gi++) {
-    const int64_t gn = min64(bpg, a.nb - g0);
+  for (int64_t g0 = 0, gi = 0; g0 < a.nb; g0 += a.bpg, gi++) {
+    const int64_t gn = min64(a.bpg, a.nb - g0);
     int32x4_t acc[8][8];
 #pragma GCC unroll 8
     for (int r = 0; r < MR; r++)
@@ -378,7 +381,7 @@ DOT_FN void dot_tile(const int MR, const int NP, const int B4, const int G1,
   "fsub v" A ".4s, v" A ".4s, v7.4s\n\t" "fmul v" A ".4s, v" A ".4s, v6.s[" L "]\n\t" \
   "fmla %[" T "].4s, v" A ".4s, v" D ".4s\n\t"
 
-DOT_FN void dot_g32_tile8(const armllm_qa_tile a) {
+DOT_FN void dot_g32_b8_tile(const armllm_qa_tile a) {
   const int MR = 4;
   const int8_t *x0 = a.x[0], *x1 = a.x[1], *x2 = a.x[2], *x3 = a.x[3];
   const uint8_t *wb = a.w[0];
@@ -414,6 +417,84 @@ DOT_FN void dot_g32_tile8(const armllm_qa_tile a) {
               "v20", "v21", "v22", "v23", "memory");
   /* y = t (+ bias after the last K block) */
 #pragma GCC unroll 4
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+      float32x4_t v = t[r][h];
+      if (a.last && a.bias) v = vaddq_f32(v, vld1q_f32(a.bias + 4 * h));
+      vst1q_f32(a.y + r * a.ldy + 4 * h, v);
+    }
+}
+
+/* The 4-bit group-32 prefill tile: 6 rows x 1 panel, t in registers (12
+ * accumulators v16..v27, acc[r][h] = v(16 + 2r + h), + 12 t + 6 x rows
+ * v0..v5 + raw W v6 + the nibble mask v7: all 32 registers). Each raw
+ * chunk is loaded twice, once for its low nibbles (AND, operand 0) and once
+ * for its high (USHR, operand 1), so that no third W register is needed:
+ * 96 SDOT + 16 unpacks + 48 epilogue operations a group, no stores. */
+#define G_SDOT6_0(L)                                                                 \
+  G_SDOT("16", "6", "0", L) G_SDOT("18", "6", "1", L) G_SDOT("20", "6", "2", L)      \
+  G_SDOT("22", "6", "3", L) G_SDOT("24", "6", "4", L) G_SDOT("26", "6", "5", L)
+#define G_SDOT6_1(L)                                                                 \
+  G_SDOT("17", "6", "0", L) G_SDOT("19", "6", "1", L) G_SDOT("21", "6", "2", L)      \
+  G_SDOT("23", "6", "3", L) G_SDOT("25", "6", "4", L) G_SDOT("27", "6", "5", L)
+#define G_LO4(WO, L) "ldr q6, [%[wb], #" WO "]\n\t" "and v6.16b, v6.16b, v7.16b\n\t" G_SDOT6_0(L)
+#define G_HI4(WO, L) "ldr q6, [%[wb], #" WO "]\n\t" "ushr v6.16b, v6.16b, #4\n\t" G_SDOT6_1(L)
+/* x rows from the row pointers in x9..x14 at the byte offset in register OFF */
+#define G_X6(OFF)                                                                    \
+  "ldr q0, [x9, " OFF "]\n\t" "ldr q1, [x10, " OFF "]\n\t" "ldr q2, [x11, " OFF "]\n\t" \
+  "ldr q3, [x12, " OFF "]\n\t" "ldr q4, [x13, " OFF "]\n\t" "ldr q5, [x14, " OFF "]\n\t"
+/* row R's accumulators: a = (acc - mg) * sx (lane L of vS), t = fma(d, a, t) */
+#define G_EPI6(R, A0, A1, S, L)                                                      \
+  G_EPI_X(A0, S, L, "2", "t" #R "0") G_EPI_X(A1, S, L, "3", "t" #R "1")
+#define G_EPI_X(A, S, L, D, T)                                                       \
+  "fsub v" A ".4s, v" A ".4s, v4.4s\n\t" "fmul v" A ".4s, v" A ".4s, v" S ".s[" L "]\n\t" \
+  "fmla %[" T "].4s, v" A ".4s, v" D ".4s\n\t"
+#define G_EPO6(R, S, L)                                                              \
+  "fmla %[t" #R "0].4s, v2.4s, v" S ".s[" L "]\n\t"                                  \
+  "fmla %[t" #R "1].4s, v3.4s, v" S ".s[" L "]\n\t"
+
+DOT_FN void dot_g32_b4_tile(const armllm_qa_tile a) {
+  const int MR = 6;
+  const int8_t *const *xs = a.x; /* GCC takes at most 30 asm operands: row pointers by address */
+  const uint8_t *wb = a.w[0];
+  const float *sx = a.sx, *sb = a.sb;
+  /* the biased start of the sums; as floats its bits are mg = 1.5 * 2^23 */
+  const int32_t *bias0 = armllm_qa_acc_bias;
+  float32x4_t t[6][2]; /* row r, columns 4h .. 4h + 3: +0 (ABI) or earlier K blocks' */
+#pragma GCC unroll 6
+  for (int r = 0; r < MR; r++)
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++)
+      t[r][h] = a.first ? vdupq_n_f32(0.0f) : vld1q_f32(a.y + r * a.ldy + 4 * h);
+  for (int64_t gi = 0, off = 0; gi < a.nb; gi++, off += BLK, wb += 128 + 64, sx += 8, sb += 8)
+    __asm__("ldp q16, q17, [%[bias]]\n\t" "ldp q18, q19, [%[bias], #32]\n\t"
+            "ldp q20, q21, [%[bias], #64]\n\t" "ldp q22, q23, [%[bias], #96]\n\t"
+            "ldp q24, q25, [%[bias], #128]\n\t" "ldp q26, q27, [%[bias], #160]\n\t"
+            "movi v7.16b, #15\n\t" "ldp x9, x10, [%[xs]]\n\t" "ldp x11, x12, [%[xs], #16]\n\t"
+            "ldp x13, x14, [%[xs], #32]\n\t" "add x15, %[off], #16\n\t"
+            G_X6("%[off]") G_LO4("0", "0") G_LO4("16", "1") G_LO4("32", "2") G_LO4("48", "3")
+            G_HI4("0", "0") G_HI4("16", "1") G_HI4("32", "2") G_HI4("48", "3")
+            G_X6("x15") G_LO4("64", "0") G_LO4("80", "1") G_LO4("96", "2") G_LO4("112", "3")
+            G_HI4("64", "0") G_HI4("80", "1") G_HI4("96", "2") G_HI4("112", "3")
+            "ldp q2, q3, [%[wb], #128]\n\t" "ldp q0, q1, [%[sx]]\n\t" "ldr q4, [%[bias]]\n\t"
+            G_EPI6(0, "16", "17", "0", "0") G_EPI6(1, "18", "19", "0", "1")
+            G_EPI6(2, "20", "21", "0", "2") G_EPI6(3, "22", "23", "0", "3")
+            G_EPI6(4, "24", "25", "1", "0") G_EPI6(5, "26", "27", "1", "1")
+            "ldp q2, q3, [%[wb], #160]\n\t" "ldp q0, q1, [%[sb]]\n\t"
+            G_EPO6(0, "0", "0") G_EPO6(1, "0", "1") G_EPO6(2, "0", "2") G_EPO6(3, "0", "3")
+            G_EPO6(4, "1", "0") G_EPO6(5, "1", "1")
+            : [t00] "+w"(t[0][0]), [t01] "+w"(t[0][1]), [t10] "+w"(t[1][0]),
+              [t11] "+w"(t[1][1]), [t20] "+w"(t[2][0]), [t21] "+w"(t[2][1]),
+              [t30] "+w"(t[3][0]), [t31] "+w"(t[3][1]), [t40] "+w"(t[4][0]),
+              [t41] "+w"(t[4][1]), [t50] "+w"(t[5][0]), [t51] "+w"(t[5][1])
+            : [xs] "r"(xs), [off] "r"(off), [wb] "r"(wb), [sx] "r"(sx), [sb] "r"(sb),
+              [bias] "r"(bias0)
+            : "x9", "x10", "x11", "x12", "x13", "x14", "x15", "v0", "v1", "v2", "v3", "v4", "v5",
+              "v6", "v7", "v16", "v17", "v18", "v19", "v20", "v21", "v22", "v23", "v24", "v25",
+              "v26", "v27", "memory");
+  /* y = t (+ bias after the last K block) */
+#pragma GCC unroll 6
   for (int r = 0; r < MR; r++)
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
@@ -485,11 +566,7 @@ ALWAYS_INLINE void mull_tile(const int MR, const int B4, const armllm_qa_tile a)
 /* dot_<rows>x<panels>_b<bits>[_g32] */
 #define DOT_KERNEL(MR, NP, B)                                                             \
   DOT_NOINLINE void dot_##MR##x##NP##_b##B(const armllm_qa_tile *a) {                     \
-    dot_tile(MR, NP, B == 4, 0, *a);                                                      \
-  }
-#define DOT_KERNEL_G1(MR, NP, B)                                                          \
-  DOT_NOINLINE void dot_##MR##x##NP##_b##B##_g32(const armllm_qa_tile *a) {               \
-    dot_tile(MR, NP, B == 4, 1, *a);                                                      \
+    dot_tile(MR, NP, B == 4, *a);                                                         \
   }
 #define MULL_KERNEL(MR, B)                                                                \
   static __attribute__((noinline)) void mull_##MR##_b##B(const armllm_qa_tile *a) {       \
@@ -497,8 +574,8 @@ ALWAYS_INLINE void mull_tile(const int MR, const int B4, const armllm_qa_tile a)
   }
 DOT_KERNEL(8, 1, 8) DOT_KERNEL(1, 4, 8) DOT_KERNEL(2, 2, 8) DOT_KERNEL(3, 2, 8) DOT_KERNEL(4, 2, 8)
 DOT_KERNEL(8, 1, 4) DOT_KERNEL(1, 4, 4) DOT_KERNEL(2, 2, 4) DOT_KERNEL(3, 2, 4) DOT_KERNEL(4, 2, 4)
-DOT_KERNEL_G1(8, 1, 4)
-DOT_NOINLINE void dot_4x1_b8_g32(const armllm_qa_tile *a) { dot_g32_tile8(*a); }
+DOT_NOINLINE void dot_4x1_b8_g32(const armllm_qa_tile *a) { dot_g32_b8_tile(*a); }
+DOT_NOINLINE void dot_6x1_b4_g32(const armllm_qa_tile *a) { dot_g32_b4_tile(*a); }
 MULL_KERNEL(1, 8) MULL_KERNEL(2, 8) MULL_KERNEL(3, 8) MULL_KERNEL(4, 8)
 MULL_KERNEL(1, 4) MULL_KERNEL(2, 4) MULL_KERNEL(3, 4) MULL_KERNEL(4, 4)
 
@@ -521,8 +598,10 @@ void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
   const int dot = armllm_neon_sdot(); /* what `armllm info` reports as neon+dotprod */
   const int b4 = bits == 4;
   armllm_qa_kind kind = tile_kinds[b4][dot][m <= DECODE_MAX_M ? m : 0];
-  if (dot && group == BLK && m > DECODE_MAX_M) /* {kernel, rows, panels, rows in place} */
-    kind = b4 ? (armllm_qa_kind){dot_8x1_b4_g32, 8, 1, 0} : (armllm_qa_kind){dot_4x1_b8_g32, 4, 1, 0};
+  /* group 32: the tiles that keep t in registers, {kernel, rows, panels, rows in place} */
+  if (dot && group == BLK && !b4 && m > DECODE_MAX_M)
+    kind = (armllm_qa_kind){dot_4x1_b8_g32, 4, 1, 0};
+  if (dot && group == BLK && b4 && m > G32_MIN_M) kind = (armllm_qa_kind){dot_6x1_b4_g32, 6, 1, 0};
   armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
                  ldy, kind, MIN_CHUNK_MACS);
 }

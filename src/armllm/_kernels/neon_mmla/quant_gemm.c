@@ -35,6 +35,9 @@
 #define BLK ARMLLM_QA_BLK
 #define DECODE_MAX_M ARMLLM_GEMM_DECODE_MAX_M
 #define MIN_CHUNK_MACS (1 << 18)
+/* group 32 from M = 9 on takes the 6-row tile that keeps t in registers:
+ * up to 8 rows one 8-row tile (computing no more rows) is cheaper */
+#define G32_MIN_M 8
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 /* Keeps GCC from hoisting the weight loads of later chunks (spills). */
@@ -511,7 +514,7 @@ void armllm_neon_mmla_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, in
                               const int32_t *gsum, int64_t ldgs, const void *packed_w, int64_t n,
                               int bits, int64_t group, const float *bias, float *y, int64_t ldy) {
   armllm_qa_kind kind = tile_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
-  if (group == BLK && m > DECODE_MAX_M) /* {kernel, rows, panels, packed rows} */
+  if (group == BLK && m > G32_MIN_M) /* {kernel, rows, panels, packed rows} */
     kind = (armllm_qa_kind){bits == 4 ? mmla_3x1_b4_g32 : mmla_3x1_b8_g32, 6, 1, 1};
   armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
                  ldy, kind, MIN_CHUNK_MACS);

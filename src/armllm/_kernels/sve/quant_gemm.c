@@ -34,6 +34,9 @@
 #define BLK ARMLLM_QA_BLK
 #define DECODE_MAX_M ARMLLM_GEMM_DECODE_MAX_M
 #define MIN_CHUNK_MACS (1 << 18)
+/* group 32 from M = 9 on takes the 6-row tile that keeps t in registers:
+ * up to 8 rows one 8-row tile (computing no more rows) is cheaper */
+#define G32_MIN_M 8
 
 #define AI static inline __attribute__((always_inline))
 #define BARRIER __asm__ volatile("" ::: "memory")
@@ -234,7 +237,7 @@ void armllm_sve_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t 
                         const float *bias, float *y, int64_t ldy) {
   const sve_kind sk = sve_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
   armllm_qa_kind kind = {sk.fn, 2 * sk.mp, (int)(sk.nbv * segments() / 4), 1};
-  if (group == BLK && m > DECODE_MAX_M) { /* 3 pairs x 4 B vectors, t in registers */
+  if (group == BLK && m > G32_MIN_M) { /* 3 pairs x 4 B vectors, t in registers */
     kind.fn = bits == 4 ? sve_3x4_b4_g32 : sve_3x4_b8_g32;
     kind.rows = 6;
   }
