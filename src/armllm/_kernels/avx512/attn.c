@@ -1,4 +1,4 @@
-/* avx512/attn.c: paged KV write and varlen paged attention, AVX-512 (+BF16).
+/* avx512/attn.c: paged KV write and varlen paged attention, AVX-512.
  *
  * The avx2 kernel's plan (avx2/attn.c) on 16-lane vectors. Work item:
  * (query row tile, KV head, chunk of its query heads). A tile is up to TILE_Q
@@ -19,12 +19,12 @@
  * merges them per (row, head) in partition order with the same merge and
  * the same final division: the same bits as the unsplit path.
  *
- * f32 caches: f32 FMAs throughout (the header's exact path). bf16 caches:
- * QK and PV run on vdpbf16ps with q and the softmax weights rounded to bf16
- * (attention_bf16_compute "bf16", the BFMMLA variants' contract: within
- * 2^-5 * max|V|); see "bf16 compute" below. Measured on Zen 4 against
- * widening K/V to f32: prefill 1.5-4x, cache-resident decode 1.1-1.25x,
- * DRAM-bound decode level.
+ * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
+ * key chunk when a tile has more than 4 queries): K/V exact, f32 math
+ * (attention_bf16_compute "f32"). vdpbf16ps with q and the weights rounded to
+ * bf16 was 1.1-4x faster here but moves a tiny model's logprobs past
+ * tests/model's bounds (see this file's git log); with both split into
+ * bf16 hi + lo parts it is as accurate as f32 and no faster at decode.
  */
 #include <math.h>
 
@@ -66,17 +66,26 @@ ARMLLM_KV_WRITE_ON_CALLER(armllm_avx512_kv_write, store_bf16_row)
 #define MAXD ARMLLM_ATTN_MAX_HEAD_DIM
 #define TILE_Q 12 /* query vectors per tile */
 #define QB 4      /* query vectors per register tile */
-#define KC 32     /* keys per chunk (prefetch distance, PV blocking) */
+#define KC 32     /* keys per chunk (bf16 widening, PV blocking) */
 
 #define AINLINE static inline __attribute__((always_inline))
 /* register tiles are arrays indexed by constants once these loops unroll */
 #define UNROLL _Pragma("GCC unroll 4")
 
-/* 16 floats at p + d of an f32 cache row, the first n (1..16) of them
- * (zeros after). */
-AINLINE __m512 load16(const void *p, int64_t d, int64_t n) {
-  if (n == 16) return _mm512_loadu_ps((const float *)p + d);
-  return _mm512_maskz_loadu_ps(armllm_avx512_tail16(n), (const float *)p + d);
+/* 16 elements at p + d of an f32 (bf16 == 0) or bf16 row, the first n
+ * (1..16) of them (zeros after). */
+AINLINE __m512 load16(const void *p, int64_t d, int64_t n, int bf16) {
+  if (n == 16) {
+    if (bf16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + d))), 16));
+    return _mm512_loadu_ps((const float *)p + d);
+  }
+  const __mmask16 m = armllm_avx512_tail16(n);
+  if (bf16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + d)), 16));
+  return _mm512_maskz_loadu_ps(m, (const float *)p + d);
 }
 
 /* Sums of 4 vectors, each with a fixed tree whatever the other three hold. */
@@ -92,9 +101,9 @@ AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 /* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n) */
 AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, int64_t x,
-                     int64_t n, __m512 acc[QB][4]) {
+                     int64_t n, int bf16, __m512 acc[QB][4]) {
   __m512 kv[4];
-  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n);
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n, bf16);
   UNROLL for (int r = 0; r < NQ; r++) {
     const __m512 qv = _mm512_loadu_ps(q[r] + x);
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -106,13 +115,13 @@ AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, 
  * (their results are dropped): every dot is the same operations whatever the
  * neighbours. */
 AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, int64_t hd,
-                     float scale, float d[QB][4]) {
+                     int bf16, float scale, float d[QB][4]) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t x = 0;
-  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, acc);
-  if (x < hd) qk_step(NQ, q, k, x, hd - x, acc);
+  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, bf16, acc);
+  if (x < hd) qk_step(NQ, q, k, x, hd - x, bf16, acc);
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
     _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
@@ -120,7 +129,7 @@ AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, 
 
 /* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj. */
 static void qk_rows(const float *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
-                    float scale, float *s, int64_t lds, const void *const *pf,
+                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
                     int64_t npf, int64_t pfbytes) {
   float d[QB][4];
   for (int64_t j = 0; j < nj; j += 4) {
@@ -128,12 +137,18 @@ static void qk_rows(const float *const *q, int nq, const void *const *kp, int64_
       for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
     const int64_t m = nj - j < 4 ? nj - j : 4;
     const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
+#define QK_CASE(NQ)                                               \
+  case NQ:                                                        \
+    if (bf16) qk_tile(NQ, q, k, hd, 1, scale, d);                 \
+    else qk_tile(NQ, q, k, hd, 0, scale, d);                      \
+    break;
     switch (nq) {
-      case 1: qk_tile(1, q, k, hd, scale, d); break;
-      case 2: qk_tile(2, q, k, hd, scale, d); break;
-      case 3: qk_tile(3, q, k, hd, scale, d); break;
-      default: qk_tile(4, q, k, hd, scale, d); break;
+      QK_CASE(1)
+      QK_CASE(2)
+      QK_CASE(3)
+      QK_CASE(4)
     }
+#undef QK_CASE
     for (int r = 0; r < nq; r++)
       for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
   }
@@ -144,7 +159,7 @@ static void qk_rows(const float *const *q, int nq, const void *const *kp, int64_
 /* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), NQ (1..4) queries, NV
  * (1..4) vectors of 16 from x, the last with n (1..16) elements; keys in order. */
 AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *const *e,
-                     const void *const *vp, int64_t nj, int64_t x, int64_t n,
+                     const void *const *vp, int64_t nj, int64_t x, int64_t n, int bf16,
                      const void *const *pf, int64_t npf, int64_t pfbytes) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
@@ -154,7 +169,8 @@ AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *c
       for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
     __m512 vv[4];
     UNROLL for (int v = 0; v < NV; v++)
-      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16) : load16(vp[j], x + 16 * v, n);
+      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16, bf16)
+                                    : load16(vp[j], x + 16 * v, n, bf16);
     UNROLL for (int r = 0; r < NQ; r++) {
       const __m512 w = _mm512_set1_ps(e[r][j]);
       UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
@@ -167,13 +183,16 @@ AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *c
 /* acc rows c[0..nq) (padded to a multiple of 16) += weights e[0..nq) times V
  * rows vp[0..nj), all of head_dim. */
 static void pv_rows(float *const *c, const float *const *e, int nq, const void *const *vp,
-                    int64_t nj, int64_t hd, const void *const *pf, int64_t npf,
+                    int64_t nj, int64_t hd, int bf16, const void *const *pf, int64_t npf,
                     int64_t pfbytes) {
   for (int64_t x = 0; x < hd; x += 64, npf = 0) {
     const int64_t left = hd - x, nv = left >= 64 ? 4 : (left + 15) / 16;
     const int64_t n = left >= 64 ? 16 : left - 16 * (nv - 1);
-#define PV_CASE(NQ, NV) \
-  case (NQ) * 8 + (NV): pv_tile(NQ, NV, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
+#define PV_CASE(NQ, NV)                                                        \
+  case (NQ) * 8 + (NV):                                                        \
+    if (bf16) pv_tile(NQ, NV, c, e, vp, nj, x, n, 1, pf, npf, pfbytes);        \
+    else pv_tile(NQ, NV, c, e, vp, nj, x, n, 0, pf, npf, pfbytes);             \
+    break;
     switch (nq * 8 + (int)nv) {
       PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(1, 4)
       PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) PV_CASE(2, 4)
@@ -184,133 +203,6 @@ static void pv_rows(float *const *c, const float *const *e, int nq, const void *
   }
 }
 
-
-/* ------------------------------------------- bf16 compute (bf16 caches)
- *
- * vdpbf16ps c += a.lo * b.lo + a.hi * b.hi per 32-bit lane (pairs of bf16).
- *   QK: q (rounded to bf16 once per tile) times the K rows as stored, 32
- *       dims per instruction;
- *   PV: weights rounded to bf16, two keys per instruction: the V rows of
- *       keys 2m, 2m+1 interleaved 16 bits at a time (vpunpck{l,h}wd) meet
- *       the broadcast weight pair (e_2m, e_2m+1). Within each 128-bit lane
- *       the unpacks take dims 0-3 (lo) and 4-7 (hi), so accp holds each
- *       block of 32 dims as [lo 16 | hi 16] until the partition ends and
- *       unpermute_accp puts the dims back in order;
- *   l is the sum of the rounded weights, so the output is a convex
- *       combination of V rows. */
-
-static inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
-
-/* 32 bf16 at p + x, the first n (1..32) of them (zeros after). */
-AINLINE __m512i load32h(const uint16_t *p, int64_t x, int64_t n) {
-  if (n == 32) return _mm512_loadu_si512(p + x);
-  return _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p + x);
-}
-
-/* acc[r][c] += q_r[x..x+32) . k_c[x..x+n) in pairs (zeros past n). */
-AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const *k, int64_t x,
-                      int64_t n, __m512 acc[QB][4]) {
-  __m512i kv[4];
-  UNROLL for (int c = 0; c < 4; c++) kv[c] = load32h(k[c], x, n);
-  UNROLL for (int r = 0; r < NQ; r++) {
-    const __m512i qv = _mm512_loadu_si512(q[r] + x);
-    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(qv), as_bh(kv[c]));
-  }
-}
-
-/* qk_tile's dots on bf16 q rows (zero-padded to a multiple of 32). */
-AINLINE void qkh_tile(const int NQ, const uint16_t *const *q, const void *const *k, int64_t hd,
-                      float scale, float d[QB][4]) {
-  __m512 acc[QB][4];
-  UNROLL for (int r = 0; r < NQ; r++)
-    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-  int64_t x = 0;
-  for (; x + 32 <= hd; x += 32) qkh_step(NQ, q, k, x, 32, acc);
-  if (x < hd) qkh_step(NQ, q, k, x, hd - x, acc);
-  const __m128 sc = _mm_set1_ps(scale);
-  UNROLL for (int r = 0; r < NQ; r++)
-    _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-}
-
-/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) bf16 queries and keys j < nj. */
-static void qkh_rows(const uint16_t *const *q, int nq, const void *const *kp, int64_t nj,
-                     int64_t hd, float scale, float *s, int64_t lds, const void *const *pf,
-                     int64_t npf, int64_t pfbytes) {
-  float d[QB][4];
-  for (int64_t j = 0; j < nj; j += 4) {
-    for (int64_t u = j; u < j + 4 && u < npf; u++)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
-    const int64_t m = nj - j < 4 ? nj - j : 4;
-    const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
-    switch (nq) {
-      case 1: qkh_tile(1, q, k, hd, scale, d); break;
-      case 2: qkh_tile(2, q, k, hd, scale, d); break;
-      case 3: qkh_tile(3, q, k, hd, scale, d); break;
-      default: qkh_tile(4, q, k, hd, scale, d); break;
-    }
-    for (int r = 0; r < nq; r++)
-      for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
-  }
-}
-
-/* c[r] blocks of 32 dims from x ([lo | hi] order) += sum over key pairs m <
- * np of the weight pair w[r][m] times V rows vp[2m], vp[2m+1]; NB (1..2)
- * blocks, the last with n (1..32) dims. */
-AINLINE void pvh_tile(const int NQ, const int NB, float *const *c, const uint32_t *const *w,
-                      const void *const *vp, int64_t np, int64_t x, int64_t n,
-                      const void *const *pf, int64_t npf, int64_t pfbytes) {
-  __m512 acc[QB][4]; /* [r][2 * block + (0: lo, 1: hi)] */
-  UNROLL for (int r = 0; r < NQ; r++)
-    UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm512_loadu_ps(c[r] + x + 16 * v);
-  for (int64_t m = 0; m < np; m++) {
-    for (int64_t u = 2 * m; u < 2 * m + 2 && u < npf; u++)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
-    __m512i lo[2], hi[2];
-    UNROLL for (int b = 0; b < NB; b++) {
-      const int64_t nb = b < NB - 1 ? 32 : n;
-      const __m512i va = load32h(vp[2 * m], x + 32 * b, nb);
-      const __m512i vb = load32h(vp[2 * m + 1], x + 32 * b, nb);
-      lo[b] = _mm512_unpacklo_epi16(va, vb);
-      hi[b] = _mm512_unpackhi_epi16(va, vb);
-    }
-    UNROLL for (int r = 0; r < NQ; r++) {
-      const __m512i wr = _mm512_set1_epi32((int32_t)w[r][m]);
-      UNROLL for (int b = 0; b < NB; b++) {
-        acc[r][2 * b] = _mm512_dpbf16_ps(acc[r][2 * b], as_bh(wr), as_bh(lo[b]));
-        acc[r][2 * b + 1] = _mm512_dpbf16_ps(acc[r][2 * b + 1], as_bh(wr), as_bh(hi[b]));
-      }
-    }
-  }
-  UNROLL for (int r = 0; r < NQ; r++)
-    UNROLL for (int v = 0; v < 2 * NB; v++) _mm512_storeu_ps(c[r] + x + 16 * v, acc[r][v]);
-}
-
-static void pvh_rows(float *const *c, const uint32_t *const *w, int nq, const void *const *vp,
-                     int64_t np, int64_t hd, const void *const *pf, int64_t npf,
-                     int64_t pfbytes) {
-  for (int64_t x = 0; x < hd; x += 64, npf = 0) {
-    const int64_t left = hd - x, nb = left >= 64 ? 2 : (left + 31) / 32;
-    const int64_t n = left >= 64 ? 32 : left - 32 * (nb - 1);
-#define PVH_CASE(NQ, NB) \
-  case (NQ) * 4 + (NB): pvh_tile(NQ, NB, c, w, vp, np, x, n, pf, npf, pfbytes); break;
-    switch (nq * 4 + (int)nb) {
-      PVH_CASE(1, 1) PVH_CASE(1, 2) PVH_CASE(2, 1) PVH_CASE(2, 2)
-      PVH_CASE(3, 1) PVH_CASE(3, 2) PVH_CASE(4, 1) PVH_CASE(4, 2)
-    }
-#undef PVH_CASE
-  }
-}
-
-/* accp blocks of 32 dims from [lo | hi] order (pvh_tile) back to dim order. */
-static void unpermute_accp(float *acc, int64_t hdp) {
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int64_t x = 0; x < hdp; x += 32) {
-    const __m512 lo = _mm512_loadu_ps(acc + x), hi = _mm512_loadu_ps(acc + x + 16);
-    _mm512_storeu_ps(acc + x, _mm512_permutex2var_ps(lo, first, hi));
-    _mm512_storeu_ps(acc + x + 16, _mm512_permutex2var_ps(lo, second, hi));
-  }
-}
 
 /* ------------------------------------------------------------ tiles */
 
@@ -333,12 +225,11 @@ typedef struct {
   int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
   int64_t lo_u, pos_u;             /* the union of their key ranges */
   float q[TILE_Q][MAXD];           /* zero-padded to hdp */
-  uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 */
-  uint16_t e16[TILE_Q][PART] __attribute__((aligned(64))); /* bf16 caches: rounded weights */
   float s[TILE_Q][PART];           /* scores, then weights */
   float accp[TILE_Q][MAXD];        /* the partition's weighted V */
   float mp[TILE_Q], lp[TILE_Q];
   int valid[TILE_Q];               /* query has keys in the partition */
+  float buf[KC][MAXD];             /* widened bf16 rows */
   const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
   int64_t nrows;                   /* keys: V rows start at rows + nrows */
 } tile_ctx;
@@ -354,7 +245,7 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
   t->nh = nh;
   t->nq = (r1 - r0) * nh;
   t->hd = a->head_dim;
-  t->hdp = (a->head_dim + 31) & ~(int64_t)31;
+  t->hdp = (a->head_dim + 15) & ~(int64_t)15;
   for (int64_t i = 0; i < t->nq; i++) {
     const int64_t row = r0 + i / nh, h = h0 + i % nh;
     t->pos[i] = armllm_attn_pos(a, b, row);
@@ -362,10 +253,6 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
     const float *src = a->q + row * a->ldq + h * t->hd;
     memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
     for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
-    if (a->cache_bf16) /* nearest even (vcvtneps2bf16) */
-      for (int64_t d = 0; d < t->hdp; d += 16)
-        _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
   }
   t->lo_u = t->lo[0];
   t->pos_u = t->pos[t->nq - 1];
@@ -411,21 +298,28 @@ static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const v
   return end - s < nj ? end - s : nj;
 }
 
+/* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */
+static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, int64_t n) {
+  const int64_t hd = t->hd;
+  for (int64_t j = 0; j < n; j++) {
+    float *o = t->buf[j];
+    int64_t d = 0;
+    for (; d + 16 <= hd; d += 16) _mm512_storeu_ps(o + d, load16(src[j], d, 16, 1));
+    if (d < hd) _mm512_mask_storeu_ps(o + d, armllm_avx512_tail16(hd - d), load16(src[j], d, hd - d, 1));
+    dst[j] = o;
+  }
+}
+
 /* Softmax weights of query i over the partition's scores s[u0..u1) (keys
- * [a0, a1) of it its own), into s, or (bf16 == 1) rounded to bf16 into e16
- * (l then sums the rounded weights); lanes are key positions, so a query's
- * results do not depend on the rest of the tile. Weights run on as zeros to
- * the next multiple of 16 past u1. */
-AINLINE void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int64_t u1,
-                          const int bf16) {
+ * [a0, a1) of it its own): lanes are key positions, so a query's results do
+ * not depend on the rest of the tile. */
+static void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int64_t u1) {
   const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
   const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
   float *s = t->s[i];
   t->valid[i] = a0 < a1;
   if (a0 >= a1) {
-    const int64_t u1r = (u1 + 15) & ~(int64_t)15;
-    if (bf16) memset(t->e16[i] + u0, 0, (size_t)(u1r - u0) * sizeof t->e16[i][0]);
-    else memset(s + u0, 0, (size_t)(u1r - u0) * sizeof *s);
+    for (int64_t j = u0; j < u1; j++) s[j] = 0.0f;
     return;
   }
   const __m512i lo16 = _mm512_set1_epi32((int32_t)a0), hi16 = _mm512_set1_epi32((int32_t)a1);
@@ -443,86 +337,25 @@ AINLINE void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int
     const __mmask16 in = IN_RANGE(j);
     const __m512 x = _mm512_mask_blend_ps(in, m16, _mm512_loadu_ps(s + j));
     const __m512 e = _mm512_maskz_mov_ps(in, armllm_exp_avx512(_mm512_sub_ps(x, m16)));
-    if (bf16) {
-      const __m256i eh = (__m256i)_mm512_cvtneps_pbh(e);
-      _mm256_storeu_si256((__m256i *)(t->e16[i] + j), eh);
-      sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(eh), 16)));
-    } else {
-      sum = _mm512_add_ps(sum, e);
-      _mm512_storeu_ps(s + j, e);
-    }
+    sum = _mm512_add_ps(sum, e);
+    _mm512_storeu_ps(s + j, e);
   }
 #undef IN_RANGE
   t->mp[i] = m;
   t->lp[i] = _mm512_reduce_add_ps(sum);
 }
 
-/* tile_partition with a bf16 cache: vdpbf16ps QK and PV (above). */
-static void tile_partition_bf16(tile_ctx *t, int64_t p) {
-  const armllm_attn_args *a = t->a;
-  const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
-  const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
-  const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int64_t n = k1 - k0, pfbytes = hd * 2;
-
-  /* scores s[i][j - pbase], j in [k0, k1) */
-  tile_rows(t, k0, k1);
-  tile_prefetch(t, 0, KC);
-  for (int64_t jc = k0; jc < k1; jc += KC) {
-    const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
-    const void *const *pf;
-    const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
-    for (int64_t i = 0; i < nq; i += QB) {
-      const int mq = nq - i < QB ? (int)(nq - i) : QB;
-      const uint16_t *q[QB] = {t->q16[i], t->q16[i + (mq > 1)], t->q16[i + 2 * (mq > 2)],
-                               t->q16[i + 3 * (mq > 3)]};
-      qkh_rows(q, mq, t->rows + (jc - k0), nj, hd, a->scale, &t->s[i][jc - pbase], PART, pf,
-               i == 0 ? npf : 0, pfbytes);
-    }
-  }
-
-  const int64_t u0 = (k0 - pbase) & ~(int64_t)15, u1 = k1 - pbase;
-  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1, 1);
-
-  /* accp[i] = sum_j e[i][j] v_j over key pairs (2m, 2m + 1) from the even key
-   * at or below k0 to the one past k1; keys outside [k0, k1) have weight 0
-   * and borrow the nearest real V row */
-  for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
-  const int64_t m0 = (k0 - pbase) & ~(int64_t)1, m1 = (u1 + 1) & ~(int64_t)1;
-  const void *vrow[KC];
-  for (int64_t jc = m0; jc < m1; jc += KC) {
-    const int64_t nj = m1 - jc < KC ? m1 - jc : KC;
-    for (int64_t j = 0; j < nj; j++) {
-      const int64_t r = pbase + jc + j - k0;
-      vrow[j] = t->rows[t->nrows + (r < 0 ? 0 : r >= n ? n - 1 : r)];
-    }
-    const int64_t first = pbase + jc - k0;
-    const void *const *pf;
-    const int64_t npf = tile_pf(t, t->nrows + (first > 0 ? first : 0), nj, &pf);
-    for (int64_t i = 0; i < nq; i += QB) {
-      const int mq = nq - i < QB ? (int)(nq - i) : QB;
-      float *c[QB];
-      const uint32_t *w[QB];
-      for (int r = 0; r < mq; r++)
-        c[r] = t->accp[i + r], w[r] = (const uint32_t *)(const void *)(t->e16[i + r] + jc);
-      pvh_rows(c, w, mq, vrow, nj / 2, hd, pf, i == 0 ? npf : 0, pfbytes);
-    }
-  }
-  for (int64_t i = 0; i < nq; i++) unpermute_accp(t->accp[i], hdp);
-}
-
 /* The partial (mp, lp, accp) of every query of the tile over partition p:
  * keys [max(lo, p*PART), min(pos + 1, (p + 1)*PART)) of each query. */
 static void tile_partition(tile_ctx *t, int64_t p) {
-  if (t->a->cache_bf16) {
-    tile_partition_bf16(t, p);
-    return;
-  }
   const armllm_attn_args *a = t->a;
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int64_t pfbytes = hd * 4;
+  const int bf16 = a->cache_bf16;
+  const int widen = bf16 && nq > QB; /* widen once, use for every query block */
+  const int64_t pfbytes = hd * (bf16 ? 2 : 4);
+  const void *ptrs[KC];
 
   /* scores s[i][j - pbase], j in [k0, k1) */
   tile_rows(t, k0, k1);
@@ -530,18 +363,22 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
     const void *const *kp = t->rows + (jc - k0);
+    if (widen) {
+      tile_widen(t, kp, ptrs, nj);
+      kp = ptrs;
+    }
     for (int64_t i = 0; i < nq; i += QB) {
       const int mq = nq - i < QB ? (int)(nq - i) : QB;
       const float *q[QB] = {t->q[i], t->q[i + (mq > 1)], t->q[i + 2 * (mq > 2)], t->q[i + 3 * (mq > 3)]};
       const void *const *pf;
       const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
-      qk_rows(q, mq, kp, nj, hd, a->scale, &t->s[i][jc - pbase], PART, pf,
+      qk_rows(q, mq, kp, nj, hd, bf16 && !widen, a->scale, &t->s[i][jc - pbase], PART, pf,
               i == 0 ? npf : 0, pfbytes);
     }
   }
 
   const int64_t u0 = (k0 - pbase) & ~(int64_t)15, u1 = k1 - pbase;
-  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1, 0);
+  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1);
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
@@ -549,12 +386,16 @@ static void tile_partition(tile_ctx *t, int64_t p) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
     const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
+    if (widen) {
+      tile_widen(t, vp, ptrs, nj);
+      vp = ptrs;
+    }
     for (int64_t i = 0; i < nq; i += QB) {
       const int mq = nq - i < QB ? (int)(nq - i) : QB;
       float *c[QB];
       const float *e[QB];
       for (int r = 0; r < mq; r++) c[r] = t->accp[i + r], e[r] = t->s[i + r] + js;
-      pv_rows(c, e, mq, vp, nj, hd, pf, i == 0 ? npf : 0, pfbytes);
+      pv_rows(c, e, mq, vp, nj, hd, bf16 && !widen, pf, i == 0 ? npf : 0, pfbytes);
     }
   }
 }
