@@ -72,10 +72,17 @@ def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window):
 seq_lists = st.lists(st.tuples(st.integers(1, 9), st.integers(0, 300)), min_size=1, max_size=4)
 
 
+# (n_heads, n_kv_heads, head_dim): GQA 1/3/4/12/16 (more query heads than a
+# tile holds), head dims that are and are not multiples of 16 and 32 (80, 36,
+# an odd 17), SmolLM2's 9/3 x 64 and Llama-8B's 4:1 x 128
+ATTN_DIMS = [(2, 2, 8), (6, 2, 64), (3, 1, 80), (4, 4, 36), (9, 3, 64), (8, 2, 128),
+             (12, 1, 17), (16, 1, 32)]
+
+
 @settings(max_examples=examples(25), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=seq_lists, dims=st.sampled_from([(2, 2, 8), (6, 2, 64), (3, 1, 80), (4, 4, 36)]),
-       block_size=st.sampled_from([1, 5, 16]), bf16=st.booleans(),
+@given(raw=seq_lists, dims=st.sampled_from(ATTN_DIMS),
+       block_size=st.sampled_from([1, 5, 16, 32]), bf16=st.booleans(),
        window=st.sampled_from([0, 7, 100]), seed=st.integers(0, 2**32 - 1))
 def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, window, seed):
     seqs = [(q_len, q_len + ctx) for q_len, ctx in raw]  # prefill chunks after ctx cached tokens
@@ -95,20 +102,48 @@ def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, win
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_split_kv_is_bit_identical_for_any_thread_count(variant, pools, bf16):
+@pytest.mark.parametrize(("dims", "seqs", "window"), [
+    ((4, 2, 64), [(1, 1000), (1, 777)], 0),  # two decodes: few rows x heads, many partitions
+    ((8, 2, 128), [(1, 900)], 0),  # one decode of a 4:1 GQA group
+    ((9, 3, 80), [(3, 700), (1, 300)], 300),  # a prefill chunk and a decode, sliding window
+    ((2, 1, 17), [(1, 600)], 0),  # an odd head_dim
+])
+def test_split_kv_is_bit_identical_for_any_thread_count(variant, pools, bf16, dims, seqs,
+                                                         window):
+    n_heads, n_kv, hd = dims
     rng = np.random.default_rng(3)
-    seqs = [(1, 1000), (1, 777)]  # two decodes: few rows x heads, many partitions
-    q, kc, vc, table, lens, qs, _ = make_case(rng, seqs, 4, 2, 64, 16, bf16)
-    scratch = np.empty(ops.attn_scratch_len(2, 4, 64, 1000), np.float32)
+    q, kc, vc, table, lens, qs, _ = make_case(rng, seqs, n_heads, n_kv, hd, 16, bf16)
+    rows, max_len = int(qs[-1]), max(s for _, s in seqs)
+    scratch = np.empty(ops.attn_scratch_len(rows, n_heads, hd, max_len), np.float32)
     outs = []
     for pool in [None, *pools.values()]:
         for use_scratch in (False, True):
-            out = np.empty((2, 256), np.float32)
-            variant.attention(q, kc, vc, table, lens, qs, 4, 0.125, out, 0,
+            out = np.empty((rows, n_heads * hd), np.float32)
+            variant.attention(q, kc, vc, table, lens, qs, n_heads, hd ** -0.5, out, window,
                               scratch if use_scratch else None, pool)
             outs.append(out)
     for out in outs[1:]:
         assert np.array_equal(out, outs[0])
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("dims", [(9, 3, 64), (8, 2, 128), (12, 1, 17)])
+def test_rows_do_not_depend_on_their_batch(variant, pool, bf16, dims):
+    """Each sequence attended alone gives the bits it gets in a mixed batch (kernels tile
+    rows and query heads together; a query's result must not depend on its tile-mates)."""
+    n_heads, n_kv, hd = dims
+    seqs = [(5, 40), (1, 300), (3, 3), (1, 17)]
+    rng = np.random.default_rng(5)
+    q, kc, vc, table, lens, qs, _ = make_case(rng, seqs, n_heads, n_kv, hd, 16, bf16)
+    together = np.empty((int(qs[-1]), n_heads * hd), np.float32)
+    variant.attention(q, kc, vc, table, lens, qs, n_heads, hd ** -0.5, together, 7, None, pool)
+    for b, (q_len, _) in enumerate(seqs):
+        rows = slice(int(qs[b]), int(qs[b + 1]))
+        alone = np.empty((q_len, n_heads * hd), np.float32)
+        variant.attention(q[rows].copy(), kc, vc, table[b:b + 1].copy(), lens[b:b + 1].copy(),
+                          np.array([0, q_len], np.int32), n_heads, hd ** -0.5, alone, 7, None,
+                          pool)
+        assert np.array_equal(alone, together[rows])
 
 
 def test_kv_write_then_attention_is_dense_causal_attention(variant):

@@ -236,6 +236,28 @@ def test_exp_against_float64_and_ref(variant, ref):
     assert np.isnan(want[np.isnan(x)]).all()
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 31, 33, 47, 1000])
+def test_exp_and_rope_give_refs_bits(variant, ref, n):
+    """The shared exp and RoPE's rounded products: every variant has ref's bits, at every
+    vector tail length."""
+    rng = np.random.default_rng(n)
+    x = rng.uniform(-110, 95, n).astype(np.float32)
+    got, want = np.empty_like(x), np.empty_like(x)
+    variant.exp(x, got)
+    ref.exp(x, want)
+    assert np.array_equal(got, want)
+    half = n % 70 + 1  # rot_dim 2..140, below head_dim
+    head_dim = 2 * half + 6
+    table = ops.rope_cos_sin(64, 2 * half)
+    positions = rng.integers(0, 64, 3).astype(np.int32)
+    for style in ("neox", "gptj"):
+        x = rand(rng, (3, 2 * head_dim))
+        got, want = x.copy(), x.copy()
+        variant.rope(got, positions, table, 2, head_dim, 2 * half, style)
+        ref.rope(want, positions, table, 2, head_dim, 2 * half, style)
+        assert np.array_equal(got, want)
+
+
 def test_exp_in_place(variant):
     x = np.linspace(-5, 5, 101, dtype=np.float32)
     want = np.empty_like(x)

@@ -1,0 +1,48 @@
+/* avx512/act.c: SiLU(gate) * up on a fused [T, 2*inter] gate/up buffer, 16
+ * lanes at a time with a masked tail. The same operations as ref in the same
+ * order (exp(-g), 1 + e, g / d, * u; IEEE division), so results are
+ * bit-identical. */
+#include "../armllm_kernels.h"
+#include "../family_jobs.h"
+#include "vexp_avx512.h"
+
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 e = armllm_exp_avx512(_mm512_castsi512_ps(
+      _mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int32_t)0x80000000u))));
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
+  return _mm512_mul_ps(_mm512_div_ps(g, d), u);
+}
+
+static void avx512_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  const armllm_act_job *job = ctx;
+  const int64_t inter = job->inter;
+  for (int64_t t = t0; t < t1; t++) {
+    const float *g = job->gate_up + t * job->ldg;
+    const float *u = g + inter;
+    float *out = job->out + t * job->ldo;
+    int64_t j = 0;
+    /* out may equal gate_up: each block is loaded before it is stored, and out
+     * never runs ahead of g */
+    for (; j + 32 <= inter; j += 32) {
+      __m512 a = silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j));
+      __m512 b = silu_mul16(_mm512_loadu_ps(g + j + 16), _mm512_loadu_ps(u + j + 16));
+      _mm512_storeu_ps(out + j, a);
+      _mm512_storeu_ps(out + j + 16, b);
+    }
+    for (; j + 16 <= inter; j += 16)
+      _mm512_storeu_ps(out + j, silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
+    if (j < inter) {
+      const __mmask16 m = armllm_avx512_tail16(inter - j);
+      __m512 r = silu_mul16(_mm512_maskz_loadu_ps(m, g + j), _mm512_maskz_loadu_ps(m, u + j));
+      _mm512_mask_storeu_ps(out + j, m, r);
+    }
+  }
+}
+
+void armllm_avx512_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                            int64_t inter, float *out, int64_t ldo) {
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
+  /* one row is a few microseconds at most: small jobs stay on the caller */
+  if (t * inter < 16384) pool = NULL;
+  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx512_silu_mul_rows, &job);
+}

@@ -1,0 +1,547 @@
+/* avx512/attn.c: paged KV write and varlen paged attention, AVX-512.
+ *
+ * The avx2 kernel's plan (avx2/attn.c) on 16-lane vectors. Work item:
+ * (query row tile, KV head, chunk of its query heads). A tile is up to TILE_Q
+ * query vectors: R consecutive rows of one sequence times the heads of the
+ * GQA group (or a chunk of them), so every K/V row loaded is used by all of
+ * them. Per partition of ARMLLM_ATTN_PARTITION keys:
+ *   QK^T  register tiles of up to 4 queries x 4 keys, 16 lanes over
+ *         head_dim (masked tail), one fixed reduction tree per dot product;
+ *   softmax  the 16-wide exp (vexp_avx512.h), lanes fixed by key position;
+ *   PV    register tiles of up to 4 queries x 64 head_dim lanes, keys in order.
+ * Keys outside a query's range get weight exactly 0, and a query's dots and
+ * weights do not depend on which other queries share its tile, so its
+ * partial does not either. Partials meet only in armllm_attn_merge, in
+ * partition order (attn_common.h).
+ *
+ * Split-KV: with few (tile, head) units for the threads and enough scratch,
+ * items become (unit, partition); partials go to scratch and a second pass
+ * merges them per (row, head) in partition order with the same merge and
+ * the same final division: the same bits as the unsplit path.
+ *
+ * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
+ * key chunk when a tile has more than 4 queries): K/V exact, f32 math
+ * (attention_bf16_compute "f32"). vdpbf16ps with q and the weights rounded to
+ * bf16 was 1.1-4x faster here but moves a tiny model's logprobs past
+ * tests/model's bounds (see this file's git log); with both split into
+ * bf16 hi + lo parts it is as accurate as f32 and no faster at decode.
+ */
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "../attn_common.h"
+#include "vexp_avx512.h"
+
+/* ------------------------------------------------------------ kv write */
+
+/* 16 floats to bf16 bits, nearest even, NaN kept quiet: ref's integer
+ * arithmetic (vcvtneps2bf16 would flush subnormals). */
+static inline __m256i bf16_round16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+static void store_bf16_row(void *dst_bytes, const float *src, int64_t n) {
+  uint16_t *dst = dst_bytes;
+  int64_t d = 0;
+  for (; d + 16 <= n; d += 16)
+    _mm256_storeu_si256((__m256i *)(dst + d), bf16_round16(_mm512_loadu_ps(src + d)));
+  if (d < n) {
+    const __mmask16 m = armllm_avx512_tail16(n - d);
+    _mm256_mask_storeu_epi16(dst + d, m, bf16_round16(_mm512_maskz_loadu_ps(m, src + d)));
+  }
+}
+
+ARMLLM_KV_WRITE_ON_CALLER(armllm_avx512_kv_write, store_bf16_row)
+
+/* ------------------------------------------------------------ loads */
+
+#define PART ARMLLM_ATTN_PARTITION
+#define MAXD ARMLLM_ATTN_MAX_HEAD_DIM
+#define TILE_Q 12 /* query vectors per tile */
+#define QB 4      /* query vectors per register tile */
+#define KC 32     /* keys per chunk (bf16 widening, PV blocking) */
+
+#define AINLINE static inline __attribute__((always_inline))
+/* register tiles are arrays indexed by constants once these loops unroll */
+#define UNROLL _Pragma("GCC unroll 4")
+
+/* 16 elements at p + d of an f32 (bf16 == 0) or bf16 row, the first n
+ * (1..16) of them (zeros after). */
+AINLINE __m512 load16(const void *p, int64_t d, int64_t n, int bf16) {
+  if (n == 16) {
+    if (bf16)
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + d))), 16));
+    return _mm512_loadu_ps((const float *)p + d);
+  }
+  const __mmask16 m = armllm_avx512_tail16(n);
+  if (bf16)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + d)), 16));
+  return _mm512_maskz_loadu_ps(m, (const float *)p + d);
+}
+
+/* Sums of 4 vectors, each with a fixed tree whatever the other three hold. */
+AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+#define FOLD(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1))
+  const __m256 a8 = FOLD(a), b8 = FOLD(b), c8 = FOLD(c), d8 = FOLD(d);
+#undef FOLD
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* ------------------------------------------------------------ QK^T tile */
+
+/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n) */
+AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, int64_t x,
+                     int64_t n, int bf16, __m512 acc[QB][4]) {
+  __m512 kv[4];
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n, bf16);
+  UNROLL for (int r = 0; r < NQ; r++) {
+    const __m512 qv = _mm512_loadu_ps(q[r] + x);
+    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
+  }
+}
+
+/* Dots of NQ (1..4) query rows q[r] (zero-padded to a multiple of 16) with 4
+ * key rows k[0..4), times scale, into d[r][c]. Spare keys repeat real ones
+ * (their results are dropped): every dot is the same operations whatever the
+ * neighbours. */
+AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, int64_t hd,
+                     int bf16, float scale, float d[QB][4]) {
+  __m512 acc[QB][4];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t x = 0;
+  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, bf16, acc);
+  if (x < hd) qk_step(NQ, q, k, x, hd - x, bf16, acc);
+  const __m128 sc = _mm_set1_ps(scale);
+  UNROLL for (int r = 0; r < NQ; r++)
+    _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+}
+
+/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj. */
+static void qk_rows(const float *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
+                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
+                    int64_t npf, int64_t pfbytes) {
+  float d[QB][4];
+  for (int64_t j = 0; j < nj; j += 4) {
+    for (int64_t u = j; u < j + 4 && u < npf; u++)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+    const int64_t m = nj - j < 4 ? nj - j : 4;
+    const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
+#define QK_CASE(NQ)                                               \
+  case NQ:                                                        \
+    if (bf16) qk_tile(NQ, q, k, hd, 1, scale, d);                 \
+    else qk_tile(NQ, q, k, hd, 0, scale, d);                      \
+    break;
+    switch (nq) {
+      QK_CASE(1)
+      QK_CASE(2)
+      QK_CASE(3)
+      QK_CASE(4)
+    }
+#undef QK_CASE
+    for (int r = 0; r < nq; r++)
+      for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
+  }
+}
+
+/* ------------------------------------------------------------ PV tile */
+
+/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), NQ (1..4) queries, NV
+ * (1..4) vectors of 16 from x, the last with n (1..16) elements; keys in order. */
+AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *const *e,
+                     const void *const *vp, int64_t nj, int64_t x, int64_t n, int bf16,
+                     const void *const *pf, int64_t npf, int64_t pfbytes) {
+  __m512 acc[QB][4];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_loadu_ps(c[r] + x + 16 * v);
+  for (int64_t j = 0; j < nj; j++) {
+    if (j < npf)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
+    __m512 vv[4];
+    UNROLL for (int v = 0; v < NV; v++)
+      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16, bf16)
+                                    : load16(vp[j], x + 16 * v, n, bf16);
+    UNROLL for (int r = 0; r < NQ; r++) {
+      const __m512 w = _mm512_set1_ps(e[r][j]);
+      UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
+    }
+  }
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < NV; v++) _mm512_storeu_ps(c[r] + x + 16 * v, acc[r][v]);
+}
+
+/* acc rows c[0..nq) (padded to a multiple of 16) += weights e[0..nq) times V
+ * rows vp[0..nj), all of head_dim. */
+static void pv_rows(float *const *c, const float *const *e, int nq, const void *const *vp,
+                    int64_t nj, int64_t hd, int bf16, const void *const *pf, int64_t npf,
+                    int64_t pfbytes) {
+  for (int64_t x = 0; x < hd; x += 64, npf = 0) {
+    const int64_t left = hd - x, nv = left >= 64 ? 4 : (left + 15) / 16;
+    const int64_t n = left >= 64 ? 16 : left - 16 * (nv - 1);
+#define PV_CASE(NQ, NV)                                                        \
+  case (NQ) * 8 + (NV):                                                        \
+    if (bf16) pv_tile(NQ, NV, c, e, vp, nj, x, n, 1, pf, npf, pfbytes);        \
+    else pv_tile(NQ, NV, c, e, vp, nj, x, n, 0, pf, npf, pfbytes);             \
+    break;
+    switch (nq * 8 + (int)nv) {
+      PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(1, 4)
+      PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) PV_CASE(2, 4)
+      PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(3, 4)
+      PV_CASE(4, 1) PV_CASE(4, 2) PV_CASE(4, 3) PV_CASE(4, 4)
+    }
+#undef PV_CASE
+  }
+}
+
+
+/* ------------------------------------------------------------ tiles */
+
+typedef struct {
+  const armllm_attn_args *a;
+  int64_t group;  /* query heads per KV head */
+  int64_t hc;     /* query heads per chunk */
+  int64_t nhc;    /* chunks per KV head */
+  int64_t R;      /* rows per tile */
+  int64_t ntiles; /* ceil(rows / R) */
+  int64_t parts;  /* partitions per row, at most (split) */
+  int64_t units;  /* ntiles * n_kv_heads * nhc */
+} attn_job;
+
+/* One sub-tile: rows [r0, r1) of sequence b, query heads [h0, h1) of KV
+ * head kvh. Query i = (row r0 + i / nh, head h0 + i % nh). */
+typedef struct {
+  const armllm_attn_args *a;
+  int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp;
+  int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
+  int64_t lo_u, pos_u;             /* the union of their key ranges */
+  float q[TILE_Q][MAXD];           /* zero-padded to hdp */
+  float s[TILE_Q][PART];           /* scores, then weights */
+  float accp[TILE_Q][MAXD];        /* the partition's weighted V */
+  float mp[TILE_Q], lp[TILE_Q];
+  int valid[TILE_Q];               /* query has keys in the partition */
+  float buf[KC][MAXD];             /* widened bf16 rows */
+  const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
+  int64_t nrows;                   /* keys: V rows start at rows + nrows */
+} tile_ctx;
+
+static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
+                      int64_t r1, int64_t h0, int64_t nh) {
+  t->a = a;
+  t->b = b;
+  t->kvh = kvh;
+  t->r0 = r0;
+  t->r1 = r1;
+  t->h0 = h0;
+  t->nh = nh;
+  t->nq = (r1 - r0) * nh;
+  t->hd = a->head_dim;
+  t->hdp = (a->head_dim + 15) & ~(int64_t)15;
+  for (int64_t i = 0; i < t->nq; i++) {
+    const int64_t row = r0 + i / nh, h = h0 + i % nh;
+    t->pos[i] = armllm_attn_pos(a, b, row);
+    t->lo[i] = armllm_attn_lo(a, t->pos[i]);
+    const float *src = a->q + row * a->ldq + h * t->hd;
+    memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
+    for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
+  }
+  t->lo_u = t->lo[0];
+  t->pos_u = t->pos[t->nq - 1];
+}
+
+/* Row pointers of keys [k0, k1) into t->rows (K, then V). */
+static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
+  const armllm_attn_args *a = t->a;
+  const size_t esz = a->cache_bf16 ? 2 : 4;
+  const char *kbase = a->k_cache, *vbase = a->v_cache;
+  const int32_t *table = a->block_table + t->b * a->max_blocks;
+  const int64_t bs = a->block_size, stride = bs * a->n_kv_heads * a->head_dim;
+  for (int64_t j = k0; j < k1;) {
+    const int64_t blk = j / bs, end = (blk + 1) * bs < k1 ? (blk + 1) * bs : k1;
+    const int64_t off = ((int64_t)table[blk] * stride + (t->kvh * bs + j % bs) * a->head_dim) *
+                        (int64_t)esz;
+    for (const char *kp = kbase + off, *vp = vbase + off; j < end;
+         j++, kp += a->head_dim * (int64_t)esz, vp += a->head_dim * (int64_t)esz) {
+      t->rows[j - k0] = kp;
+      t->rows[k1 - k0 + j - k0] = vp;
+    }
+  }
+  t->nrows = k1 - k0;
+}
+
+/* Prefetches rows [s0, s1) of t->rows. */
+static inline void tile_prefetch(const tile_ctx *t, int64_t s0, int64_t s1) {
+  const int64_t bytes = t->hd * (t->a->cache_bf16 ? 2 : 4);
+  if (s1 > 2 * t->nrows) s1 = 2 * t->nrows;
+  for (int64_t s = s0; s < s1; s++) {
+    const char *p = t->rows[s];
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
+  }
+}
+
+/* Rows of t->rows to prefetch while working on the chunk of nj rows at
+ * `at`: the next chunk's (K rows run on into V rows). */
+static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
+  int64_t s = at + KC, end = 2 * t->nrows;
+  if (s > end) s = end;
+  *pf = t->rows + s;
+  return end - s < nj ? end - s : nj;
+}
+
+/* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */
+static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, int64_t n) {
+  const int64_t hd = t->hd;
+  for (int64_t j = 0; j < n; j++) {
+    float *o = t->buf[j];
+    int64_t d = 0;
+    for (; d + 16 <= hd; d += 16) _mm512_storeu_ps(o + d, load16(src[j], d, 16, 1));
+    if (d < hd) _mm512_mask_storeu_ps(o + d, armllm_avx512_tail16(hd - d), load16(src[j], d, hd - d, 1));
+    dst[j] = o;
+  }
+}
+
+/* Softmax weights of query i over the partition's scores s[u0..u1) (keys
+ * [a0, a1) of it its own): lanes are key positions, so a query's results do
+ * not depend on the rest of the tile. */
+static void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int64_t u1) {
+  const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
+  const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
+  float *s = t->s[i];
+  t->valid[i] = a0 < a1;
+  if (a0 >= a1) {
+    for (int64_t j = u0; j < u1; j++) s[j] = 0.0f;
+    return;
+  }
+  const __m512i lo16 = _mm512_set1_epi32((int32_t)a0), hi16 = _mm512_set1_epi32((int32_t)a1);
+  const __m512i step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#define IN_RANGE(j)                                                                      \
+  (_mm512_cmpge_epi32_mask(_mm512_add_epi32(_mm512_set1_epi32((int32_t)(j)), step), lo16) & \
+   _mm512_cmplt_epi32_mask(_mm512_add_epi32(_mm512_set1_epi32((int32_t)(j)), step), hi16))
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = a0 & ~(int64_t)15; j < a1; j += 16)
+    mx = _mm512_mask_max_ps(mx, IN_RANGE(j), mx, _mm512_loadu_ps(s + j));
+  const float m = _mm512_reduce_max_ps(mx);
+  const __m512 m16 = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = u0; j < u1; j += 16) {
+    const __mmask16 in = IN_RANGE(j);
+    const __m512 x = _mm512_mask_blend_ps(in, m16, _mm512_loadu_ps(s + j));
+    const __m512 e = _mm512_maskz_mov_ps(in, armllm_exp_avx512(_mm512_sub_ps(x, m16)));
+    sum = _mm512_add_ps(sum, e);
+    _mm512_storeu_ps(s + j, e);
+  }
+#undef IN_RANGE
+  t->mp[i] = m;
+  t->lp[i] = _mm512_reduce_add_ps(sum);
+}
+
+/* The partial (mp, lp, accp) of every query of the tile over partition p:
+ * keys [max(lo, p*PART), min(pos + 1, (p + 1)*PART)) of each query. */
+static void tile_partition(tile_ctx *t, int64_t p) {
+  const armllm_attn_args *a = t->a;
+  const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
+  const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
+  const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
+  const int bf16 = a->cache_bf16;
+  const int widen = bf16 && nq > QB; /* widen once, use for every query block */
+  const int64_t pfbytes = hd * (bf16 ? 2 : 4);
+  const void *ptrs[KC];
+
+  /* scores s[i][j - pbase], j in [k0, k1) */
+  tile_rows(t, k0, k1);
+  tile_prefetch(t, 0, KC);
+  for (int64_t jc = k0; jc < k1; jc += KC) {
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
+    const void *const *kp = t->rows + (jc - k0);
+    if (widen) {
+      tile_widen(t, kp, ptrs, nj);
+      kp = ptrs;
+    }
+    for (int64_t i = 0; i < nq; i += QB) {
+      const int mq = nq - i < QB ? (int)(nq - i) : QB;
+      const float *q[QB] = {t->q[i], t->q[i + (mq > 1)], t->q[i + 2 * (mq > 2)], t->q[i + 3 * (mq > 3)]};
+      const void *const *pf;
+      const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
+      qk_rows(q, mq, kp, nj, hd, bf16 && !widen, a->scale, &t->s[i][jc - pbase], PART, pf,
+              i == 0 ? npf : 0, pfbytes);
+    }
+  }
+
+  const int64_t u0 = (k0 - pbase) & ~(int64_t)15, u1 = k1 - pbase;
+  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1);
+
+  /* accp[i] = sum_j e[i][j] v_j, keys in order */
+  for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
+  for (int64_t jc = k0; jc < k1; jc += KC) {
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
+    const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
+    const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
+    if (widen) {
+      tile_widen(t, vp, ptrs, nj);
+      vp = ptrs;
+    }
+    for (int64_t i = 0; i < nq; i += QB) {
+      const int mq = nq - i < QB ? (int)(nq - i) : QB;
+      float *c[QB];
+      const float *e[QB];
+      for (int r = 0; r < mq; r++) c[r] = t->accp[i + r], e[r] = t->s[i + r] + js;
+      pv_rows(c, e, mq, vp, nj, hd, bf16 && !widen, pf, i == 0 ? npf : 0, pfbytes);
+    }
+  }
+}
+
+/* The one merge and the one final division both paths use. */
+static __attribute__((noinline)) void merge_partial(armllm_softmax_state *st, float *acc,
+                                                    float mp, float lp, const float *accp,
+                                                    int64_t hd) {
+  armllm_attn_merge(st, acc, mp, lp, accp, hd);
+}
+
+static __attribute__((noinline)) void finish(float *out, const float *acc, float l, int64_t hd) {
+  const __m512 l16 = _mm512_set1_ps(l);
+  int64_t d = 0;
+  for (; d + 16 <= hd; d += 16) _mm512_storeu_ps(out + d, _mm512_div_ps(_mm512_loadu_ps(acc + d), l16));
+  if (d < hd) {
+    const __mmask16 m = armllm_avx512_tail16(hd - d);
+    _mm512_mask_storeu_ps(out + d, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, acc + d), l16));
+  }
+}
+
+
+/* Unit u -> its tile, KV head and head chunk; walks the tile's sub-tiles
+ * (one per sequence it touches), calling fn on each. */
+typedef void (*subtile_fn)(const attn_job *job, tile_ctx *t, int64_t p);
+
+static void run_unit(const attn_job *job, int64_t u, int64_t p, subtile_fn fn, tile_ctx *t) {
+  const armllm_attn_args *a = job->a;
+  const int64_t c = u % job->nhc, kvh = (u / job->nhc) % a->n_kv_heads;
+  /* largest tiles (latest rows: longest causal ranges) first */
+  const int64_t tile = job->ntiles - 1 - u / (job->nhc * a->n_kv_heads);
+  const int64_t rows = a->query_start[a->n_seqs];
+  const int64_t h0 = kvh * job->group + c * job->hc;
+  const int64_t h1 = h0 + job->hc < (kvh + 1) * job->group ? h0 + job->hc : (kvh + 1) * job->group;
+  int64_t r = tile * job->R;
+  const int64_t rend = r + job->R < rows ? r + job->R : rows;
+  while (r < rend) {
+    const int64_t b = armllm_attn_seq_of_row(a, r);
+    const int64_t r1 = a->query_start[b + 1] < rend ? a->query_start[b + 1] : rend;
+    tile_init(t, a, b, kvh, r, r1, h0, h1 - h0);
+    fn(job, t, p);
+    r = r1;
+  }
+}
+
+/* Unsplit: every partition of the sub-tile, merged as it comes. */
+static void subtile_full(const attn_job *job, tile_ctx *t, int64_t p_unused) {
+  (void)p_unused;
+  const armllm_attn_args *a = job->a;
+  float acc[TILE_Q][MAXD];
+  armllm_softmax_state st[TILE_Q];
+  for (int64_t i = 0; i < t->nq; i++) st[i] = (armllm_softmax_state){0.0f, 0.0f, 0};
+  for (int64_t p = t->lo_u / PART; p <= t->pos_u / PART; p++) {
+    tile_partition(t, p);
+    for (int64_t i = 0; i < t->nq; i++)
+      if (t->valid[i]) merge_partial(&st[i], acc[i], t->mp[i], t->lp[i], t->accp[i], t->hd);
+  }
+  for (int64_t i = 0; i < t->nq; i++) {
+    const int64_t row = t->r0 + i / t->nh, h = t->h0 + i % t->nh;
+    finish(a->out + row * a->ldo + h * t->hd, acc[i], st[i].l, t->hd);
+  }
+}
+
+/* Split: partition p of the sub-tile (if it has keys there) into scratch. */
+static void subtile_part(const attn_job *job, tile_ctx *t, int64_t p) {
+  const armllm_attn_args *a = job->a;
+  if (p < t->lo_u / PART || p > t->pos_u / PART) return;
+  tile_partition(t, p);
+  const int64_t stride = t->hd + 2;
+  for (int64_t i = 0; i < t->nq; i++) {
+    if (!t->valid[i]) continue;
+    const int64_t row = t->r0 + i / t->nh, h = t->h0 + i % t->nh;
+    float *dst = a->scratch + ((row * a->n_heads + h) * job->parts + p) * stride;
+    dst[0] = t->mp[i];
+    dst[1] = t->lp[i];
+    memcpy(dst + 2, t->accp[i], (size_t)t->hd * sizeof(float));
+  }
+}
+
+static void units_full(void *ctx, int64_t u0, int64_t u1) {
+  const attn_job *job = ctx;
+  tile_ctx t;
+  for (int64_t u = u0; u < u1; u++) run_unit(job, u, 0, subtile_full, &t);
+}
+
+static void units_part(void *ctx, int64_t i0, int64_t i1) {
+  const attn_job *job = ctx;
+  tile_ctx t;
+  for (int64_t i = i0; i < i1; i++) run_unit(job, i / job->parts, i % job->parts, subtile_part, &t);
+}
+
+/* Split, second pass: (row, head) items merge their partitions in order. */
+static void merge_rows(void *ctx, int64_t i0, int64_t i1) {
+  const attn_job *job = ctx;
+  const armllm_attn_args *a = job->a;
+  const int64_t hd = a->head_dim, stride = hd + 2;
+  float acc[MAXD];
+  for (int64_t item = i0; item < i1; item++) {
+    const int64_t row = item / a->n_heads, h = item % a->n_heads;
+    const int64_t b = armllm_attn_seq_of_row(a, row);
+    const int64_t pos = armllm_attn_pos(a, b, row), lo = armllm_attn_lo(a, pos);
+    const float *src = a->scratch + (row * a->n_heads + h) * job->parts * stride;
+    armllm_softmax_state st = {0.0f, 0.0f, 0};
+    for (int64_t p = lo / PART; p <= pos / PART; p++) {
+      const float *part = src + p * stride;
+      merge_partial(&st, acc, part[0], part[1], part + 2, hd);
+    }
+    finish(a->out + row * a->ldo + h * hd, acc, st.l, hd);
+  }
+}
+
+int64_t armllm_avx512_attention(armllm_pool *pool, const armllm_attn_args *args) {
+  const int64_t bad = armllm_attn_check(args);
+  if (bad >= 0) return bad;
+  const armllm_attn_args *a = args;
+  const int64_t rows = a->query_start[a->n_seqs];
+  if (rows <= 0) return -1;
+  attn_job job;
+  job.a = a;
+  job.group = a->n_heads / a->n_kv_heads;
+  job.nhc = (job.group + TILE_Q - 1) / TILE_Q;
+  job.hc = (job.group + job.nhc - 1) / job.nhc;
+  int64_t max_q = 0, max_len = 0;
+  for (int64_t b = 0; b < a->n_seqs; b++) {
+    const int64_t ql = a->query_start[b + 1] - a->query_start[b];
+    if (ql > max_q) max_q = ql;
+    if (ql > 0 && a->seq_lens[b] > max_len) max_len = a->seq_lens[b];
+  }
+  job.R = TILE_Q / job.hc;
+  if (job.R > max_q) job.R = max_q;
+  if (job.R < 1) job.R = 1;
+  job.ntiles = (rows + job.R - 1) / job.R;
+  job.units = job.ntiles * a->n_kv_heads * job.nhc;
+  job.parts = (max_len + PART - 1) / PART;
+
+  const int threads = armllm_pool_threads(pool);
+  const size_t need = (size_t)(rows * a->n_heads * job.parts * (a->head_dim + 2));
+  const int split = pool && threads > 1 && a->scratch && a->scratch_len >= need &&
+                    job.parts > 1 && job.units < 4 * (int64_t)threads;
+  if (!split) {
+    armllm_pool_run(pool, job.units, armllm_pool_grain(pool, job.units, 4, 1), units_full, &job);
+  } else {
+    const int64_t items = job.units * job.parts;
+    armllm_pool_run(pool, items, 1, units_part, &job);
+    const int64_t m = rows * a->n_heads;
+    armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, 1), merge_rows, &job);
+  }
+  return -1;
+}

@@ -1,0 +1,51 @@
+/* avx512/vexp_avx512.h: the shared exp approximation (../vexp.h), 16 lanes
+ * wide, and the lane masks the avx512 element-wise kernels use for tails.
+ *
+ * Performs exactly the operations of armllm_exp_scalar() in the same order,
+ * with FMAs exactly where the scalar form calls fmaf(), so every lane is
+ * bit-identical to ref. Inline, for exp.c, act.c and attn.c. Needs -mavx512f.
+ */
+#ifndef ARMLLM_VEXP_AVX512_H
+#define ARMLLM_VEXP_AVX512_H
+
+#include <immintrin.h>
+
+#include "../vexp.h"
+
+static inline __m512 armllm_exp_avx512(__m512 x) {
+  /* clamp; max(x, LO) returns LO for NaN lanes, which are restored at the end */
+  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(ARMLLM_EXP_LO)),
+                            _mm512_set1_ps(ARMLLM_EXP_HI));
+  const __m512 round = _mm512_set1_ps(ARMLLM_EXP_ROUND);
+  __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(ARMLLM_EXP_LOG2E), round), round);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ARMLLM_EXP_LN2_HI), xc);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(ARMLLM_EXP_LN2_LO), r);
+  __m512 p = _mm512_set1_ps(ARMLLM_EXP_P0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P5));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  __m512i ni = _mm512_cvttps_epi32(n); /* n is an integer in [-150, 128]: exact */
+  __m512i half = _mm512_srai_epi32(ni, 1);
+  __m512i rest = _mm512_sub_epi32(ni, half);
+  const __m512i bias = _mm512_set1_epi32(127);
+  __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, bias), 23));
+  __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(rest, bias), 23));
+  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+  /* NaN in, the same NaN out (as the scalar form's early return) */
+  y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+  /* opaque to the optimizer: a caller's later add is never fused into the
+   * last multiply, whatever -ffp-contract says */
+  __asm__("" : "+v"(y));
+  return y;
+}
+
+/* Lane mask for the first n (0..16) lanes of a 16-lane vector. */
+static inline __mmask16 armllm_avx512_tail16(int64_t n) {
+  return (__mmask16)(((uint32_t)1 << n) - 1);
+}
+
+#endif /* ARMLLM_VEXP_AVX512_H */
