@@ -33,11 +33,12 @@
  * The rows of a row block and K block are first copied (f32) or rounded
  * (bf16) into a stack buffer with a fixed row stride: a broadcast is then
  * one displacement from one pointer, and rows of x 4 KiB-multiples apart
- * do not compete for the same L1 sets. Work items are (row
- * block of about MC rows, group of up to GP panels), one at a time from the
- * pool; an item runs K block by K block: the panel-pair block (32 KiB at
- * most, L1) is reused by every row tile, the row block's x (L2) by every
- * panel of the group. Tails: a partial last panel is a lane mask on y and
+ * do not compete for the same L1 sets. Work items are (row block of about
+ * MC rows, group of up to GP panels), one at a time from the pool; an item
+ * runs K block by K block: the panel-pair block (16 KiB, L1) is reused by
+ * every row tile, the row block's copy (48 KiB, L1/L2) by every panel pair
+ * of the group, and the first row tile prefetches the next pair's block
+ * into L2. Tails: a partial last panel is a lane mask on y and
  * bias (never on the zero-padded weights), a short row tile is a tile of
  * fewer rows (the row count is a compile-time constant of each copy), a
  * short K block a shorter loop; odd K is the zero half of the last pair.
@@ -46,7 +47,7 @@
  * the whole of K (4 panels up to 4 rows, 2 above: at most 16 accumulators),
  * split over the pool by panel groups; bf16 rows are rounded K block by K
  * block into a small stack buffer while the accumulators stay in registers.
- * Measured on Zen 5 (2 threads, interleaved): at M = 1..8 it is 10-25%
+ * Measured on AMD EPYC Zen 5 (2 threads, interleaved): at M = 1..8 it is 10-25%
  * faster than the prefill tiles, whose K blocks and 2-panel tiles keep
  * fewer weight streams in flight.
  */
