@@ -66,6 +66,8 @@ def test_bad_bench_arguments():
     assert r.returncode == 2 and "unknown model 'gpt5'" in r.stderr
     r = armllm("bench", "kernels", "--m", "0")
     assert r.returncode == 2 and "--m values must be >= 1" in r.stderr
+    r = armllm("bench", "kernels", "--isa", "ref,vax")
+    assert r.returncode == 2 and "--isa 'vax' is not a kernel variant this CPU runs" in r.stderr
 
 
 def test_bench_kernels_runs_a_small_shape(tmp_path):
@@ -77,6 +79,22 @@ def test_bench_kernels_runs_a_small_shape(tmp_path):
     assert data["machine"]["1"]["read_gbs"] > 0 and data["machine"]["1"]["fma_gflops"] > 0
     assert len(data["gemm"]) == 8  # 4 layers x 2 dtypes at M=1
     assert all(row["armllm_s"] > 0 and row["numpy_f32_s"] > 0 for row in data["gemm"])
+
+
+def test_bench_kernels_compares_variants(tmp_path):
+    """--isa measures several variants side by side: a row per variant, each with its
+    time relative to the first variant's."""
+    out = tmp_path / "bench.json"
+    isas = ["ref", ops.available_isas()[0]]
+    r = armllm("bench", "kernels", "--isa", ",".join(isas), "--models", "smollm2-135m",
+               "--m", "1", "--threads", "1", "--dtypes", "bf16", "--min-time", "0.01",
+               "--no-numpy", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["gemm"]
+    assert [row["isa"] for row in rows] == isas * 4  # 4 layers at M=1
+    for first, other in zip(rows[::2], rows[1::2], strict=True):
+        assert first["ratio_to_first_isa"] == 1.0
+        assert other["ratio_to_first_isa"] == first["armllm_s"] / other["armllm_s"]
 
 
 def test_generate_json_matches_the_library(tmp_path):

@@ -77,7 +77,7 @@ def test_gemm_matches_exact(variant, pool, dtype, shape, seed, scale, with_bias,
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_gemm_bit_identical_for_any_thread_count(variant, pools, dtype):
     rng = np.random.default_rng(1)
-    for m in (1, 3, 8, 9, 64, 67):
+    for m in (1, 3, 8, 9, 64, 67, 200):  # 200: several row blocks of every prefill driver
         x = rand(rng, (m, 200))
         w, _ = weights(rng, 300, 200, dtype)
         outs = [run_gemm(variant, x, w, dtype, pool=p) for p in [None, *pools.values()]]
@@ -85,12 +85,13 @@ def test_gemm_bit_identical_for_any_thread_count(variant, pools, dtype):
             assert np.array_equal(y, outs[0])
 
 
+@pytest.mark.parametrize("k", [77, 600])  # 600: several K blocks on both paths
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_gemm_rows_do_not_depend_on_batch(variant, pool, dtype):
+def test_gemm_rows_do_not_depend_on_batch(variant, pool, dtype, k):
     """A row's output is the same alone or inside a batch (decode vs prefill path)."""
     rng = np.random.default_rng(2)
-    x = rand(rng, (40, 77))
-    w, _ = weights(rng, 50, 77, dtype)
+    x = rand(rng, (40, k))
+    w, _ = weights(rng, 50, k, dtype)
     pw = variant.pack(w, dtype)
     full = np.empty((40, 50), np.float32)
     variant.gemm(x, pw, full, None, pool)
@@ -118,6 +119,55 @@ def test_gemm_is_bit_identical_to_ref_unless_it_rounds_activations(variant, ref,
         got = run_gemm(variant, x, w, dtype, bias, pool)
         differ = got.view(np.uint32) != want.view(np.uint32)
         assert not differ.any(), f"{differ.sum()} of {differ.size} differ at m, n, k = {m, n, k}"
+
+
+# Around every variant's tiles: rows 1-4 (decode), 5-13 and 23-25 (prefill tiles of 4 to 12
+# rows and their tails), 97 (past a 96-row block); columns around 8/16/32-wide panels and
+# tiles and a 16-panel group; K odd and even around 4-wide groups and 128/256/512-long K
+# blocks (in k or in k pairs).
+TAIL_M = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 23, 25, 97)
+TAIL_N = (1, 15, 16, 17, 31, 33, 47, 257)
+TAIL_K = (1, 2, 3, 5, 127, 129, 256, 257, 513)
+
+
+def strided(rng, m, k, fill):
+    """An [m, k] view of rows longer than k whose extra columns hold `fill`."""
+    buf = np.full((m, k + 3), fill, np.float32)
+    buf[:, :k] = rand(rng, (m, k))
+    return buf[:, :k]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemm_tails(variant, ref, pool, dtype):
+    """Every tail of M, N and K around the tile and block sizes, with bias and row
+    strides (ldx, ldy > the row): f32 math gives ref's bits; variants that round
+    activations to bf16 give the product of the rounded activations (round to nearest
+    even) within f32 accumulation error. x's columns past K are NaN (a kernel that
+    reads them, e.g. the odd half of an odd K's last pair, poisons its rows); y's
+    columns past N must stay untouched."""
+    rng = np.random.default_rng(7)
+    rounds = dtype == "bf16" and variant.gemm_bf16_compute == "bf16"
+    for k in TAIL_K:
+        for n in TAIL_N:
+            w, w32 = weights(rng, n, k, dtype)
+            bias = rand(rng, n)
+            pw, pr = variant.pack(w, dtype), ref.pack(w, dtype)
+            for m in TAIL_M:
+                x = strided(rng, m, k, np.nan)
+                ybuf = np.full((m, n + 5), -7.0, np.float32)
+                variant.gemm(x, pw, ybuf[:, :n], bias, pool)
+                y = ybuf[:, :n]
+                assert np.all(ybuf[:, n:] == -7.0), f"wrote past N at m, n, k = {m, n, k}"
+                if not rounds:
+                    want = np.empty((m, n), np.float32)
+                    ref.gemm(x, pr, want, bias)
+                    differ = y.view(np.uint32) != want.view(np.uint32)
+                    assert not differ.any(), f"{differ.sum()} differ at m, n, k = {m, n, k}"
+                    continue
+                xr = ops.bf16_to_f32(ops.f32_to_bf16(np.ascontiguousarray(x)))
+                want, mag = exact_gemm(xr, w32, bias)
+                err = np.abs(y - want) / (mag + np.finfo(np.float32).tiny)
+                assert err.max() <= F32_REL, f"{err.max()} at m, n, k = {m, n, k}"
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

@@ -8,6 +8,11 @@ quantized ones (w8: int8 channelwise, w4: int4 in groups of 32; "w4g128",
 shapes and thread count. Quantized rows time what `ops.linear` runs: the
 per-token activation quantization plus the int8 GEMM (GOP/s, 2 ops a MAC).
 Timings are medians of repeated runs, interleaved with numpy's.
+
+`--isa avx2,avx512` measures several kernel variants side by side: each
+variant packs its own copy of the weights, their calls are interleaved
+(round-robin, so that a busy machine slows them alike) and each row gets the
+ratio of the first variant's time to its own.
 """
 from __future__ import annotations
 
@@ -44,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtypes", default="f32,bf16",
                    help="weight dtypes: f32, bf16, w8, w4 (w8/w4 take a group: w4g128, "
                         "w8g32; default w8 channelwise, w4 groups of 32)")
+    p.add_argument("--isa", default=None,
+                   help="comma-separated kernel variants to compare, interleaved (default: the "
+                        "selected one; `armllm info` lists those this CPU runs)")
     p.add_argument("--min-time", type=float, default=0.3,
                    help="seconds to spend per measurement (at least 3 repetitions)")
     p.add_argument("--no-numpy", action="store_true", help="skip the numpy comparison")
@@ -61,14 +69,39 @@ def _int_list(text: str, name: str) -> list[int]:
 
 
 def _median_time(fn, min_time: float) -> float:
-    fn()  # warm-up
-    times: list[float] = []
+    return _median_times([fn], min_time)[0]
+
+
+def _median_times(fns, min_time: float) -> list[float]:
+    """Median time of each function, called in turn (round-robin) for about
+    min_time seconds each, at least 3 times each."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < 1000):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    budget = min_time * len(fns)
+    while len(times[0]) < 3 or (time.perf_counter() - start < budget and len(times[0]) < 1000):
+        for fn, ts in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
+def _isa_list(text: str | None) -> list[str]:
+    """The variants to compare (default: the selected one), each runnable here."""
+    from armllm import ops
+    if text is None:
+        return [ops.selected_isa()]
+    isas = [v.strip() for v in text.split(",") if v.strip()]
+    runnable = ops.available_isas()
+    for isa in isas:
+        if isa not in runnable:
+            raise UsageError(f"--isa {isa!r} is not a kernel variant this CPU runs "
+                             f"(available: {', '.join(runnable)})")
+    if not isas or len(set(isas)) != len(isas):
+        raise UsageError(f"--isa must name distinct variants, got {text!r}")
+    return isas
 
 
 _QUANT = re.compile(r"^w([48])(?:g(0|32|64|128))?$")
@@ -125,6 +158,28 @@ def _copies(nbytes: int, m: int) -> int:
     return max(1, min(256, -(-COLD_BYTES // nbytes))) if m <= DECODE_MAX_M else 1
 
 
+def _result_row(machine: dict, model: str, layer: str, n: int, k: int, m: int, dtype: str,
+                threads: int, isa: str, t: float, weight_bytes: int, ratio: float,
+                numpy_t: float | None) -> dict:
+    gflops = 2.0 * m * n * k / t / 1e9
+    gbs = weight_bytes / t / 1e9
+    frac = gbs / machine["read_gbs"] if m <= DECODE_MAX_M else gflops / machine["fma_gflops"]
+    return {"model": model, "layer": layer, "n": n, "k": k, "m": m, "dtype": dtype,
+            "threads": threads, "isa": isa, "armllm_s": t, "gflops": gflops,
+            "weight_gbs": gbs, "fraction_of_limit": frac, "ratio_to_first_isa": ratio,
+            "numpy_f32_s": numpy_t}
+
+
+def _print_row(r: dict) -> None:
+    numpy_t = r["numpy_f32_s"]
+    speed = f"{numpy_t / r['armllm_s']:7.2f}" if numpy_t else "      -"
+    nms = f"{numpy_t * 1e3:9.3f}" if numpy_t else "        -"
+    print(f"{r['model']:<13} {r['layer']:<8} {r['n']:>6} {r['k']:>6} {r['m']:>4} "
+          f"{r['dtype']:>6} {r['threads']:>3} {r['isa']:>9} {r['armllm_s'] * 1e3:10.3f} "
+          f"{r['gflops']:8.1f} {r['weight_gbs']:6.1f} {r['fraction_of_limit'] * 100:6.0f}% "
+          f"{r['ratio_to_first_isa']:6.2f} {nms} {speed}", flush=True)
+
+
 def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
     from armllm import ops
@@ -153,11 +208,16 @@ def run(args: argparse.Namespace) -> int:
     if args.min_time <= 0:
         raise UsageError(f"--min-time must be > 0, got {args.min_time}")
 
+    isas = _isa_list(args.isa)
+
     info = ops.cpu_info()
-    print(f"armllm bench kernels: {info['cpu']}, variant {info['isa']} "
-          f"(gemm_f32 {info['kernels']['gemm_f32']}, gemm_bf16 {info['kernels']['gemm_bf16']}, "
-          f"gemm_wq {info['kernels']['gemm_wq']})")
-    results: dict = {"cpu": info, "machine": {}, "gemm": []}
+    print(f"armllm bench kernels: {info['cpu']}")
+    kerns = {isa: ops.kernels(isa) for isa in isas}
+    for isa, kern in kerns.items():
+        impl = kern.impl
+        print(f"variant {isa}: gemm_f32 {impl['gemm_f32']}, gemm_bf16 {impl['gemm_bf16']} "
+              f"(compute {kern.gemm_bf16_compute}), gemm_wq {impl['gemm_wq']}")
+    results: dict = {"cpu": info, "isas": isas, "machine": {}, "gemm": []}
     pools = {n: ops.ThreadPool(n) for n in threads}
     for n, pool in pools.items():
         probe = probe_machine(pool, args.min_time)
@@ -166,31 +226,29 @@ def run(args: argparse.Namespace) -> int:
               f"fp32 FMA peak {probe['fma_gflops']:.0f} GFLOP/s")
 
     header = (f"{'model':<13} {'layer':<8} {'N':>6} {'K':>6} {'M':>4} {'w':>6} {'thr':>3} "
-              f"{'armllm ms':>10} {'GFLOP/s':>8} {'GB/s':>6} {'%bw/%pk':>7} "
-              f"{'numpy ms':>9} {'speedup':>7}")
+              f"{'isa':>9} {'armllm ms':>10} {'GFLOP/s':>8} {'GB/s':>6} {'%bw/%pk':>7} "
+              f"{'ratio':>6} {'numpy ms':>9} {'speedup':>7}")
     print(header)
     rng = np.random.default_rng(0)
-    kern = ops.kernels()
     for model in models:
         for layer, n, k in MODEL_SHAPES[model]:
             w32 = rng.standard_normal((n, k), dtype=np.float32) * np.float32(k ** -0.5)
-            packers = {}
+            packers = {}  # (isa, dtype) -> a function that packs one copy
             for d in dtypes:
                 spec = _quant_spec(d)
-                if spec:
-                    packers[d] = _quantized_weight(kern, rng, n, k, *spec)
-                else:
-                    wd = w32 if d == "f32" else ops.f32_to_bf16(w32)
-                    packers[d] = partial(kern.pack, wd, d)
-            packed = {d: pack() for d, pack in packers.items()}
+                wd = None if spec else (w32 if d == "f32" else ops.f32_to_bf16(w32))
+                for isa, kern in kerns.items():
+                    packers[isa, d] = (_quantized_weight(kern, rng, n, k, *spec) if spec
+                                       else partial(kern.pack, wd, d))
+            packed = {key: pack() for key, pack in packers.items()}
             for m in ms:
                 if layer == "lm_head" and m > DECODE_MAX_M:
                     continue  # logits are computed only for the rows that sample
                 x = rng.standard_normal((m, k), dtype=np.float32)
                 y = np.empty((m, n), dtype=np.float32)
                 w_copies = [w32] + [w32.copy() for _ in range(_copies(w32.nbytes, m) - 1)]
-                copies = {d: [pw] + [packers[d]() for _ in range(_copies(pw.nbytes, m) - 1)]
-                          for d, pw in packed.items()}
+                copies = {key: [pw] + [packers[key]() for _ in range(_copies(pw.nbytes, m) - 1)]
+                          for key, pw in packed.items()}
                 for n_threads, pool in pools.items():
                     numpy_t = None
                     if not args.no_numpy:
@@ -199,27 +257,19 @@ def run(args: argparse.Namespace) -> int:
                             _Rotate([partial(np.matmul, x, w.T) for w in w_copies]), args.min_time)
                         _blas_threads.set_blas_threads(1)
                     for d in dtypes:
-                        pw = packed[d]
-                        calls = [_QuantLinear(kern, x, c, y, pool) if c.quantized else
-                                 partial(kern.gemm, x, c, y, None, pool) for c in copies[d]]
-                        t = _median_time(_Rotate(calls), args.min_time)
-                        gflops = 2.0 * m * n * k / t / 1e9
-                        gbs = pw.nbytes / t / 1e9
-                        mach = results["machine"][n_threads]
-                        frac = (gbs / mach["read_gbs"] if m <= DECODE_MAX_M
-                                else gflops / mach["fma_gflops"])
-                        row = {"model": model, "layer": layer, "n": n, "k": k, "m": m,
-                               "dtype": d, "threads": n_threads, "armllm_s": t,
-                               "gflops": gflops, "weight_gbs": gbs,
-                               "fraction_of_limit": frac, "numpy_f32_s": numpy_t}
-                        results["gemm"].append(row)
-                        speed = f"{numpy_t / t:7.2f}" if numpy_t else "      -"
-                        nms = f"{numpy_t * 1e3:9.3f}" if numpy_t else "        -"
-                        print(f"{model:<13} {layer:<8} {n:>6} {k:>6} {m:>4} {d:>6} {n_threads:>3} "
-                              f"{t * 1e3:10.3f} {gflops:8.1f} {gbs:6.1f} {frac * 100:6.0f}% "
-                              f"{nms} {speed}", flush=True)
+                        calls = [_Rotate([_QuantLinear(kerns[isa], x, c, y, pool) if c.quantized
+                                          else partial(kerns[isa].gemm, x, c, y, None, pool)
+                                          for c in copies[isa, d]]) for isa in isas]
+                        times = _median_times(calls, args.min_time)
+                        for isa, t in zip(isas, times, strict=True):
+                            row = _result_row(results["machine"][n_threads], model, layer, n, k,
+                                              m, d, n_threads, isa, t, packed[isa, d].nbytes,
+                                              times[0] / t, numpy_t)
+                            results["gemm"].append(row)
+                            _print_row(row)
     print("%bw/%pk: decode rows (M <= 8; weights cycled through 256 MiB of copies so they come "
           "from DRAM) as a fraction of read bandwidth, prefill rows of FMA peak; "
+          "ratio = the first --isa variant's time / this variant's (interleaved runs); "
           "speedup = numpy f32 time / armllm time. w8/w4 rows include the activation "
           "quantization; their GFLOP/s are GOP/s of int8 MACs (x2), compared with the same "
           "fp32 peak.")
