@@ -1,6 +1,8 @@
 /* avx512/quant.c: the quantized GEMM (int8 or int4 weights, int8
- * activations) with AVX512_VNNI's vpdpbusd, and the activation quantizer
- * over 16 lanes.
+ * activations) with AVX512_VNNI's vpdpbusd. (The table keeps avx2's
+ * activation quantizer: a few percent of a quantized linear's time, e.g. 43
+ * us of ~550 for 512 x 576 into 960 columns, bound by its correctly rounded
+ * divisions, which Zen 4 runs at the same rate per element in 512 bits.)
  *
  * Packed layout "nr16k4g": a 64-byte header (its first uint32: 1 when the
  * scales are stored as f16), then N cut into panels of 16 output rows (the
@@ -34,12 +36,17 @@
  * then y = t (+ bias)) runs lane-wise with the very operations of ref: every
  * result is bit-identical to ref, whatever the tile, path or thread count.
  *
- * Tiles are mr rows x nc panels (nc <= 2: 32 columns), the whole of K, with
- * both the int32 accumulators and the float sums t in registers (2 * mr * nc
- * of the 32 zmm). Decode (M <= 4): all rows, two panels at a time, each
- * thread one contiguous run of panels (software-prefetched ahead). Prefill:
- * WQ_MR rows x 2 panels; items are (row block, panel chunk) pairs sized so
- * that a row block's activations and a chunk's panels stay in L2.
+ * Tiles are mr rows x nc panels (nc <= 2: 32 columns) over a run of groups,
+ * with both the int32 accumulators and the float sums t in registers
+ * (2 * mr * nc of the 32 zmm). Decode (M <= 4): all rows, one panel at a
+ * time over the whole of K, each thread one contiguous run of panels (one
+ * memory stream, software-prefetched ahead). Prefill: WQ_MR rows x 2 panels;
+ * items are (row block of up to WQ_MB_MAX rows, panel chunk) pairs, about
+ * WQ_ITEMS_PER_THREAD a thread; inside, panel pair by panel pair, K is cut
+ * into blocks of whole groups whose weights fit half of L1d, and every row
+ * tile of the block runs over one K block before the next (t waits in a
+ * stack buffer between K blocks): the weights come from memory once per row
+ * block and from L1 for every tile after the first.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -62,7 +69,8 @@
 #define WQ_L1_BYTES (16 * 1024) /* a panel pair's K block: half of L1d */
 #endif
 #define WQ_MB_MAX 258 /* rows per prefill block (a multiple of WQ_MR): its t on the stack */
-#define WQ_ITEMS_PER_THREAD 4
+_Static_assert(WQ_MB_MAX % WQ_MR == 0, "row blocks are whole tiles: tbuf holds any of them");
+#define WQ_ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define WQ_ROW_TERMS_CAP 4096 /* a row block's per-group terms on the stack (16 KiB) */
 #define HEADER_BYTES 64       /* the layout's header: keeps the panels 64-byte aligned */
 
@@ -177,8 +185,7 @@ typedef struct {
   int64_t kb;           /* prefill: groups per K block */
 } wq_job;
 
-/* The 4 activation bytes at p, in every lane (folds into vpdpbusd's
- * embedded broadcast). */
+/* The 4 activation bytes at p, in every lane (one broadcast load). */
 static ALWAYS_INLINE __m512i bcast4(const int8_t *p) {
   int32_t v;
   memcpy(&v, p, sizeof v);
@@ -191,7 +198,8 @@ static int32_t sum_i8(const int8_t *x, int64_t len) {
   __m512i s = zero;
   for (int64_t i = 0; i < len; i += 64) { /* sad of x + 128 against 0: 8 sums of 8 */
     const __mmask64 in = len - i >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (len - i)) - 1;
-    const __m512i v = _mm512_maskz_mov_epi8(in, _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, x + i), flip));
+    const __m512i v =
+        _mm512_maskz_mov_epi8(in, _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, x + i), flip));
     s = _mm512_add_epi64(s, _mm512_sad_epu8(v, zero));
   }
   return (int32_t)(_mm512_reduce_add_epi64(s) - 128 * len);
@@ -378,16 +386,16 @@ static ALWAYS_INLINE void decode_task(const int bits, void *ctx, int64_t p0, int
     row_terms(job, bits, 0, job->m, &buf);
     terms = &buf;
   }
-  for (int64_t p = p0; p < p1; p++) tile_rows(1, bits, 1, job, 0, job->m, p, terms, 0, job->ng, NULL);
+  for (int64_t p = p0; p < p1; p++)
+    tile_rows(1, bits, 1, job, 0, job->m, p, terms, 0, job->ng, NULL);
 }
 static void decode_task8(void *ctx, int64_t i0, int64_t i1) { decode_task(8, ctx, i0, i1); }
 static void decode_task4(void *ctx, int64_t i0, int64_t i1) { decode_task(4, ctx, i0, i1); }
 
 /* Prefill item i: row block i / n_pc times panel chunk i % n_pc. Panel pair
  * by panel pair, K block by K block (kb groups: the pair's weights of a
- * block stay in L1), every row tile of the block (the block's activations
- * stay in L2), the first tile prefetching the panel stream; t waits in tbuf
- * between K blocks. */
+ * block stay in L1), every row tile of the block, the first tile prefetching
+ * the panel stream; t waits in tbuf between K blocks. */
 static ALWAYS_INLINE void prefill_item(const int bits, const wq_job *job, int64_t item, void *buf,
                                        float *tbuf) {
   const int64_t rb = item / job->n_pc, pc = item % job->n_pc, ng = job->ng, kb = job->kb;
