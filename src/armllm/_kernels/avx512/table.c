@@ -25,7 +25,7 @@ const armllm_kernels armllm_kernels_avx512 = {
     ARMLLM_SLOT(exp, avx2),
     ARMLLM_SLOT(kv_write, avx2),
     ARMLLM_SLOT(attention, avx2),
-    ARMLLM_SLOT(quant_act, avx2),
+    ARMLLM_SLOT(quant_act, avx512),
     ARMLLM_SLOT(gemm_wq_packed_len, avx512),
     ARMLLM_SLOT(gemm_wq_pack, avx512),
     ARMLLM_SLOT(gemm_wq, avx512),
