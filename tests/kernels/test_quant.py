@@ -291,6 +291,94 @@ def test_gemm_wq_model_shapes(variant, pool, bits, group):
         assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias))
 
 
+def strided_gemm_wq(kern, xq, scale, gsum, pw, bias, pool, pad):
+    """gemm_wq with every row stride `pad` elements longer than its row (xq, scale,
+    gsum, out); checks that nothing past N was written and returns out[:, :N]."""
+    m, n = xq.shape[0], pw.n
+
+    def strided(a, fill):
+        buf = np.full((m, a.shape[1] + pad), fill, a.dtype)
+        buf[:, :a.shape[1]] = a
+        return buf[:, :a.shape[1]]
+
+    ybuf = np.full((m, n + pad), -7.0, np.float32)
+    kern.gemm_wq(strided(xq, 99), strided(scale, -1.0),
+                 None if gsum is None else strided(gsum, -5), pw, ybuf[:, :n], bias, pool)
+    assert np.all(ybuf[:, n:] == -7.0), "wrote past N"
+    return ybuf[:, :n]
+
+
+# M around the decode limit (4) and the prefill tile heights (4, 6); N around the
+# 16- and 32-column tiles; K around the 32/64/128 groups and across several L1 K
+# blocks of a prefill tile (about 400 to 900 k a block, by format).
+TILE_EDGES = [(m, n, k) for m, n, k in [
+    (1, 17, 31), (2, 33, 65), (3, 16, 129), (4, 31, 127), (5, 32, 64), (6, 47, 33),
+    (7, 48, 96), (11, 15, 160), (12, 49, 1000), (13, 1, 2100), (4, 50, 2100),
+    (25, 64, 257), (37, 80, 1537)]]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", GROUPS)
+def test_gemm_wq_tile_edges(variant, pools, bits, group):
+    """Every tail of every tile (M, N, K), with bias and padded strides, on 1 and 3
+    threads: the exact model's bits; 8-bit weights also without gsum."""
+    rng = np.random.default_rng(17 + bits + group)
+    for m, n, k in TILE_EDGES:
+        x = rand(rng, (m, k))
+        x[:, rng.integers(0, k)] *= 40  # an outlier column
+        q, d, o = make_weights(rng, n, k, bits, group)
+        bias = rand(rng, n)
+        xq, scale, gsum = quantize(variant, x, group)
+        pw = variant.pack_wq(q, d, o, bits, group)
+        want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias)
+        for pool, pad in [(None, 3), (pools[3], 0)]:
+            y = strided_gemm_wq(variant, xq, scale, gsum, pw, bias, pool, pad)
+            assert np.array_equal(y, want), (m, n, k, pad)
+        if bits == 8:
+            y = strided_gemm_wq(variant, xq, scale, None, pw, None, pools[2], 5)
+            assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None))
+
+
+@pytest.mark.parametrize("bits,group", [(8, 32), (4, 32), (8, 0), (4, 128)])
+def test_gemm_wq_tall_blocks(variant, pools, bits, group):
+    """More rows than one prefill row block, and row blocks whose per-group terms
+    (rows x groups) overflow the kernels' stack buffer: the same bits on 1..4 threads."""
+    rng = np.random.default_rng(18)
+    for m, k in [(300, 200), (258, 544)]:
+        x = rand(rng, (m, k))
+        q, d, o = make_weights(rng, 40, k, bits, group)
+        xq, scale, gsum = quantize(variant, x, group, pools[2])
+        pw = variant.pack_wq(q, d, o, bits, group)
+        want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None)
+        for p in [None, *pools.values()]:
+            y = np.empty((m, 40), np.float32)
+            variant.gemm_wq(xq, scale, gsum, pw, y, None, p)
+            assert np.array_equal(y, want), (m, k, p)
+        if bits == 8:
+            y = np.empty((m, 40), np.float32)
+            variant.gemm_wq(xq, scale, None, pw, y, None, pools[2])
+            assert np.array_equal(y, want)
+
+
+@pytest.mark.parametrize("bits,group", [(8, 0), (8, 64), (4, 32), (4, 0)])
+def test_gemm_wq_asymmetric_activations(variant, pool, bits, group):
+    """Activations quantized with zero points (every xq up to +-127, gsum holding
+    z): the GEMM is the same exact sum over the stored bytes."""
+    rng = np.random.default_rng(19)
+    for m, n, k in [(1, 40, 300), (3, 33, 576), (9, 70, 1000)]:
+        x = (rand(rng, (m, k)) + np.float32(2.0)).astype(np.float32)  # skewed: z far from 0
+        ng = q_groups(k, group)
+        xq, scale = np.empty((m, q_kpad(k)), np.int8), np.empty((m, ng), np.float32)
+        gsum, zp = np.empty((m, ng), np.int32), np.empty((m, ng), np.int32)
+        variant.quant_act(x, xq, scale, gsum, group, pool, zp=zp)
+        assert np.all(zp < 0), "skewed rows: zero points well below 0"
+        q, d, o = make_weights(rng, n, k, bits, group)
+        pw = variant.pack_wq(q, d, o, bits, group)
+        y = np.empty((m, n), np.float32)
+        variant.gemm_wq(xq, scale, gsum, pw, y, None, pool)
+        assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None))
+
+
 def test_gemm_wq_long_k_small_groups(variant, pool):
     """Over a thousand groups a row (the kernels' per-block scratch may not fit)."""
     rng = np.random.default_rng(14)

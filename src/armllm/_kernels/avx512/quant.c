@@ -1,0 +1,577 @@
+/* avx512/quant.c: the quantized GEMM (int8 or int4 weights, int8
+ * activations) with AVX512_VNNI's vpdpbusd, and the symmetric activation
+ * quantizer over 16 lanes (~1.3x avx2's; it is bound by its correctly
+ * rounded divisions; asymmetric activations run avx2's).
+ *
+ * Packed layout "nr16k4g": a 64-byte header (its first uint32: 1 when the
+ * scales are stored as f16), then N cut into panels of 16 output rows (the
+ * last one padded with q = 0, d = 0, o = 0); panel p is one contiguous block
+ * of panel_bytes, group after group (group g covers k in [g*gl,
+ * min((g+1)*gl, kpad)), gl = armllm_q_group_len(group): channelwise weights
+ * are groups of ARMLLM_Q_CHANNEL_GROUP with the row's scale repeated), each
+ * group its weights then its scales:
+ *   bits 8: for each 4-k step of the group, 64 bytes: rows r = 0..15, each
+ *           the 4 bytes q[16p + r, k .. k+4) + 128 (unsigned);  then
+ *           d[16p .. 16p+16) as 16 f32.
+ *   bits 4: for each 8-k step of the group, 64 bytes: byte 4r + j holds
+ *           q[16p + r, k + j] in its low nibble and q[16p + r, k + 4 + j] in
+ *           its high nibble (j < 4);  then d[16], then o[16]: f16 when every
+ *           d and o of the matrix is exact in f16 (GGUF's, armllm's RTN ones:
+ *           widened to the same floats), else f32.
+ * panel_bytes = 16*kpad + 64*ng (bits 8), 8*kpad + 64*ng or 128*ng (bits 4,
+ * f16 or f32 scales); every vector is 64-byte aligned when the buffer is.
+ *
+ * Inner products: vpdpbusd multiplies an unsigned byte operand (a register:
+ * the weights) by a signed one (the activation word x[k..k+4), broadcast
+ * from memory to the 16 lanes) and adds the 4 products of each lane to its
+ * int32 accumulator, exactly (no saturation: |sum| <= 128 * 127 * 255).
+ *   bits 4: the nibbles are the unsigned operand as they are (no correction).
+ *   bits 8: the weights are stored as q + 128, and x.q = x.(q + 128) -
+ *           128 sum(x): each group's accumulators start at -128 sum(x) of
+ *           their row (quant_act's gsum, or computed here), so the
+ *           correction costs no vector operation.
+ * Each group's int32 sum is exact, so the float epilogue (the header's order:
+ * per group a = acc * sx, t = fma(d, a, t) [, b = gsum * sx, t = fma(o, b, t)],
+ * then y = t (+ bias)) runs lane-wise with the very operations of ref: every
+ * result is bit-identical to ref, whatever the tile, path or thread count.
+ *
+ * Tiles are mr rows x nc panels (nc <= 2: 32 columns) over a run of groups,
+ * with both the int32 accumulators and the float sums t in registers
+ * (2 * mr * nc of the 32 zmm). Decode (M <= 4): all rows, one panel at a
+ * time over the whole of K, each thread one contiguous run of panels (one
+ * memory stream, software-prefetched ahead). Prefill: WQ_MR rows x 2 panels;
+ * items are (row block of up to WQ_MB_MAX rows, panel chunk) pairs, about
+ * WQ_ITEMS_PER_THREAD a thread; inside, panel pair by panel pair, K is cut
+ * into blocks of whole groups whose weights fit half of L1d, and every row
+ * tile of the block runs over one K block before the next (t waits in a
+ * stack buffer between K blocks): the weights come from memory once per row
+ * block and from L1 for every tile after the first.
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "../family_jobs.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define PANEL 16       /* output rows per panel: one int32 / f32 lane each */
+#define MAX_NC 2       /* panels per tile */
+#define DECODE_MAX_M 4 /* rows up to this take the streaming (decode) path */
+#ifndef WQ_MR
+/* prefill tile rows: 2 * 6 * 2 accumulators and t, 24 of the 32 zmm (4 rows x
+ * 3 panels, fewer broadcasts per vpdpbusd, measured no faster on Zen 4) */
+#define WQ_MR 6
+#endif
+#define MAX_MR 6 /* the largest tile height, decode or prefill */
+#ifndef WQ_PF_BYTES
+#define WQ_PF_BYTES 4096 /* decode: software prefetch distance in each panel stream */
+#endif
+#ifndef WQ_L1_BYTES
+#define WQ_L1_BYTES (16 * 1024) /* a panel pair's K block: half of L1d */
+#endif
+#define WQ_MB_MAX 258 /* rows per prefill block (a multiple of WQ_MR): its t on the stack */
+_Static_assert(WQ_MB_MAX % WQ_MR == 0, "row blocks are whole tiles: tbuf holds any of them");
+#define WQ_ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
+#define WQ_ROW_TERMS_CAP 4096 /* a row block's per-group terms on the stack (16 KiB) */
+#define HEADER_BYTES 64       /* the layout's header: keeps the panels 64-byte aligned */
+
+/* Keeps the compiler from fusing a = acc * sx into a neighbouring add: the
+ * header fixes the mul, then the fma. */
+static ALWAYS_INLINE __m512 no_contract(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+
+/* ------------------------------------------------------- quant_act */
+
+/* x[i .. i+16) masked to the `left` elements before K (zeros past it). */
+static ALWAYS_INLINE __m512 load_part(const float *x, int64_t left) {
+  if (left >= 16) return _mm512_loadu_ps(x);
+  if (left <= 0) return _mm512_setzero_ps();
+  return _mm512_maskz_loadu_ps((__mmask16)((1u << left) - 1), x);
+}
+
+/* max |x| over k elements, as ref: NaN when any is NaN (|the last NaN|). */
+static float group_amax(const float *x, int64_t k) {
+  __m512 m0 = _mm512_setzero_ps(), m1 = m0;
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    const __m512 b = _mm512_abs_ps(_mm512_loadu_ps(x + i + 16));
+    nan |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+    m0 = _mm512_max_ps(m0, a);
+    m1 = _mm512_max_ps(m1, b);
+  }
+  for (; i < k; i += 16) {
+    const __m512 a = _mm512_abs_ps(load_part(x + i, k - i));
+    nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    m0 = _mm512_max_ps(m0, a);
+  }
+  if (nan)
+    for (i = k - 1;; i--)
+      if (x[i] != x[i]) return fabsf(x[i]);
+  return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+}
+
+/* One row, group by group (symmetric): the group's amax over its real
+ * columns, then its 16-k pieces quantized (and summed) while in L1. */
+static void quant_row(const armllm_quant_job *job, int64_t r) {
+  const float *x = job->x + r * job->ldx;
+  int8_t *q = job->xq + r * job->ldq;
+  float *sc = job->scale + r * job->ldsc;
+  int32_t *gs = job->gsum ? job->gsum + r * job->ldgs : NULL;
+  const int64_t k = job->k, kpad = job->kpad, gl = job->gl;
+  const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  for (int64_t g = 0, k0 = 0; g < job->ng; g++, k0 += gl) {
+    const int64_t k1 = k0 + gl < kpad ? k0 + gl : kpad;
+    const int64_t kx = k1 < k ? k1 : k; /* > k0: every group has a real column */
+    const float s = group_amax(x + k0, kx - k0) / 127.0f;
+    sc[g] = s;
+    if (s == 0.0f || !isfinite(s)) { /* every x / s is 0 or NaN: all zeros, as ref */
+      memset(q + k0, 0, (size_t)(k1 - k0));
+      if (gs) gs[g] = 0;
+      continue;
+    }
+    const __m512 vs = _mm512_set1_ps(s);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t i = k0; i < k1; i += 16) { /* k1 - k0 is a multiple of 32 */
+      __m512 v = _mm512_roundscale_ps(_mm512_div_ps(load_part(x + i, k - i), vs),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i iv = _mm512_cvtps_epi32(_mm512_max_ps(_mm512_min_ps(v, hi), lo));
+      _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtepi32_epi8(iv));
+      sum = _mm512_add_epi32(sum, iv);
+    }
+    if (gs) gs[g] = _mm512_reduce_add_epi32(sum);
+  }
+}
+
+static void quant_rows_task(void *ctx, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; r++) quant_row(ctx, r);
+}
+
+void armllm_avx512_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t k,
+                             int64_t ldx, int64_t group, int8_t *xq, int64_t ldq, float *scale,
+                             int64_t ldsc, int32_t *gsum, int64_t ldgs, int32_t *zp,
+                             int64_t ldzp) {
+  if (zp) { /* asymmetric: avx2's (bound by the same divisions) */
+    armllm_avx2_quant_act(pool, x, m, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp);
+    return;
+  }
+  armllm_quant_job job =
+      armllm_quant_job_of(x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp);
+  if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
+  armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), quant_rows_task,
+                  &job);
+}
+
+/* ------------------------------------------------------------ pack */
+
+static inline int64_t n_panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
+
+/* Bytes of one group's scales (and offsets) in a panel. */
+static inline int64_t scale_bytes(int bits, int f16) {
+  return bits == 4 ? (f16 ? 2 : 4) * 2 * PANEL : 4 * PANEL;
+}
+
+/* Bytes of one 32-k chunk of a panel's weights. */
+static inline int64_t chunk_bytes(int bits) { return bits == 4 ? 16 * PANEL : 32 * PANEL; }
+
+static inline int64_t panel_bytes(int64_t k, int bits, int64_t group, int f16) {
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  return chunk_bytes(bits) * (kpad / 32) + scale_bytes(bits, f16) * ng;
+}
+
+/* 1 when every a[i] is finite and an f16 value (NULL: none to check). */
+static int exact_f16(const float *a, int64_t count) {
+  if (!a) return 1;
+  for (int64_t i = 0; i < count; i++) {
+    if (!isfinite(a[i])) return 0;
+    if (_cvtsh_ss(_cvtss_sh(a[i], _MM_FROUND_TO_NEAREST_INT)) != a[i]) return 0;
+  }
+  return 1;
+}
+
+/* Whether a 4-bit matrix's scales and offsets go in as f16 (8-bit: never;
+ * no d given: the largest layout). */
+static int scales_f16(int64_t n, int64_t k, int bits, int64_t group, const float *d,
+                      const float *o) {
+  const int64_t count = n * (group ? armllm_q_groups(k, group) : 1);
+  return bits == 4 && d && exact_f16(d, count) && exact_f16(o, count);
+}
+
+size_t armllm_avx512_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
+                                        const float *d, const float *o) {
+  const int f16 = scales_f16(n, k, bits, group, d, o);
+  return (size_t)(HEADER_BYTES + n_panels(n) * panel_bytes(k, bits, group, f16));
+}
+
+void armllm_avx512_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
+                                const float *d, const float *o, void *packed) {
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  const int64_t gl = armllm_q_group_len(group);
+  const int64_t ngin = group ? ng : 1; /* channelwise: one scale a row, repeated */
+  const int f16 = scales_f16(n, k, bits, group, d, o);
+  const int64_t step = bits == 4 ? 8 : 4; /* k per 64-byte vector */
+  uint8_t *dst = packed;
+  memset(dst, 0, HEADER_BYTES);
+  *(uint32_t *)dst = (uint32_t)f16;
+  dst += HEADER_BYTES;
+  for (int64_t p = 0; p < n_panels(n); p++) {
+    for (int64_t g = 0; g < ng; g++) {
+      const int64_t k0 = g * gl, k1 = k0 + gl < kpad ? k0 + gl : kpad;
+      for (int64_t ks = k0; ks < k1; ks += step)
+        for (int64_t r = 0; r < PANEL; r++)
+          for (int64_t j = 0; j < 4; j++) {
+            const int64_t row = p * PANEL + r;
+            uint8_t v = 0;
+            if (row < n && ks + j < k) v = (uint8_t)q[row * k + ks + j];
+            if (bits == 8) v ^= 0x80; /* q + 128: the unsigned operand */
+            if (bits == 4 && row < n && ks + 4 + j < k)
+              v = (uint8_t)(v | (uint8_t)q[row * k + ks + 4 + j] << 4);
+            *dst++ = v;
+          }
+      float scales[2 * PANEL];
+      for (int64_t r = 0; r < PANEL; r++) {
+        const int64_t row = p * PANEL + r;
+        const int64_t src = row * ngin + (group ? g : 0);
+        scales[r] = row < n ? d[src] : 0.0f;
+        scales[PANEL + r] = row < n && o ? o[src] : 0.0f;
+      }
+      if (f16) { /* exact: the same floats come back */
+        _mm256_store_si256((__m256i *)dst, _mm512_cvtps_ph(_mm512_loadu_ps(scales), 0));
+        _mm256_store_si256((__m256i *)(dst + 32),
+                           _mm512_cvtps_ph(_mm512_loadu_ps(scales + PANEL), 0));
+      } else {
+        memcpy(dst, scales, (size_t)scale_bytes(bits, 0));
+      }
+      dst += scale_bytes(bits, f16);
+    }
+  }
+}
+
+/* ------------------------------------------------------------ GEMM */
+
+typedef struct {
+  const int8_t *xq;
+  int64_t m, kpad, ldq;
+  const float *scale;
+  int64_t ldsc;
+  const int32_t *gsum;
+  int64_t ldgs;
+  const uint8_t *w; /* the first panel, past the header */
+  int f16;          /* 4-bit scales stored as f16 */
+  int64_t n, panels, pbytes, ng, gl;
+  const float *bias;
+  float *y;
+  int64_t ldy;
+  int64_t mb, cp, n_pc; /* prefill: rows per block, panels per chunk (even), chunks */
+  int64_t kb;           /* prefill: groups per K block */
+} wq_job;
+
+/* The 4 activation bytes at p, in every lane (one broadcast load). */
+static ALWAYS_INLINE __m512i bcast4(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+/* Sum of x[0 .. len). */
+static int32_t sum_i8(const int8_t *x, int64_t len) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+  __m512i s = zero;
+  for (int64_t i = 0; i < len; i += 64) { /* sad of x + 128 against 0: 8 sums of 8 */
+    const __mmask64 in = len - i >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (len - i)) - 1;
+    const __m512i v =
+        _mm512_maskz_mov_epi8(in, _mm512_xor_si512(_mm512_maskz_loadu_epi8(in, x + i), flip));
+    s = _mm512_add_epi64(s, _mm512_sad_epu8(v, zero));
+  }
+  return (int32_t)(_mm512_reduce_add_epi64(s) - 128 * len);
+}
+
+/* A row's per-group term of the epilogue, rows r0 .. r1 into out (rows ng
+ * apart): bits 8 the accumulators' start -128 sum(x) (int32), bits 4 the
+ * offset term b = (float)gsum * sx (one scalar rounding, as ref). The same
+ * for every panel: computed once per row block. */
+static void row_terms(const wq_job *job, const int bits, int64_t r0, int64_t r1, void *out) {
+  const int64_t ng = job->ng;
+  for (int64_t r = r0; r < r1; r++)
+    for (int64_t g = 0; g < ng; g++) {
+      const int64_t i = (r - r0) * ng + g;
+      if (bits == 4) {
+        ((float *)out)[i] = (float)job->gsum[r * job->ldgs + g] * job->scale[r * job->ldsc + g];
+      } else {
+        const int64_t k0 = g * job->gl, k1 = k0 + job->gl < job->kpad ? k0 + job->gl : job->kpad;
+        const int32_t s =
+            job->gsum ? job->gsum[r * job->ldgs + g] : sum_i8(job->xq + r * job->ldq + k0, k1 - k0);
+        ((int32_t *)out)[i] = (int32_t)(0u - 128u * (uint32_t)s);
+      }
+    }
+}
+
+/* Decode streams each panel once from memory: ask for the lines WQ_PF_BYTES
+ * ahead of the `len` bytes about to be read. */
+static ALWAYS_INLINE void prefetch_ahead(const uint8_t *w, int len) {
+  for (int i = 0; i < len; i += 64) _mm_prefetch((const char *)w + WQ_PF_BYTES + i, _MM_HINT_T0);
+}
+
+/* Bytes of a panel before group g (every group before the last is whole). */
+static inline int64_t group_offset(const wq_job *job, const int bits, int64_t g) {
+  return g * (job->gl / 32 * chunk_bytes(bits) + scale_bytes(bits, job->f16));
+}
+
+/* y[r0 .. r0+mr, panels p .. p+nc] over groups [g0, g1): the chunks of a
+ * group accumulate in int32, then the group's float epilogue updates t.
+ * t starts at +0 (g0 = 0) or from tbuf (rows TBUF_LD floats apart, the
+ * panels' 16 columns side by side) and ends in y (g1 = ng, masked to N, +
+ * bias) or in tbuf. Per-row group terms (row_terms) come from `terms` (rows
+ * ng apart) or, with NULL, are computed here. */
+#define TBUF_LD (MAX_NC * PANEL)
+static ALWAYS_INLINE void tile(const int mr, const int nc, const int bits, const int pf,
+                               const wq_job *job, int64_t r0, int64_t p, const void *terms,
+                               int64_t g0, int64_t g1, float *tbuf) {
+  const int64_t ldq = job->ldq, kpad = job->kpad, gl = job->gl, pb = job->pbytes, ng = job->ng;
+  const int8_t *x = job->xq + r0 * ldq;
+  const uint8_t *wp = job->w + p * pb + group_offset(job, bits, g0);
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  __m512 t[MAX_MR][MAX_NC];
+  __m512i acc[MAX_MR][MAX_NC];
+  for (int r = 0; r < mr; r++) /* ref's t starts at +0 */
+    for (int c = 0; c < nc; c++)
+      t[r][c] = g0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(tbuf + r * TBUF_LD + c * PANEL);
+  for (int64_t g = g0, k0 = g0 * gl; g < g1; g++, k0 += gl) {
+    const int64_t k1 = k0 + gl < kpad ? k0 + gl : kpad;
+    for (int r = 0; r < mr; r++) {
+      __m512i start = _mm512_setzero_si512();
+      if (bits == 8) {
+        int32_t c;
+        if (terms) {
+          c = ((const int32_t *)terms)[r * ng + g];
+        } else {
+          const int32_t s = job->gsum ? job->gsum[(r0 + r) * job->ldgs + g]
+                                      : sum_i8(x + r * ldq + k0, k1 - k0);
+          c = (int32_t)(0u - 128u * (uint32_t)s);
+        }
+        start = _mm512_set1_epi32(c);
+      }
+      for (int c = 0; c < nc; c++) acc[r][c] = start;
+    }
+    for (int64_t kc = k0; kc < k1; kc += 32, wp += chunk_bytes(bits)) {
+      if (pf)
+        for (int c = 0; c < nc; c++) prefetch_ahead(wp + c * pb, (int)chunk_bytes(bits));
+      if (bits == 8) {
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++) { /* 8 steps of 4 k */
+          __m512i w[MAX_NC];
+          for (int c = 0; c < nc; c++) w[c] = _mm512_load_si512(wp + c * pb + 64 * s);
+          for (int r = 0; r < mr; r++) {
+            const __m512i xb = bcast4(x + r * ldq + kc + 4 * s);
+            for (int c = 0; c < nc; c++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w[c], xb);
+          }
+        }
+      } else {
+#pragma GCC unroll 4
+        for (int s = 0; s < 4; s++) { /* 4 steps of 8 k: low nibbles k .. k+4, high k+4 .. k+8 */
+          __m512i lo[MAX_NC], hi[MAX_NC];
+          for (int c = 0; c < nc; c++) {
+            const __m512i v = _mm512_load_si512(wp + c * pb + 64 * s);
+            lo[c] = _mm512_and_si512(v, nib);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+          }
+          for (int r = 0; r < mr; r++) {
+            const __m512i xl = bcast4(x + r * ldq + kc + 8 * s);
+            const __m512i xh = bcast4(x + r * ldq + kc + 8 * s + 4);
+            for (int c = 0; c < nc; c++) {
+              acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], lo[c], xl);
+              acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], hi[c], xh);
+            }
+          }
+        }
+      }
+    }
+    __m512 dv[MAX_NC], ov[MAX_NC];
+    for (int c = 0; c < nc; c++) {
+      const uint8_t *sp = wp + c * pb;
+      if (bits == 4 && job->f16) {
+        dv[c] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)sp));
+        ov[c] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(sp + 32)));
+      } else {
+        dv[c] = _mm512_load_ps(sp);
+        ov[c] = bits == 4 ? _mm512_load_ps((const float *)sp + PANEL) : _mm512_setzero_ps();
+      }
+    }
+    for (int r = 0; r < mr; r++) {
+      const float sx = job->scale[(r0 + r) * job->ldsc + g];
+      float b = 0.0f;
+      if (bits == 4)
+        b = terms ? ((const float *)terms)[r * ng + g]
+                  : (float)job->gsum[(r0 + r) * job->ldgs + g] * sx;
+      for (int c = 0; c < nc; c++) {
+        const __m512 a = no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][c]),
+                                                   _mm512_set1_ps(sx)));
+        __m512 v = _mm512_fmadd_ps(dv[c], a, t[r][c]);
+        if (bits == 4) v = _mm512_fmadd_ps(ov[c], _mm512_set1_ps(b), v);
+        t[r][c] = v;
+      }
+    }
+    wp += scale_bytes(bits, job->f16);
+  }
+  if (g1 < ng) { /* K continues in a later call */
+    for (int r = 0; r < mr; r++)
+      for (int c = 0; c < nc; c++) _mm512_store_ps(tbuf + r * TBUF_LD + c * PANEL, t[r][c]);
+    return;
+  }
+  /* y = t (+ bias), masked to N */
+  for (int c = 0; c < nc; c++) {
+    const int64_t col = (p + c) * PANEL, nv = job->n - col;
+    const __mmask16 mask = nv >= PANEL ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+    const __m512 bias = job->bias ? _mm512_maskz_loadu_ps(mask, job->bias + col)
+                                  : _mm512_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      __m512 v = t[r][c];
+      if (job->bias) v = _mm512_add_ps(v, bias);
+      _mm512_mask_storeu_ps(job->y + (r0 + r) * job->ldy + col, mask, v);
+    }
+  }
+}
+
+/* A tile of mr (1 .. MAX_MR) rows, the height made a compile-time constant. */
+static ALWAYS_INLINE void tile_rows(const int nc, const int bits, const int pf, const wq_job *job,
+                                    int64_t r0, int64_t mr, int64_t p, const void *terms,
+                                    int64_t g0, int64_t g1, float *tbuf) {
+  switch (mr) {
+    case 1: tile(1, nc, bits, pf, job, r0, p, terms, g0, g1, tbuf); break;
+    case 2: tile(2, nc, bits, pf, job, r0, p, terms, g0, g1, tbuf); break;
+    case 3: tile(3, nc, bits, pf, job, r0, p, terms, g0, g1, tbuf); break;
+    case 4: tile(4, nc, bits, pf, job, r0, p, terms, g0, g1, tbuf); break;
+    case 5: tile(5, nc, bits, pf, job, r0, p, terms, g0, g1, tbuf); break;
+    default: tile(6, nc, bits, pf, job, r0, p, terms, g0, g1, tbuf); break;
+  }
+}
+
+/* mr rows (1 .. MAX_MR) of panels p (and p + 1 when nc = 2), the panel count a constant. */
+static ALWAYS_INLINE void tile_any(const int64_t nc, const int bits, const int pf,
+                                   const wq_job *job, int64_t r0, int64_t mr, int64_t p,
+                                   const void *terms, int64_t g0, int64_t g1, float *tbuf) {
+  if (nc == 2) tile_rows(2, bits, pf, job, r0, mr, p, terms, g0, g1, tbuf);
+  else tile_rows(1, bits, pf, job, r0, mr, p, terms, g0, g1, tbuf);
+}
+
+/* Decode items: panels [p0, p1), all M (<= 4) rows, the whole of K, one
+ * panel at a time (one stream of memory: measured faster than two). */
+static ALWAYS_INLINE void decode_task(const int bits, void *ctx, int64_t p0, int64_t p1) {
+  const wq_job *job = ctx;
+  union {
+    int32_t i[WQ_ROW_TERMS_CAP];
+    float f[WQ_ROW_TERMS_CAP];
+  } buf;
+  const void *terms = NULL;
+  if (job->m * job->ng <= WQ_ROW_TERMS_CAP) {
+    row_terms(job, bits, 0, job->m, &buf);
+    terms = &buf;
+  }
+  for (int64_t p = p0; p < p1; p++)
+    tile_rows(1, bits, 1, job, 0, job->m, p, terms, 0, job->ng, NULL);
+}
+static void decode_task8(void *ctx, int64_t i0, int64_t i1) { decode_task(8, ctx, i0, i1); }
+static void decode_task4(void *ctx, int64_t i0, int64_t i1) { decode_task(4, ctx, i0, i1); }
+
+/* Prefill item i: row block i / n_pc times panel chunk i % n_pc. Panel pair
+ * by panel pair, K block by K block (kb groups: the pair's weights of a
+ * block stay in L1), every row tile of the block, the first tile prefetching
+ * the panel stream; t waits in tbuf between K blocks. */
+static ALWAYS_INLINE void prefill_item(const int bits, const wq_job *job, int64_t item, void *buf,
+                                       float *tbuf) {
+  const int64_t rb = item / job->n_pc, pc = item % job->n_pc, ng = job->ng, kb = job->kb;
+  const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
+  const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
+  const char *terms = NULL;
+  if ((r1 - r0) * ng <= WQ_ROW_TERMS_CAP) {
+    row_terms(job, bits, r0, r1, buf);
+    terms = buf;
+  }
+  const int64_t tbytes = 4 * ng; /* a row's terms */
+#define TERMS(r) (terms ? terms + ((r) - r0) * tbytes : NULL)
+#define TBUF(r) (tbuf + ((r) - r0) * TBUF_LD)
+  for (int64_t p = p0; p < p1; p += 2) {
+    const int64_t nc = p + 2 <= p1 ? 2 : 1;
+    for (int64_t g0 = 0; g0 < ng; g0 += kb) {
+      const int64_t g1 = g0 + kb < ng ? g0 + kb : ng;
+      int64_t r = r0;
+      if (r + WQ_MR <= r1) { /* the first tile streams the panels in: prefetch ahead */
+        tile_any(nc, bits, 1, job, r, WQ_MR, p, TERMS(r), g0, g1, TBUF(r));
+        r += WQ_MR;
+      }
+      for (; r + WQ_MR <= r1; r += WQ_MR)
+        tile_any(nc, bits, 0, job, r, WQ_MR, p, TERMS(r), g0, g1, TBUF(r));
+      if (r < r1) {
+        if (r == r0) tile_any(nc, bits, 1, job, r, r1 - r, p, TERMS(r), g0, g1, TBUF(r));
+        else tile_any(nc, bits, 0, job, r, r1 - r, p, TERMS(r), g0, g1, TBUF(r));
+      }
+    }
+  }
+#undef TERMS
+#undef TBUF
+}
+
+static void prefill_task8(void *ctx, int64_t i0, int64_t i1) {
+  int32_t buf[WQ_ROW_TERMS_CAP];
+  float tbuf[WQ_MB_MAX * TBUF_LD] __attribute__((aligned(64)));
+  for (int64_t i = i0; i < i1; i++) prefill_item(8, ctx, i, buf, tbuf);
+}
+static void prefill_task4(void *ctx, int64_t i0, int64_t i1) {
+  float buf[WQ_ROW_TERMS_CAP];
+  float tbuf[WQ_MB_MAX * TBUF_LD] __attribute__((aligned(64)));
+  for (int64_t i = i0; i < i1; i++) prefill_item(4, ctx, i, buf, tbuf);
+}
+
+void armllm_avx512_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
+                           int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
+                           int64_t ldgs, const void *packed_w, int64_t n, int bits, int64_t group,
+                           const float *bias, float *y, int64_t ldy) {
+  const int64_t kpad = armllm_q_kpad(k);
+  const int f16 = bits == 4 && *(const uint32_t *)packed_w; /* the header */
+  wq_job job = {.xq = xq,
+                .m = m,
+                .kpad = kpad,
+                .ldq = ldq,
+                .scale = scale,
+                .ldsc = ldsc,
+                .gsum = gsum,
+                .ldgs = ldgs,
+                .w = (const uint8_t *)packed_w + HEADER_BYTES,
+                .f16 = f16,
+                .n = n,
+                .panels = n_panels(n),
+                .pbytes = panel_bytes(k, bits, group, f16),
+                .ng = armllm_q_groups(k, group),
+                .gl = armllm_q_group_len(group),
+                .bias = bias,
+                .y = y,
+                .ldy = ldy};
+  if (m <= DECODE_MAX_M) {
+    /* memory-bound: contiguous runs of panels per thread; small ones stay serial */
+    if ((double)job.panels * (double)job.pbytes < 64.0 * 1024) pool = NULL;
+    armllm_pool_run(pool, job.panels, armllm_pool_grain(pool, job.panels, 4, 4),
+                    bits == 4 ? decode_task4 : decode_task8, &job);
+    return;
+  }
+  if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
+  /* a K block of a panel pair in L1: whole groups, at least one */
+  job.kb = WQ_L1_BYTES / (MAX_NC * group_offset(&job, bits, 1));
+  job.kb = job.kb < 1 ? 1 : job.kb;
+  /* Row blocks as tall as the stack's t buffer allows, evenly cut: every
+   * block streams the whole weight from memory once. */
+  const int64_t n_rb = (m + WQ_MB_MAX - 1) / WQ_MB_MAX;
+  const int64_t mb = ((m + n_rb - 1) / n_rb + WQ_MR - 1) / WQ_MR * WQ_MR;
+  /* about ITEMS_PER_THREAD items a thread: chunks of an even number of panels */
+  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
+  int64_t n_pc = (WQ_ITEMS_PER_THREAD * threads + n_rb - 1) / n_rb;
+  const int64_t pairs = (job.panels + 1) / 2;
+  n_pc = n_pc > pairs ? pairs : n_pc;
+  const int64_t cp = 2 * ((pairs + n_pc - 1) / n_pc);
+  job.mb = mb;
+  job.cp = cp;
+  job.n_pc = (job.panels + cp - 1) / cp;
+  armllm_pool_run(pool, n_rb * job.n_pc, 1, bits == 4 ? prefill_task4 : prefill_task8, &job);
+}
