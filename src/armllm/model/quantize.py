@@ -118,22 +118,6 @@ class QuantizedMatrix:
                                None if self.o is None else self.o[rows], self.bits, self.group,
                                self.act_symmetric)
 
-    @staticmethod
-    def stack(parts: list[QuantizedMatrix]) -> QuantizedMatrix:
-        """Rows of several matrices (fused QKV, gate/up): same K, bits and group."""
-        first = parts[0]
-        if any(p.bits != first.bits or p.group != first.group or p.q.shape[1] != first.q.shape[1]
-               for p in parts):
-            raise ValueError("fused quantized matrices must share K, bit width and group size")
-        offsets = [p.o for p in parts]
-        if any(o is None for o in offsets) and any(o is not None for o in offsets):
-            offsets = [p.o if p.o is not None else np.zeros_like(p.d) for p in parts]
-        o = None if all(x is None for x in offsets) else np.concatenate(offsets)
-        # one quantization of the input serves every part: asymmetric if any asks for it
-        return QuantizedMatrix(np.concatenate([p.q for p in parts]),
-                               np.concatenate([p.d for p in parts]), o, first.bits, first.group,
-                               all(p.act_symmetric for p in parts))
-
 
 def _group_view(w: np.ndarray, group: int) -> tuple[np.ndarray, int]:
     """w [n, k] as [n, groups, group] padded with zeros (padding does not change amax)."""
