@@ -1,7 +1,10 @@
 """weights: loads a checkpoint's tensors (safetensors directory or GGUF),
 checks every shape against the config, converts to the chosen precision and
 prepacks the linear layers once (fused QKV and gate/up), so that `forward`
-never converts or repacks anything. `linear_formats` tells from a checkpoint's
+never converts or repacks anything. Loading holds little beyond the packed
+weights: a source (HFSource, GGUFSource) hands out a matrix's rows a chunk at
+a time (`float_rows`, `quantized_rows`) and releases each chunk's file pages
+once the next is asked for (see load_weights). `linear_formats` tells from a checkpoint's
 metadata alone what format each linear weight will load in (what `armllm plan`
 and the Workspace size memory by)."""
 from __future__ import annotations
@@ -125,8 +128,8 @@ class HFSource:
 
 
 class GGUFSource:
-    """Tensors of a GGUF file under their HF names, dequantized, with the Q/K
-    row permutation of llama.cpp's converter undone."""
+    """Tensors of a GGUF file under their HF names, as stored or dequantized, with
+    the Q/K row permutation of llama.cpp's converter undone."""
 
     _LAYER = {"input_layernorm.weight": "attn_norm.weight",
               "self_attn.q_proj.weight": "attn_q.weight",
