@@ -229,6 +229,9 @@ def _zp_correction(q: np.ndarray, d: np.ndarray, o: np.ndarray | None, group: in
     return out
 
 
+ROPE_CHUNK = 4096   # positions of rope_cos_sin's table computed at a time
+
+
 def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
                  scaling: dict | None = None) -> np.ndarray:
     """The (max_pos, rot_dim) cos|sin table the RoPE kernel reads.
@@ -246,9 +249,15 @@ def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
         raise ValueError(f"theta must be > 0, got {theta}")
     inv_freq = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
     inv_freq = _scaled_inv_freq(inv_freq, scaling)
-    angles = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.ascontiguousarray(np.concatenate([np.cos(angles), np.sin(angles)], axis=1),
-                                dtype=np.float32)
+    table = np.empty((max_pos, rot_dim), np.float32)
+    # positions a chunk at a time: a 128K-position table's float64 temporaries would be
+    # several times the table, at the end of loading a model
+    for p0 in range(0, max_pos, ROPE_CHUNK):
+        angles = np.arange(p0, min(p0 + ROPE_CHUNK, max_pos), dtype=np.float64)[:, None] \
+            * inv_freq[None, :]
+        table[p0:p0 + ROPE_CHUNK, :rot_dim // 2] = np.cos(angles)
+        table[p0:p0 + ROPE_CHUNK, rot_dim // 2:] = np.sin(angles)
+    return table
 
 
 def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
