@@ -204,20 +204,32 @@ def pack_quantized(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None, bi
     return packed
 
 
+ZP_CHUNK = 1 << 18   # int64 elements (2 MiB) of _zp_correction's padded rows at a time
+
+
 def _zp_correction(q: np.ndarray, d: np.ndarray, o: np.ndarray | None, group: int) -> np.ndarray:
     """C[n, g] = d * (sum of q over the group's real columns) + o * (their count):
-    what zero points z of the activations add to a row, per unit of scale * z."""
+    what zero points z of the activations add to a row, per unit of scale * z. Rows go
+    a chunk at a time (ZP_CHUNK int64 sums), so loading holds no int64 copy of a matrix."""
     n, k = q.shape
     gl, ng = quant_group_len(group), quant_groups(k, group)
-    padded = np.zeros((n, ng * gl), np.int64)
-    padded[:, :k] = q
-    wsum = padded.reshape(n, ng, gl).sum(axis=2).astype(np.float64)
     real = np.clip(k - np.arange(ng) * gl, 0, gl).astype(np.float64)
-    dd = np.broadcast_to(d, (n, ng)).astype(np.float64)
-    c = dd * wsum
-    if o is not None:
-        c += np.broadcast_to(o, (n, ng)).astype(np.float64) * real
-    return c.astype(np.float32)
+    dd = np.broadcast_to(d, (n, ng))
+    oo = None if o is None else np.broadcast_to(o, (n, ng))
+    out = np.empty((n, ng), np.float32)
+    step = max(1, ZP_CHUNK // (ng * gl))
+    for r0 in range(0, n, step):
+        rows = slice(r0, r0 + step)
+        padded = np.zeros((len(q[rows]), ng * gl), np.int64)
+        padded[:, :k] = q[rows]
+        c = dd[rows].astype(np.float64) * padded.reshape(-1, ng, gl).sum(axis=2).astype(np.float64)
+        if oo is not None:
+            c += oo[rows].astype(np.float64) * real
+        out[rows] = c
+    return out
+
+
+ROPE_CHUNK = 4096   # positions of rope_cos_sin's table computed at a time
 
 
 def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
@@ -237,9 +249,15 @@ def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
         raise ValueError(f"theta must be > 0, got {theta}")
     inv_freq = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
     inv_freq = _scaled_inv_freq(inv_freq, scaling)
-    angles = np.arange(max_pos, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.ascontiguousarray(np.concatenate([np.cos(angles), np.sin(angles)], axis=1),
-                                dtype=np.float32)
+    table = np.empty((max_pos, rot_dim), np.float32)
+    # positions a chunk at a time: a 128K-position table's float64 temporaries would be
+    # several times the table, at the end of loading a model
+    for p0 in range(0, max_pos, ROPE_CHUNK):
+        angles = np.arange(p0, min(p0 + ROPE_CHUNK, max_pos), dtype=np.float64)[:, None] \
+            * inv_freq[None, :]
+        table[p0:p0 + ROPE_CHUNK, :rot_dim // 2] = np.cos(angles)
+        table[p0:p0 + ROPE_CHUNK, rot_dim // 2:] = np.sin(angles)
+    return table
 
 
 def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:

@@ -38,6 +38,10 @@ def one_line_error(capsys, argv: list[str]) -> str:
     return err[0]
 
 
+# a KV block of the tiny model: K and V, 2 layers, 2 KV heads, 16 tokens, dim 16, bf16
+TINY_KV_BLOCK_BYTES = 2 * 2 * 2 * 16 * 16 * 2
+
+
 # -- bench throughput --------------------------------------------------------------------
 
 @pytest.mark.parametrize("engine", [
@@ -73,16 +77,17 @@ def test_throughput_counts_and_consistent_figures(tiny, tmp_path, capsys, engine
         assert p["steps"] == 1 and p["decode_tokens"] == 0 and d["mean_batch"] == n
     assert all(q["ttft_s"] <= q["e2e_s"] <= wall for q in r["requests"])
     assert "Throughput:" in text and "decode-only steps" in text
+    assert_memory(r, text)
 
 
 def test_throughput_counts_recomputed_rows_as_prefill(tiny, tmp_path, capsys):
     """4 sequences start in one block each of a 5-block KV cache, and each needs a
     second block at its 17th token: preemptions. The recomputed rows are prefill
     work, so prompt rows exceed the prompts' tokens."""
-    per_block = 2 * 2 * 2 * 16 * 16 * 2  # K and V, 2 layers, 2 KV heads, 16 tokens, dim 16, bf16
     r, _ = run_json(capsys, ["bench", "throughput", str(tiny), "--num-prompts", "8",
                              "--input-len", "14", "--output-len", "10", "--max-num-seqs", "4",
-                             "--kv-cache-gib", str(5 * per_block / 2**30)], tmp_path / "t.json")
+                             "--kv-cache-gib", str(5 * TINY_KV_BLOCK_BYTES / 2**30)],
+                    tmp_path / "t.json")
     assert r["kv_cache_blocks"] == 5 and r["num_preemptions"] > 0
     assert all(q["num_output_tokens"] == 10 for q in r["requests"])
     assert r["prefill"]["prompt_tokens"] > 8 * 14
@@ -109,6 +114,18 @@ def test_latency_counts_statistics_and_no_prefix_reuse(tiny, tmp_path, capsys):
         assert r[key]["median"] == pytest.approx(statistics.median(values))
         assert r[key]["stdev"] == pytest.approx(statistics.stdev(values))
     assert f"pp{n_in} tok/s" in text and f"tg{n_out} tok/s" in text
+    assert_memory(r, text)
+
+
+def assert_memory(r: dict, text: str) -> None:
+    """The memory figures: the KV cache's bytes are its blocks', and the process held
+    (at its load peak) and holds (steady) at least the weights and KV cache."""
+    m = r["memory"]
+    assert m["kv_cache_bytes"] == r["kv_cache_blocks"] * TINY_KV_BLOCK_BYTES
+    assert m["weights_bytes"] > 0
+    held = m["weights_bytes"] + m["kv_cache_bytes"]
+    assert m["load_peak_rss_bytes"] >= held and m["steady_rss_bytes"] >= held
+    assert "memory: peak RSS while loading" in text
 
 
 @pytest.mark.parametrize("argv, message", [

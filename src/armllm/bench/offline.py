@@ -17,6 +17,10 @@ each repetition draws a fresh prompt, so the prefix cache never helps.
 TTFT runs from queueing to the first token, TPOT is the mean gap between the
 later tokens; pp tok/s = input_len / TTFT and tg tok/s = 1 / TPOT, as
 llama-bench names them.
+
+Both report the process's peak resident memory while loading (the model and
+the engine's KV cache and buffers) and its steady resident memory after the
+runs.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from armllm.bench.rss import peak_rss_bytes, rss_bytes
 from armllm.cmdline import UsageError, add_model_argument
 from armllm.engine.args import EngineArgs
 from armllm.generate_cli import load_llm
@@ -120,6 +125,25 @@ def _setup(llm: LLM, args: argparse.Namespace) -> dict:
             "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": args.enable_prefix_caching}
 
 
+def _memory(llm: LLM, args: argparse.Namespace, load_peak: int) -> dict:
+    """Peak RSS while loading (measured right after it), steady RSS now, and what the
+    model holds: packed weights and the KV cache."""
+    from armllm.model.llama import KVCache
+    per_block = KVCache.bytes_per_block(llm.loaded.config, args.block_size, args.kv_cache_dtype)
+    return {"load_peak_rss_bytes": load_peak, "steady_rss_bytes": rss_bytes(),
+            "weights_bytes": llm.loaded.model.weights.nbytes,
+            "kv_cache_bytes": per_block * llm.stats().num_blocks}
+
+
+def _print_memory(m: dict) -> None:
+    gib = 2.0 ** 30
+    steady = "unknown" if m["steady_rss_bytes"] is None else \
+        f"{m['steady_rss_bytes'] / gib:.2f} GiB"
+    print(f"memory: peak RSS while loading {m['load_peak_rss_bytes'] / gib:.2f} GiB, steady "
+          f"RSS {steady} (weights {m['weights_bytes'] / gib:.2f} GiB, KV cache "
+          f"{m['kv_cache_bytes'] / gib:.2f} GiB)")
+
+
 def _print_setup(title: str, s: dict) -> None:
     print(f"armllm bench {title}: {Path(s['model']).name}, {s['weights']} weights, "
           f"{s['threads']} threads ({s['isa']}, {s['cpu']})")
@@ -154,6 +178,7 @@ def summary(values: list[float]) -> dict:
 def run_throughput(args: argparse.Namespace) -> int:
     _at_least(args, 1, "num_prompts", "input_len", "output_len")
     llm = _load(args)
+    load_peak = peak_rss_bytes()
     engine = llm.engine
     rng = np.random.default_rng(args.seed)
     warmup = random_prompts(rng, llm.vocab_size, 1, args.input_len)
@@ -215,6 +240,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         "requests": [{"num_prompt_tokens": m.num_prompt_tokens,
                       "num_output_tokens": produced[f"bench-{i}"], "ttft_s": m.ttft_s,
                       "tpot_s": m.tpot_s, "e2e_s": m.e2e_s} for i, m in enumerate(requests)],
+        "memory": _memory(llm, args, load_peak),
     }
     _print_throughput(result)
     _write_json(args.json, result)
@@ -243,6 +269,7 @@ def _print_throughput(r: dict) -> None:
     print(f"  per request: TTFT median {_duration(r['ttft_s']['median'])}{tpot}; "
           f"{r['num_preemptions']} preemptions, {r['prefix_cache_hit_tokens']} prompt tokens "
           f"from the prefix cache")
+    _print_memory(r["memory"])
     print("prefill tok/s = prompt tokens / time of the steps that compute any prompt tokens; "
           "decode tok/s = tokens / time of decode-only steps.")
 
@@ -256,6 +283,7 @@ def run_latency(args: argparse.Namespace) -> int:
         raise UsageError(f"--output-len must be >= 2 (TPOT needs two tokens), "
                          f"got {args.output_len}")
     llm = _load(args)
+    load_peak = peak_rss_bytes()
     rng = np.random.default_rng(args.seed)
     prompts = random_prompts(rng, llm.vocab_size, args.warmup + args.repetitions,
                              args.input_len)
@@ -275,7 +303,8 @@ def run_latency(args: argparse.Namespace) -> int:
     keys = ("ttft_s", "tpot_s", "e2e_s", "pp_tokens_per_s", "tg_tokens_per_s")
     result = {**_setup(llm, args), "input_len": args.input_len, "output_len": args.output_len,
               "warmup": args.warmup, "repetitions": args.repetitions, "seed": args.seed,
-              "runs": runs, **{k: summary([r[k] for r in runs]) for k in keys}}
+              "runs": runs, **{k: summary([r[k] for r in runs]) for k in keys},
+              "memory": _memory(llm, args, load_peak)}
     _print_latency(result)
     _write_json(args.json, result)
     return 0
@@ -297,5 +326,6 @@ def _print_latency(r: dict) -> None:
         each = " ".join(f"{run[key] * scale:.2f}" for run in r["runs"])
         print(f"{label:<14} {s['mean'] * scale:10.2f} {s['median'] * scale:10.2f} "
               f"{s['stdev'] * scale:10.2f}   {each}")
+    _print_memory(r["memory"])
     print("TTFT = queueing to first token; TPOT = mean gap between the later tokens; "
           "pp = prompt tokens / TTFT; tg = 1 / TPOT; stdev is the sample standard deviation.")

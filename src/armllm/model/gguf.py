@@ -1,5 +1,6 @@
 """gguf: reads GGUF files: header, metadata, tensor infos, and tensor data
-memory-mapped (never read twice), dequantized to float32 on request.
+memory-mapped (never read twice), whole or by rows, dequantized to float32
+on request; the pages of rows a loader is done with can be released.
 
 Supports the tensor types armllm loads: F32, F16, BF16, Q4_0, Q4_1, Q8_0.
 Shapes are reported in numpy/Hugging Face order (outermost first), i.e.
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from armllm.model.mapped import map_file
+from armllm.model.mapped import map_file, release
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -177,6 +178,40 @@ class GGUFFile:
         """The tensor's bytes as a read-only uint8 view of the mapping."""
         t = self._info(name)
         return np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def _row_bytes(self, t: GGUFTensor) -> int:
+        return t.nbytes // t.shape[0] if t.shape[0] else 0
+
+    def raw_rows(self, name: str, row0: int, row1: int) -> np.ndarray:
+        """The bytes of rows [row0, row1) (outermost dimension) as a uint8 view."""
+        t = self._info(name)
+        row_bytes = self._row_bytes(t)
+        row1 = min(row1, t.shape[0])
+        return np.frombuffer(self._buf, dtype=np.uint8, count=(row1 - row0) * row_bytes,
+                             offset=t.offset + row0 * row_bytes)
+
+    def float_rows(self, name: str, row0: int, row1: int) -> np.ndarray:
+        """Rows [row0, row1) of a matrix: F32/F16 as float32/float16 views and BF16 as
+        uint16 bits (no copy), quantized types dequantized to a new float32 array."""
+        t = self._info(name)
+        raw = self.raw_rows(name, row0, row1)
+        rows = (min(row1, t.shape[0]) - row0, *t.shape[1:])
+        dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(t.type_name)
+        if dtype is not None:
+            return raw.view(np.dtype(dtype).newbyteorder("<")).reshape(rows)
+        blocks = raw.reshape(-1, GGML_TYPES[t.ggml_type][2])
+        return dequantize_blocks(t.type_name, blocks).reshape(rows)
+
+    def release(self, name: str, row0: int = 0, row1: int | None = None) -> None:
+        """Drops the resident pages of rows [row0, row1) of `name` (all of it by
+        default; mapped.release)."""
+        t = self._info(name)
+        if row1 is None:
+            release(self._mmap, t.offset, t.offset + t.nbytes)
+            return
+        row_bytes = self._row_bytes(t)
+        release(self._mmap, t.offset + row0 * row_bytes,
+                t.offset + min(row1, t.shape[0]) * row_bytes)
 
     def array(self, name: str) -> np.ndarray:
         """F32/F16 tensors as float32/float16 views, BF16 as uint16 bits (no copy)."""

@@ -118,22 +118,6 @@ class QuantizedMatrix:
                                None if self.o is None else self.o[rows], self.bits, self.group,
                                self.act_symmetric)
 
-    @staticmethod
-    def stack(parts: list[QuantizedMatrix]) -> QuantizedMatrix:
-        """Rows of several matrices (fused QKV, gate/up): same K, bits and group."""
-        first = parts[0]
-        if any(p.bits != first.bits or p.group != first.group or p.q.shape[1] != first.q.shape[1]
-               for p in parts):
-            raise ValueError("fused quantized matrices must share K, bit width and group size")
-        offsets = [p.o for p in parts]
-        if any(o is None for o in offsets) and any(o is not None for o in offsets):
-            offsets = [p.o if p.o is not None else np.zeros_like(p.d) for p in parts]
-        o = None if all(x is None for x in offsets) else np.concatenate(offsets)
-        # one quantization of the input serves every part: asymmetric if any asks for it
-        return QuantizedMatrix(np.concatenate([p.q for p in parts]),
-                               np.concatenate([p.d for p in parts]), o, first.bits, first.group,
-                               all(p.act_symmetric for p in parts))
-
 
 def _group_view(w: np.ndarray, group: int) -> tuple[np.ndarray, int]:
     """w [n, k] as [n, groups, group] padded with zeros (padding does not change amax)."""
@@ -159,6 +143,13 @@ def _f16_up(d: np.ndarray) -> np.ndarray:
     return np.where(ok, up.astype(np.float32), d).astype(np.float32)
 
 
+def _rounded(groups: np.ndarray, d: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """clip(rint(groups / d), lo, hi) (d = 0: divided by 1), in one new array."""
+    v = groups / np.where(d > 0, d, 1.0)[..., None]
+    np.rint(v, out=v)
+    return np.clip(v, lo, hi, out=v)
+
+
 def quantize_rtn(w: np.ndarray, scheme: Scheme) -> QuantizedMatrix:
     """Round-to-nearest symmetric quantization of float weights [n, k]: int8 with
     d = amax / 127, or int4 in [-8, 7] with d = amax / 7.5 (compressed-tensors'
@@ -174,13 +165,11 @@ def quantize_rtn(w: np.ndarray, scheme: Scheme) -> QuantizedMatrix:
     amax = np.abs(groups).max(axis=2)
     if scheme.bits == 8:
         d = (amax / 127.0).astype(np.float32)
-        safe = np.where(d > 0, d, 1.0)[..., None]
-        v = np.clip(np.rint(groups / safe), -127, 127)
+        v = _rounded(groups, d, -127, 127)
         q = v.reshape(n, -1)[:, :k].astype(np.int8)
         return QuantizedMatrix(q, d, None, 8, scheme.group, scheme.act_symmetric)
     d = _f16_up((amax / 7.5).astype(np.float32))
-    safe = np.where(d > 0, d, 1.0)[..., None]
-    v = np.clip(np.rint(groups / safe), -8, 7)
+    v = _rounded(groups, d, -8, 7)
     q = (v.reshape(n, -1)[:, :k] + 8).astype(np.int8)
     return QuantizedMatrix(q, d, (-8.0 * d).astype(np.float32), 4, scheme.group,
                            scheme.act_symmetric)

@@ -1,6 +1,7 @@
 """safetensors_file: memory-maps .safetensors files (single or sharded) and
-hands out zero-copy numpy views; bf16 tensors come as uint16 bits, since
-numpy has no bfloat16."""
+hands out zero-copy numpy views, whole or by rows (bf16 tensors come as
+uint16 bits, since numpy has no bfloat16), and releases the pages of rows a
+loader is done with."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from armllm.model.mapped import map_file
+from armllm.model.mapped import map_file, release
 
 # BF16 is the only 16-bit unsigned type here: uint16 arrays are bf16 bits.
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
@@ -61,6 +62,18 @@ class SafetensorsFile:
                              count=(end - begin) // dtype.itemsize,
                              offset=self._data_start + begin).reshape(shape)
 
+    def release(self, name: str, row0: int = 0, row1: int | None = None) -> None:
+        """Drops the resident pages of rows [row0, row1) of `name` (all of it by
+        default; mapped.release)."""
+        _, shape, begin, end = self.tensors[name]
+        start = self._data_start + begin
+        if row1 is not None and shape and shape[0]:
+            row_bytes = (end - begin) // shape[0]
+            start, end = start + row0 * row_bytes, start + min(row1, shape[0]) * row_bytes
+        else:
+            end = self._data_start + end
+        release(self._mmap, start, end)
+
 
 class SafetensorsCheckpoint:
     """All tensors of a model directory: model.safetensors, or shards listed in
@@ -101,3 +114,15 @@ class SafetensorsCheckpoint:
         except KeyError:
             raise ValueError(f"{self.dir}: checkpoint has no tensor {name!r}") from None
         return f.array(name)
+
+    def row_chunks(self, name: str, rows: int):
+        """(first row, view of up to `rows` rows) of `name`, chunk after chunk; the pages
+        of a chunk are released when the next one is asked for (consume a chunk first)."""
+        a = self.array(name)
+        for row0 in range(0, a.shape[0], rows):
+            yield row0, a[row0:row0 + rows]
+            self._where[name].release(name, row0, row0 + rows)
+
+    def release(self, name: str) -> None:
+        """Drops the resident pages of the whole of `name`."""
+        self._where[name].release(name)

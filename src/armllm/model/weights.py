@@ -1,12 +1,15 @@
 """weights: loads a checkpoint's tensors (safetensors directory or GGUF),
 checks every shape against the config, converts to the chosen precision and
 prepacks the linear layers once (fused QKV and gate/up), so that `forward`
-never converts or repacks anything. `linear_formats` tells from a checkpoint's
+never converts or repacks anything. Loading holds little beyond the packed
+weights: a source (HFSource, GGUFSource) hands out a matrix's rows a chunk at
+a time (`float_rows`, `quantized_rows`) and releases each chunk's file pages
+once the next is asked for (see load_weights). `linear_formats` tells from a checkpoint's
 metadata alone what format each linear weight will load in (what `armllm plan`
 and the Workspace size memory by)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -23,6 +26,7 @@ from armllm.model.quantize import (
     QuantizedMatrix,
     Scheme,
     from_gguf_blocks,
+    num_groups,
     quantize_rtn,
 )
 from armllm.model.safetensors_file import SafetensorsCheckpoint
@@ -91,10 +95,41 @@ class HFSource:
             return tuple(self.ckpt.array(f"{module}.weight").shape)
         return tuple(int(v) for v in self.ckpt.array(f"{module}.weight_shape"))
 
+    def float_rows(self, name: str, rows: int):
+        """(first row, float rows) of a matrix, up to `rows` rows at a time: views of the
+        file (bf16 as uint16 bits), or a compressed-tensors layer dequantized; a chunk's
+        file pages are released when the next chunk is asked for."""
+        if self._quantized_module(name) is None:
+            yield from self.ckpt.row_chunks(name, rows)
+            return
+        qm = self.get_quantized(name, None)
+        self._release_module(name)
+        for row0 in range(0, qm.shape[0], rows):
+            yield row0, qm.take_rows(slice(row0, row0 + rows)).dequantize()
+
+    def quantized_rows(self, name: str, shape: tuple[int, int], rows: int):
+        """(0, the whole layer) of a compressed-tensors layer: its int tensors are read
+        whole (about the size of the packed weight), then their file pages released."""
+        qm = self.get_quantized(name, shape)
+        self._release_module(name)
+        yield 0, qm
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape from the headers (a compressed-tensors layer's unpacked)."""
+        if self._quantized_module(name) is not None:
+            return self._shape(name[:-len(".weight")])
+        return tuple(self.ckpt.array(name).shape)
+
+    def _release_module(self, name: str) -> None:
+        module = name[:-len(".weight")]
+        for suffix in ("weight", "weight_packed", "weight_scale", "weight_zero_point"):
+            if f"{module}.{suffix}" in self.ckpt:
+                self.ckpt.release(f"{module}.{suffix}")
+
 
 class GGUFSource:
-    """Tensors of a GGUF file under their HF names, dequantized, with the Q/K
-    row permutation of llama.cpp's converter undone."""
+    """Tensors of a GGUF file under their HF names, as stored or dequantized, with
+    the Q/K row permutation of llama.cpp's converter undone."""
 
     _LAYER = {"input_layernorm.weight": "attn_norm.weight",
               "self_attn.q_proj.weight": "attn_q.weight",
@@ -124,6 +159,9 @@ class GGUFSource:
     def has(self, name: str) -> bool:
         return self._gguf_name(name) in self.gguf.tensors
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.gguf.tensors[self._gguf_name(name)].shape)
+
     def _rope_heads(self, name: str) -> int | None:
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
             return self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
@@ -145,18 +183,43 @@ class GGUFSource:
         t = self._quantized_tensor(name, shape)
         return None if t is None else QuantFormat(*GGUF_QUANTIZED[t.type_name])
 
-    def get_quantized(self, name: str, shape: tuple[int, int]) -> QuantizedMatrix | None:
-        """Q8_0 / Q4_0 / Q4_1 tensors exactly as the quantized GEMM's (q, d, o)."""
+    def _row_ranges(self, name: str, n: int, rows: int):
+        """[row0, row1) ranges of up to `rows` rows (at least one), and for Q/K the rows of
+        one head (else None): their ranges hold whole heads, since llama.cpp's RoPE
+        permutation moves rows within a head only."""
+        heads = self._rope_heads(name)
+        unit = n // heads if heads else 1
+        step = max(unit, rows // unit * unit)
+        for row0 in range(0, n, step):
+            yield row0, min(n, row0 + step), unit if heads else None
+
+    def float_rows(self, name: str, rows: int):
+        """(first row, float rows) of a matrix, up to about `rows` rows at a time: views
+        of F32/F16/BF16 data (BF16 as uint16 bits), quantized types dequantized to
+        float32; a chunk's file pages are released when the next one is asked for."""
+        gname = self._gguf_name(name)
+        for row0, row1, unit in self._row_ranges(name, self.gguf.tensors[gname].shape[0], rows):
+            w = self.gguf.float_rows(gname, row0, row1)
+            yield row0, w if unit is None else unpermute_rope_rows(w, (row1 - row0) // unit)
+            self.gguf.release(gname, row0, row1)
+
+    def quantized_rows(self, name: str, shape: tuple[int, int], rows: int):
+        """(first row, QuantizedMatrix of up to about `rows` rows) of a Q8_0 / Q4_0 / Q4_1
+        tensor, exactly as the quantized GEMM's (q, d, o); a chunk's file pages are
+        released when the next one is asked for."""
         t = self._quantized_tensor(name, shape)
         if t is None:
-            return None
+            raise ValueError(f"{self.where}: tensor {name} is not stored quantized as "
+                             f"{list(shape)}")
         gname = self._gguf_name(name)
-        blocks = self.gguf.raw(gname).reshape(-1, GGML_TYPES[t.ggml_type][2])
-        qm = from_gguf_blocks(t.type_name, blocks, *shape)
-        heads = self._rope_heads(name)
-        if heads is not None:
-            qm = qm.take_rows(unpermute_rope_rows(np.arange(shape[0]), heads))
-        return qm
+        for row0, row1, unit in self._row_ranges(name, shape[0], rows):
+            blocks = self.gguf.raw_rows(gname, row0, row1).reshape(-1, GGML_TYPES[t.ggml_type][2])
+            count = row1 - row0
+            qm = from_gguf_blocks(t.type_name, blocks, count, shape[1])
+            if unit is not None:
+                qm = qm.take_rows(unpermute_rope_rows(np.arange(count), count // unit))
+            yield row0, qm
+            self.gguf.release(gname, row0, row1)
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -306,6 +369,17 @@ def linear_formats(source, config: ModelConfig, quantization: Quantization = "au
     return _formats_or_none(layers, head)
 
 
+# f32 bytes of the rows converted or quantized at a time: a conversion's temporaries
+# stay a few times this whatever the matrix size (2 MiB: hundreds of rows of a 1B-8B
+# model, so the per-chunk Python overhead is lost in the work, and a few MiB at most
+# next to the weights)
+CHUNK_BYTES = 2 << 20
+
+
+def _chunk_rows(k: int) -> int:
+    return max(1, CHUNK_BYTES // (4 * k))
+
+
 def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                  progress=None, quantization: Quantization = "auto",
                  quantize_lm_head: bool = False) -> ModelWeights:
@@ -317,7 +391,14 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     keeps quantized ones that already match it. Embeddings stay in `dtype`. The lm_head
     follows the linear layers' rule when the checkpoint stores it quantized ("auto", e.g.
     a GGUF's Q8_0 token_embd under a tied head, runs as is, as llama.cpp runs it) or when
-    quantize_lm_head asks for it; a float lm_head otherwise stays in `dtype`."""
+    quantize_lm_head asks for it; a float lm_head otherwise stays in `dtype`.
+
+    Memory: loading holds little beyond the packed weights. Each packed matrix is built
+    from its parts a chunk of rows at a time (converted, dequantized or quantized per
+    chunk) into one buffer in the pack's input form, and each chunk's file pages are
+    released once it is copied, so the file's pages do not stay resident; the buffer (one
+    matrix's pack input) is the only transient. The embeddings and lm_head, the largest
+    matrices, come first, while the least is resident."""
     if dtype not in ("f32", "bf16"):
         raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
     if not (isinstance(quantization, Scheme) or quantization in ("auto", "none")):
@@ -325,60 +406,93 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     c = config
     used: set[str] = set()   # what the linear layers ended up as
 
-    def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def check(name: str, shape: tuple[int, ...]) -> None:
         if not source.has(name):
             raise ValueError(f"{source.where}: missing tensor {name}")
-        a = source.get(name)
-        if tuple(a.shape) != shape:
-            raise ValueError(f"{source.where}: tensor {name} has shape {list(a.shape)}, "
+        found = source.shape(name)
+        if tuple(found) != shape:
+            raise ValueError(f"{source.where}: tensor {name} has shape {list(found)}, "
                              f"expected {list(shape)} for this config")
-        return a
 
-    def native(name: str, shape: tuple[int, int]) -> QuantizedMatrix | None:
-        getter = getattr(source, "get_quantized", None)
-        if getter is None:
-            return None
-        if not source.has(name):
-            raise ValueError(f"{source.where}: missing tensor {name}")
-        return getter(name, shape)
+    def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        check(name, shape)
+        return source.get(name)
 
-    def quantized(names_shapes) -> QuantizedMatrix | None:
-        if quantization == "none":
-            return None
-        natives = [native(n, s) for n, s in names_shapes]
-        fmt = _fused_format([None if q is None else QuantFormat(q.bits, q.group,
-                                                                q.act_symmetric)
-                             for q in natives], quantization)
-        if fmt is None:
-            return None  # float, or mixed formats within one fused matrix: run in dtype
-        if quantization == "auto":
-            stacked = QuantizedMatrix.stack(natives)
-            acts = "" if stacked.act_symmetric else ", asymmetric activations"
-            used.add(f"w{fmt.bits}a8-{_group_name(fmt.group)} ({_origin(source)}{acts})")
-            return stacked
-        parts = []
-        for (n, shp), q in zip(names_shapes, natives, strict=True):
-            if q is not None and q.bits == quantization.bits and q.group == quantization.group:
-                parts.append(q)   # already in the scheme: no second rounding
+    def float_matrix(names_shapes, out_dtype: WeightDtype) -> np.ndarray:
+        """The parts' rows stacked into one new [N, K] array in `out_dtype` (bf16 as
+        uint16 bits), converted a chunk at a time."""
+        conv = _as_bf16 if out_dtype == "bf16" else _as_f32
+        k = names_shapes[0][1][1]
+        out = np.empty((sum(n for _, (n, _) in names_shapes), k),
+                       np.uint16 if out_dtype == "bf16" else np.float32)
+        first = 0
+        for name, shape in names_shapes:
+            check(name, shape)
+            for row0, rows in source.float_rows(name, _chunk_rows(k)):
+                out[first + row0:first + row0 + len(rows)] = conv(rows)
+            first += shape[0]
+        return out
+
+    def quantized_matrix(names_shapes, natives: list[QuantFormat | None], fmt: QuantFormat
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(q, d, o) of the parts' rows stacked, in `fmt`: each part as stored when it is
+        stored in fmt's bits and group, else quantized (round to nearest) a chunk at a
+        time."""
+        k = names_shapes[0][1][1]
+        n, chunk = sum(s[0] for _, s in names_shapes), _chunk_rows(k)
+        q = np.empty((n, k), np.int8)
+        d = np.empty((n, num_groups(k, fmt.group)), np.float32)
+        o = np.zeros_like(d) if fmt.bits == 4 else None
+        first = 0
+        for (name, shape), nat in zip(names_shapes, natives, strict=True):
+            if nat is not None and (nat.bits, nat.group) == (fmt.bits, fmt.group):
+                chunks = source.quantized_rows(name, shape, chunk)   # no second rounding
             else:
-                parts.append(quantize_rtn(_as_f32(tensor(n, shp)), quantization))
-        used.add(quantization.name)
-        return replace(QuantizedMatrix.stack(parts), act_symmetric=quantization.act_symmetric)
+                chunks = ((row0, quantize_rtn(_as_f32(rows), quantization))
+                          for row0, rows in source.float_rows(name, chunk))
+            for row0, qm in chunks:
+                rows = slice(first + row0, first + row0 + qm.shape[0])
+                q[rows], d[rows] = qm.q, qm.d
+                if qm.o is not None:
+                    o[rows] = qm.o
+            first += shape[0]
+        return q, d, o
 
     def matrix(names_shapes: list[tuple[str, tuple[int, int]]],
                may_quantize: bool = True) -> ops.PackedWeight:
-        qm = quantized(names_shapes) if may_quantize else None
-        if qm is not None:
-            return ops.pack_quantized(qm.q, qm.d, qm.o, qm.bits, qm.group,
-                                      act_asym=not qm.act_symmetric)
-        parts = [tensor(n, s) for n, s in names_shapes]
-        conv = _as_bf16 if dtype == "bf16" else _as_f32
-        fused = conv(parts[0]) if len(parts) == 1 else np.concatenate([conv(p) for p in parts])
-        if may_quantize:
-            used.add(dtype)
-        return ops.pack_weight(fused, dtype)
+        fmt = None
+        if may_quantize and quantization != "none":
+            for name, shape in names_shapes:
+                check(name, shape)
+            natives = [source.native_format(n, s) for n, s in names_shapes]
+            fmt = _fused_format(natives, quantization)
+        if fmt is None:  # float, or mixed formats within one fused matrix: run in dtype
+            if may_quantize:
+                used.add(dtype)
+            return ops.pack_weight(float_matrix(names_shapes, dtype), dtype)
+        if quantization == "auto":
+            acts = "" if fmt.act_symmetric else ", asymmetric activations"
+            used.add(f"w{fmt.bits}a8-{_group_name(fmt.group)} ({_origin(source)}{acts})")
+        else:
+            used.add(quantization.name)
+        q, d, o = quantized_matrix(names_shapes, natives, fmt)
+        return ops.pack_quantized(q, d, o, fmt.bits, fmt.group, act_asym=not fmt.act_symmetric)
 
     h, q, kv = c.hidden_size, c.q_size, c.kv_size
+    embed = float_matrix([("model.embed_tokens.weight", (c.vocab_size, h))], dtype)
+    head = [_head_tensor(c)]
+    head_fmt = None
+    if _quantizes_head(quantization, quantize_lm_head) and quantization != "none":
+        check(*head[0])
+        head_fmt = _fused_format([source.native_format(*head[0])], quantization)
+    if head_fmt is not None:
+        lm_head = matrix(head)
+        head_label = ", ".join(sorted(used))
+        used.clear()
+    elif c.tie_word_embeddings:
+        lm_head = ops.pack_weight(embed, dtype)
+    else:
+        lm_head = matrix(head, may_quantize=False)
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
@@ -402,23 +516,9 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         ))
         if progress:
             progress(i + 1, c.num_layers)
-    embed_raw = tensor("model.embed_tokens.weight", (c.vocab_size, h))
-    embed = _as_bf16(embed_raw) if dtype == "bf16" else _as_f32(embed_raw)
-    tied = c.tie_word_embeddings
-    head_name, head_shape = _head_tensor(c)
-    head_q, label = None, ", ".join(sorted(used)) or None
-    if _quantizes_head(quantization, quantize_lm_head):
-        used.clear()
-        head_q = quantized([(head_name, head_shape)])
-        if head_q is not None:
-            label = f"{label}; lm_head {', '.join(used)}"
-    if head_q is not None:
-        lm_head = ops.pack_quantized(head_q.q, head_q.d, head_q.o, head_q.bits, head_q.group,
-                                     act_asym=not head_q.act_symmetric)
-    elif tied:
-        lm_head = ops.pack_weight(embed, dtype)
-    else:
-        lm_head = matrix([(head_name, head_shape)], may_quantize=False)
+    label = ", ".join(sorted(used)) or None
+    if lm_head.quantized:
+        label = f"{label}; lm_head {head_label}"
     return ModelWeights(dtype, embed, layers, _as_f32(tensor("model.norm.weight", (h,))), lm_head,
                         label)
 
