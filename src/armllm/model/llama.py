@@ -133,7 +133,8 @@ class Workspace:
             "k_normed": (t, c.kv_size) if c.qk_norm else None,
             "attn": (t, c.q_size), "gate_up": (t, 2 * c.intermediate_size),
             "act": (t, c.intermediate_size),
-            "selected": (max_logits, h), "selected_residual": (max_logits, h), "logits": (max_logits, c.vocab_size),
+            "selected": (max_logits, h), "selected_residual": (max_logits, h),
+            "logits": (max_logits, c.vocab_size),
             "attn_scratch": (ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
                                                   max_seq_len or c.max_position_embeddings),),
         }
