@@ -23,21 +23,25 @@ from armllm._kernels._ext import (
     PackedWeight,
     StepBatch,
     ThreadPool,
+    argmax,
     attn_scratch_len,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
+    sample_scratch_bytes,
+    sample_token,
 )
 from armllm._kernels._ext import q_group_len as quant_group_len
 from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "DecoderLayer", "Kernels", "PackedWeight", "StepBatch", "ThreadPool",
+    "ActScratch", "DecoderLayer", "Kernels", "PackedWeight", "StepBatch", "ThreadPool", "argmax",
     "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "cpu_info",
     "decoder_layer", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
     "kv_write", "linear", "num_threads", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
-    "rms_norm_linear", "rope", "rope_cos_sin", "selected_isa", "set_num_threads", "silu_mul",
+    "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
+    "selected_isa", "set_num_threads", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]

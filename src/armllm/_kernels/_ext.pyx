@@ -1328,6 +1328,51 @@ cdef void _same_cache(cnp.ndarray k, cnp.ndarray v) except *:
 
 
 
+# ---------------------------------------------------------------- sampling
+
+
+def sample_scratch_bytes(int64_t n):
+    """Bytes of scratch sample_token needs for a row of n logits."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return armllm_sample_scratch_bytes(n)
+
+
+def argmax(row):
+    """The first index of the largest value of a float32 row (a NaN wins, as numpy's)."""
+    cdef cnp.ndarray ra = _array(row, "row", np.float32, 1)
+    cdef const float *rp = <const float *>cnp.PyArray_DATA(ra)
+    cdef int64_t n = ra.shape[0], best
+    with nogil:
+        best = armllm_argmax(rp, n)
+    return best
+
+
+def sample_token(row, double temperature, int64_t top_k, double top_p, double min_p, double u,
+                 scratch):
+    """A token of a float32 logits row under temperature (> 0), top_k (<= 0: off),
+    top_p (in (0, 1]) and min_p (in [0, 1]) for the uniform draw u in [0, 1)
+    (sample.h); scratch: a uint8 array of sample_scratch_bytes(len(row))."""
+    cdef cnp.ndarray ra = _array(row, "row", np.float32, 1)
+    cdef cnp.ndarray sa = _array(scratch, "scratch", np.uint8, 1)
+    _writable(sa, "scratch")
+    cdef int64_t n = ra.shape[0], token
+    if <size_t>sa.shape[0] < armllm_sample_scratch_bytes(n) or _addr(sa) % 8:
+        raise ValueError(f"scratch must be 8-byte aligned and hold "
+                         f"{armllm_sample_scratch_bytes(n)} bytes, got {sa.shape[0]}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1 or not 0 <= min_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] and min_p in [0, 1], got {top_p}, {min_p}")
+    if not 0 <= u < 1:
+        raise ValueError(f"u must be in [0, 1), got {u}")
+    cdef const float *rp = <const float *>cnp.PyArray_DATA(ra)
+    cdef void *sp = cnp.PyArray_DATA(sa)
+    with nogil:
+        token = armllm_sample(rp, n, temperature, top_k, top_p, min_p, u, sp)
+    return token
+
+
 def probe_read(buf, ThreadPool pool=None):
     """Reads a uint8 buffer (length a multiple of 64) across the pool's threads."""
     cdef cnp.ndarray arr = _array(buf, "buf", np.uint8, 1)

@@ -1,5 +1,5 @@
 # abi.pxi: the C kernel ABI as Cython sees it (pool.h, armllm_kernels.h,
-# cpu.h, probe.h), included by _ext.pyx.
+# cpu.h, probe.h, sample.h), included by _ext.pyx.
 
 cdef extern from "pool.h" nogil:
     ctypedef struct armllm_pool:
@@ -139,3 +139,10 @@ cdef extern from "cpu.h" nogil:
 cdef extern from "probe.h" nogil:
     uint64_t armllm_probe_read(armllm_pool *pool, const void *buf, size_t nbytes)
     double armllm_probe_fma(armllm_pool *pool, int64_t iters)
+
+
+cdef extern from "sample.h" nogil:
+    size_t armllm_sample_scratch_bytes(int64_t n)
+    int64_t armllm_argmax(const float *x, int64_t n)
+    int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
+                          double top_p, double min_p, double u, void *scratch)

@@ -10,7 +10,7 @@ import numpy as np
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
 from armllm.model.llama import BatchMeta, KVCache, LlamaModel, Workspace
-from armllm.sampling import SampleResult, sample_row
+from armllm.sampling import SampleResult, sample_row, sample_scratch
 
 
 class ModelRunner:
@@ -22,6 +22,7 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // kv.block_size)
         self._seed_source = np.random.default_rng()
         self._block_table = np.zeros((max_num_seqs, self.max_blocks), np.int32)
+        self._sample_scratch = sample_scratch(model.config.vocab_size)
 
     def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
         """The batch, and the sequences (in logits-row order) that sample a token."""
@@ -70,4 +71,5 @@ class ModelRunner:
                 seed = int(self._seed_source.integers(2**63))
             # completion i > 0 of a seeded request draws from its own stream
             seq.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
-        return sample_row(row, seq.params, seq.rng, seq.prompt_ids, seq.output_ids)
+        return sample_row(row, seq.params, seq.rng, seq.prompt_ids, seq.output_ids,
+                          self._sample_scratch)

@@ -1,0 +1,156 @@
+/* sample.c: greedy and random token choice over one logits row (sample.h).
+ *
+ * The candidates' probabilities are computed once; top-k is a selection
+ * (quickselect of the k-th value, then one pass in id order), top-p a binary
+ * heap popped only until the kept mass reaches top_p: at the usual settings a
+ * few dozen pops, never a sort of the vocabulary. */
+#include "sample.h"
+
+#include <math.h>
+#include <string.h>
+
+size_t armllm_sample_scratch_bytes(int64_t n) {
+  /* probabilities (double), candidate ids, heap (int32), kept flags (uint8) */
+  return (size_t)n * (sizeof(double) + 2 * sizeof(int32_t) + 1);
+}
+
+int64_t armllm_argmax(const float *x, int64_t n) {
+  int64_t best = 0;
+  float m = x[0];
+  if (m != m) return 0;
+  for (int64_t i = 1; i < n; i++) {
+    if (x[i] > m) {
+      m = x[i];
+      best = i;
+    } else if (x[i] != x[i]) {
+      return i;
+    }
+  }
+  return best;
+}
+
+/* The k-th largest (1-based) of v[0..n) by quickselect; v is reordered. */
+static double kth_largest(double *v, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n - 1, want = k - 1;
+  while (lo < hi) {
+    const double pivot = v[lo + (hi - lo) / 2];
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (v[i] > pivot) i++;
+      while (v[j] < pivot) j--;
+      if (i <= j) {
+        const double t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+        i++;
+        j--;
+      }
+    }
+    if (want <= j)
+      hi = j;
+    else if (want >= i)
+      lo = i;
+    else
+      return v[want];
+  }
+  return v[want];
+}
+
+/* Heap order: a before b when its probability is higher, or equal with a lower id. */
+static inline int before(const double *p, const int32_t *ids, int32_t a, int32_t b) {
+  return p[a] > p[b] || (p[a] == p[b] && ids[a] < ids[b]);
+}
+
+static void sift_down(int32_t *heap, int64_t len, int64_t i, const double *p, const int32_t *ids) {
+  for (;;) {
+    int64_t best = i, l = 2 * i + 1, r = l + 1;
+    if (l < len && before(p, ids, heap[l], heap[best])) best = l;
+    if (r < len && before(p, ids, heap[r], heap[best])) best = r;
+    if (best == i) return;
+    const int32_t t = heap[i];
+    heap[i] = heap[best];
+    heap[best] = t;
+    i = best;
+  }
+}
+
+int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
+                      double top_p, double min_p, double u, void *scratch) {
+  double *p = scratch;
+  int32_t *ids = (int32_t *)(p + n), *heap = ids + n;
+  uint8_t *keep = (uint8_t *)(heap + n);
+  int64_t c = 0; /* candidates, in ascending id */
+  if (top_k > 0 && top_k < n) {
+    for (int64_t i = 0; i < n; i++) p[i] = (double)row[i] / temperature;
+    const double kth = kth_largest(p, n, top_k);
+    int64_t above = 0;
+    for (int64_t i = 0; i < n; i++) above += (double)row[i] / temperature > kth;
+    int64_t ties = top_k - above; /* of the k-th value, the lowest ids */
+    for (int64_t i = 0; i < n; i++) {
+      const double x = (double)row[i] / temperature;
+      if (x > kth || (x == kth && ties-- > 0)) {
+        ids[c] = (int32_t)i;
+        p[c++] = x;
+      }
+    }
+    if (c == 0) { /* NaN logits: keep the first k, the result is as undefined as numpy's */
+      for (; c < top_k; c++) {
+        ids[c] = (int32_t)c;
+        p[c] = (double)row[c] / temperature;
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < n; i++) {
+      ids[i] = (int32_t)i;
+      p[i] = (double)row[i] / temperature;
+    }
+    c = n;
+  }
+  double m = p[0];
+  for (int64_t j = 1; j < c; j++) m = p[j] > m ? p[j] : m;
+  double sum = 0.0;
+  for (int64_t j = 0; j < c; j++) {
+    const double d = p[j] - m;
+    p[j] = d < -ARMLLM_SAMPLE_EXP_CUT ? 0.0 : exp(d);
+    sum += p[j];
+  }
+  double pmax = 0.0;
+  for (int64_t j = 0; j < c; j++) {
+    p[j] /= sum;
+    pmax = p[j] > pmax ? p[j] : pmax;
+  }
+  const double floor_p = min_p > 0.0 ? min_p * pmax : -1.0;
+  if (top_p < 1.0) {
+    /* the heap holds only tokens that can matter (p > 0): the others come last in
+       the order and their mass adds nothing */
+    int64_t len = 0;
+    for (int64_t j = 0; j < c; j++) {
+      keep[j] = 0;
+      if (p[j] > 0.0) heap[len++] = (int32_t)j;
+    }
+    for (int64_t i = len / 2 - 1; i >= 0; i--) sift_down(heap, len, i, p, ids);
+    double cum = 0.0;
+    while (len > 0) {
+      const int32_t top = heap[0];
+      keep[top] = 1;
+      cum += p[top];
+      if (cum >= top_p) break;
+      heap[0] = heap[--len];
+      sift_down(heap, len, 0, p, ids);
+    }
+    if (len == 0) /* never reached top_p (rounding): every token stays */
+      for (int64_t j = 0; j < c; j++) keep[j] = 1;
+    for (int64_t j = 0; j < c; j++) keep[j] = keep[j] && p[j] >= floor_p;
+  } else {
+    for (int64_t j = 0; j < c; j++) keep[j] = p[j] >= floor_p;
+  }
+  double total = 0.0;
+  for (int64_t j = 0; j < c; j++) total += keep[j] ? p[j] : 0.0;
+  const double target = u * total;
+  double cdf = 0.0;
+  for (int64_t j = 0; j < c; j++) {
+    cdf += keep[j] ? p[j] : 0.0;
+    if (cdf > target) return ids[j];
+  }
+  return ids[c - 1];
+}
