@@ -130,16 +130,6 @@ def test_c_sampler_picks_the_numpy_samplers_token_for_each_draw(kw):
                               row, params, np.random.default_rng(trial).random())
 
 
-def test_argmax_is_numpys():
-    rng = np.random.default_rng(3)
-    for n in (1, 7, 49152):
-        row = rng.standard_normal(n).astype(np.float32)
-        row[rng.integers(0, n, 3)] = row.max()  # the first of tied maxima
-        assert ops.argmax(row) == int(np.argmax(row))
-    row[[5, 9]] = np.nan
-    assert ops.argmax(row) == int(np.argmax(row)) == 5
-
-
 def test_sample_token_refuses_bad_arguments():
     row, scratch = np.zeros(8, np.float32), sample_scratch(8)
     with pytest.raises(ValueError, match="scratch must be 8-byte aligned and hold"):

@@ -23,7 +23,6 @@ from armllm._kernels._ext import (
     PackedWeight,
     StepBatch,
     ThreadPool,
-    argmax,
     attn_scratch_len,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
@@ -35,7 +34,7 @@ from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "DecoderLayer", "Kernels", "PackedWeight", "StepBatch", "ThreadPool", "argmax",
+    "ActScratch", "DecoderLayer", "Kernels", "PackedWeight", "StepBatch", "ThreadPool",
     "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "cpu_info",
     "decoder_layer", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
     "kv_write", "linear", "num_threads", "pack_quantized", "pack_weight", "paged_attention",

@@ -1,9 +1,9 @@
 """sampling: per-request sampling parameters, and turning logits rows into
 tokens: penalties, temperature, top-k, top-p, min-p, seeded randomness,
-greedy, and the log-probabilities a request asked for. The choice itself runs
-in C (ops.argmax, ops.sample_token: a selection, never a sort of the
-vocabulary); penalties and log-probabilities, which only some requests ask
-for, stay in numpy."""
+greedy, and the log-probabilities a request asked for. A random token is
+chosen in C (ops.sample_token: a selection, never a sort of the vocabulary),
+a greedy one by numpy's vectorized argmax; penalties and log-probabilities,
+which only some requests ask for, stay in numpy."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -117,7 +117,7 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     raw_logprobs = _log_softmax(row) if params.logprobs is not None else None
     apply_penalties(row, params, prompt_ids, output_ids)
     if params.greedy:
-        token = ops.argmax(row)
+        token = int(np.argmax(row))
     else:
         if scratch is None:
             scratch = sample_scratch(len(row))

@@ -1338,16 +1338,6 @@ def sample_scratch_bytes(int64_t n):
     return armllm_sample_scratch_bytes(n)
 
 
-def argmax(row):
-    """The first index of the largest value of a float32 row (a NaN wins, as numpy's)."""
-    cdef cnp.ndarray ra = _array(row, "row", np.float32, 1)
-    cdef const float *rp = <const float *>cnp.PyArray_DATA(ra)
-    cdef int64_t n = ra.shape[0], best
-    with nogil:
-        best = armllm_argmax(rp, n)
-    return best
-
-
 def sample_token(row, double temperature, int64_t top_k, double top_p, double min_p, double u,
                  scratch):
     """A token of a float32 logits row under temperature (> 0), top_k (<= 0: off),

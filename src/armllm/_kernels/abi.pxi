@@ -143,6 +143,5 @@ cdef extern from "probe.h" nogil:
 
 cdef extern from "sample.h" nogil:
     size_t armllm_sample_scratch_bytes(int64_t n)
-    int64_t armllm_argmax(const float *x, int64_t n)
     int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                           double top_p, double min_p, double u, void *scratch)

@@ -1,4 +1,4 @@
-/* sample.c: greedy and random token choice over one logits row (sample.h).
+/* sample.c: random token choice over one logits row (sample.h).
  *
  * The candidates' probabilities are computed once; top-k is a selection
  * (quickselect of the k-th value, then one pass in id order), top-p a binary
@@ -14,32 +14,17 @@ size_t armllm_sample_scratch_bytes(int64_t n) {
   return (size_t)n * (sizeof(double) + 2 * sizeof(int32_t) + 1);
 }
 
-int64_t armllm_argmax(const float *x, int64_t n) {
-  int64_t best = 0;
-  float m = x[0];
-  if (m != m) return 0;
-  for (int64_t i = 1; i < n; i++) {
-    if (x[i] > m) {
-      m = x[i];
-      best = i;
-    } else if (x[i] != x[i]) {
-      return i;
-    }
-  }
-  return best;
-}
-
 /* The k-th largest (1-based) of v[0..n) by quickselect; v is reordered. */
-static double kth_largest(double *v, int64_t n, int64_t k) {
+static float kth_largest(float *v, int64_t n, int64_t k) {
   int64_t lo = 0, hi = n - 1, want = k - 1;
   while (lo < hi) {
-    const double pivot = v[lo + (hi - lo) / 2];
+    const float pivot = v[lo + (hi - lo) / 2];
     int64_t i = lo, j = hi;
     while (i <= j) {
       while (v[i] > pivot) i++;
       while (v[j] < pivot) j--;
       if (i <= j) {
-        const double t = v[i];
+        const float t = v[i];
         v[i] = v[j];
         v[j] = t;
         i++;
@@ -79,35 +64,32 @@ int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t t
   double *p = scratch;
   int32_t *ids = (int32_t *)(p + n), *heap = ids + n;
   uint8_t *keep = (uint8_t *)(heap + n);
-  int64_t c = 0; /* candidates, in ascending id */
+  int64_t c = n; /* candidates, in ascending id (all of them: ids[j] = j) */
+  float row_max = row[0];
+  for (int64_t i = 1; i < n; i++) row_max = row[i] > row_max ? row[i] : row_max;
   if (top_k > 0 && top_k < n) {
-    for (int64_t i = 0; i < n; i++) p[i] = (double)row[i] / temperature;
-    const double kth = kth_largest(p, n, top_k);
+    /* x = row / temperature keeps the order of row (a float's double quotient by a
+       positive number is monotonic and keeps distinct floats distinct): select on row */
+    float *v = (float *)heap; /* heap and keep are free until top-p */
+    memcpy(v, row, (size_t)n * sizeof(float));
+    const float kth = kth_largest(v, n, top_k);
     int64_t above = 0;
-    for (int64_t i = 0; i < n; i++) above += (double)row[i] / temperature > kth;
+    for (int64_t i = 0; i < n; i++) above += row[i] > kth;
     int64_t ties = top_k - above; /* of the k-th value, the lowest ids */
-    for (int64_t i = 0; i < n; i++) {
-      const double x = (double)row[i] / temperature;
-      if (x > kth || (x == kth && ties-- > 0)) {
-        ids[c] = (int32_t)i;
-        p[c++] = x;
-      }
-    }
-    if (c == 0) { /* NaN logits: keep the first k, the result is as undefined as numpy's */
-      for (; c < top_k; c++) {
-        ids[c] = (int32_t)c;
-        p[c] = (double)row[c] / temperature;
-      }
-    }
+    c = 0;
+    for (int64_t i = 0; i < n && c < top_k; i++)
+      if (row[i] > kth || (row[i] == kth && ties-- > 0)) ids[c++] = (int32_t)i;
+    if (c == 0) /* NaN logits: the first k (the result is as undefined as numpy's) */
+      for (; c < top_k; c++) ids[c] = (int32_t)c;
+    for (int64_t j = 0; j < c; j++) p[j] = (double)row[ids[j]] / temperature;
   } else {
     for (int64_t i = 0; i < n; i++) {
       ids[i] = (int32_t)i;
       p[i] = (double)row[i] / temperature;
     }
-    c = n;
   }
-  double m = p[0];
-  for (int64_t j = 1; j < c; j++) m = p[j] > m ? p[j] : m;
+  /* the largest x: row's maximum divided (for top-k, the maximum is a candidate) */
+  const double m = row_max == row_max ? (double)row_max / temperature : p[0];
   double sum = 0.0;
   for (int64_t j = 0; j < c; j++) {
     const double d = p[j] - m;

@@ -1,8 +1,6 @@
-/* sample.h: choosing a token from one logits row (portable C, the same on
- * every ISA: a row is read once or twice, never sorted).
- *
- * armllm_argmax: the first index of the largest value; a NaN wins (the first
- *   NaN's index), as numpy's argmax.
+/* sample.h: choosing a random token from one logits row (portable C, the
+ * same on every ISA: a row is read a few times, never sorted). Greedy choice
+ * is numpy's argmax (vectorized for the machine it runs on).
  *
  * armllm_sample: a random token under temperature, top-k, min-p and top-p,
  *   for one uniform draw u in [0, 1), defined as this float64 computation:
@@ -28,8 +26,6 @@
 #define ARMLLM_SAMPLE_EXP_CUT 80.0
 
 size_t armllm_sample_scratch_bytes(int64_t n);
-
-int64_t armllm_argmax(const float *x, int64_t n);
 
 int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                       double top_p, double min_p, double u, void *scratch);

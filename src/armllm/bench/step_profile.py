@@ -9,13 +9,17 @@ KV writes, attention, activations, quantization of activations, embedding),
 sampling, detokenize/postprocess, and the rest: Python and engine glue
 (scheduling, building the batch, the model's Python graph, the Cython
 wrappers' argument checks outside the kernel calls, the timers themselves).
-A kernel call's time includes its Cython entry and argument checks.
+A kernel call's time includes its Cython entry and argument checks; inside
+a decoder layer's one call (ops.decoder_layer) the layer times each kernel
+itself, and the rest of that call counts as glue.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from armllm import ops
 
@@ -24,7 +28,7 @@ if TYPE_CHECKING:
 
 # Kernel-table methods whose time is weight reading: the GEMMs, and the fused calls
 # whose work is a GEMM with a small epilogue or prologue on its rows.
-GEMM_METHODS = frozenset({"gemm", "gemm_wq", "linear_wq", "norm_linear_wq", "gemm_silu_mul"})
+GEMM_METHODS = frozenset({"gemm", "gemm_wq"})
 # What a decode token's time splits into, in report order.
 PARTS = ("gemm", "other_kernels", "glue", "sampling", "postprocess")
 LABELS = {"total": "total", "gemm": "GEMMs", "other_kernels": "other kernels",
@@ -60,6 +64,19 @@ def _timed(fn: Callable, totals: dict[str, int], bucket: str) -> Callable:
     return call
 
 
+def _timed_layers(totals: dict[str, int]) -> Callable:
+    """ops.decoder_layer, with the layer's own timers on (GEMMs, other kernels)."""
+    times = np.zeros(2, np.int64)
+
+    def decoder_layer(layer: ops.DecoderLayer, batch: ops.StepBatch) -> None:
+        layer.run(batch, ops.get_pool(), times)
+        gemm, other = times.tolist()
+        totals["gemm"] += gemm
+        totals["other_kernels"] += other
+        times[:] = 0
+    return decoder_layer
+
+
 class StepProfile:
     """Times the decode-only steps of `engine` while installed (a context manager)."""
 
@@ -74,6 +91,7 @@ class StepProfile:
     def __enter__(self) -> StepProfile:
         engine, totals = self.engine, self._totals
         self._patch(ops, "_KERNELS", _TimedKernels(ops._KERNELS, totals))
+        self._patch(ops, "decoder_layer", _timed_layers(totals))
         self._patch(engine.runner, "sample", _timed(engine.runner.sample, totals, "sampling"))
         self._patch(engine, "_postprocess", _timed(engine._postprocess, totals, "postprocess"))
         self._patch(engine, "step", self._step)
