@@ -20,6 +20,7 @@ from armllm._kernels import _ext
 from armllm._kernels._ext import (
     DecoderLayer,
     Kernels,
+    NormHead,
     PackedWeight,
     StepBatch,
     ThreadPool,
@@ -34,9 +35,10 @@ from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "DecoderLayer", "Kernels", "PackedWeight", "StepBatch", "ThreadPool",
-    "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "cpu_info",
-    "decoder_layer", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
+    "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "StepBatch", "ThreadPool",
+    "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
+    "cpu_info",
+    "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "kv_write", "linear", "num_threads", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
@@ -516,3 +518,17 @@ def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:
     """Runs a bound decoder layer on one step's batch: the kernel calls rms_norm_linear,
     rope, kv_write, paged_attention, linear, silu_mul make, in one call."""
     layer.run(batch, get_pool())
+
+
+def bind_norm_head(weight: PackedWeight, act_scratch: ActScratch | None, norm_weight: np.ndarray,
+                   eps: float, hidden: np.ndarray, residual: np.ndarray, selected: np.ndarray,
+                   selected_residual: np.ndarray, logits: np.ndarray) -> NormHead:
+    """The final norm and lm_head bound to a workspace's buffers, for norm_head()."""
+    return NormHead(Kernels(_ISA), weight, act_scratch, norm_weight, eps, hidden, residual,
+                    selected, selected_residual, logits)
+
+
+def norm_head(head: NormHead, rows: np.ndarray, batch_rows: int) -> None:
+    """Logits of the batch rows `rows` (the runner's logits_rows) into the head's logits
+    buffer: rms_norm_linear(hidden + residual, lm_head) on those rows only."""
+    head.run(rows, batch_rows, get_pool())

@@ -920,6 +920,14 @@ cdef struct LayerArgs:
     int first
 
 
+cdef const float *_vector(object a, str name, int64_t n) except NULL:
+    """A float32 [n] array's data."""
+    cdef cnp.ndarray arr = _array(a, name, np.float32, 1)
+    if arr.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},), got {_shp(arr)}")
+    return <const float *>cnp.PyArray_DATA(arr)
+
+
 cdef class DecoderLayer:
     """One decoder layer bound to its weights, a Workspace's buffers and its KV
     cache layer, for its run(). Built once per (model, workspace,
@@ -978,10 +986,10 @@ cdef class DecoderLayer:
             if self.a.q_normed.ld != self.a.q_size or self.a.k_normed.ld != self.a.kv_size:
                 raise ValueError("q_normed and k_normed must be C-contiguous")
             self.a.max_rows = min(self.a.max_rows, q_normed.shape[0], k_normed.shape[0])
-            self.a.q_norm = self._vector(q_norm, "q_norm", head_dim)
-            self.a.k_norm = self._vector(k_norm, "k_norm", head_dim)
-        self.a.input_norm = self._vector(input_norm, "input_norm", self.a.hidden)
-        self.a.post_norm = self._vector(post_norm, "post_norm", self.a.hidden)
+            self.a.q_norm = _vector(q_norm, "q_norm", head_dim)
+            self.a.k_norm = _vector(k_norm, "k_norm", head_dim)
+        self.a.input_norm = _vector(input_norm, "input_norm", self.a.hidden)
+        self.a.post_norm = _vector(post_norm, "post_norm", self.a.hidden)
         cdef cnp.ndarray sa = _array(attn_scratch, "attn_scratch", np.float32, 1)
         _writable(sa, "attn_scratch")
         self.a.attn_scratch, self.a.attn_scratch_len = <float *>cnp.PyArray_DATA(sa), sa.shape[0]
@@ -991,7 +999,7 @@ cdef class DecoderLayer:
         self.a.cos_sin, self.a.max_pos = <const float *>cnp.PyArray_DATA(ca), ca.shape[0]
         for i in range(4):
             weight, bias, scratch = linears[i]
-            self.a.lin[i] = self._linear(kernels, weight, bias, scratch)
+            self.a.lin[i] = _bind_linear(kernels, weight, bias, scratch, self.a.max_rows)
         self.kt = kernels.t
 
     def run(self, StepBatch batch, ThreadPool pool=None, times=None):
@@ -1004,14 +1012,7 @@ cdef class DecoderLayer:
         if b.rows > self.a.max_rows:
             raise ValueError(f"a batch of {b.rows} rows exceeds the layer's buffers "
                              f"({self.a.max_rows} rows)")
-        cdef int64_t *tp = NULL
-        cdef cnp.ndarray ta
-        if times is not None:
-            ta = _array(times, "times", np.int64, 1)
-            _writable(ta, "times")
-            if ta.shape[0] != 2:
-                raise ValueError(f"times must have shape (2,), got {_shp(ta)}")
-            tp = <int64_t *>cnp.PyArray_DATA(ta)
+        cdef int64_t *tp = _times_ptr(times)
         cdef armllm_pool *p = _pool_ptr(pool)
         cdef int err = 0
         cdef int64_t bad
@@ -1029,61 +1030,133 @@ cdef class DecoderLayer:
                          f"{b.seq_lens[bad]}, query rows {b.query_start[bad]}.."
                          f"{b.query_start[bad + 1]}, num_blocks={self.a.num_blocks})")
 
-    cdef const float *_vector(self, object a, str name, int64_t n) except NULL:
-        cdef cnp.ndarray arr = _array(a, name, np.float32, 1)
-        if arr.shape[0] != n:
-            raise ValueError(f"{name} must have shape ({n},), got {_shp(arr)}")
-        return <const float *>cnp.PyArray_DATA(arr)
 
-    cdef LinearArgs _linear(self, Kernels kernels, object w_obj, object bias,
-                            object scratch) except *:
-        if not isinstance(w_obj, PackedWeight):
-            raise ValueError(f"weights must be PackedWeights, got {type(w_obj).__name__}")
-        cdef PackedWeight w = <PackedWeight>w_obj
-        cdef LinearArgs L
-        cdef cnp.ndarray a
-        L.w, L.n, L.k, L.group, L.bits = cnp.PyArray_DATA(w.data), w.n, w.k, w.group, w.bits
-        L.ng = armllm_q_groups(w.k, w.group)
-        L.bias, L.xq, L.scale, L.gsum, L.zp, L.szp, L.corr_w, L.corr = (
-            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
-        L.ldq = L.ldsc = L.ldgs = L.ldzp = L.ldszp = 0
-        if bias is not None:
-            L.bias = self._vector(bias, "bias", w.n)
-        cdef const armllm_kernels *t = kernels.t
-        if not w.quantized:
-            L.kind = LIN_F32 if w.dtype == "f32" else LIN_BF16
-            layout = t.gemm_f32_layout if w.dtype == "f32" else t.gemm_bf16_layout
-            if w.layout != layout.decode():
-                raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} "
-                                 f"kernels read {layout.decode()!r}")
-            return L
-        L.kind = LIN_WQ
-        if w.layout != t.gemm_wq_layout.decode():
-            raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} kernels "
-                             f"read {t.gemm_wq_layout.decode()!r}")
-        if scratch is None or scratch.gsum is None or scratch.k != w.k or \
-                armllm_q_group_len(scratch.group) != armllm_q_group_len(w.group) or \
-                scratch.rows < self.a.max_rows:
-            raise ValueError(f"a quantized weight ({w!r}) needs an ActScratch with sums for "
-                             f"its K and group of {self.a.max_rows} rows, got {scratch!r}")
-        a = _array(scratch.xq, "xq", np.int8, 2)
-        L.xq, L.ldq = <int8_t *>cnp.PyArray_DATA(a), _ld(a)
-        a = _array(scratch.scale, "scale", np.float32, 2)
-        L.scale, L.ldsc = <float *>cnp.PyArray_DATA(a), _ld(a)
-        a = _array(scratch.gsum, "gsum", np.int32, 2)
-        L.gsum, L.ldgs = <int32_t *>cnp.PyArray_DATA(a), _ld(a)
-        if w.zp_correction is not None:
-            if scratch.zp is None or scratch.asym_n < w.n:
-                raise ValueError(f"{w!r} takes asymmetric activations: its ActScratch needs "
-                                 f"zero points for {w.n} outputs")
-            a = _array(scratch.zp, "zp", np.int32, 2)
-            L.zp, L.ldzp = <int32_t *>cnp.PyArray_DATA(a), _ld(a)
-            a = _array(scratch.scaled_zp, "scaled_zp", np.float32, 2)
-            L.szp, L.ldszp = <float *>cnp.PyArray_DATA(a), _ld(a)
-            a = _array(scratch.correction(scratch.rows, w.n), "correction", np.float32, 2)
-            L.corr = <float *>cnp.PyArray_DATA(a)
-            L.corr_w = <const float *>cnp.PyArray_DATA((<PackedWeight>w.zp_correction).data)
+
+cdef LinearArgs _bind_linear(Kernels kernels, object w_obj, object bias, object scratch,
+                         int64_t max_rows) except *:
+    """A linear layer's pointers: its weight, bias and (quantized) activation scratch
+    of at least max_rows rows, checked against the kernels' layouts."""
+    if not isinstance(w_obj, PackedWeight):
+        raise ValueError(f"weights must be PackedWeights, got {type(w_obj).__name__}")
+    cdef PackedWeight w = <PackedWeight>w_obj
+    cdef LinearArgs L
+    cdef cnp.ndarray a
+    L.w, L.n, L.k, L.group, L.bits = cnp.PyArray_DATA(w.data), w.n, w.k, w.group, w.bits
+    L.ng = armllm_q_groups(w.k, w.group)
+    L.bias, L.xq, L.scale, L.gsum, L.zp, L.szp, L.corr_w, L.corr = (
+        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+    L.ldq = L.ldsc = L.ldgs = L.ldzp = L.ldszp = 0
+    if bias is not None:
+        L.bias = _vector(bias, "bias", w.n)
+    cdef const armllm_kernels *t = kernels.t
+    if not w.quantized:
+        L.kind = LIN_F32 if w.dtype == "f32" else LIN_BF16
+        layout = t.gemm_f32_layout if w.dtype == "f32" else t.gemm_bf16_layout
+        if w.layout != layout.decode():
+            raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} "
+                             f"kernels read {layout.decode()!r}")
         return L
+    L.kind = LIN_WQ
+    if w.layout != t.gemm_wq_layout.decode():
+        raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} kernels "
+                         f"read {t.gemm_wq_layout.decode()!r}")
+    if scratch is None or scratch.gsum is None or scratch.k != w.k or \
+            armllm_q_group_len(scratch.group) != armllm_q_group_len(w.group) or \
+            scratch.rows < max_rows:
+        raise ValueError(f"a quantized weight ({w!r}) needs an ActScratch with sums for "
+                         f"its K and group of {max_rows} rows, got {scratch!r}")
+    a = _array(scratch.xq, "xq", np.int8, 2)
+    L.xq, L.ldq = <int8_t *>cnp.PyArray_DATA(a), _ld(a)
+    a = _array(scratch.scale, "scale", np.float32, 2)
+    L.scale, L.ldsc = <float *>cnp.PyArray_DATA(a), _ld(a)
+    a = _array(scratch.gsum, "gsum", np.int32, 2)
+    L.gsum, L.ldgs = <int32_t *>cnp.PyArray_DATA(a), _ld(a)
+    if w.zp_correction is not None:
+        if scratch.zp is None or scratch.asym_n < w.n:
+            raise ValueError(f"{w!r} takes asymmetric activations: its ActScratch needs "
+                             f"zero points for {w.n} outputs")
+        a = _array(scratch.zp, "zp", np.int32, 2)
+        L.zp, L.ldzp = <int32_t *>cnp.PyArray_DATA(a), _ld(a)
+        a = _array(scratch.scaled_zp, "scaled_zp", np.float32, 2)
+        L.szp, L.ldszp = <float *>cnp.PyArray_DATA(a), _ld(a)
+        a = _array(scratch.correction(scratch.rows, w.n), "correction", np.float32, 2)
+        L.corr = <float *>cnp.PyArray_DATA(a)
+        L.corr_w = <const float *>cnp.PyArray_DATA((<PackedWeight>w.zp_correction).data)
+    return L
+
+
+cdef class NormHead:
+    """The final RMSNorm (with the last residual add) and the lm_head, bound to the
+    Workspace's buffers, for only the rows that need logits: run() gathers those rows
+    of `hidden` and `residual` into `selected` and `selected_residual`, normalizes
+    them (into `selected`) and writes their logits. The same kernel calls as
+    ops.rms_norm_linear on the gathered rows."""
+    cdef LinearArgs lin
+    cdef const armllm_kernels *kt
+    cdef const float *norm_w
+    cdef float eps
+    cdef Buf hidden, res, sel, sel_res, logits
+    cdef int64_t max_rows, max_logits, d
+    cdef list keep
+
+    def __init__(self, Kernels kernels, weight, scratch, norm_weight, float eps, hidden,
+                 residual, selected, selected_residual, logits):
+        self.keep = [weight, scratch, norm_weight, hidden, residual, selected,
+                     selected_residual, logits]
+        if not isinstance(weight, PackedWeight):
+            raise ValueError(f"weight must be a PackedWeight, got {type(weight).__name__}")
+        self.d = (<PackedWeight>weight).k
+        self.hidden, self.res = _buf(hidden, "hidden", self.d), _buf(residual, "residual", self.d)
+        self.sel = _buf(selected, "selected", self.d)
+        self.sel_res = _buf(selected_residual, "selected_residual", self.d)
+        self.logits = _buf(logits, "logits", (<PackedWeight>weight).n)
+        self.max_rows = min(hidden.shape[0], residual.shape[0])
+        self.max_logits = min(selected.shape[0], selected_residual.shape[0], logits.shape[0])
+        cdef cnp.ndarray na = _array(norm_weight, "norm_weight", np.float32, 1)
+        if na.shape[0] != self.d:
+            raise ValueError(f"norm_weight must have shape ({self.d},), got {_shp(na)}")
+        self.norm_w, self.eps, self.kt = <const float *>cnp.PyArray_DATA(na), eps, kernels.t
+        self.lin = _bind_linear(kernels, weight, None, scratch, self.max_logits)
+
+    def run(self, rows, int64_t batch_rows, ThreadPool pool=None, times=None):
+        """Logits of the batch rows `rows` (int64 [R], each < batch_rows) into the
+        first R rows of `logits`; times as DecoderLayer.run's."""
+        cdef cnp.ndarray ra = _array(rows, "rows", np.int64, 1)
+        cdef int64_t r = ra.shape[0], i, row
+        cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
+        if r > self.max_logits or batch_rows > self.max_rows:
+            raise ValueError(f"{r} logits rows of a batch of {batch_rows} exceed the buffers "
+                             f"({self.max_logits} / {self.max_rows} rows)")
+        for i in range(r):
+            if not 0 <= rp[i] < batch_rows:
+                raise ValueError(f"rows[{i}] = {rp[i]} is outside the batch [0, {batch_rows})")
+        cdef int64_t *tp = _times_ptr(times)
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t t0 = 0
+        cdef size_t row_bytes = self.d * sizeof(float)
+        with nogil:
+            if tp != NULL:
+                t0 = _now_ns()
+            for i in range(r):
+                row = rp[i]
+                memcpy(self.sel.p + i * self.sel.ld, self.hidden.p + row * self.hidden.ld,
+                       row_bytes)
+                memcpy(self.sel_res.p + i * self.sel_res.ld, self.res.p + row * self.res.ld,
+                       row_bytes)
+            _norm_linear(self.kt, p, &self.lin, self.sel.p, self.sel.ld, self.sel_res.p,
+                         self.sel_res.ld, self.norm_w, self.eps, self.sel, r, self.logits.p,
+                         self.logits.ld, tp, &t0)
+
+
+cdef int64_t *_times_ptr(object times) except? NULL:
+    """The int64 [2] profiling accumulator's data, or NULL for None."""
+    if times is None:
+        return NULL
+    cdef cnp.ndarray ta = _array(times, "times", np.int64, 1)
+    _writable(ta, "times")
+    if ta.shape[0] != 2:
+        raise ValueError(f"times must have shape (2,), got {_shp(ta)}")
+    return <int64_t *>cnp.PyArray_DATA(ta)
 
 
 cdef struct BatchArgs:

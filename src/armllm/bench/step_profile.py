@@ -10,8 +10,9 @@ sampling, detokenize/postprocess, and the rest: Python and engine glue
 (scheduling, building the batch, the model's Python graph, the Cython
 wrappers' argument checks outside the kernel calls, the timers themselves).
 A kernel call's time includes its Cython entry and argument checks; inside
-a decoder layer's one call (ops.decoder_layer) the layer times each kernel
-itself, and the rest of that call counts as glue.
+a decoder layer's one call (ops.decoder_layer) and the head's
+(ops.norm_head) the call times each kernel itself, and the rest of it counts
+as glue.
 """
 from __future__ import annotations
 
@@ -64,17 +65,25 @@ def _timed(fn: Callable, totals: dict[str, int], bucket: str) -> Callable:
     return call
 
 
-def _timed_layers(totals: dict[str, int]) -> Callable:
-    """ops.decoder_layer, with the layer's own timers on (GEMMs, other kernels)."""
+def _timed_bound(totals: dict[str, int], which: str) -> Callable:
+    """ops.decoder_layer (which="layer") or ops.norm_head ("head") with the bound
+    call's own timers on (GEMMs, other kernels)."""
     times = np.zeros(2, np.int64)
 
-    def decoder_layer(layer: ops.DecoderLayer, batch: ops.StepBatch) -> None:
-        layer.run(batch, ops.get_pool(), times)
+    def account() -> None:
         gemm, other = times.tolist()
         totals["gemm"] += gemm
         totals["other_kernels"] += other
         times[:] = 0
-    return decoder_layer
+
+    def decoder_layer(layer: ops.DecoderLayer, batch: ops.StepBatch) -> None:
+        layer.run(batch, ops.get_pool(), times)
+        account()
+
+    def norm_head(head: ops.NormHead, rows: np.ndarray, batch_rows: int) -> None:
+        head.run(rows, batch_rows, ops.get_pool(), times)
+        account()
+    return decoder_layer if which == "layer" else norm_head
 
 
 class StepProfile:
@@ -91,7 +100,8 @@ class StepProfile:
     def __enter__(self) -> StepProfile:
         engine, totals = self.engine, self._totals
         self._patch(ops, "_KERNELS", _TimedKernels(ops._KERNELS, totals))
-        self._patch(ops, "decoder_layer", _timed_layers(totals))
+        self._patch(ops, "decoder_layer", _timed_bound(totals, "layer"))
+        self._patch(ops, "norm_head", _timed_bound(totals, "head"))
         self._patch(engine.runner, "sample", _timed(engine.runner.sample, totals, "sampling"))
         self._patch(engine, "_postprocess", _timed(engine._postprocess, totals, "postprocess"))
         self._patch(engine, "step", self._step)

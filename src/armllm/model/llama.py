@@ -108,7 +108,7 @@ class Workspace:
         # per layer, the scratch of each of its LAYER_LINEARS weights (None: a float weight)
         self.layer_scratch = [tuple(made.get(key) for key in keys) for keys in layer_keys]
         self.head_scratch: ops.ActScratch | None = made.get(head_key)
-        # (model, KV cache, their layers bound to these buffers), set by the model's forward
+        # (model, KV cache, its layers and head bound to these buffers), set by its forward
         self.bound: tuple | None = None
 
     @classmethod
@@ -182,7 +182,6 @@ class LlamaModel:
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.ndarray:
         """Logits [len(meta.logits_rows), vocab] (a view of the workspace)."""
-        c, w = self.config, self.weights
         t, r = len(meta.input_ids), len(meta.logits_rows)
         if t > ws.max_tokens or r > ws.max_logits:
             raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
@@ -190,26 +189,22 @@ class LlamaModel:
         if ws.formats is not self.formats and ws.formats != self.formats:
             raise ValueError("the workspace was built for other linear weight formats than "
                              "this model's: build it with Workspace(..., model.formats)")
-        res, x = ws.residual[:t], ws.hidden[:t]
-        ops.embedding(meta.input_ids, w.embed, out=res)
+        ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
         batch = ops.StepBatch(meta.positions, meta.slot_mapping, meta.block_table,
                               meta.seq_lens, meta.query_start)
-        for layer in self._bound_layers(kv, ws):
+        layers, head = self._bound(kv, ws)
+        for layer in layers:
             ops.decoder_layer(layer, batch)
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
-        # the final norm (with the last residual add) and the lm_head, on only the rows that
-        # sample; rows index this batch (the runner builds them): mode="raise" would copy
-        # through a temporary the size of the selection every step
-        selected, selected_res = ws.selected[:r], ws.selected_residual[:r]
-        np.take(x, meta.logits_rows, axis=0, out=selected, mode="clip")
-        np.take(res, meta.logits_rows, axis=0, out=selected_res, mode="clip")
-        return ops.rms_norm_linear(selected, w.final_norm, c.rms_norm_eps, w.lm_head,
-                                   residual=selected_res, normed=selected, out=ws.logits[:r],
-                                   act_scratch=ws.head_scratch)
+        # the final norm (with the last residual add) and the lm_head, on only the rows
+        # that sample
+        ops.norm_head(head, meta.logits_rows, t)
+        return ws.logits[:r]
 
-    def _bound_layers(self, kv: KVCache, ws: Workspace) -> list[ops.DecoderLayer]:
-        """The layers bound to this cache and workspace (built on first use). Each runs
+    def _bound(self, kv: KVCache, ws: Workspace) -> tuple[list[ops.DecoderLayer], ops.NormHead]:
+        """The layers and the head bound to this cache and workspace (built on first
+        use). Each layer runs
 
             res += x (the previous layer's MLP output; layer 0 starts from the embedding)
             qkv = rms_norm(res, input_norm) @ qkv.T (+ bias)    (one fused call, quantized)
@@ -218,9 +213,11 @@ class LlamaModel:
             x = attn @ o.T;  res += x;  gate_up = rms_norm(res, post_norm) @ gate_up.T
             x = (silu(gate) * up) @ down.T
 
-        with the kernels and buffers armllm.ops' per-op wrappers would use."""
+        with the kernels and buffers armllm.ops' per-op wrappers would use; the head
+        gathers the rows that need logits of x and res, then res += x, x = rms_norm(res,
+        final_norm), logits = x @ lm_head.T."""
         if ws.bound is not None and ws.bound[0] is self and ws.bound[1] is kv:
-            return ws.bound[2]
+            return ws.bound[2], ws.bound[3]
         c, w = self.config, self.weights
         buffers = (ws.residual, ws.hidden, ws.normed, ws.qkv, ws.q_normed, ws.k_normed,
                    ws.attn, ws.gate_up, ws.act, ws.attn_scratch)
@@ -234,5 +231,8 @@ class LlamaModel:
                 linears, lw.input_norm, lw.post_norm, *qk, c.rms_norm_eps, buffers, kv.k[i],
                 kv.v[i], self.cos_sin, c.num_heads, c.num_kv_heads, c.head_dim, self.scale,
                 c.sliding_window, first=i == 0))
-        ws.bound = (self, kv, layers)
-        return layers
+        head = ops.bind_norm_head(w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps,
+                                  ws.hidden, ws.residual, ws.selected, ws.selected_residual,
+                                  ws.logits)
+        ws.bound = (self, kv, layers, head)
+        return layers, head
