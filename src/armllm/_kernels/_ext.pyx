@@ -852,10 +852,9 @@ DEF LIN_F32 = 0
 DEF LIN_BF16 = 1
 DEF LIN_WQ = 2
 # kernel errors DecoderLayer.run reports (the bad index goes with them)
-DEF ERR_ROPE_Q = 1
-DEF ERR_ROPE_K = 2
-DEF ERR_KV_WRITE = 3
-DEF ERR_ATTENTION = 4
+DEF ERR_ROPE = 1
+DEF ERR_KV_WRITE = 2
+DEF ERR_ATTENTION = 3
 
 
 cdef struct LinearArgs:
@@ -1020,7 +1019,7 @@ cdef class DecoderLayer:
             bad = _run_layer(self.kt, p, &self.a, b, tp, &err)
         if bad < 0:
             return
-        if err == ERR_ROPE_Q or err == ERR_ROPE_K:
+        if err == ERR_ROPE:
             raise ValueError(f"positions[{bad}] = {b.positions[bad]} is outside the cos/sin "
                              f"cache [0, {self.a.max_pos})")
         if err == ERR_KV_WRITE:
@@ -1285,20 +1284,13 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
                    d.head_dim)
         kt.rmsnorm(p, k, d.head_dim, NULL, 0, d.k_norm, t * d.n_kv_heads, d.head_dim, d.eps, k,
                    d.head_dim)
-    bad = kt.rope(p, q, t, d.n_heads, d.head_dim, ldq, b.positions, d.cos_sin, d.max_pos,
-                  d.head_dim, ARMLLM_ROPE_NEOX)
+    cdef int bad_slot = 0
+    bad = armllm_rope_kv_write(kt, p, q, ldq, d.n_heads, k, ldk, v, d.qkv.ld, d.n_kv_heads,
+                               d.head_dim, d.head_dim, ARMLLM_ROPE_NEOX, b.positions, d.cos_sin,
+                               d.max_pos, b.slot_mapping, t, d.k_cache, d.v_cache, d.cache_bf16,
+                               d.block_size, d.num_blocks, &bad_slot)
     if bad >= 0:
-        err[0] = ERR_ROPE_Q
-        return bad
-    bad = kt.rope(p, k, t, d.n_kv_heads, d.head_dim, ldk, b.positions, d.cos_sin, d.max_pos,
-                  d.head_dim, ARMLLM_ROPE_NEOX)
-    if bad >= 0:
-        err[0] = ERR_ROPE_K
-        return bad
-    bad = kt.kv_write(p, k, ldk, v, d.qkv.ld, b.slot_mapping, t, d.k_cache, d.v_cache,
-                      d.cache_bf16, d.n_kv_heads, d.head_dim, d.block_size, d.num_blocks)
-    if bad >= 0:
-        err[0] = ERR_KV_WRITE
+        err[0] = ERR_KV_WRITE if bad_slot else ERR_ROPE
         return bad
     args.q, args.ldq = q, ldq
     args.k_cache, args.v_cache, args.cache_bf16 = d.k_cache, d.v_cache, d.cache_bf16
