@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from armllm import ops
-
 # what a model's generation_config.json (or a GGUF's general.sampling.* keys) may set
 MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # the defaults of a model that sets none of them: at SamplingParams' own (temperature 1,
@@ -103,6 +101,7 @@ def apply_penalties(row: np.ndarray, params: SamplingParams, prompt_ids: list[in
 
 def sample_scratch(vocab_size: int) -> np.ndarray:
     """The scratch sample_row reuses for rows of vocab_size logits (allocate once)."""
+    from armllm import ops  # the kernels load with the engine, not with SamplingParams
     return np.empty(ops.sample_scratch_bytes(vocab_size), np.uint8)
 
 
@@ -119,6 +118,7 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     if params.greedy:
         token = int(np.argmax(row))
     else:
+        from armllm import ops
         if scratch is None:
             scratch = sample_scratch(len(row))
         token = ops.sample_token(row, params.temperature, params.top_k, params.top_p,
