@@ -65,24 +65,14 @@ def _timed(fn: Callable, totals: dict[str, int], bucket: str) -> Callable:
     return call
 
 
-def _timed_bound(totals: dict[str, int], which: str) -> Callable:
+def _timed_bound(times: np.ndarray, which: str) -> Callable:
     """ops.decoder_layer (which="layer") or ops.norm_head ("head") with the bound
-    call's own timers on (GEMMs, other kernels)."""
-    times = np.zeros(2, np.int64)
-
-    def account() -> None:
-        gemm, other = times.tolist()
-        totals["gemm"] += gemm
-        totals["other_kernels"] += other
-        times[:] = 0
-
+    call's own timers on: they add their GEMM and other-kernel nanoseconds to times."""
     def decoder_layer(layer: ops.DecoderLayer, batch: ops.StepBatch) -> None:
         layer.run(batch, ops.get_pool(), times)
-        account()
 
     def norm_head(head: ops.NormHead, rows: np.ndarray, batch_rows: int) -> None:
         head.run(rows, batch_rows, ops.get_pool(), times)
-        account()
     return decoder_layer if which == "layer" else norm_head
 
 
@@ -96,12 +86,13 @@ class StepProfile:
         self.decode_tokens = 0
         self._sums = dict.fromkeys(("total", *PARTS), 0)        # ns, decode-only steps
         self._undo: list[Callable[[], None]] = []
+        self._bound_times = np.zeros(2, np.int64)   # ns in GEMMs, other kernels (bound calls)
 
     def __enter__(self) -> StepProfile:
         engine, totals = self.engine, self._totals
         self._patch(ops, "_KERNELS", _TimedKernels(ops._KERNELS, totals))
-        self._patch(ops, "decoder_layer", _timed_bound(totals, "layer"))
-        self._patch(ops, "norm_head", _timed_bound(totals, "head"))
+        self._patch(ops, "decoder_layer", _timed_bound(self._bound_times, "layer"))
+        self._patch(ops, "norm_head", _timed_bound(self._bound_times, "head"))
         self._patch(engine.runner, "sample", _timed(engine.runner.sample, totals, "sampling"))
         self._patch(engine, "_postprocess", _timed(engine._postprocess, totals, "postprocess"))
         self._patch(engine, "step", self._step)
@@ -124,6 +115,10 @@ class StepProfile:
         t0 = time.perf_counter_ns()
         outputs = type(self.engine).step(self.engine)
         elapsed = time.perf_counter_ns() - t0
+        gemm, other = self._bound_times.tolist()
+        self._bound_times[:] = 0
+        totals["gemm"] += gemm
+        totals["other_kernels"] += other
         rows, decodes = sched.num_scheduled_tokens - rows0, sched.num_decode_tokens - decodes0
         if rows and rows == decodes:  # a decode-only step
             self.decode_steps += 1
