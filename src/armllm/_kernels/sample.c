@@ -6,7 +6,6 @@
  * few dozen pops, never a sort of the vocabulary. */
 #include "sample.h"
 
-#include <math.h>
 #include <string.h>
 
 size_t armllm_sample_scratch_bytes(int64_t n) {
@@ -41,6 +40,54 @@ static float kth_largest(float *v, int64_t n, int64_t k) {
   return v[want];
 }
 
+/* no-trapping-math (FP exceptions are never looked at here; no result changes)
+ * lets GCC vectorize the exp loop's selects; both functions carry it, so that
+ * one inlines into the other. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_TRAPPING_MATH __attribute__((optimize("no-trapping-math")))
+#else
+#define NO_TRAPPING_MATH
+#endif
+
+/* top-p heaps only the tokens of p >= tau (see armllm_sample); tau starts at
+ * pmax * TOP_P_FLOOR_STEP and shrinks by that factor. TOP_P_MARGIN: far above
+ * the rounding of a sum of probabilities in another order (~n * 2^-53). */
+#define TOP_P_FLOOR_STEP 1e-3
+#define TOP_P_MARGIN 1e-9
+
+/* exp(d) for d in [-ARMLLM_SAMPLE_EXP_CUT, 0], within 2 ulp: 2^k * e^r with
+ * k = round(d / ln 2) (the 1.5 * 2^52 addition rounds), r = d - k ln 2 in two
+ * parts (|r| <= ln 2 / 2), e^r by its Taylor series to r^13 (the next term is
+ * below 5e-18). No calls and no branches, so the loop over a vocabulary
+ * vectorizes; 2^k is built in the exponent bits (k >= -116: no subnormals). */
+NO_TRAPPING_MATH static inline double exp_nonpositive(double d) {
+  const double shifter = 0x1.8p52, log2e = 0x1.71547652b82fep0;
+  const double ln2_hi = 0x1.62e42fee00000p-1, ln2_lo = 0x1.a39ef35793c76p-33;
+  const double t = d * log2e + shifter, kd = t - shifter;
+  const double r = (d - kd * ln2_hi) - kd * ln2_lo;
+  double e = 1.0 / 6227020800.0; /* 1/13! */
+  e = e * r + 1.0 / 479001600.0;
+  e = e * r + 1.0 / 39916800.0;
+  e = e * r + 1.0 / 3628800.0;
+  e = e * r + 1.0 / 362880.0;
+  e = e * r + 1.0 / 40320.0;
+  e = e * r + 1.0 / 5040.0;
+  e = e * r + 1.0 / 720.0;
+  e = e * r + 1.0 / 120.0;
+  e = e * r + 1.0 / 24.0;
+  e = e * r + 1.0 / 6.0;
+  e = e * r + 0.5;
+  e = e * r + 1.0;
+  e = e * r + 1.0;
+  int64_t t_bits, shifter_bits; /* k itself sits in t's low mantissa bits */
+  memcpy(&t_bits, &t, sizeof t_bits);
+  memcpy(&shifter_bits, &shifter, sizeof shifter_bits);
+  const int64_t bits = (t_bits - shifter_bits + 1023) << 52;
+  double scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return e * scale;
+}
+
 /* Heap order: a before b when its probability is higher, or equal with a lower id. */
 static inline int before(const double *p, const int32_t *ids, int32_t a, int32_t b) {
   return p[a] > p[b] || (p[a] == p[b] && ids[a] < ids[b]);
@@ -59,6 +106,7 @@ static void sift_down(int32_t *heap, int64_t len, int64_t i, const double *p, co
   }
 }
 
+NO_TRAPPING_MATH
 int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                       double top_p, double min_p, double u, void *scratch) {
   double *p = scratch;
@@ -90,12 +138,12 @@ int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t t
   }
   /* the largest x: row's maximum divided (for top-k, the maximum is a candidate) */
   const double m = row_max == row_max ? (double)row_max / temperature : p[0];
-  double sum = 0.0;
-  for (int64_t j = 0; j < c; j++) {
-    const double d = p[j] - m;
-    p[j] = d < -ARMLLM_SAMPLE_EXP_CUT ? 0.0 : exp(d);
-    sum += p[j];
+  for (int64_t j = 0; j < c; j++) { /* vectorizes; the sum below keeps its order */
+    const double d = p[j] - m, in_range = (double)(d >= -ARMLLM_SAMPLE_EXP_CUT);
+    p[j] = exp_nonpositive(d >= -ARMLLM_SAMPLE_EXP_CUT ? d : 0.0) * in_range;
   }
+  double sum = 0.0;
+  for (int64_t j = 0; j < c; j++) sum += p[j];
   double pmax = 0.0;
   for (int64_t j = 0; j < c; j++) {
     p[j] /= sum;
@@ -105,10 +153,21 @@ int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t t
   if (top_p < 1.0) {
     /* the heap holds only tokens that can matter (p > 0): the others come last in
        the order and their mass adds nothing */
+    /* ... and of those only the ones at or above a floor tau whose tokens' mass
+       already passes top_p (with a margin for the order of the additions): the
+       smallest set reaching top_p lies among them. tau drops 1000-fold until it
+       does (to 0: every token). */
+    double tau = pmax * TOP_P_FLOOR_STEP;
+    for (;;) {
+      double mass = 0.0;
+      for (int64_t j = 0; j < c; j++) mass += p[j] >= tau ? p[j] : 0.0;
+      if (mass >= top_p + TOP_P_MARGIN || tau == 0.0) break;
+      tau = tau > 1e-300 ? tau * TOP_P_FLOOR_STEP : 0.0;
+    }
     int64_t len = 0;
     for (int64_t j = 0; j < c; j++) {
       keep[j] = 0;
-      if (p[j] > 0.0) heap[len++] = (int32_t)j;
+      if (p[j] > 0.0 && p[j] >= tau) heap[len++] = (int32_t)j;
     }
     for (int64_t i = len / 2 - 1; i >= 0; i--) sift_down(heap, len, i, p, ids);
     double cum = 0.0;

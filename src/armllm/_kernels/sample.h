@@ -14,7 +14,8 @@
  *     of the first cdf > u * cdf[last] (the last entry if none).
  *   Tokens with x more than ARMLLM_SAMPLE_EXP_CUT below the maximum count as
  *   p = 0 (their exp is below 1e-34: summed over any vocabulary, below the
- *   rounding of the sum). `scratch` holds armllm_sample_scratch_bytes(n)
+ *   rounding of the sum); exp is sample.c's own, within 1 ulp of libm's and
+ *   vectorized. `scratch` holds armllm_sample_scratch_bytes(n)
  *   bytes, 8-byte aligned. Returns the token id.
  */
 #ifndef ARMLLM_SAMPLE_H
