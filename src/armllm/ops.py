@@ -18,23 +18,31 @@ import numpy as np
 
 from armllm._kernels import _ext
 from armllm._kernels._ext import (
+    DecoderLayer,
     Kernels,
+    NormHead,
     PackedWeight,
+    StepBatch,
     ThreadPool,
     attn_scratch_len,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
+    sample_scratch_bytes,
+    sample_token,
 )
 from armllm._kernels._ext import q_group_len as quant_group_len
 from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "Kernels", "PackedWeight", "ThreadPool", "attn_scratch_len", "available_isas",
-    "bf16_to_f32", "cpu_info", "embedding", "exp", "f32_to_bf16", "get_pool", "kernels",
+    "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "StepBatch", "ThreadPool",
+    "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
+    "cpu_info",
+    "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "kv_write", "linear", "num_threads", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
-    "rms_norm_linear", "rope", "rope_cos_sin", "selected_isa", "set_num_threads", "silu_mul",
+    "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
+    "selected_isa", "set_num_threads", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
@@ -508,3 +516,37 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
         else (0, 0)
     return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
                               scale, _out(out, shape), sliding_window, scratch, get_pool())
+
+
+def bind_decoder_layer(linears: list[tuple[PackedWeight, np.ndarray | None, ActScratch | None]],
+                       input_norm: np.ndarray, post_norm: np.ndarray,
+                       q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float,
+                       buffers: tuple, k_cache: np.ndarray, v_cache: np.ndarray,
+                       cos_sin: np.ndarray, n_heads: int, n_kv_heads: int, head_dim: int,
+                       scale: float, sliding_window: int, first: bool) -> DecoderLayer:
+    """A Llama-family decoder layer bound to its weights ((weight, bias, act_scratch)
+    for qkv, o, gate_up, down), its workspace buffers and KV cache layer, checked
+    once, for decoder_layer() (see DecoderLayer)."""
+    return DecoderLayer(Kernels(_ISA), linears, input_norm, post_norm, q_norm, k_norm, eps,
+                        buffers, k_cache, v_cache, cos_sin, n_heads, n_kv_heads, head_dim,
+                        scale, sliding_window, first)
+
+
+def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:
+    """Runs a bound decoder layer on one step's batch: the kernel calls rms_norm_linear,
+    rope, kv_write, paged_attention, linear, silu_mul make, in one call."""
+    layer.run(batch, get_pool())
+
+
+def bind_norm_head(weight: PackedWeight, act_scratch: ActScratch | None, norm_weight: np.ndarray,
+                   eps: float, hidden: np.ndarray, residual: np.ndarray, selected: np.ndarray,
+                   selected_residual: np.ndarray, logits: np.ndarray) -> NormHead:
+    """The final norm and lm_head bound to a workspace's buffers, for norm_head()."""
+    return NormHead(Kernels(_ISA), weight, act_scratch, norm_weight, eps, hidden, residual,
+                    selected, selected_residual, logits)
+
+
+def norm_head(head: NormHead, rows: np.ndarray, batch_rows: int) -> None:
+    """Logits of the batch rows `rows` (the runner's logits_rows) into the head's logits
+    buffer: rms_norm_linear(hidden + residual, lm_head) on those rows only."""
+    head.run(rows, batch_rows, get_pool())

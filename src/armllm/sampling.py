@@ -1,6 +1,9 @@
 """sampling: per-request sampling parameters, and turning logits rows into
 tokens: penalties, temperature, top-k, top-p, min-p, seeded randomness,
-greedy, and the log-probabilities a request asked for."""
+greedy, and the log-probabilities a request asked for. A random token is
+chosen in C (ops.sample_token: a selection, never a sort of the vocabulary),
+a greedy one by numpy's vectorized argmax; penalties and log-probabilities,
+which only some requests ask for, stay in numpy."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -96,36 +99,30 @@ def apply_penalties(row: np.ndarray, params: SamplingParams, prompt_ids: list[in
         row[ids] -= params.presence_penalty + params.frequency_penalty * counts
 
 
+def sample_scratch(vocab_size: int) -> np.ndarray:
+    """The scratch sample_row reuses for rows of vocab_size logits (allocate once)."""
+    from armllm import ops  # the kernels load with the engine, not with SamplingParams
+    return np.empty(ops.sample_scratch_bytes(vocab_size), np.uint8)
+
+
 def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-               prompt_ids: list[int], output_ids: list[int]) -> SampleResult:
-    """One token from one logits row (the row is modified)."""
+               prompt_ids: list[int], output_ids: list[int],
+               scratch: np.ndarray | None = None) -> SampleResult:
+    """One token from one float32 logits row (the row is modified). The random token
+    is, for the draw u = rng.random(), the one sample.h defines: temperature, then
+    top-k, then min-p and top-p on the candidates' softmax, then the token whose
+    interval of the kept mass (in id order) holds u. scratch: sample_scratch(len(row)),
+    allocated for the call when not given."""
     raw_logprobs = _log_softmax(row) if params.logprobs is not None else None
     apply_penalties(row, params, prompt_ids, output_ids)
     if params.greedy:
         token = int(np.argmax(row))
     else:
-        x = row.astype(np.float64) / params.temperature
-        cand = np.arange(x.shape[0])
-        if 0 < params.top_k < x.shape[0]:
-            cand = np.argpartition(-x, params.top_k - 1)[:params.top_k]
-        logits = x[cand]
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        keep = np.ones(len(cand), dtype=bool)
-        if params.min_p > 0.0:
-            keep &= probs >= params.min_p * probs.max()
-        if params.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cum = np.cumsum(probs[order])
-            # the smallest prefix whose mass reaches top_p (always at least one token)
-            cut = int(np.searchsorted(cum, params.top_p)) + 1
-            top = np.zeros(len(cand), dtype=bool)
-            top[order[:cut]] = True
-            keep &= top
-        probs = np.where(keep, probs, 0.0)
-        cdf = np.cumsum(probs)
-        idx = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        token = int(cand[min(idx, len(cand) - 1)])
+        from armllm import ops
+        if scratch is None:
+            scratch = sample_scratch(len(row))
+        token = ops.sample_token(row, params.temperature, params.top_k, params.top_p,
+                                 params.min_p, rng.random(), scratch)
     if raw_logprobs is None:
         return SampleResult(token)
     top = []

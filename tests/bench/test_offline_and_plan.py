@@ -128,6 +128,29 @@ def assert_memory(r: dict, text: str) -> None:
     assert "memory: peak RSS while loading" in text
 
 
+def test_latency_profile_splits_each_decode_token(tiny, tmp_path, capsys):
+    """--profile: every decode-only step of the measured requests is counted, its parts
+    are non-negative and add up to its total, and the GEMMs and the sampler did run."""
+    n_out, reps = 6, 2
+    r, text = run_json(capsys, ["bench", "latency", str(tiny), "--input-len", "20",
+                                "--output-len", str(n_out), "--warmup", "1", "--repetitions",
+                                str(reps), "--profile"], tmp_path / "p.json")
+    prof = r["profile"]
+    assert prof["decode_tokens"] == reps * (n_out - 1)   # the first token comes with the prefill
+    ms = prof["per_token_ms"]
+    parts = ("gemm", "other_kernels", "glue", "sampling", "postprocess")
+    assert all(ms[p] >= 0 for p in parts) and ms["gemm"] > 0 and ms["sampling"] > 0
+    assert sum(ms[p] for p in parts) == pytest.approx(ms["total"])
+    # one decode token is about one TPOT (the profile's timers add a little)
+    assert 0.5 * r["tpot_s"]["mean"] * 1e3 < ms["total"] < 2 * r["tpot_s"]["mean"] * 1e3
+    assert "outside the GEMMs" in text and "Python/engine glue" in text
+    # off by default: nothing measured, nothing printed
+    r, text = run_json(capsys, ["bench", "latency", str(tiny), "--input-len", "20",
+                                "--output-len", "3", "--warmup", "0", "--repetitions", "1"],
+                       tmp_path / "q.json")
+    assert "profile" not in r and "outside the GEMMs" not in text
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "throughput", "--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
     (["bench", "latency", "--output-len", "1"], "--output-len must be >= 2"),

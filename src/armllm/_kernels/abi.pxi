@@ -1,5 +1,5 @@
 # abi.pxi: the C kernel ABI as Cython sees it (pool.h, armllm_kernels.h,
-# cpu.h, probe.h), included by _ext.pyx.
+# cpu.h, probe.h, fused.h, sample.h), included by _ext.pyx.
 
 cdef extern from "pool.h" nogil:
     ctypedef struct armllm_pool:
@@ -139,3 +139,20 @@ cdef extern from "cpu.h" nogil:
 cdef extern from "probe.h" nogil:
     uint64_t armllm_probe_read(armllm_pool *pool, const void *buf, size_t nbytes)
     double armllm_probe_fma(armllm_pool *pool, int64_t iters)
+
+
+cdef extern from "fused.h" nogil:
+    int64_t armllm_rope_kv_write(const armllm_kernels *kt, armllm_pool *pool, float *q,
+                                 int64_t ldq, int64_t n_heads, float *k, int64_t ldk,
+                                 const float *v, int64_t ldv, int64_t n_kv_heads,
+                                 int64_t head_dim, int64_t rot_dim, int style,
+                                 const int32_t *positions, const float *cos_sin,
+                                 int64_t max_pos, const int32_t *slot_mapping, int64_t t,
+                                 void *k_cache, void *v_cache, int cache_bf16,
+                                 int64_t block_size, int64_t num_blocks, int *bad_slot)
+
+
+cdef extern from "sample.h" nogil:
+    size_t armllm_sample_scratch_bytes(int64_t n)
+    int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
+                          double top_p, double min_p, double u, void *scratch)

@@ -16,7 +16,9 @@ latency: one request at a time (batch 1), after --warmup unmeasured ones;
 each repetition draws a fresh prompt, so the prefix cache never helps.
 TTFT runs from queueing to the first token, TPOT is the mean gap between the
 later tokens; pp tok/s = input_len / TTFT and tg tok/s = 1 / TPOT, as
-llama-bench names them.
+llama-bench names them. With --profile, each decode-only step of the measured
+requests is also split into GEMMs, other kernels, Python/engine glue, sampling
+and detokenize/postprocess (bench/step_profile.py), per decode token.
 
 Both report the process's peak resident memory while loading (the model and
 the engine's KV cache and buffers) and its steady resident memory after the
@@ -25,6 +27,7 @@ runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -67,6 +70,9 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     _add_common_arguments(p, 128, 128)
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests first (default 2)")
     p.add_argument("--repetitions", type=int, default=5, help="measured requests (default 5)")
+    p.add_argument("--profile", action="store_true",
+                   help="also split each decode token's time into GEMMs, other kernels, "
+                        "glue, sampling and postprocessing (timers add a little to it)")
     p.set_defaults(max_num_seqs=1)  # batch 1: a KV cache for one sequence
 
 
@@ -291,8 +297,12 @@ def run_latency(args: argparse.Namespace) -> int:
     for prompt in prompts[:args.warmup]:
         llm.generate([prompt], params)
     runs = []
+    if args.profile:
+        from armllm.bench.step_profile import StepProfile
+    profile = StepProfile(llm.engine) if args.profile else contextlib.nullcontext()
     for prompt in prompts[args.warmup:]:
-        completion = llm.generate([prompt], params)[0].outputs[0]
+        with profile:
+            completion = llm.generate([prompt], params)[0].outputs[0]
         m = completion.metrics
         runs.append({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "e2e_s": m.e2e_s,
                      "pp_tokens_per_s": args.input_len / m.ttft_s,
@@ -305,6 +315,9 @@ def run_latency(args: argparse.Namespace) -> int:
               "warmup": args.warmup, "repetitions": args.repetitions, "seed": args.seed,
               "runs": runs, **{k: summary([r[k] for r in runs]) for k in keys},
               "memory": _memory(llm, args, load_peak)}
+    if args.profile:
+        result["profile"] = {"decode_tokens": profile.decode_tokens,
+                             "per_token_ms": profile.per_token_ms()}
     _print_latency(result)
     _write_json(args.json, result)
     return 0
@@ -329,3 +342,7 @@ def _print_latency(r: dict) -> None:
     _print_memory(r["memory"])
     print("TTFT = queueing to first token; TPOT = mean gap between the later tokens; "
           "pp = prompt tokens / TTFT; tg = 1 / TPOT; stdev is the sample standard deviation.")
+    if "profile" in r:
+        from armllm.bench.step_profile import format_profile
+        print("\n".join(format_profile(r["profile"]["per_token_ms"],
+                                       r["profile"]["decode_tokens"])))

@@ -10,7 +10,7 @@ import numpy as np
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
 from armllm.model.llama import BatchMeta, KVCache, LlamaModel, Workspace
-from armllm.sampling import SampleResult, sample_row
+from armllm.sampling import SampleResult, sample_row, sample_scratch
 
 
 class ModelRunner:
@@ -21,37 +21,48 @@ class ModelRunner:
                                    model.formats, max_seq_len=max_model_len)
         self.max_blocks = -(-max_model_len // kv.block_size)
         self._seed_source = np.random.default_rng()
-        self._block_table = np.zeros((max_num_seqs, self.max_blocks), np.int32)
+        self._sample_scratch = sample_scratch(model.config.vocab_size)
+        # the batch arrays, filled in place every step (BatchMeta holds views of them)
+        t, b = max_num_batched_tokens, max_num_seqs
+        self._ids, self._positions, self._slots = (np.empty(t, np.int32) for _ in range(3))
+        self._query_start = np.zeros(b + 1, np.int32)
+        self._seq_lens = np.empty(b, np.int32)
+        self._block_table = np.zeros((b, self.max_blocks), np.int32)
+        self._logits_rows = np.empty(b, np.int64)
 
     def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
-        """The batch, and the sequences (in logits-row order) that sample a token."""
+        """The batch (views of the runner's arrays, valid until the next step), and the
+        sequences (in logits-row order) that sample a token."""
         bs = self.kv.block_size
         n = len(out.scheduled)
-        ids, positions, query_start = [], [], [0]
-        seq_lens = np.empty(n, np.int32)
-        block_table = self._block_table[:n]
-        logits_rows, sampling = [], []
+        ids, positions, slots = self._ids, self._positions, self._slots
+        query_start, seq_lens, block_table = self._query_start, self._seq_lens, self._block_table
+        sampling = []
+        row = 0
         for b, item in enumerate(out.scheduled):
-            seq = item.seq
-            start = seq.num_computed
-            stop = start + item.num_new_tokens
-            if item.num_new_tokens == 1 and start >= len(seq.prompt_ids):  # a decode
-                ids.append(seq.output_ids[start - len(seq.prompt_ids)])
+            seq, count = item.seq, item.num_new_tokens
+            start, blocks = seq.num_computed, seq.block_table
+            stop, end = start + count, row + count
+            block_table[b, :len(blocks)] = blocks
+            n_prompt = len(seq.prompt_ids)
+            if count == 1:  # a decode (or a prompt's last token): no arrays to build
+                ids[row] = seq.output_ids[start - n_prompt] if start >= n_prompt \
+                    else seq.prompt_ids[start]
+                positions[row] = start
+                slots[row] = blocks[start // bs] * bs + start % bs
             else:
-                ids.extend(seq.all_ids[start:stop])
-            positions.extend(range(start, stop))
-            query_start.append(query_start[-1] + item.num_new_tokens)
+                ids[row:end] = (seq.prompt_ids if stop <= n_prompt else seq.all_ids)[start:stop]
+                pos = positions[row:end]
+                pos[:] = np.arange(start, stop)
+                np.add(block_table[b, pos // bs] * bs, pos % bs, out=slots[row:end])
+            row = end
+            query_start[b + 1] = row
             seq_lens[b] = stop
-            block_table[b, :len(seq.block_table)] = seq.block_table
             if stop == seq.num_tokens:  # the prompt is complete: this row samples
-                logits_rows.append(query_start[-1] - 1)
+                self._logits_rows[len(sampling)] = row - 1
                 sampling.append(seq)
-        pos = np.asarray(positions, np.int32)
-        rows_block = np.repeat(np.arange(n), np.diff(query_start))
-        slots = (block_table[rows_block, pos // bs] * bs + pos % bs).astype(np.int32)
-        meta = BatchMeta(np.asarray(ids, np.int32), pos, slots,
-                         np.asarray(query_start, np.int32), seq_lens, block_table,
-                         np.asarray(logits_rows, np.int64))
+        meta = BatchMeta(ids[:row], positions[:row], slots[:row], query_start[:n + 1],
+                         seq_lens[:n], block_table[:n], self._logits_rows[:len(sampling)])
         return meta, sampling
 
     def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
@@ -70,4 +81,5 @@ class ModelRunner:
                 seed = int(self._seed_source.integers(2**63))
             # completion i > 0 of a seeded request draws from its own stream
             seq.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
-        return sample_row(row, seq.params, seq.rng, seq.prompt_ids, seq.output_ids)
+        return sample_row(row, seq.params, seq.rng, seq.prompt_ids, seq.output_ids,
+                          self._sample_scratch)

@@ -90,6 +90,7 @@ class Workspace:
     gate_up: np.ndarray           # [max_tokens, 2 intermediate]
     act: np.ndarray               # [max_tokens, intermediate] silu(gate) * up
     selected: np.ndarray          # [max_logits, hidden] the rows that need logits
+    selected_residual: np.ndarray  # [max_logits, hidden] the residual stream at those rows
     logits: np.ndarray            # [max_logits, vocab]
     attn_scratch: np.ndarray      # the attention kernel's split-KV partials
 
@@ -107,6 +108,8 @@ class Workspace:
         # per layer, the scratch of each of its LAYER_LINEARS weights (None: a float weight)
         self.layer_scratch = [tuple(made.get(key) for key in keys) for keys in layer_keys]
         self.head_scratch: ops.ActScratch | None = made.get(head_key)
+        # (model, KV cache, its layers and head bound to these buffers), set by its forward
+        self.bound: tuple | None = None
 
     @classmethod
     def nbytes(cls, config: ModelConfig, max_tokens: int, max_logits: int,
@@ -130,7 +133,8 @@ class Workspace:
             "k_normed": (t, c.kv_size) if c.qk_norm else None,
             "attn": (t, c.q_size), "gate_up": (t, 2 * c.intermediate_size),
             "act": (t, c.intermediate_size),
-            "selected": (max_logits, h), "logits": (max_logits, c.vocab_size),
+            "selected": (max_logits, h), "selected_residual": (max_logits, h),
+            "logits": (max_logits, c.vocab_size),
             "attn_scratch": (ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
                                                   max_seq_len or c.max_position_embeddings),),
         }
@@ -178,7 +182,6 @@ class LlamaModel:
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.ndarray:
         """Logits [len(meta.logits_rows), vocab] (a view of the workspace)."""
-        c, w = self.config, self.weights
         t, r = len(meta.input_ids), len(meta.logits_rows)
         if t > ws.max_tokens or r > ws.max_logits:
             raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
@@ -186,47 +189,50 @@ class LlamaModel:
         if ws.formats is not self.formats and ws.formats != self.formats:
             raise ValueError("the workspace was built for other linear weight formats than "
                              "this model's: build it with Workspace(..., model.formats)")
-        res, x, normed = ws.residual[:t], ws.hidden[:t], ws.normed[:t]
-        qkv, attn = ws.qkv[:t], ws.attn[:t]
-        q, k, v = (qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size],
-                   qkv[:, c.q_size + c.kv_size:])
-        ops.embedding(meta.input_ids, w.embed, out=res)
-        for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
-            qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
-            # res += x (the previous MLP's output; none before layer 0), normalize, project
-            ops.rms_norm_linear(res if i == 0 else x, lw.input_norm, c.rms_norm_eps, lw.qkv,
-                                lw.qkv_bias, None if i == 0 else res, normed, qkv, qkv_in)
-            q_in, k_in = q, k
-            if c.qk_norm:
-                q_in, k_in = self._qk_norm(q, k, lw, ws, t)
-            ops.rope(q_in, meta.positions, self.cos_sin, c.num_heads, c.head_dim)
-            ops.rope(k_in, meta.positions, self.cos_sin, c.num_kv_heads, c.head_dim)
-            ops.kv_write(k_in, v, meta.slot_mapping, kv.k[i], kv.v[i])
-            ops.paged_attention(q_in, kv.k[i], kv.v[i], meta.block_table, meta.seq_lens,
-                                meta.query_start, c.num_heads, self.scale, out=attn,
-                                sliding_window=c.sliding_window, scratch=ws.attn_scratch)
-            ops.linear(attn, lw.o, out=x, act_scratch=o_in)
-            ops.rms_norm_linear(x, lw.post_norm, c.rms_norm_eps, lw.gate_up, residual=res,
-                                normed=normed, out=ws.gate_up[:t], act_scratch=gate_up_in)
-            ops.silu_mul(ws.gate_up[:t], out=ws.act[:t])
-            ops.linear(ws.act[:t], lw.down, out=x, act_scratch=down_in)
+        ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
+        batch = ops.StepBatch(meta.positions, meta.slot_mapping, meta.block_table,
+                              meta.seq_lens, meta.query_start)
+        layers, head = self._bound(kv, ws)
+        for layer in layers:
+            ops.decoder_layer(layer, batch)
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
-        ops.rms_norm(x, w.final_norm, c.rms_norm_eps, residual=res, out=normed)
-        selected = ws.selected[:r]
-        # rows index this batch (the runner builds them); mode="raise" would copy through
-        # a temporary the size of the selection every step
-        np.take(normed, meta.logits_rows, axis=0, out=selected, mode="clip")
-        return ops.linear(selected, w.lm_head, out=ws.logits[:r], act_scratch=ws.head_scratch)
+        # the final norm (with the last residual add) and the lm_head, on only the rows
+        # that sample
+        ops.norm_head(head, meta.logits_rows, t)
+        return ws.logits[:r]
 
-    def _qk_norm(self, q, k, lw, ws, t):
-        """RMSNorm over each head of q and k (Qwen3), into contiguous buffers."""
-        c = self.config
-        qn, kn = ws.q_normed[:t], ws.k_normed[:t]
-        qn[...] = q
-        kn[...] = k
-        q_heads = qn.reshape(t * c.num_heads, c.head_dim)
-        k_heads = kn.reshape(t * c.num_kv_heads, c.head_dim)
-        ops.rms_norm(q_heads, lw.q_norm, c.rms_norm_eps, out=q_heads)
-        ops.rms_norm(k_heads, lw.k_norm, c.rms_norm_eps, out=k_heads)
-        return qn, kn
+    def _bound(self, kv: KVCache, ws: Workspace) -> tuple[list[ops.DecoderLayer], ops.NormHead]:
+        """The layers and the head bound to this cache and workspace (built on first
+        use). Each layer runs
+
+            res += x (the previous layer's MLP output; layer 0 starts from the embedding)
+            qkv = rms_norm(res, input_norm) @ qkv.T (+ bias)    (one fused call, quantized)
+            q, k = rms_norm per head (Qwen3's qk_norm); rope(q), rope(k) (neox)
+            kv_write(k, v -> the cache's slots); attn = paged_attention(q, cache)
+            x = attn @ o.T;  res += x;  gate_up = rms_norm(res, post_norm) @ gate_up.T
+            x = (silu(gate) * up) @ down.T
+
+        with the kernels and buffers armllm.ops' per-op wrappers would use; the head
+        gathers the rows that need logits of x and res, then res += x, x = rms_norm(res,
+        final_norm), logits = x @ lm_head.T."""
+        if ws.bound is not None and ws.bound[0] is self and ws.bound[1] is kv:
+            return ws.bound[2], ws.bound[3]
+        c, w = self.config, self.weights
+        buffers = (ws.residual, ws.hidden, ws.normed, ws.qkv, ws.q_normed, ws.k_normed,
+                   ws.attn, ws.gate_up, ws.act, ws.attn_scratch)
+        layers = []
+        for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
+            qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
+            linears = [(lw.qkv, lw.qkv_bias, qkv_in), (lw.o, None, o_in),
+                       (lw.gate_up, None, gate_up_in), (lw.down, None, down_in)]
+            qk = (lw.q_norm, lw.k_norm) if c.qk_norm else (None, None)
+            layers.append(ops.bind_decoder_layer(
+                linears, lw.input_norm, lw.post_norm, *qk, c.rms_norm_eps, buffers, kv.k[i],
+                kv.v[i], self.cos_sin, c.num_heads, c.num_kv_heads, c.head_dim, self.scale,
+                c.sliding_window, first=i == 0))
+        head = ops.bind_norm_head(w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps,
+                                  ws.hidden, ws.residual, ws.selected, ws.selected_residual,
+                                  ws.logits)
+        ws.bound = (self, kv, layers, head)
+        return layers, head
