@@ -449,11 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, help="fewer (or more) layers, same widths")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
+    if args.seed < 0:
+        ap.error(f"--seed must be >= 0, got {args.seed}")
     if args.layers is not None:
         if args.layers < 1:
             ap.error(f"--layers must be >= 1, got {args.layers}")
-    if args.seed < 0:
-        ap.error(f"--seed must be >= 0, got {args.seed}")
         shape = dataclasses.replace(shape, layers=args.layers)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:

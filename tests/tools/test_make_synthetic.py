@@ -161,3 +161,13 @@ def test_command_line_rejects_bad_arguments(tmp_path, capsys):
     assert synth.main(["--shape", "qwen3-4b", "--out", str(tmp_path), "--formats", "gguf-q5"]) == 2
     assert "gguf-q5" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_command_line_layers_cuts_the_stack(tmp_path, monkeypatch):
+    """--layers reaches the writer (it was once applied only after a --seed error)."""
+    written = []
+    monkeypatch.setattr(synth, "write_synthetic",
+                        lambda shape, out, formats, seed, name: written.append(shape) or {})
+    assert synth.main(["--shape", "llama-3.2-1b", "--out", str(tmp_path), "--layers", "3"]) == 0
+    assert [s.layers for s in written] == [3]
+    assert written[0].hidden == synth.SHAPES["llama-3.2-1b"].hidden
