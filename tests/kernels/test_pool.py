@@ -35,6 +35,20 @@ def test_thousands_of_back_to_back_dispatches():
         pool.close()
 
 
+def test_back_to_back_jobs_of_changing_shape_on_an_oversubscribed_pool():
+    # More threads than CPUs: workers are often descheduled mid-job, and a late one's
+    # first claim lands on a later job, whose chunks (of another size and grain) it
+    # must then run as that job's, exactly once.
+    pool = ops.ThreadPool(2 * len(os.sched_getaffinity(0)) + 1)
+    rng = np.random.default_rng(0)
+    try:
+        for n, grain in zip(rng.integers(1, 600, 3000), rng.integers(1, 9, 3000)):
+            counts = pool.count_items(int(n), int(grain))
+            assert counts.min() == 1 and counts.max() == 1, (n, grain)
+    finally:
+        pool.close()
+
+
 def _task_ids() -> set[str]:
     return set(os.listdir("/proc/self/task"))
 
