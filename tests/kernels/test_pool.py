@@ -124,7 +124,8 @@ def test_a_job_does_not_wait_for_a_worker_that_cannot_run():
     r = _run(code)
     ok, seconds = r.stdout.split()
     assert ok == "True", r.stderr
-    assert float(seconds) < 0.05, f"500 jobs took {float(seconds):.3f} s"
+    # waiting out the spin costs at least 500 x 0.2 ms: anything below proves it never waits
+    assert float(seconds) < 0.1, f"500 jobs took {float(seconds):.3f} s"
 
 
 def test_bad_thread_counts():
