@@ -1,12 +1,19 @@
 /* pool.c: the thread pool described in pool.h.
  *
- * One job at a time: the caller publishes (fn, ctx, n_items, grain), resets
- * the shared chunk counter, bumps `generation` and joins in. Workers wait for
- * `generation` to change (spin, then futex), claim chunks with fetch-add
- * until none is left, then decrement `remaining`; the last one wakes the
- * caller if it went to sleep. Sleep/wake use the Dekker pattern on
- * sequentially consistent atomics (`sleepers`, `caller_sleeping`), so a
- * futex wake costs a system call only when somebody really sleeps.
+ * One job at a time: the caller publishes (fn, ctx, n_items, grain) and one
+ * 64-bit claim word, (number of chunks << 32) | next chunk, bumps
+ * `generation` and joins in. Workers wait for `generation` to change (spin,
+ * then futex) and claim chunks with fetch-add on the claim word until none is
+ * left. A claim describes itself: its chunk index is valid only if it is
+ * below the chunk count it came with, and then the job cannot end before that
+ * chunk is done, so the job fields it reads next are that job's. Each thread
+ * adds the chunks it ran to `chunks_done` once, after its last claim; the
+ * caller returns as soon as every chunk is done. It never waits for a worker
+ * that claimed nothing (one that was descheduled, or spun into the next job
+ * late: its first claim simply lands on whatever job is current). Sleep/wake
+ * use the Dekker pattern on sequentially consistent atomics (`sleepers`,
+ * `caller_sleeping`), so a futex wake costs a system call only when somebody
+ * really sleeps.
  */
 #define _GNU_SOURCE
 #include "pool.h"
@@ -134,16 +141,18 @@ struct armllm_pool {
   pthread_t *workers;
   pthread_mutex_t run_lock; /* one job at a time */
 
-  /* the current job, written by the caller before `generation` changes */
+  /* the current job (one round of it, see armllm_pool_run), written by the
+   * caller before it publishes `claim_word`; chunk c covers items
+   * [first + c * grain, min(first + (c + 1) * grain, end)) */
   armllm_task_fn fn;
   void *ctx;
-  int64_t n_items, grain;
+  int64_t first, end, grain;
 
-  _Alignas(CACHE_LINE) int64_t next_item;   /* claimed with fetch-add */
+  _Alignas(CACHE_LINE) int64_t claim_word;  /* (chunks << 32) | next chunk, fetch-add */
   _Alignas(CACHE_LINE) uint32_t generation; /* futex: workers wait for it to change */
   uint32_t sleepers;                        /* workers in futex_wait(generation) */
   uint32_t stop;
-  _Alignas(CACHE_LINE) uint32_t remaining;  /* futex: workers still busy */
+  _Alignas(CACHE_LINE) uint32_t chunks_done; /* futex: the caller waits for all chunks */
   uint32_t caller_sleeping;
 
   /* Pinning: worker i runs on the (i+1)-th allowed CPU; the first is kept
@@ -156,14 +165,28 @@ struct armllm_pool {
 
 static __thread int in_pool_task; /* nesting guard: set while running a task */
 
+/* Chunks per round: the claim word's low half counts claims, which pass the
+ * chunk count by at most one per thread (a thread stops at its first failed
+ * claim), so a round keeps well inside 31 bits. */
+#define MAX_ROUND_CHUNKS (INT64_C(1) << 30)
+
+/* Claims and runs chunks of the current job until a claim fails, then reports
+ * the chunks it ran (the job cannot end, nor another start, before it does). */
 static void run_chunks(armllm_pool *pool) {
-  const int64_t n = pool->n_items, grain = pool->grain;
+  uint32_t ran = 0, chunks = 0;
   for (;;) {
-    int64_t begin = claim(&pool->next_item, grain);
-    if (begin >= n) break;
-    int64_t end = n - begin < grain ? n : begin + grain;
+    int64_t word = claim(&pool->claim_word, 1);
+    uint32_t chunk = (uint32_t)word;
+    chunks = (uint32_t)((uint64_t)word >> 32);
+    if (chunk >= chunks) break;
+    int64_t begin = pool->first + (int64_t)chunk * pool->grain;
+    int64_t end = pool->end - begin < pool->grain ? pool->end : begin + pool->grain;
     pool->fn(pool->ctx, begin, end);
+    ran++;
   }
+  if (ran && __atomic_add_fetch(&pool->chunks_done, ran, __ATOMIC_SEQ_CST) == chunks &&
+      __atomic_load_n(&pool->caller_sleeping, __ATOMIC_SEQ_CST))
+    futex_wake(&pool->chunks_done, 1);
 }
 
 typedef struct {
@@ -195,9 +218,6 @@ static void *worker_main(void *arg) {
     seen = g;
     if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) break;
     run_chunks(pool);
-    if (__atomic_sub_fetch(&pool->remaining, 1, __ATOMIC_SEQ_CST) == 0 &&
-        __atomic_load_n(&pool->caller_sleeping, __ATOMIC_SEQ_CST))
-      futex_wake(&pool->remaining, 1);
   }
   return NULL;
 }
@@ -225,15 +245,17 @@ static void publish_and_wake(armllm_pool *pool) {
     futex_wake(&pool->generation, INT_MAX);
 }
 
-static void wait_for_workers(armllm_pool *pool) {
-  uint32_t r = spin_while_equal(&pool->remaining, pool->n_threads - 1);
-  while ((r = __atomic_load_n(&pool->remaining, __ATOMIC_ACQUIRE)) != 0) {
-    r = spin_while_equal(&pool->remaining, r);
-    if (r == 0) break;
+/* Returns once all `chunks` chunks of the job are done (spin, then futex). */
+static void wait_for_chunks(armllm_pool *pool, uint32_t chunks) {
+  uint32_t done = __atomic_load_n(&pool->chunks_done, __ATOMIC_ACQUIRE);
+  while (done != chunks) {
+    done = spin_while_equal(&pool->chunks_done, done);
+    if (done == chunks) break;
     __atomic_store_n(&pool->caller_sleeping, 1, __ATOMIC_SEQ_CST);
-    r = __atomic_load_n(&pool->remaining, __ATOMIC_SEQ_CST);
-    if (r != 0) futex_wait(&pool->remaining, r);
+    done = __atomic_load_n(&pool->chunks_done, __ATOMIC_SEQ_CST);
+    if (done != chunks) futex_wait(&pool->chunks_done, done);
     __atomic_store_n(&pool->caller_sleeping, 0, __ATOMIC_SEQ_CST);
+    done = __atomic_load_n(&pool->chunks_done, __ATOMIC_ACQUIRE);
   }
 }
 
@@ -340,15 +362,22 @@ void armllm_pool_run(armllm_pool *pool, int64_t n_items, int64_t grain, armllm_t
   int moved = step_aside(pool, &saved_affinity);
   pool->fn = fn;
   pool->ctx = ctx;
-  pool->n_items = n_items;
   pool->grain = grain;
-  __atomic_store_n(&pool->next_item, 0, __ATOMIC_RELAXED);
-  __atomic_store_n(&pool->remaining, (uint32_t)(pool->n_threads - 1), __ATOMIC_RELAXED);
-  publish_and_wake(pool); /* release: the job fields above are visible to workers */
   in_pool_task = 1;
-  run_chunks(pool);
+  for (int64_t first = 0; first < n_items;) { /* one round unless the job is huge */
+    int64_t chunks = (n_items - first + grain - 1) / grain;
+    if (chunks > MAX_ROUND_CHUNKS) chunks = MAX_ROUND_CHUNKS;
+    pool->first = first;
+    pool->end = chunks == MAX_ROUND_CHUNKS ? first + chunks * grain : n_items;
+    __atomic_store_n(&pool->chunks_done, 0, __ATOMIC_RELAXED);
+    /* release: the job fields above are visible to whoever claims a chunk */
+    __atomic_store_n(&pool->claim_word, chunks << 32, __ATOMIC_RELEASE);
+    publish_and_wake(pool);
+    run_chunks(pool);
+    wait_for_chunks(pool, (uint32_t)chunks);
+    first = pool->end;
+  }
   in_pool_task = 0;
-  wait_for_workers(pool);
   if (moved) sched_setaffinity(0, sizeof saved_affinity, &saved_affinity);
   pthread_mutex_unlock(&pool->run_lock);
 }

@@ -4,7 +4,9 @@
  * thread takes part in every job. A job is `n_items` items cut into chunks
  * of `grain` items, claimed with one atomic fetch-add per chunk (LDADDAL on
  * aarch64 with LSE, an LDAXR/STLXR loop without it, LOCK XADD on x86-64).
- * Idle workers spin briefly, then sleep on a futex.
+ * Idle workers spin briefly, then sleep on a futex. A job returns as soon as
+ * all its chunks have run: it never waits for a worker that claimed none
+ * (one still waking up, or descheduled on a CPU shared with other work).
  *
  * armllm_pool_run() calls from several threads are serialized; a call made
  * from inside a running task (nesting) runs its items on the calling thread.
