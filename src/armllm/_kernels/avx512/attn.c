@@ -19,12 +19,16 @@
  * merges them per (row, head) in partition order with the same merge and
  * the same final division: the same bits as the unsplit path.
  *
- * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
- * key chunk when a tile has more than 4 queries): K/V exact, f32 math
- * (attention_bf16_compute "f32"). vdpbf16ps with q and the weights rounded to
- * bf16 was 1.1-4x faster here but moves a tiny model's logprobs past
- * tests/model's bounds (see this file's git log); with both split into
- * bf16 hi + lo parts it is as accurate as f32 and no faster at decode.
+ * bf16 caches (attention_bf16_compute "bf16"): QK^T runs on vdpbf16ps with
+ * q rounded to bf16 (nearest even) and K as stored; the softmax weights stay
+ * f32 and PV runs on f32 FMAs over V widened with a 16-bit shift (into a
+ * stack buffer once per key chunk when a tile has more than 4 queries).
+ * Measured on the tiny model's first-token logprobs (tests/model's
+ * quantize-at-load bound 0.02; f32 math reaches 0.0174): rounding q moves
+ * them by at most 0.0166, rounding the weights too by 0.027, so only q is
+ * rounded. Splitting the weights into bf16 hi + lo parts for vdpbf16ps PV is
+ * as accurate as f32 and was no faster than the FMAs here. f32 caches: f32
+ * FMAs throughout.
  */
 #include <math.h>
 
@@ -99,11 +103,11 @@ AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 /* ------------------------------------------------------------ QK^T tile */
 
-/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n) */
+/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n), f32 K */
 AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, int64_t x,
-                     int64_t n, int bf16, __m512 acc[QB][4]) {
+                     int64_t n, __m512 acc[QB][4]) {
   __m512 kv[4];
-  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n, bf16);
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n, 0);
   UNROLL for (int r = 0; r < NQ; r++) {
     const __m512 qv = _mm512_loadu_ps(q[r] + x);
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -115,43 +119,16 @@ AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, 
  * (their results are dropped): every dot is the same operations whatever the
  * neighbours. */
 AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, int64_t hd,
-                     int bf16, float scale, float d[QB][4]) {
+                     float scale, float d[QB][4]) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t x = 0;
-  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, bf16, acc);
-  if (x < hd) qk_step(NQ, q, k, x, hd - x, bf16, acc);
+  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, acc);
+  if (x < hd) qk_step(NQ, q, k, x, hd - x, acc);
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
     _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-}
-
-/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj. */
-static void qk_rows(const float *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
-                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
-                    int64_t npf, int64_t pfbytes) {
-  float d[QB][4];
-  for (int64_t j = 0; j < nj; j += 4) {
-    for (int64_t u = j; u < j + 4 && u < npf; u++)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
-    const int64_t m = nj - j < 4 ? nj - j : 4;
-    const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
-#define QK_CASE(NQ)                                               \
-  case NQ:                                                        \
-    if (bf16) qk_tile(NQ, q, k, hd, 1, scale, d);                 \
-    else qk_tile(NQ, q, k, hd, 0, scale, d);                      \
-    break;
-    switch (nq) {
-      QK_CASE(1)
-      QK_CASE(2)
-      QK_CASE(3)
-      QK_CASE(4)
-    }
-#undef QK_CASE
-    for (int r = 0; r < nq; r++)
-      for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
-  }
 }
 
 /* ------------------------------------------------------------ PV tile */
@@ -203,6 +180,74 @@ static void pv_rows(float *const *c, const float *const *e, int nq, const void *
   }
 }
 
+/* --------------------------------------------- QK^T on bf16 caches
+ *
+ * vdpbf16ps c += a.lo * b.lo + a.hi * b.hi per 32-bit lane (pairs of bf16):
+ * q rounded to bf16 once per tile times the K rows as stored, 32 dims per
+ * instruction, f32 accumulation. Only q is rounded: the softmax weights stay
+ * f32 and PV runs on f32 FMAs (rounding them to bf16 too moved the tiny
+ * model's logprobs past tests/model's bound; rounding q did not). */
+
+static inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+/* 32 bf16 at p + x, the first n (1..32) of them (zeros after). */
+AINLINE __m512i load32h(const uint16_t *p, int64_t x, int64_t n) {
+  if (n == 32) return _mm512_loadu_si512(p + x);
+  return _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p + x);
+}
+
+/* acc[r][c] += q_r[x..x+32) . k_c[x..x+n) in pairs (zeros past n). */
+AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const *k, int64_t x,
+                      int64_t n, __m512 acc[QB][4]) {
+  __m512i kv[4];
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load32h(k[c], x, n);
+  UNROLL for (int r = 0; r < NQ; r++) {
+    const __m512i qv = _mm512_loadu_si512(q[r] + x);
+    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(qv), as_bh(kv[c]));
+  }
+}
+
+/* qk_tile's dots on bf16 q rows (zero-padded to a multiple of 32). */
+AINLINE void qkh_tile(const int NQ, const uint16_t *const *q, const void *const *k, int64_t hd,
+                      float scale, float d[QB][4]) {
+  __m512 acc[QB][4];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t x = 0;
+  for (; x + 32 <= hd; x += 32) qkh_step(NQ, q, k, x, 32, acc);
+  if (x < hd) qkh_step(NQ, q, k, x, hd - x, acc);
+  const __m128 sc = _mm_set1_ps(scale);
+  UNROLL for (int r = 0; r < NQ; r++)
+    _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+}
+
+/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj:
+ * f32 q rows and K (bf16 == 0), or bf16 q rows and K (bf16 == 1). */
+static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
+                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
+                    int64_t npf, int64_t pfbytes) {
+  float d[QB][4];
+  for (int64_t j = 0; j < nj; j += 4) {
+    for (int64_t u = j; u < j + 4 && u < npf; u++)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+    const int64_t m = nj - j < 4 ? nj - j : 4;
+    const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
+#define QK_CASE(NQ)                                                       \
+  case NQ:                                                                \
+    if (bf16) qkh_tile(NQ, (const uint16_t *const *)q, k, hd, scale, d);  \
+    else qk_tile(NQ, (const float *const *)q, k, hd, scale, d);           \
+    break;
+    switch (nq) {
+      QK_CASE(1)
+      QK_CASE(2)
+      QK_CASE(3)
+      QK_CASE(4)
+    }
+#undef QK_CASE
+    for (int r = 0; r < nq; r++)
+      for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
+  }
+}
 
 /* ------------------------------------------------------------ tiles */
 
@@ -225,6 +270,7 @@ typedef struct {
   int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
   int64_t lo_u, pos_u;             /* the union of their key ranges */
   float q[TILE_Q][MAXD];           /* zero-padded to hdp */
+  uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 */
   float s[TILE_Q][PART];           /* scores, then weights */
   float accp[TILE_Q][MAXD];        /* the partition's weighted V */
   float mp[TILE_Q], lp[TILE_Q];
@@ -245,7 +291,7 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
   t->nh = nh;
   t->nq = (r1 - r0) * nh;
   t->hd = a->head_dim;
-  t->hdp = (a->head_dim + 15) & ~(int64_t)15;
+  t->hdp = (a->head_dim + 31) & ~(int64_t)31;
   for (int64_t i = 0; i < t->nq; i++) {
     const int64_t row = r0 + i / nh, h = h0 + i % nh;
     t->pos[i] = armllm_attn_pos(a, b, row);
@@ -253,6 +299,10 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
     const float *src = a->q + row * a->ldq + h * t->hd;
     memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
     for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
+    if (a->cache_bf16)
+      for (int64_t d = 0; d < t->hdp; d += 16)
+        _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
   }
   t->lo_u = t->lo[0];
   t->pos_u = t->pos[t->nq - 1];
@@ -353,7 +403,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
   const int bf16 = a->cache_bf16;
-  const int widen = bf16 && nq > QB; /* widen once, use for every query block */
+  const int widen = bf16 && nq > QB; /* widen V once, use for every query block */
   const int64_t pfbytes = hd * (bf16 ? 2 : 4);
   const void *ptrs[KC];
 
@@ -363,16 +413,14 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
     const void *const *kp = t->rows + (jc - k0);
-    if (widen) {
-      tile_widen(t, kp, ptrs, nj);
-      kp = ptrs;
-    }
+    const void *const *pf;
+    const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
     for (int64_t i = 0; i < nq; i += QB) {
       const int mq = nq - i < QB ? (int)(nq - i) : QB;
-      const float *q[QB] = {t->q[i], t->q[i + (mq > 1)], t->q[i + 2 * (mq > 2)], t->q[i + 3 * (mq > 3)]};
-      const void *const *pf;
-      const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
-      qk_rows(q, mq, kp, nj, hd, bf16 && !widen, a->scale, &t->s[i][jc - pbase], PART, pf,
+      const int64_t r[QB] = {i, i + (mq > 1), i + 2 * (mq > 2), i + 3 * (mq > 3)};
+      const void *q[QB];
+      for (int u = 0; u < QB; u++) q[u] = bf16 ? (const void *)t->q16[r[u]] : (const void *)t->q[r[u]];
+      qk_rows(q, mq, kp, nj, hd, bf16, a->scale, &t->s[i][jc - pbase], PART, pf,
               i == 0 ? npf : 0, pfbytes);
     }
   }
@@ -380,8 +428,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t u0 = (k0 - pbase) & ~(int64_t)15, u1 = k1 - pbase;
   for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1);
 
-  /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
+  /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
