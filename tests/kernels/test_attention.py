@@ -3,8 +3,9 @@ against softmax attention computed densely in float64 from the same K/V.
 
 Tolerance: 2e-6 * max|V| per output element (f32 math over contexts of a
 few hundred keys); bf16 caches are compared with the bf16-rounded K/V they
-hold; variants that also round q and the softmax weights to bf16 (BFMMLA)
-get 2^-5 * max|V| with a bf16 cache. Split-KV (scratch given, several
+hold; variants that declare attention_bf16_compute "bf16" (they round q, and
+with BFMMLA the softmax weights, to bf16 for the dot products) get
+2^-5 * max|V| with a bf16 cache. Split-KV (scratch given, several
 threads) must equal the unsplit run to the bit.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from armllm import ops
 from tests.conftest import examples
 
 TOL = 2e-6
-BF16_COMPUTE_TOL = 2.0 ** -5  # variants that round q and the softmax weights to bf16
+BF16_COMPUTE_TOL = 2.0 ** -5  # variants that round q (and maybe the softmax weights) to bf16
 
 
 def make_case(rng, seqs, n_heads, n_kv, head_dim, block_size, bf16):
