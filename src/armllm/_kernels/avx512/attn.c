@@ -126,7 +126,8 @@ AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, 
   if (x < hd) qk_step(NQ, q, k, x, hd - x, acc);
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
-    _mm_mask_storeu_ps(s + r * lds, m, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    _mm_mask_storeu_ps(s + r * lds, m,
+                       _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
 }
 
 /* ------------------------------------------------------------ PV tile */
@@ -242,7 +243,6 @@ static void pv_rows(float *const *c, const float *const *e, int nq, const void *
 
 static inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
 
-
 /* acc[r][c] += q_r[x..x+32) . k_c[x..x+n) in pairs (zeros past n). */
 AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const *k, int64_t x,
                       int64_t n, __m512 acc[QB][4]) {
@@ -250,7 +250,8 @@ AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const 
   UNROLL for (int c = 0; c < 4; c++) kv[c] = load32h(k[c], x, n);
   UNROLL for (int r = 0; r < NQ; r++) {
     const __m512i qv = _mm512_loadu_si512(q[r] + x);
-    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(qv), as_bh(kv[c]));
+    UNROLL for (int c = 0; c < 4; c++)
+      acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(qv), as_bh(kv[c]));
   }
 }
 
@@ -265,7 +266,8 @@ AINLINE void qkh_tile(const int NQ, const uint16_t *const *q, const void *const 
   if (x < hd) qkh_step(NQ, q, k, x, hd - x, acc);
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
-    _mm_mask_storeu_ps(s + r * lds, m, _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+    _mm_mask_storeu_ps(s + r * lds, m,
+                       _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
 }
 
 /* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj:
@@ -279,10 +281,10 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
     const int64_t m = nj - j < 4 ? nj - j : 4;
     const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
     const __mmask8 mask = (__mmask8)((1u << m) - 1);
-#define QK_CASE(NQ)                                                       \
-  case NQ:                                                                \
+#define QK_CASE(NQ)                                                               \
+  case NQ:                                                                        \
     if (bf16) qkh_tile(NQ, (const uint16_t *const *)q, k, hd, scale, s + j, lds, mask); \
-    else qk_tile(NQ, (const float *const *)q, k, hd, scale, s + j, lds, mask);          \
+    else qk_tile(NQ, (const float *const *)q, k, hd, scale, s + j, lds, mask);  \
     break;
     switch (nq) {
       QK_CASE(1)
@@ -314,8 +316,8 @@ typedef struct {
   int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp;
   int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
   int64_t lo_u, pos_u;             /* the union of their key ranges */
-  float q[TILE_Q][MAXD];           /* zero-padded to hdp */
-  uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 */
+  float q[TILE_Q][MAXD];           /* zero-padded to hdp (a multiple of 32) */
+  uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 (vcvtneps2bf16) */
   float s[TILE_Q][PART];           /* scores, then weights */
   float accp[TILE_Q][MAXD];        /* the partition's weighted V */
   float mp[TILE_Q], lp[TILE_Q];
@@ -449,7 +451,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
       const int mq = nq - i < QB ? (int)(nq - i) : QB;
       const int64_t r[QB] = {i, i + (mq > 1), i + 2 * (mq > 2), i + 3 * (mq > 3)};
       const void *q[QB];
-      for (int u = 0; u < QB; u++) q[u] = bf16 ? (const void *)t->q16[r[u]] : (const void *)t->q[r[u]];
+      for (int u = 0; u < QB; u++)
+        q[u] = bf16 ? (const void *)t->q16[r[u]] : (const void *)t->q[r[u]];
       qk_rows(q, mq, kp, nj, hd, bf16, a->scale, &t->s[i][jc - pbase], PART, pf,
               i == 0 ? npf : 0, pfbytes);
     }
@@ -458,8 +461,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t u0 = (k0 - pbase) & ~(int64_t)15, u1 = k1 - pbase;
   for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1);
 
-  for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
+  for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
