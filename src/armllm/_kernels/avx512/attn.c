@@ -19,12 +19,16 @@
  * merges them per (row, head) in partition order with the same merge and
  * the same final division: the same bits as the unsplit path.
  *
- * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
- * key chunk when a tile has more than 4 queries): K/V exact, f32 math
- * (attention_bf16_compute "f32"). vdpbf16ps with q and the weights rounded to
- * bf16 was 1.1-4x faster here but moves a tiny model's logprobs past
- * tests/model's bounds (see this file's git log); with both split into
- * bf16 hi + lo parts it is as accurate as f32 and no faster at decode.
+ * bf16 caches (attention_bf16_compute "bf16"): QK^T runs on vdpbf16ps with
+ * q rounded to bf16 (nearest even) and K as stored; the softmax weights stay
+ * f32 and PV runs on f32 FMAs over V widened in registers (each 32 dims
+ * as even and odd halves: pvb_tile).
+ * Measured on the tiny model's first-token logprobs (tests/model's
+ * quantize-at-load bound 0.02; f32 math reaches 0.0174): rounding q moves
+ * them by at most 0.0166, rounding the weights too by 0.027, so only q is
+ * rounded. Splitting the weights into bf16 hi + lo parts for vdpbf16ps PV is
+ * as accurate as f32 and was no faster than the FMAs here. f32 caches: f32
+ * FMAs throughout.
  */
 #include <math.h>
 
@@ -66,26 +70,23 @@ ARMLLM_KV_WRITE_ON_CALLER(armllm_avx512_kv_write, store_bf16_row)
 #define MAXD ARMLLM_ATTN_MAX_HEAD_DIM
 #define TILE_Q 12 /* query vectors per tile */
 #define QB 4      /* query vectors per register tile */
-#define KC 32     /* keys per chunk (bf16 widening, PV blocking) */
+#define KC 32     /* keys per chunk (prefetch distance, PV blocking) */
 
 #define AINLINE static inline __attribute__((always_inline))
 /* register tiles are arrays indexed by constants once these loops unroll */
 #define UNROLL _Pragma("GCC unroll 4")
 
-/* 16 elements at p + d of an f32 (bf16 == 0) or bf16 row, the first n
- * (1..16) of them (zeros after). */
-AINLINE __m512 load16(const void *p, int64_t d, int64_t n, int bf16) {
-  if (n == 16) {
-    if (bf16)
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + d))), 16));
-    return _mm512_loadu_ps((const float *)p + d);
-  }
-  const __mmask16 m = armllm_avx512_tail16(n);
-  if (bf16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + d)), 16));
-  return _mm512_maskz_loadu_ps(m, (const float *)p + d);
+/* 16 floats at p + d of an f32 row, the first n (1..16) of them (zeros
+ * after). */
+AINLINE __m512 load16(const void *p, int64_t d, int64_t n) {
+  if (n == 16) return _mm512_loadu_ps((const float *)p + d);
+  return _mm512_maskz_loadu_ps(armllm_avx512_tail16(n), (const float *)p + d);
+}
+
+/* 32 bf16 at p + x, the first n (1..32) of them (zeros after). */
+AINLINE __m512i load32h(const uint16_t *p, int64_t x, int64_t n) {
+  if (n == 32) return _mm512_loadu_si512(p + x);
+  return _mm512_maskz_loadu_epi16((__mmask32)(((uint64_t)1 << n) - 1), p + x);
 }
 
 /* Sums of 4 vectors, each with a fixed tree whatever the other three hold. */
@@ -99,11 +100,11 @@ AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 /* ------------------------------------------------------------ QK^T tile */
 
-/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n) */
+/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n), f32 K */
 AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, int64_t x,
-                     int64_t n, int bf16, __m512 acc[QB][4]) {
+                     int64_t n, __m512 acc[QB][4]) {
   __m512 kv[4];
-  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n, bf16);
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n);
   UNROLL for (int r = 0; r < NQ; r++) {
     const __m512 qv = _mm512_loadu_ps(q[r] + x);
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -111,55 +112,31 @@ AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, 
 }
 
 /* Dots of NQ (1..4) query rows q[r] (zero-padded to a multiple of 16) with 4
- * key rows k[0..4), times scale, into d[r][c]. Spare keys repeat real ones
+ * key rows k[0..4), times scale, into s[r * lds + c] for the first m (1..4)
+ * keys (a masked store: no copy through memory). Spare keys repeat real ones
  * (their results are dropped): every dot is the same operations whatever the
  * neighbours. */
 AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, int64_t hd,
-                     int bf16, float scale, float d[QB][4]) {
+                     float scale, float *s, int64_t lds, __mmask8 m) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t x = 0;
-  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, bf16, acc);
-  if (x < hd) qk_step(NQ, q, k, x, hd - x, bf16, acc);
+  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, acc);
+  if (x < hd) qk_step(NQ, q, k, x, hd - x, acc);
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
-    _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-}
-
-/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj. */
-static void qk_rows(const float *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
-                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
-                    int64_t npf, int64_t pfbytes) {
-  float d[QB][4];
-  for (int64_t j = 0; j < nj; j += 4) {
-    for (int64_t u = j; u < j + 4 && u < npf; u++)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
-    const int64_t m = nj - j < 4 ? nj - j : 4;
-    const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
-#define QK_CASE(NQ)                                               \
-  case NQ:                                                        \
-    if (bf16) qk_tile(NQ, q, k, hd, 1, scale, d);                 \
-    else qk_tile(NQ, q, k, hd, 0, scale, d);                      \
-    break;
-    switch (nq) {
-      QK_CASE(1)
-      QK_CASE(2)
-      QK_CASE(3)
-      QK_CASE(4)
-    }
-#undef QK_CASE
-    for (int r = 0; r < nq; r++)
-      for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
-  }
+    _mm_mask_storeu_ps(s + r * lds, m,
+                       _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
 }
 
 /* ------------------------------------------------------------ PV tile */
 
-/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), NQ (1..4) queries, NV
- * (1..4) vectors of 16 from x, the last with n (1..16) elements; keys in order. */
+/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), f32 V rows, NQ (1..4)
+ * queries, NV (1..4) vectors of 16 from x, the last with n (1..16)
+ * elements; keys in order. */
 AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *const *e,
-                     const void *const *vp, int64_t nj, int64_t x, int64_t n, int bf16,
+                     const void *const *vp, int64_t nj, int64_t x, int64_t n,
                      const void *const *pf, int64_t npf, int64_t pfbytes) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
@@ -169,8 +146,7 @@ AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *c
       for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
     __m512 vv[4];
     UNROLL for (int v = 0; v < NV; v++)
-      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16, bf16)
-                                    : load16(vp[j], x + 16 * v, n, bf16);
+      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16) : load16(vp[j], x + 16 * v, n);
     UNROLL for (int r = 0; r < NQ; r++) {
       const __m512 w = _mm512_set1_ps(e[r][j]);
       UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
@@ -180,19 +156,73 @@ AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *c
     UNROLL for (int v = 0; v < NV; v++) _mm512_storeu_ps(c[r] + x + 16 * v, acc[r][v]);
 }
 
-/* acc rows c[0..nq) (padded to a multiple of 16) += weights e[0..nq) times V
- * rows vp[0..nj), all of head_dim. */
+/* pv_tile on bf16 V rows, NB (1..2) blocks of 32 dims from x, the last with
+ * n (1..32): one 64-byte load per block gives its even dims (a 16-bit shift
+ * left) and its odd dims (the high halves masked), two ALU operations and no
+ * shuffle per 32 dims. c holds each block as [even 16 | odd 16] (see
+ * unpermute_accp); every dim gets the same FMAs in the same key order as
+ * pv_tile on the widened rows. */
+AINLINE void pvb_tile(const int NQ, const int NB, float *const *c, const float *const *e,
+                      const void *const *vp, int64_t nj, int64_t x, int64_t n,
+                      const void *const *pf, int64_t npf, int64_t pfbytes) {
+  const __m512i high = _mm512_set1_epi32((int32_t)0xffff0000);
+  __m512 acc[QB][4]; /* [r][2 * block + (0: even, 1: odd)] */
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm512_loadu_ps(c[r] + x + 16 * v);
+  for (int64_t j = 0; j < nj; j++) {
+    if (j < npf)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
+    __m512 vv[4];
+    UNROLL for (int b = 0; b < NB; b++) {
+      const __m512i raw = load32h(vp[j], x + 32 * b, b < NB - 1 ? 32 : n);
+      vv[2 * b] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      vv[2 * b + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, high));
+    }
+    UNROLL for (int r = 0; r < NQ; r++) {
+      const __m512 w = _mm512_set1_ps(e[r][j]);
+      UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
+    }
+  }
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < 2 * NB; v++) _mm512_storeu_ps(c[r] + x + 16 * v, acc[r][v]);
+}
+
+/* accp blocks of 32 dims from [even | odd] order (pvb_tile) to dim order. */
+static void unpermute_accp(float *acc, int64_t hdp) {
+  const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t x = 0; x < hdp; x += 32) {
+    const __m512 ev = _mm512_loadu_ps(acc + x), od = _mm512_loadu_ps(acc + x + 16);
+    _mm512_storeu_ps(acc + x, _mm512_permutex2var_ps(ev, first, od));
+    _mm512_storeu_ps(acc + x + 16, _mm512_permutex2var_ps(ev, second, od));
+  }
+}
+
+/* acc rows c[0..nq) (padded to a multiple of 32) += weights e[0..nq) times V
+ * rows vp[0..nj) (f32, or bf16 with the result in pvb_tile's order), all of
+ * head_dim. */
 static void pv_rows(float *const *c, const float *const *e, int nq, const void *const *vp,
                     int64_t nj, int64_t hd, int bf16, const void *const *pf, int64_t npf,
                     int64_t pfbytes) {
   for (int64_t x = 0; x < hd; x += 64, npf = 0) {
-    const int64_t left = hd - x, nv = left >= 64 ? 4 : (left + 15) / 16;
+    const int64_t left = hd - x;
+    if (bf16) {
+      const int64_t nb = left >= 64 ? 2 : (left + 31) / 32;
+      const int64_t n = left >= 64 ? 32 : left - 32 * (nb - 1);
+#define PVB_CASE(NQ, NB) \
+  case (NQ) * 4 + (NB): pvb_tile(NQ, NB, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
+      switch (nq * 4 + (int)nb) {
+        PVB_CASE(1, 1) PVB_CASE(1, 2) PVB_CASE(2, 1) PVB_CASE(2, 2)
+        PVB_CASE(3, 1) PVB_CASE(3, 2) PVB_CASE(4, 1) PVB_CASE(4, 2)
+      }
+#undef PVB_CASE
+      continue;
+    }
+    const int64_t nv = left >= 64 ? 4 : (left + 15) / 16;
     const int64_t n = left >= 64 ? 16 : left - 16 * (nv - 1);
-#define PV_CASE(NQ, NV)                                                        \
-  case (NQ) * 8 + (NV):                                                        \
-    if (bf16) pv_tile(NQ, NV, c, e, vp, nj, x, n, 1, pf, npf, pfbytes);        \
-    else pv_tile(NQ, NV, c, e, vp, nj, x, n, 0, pf, npf, pfbytes);             \
-    break;
+#define PV_CASE(NQ, NV) \
+  case (NQ) * 8 + (NV): pv_tile(NQ, NV, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
     switch (nq * 8 + (int)nv) {
       PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(1, 4)
       PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) PV_CASE(2, 4)
@@ -203,6 +233,68 @@ static void pv_rows(float *const *c, const float *const *e, int nq, const void *
   }
 }
 
+/* --------------------------------------------- QK^T on bf16 caches
+ *
+ * vdpbf16ps c += a.lo * b.lo + a.hi * b.hi per 32-bit lane (pairs of bf16):
+ * q rounded to bf16 once per tile times the K rows as stored, 32 dims per
+ * instruction, f32 accumulation. Only q is rounded: the softmax weights stay
+ * f32 and PV runs on f32 FMAs (rounding them to bf16 too moved the tiny
+ * model's logprobs past tests/model's bound; rounding q did not). */
+
+static inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
+
+/* acc[r][c] += q_r[x..x+32) . k_c[x..x+n) in pairs (zeros past n). */
+AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const *k, int64_t x,
+                      int64_t n, __m512 acc[QB][4]) {
+  __m512i kv[4];
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load32h(k[c], x, n);
+  UNROLL for (int r = 0; r < NQ; r++) {
+    const __m512i qv = _mm512_loadu_si512(q[r] + x);
+    UNROLL for (int c = 0; c < 4; c++)
+      acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_bh(qv), as_bh(kv[c]));
+  }
+}
+
+/* qk_tile's dots on bf16 q rows (zero-padded to a multiple of 32). */
+AINLINE void qkh_tile(const int NQ, const uint16_t *const *q, const void *const *k, int64_t hd,
+                      float scale, float *s, int64_t lds, __mmask8 m) {
+  __m512 acc[QB][4];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t x = 0;
+  for (; x + 32 <= hd; x += 32) qkh_step(NQ, q, k, x, 32, acc);
+  if (x < hd) qkh_step(NQ, q, k, x, hd - x, acc);
+  const __m128 sc = _mm_set1_ps(scale);
+  UNROLL for (int r = 0; r < NQ; r++)
+    _mm_mask_storeu_ps(s + r * lds, m,
+                       _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
+}
+
+/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj:
+ * f32 q rows and K (bf16 == 0), or bf16 q rows and K (bf16 == 1). */
+static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
+                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
+                    int64_t npf, int64_t pfbytes) {
+  for (int64_t j = 0; j < nj; j += 4) {
+    for (int64_t u = j; u < j + 4 && u < npf; u++)
+      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+    const int64_t m = nj - j < 4 ? nj - j : 4;
+    const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
+    const __mmask8 mask = (__mmask8)((1u << m) - 1);
+#define QK_CASE(NQ)                                                               \
+  case NQ:                                                                        \
+    if (bf16) qkh_tile(NQ, (const uint16_t *const *)q, k, hd, scale, s + j, lds, mask); \
+    else qk_tile(NQ, (const float *const *)q, k, hd, scale, s + j, lds, mask);  \
+    break;
+    switch (nq) {
+      QK_CASE(1)
+      QK_CASE(2)
+      QK_CASE(3)
+      QK_CASE(4)
+    }
+#undef QK_CASE
+  }
+}
 
 /* ------------------------------------------------------------ tiles */
 
@@ -224,12 +316,12 @@ typedef struct {
   int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp;
   int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
   int64_t lo_u, pos_u;             /* the union of their key ranges */
-  float q[TILE_Q][MAXD];           /* zero-padded to hdp */
+  float q[TILE_Q][MAXD];           /* zero-padded to hdp (a multiple of 32) */
+  uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 (vcvtneps2bf16) */
   float s[TILE_Q][PART];           /* scores, then weights */
   float accp[TILE_Q][MAXD];        /* the partition's weighted V */
   float mp[TILE_Q], lp[TILE_Q];
   int valid[TILE_Q];               /* query has keys in the partition */
-  float buf[KC][MAXD];             /* widened bf16 rows */
   const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
   int64_t nrows;                   /* keys: V rows start at rows + nrows */
 } tile_ctx;
@@ -245,7 +337,7 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
   t->nh = nh;
   t->nq = (r1 - r0) * nh;
   t->hd = a->head_dim;
-  t->hdp = (a->head_dim + 15) & ~(int64_t)15;
+  t->hdp = (a->head_dim + 31) & ~(int64_t)31;
   for (int64_t i = 0; i < t->nq; i++) {
     const int64_t row = r0 + i / nh, h = h0 + i % nh;
     t->pos[i] = armllm_attn_pos(a, b, row);
@@ -253,6 +345,10 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
     const float *src = a->q + row * a->ldq + h * t->hd;
     memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
     for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
+    if (a->cache_bf16)
+      for (int64_t d = 0; d < t->hdp; d += 16)
+        _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
   }
   t->lo_u = t->lo[0];
   t->pos_u = t->pos[t->nq - 1];
@@ -298,18 +394,6 @@ static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const v
   return end - s < nj ? end - s : nj;
 }
 
-/* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */
-static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, int64_t n) {
-  const int64_t hd = t->hd;
-  for (int64_t j = 0; j < n; j++) {
-    float *o = t->buf[j];
-    int64_t d = 0;
-    for (; d + 16 <= hd; d += 16) _mm512_storeu_ps(o + d, load16(src[j], d, 16, 1));
-    if (d < hd) _mm512_mask_storeu_ps(o + d, armllm_avx512_tail16(hd - d), load16(src[j], d, hd - d, 1));
-    dst[j] = o;
-  }
-}
-
 /* Softmax weights of query i over the partition's scores s[u0..u1) (keys
  * [a0, a1) of it its own): lanes are key positions, so a query's results do
  * not depend on the rest of the tile. */
@@ -353,9 +437,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
   const int bf16 = a->cache_bf16;
-  const int widen = bf16 && nq > QB; /* widen once, use for every query block */
   const int64_t pfbytes = hd * (bf16 ? 2 : 4);
-  const void *ptrs[KC];
 
   /* scores s[i][j - pbase], j in [k0, k1) */
   tile_rows(t, k0, k1);
@@ -363,16 +445,15 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
     const void *const *kp = t->rows + (jc - k0);
-    if (widen) {
-      tile_widen(t, kp, ptrs, nj);
-      kp = ptrs;
-    }
+    const void *const *pf;
+    const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
     for (int64_t i = 0; i < nq; i += QB) {
       const int mq = nq - i < QB ? (int)(nq - i) : QB;
-      const float *q[QB] = {t->q[i], t->q[i + (mq > 1)], t->q[i + 2 * (mq > 2)], t->q[i + 3 * (mq > 3)]};
-      const void *const *pf;
-      const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first block */
-      qk_rows(q, mq, kp, nj, hd, bf16 && !widen, a->scale, &t->s[i][jc - pbase], PART, pf,
+      const int64_t r[QB] = {i, i + (mq > 1), i + 2 * (mq > 2), i + 3 * (mq > 3)};
+      const void *q[QB];
+      for (int u = 0; u < QB; u++)
+        q[u] = bf16 ? (const void *)t->q16[r[u]] : (const void *)t->q[r[u]];
+      qk_rows(q, mq, kp, nj, hd, bf16, a->scale, &t->s[i][jc - pbase], PART, pf,
               i == 0 ? npf : 0, pfbytes);
     }
   }
@@ -386,18 +467,16 @@ static void tile_partition(tile_ctx *t, int64_t p) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
     const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
-    if (widen) {
-      tile_widen(t, vp, ptrs, nj);
-      vp = ptrs;
-    }
     for (int64_t i = 0; i < nq; i += QB) {
       const int mq = nq - i < QB ? (int)(nq - i) : QB;
       float *c[QB];
       const float *e[QB];
       for (int r = 0; r < mq; r++) c[r] = t->accp[i + r], e[r] = t->s[i + r] + js;
-      pv_rows(c, e, mq, vp, nj, hd, bf16 && !widen, pf, i == 0 ? npf : 0, pfbytes);
+      pv_rows(c, e, mq, vp, nj, hd, bf16, pf, i == 0 ? npf : 0, pfbytes);
     }
   }
+  if (bf16)
+    for (int64_t i = 0; i < nq; i++) unpermute_accp(t->accp[i], hdp);
 }
 
 /* The one merge and the one final division both paths use. */

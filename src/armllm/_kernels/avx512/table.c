@@ -10,7 +10,7 @@ const armllm_kernels armllm_kernels_avx512 = {
     .gemm_bf16_layout = "nr16k2",
     .gemm_wq_layout = "nr16k4g",
     .gemm_bf16_compute = "bf16",
-    .attention_bf16_compute = "f32",
+    .attention_bf16_compute = "bf16",
     ARMLLM_SLOT(gemm_f32_packed_len, avx2),
     ARMLLM_SLOT(gemm_f32_pack, avx2),
     ARMLLM_SLOT(gemm_f32, avx512),
