@@ -12,10 +12,9 @@
  * does not depend on which other queries share its tile. Partials meet only
  * in armllm_attn_merge, in partition order (attn_common.h).
  *
- * Split-KV: with few (tile, head) units for the threads and enough scratch,
- * items become (unit, partition); partials go to scratch and a second pass
- * merges them per (row, head) in partition order with the same merge and
- * the same final division: the same bits as the unsplit path.
+ * The driver (units, sub-tiles, the partition loop and split-KV) is
+ * attn_x86.h's, shared with the other x86 variant; this file holds the
+ * micro-kernels and the tile (tile_ctx, tile_init, tile_partition, finish).
  *
  * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
  * key chunk when a tile has more than 3 queries). */
@@ -234,17 +233,6 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
 
 /* ------------------------------------------------------------ tiles */
 
-typedef struct {
-  const armllm_attn_args *a;
-  int64_t group;  /* query heads per KV head */
-  int64_t hc;     /* query heads per chunk */
-  int64_t nhc;    /* chunks per KV head */
-  int64_t R;      /* rows per tile */
-  int64_t ntiles; /* ceil(rows / R) */
-  int64_t parts;  /* partitions per row, at most (split) */
-  int64_t units;  /* ntiles * n_kv_heads * nhc */
-} attn_job;
-
 /* One sub-tile: rows [r0, r1) of sequence b, query heads [h0, h1) of KV
  * head kvh. Query i = (row r0 + i / nh, head h0 + i % nh). */
 typedef struct {
@@ -263,6 +251,8 @@ typedef struct {
   const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
   int64_t nrows;                   /* keys: V rows start at rows + nrows */
 } tile_ctx;
+
+#include "../attn_x86.h"
 
 static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
                       int64_t r1, int64_t h0, int64_t nh) {
@@ -286,46 +276,6 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
   }
   t->lo_u = t->lo[0];
   t->pos_u = t->pos[t->nq - 1];
-}
-
-/* Row pointers of keys [k0, k1) into t->rows (K, then V). */
-static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
-  const armllm_attn_args *a = t->a;
-  const size_t esz = a->cache_bf16 ? 2 : 4;
-  const char *kbase = a->k_cache, *vbase = a->v_cache;
-  const int32_t *table = a->block_table + t->b * a->max_blocks;
-  const int64_t bs = a->block_size, stride = bs * a->n_kv_heads * a->head_dim;
-  for (int64_t j = k0; j < k1;) {
-    const int64_t blk = j / bs, end = (blk + 1) * bs < k1 ? (blk + 1) * bs : k1;
-    const int64_t off = ((int64_t)table[blk] * stride + (t->kvh * bs + j % bs) * a->head_dim) *
-                        (int64_t)esz;
-    for (const char *kp = kbase + off, *vp = vbase + off; j < end;
-         j++, kp += a->head_dim * (int64_t)esz, vp += a->head_dim * (int64_t)esz) {
-      t->rows[j - k0] = kp;
-      t->rows[k1 - k0 + j - k0] = vp;
-    }
-  }
-  t->nrows = k1 - k0;
-}
-
-/* Prefetches rows [s0, s1) of t->rows. */
-static inline void tile_prefetch(const tile_ctx *t, int64_t s0, int64_t s1) {
-  const int64_t bytes = t->hd * (t->a->cache_bf16 ? 2 : 4);
-  if (s1 > 2 * t->nrows) s1 = 2 * t->nrows;
-  for (int64_t s = s0; s < s1; s++) {
-    const char *p = t->rows[s];
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    _mm_prefetch(p + bytes - 1, _MM_HINT_T0);
-  }
-}
-
-/* Rows of t->rows to prefetch while working on the chunk of nj rows at
- * `at`: the next chunk's (K rows run on into V rows). */
-static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
-  int64_t s = at + KC, end = 2 * t->nrows;
-  if (s > end) s = end;
-  *pf = t->rows + s;
-  return end - s < nj ? end - s : nj;
 }
 
 /* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */
@@ -431,13 +381,6 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   }
 }
 
-/* The one merge and the one final division both paths use. */
-static __attribute__((noinline)) void merge_partial(armllm_softmax_state *st, float *acc,
-                                                    float mp, float lp, const float *accp,
-                                                    int64_t hd) {
-  armllm_attn_merge(st, acc, mp, lp, accp, hd);
-}
-
 static __attribute__((noinline)) void finish(float *out, const float *acc, float l, int64_t hd) {
   const __m256 l8 = _mm256_set1_ps(l);
   int64_t d = 0;
@@ -445,130 +388,6 @@ static __attribute__((noinline)) void finish(float *out, const float *acc, float
   for (; d < hd; d++) out[d] = acc[d] / l;
 }
 
-/* Unit u -> its tile, KV head and head chunk; walks the tile's sub-tiles
- * (one per sequence it touches), calling fn on each. */
-typedef void (*subtile_fn)(const attn_job *job, tile_ctx *t, int64_t p);
-
-static void run_unit(const attn_job *job, int64_t u, int64_t p, subtile_fn fn, tile_ctx *t) {
-  const armllm_attn_args *a = job->a;
-  const int64_t c = u % job->nhc, kvh = (u / job->nhc) % a->n_kv_heads;
-  /* largest tiles (latest rows: longest causal ranges) first */
-  const int64_t tile = job->ntiles - 1 - u / (job->nhc * a->n_kv_heads);
-  const int64_t rows = a->query_start[a->n_seqs];
-  const int64_t h0 = kvh * job->group + c * job->hc;
-  const int64_t h1 = h0 + job->hc < (kvh + 1) * job->group ? h0 + job->hc : (kvh + 1) * job->group;
-  int64_t r = tile * job->R;
-  const int64_t rend = r + job->R < rows ? r + job->R : rows;
-  while (r < rend) {
-    const int64_t b = armllm_attn_seq_of_row(a, r);
-    const int64_t r1 = a->query_start[b + 1] < rend ? a->query_start[b + 1] : rend;
-    tile_init(t, a, b, kvh, r, r1, h0, h1 - h0);
-    fn(job, t, p);
-    r = r1;
-  }
-}
-
-/* Unsplit: every partition of the sub-tile, merged as it comes. */
-static void subtile_full(const attn_job *job, tile_ctx *t, int64_t p_unused) {
-  (void)p_unused;
-  const armllm_attn_args *a = job->a;
-  float acc[TILE_Q][MAXD];
-  armllm_softmax_state st[TILE_Q];
-  for (int64_t i = 0; i < t->nq; i++) st[i] = (armllm_softmax_state){0.0f, 0.0f, 0};
-  for (int64_t p = t->lo_u / PART; p <= t->pos_u / PART; p++) {
-    tile_partition(t, p);
-    for (int64_t i = 0; i < t->nq; i++)
-      if (t->valid[i]) merge_partial(&st[i], acc[i], t->mp[i], t->lp[i], t->accp[i], t->hd);
-  }
-  for (int64_t i = 0; i < t->nq; i++) {
-    const int64_t row = t->r0 + i / t->nh, h = t->h0 + i % t->nh;
-    finish(a->out + row * a->ldo + h * t->hd, acc[i], st[i].l, t->hd);
-  }
-}
-
-/* Split: partition p of the sub-tile (if it has keys there) into scratch. */
-static void subtile_part(const attn_job *job, tile_ctx *t, int64_t p) {
-  const armllm_attn_args *a = job->a;
-  if (p < t->lo_u / PART || p > t->pos_u / PART) return;
-  tile_partition(t, p);
-  const int64_t stride = t->hd + 2;
-  for (int64_t i = 0; i < t->nq; i++) {
-    if (!t->valid[i]) continue;
-    const int64_t row = t->r0 + i / t->nh, h = t->h0 + i % t->nh;
-    float *dst = a->scratch + ((row * a->n_heads + h) * job->parts + p) * stride;
-    dst[0] = t->mp[i];
-    dst[1] = t->lp[i];
-    memcpy(dst + 2, t->accp[i], (size_t)t->hd * sizeof(float));
-  }
-}
-
-static void units_full(void *ctx, int64_t u0, int64_t u1) {
-  const attn_job *job = ctx;
-  tile_ctx t;
-  for (int64_t u = u0; u < u1; u++) run_unit(job, u, 0, subtile_full, &t);
-}
-
-static void units_part(void *ctx, int64_t i0, int64_t i1) {
-  const attn_job *job = ctx;
-  tile_ctx t;
-  for (int64_t i = i0; i < i1; i++) run_unit(job, i / job->parts, i % job->parts, subtile_part, &t);
-}
-
-/* Split, second pass: (row, head) items merge their partitions in order. */
-static void merge_rows(void *ctx, int64_t i0, int64_t i1) {
-  const attn_job *job = ctx;
-  const armllm_attn_args *a = job->a;
-  const int64_t hd = a->head_dim, stride = hd + 2;
-  float acc[MAXD];
-  for (int64_t item = i0; item < i1; item++) {
-    const int64_t row = item / a->n_heads, h = item % a->n_heads;
-    const int64_t b = armllm_attn_seq_of_row(a, row);
-    const int64_t pos = armllm_attn_pos(a, b, row), lo = armllm_attn_lo(a, pos);
-    const float *src = a->scratch + (row * a->n_heads + h) * job->parts * stride;
-    armllm_softmax_state st = {0.0f, 0.0f, 0};
-    for (int64_t p = lo / PART; p <= pos / PART; p++) {
-      const float *part = src + p * stride;
-      merge_partial(&st, acc, part[0], part[1], part + 2, hd);
-    }
-    finish(a->out + row * a->ldo + h * hd, acc, st.l, hd);
-  }
-}
-
 int64_t armllm_avx2_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  const int64_t bad = armllm_attn_check(args);
-  if (bad >= 0) return bad;
-  const armllm_attn_args *a = args;
-  const int64_t rows = a->query_start[a->n_seqs];
-  if (rows <= 0) return -1;
-  attn_job job;
-  job.a = a;
-  job.group = a->n_heads / a->n_kv_heads;
-  job.nhc = (job.group + TILE_Q - 1) / TILE_Q;
-  job.hc = (job.group + job.nhc - 1) / job.nhc;
-  int64_t max_q = 0, max_len = 0;
-  for (int64_t b = 0; b < a->n_seqs; b++) {
-    const int64_t ql = a->query_start[b + 1] - a->query_start[b];
-    if (ql > max_q) max_q = ql;
-    if (ql > 0 && a->seq_lens[b] > max_len) max_len = a->seq_lens[b];
-  }
-  job.R = TILE_Q / job.hc;
-  if (job.R > max_q) job.R = max_q;
-  if (job.R < 1) job.R = 1;
-  job.ntiles = (rows + job.R - 1) / job.R;
-  job.units = job.ntiles * a->n_kv_heads * job.nhc;
-  job.parts = (max_len + PART - 1) / PART;
-
-  const int threads = armllm_pool_threads(pool);
-  const size_t need = (size_t)(rows * a->n_heads * job.parts * (a->head_dim + 2));
-  const int split = pool && threads > 1 && a->scratch && a->scratch_len >= need &&
-                    job.parts > 1 && job.units < 4 * (int64_t)threads;
-  if (!split) {
-    armllm_pool_run(pool, job.units, armllm_pool_grain(pool, job.units, 4, 1), units_full, &job);
-  } else {
-    const int64_t items = job.units * job.parts;
-    armllm_pool_run(pool, items, 1, units_part, &job);
-    const int64_t m = rows * a->n_heads;
-    armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, 1), merge_rows, &job);
-  }
-  return -1;
+  return armllm_x86_attention(pool, args);
 }

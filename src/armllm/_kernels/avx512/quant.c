@@ -75,6 +75,8 @@ _Static_assert(WQ_MB_MAX % WQ_MR == 0, "row blocks are whole tiles: tbuf holds a
 #define WQ_ROW_TERMS_CAP 4096 /* a row block's per-group terms on the stack (16 KiB) */
 #define HEADER_BYTES 64       /* the layout's header: keeps the panels 64-byte aligned */
 
+#include "../quant_x86.h"
+
 /* Keeps the compiler from fusing a = acc * sx into a neighbouring add: the
  * header fixes the mul, then the fma. */
 static ALWAYS_INLINE __m512 no_contract(__m512 v) {
@@ -167,107 +169,23 @@ void armllm_avx512_quant_act(armllm_pool *pool, const float *x, int64_t m, int64
 
 /* ------------------------------------------------------------ pack */
 
-static inline int64_t n_panels(int64_t n) { return (n + PANEL - 1) / PANEL; }
-
-/* Bytes of one group's scales (and offsets) in a panel. */
-static inline int64_t scale_bytes(int bits, int f16) {
-  return bits == 4 ? (f16 ? 2 : 4) * 2 * PANEL : 4 * PANEL;
-}
-
-/* Bytes of one 32-k chunk of a panel's weights. */
-static inline int64_t chunk_bytes(int bits) { return bits == 4 ? 16 * PANEL : 32 * PANEL; }
-
-static inline int64_t panel_bytes(int64_t k, int bits, int64_t group, int f16) {
-  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
-  return chunk_bytes(bits) * (kpad / 32) + scale_bytes(bits, f16) * ng;
-}
-
-/* 1 when every a[i] is finite and an f16 value (NULL: none to check). */
-static int exact_f16(const float *a, int64_t count) {
-  if (!a) return 1;
-  for (int64_t i = 0; i < count; i++) {
-    if (!isfinite(a[i])) return 0;
-    if (_cvtsh_ss(_cvtss_sh(a[i], _MM_FROUND_TO_NEAREST_INT)) != a[i]) return 0;
-  }
-  return 1;
-}
-
-/* Whether a 4-bit matrix's scales and offsets go in as f16 (8-bit: never;
- * no d given: the largest layout). */
-static int scales_f16(int64_t n, int64_t k, int bits, int64_t group, const float *d,
-                      const float *o) {
-  const int64_t count = n * (group ? armllm_q_groups(k, group) : 1);
-  return bits == 4 && d && exact_f16(d, count) && exact_f16(o, count);
+/* The 32 scales (d, then o) of a panel's group as f16. */
+static void store_scales_f16(uint8_t *dst, const float *scales) {
+  _mm256_store_si256((__m256i *)dst, _mm512_cvtps_ph(_mm512_loadu_ps(scales), 0));
+  _mm256_store_si256((__m256i *)(dst + 32), _mm512_cvtps_ph(_mm512_loadu_ps(scales + PANEL), 0));
 }
 
 size_t armllm_avx512_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
                                         const float *d, const float *o) {
-  const int f16 = scales_f16(n, k, bits, group, d, o);
-  return (size_t)(HEADER_BYTES + n_panels(n) * panel_bytes(k, bits, group, f16));
+  return wq_packed_len(n, k, bits, group, d, o);
 }
 
 void armllm_avx512_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
                                 const float *d, const float *o, void *packed) {
-  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
-  const int64_t gl = armllm_q_group_len(group);
-  const int64_t ngin = group ? ng : 1; /* channelwise: one scale a row, repeated */
-  const int f16 = scales_f16(n, k, bits, group, d, o);
-  const int64_t step = bits == 4 ? 8 : 4; /* k per 64-byte vector */
-  uint8_t *dst = packed;
-  memset(dst, 0, HEADER_BYTES);
-  *(uint32_t *)dst = (uint32_t)f16;
-  dst += HEADER_BYTES;
-  for (int64_t p = 0; p < n_panels(n); p++) {
-    for (int64_t g = 0; g < ng; g++) {
-      const int64_t k0 = g * gl, k1 = k0 + gl < kpad ? k0 + gl : kpad;
-      for (int64_t ks = k0; ks < k1; ks += step)
-        for (int64_t r = 0; r < PANEL; r++)
-          for (int64_t j = 0; j < 4; j++) {
-            const int64_t row = p * PANEL + r;
-            uint8_t v = 0;
-            if (row < n && ks + j < k) v = (uint8_t)q[row * k + ks + j];
-            if (bits == 8) v ^= 0x80; /* q + 128: the unsigned operand */
-            if (bits == 4 && row < n && ks + 4 + j < k)
-              v = (uint8_t)(v | (uint8_t)q[row * k + ks + 4 + j] << 4);
-            *dst++ = v;
-          }
-      float scales[2 * PANEL];
-      for (int64_t r = 0; r < PANEL; r++) {
-        const int64_t row = p * PANEL + r;
-        const int64_t src = row * ngin + (group ? g : 0);
-        scales[r] = row < n ? d[src] : 0.0f;
-        scales[PANEL + r] = row < n && o ? o[src] : 0.0f;
-      }
-      if (f16) { /* exact: the same floats come back */
-        _mm256_store_si256((__m256i *)dst, _mm512_cvtps_ph(_mm512_loadu_ps(scales), 0));
-        _mm256_store_si256((__m256i *)(dst + 32),
-                           _mm512_cvtps_ph(_mm512_loadu_ps(scales + PANEL), 0));
-      } else {
-        memcpy(dst, scales, (size_t)scale_bytes(bits, 0));
-      }
-      dst += scale_bytes(bits, f16);
-    }
-  }
+  wq_pack(q, n, k, bits, group, d, o, packed, store_scales_f16);
 }
 
 /* ------------------------------------------------------------ GEMM */
-
-typedef struct {
-  const int8_t *xq;
-  int64_t m, kpad, ldq;
-  const float *scale;
-  int64_t ldsc;
-  const int32_t *gsum;
-  int64_t ldgs;
-  const uint8_t *w; /* the first panel, past the header */
-  int f16;          /* 4-bit scales stored as f16 */
-  int64_t n, panels, pbytes, ng, gl;
-  const float *bias;
-  float *y;
-  int64_t ldy;
-  int64_t mb, cp, n_pc; /* prefill: rows per block, panels per chunk (even), chunks */
-  int64_t kb;           /* prefill: groups per K block */
-} wq_job;
 
 /* The 4 activation bytes at p, in every lane (one broadcast load). */
 static ALWAYS_INLINE __m512i bcast4(const int8_t *p) {
@@ -307,12 +225,6 @@ static void row_terms(const wq_job *job, const int bits, int64_t r0, int64_t r1,
         ((int32_t *)out)[i] = (int32_t)(0u - 128u * (uint32_t)s);
       }
     }
-}
-
-/* Decode streams each panel once from memory: ask for the lines WQ_PF_BYTES
- * ahead of the `len` bytes about to be read. */
-static ALWAYS_INLINE void prefetch_ahead(const uint8_t *w, int len) {
-  for (int i = 0; i < len; i += 64) _mm_prefetch((const char *)w + WQ_PF_BYTES + i, _MM_HINT_T0);
 }
 
 /* Bytes of a panel before group g (every group before the last is whole). */
@@ -529,31 +441,11 @@ void armllm_avx512_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64
                            int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
                            int64_t ldgs, const void *packed_w, int64_t n, int bits, int64_t group,
                            const float *bias, float *y, int64_t ldy) {
-  const int64_t kpad = armllm_q_kpad(k);
-  const int f16 = bits == 4 && *(const uint32_t *)packed_w; /* the header */
-  wq_job job = {.xq = xq,
-                .m = m,
-                .kpad = kpad,
-                .ldq = ldq,
-                .scale = scale,
-                .ldsc = ldsc,
-                .gsum = gsum,
-                .ldgs = ldgs,
-                .w = (const uint8_t *)packed_w + HEADER_BYTES,
-                .f16 = f16,
-                .n = n,
-                .panels = n_panels(n),
-                .pbytes = panel_bytes(k, bits, group, f16),
-                .ng = armllm_q_groups(k, group),
-                .gl = armllm_q_group_len(group),
-                .bias = bias,
-                .y = y,
-                .ldy = ldy};
+  wq_job job = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias,
+                         y, ldy);
+  const int64_t kpad = job.kpad;
   if (m <= DECODE_MAX_M) {
-    /* memory-bound: contiguous runs of panels per thread; small ones stay serial */
-    if ((double)job.panels * (double)job.pbytes < 64.0 * 1024) pool = NULL;
-    armllm_pool_run(pool, job.panels, armllm_pool_grain(pool, job.panels, 4, 4),
-                    bits == 4 ? decode_task4 : decode_task8, &job);
+    wq_run_decode(pool, &job, bits == 4 ? decode_task4 : decode_task8);
     return;
   }
   if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
