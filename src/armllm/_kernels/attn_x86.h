@@ -7,13 +7,16 @@
  * file compiles them with its own flags.
  *
  * The including file defines, before including it: TILE_Q (query vectors per
- * tile), KC (keys per chunk: the prefetch distance) and tile_ctx, a struct
- * with at least
+ * tile), KC (keys per chunk: the prefetch distance), QPAD (q rows are
+ * zero-padded to a multiple of it: its micro-kernels' step over head_dim)
+ * and tile_ctx, a struct with at least
  *   const armllm_attn_args *a;
- *   int64_t b, kvh, r0, r1, h0, nh, nq, hd;   (the sub-tile, as tile_init sets)
- *   int64_t lo_u, pos_u;                      (the union of its key ranges)
+ *   int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp; (the sub-tile: tile_init)
+ *   int64_t pos[TILE_Q], lo[TILE_Q];           (each query's key range)
+ *   int64_t lo_u, pos_u;                       (the union of those ranges)
+ *   float q[TILE_Q][MAXD];                     (q rows, zero-padded to hdp)
  *   float accp[TILE_Q][MAXD], mp[TILE_Q], lp[TILE_Q];
- *   int valid[TILE_Q];                        (tile_partition's results)
+ *   int valid[TILE_Q];                         (tile_partition's results)
  *   const void *rows[2 * PART]; int64_t nrows; (tile_rows' K, then V rows)
  * and, after including it, the three functions declared below. */
 #ifndef ARMLLM_ATTN_X86_H
@@ -34,17 +37,43 @@
 
 /* ------------------------------------------------ what the variant supplies */
 
-/* Sets up the sub-tile: rows [r0, r1) of sequence b, query heads [h0, h0 +
- * nh) of KV head kvh (their positions, key ranges and padded q rows). */
-static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
-                      int64_t r1, int64_t h0, int64_t nh);
+/* Whatever the variant keeps of query i besides t->q[i] (set up already),
+ * once per sub-tile. */
+static void tile_q_extra(tile_ctx *t, int64_t i);
 /* The partial (mp, lp, accp, valid) of every query of the tile over
  * partition p. */
 static void tile_partition(tile_ctx *t, int64_t p);
 /* out[0..hd) = acc / l: the one final division both paths use. */
 static void finish(float *out, const float *acc, float l, int64_t hd);
 
-/* ------------------------------------------------ key rows of a partition */
+/* ------------------------------------------------ sub-tiles */
+
+/* Sets up the sub-tile: rows [r0, r1) of sequence b, query heads [h0, h0 +
+ * nh) of KV head kvh (their positions, key ranges and padded q rows). */
+static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
+                      int64_t r1, int64_t h0, int64_t nh) {
+  t->a = a;
+  t->b = b;
+  t->kvh = kvh;
+  t->r0 = r0;
+  t->r1 = r1;
+  t->h0 = h0;
+  t->nh = nh;
+  t->nq = (r1 - r0) * nh;
+  t->hd = a->head_dim;
+  t->hdp = (a->head_dim + QPAD - 1) & ~(int64_t)(QPAD - 1);
+  for (int64_t i = 0; i < t->nq; i++) {
+    const int64_t row = r0 + i / nh, h = h0 + i % nh;
+    t->pos[i] = armllm_attn_pos(a, b, row);
+    t->lo[i] = armllm_attn_lo(a, t->pos[i]);
+    const float *src = a->q + row * a->ldq + h * t->hd;
+    memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
+    for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
+    tile_q_extra(t, i);
+  }
+  t->lo_u = t->lo[0];
+  t->pos_u = t->pos[t->nq - 1];
+}
 
 /* Row pointers of keys [k0, k1) into t->rows (K, then V). */
 static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {

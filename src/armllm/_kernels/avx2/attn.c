@@ -14,7 +14,7 @@
  *
  * The driver (units, sub-tiles, the partition loop and split-KV) is
  * attn_x86.h's, shared with the other x86 variant; this file holds the
- * micro-kernels and the tile (tile_ctx, tile_init, tile_partition, finish).
+ * micro-kernels and the tile (tile_ctx, tile_partition, finish).
  *
  * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
  * key chunk when a tile has more than 3 queries). */
@@ -28,6 +28,7 @@
 #define MAXD ARMLLM_ATTN_MAX_HEAD_DIM
 #define TILE_Q 12 /* query vectors per tile */
 #define KC 32     /* keys per chunk (bf16 widening, PV blocking) */
+#define QPAD 8    /* q rows padded to whole vectors */
 
 #define AINLINE static inline __attribute__((always_inline))
 
@@ -254,28 +255,10 @@ typedef struct {
 
 #include "../attn_x86.h"
 
-static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
-                      int64_t r1, int64_t h0, int64_t nh) {
-  t->a = a;
-  t->b = b;
-  t->kvh = kvh;
-  t->r0 = r0;
-  t->r1 = r1;
-  t->h0 = h0;
-  t->nh = nh;
-  t->nq = (r1 - r0) * nh;
-  t->hd = a->head_dim;
-  t->hdp = (a->head_dim + 7) & ~(int64_t)7;
-  for (int64_t i = 0; i < t->nq; i++) {
-    const int64_t row = r0 + i / nh, h = h0 + i % nh;
-    t->pos[i] = armllm_attn_pos(a, b, row);
-    t->lo[i] = armllm_attn_lo(a, t->pos[i]);
-    const float *src = a->q + row * a->ldq + h * t->hd;
-    memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
-    for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
-  }
-  t->lo_u = t->lo[0];
-  t->pos_u = t->pos[t->nq - 1];
+/* f32 q rows only. */
+static inline void tile_q_extra(tile_ctx *t, int64_t i) {
+  (void)t;
+  (void)i;
 }
 
 /* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */

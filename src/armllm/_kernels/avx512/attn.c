@@ -16,7 +16,7 @@
  *
  * The driver (units, sub-tiles, the partition loop and split-KV) is
  * attn_x86.h's, shared with the other x86 variant; this file holds the
- * micro-kernels and the tile (tile_ctx, tile_init, tile_partition, finish).
+ * micro-kernels and the tile (tile_ctx, tile_partition, finish).
  *
  * bf16 caches (attention_bf16_compute "bf16"): QK^T runs on vdpbf16ps with
  * q rounded to bf16 (nearest even) and K as stored; the softmax weights stay
@@ -70,6 +70,7 @@ ARMLLM_KV_WRITE_ON_CALLER(armllm_avx512_kv_write, store_bf16_row)
 #define TILE_Q 12 /* query vectors per tile */
 #define QB 4      /* query vectors per register tile */
 #define KC 32     /* keys per chunk (prefetch distance, PV blocking) */
+#define QPAD 32   /* q rows padded to whole vdpbf16ps steps */
 
 #define AINLINE static inline __attribute__((always_inline))
 /* register tiles are arrays indexed by constants once these loops unroll */
@@ -316,32 +317,12 @@ typedef struct {
 
 #include "../attn_x86.h"
 
-static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t kvh, int64_t r0,
-                      int64_t r1, int64_t h0, int64_t nh) {
-  t->a = a;
-  t->b = b;
-  t->kvh = kvh;
-  t->r0 = r0;
-  t->r1 = r1;
-  t->h0 = h0;
-  t->nh = nh;
-  t->nq = (r1 - r0) * nh;
-  t->hd = a->head_dim;
-  t->hdp = (a->head_dim + 31) & ~(int64_t)31;
-  for (int64_t i = 0; i < t->nq; i++) {
-    const int64_t row = r0 + i / nh, h = h0 + i % nh;
-    t->pos[i] = armllm_attn_pos(a, b, row);
-    t->lo[i] = armllm_attn_lo(a, t->pos[i]);
-    const float *src = a->q + row * a->ldq + h * t->hd;
-    memcpy(t->q[i], src, (size_t)t->hd * sizeof(float));
-    for (int64_t d = t->hd; d < t->hdp; d++) t->q[i][d] = 0.0f;
-    if (a->cache_bf16)
-      for (int64_t d = 0; d < t->hdp; d += 16)
-        _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
-  }
-  t->lo_u = t->lo[0];
-  t->pos_u = t->pos[t->nq - 1];
+/* bf16 caches: q16[i], q rounded to bf16 for vdpbf16ps. */
+static inline void tile_q_extra(tile_ctx *t, int64_t i) {
+  if (t->a->cache_bf16)
+    for (int64_t d = 0; d < t->hdp; d += 16)
+      _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
 }
 
 /* Softmax weights of query i over the partition's scores s[u0..u1) (keys
