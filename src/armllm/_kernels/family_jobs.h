@@ -1,7 +1,8 @@
 /* family_jobs.h: the pool-task arguments of the element-wise kernel families
  * (norm, rope, act, embed, activation quantization), the same for every ISA,
- * the range checks those kernels run before they touch anything, and the
- * rope driver every variant runs around its head rotations. */
+ * the range checks those kernels run before they touch anything, the rope
+ * driver every variant runs around its head rotations, and the row loops
+ * and pool splits the x86 variants run around their per-row vector code. */
 #ifndef ARMLLM_FAMILY_JOBS_H
 #define ARMLLM_FAMILY_JOBS_H
 
@@ -77,6 +78,53 @@ typedef struct {
 static inline int64_t armllm_first_out_of_range(const int32_t *v, int64_t n, int64_t limit) {
   for (int64_t i = 0; i < n; i++)
     if (v[i] < 0 || v[i] >= limit) return i;
+  return -1;
+}
+
+/* Runs task over rows [0, t) of job on the pool, a row at least per chunk;
+ * a call of fewer than serial_elems elements (t x row_elems) stays on the
+ * calling thread: waking workers would cost more than the work. */
+static inline void armllm_rows_run(armllm_pool *pool, int64_t t, int64_t row_elems,
+                                   int64_t serial_elems, armllm_task_fn task, void *job) {
+  if (t * row_elems < serial_elems) pool = NULL;
+  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), task, job);
+}
+
+/* A variant's SiLU(g) * u of one row of inter elements into out (out may be
+ * g: it must load each block before it stores it). */
+typedef void (*armllm_silu_mul_row_fn)(const float *g, const float *u, float *out, int64_t inter);
+
+/* Rows [t0, t1) of an act job, each with row. */
+static inline __attribute__((always_inline)) void armllm_silu_mul_rows(const armllm_act_job *job,
+                                                                       int64_t t0, int64_t t1,
+                                                                       armllm_silu_mul_row_fn row) {
+  for (int64_t t = t0; t < t1; t++) {
+    const float *g = job->gate_up + t * job->ldg;
+    row(g, g + job->inter, job->out + t * job->ldo, job->inter);
+  }
+}
+
+/* A variant's bf16 row widening: d elements of src to f32 at out. */
+typedef void (*armllm_widen_row_fn)(const uint16_t *src, float *out, int64_t d);
+
+/* Rows [t0, t1) of a bf16 embed job, each widened with widen. */
+static inline __attribute__((always_inline)) void armllm_embed_bf16_rows(
+    const armllm_embed_job *job, int64_t t0, int64_t t1, armllm_widen_row_fn widen) {
+  const uint16_t *table = job->table;
+  for (int64_t i = t0; i < t1; i++)
+    widen(table + (int64_t)job->ids[i] * job->d, job->out + i * job->ldo, job->d);
+}
+
+/* An embed kernel: ids checked against vocab first (the first bad index
+ * returned, else -1), then task over the rows, on the calling thread below
+ * serial_elems elements (armllm_rows_run). */
+static inline int64_t armllm_embed_run(armllm_pool *pool, const int32_t *ids, int64_t t,
+                                       const void *table, int64_t vocab, int64_t d, float *out,
+                                       int64_t ldo, int64_t serial_elems, armllm_task_fn task) {
+  const int64_t bad = armllm_first_out_of_range(ids, t, vocab);
+  if (bad >= 0) return bad;
+  armllm_embed_job job = {ids, table, d, out, ldo};
+  armllm_rows_run(pool, t, d, serial_elems, task, &job);
   return -1;
 }
 

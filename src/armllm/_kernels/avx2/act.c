@@ -12,36 +12,32 @@ static inline __m256 silu_mul8(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_div_ps(g, d), u);
 }
 
-static void avx2_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_act_job *job = ctx;
-  const int64_t inter = job->inter;
-  for (int64_t t = t0; t < t1; t++) {
-    const float *g = job->gate_up + t * job->ldg;
-    const float *u = g + inter;
-    float *out = job->out + t * job->ldo;
-    int64_t j = 0;
-    /* out may equal gate_up: each block is loaded before it is stored, and out
-     * never runs ahead of g */
-    for (; j + 16 <= inter; j += 16) {
-      __m256 a = silu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j));
-      __m256 b = silu_mul8(_mm256_loadu_ps(g + j + 8), _mm256_loadu_ps(u + j + 8));
-      _mm256_storeu_ps(out + j, a);
-      _mm256_storeu_ps(out + j + 8, b);
-    }
-    for (; j + 8 <= inter; j += 8)
-      _mm256_storeu_ps(out + j, silu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
-    if (j < inter) {
-      __m256i m = armllm_avx2_tail_mask(inter - j);
-      __m256 r = silu_mul8(_mm256_maskload_ps(g + j, m), _mm256_maskload_ps(u + j, m));
-      _mm256_maskstore_ps(out + j, m, r);
-    }
+/* out may equal g: each block is loaded before it is stored, and out never
+ * runs ahead of g */
+static inline void silu_mul_row(const float *g, const float *u, float *out, int64_t inter) {
+  int64_t j = 0;
+  for (; j + 16 <= inter; j += 16) {
+    __m256 a = silu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j));
+    __m256 b = silu_mul8(_mm256_loadu_ps(g + j + 8), _mm256_loadu_ps(u + j + 8));
+    _mm256_storeu_ps(out + j, a);
+    _mm256_storeu_ps(out + j + 8, b);
   }
+  for (; j + 8 <= inter; j += 8)
+    _mm256_storeu_ps(out + j, silu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
+  if (j < inter) {
+    __m256i m = armllm_avx2_tail_mask(inter - j);
+    __m256 r = silu_mul8(_mm256_maskload_ps(g + j, m), _mm256_maskload_ps(u + j, m));
+    _mm256_maskstore_ps(out + j, m, r);
+  }
+}
+
+static void avx2_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  armllm_silu_mul_rows(ctx, t0, t1, silu_mul_row);
 }
 
 void armllm_avx2_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                           int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   /* one row is a few microseconds at most: small jobs stay on the caller */
-  if (t * inter < 16384) pool = NULL;
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_silu_mul_rows, &job);
+  armllm_rows_run(pool, t, inter, 16384, avx2_silu_mul_rows, &job);
 }

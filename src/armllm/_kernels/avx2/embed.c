@@ -18,47 +18,32 @@ static inline __m256 widen8(const uint16_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
-static void embed_bf16_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_embed_job *job = ctx;
-  const uint16_t *table = job->table;
-  const int64_t d = job->d;
-  for (int64_t i = t0; i < t1; i++) {
-    const uint16_t *row = table + (int64_t)job->ids[i] * d;
-    float *o = job->out + i * job->ldo;
-    int64_t j = 0;
-    for (; j + 16 <= d; j += 16) {
-      _mm256_storeu_ps(o + j, widen8(row + j));
-      _mm256_storeu_ps(o + j + 8, widen8(row + j + 8));
-    }
-    for (; j + 8 <= d; j += 8) _mm256_storeu_ps(o + j, widen8(row + j));
-    for (; j < d; j++) o[j] = armllm_bf16_to_f32(row[j]);
+static inline void widen_row(const uint16_t *row, float *o, int64_t d) {
+  int64_t j = 0;
+  for (; j + 16 <= d; j += 16) {
+    _mm256_storeu_ps(o + j, widen8(row + j));
+    _mm256_storeu_ps(o + j + 8, widen8(row + j + 8));
   }
+  for (; j + 8 <= d; j += 8) _mm256_storeu_ps(o + j, widen8(row + j));
+  for (; j < d; j++) o[j] = armllm_bf16_to_f32(row[j]);
 }
 
-/* Rows per chunk so that each chunk moves a few hundred KiB; small gathers
- * (decode) stay on the calling thread. */
-static armllm_pool *embed_pool(armllm_pool *pool, int64_t t, int64_t d) {
-  return t * d >= (int64_t)1 << 18 ? pool : NULL;
+static void embed_bf16_rows(void *ctx, int64_t t0, int64_t t1) {
+  armllm_embed_bf16_rows(ctx, t0, t1, widen_row);
 }
+
+/* Each chunk moves a few hundred KiB; small gathers (decode) stay on the
+ * calling thread. */
+#define SERIAL_ELEMS ((int64_t)1 << 18)
 
 int64_t armllm_avx2_embed_f32(armllm_pool *pool, const int32_t *ids, int64_t t,
                               const float *table, int64_t vocab, int64_t d, float *out,
                               int64_t ldo) {
-  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
-  if (bad >= 0) return bad;
-  armllm_embed_job job = {ids, table, d, out, ldo};
-  pool = embed_pool(pool, t, d);
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), embed_f32_rows, &job);
-  return -1;
+  return armllm_embed_run(pool, ids, t, table, vocab, d, out, ldo, SERIAL_ELEMS, embed_f32_rows);
 }
 
 int64_t armllm_avx2_embed_bf16(armllm_pool *pool, const int32_t *ids, int64_t t,
                                const uint16_t *table, int64_t vocab, int64_t d, float *out,
                                int64_t ldo) {
-  int64_t bad = armllm_first_out_of_range(ids, t, vocab);
-  if (bad >= 0) return bad;
-  armllm_embed_job job = {ids, table, d, out, ldo};
-  pool = embed_pool(pool, t, d);
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), embed_bf16_rows, &job);
-  return -1;
+  return armllm_embed_run(pool, ids, t, table, vocab, d, out, ldo, SERIAL_ELEMS, embed_bf16_rows);
 }

@@ -102,6 +102,6 @@ void armllm_avx2_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *
                          int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
                          float *out, int64_t ldo) {
   armllm_norm_job job = {x, ldx, residual, ldr, weight, d, eps, out, ldo};
-  if (t * d < 32768) pool = NULL; /* a few rows: not worth waking workers */
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx2_rmsnorm_rows, &job);
+  /* a few rows: not worth waking workers */
+  armllm_rows_run(pool, t, d, 32768, avx2_rmsnorm_rows, &job);
 }

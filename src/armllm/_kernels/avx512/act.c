@@ -13,36 +13,32 @@ static inline __m512 silu_mul16(__m512 g, __m512 u) {
   return _mm512_mul_ps(_mm512_div_ps(g, d), u);
 }
 
-static void avx512_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_act_job *job = ctx;
-  const int64_t inter = job->inter;
-  for (int64_t t = t0; t < t1; t++) {
-    const float *g = job->gate_up + t * job->ldg;
-    const float *u = g + inter;
-    float *out = job->out + t * job->ldo;
-    int64_t j = 0;
-    /* out may equal gate_up: each block is loaded before it is stored, and out
-     * never runs ahead of g */
-    for (; j + 32 <= inter; j += 32) {
-      __m512 a = silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j));
-      __m512 b = silu_mul16(_mm512_loadu_ps(g + j + 16), _mm512_loadu_ps(u + j + 16));
-      _mm512_storeu_ps(out + j, a);
-      _mm512_storeu_ps(out + j + 16, b);
-    }
-    for (; j + 16 <= inter; j += 16)
-      _mm512_storeu_ps(out + j, silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
-    if (j < inter) {
-      const __mmask16 m = armllm_avx512_tail16(inter - j);
-      __m512 r = silu_mul16(_mm512_maskz_loadu_ps(m, g + j), _mm512_maskz_loadu_ps(m, u + j));
-      _mm512_mask_storeu_ps(out + j, m, r);
-    }
+/* out may equal g: each block is loaded before it is stored, and out never
+ * runs ahead of g */
+static inline void silu_mul_row(const float *g, const float *u, float *out, int64_t inter) {
+  int64_t j = 0;
+  for (; j + 32 <= inter; j += 32) {
+    __m512 a = silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j));
+    __m512 b = silu_mul16(_mm512_loadu_ps(g + j + 16), _mm512_loadu_ps(u + j + 16));
+    _mm512_storeu_ps(out + j, a);
+    _mm512_storeu_ps(out + j + 16, b);
   }
+  for (; j + 16 <= inter; j += 16)
+    _mm512_storeu_ps(out + j, silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
+  if (j < inter) {
+    const __mmask16 m = armllm_avx512_tail16(inter - j);
+    __m512 r = silu_mul16(_mm512_maskz_loadu_ps(m, g + j), _mm512_maskz_loadu_ps(m, u + j));
+    _mm512_mask_storeu_ps(out + j, m, r);
+  }
+}
+
+static void avx512_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  armllm_silu_mul_rows(ctx, t0, t1, silu_mul_row);
 }
 
 void armllm_avx512_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                             int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   /* one row is a few microseconds at most: small jobs stay on the caller */
-  if (t * inter < 16384) pool = NULL;
-  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), avx512_silu_mul_rows, &job);
+  armllm_rows_run(pool, t, inter, 16384, avx512_silu_mul_rows, &job);
 }

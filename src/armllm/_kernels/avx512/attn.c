@@ -111,25 +111,6 @@ AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, 
   }
 }
 
-/* Dots of NQ (1..4) query rows q[r] (zero-padded to a multiple of 16) with 4
- * key rows k[0..4), times scale, into s[r * lds + c] for the first m (1..4)
- * keys (a masked store: no copy through memory). Spare keys repeat real ones
- * (their results are dropped): every dot is the same operations whatever the
- * neighbours. */
-AINLINE void qk_tile(const int NQ, const float *const *q, const void *const *k, int64_t hd,
-                     float scale, float *s, int64_t lds, __mmask8 m) {
-  __m512 acc[QB][4];
-  UNROLL for (int r = 0; r < NQ; r++)
-    UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
-  int64_t x = 0;
-  for (; x + 16 <= hd; x += 16) qk_step(NQ, q, k, x, 16, acc);
-  if (x < hd) qk_step(NQ, q, k, x, hd - x, acc);
-  const __m128 sc = _mm_set1_ps(scale);
-  UNROLL for (int r = 0; r < NQ; r++)
-    _mm_mask_storeu_ps(s + r * lds, m,
-                       _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
-}
-
 /* ------------------------------------------------------------ PV tile */
 
 /* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), f32 V rows, NQ (1..4)
@@ -255,15 +236,27 @@ AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const 
   }
 }
 
-/* qk_tile's dots on bf16 q rows (zero-padded to a multiple of 32). */
-AINLINE void qkh_tile(const int NQ, const uint16_t *const *q, const void *const *k, int64_t hd,
-                      float scale, float *s, int64_t lds, __mmask8 m) {
+/* Dots of NQ (1..4) query rows q[r] with 4 key rows k[0..4), times scale,
+ * into s[r * lds + c] for the first m (1..4) keys (a masked store: no copy
+ * through memory): f32 q rows zero-padded to a multiple of 16 and f32 K
+ * (BF16 == 0, qk_step), or bf16 q rows zero-padded to a multiple of 32 and
+ * bf16 K (BF16 == 1, qkh_step). Spare keys repeat real ones (their results
+ * are dropped): every dot is the same operations whatever the neighbours. */
+AINLINE void qk_tile(const int NQ, const int BF16, const void *const *q, const void *const *k,
+                     int64_t hd, float scale, float *s, int64_t lds, __mmask8 m) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t x = 0;
-  for (; x + 32 <= hd; x += 32) qkh_step(NQ, q, k, x, 32, acc);
-  if (x < hd) qkh_step(NQ, q, k, x, hd - x, acc);
+  if (BF16) {
+    const uint16_t *const *qh = (const uint16_t *const *)q;
+    for (; x + 32 <= hd; x += 32) qkh_step(NQ, qh, k, x, 32, acc);
+    if (x < hd) qkh_step(NQ, qh, k, x, hd - x, acc);
+  } else {
+    const float *const *qf = (const float *const *)q;
+    for (; x + 16 <= hd; x += 16) qk_step(NQ, qf, k, x, 16, acc);
+    if (x < hd) qk_step(NQ, qf, k, x, hd - x, acc);
+  }
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
     _mm_mask_storeu_ps(s + r * lds, m,
@@ -281,10 +274,10 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
     const int64_t m = nj - j < 4 ? nj - j : 4;
     const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
     const __mmask8 mask = (__mmask8)((1u << m) - 1);
-#define QK_CASE(NQ)                                                               \
-  case NQ:                                                                        \
-    if (bf16) qkh_tile(NQ, (const uint16_t *const *)q, k, hd, scale, s + j, lds, mask); \
-    else qk_tile(NQ, (const float *const *)q, k, hd, scale, s + j, lds, mask);  \
+#define QK_CASE(NQ)                                             \
+  case NQ:                                                      \
+    if (bf16) qk_tile(NQ, 1, q, k, hd, scale, s + j, lds, mask); \
+    else qk_tile(NQ, 0, q, k, hd, scale, s + j, lds, mask);      \
     break;
     switch (nq) {
       QK_CASE(1)

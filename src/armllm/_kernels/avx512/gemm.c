@@ -54,6 +54,7 @@
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
+#include "../gemm_plan.h"
 
 #define NR 16 /* columns per panel: one zmm of f32 */
 #define MR 12 /* prefill tile rows */
@@ -241,13 +242,7 @@ static ALWAYS_INLINE void tile_bf16(const int mr, const int np, const uint32_t *
   } while (0)
 
 typedef struct {
-  const float *x;
-  int64_t m, k, ldx;
-  const void *w;
-  int64_t n;
-  const float *bias;
-  float *y;
-  int64_t ldy;
+  ARMLLM_GEMM_JOB_ARGS;
   int64_t panels; /* ceil(n / 16) */
   int64_t mc;     /* rows per row block (prefill) */
   int64_t gp;     /* panels per group (prefill) */
