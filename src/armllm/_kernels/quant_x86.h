@@ -2,7 +2,7 @@
  * avx512/quant.c) share: the packed layout's bookkeeping (panels of PANEL
  * output rows, the f16-or-f32 choice for 4-bit scales, the packer), the
  * GEMM job and its decode path (memory-bound: contiguous runs of panels per
- * thread). Static functions, so each ISA file compiles them with its own
+ * thread), and how quant_act splits its rows. Static functions, so each ISA file compiles them with its own
  * flags; the including file defines PANEL, HEADER_BYTES, DECODE_MAX_M and
  * WQ_PF_BYTES first, and keeps its micro-kernels, its prefill plan and its
  * f16 store (a vector of PANEL scales) to itself. */
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "armllm_kernels.h"
+#include "family_jobs.h"
 #include "pool.h"
 
 /* ------------------------------------------------------------ layout */
@@ -51,7 +52,7 @@ static int scales_f16(int64_t n, int64_t k, int bits, int64_t group, const float
   return bits == 4 && d && exact_f16(d, count) && exact_f16(o, count);
 }
 
-/* The packed length (the variant's gemm_wq_packed_len). */
+/* The packed length (gemm_wq_packed_len). */
 static inline size_t wq_packed_len(int64_t n, int64_t k, int bits, int64_t group, const float *d,
                                    const float *o) {
   const int f16 = scales_f16(n, k, bits, group, d, o);
@@ -62,8 +63,8 @@ static inline size_t wq_packed_len(int64_t n, int64_t k, int bits, int64_t group
  * floats come back). */
 typedef void (*wq_store_f16_fn)(uint8_t *dst, const float *scales);
 
-/* The packer (the variant's gemm_wq_pack), the layout of the variant's file
- * header; store_f16 a constant, so the call is direct after inlining. */
+/* The packer (gemm_wq_pack), the layout of the variant's file header;
+ * store_f16 a constant, so the call is direct after inlining. */
 static inline __attribute__((always_inline)) void wq_pack(const int8_t *q, int64_t n, int64_t k,
                                                           int bits, int64_t group, const float *d,
                                                           const float *o, void *packed,
@@ -103,6 +104,28 @@ static inline __attribute__((always_inline)) void wq_pack(const int8_t *q, int64
       dst += scale_bytes(bits, f16);
     }
   }
+}
+
+/* Defines prefix##_gemm_wq_packed_len and prefix##_gemm_wq_pack
+ * (armllm_kernels.h) over this layout, f16 scales stored with store_f16. */
+#define ARMLLM_X86_WQ_PACKING(prefix, store_f16)                                                \
+  size_t prefix##_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,             \
+                                     const float *d, const float *o) {                          \
+    return wq_packed_len(n, k, bits, group, d, o);                                              \
+  }                                                                                             \
+  void prefix##_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,    \
+                             const float *d, const float *o, void *packed) {                    \
+    wq_pack(q, n, k, bits, group, d, o, packed, store_f16);                                     \
+  }
+
+/* ------------------------------------------------------------ quant_act */
+
+/* Runs task (rows [r0, r1) of job) over the m rows of a quant_act call. */
+static inline void quant_act_run(armllm_pool *pool, int64_t m, armllm_quant_job *job,
+                                 armllm_task_fn task) {
+  const int64_t k = job->k;
+  if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
+  armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), task, job);
 }
 
 /* ------------------------------------------------------------ GEMM job */

@@ -236,9 +236,7 @@ void armllm_avx2_quant_act(armllm_pool *pool, const float *x, int64_t m, int64_t
                            int64_t group, int8_t *xq, int64_t ldq, float *scale, int64_t ldsc,
                            int32_t *gsum, int64_t ldgs, int32_t *zp, int64_t ldzp) {
   quant_job job = armllm_quant_job_of(x, k, ldx, group, xq, ldq, scale, ldsc, gsum, ldgs, zp, ldzp);
-  if (m * k < (1 << 16)) pool = NULL; /* a few rows: cheaper than waking workers */
-  armllm_pool_run(pool, m, armllm_pool_grain(pool, m, 2, (1 << 14) / k + 1), quant_rows_task,
-                  &job);
+  quant_act_run(pool, m, &job, quant_rows_task);
 }
 
 /* ------------------------------------------------------------ pack */
@@ -249,15 +247,7 @@ static void store_scales_f16(uint8_t *dst, const float *scales) {
   _mm_store_si128((__m128i *)(dst + 16), _mm256_cvtps_ph(_mm256_loadu_ps(scales + PANEL), 0));
 }
 
-size_t armllm_avx2_gemm_wq_packed_len(int64_t n, int64_t k, int bits, int64_t group,
-                                      const float *d, const float *o) {
-  return wq_packed_len(n, k, bits, group, d, o);
-}
-
-void armllm_avx2_gemm_wq_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t group,
-                              const float *d, const float *o, void *packed) {
-  wq_pack(q, n, k, bits, group, d, o, packed, store_scales_f16);
-}
+ARMLLM_X86_WQ_PACKING(armllm_avx2, store_scales_f16)
 
 /* ------------------------------------------------------------ GEMM */
 
