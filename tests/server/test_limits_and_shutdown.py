@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import ServerProcess, metric, running_server
+from tests.tiny_model import write_tiny_llama
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -259,11 +260,14 @@ def test_signal_finishes_in_flight_requests_and_exits_0(tiny_model, tmp_path, si
     srv.stop()
 
 
-def test_the_grace_period_ends_each_request_with_an_error(tiny_model, tmp_path):
+def test_the_grace_period_ends_each_request_with_an_error(tmp_path):
     """SIGTERM with a 0.1 s grace: a stream still running then ends with an error
     event and [DONE], a non-streaming request with a 503 error body; the process
     exits 0 and logs no traceback."""
-    srv = ServerProcess(tiny_model, "--dtype", "float32", "--kv-cache-gib", "0.01",
+    # wider and deeper than the shared tiny model: 500 decode steps of it take long enough
+    # (about a millisecond each) that both requests are still running when SIGTERM comes
+    model = write_tiny_llama(tmp_path / "model", hidden=256, layers=8, inter=512)
+    srv = ServerProcess(model, "--dtype", "float32", "--kv-cache-gib", "0.01",
                         "--shutdown-grace", "0.1", "--max-model-len", "512",
                         log=tmp_path / "s.log")
     srv.wait_ready()
