@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.server.conftest import ServerProcess, free_port, metric, running_server
+from tests.tiny_model import write_tiny_llama
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -244,7 +245,21 @@ def aborted(url: str) -> float:
     return metric(url, 'armllm:request_success_total{model_name="tiny",finished_reason="abort"}')
 
 
-def test_streaming_disconnect_aborts_and_frees_blocks(server):
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory):
+    """A wider, deeper tiny model (about a millisecond a decode step), so that 500 tokens
+    outlast a client that hangs up after its first events: the shared tiny model can
+    finish them before the disconnect is seen."""
+    model = write_tiny_llama(tmp_path_factory.mktemp("slow-model"), hidden=256, layers=8,
+                             inter=512)
+    with running_server(model, tmp_path_factory, "slow", "--dtype", "float32",
+                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.05",
+                        "--max-num-seqs", "16", "--served-model-name", "tiny") as srv:
+        yield srv
+
+
+def test_streaming_disconnect_aborts_and_frees_blocks(slow_server):
+    server = slow_server
     before = aborted(server.url)
     body = {"prompt": "w1 w2", "max_tokens": 500, "ignore_eos": True, "stream": True, "n": 8}
     with httpx.Client(timeout=30) as c, c.stream("POST", server.url + CMPL, json=body) as s:
@@ -256,10 +271,11 @@ def test_streaming_disconnect_aborts_and_frees_blocks(server):
     assert aborted(server.url) == before + 8
 
 
-def test_non_streaming_disconnect_aborts(server):
+def test_non_streaming_disconnect_aborts(slow_server):
     """The client hangs up while its 8 completions run (seen on /metrics): all 8 abort. A
     fixed client timeout would race the engine's speed (8 x 500 tokens of the tiny model
     can finish in a fifth of a second)."""
+    server = slow_server
     before = aborted(server.url)
     body = json.dumps({"prompt": "w3", "max_tokens": 500, "n": 8, "ignore_eos": True}).encode()
     head = (f"POST {CMPL} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
