@@ -186,3 +186,22 @@ def test_results_identical_whatever_the_thread_count(ref):
         outs.append(y)
     for y in outs[1:]:
         assert np.array_equal(y, outs[0])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_read_probe_reads_every_whole_mebibyte(threads):
+    """The bandwidth probe's checksum is the XOR of every 64-bit word of the whole
+    1 MiB chunks, whatever the thread count; bytes past them are not read."""
+    rng = np.random.default_rng(threads)
+    mib = 1 << 20
+    buf = rng.integers(0, 256, size=5 * mib, dtype=np.uint8)
+    want = int(np.bitwise_xor.reduce(buf.view(np.uint64)))
+    pool = ops.ThreadPool(threads)
+    try:
+        assert ops.probe_read(buf, pool) == want
+        buf[5 * mib - 1] ^= 1  # a flipped bit anywhere changes the checksum
+        assert ops.probe_read(buf, pool) != want
+    finally:
+        pool.close()
+    with pytest.raises(ValueError, match="1 MiB"):
+        ops.probe_read(buf[: mib + 64])

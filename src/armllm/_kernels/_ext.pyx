@@ -947,10 +947,10 @@ def sample_token(row, double temperature, int64_t top_k, double top_p, double mi
 
 
 def probe_read(buf, ThreadPool pool=None):
-    """Reads a uint8 buffer (length a multiple of 64) across the pool's threads."""
+    """Reads a uint8 buffer (length a multiple of 1 MiB) across the pool's threads."""
     cdef cnp.ndarray arr = _array(buf, "buf", np.uint8, 1)
-    if arr.shape[0] % 64:
-        raise ValueError(f"buf length must be a multiple of 64, got {arr.shape[0]}")
+    if arr.shape[0] == 0 or arr.shape[0] % (1 << 20):
+        raise ValueError(f"buf length must be a positive multiple of 1 MiB, got {arr.shape[0]}")
     cdef armllm_pool *p = _pool_ptr(pool)
     cdef size_t nbytes = arr.shape[0]
     cdef const void *data = cnp.PyArray_DATA(arr)

@@ -11,35 +11,79 @@
 #include <arm_neon.h>
 #endif
 
+/* The read probe streams like the decode GEMVs do: each thread reads several
+ * distant regions at once (one hardware-prefetch stream each) with full-width
+ * vector loads, over many small chunks handed out by the pool. A single
+ * sequential stream per thread with baseline 16-byte loads measured 1.4-2.7x
+ * below what the bf16 GEMV itself read on the same machine. */
+#define READ_STREAMS 4             /* concurrent streams per chunk */
+#define READ_CHUNK_BYTES (1 << 20) /* work item: 4 streams of 256 KiB */
+#define READ_MAX_CHUNKS 65536      /* 64 GiB of buffer at 1 MiB a chunk */
+
 typedef struct {
-  const uint64_t *words;
-  int64_t n_words;
-  uint64_t sums[256]; /* one slot per chunk */
-  int64_t chunk;
+  const uint8_t *bytes;
+  int64_t n_chunks;
+  int wide; /* x86: the CPU has AVX2 */
+  uint64_t sums[READ_MAX_CHUNKS];
 } read_job;
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static uint64_t read_streams_avx2(const uint8_t *p, int64_t len) {
+  const int64_t stride = len / READ_STREAMS;
+  __m256i acc[READ_STREAMS * 2];
+  for (int j = 0; j < READ_STREAMS * 2; j++) acc[j] = _mm256_setzero_si256();
+  for (int64_t i = 0; i < stride; i += 64)
+    for (int j = 0; j < READ_STREAMS; j++) {
+      const uint8_t *q = p + j * stride + i;
+      acc[2 * j] = _mm256_xor_si256(acc[2 * j], _mm256_loadu_si256((const __m256i *)q));
+      acc[2 * j + 1] = _mm256_xor_si256(acc[2 * j + 1], _mm256_loadu_si256((const __m256i *)(q + 32)));
+    }
+  for (int j = 1; j < READ_STREAMS * 2; j++) acc[0] = _mm256_xor_si256(acc[0], acc[j]);
+  return (uint64_t)_mm256_extract_epi64(acc[0], 0) ^ (uint64_t)_mm256_extract_epi64(acc[0], 1) ^
+         (uint64_t)_mm256_extract_epi64(acc[0], 2) ^ (uint64_t)_mm256_extract_epi64(acc[0], 3);
+}
+#endif
+
+/* Portable form (NEON on AArch64, SSE2 on x86-64 after vectorization). */
+static uint64_t read_streams(const uint8_t *p, int64_t len) {
+  const int64_t stride = len / READ_STREAMS;
+  uint64_t acc[READ_STREAMS][8] = {{0}};
+  for (int64_t i = 0; i < stride; i += 64)
+    for (int j = 0; j < READ_STREAMS; j++) {
+      const uint64_t *q = (const uint64_t *)(p + j * stride + i);
+      for (int w = 0; w < 8; w++) acc[j][w] ^= q[w];
+    }
+  uint64_t sum = 0;
+  for (int j = 0; j < READ_STREAMS; j++)
+    for (int w = 0; w < 8; w++) sum ^= acc[j][w];
+  return sum;
+}
 
 static void read_chunk(void *ctx, int64_t begin, int64_t end) {
   read_job *job = ctx;
   for (int64_t c = begin; c < end; c++) {
-    int64_t lo = c * job->chunk, hi = lo + job->chunk < job->n_words ? lo + job->chunk : job->n_words;
-    uint64_t acc[8] = {0}; /* eight streams the compiler turns into vector loads */
-    for (int64_t i = lo; i < hi; i += 8)
-      for (int j = 0; j < 8; j++) acc[j] ^= job->words[i + j];
-    job->sums[c] = acc[0] ^ acc[1] ^ acc[2] ^ acc[3] ^ acc[4] ^ acc[5] ^ acc[6] ^ acc[7];
+    const uint8_t *p = job->bytes + c * (int64_t)READ_CHUNK_BYTES;
+#if defined(__x86_64__)
+    job->sums[c] = job->wide ? read_streams_avx2(p, READ_CHUNK_BYTES) : read_streams(p, READ_CHUNK_BYTES);
+#else
+    job->sums[c] = read_streams(p, READ_CHUNK_BYTES);
+#endif
   }
 }
 
 uint64_t armllm_probe_read(armllm_pool *pool, const void *buf, size_t bytes) {
-  read_job job;
-  job.words = buf;
-  job.n_words = (int64_t)(bytes / 64) * 8;
-  int64_t chunks = armllm_pool_threads(pool);
-  if (chunks > 256) chunks = 256;
-  job.chunk = (job.n_words / 8 + chunks - 1) / chunks * 8;
-  for (int i = 0; i < 256; i++) job.sums[i] = 0;
-  armllm_pool_run(pool, chunks, 1, read_chunk, &job);
+  static read_job job; /* large; one probe at a time (the pool serializes jobs anyway) */
+  job.bytes = buf;
+  job.n_chunks = (int64_t)(bytes / READ_CHUNK_BYTES);
+  if (job.n_chunks > READ_MAX_CHUNKS) job.n_chunks = READ_MAX_CHUNKS;
+#if defined(__x86_64__)
+  job.wide = armllm_cpu_has(armllm_cpu_detect(), ARMLLM_CPU_AVX2);
+#else
+  job.wide = 0;
+#endif
+  armllm_pool_run(pool, job.n_chunks, 1, read_chunk, &job);
   uint64_t sum = 0;
-  for (int64_t i = 0; i < chunks; i++) sum ^= job.sums[i];
+  for (int64_t c = 0; c < job.n_chunks; c++) sum ^= job.sums[c];
   return sum;
 }
 

@@ -9,8 +9,9 @@
 
 #include "pool.h"
 
-/* Reads `bytes` (a multiple of 64) of buf, split across the pool's threads;
- * returns a checksum so the reads cannot be optimized away. */
+/* Reads the first bytes - bytes % 1 MiB of buf (whole 1 MiB chunks, at most
+ * 64 GiB) across the pool's threads, several streams per thread; returns the
+ * XOR of all 64-bit words read, so the reads cannot be optimized away. */
 uint64_t armllm_probe_read(armllm_pool *pool, const void *buf, size_t bytes);
 
 /* Each pool thread runs `iters` iterations of independent vector FMA chains;

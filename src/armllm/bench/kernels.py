@@ -17,6 +17,7 @@ ratio of the first variant's time to its own.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import re
 import statistics
@@ -180,10 +181,28 @@ def _print_row(r: dict) -> None:
           f"{r['ratio_to_first_isa']:6.2f} {nms} {speed}", flush=True)
 
 
+def _last_level_cache_bytes() -> int:
+    """The largest CPU cache Linux reports (0 when it reports none)."""
+    sizes = [0]
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(index).read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes)
+
+
 def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
     from armllm import ops
-    buf = np.ones(512 << 20, dtype=np.uint8)  # 512 MiB
+    # 4x the last-level cache (some servers have 0.5 GiB of L3), at least 1 GiB, in
+    # whole MiB as the probe reads them
+    size = max(1 << 30, 4 * _last_level_cache_bytes()) >> 20 << 20
+    buf = np.ones(size, dtype=np.uint8)
     t = _median_time(partial(ops.probe_read, buf, pool), min_time)
     iters = 2_000_000
     t_fma = _median_time(partial(ops.probe_fma, iters, pool), min_time)
