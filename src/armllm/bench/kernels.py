@@ -37,8 +37,9 @@ MODEL_SHAPES = {
                      ("lm_head", 128256, 4096)],
 }
 DECODE_MAX_M = 8  # rows at or below this are reported as memory-bound (GB/s)
-COLD_BYTES = 256 << 20  # decode rotates over weight copies this large: read from DRAM, as in a
-                        # real decode step that streams every layer once
+MIN_COLD_BYTES = 1 << 30  # decode rotates over weight copies this large (or 4x the last-level
+                          # cache, whichever is more): read from DRAM, as in a real decode step
+                          # that streams every layer once
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,8 +156,13 @@ class _Rotate:
         self.i = (self.i + 1) % len(self.calls)
 
 
+def _cold_bytes() -> int:
+    """Bytes of buffer that no cache holds: 4x the last-level cache, at least 1 GiB."""
+    return max(MIN_COLD_BYTES, 4 * _last_level_cache_bytes())
+
+
 def _copies(nbytes: int, m: int) -> int:
-    return max(1, min(256, -(-COLD_BYTES // nbytes))) if m <= DECODE_MAX_M else 1
+    return max(1, min(256, -(-_cold_bytes() // nbytes))) if m <= DECODE_MAX_M else 1
 
 
 def _result_row(machine: dict, model: str, layer: str, n: int, k: int, m: int, dtype: str,
@@ -199,9 +205,8 @@ def _last_level_cache_bytes() -> int:
 def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
     from armllm import ops
-    # 4x the last-level cache (some servers have 0.5 GiB of L3), at least 1 GiB, in
-    # whole MiB as the probe reads them
-    size = max(1 << 30, 4 * _last_level_cache_bytes()) >> 20 << 20
+    # in whole MiB, as the probe reads them (some servers have 0.5 GiB of L3)
+    size = _cold_bytes() >> 20 << 20
     buf = np.ones(size, dtype=np.uint8)
     t = _median_time(partial(ops.probe_read, buf, pool), min_time)
     iters = 2_000_000
@@ -286,8 +291,8 @@ def run(args: argparse.Namespace) -> int:
                                               times[0] / t, numpy_t)
                             results["gemm"].append(row)
                             _print_row(row)
-    print("%bw/%pk: decode rows (M <= 8; weights cycled through 256 MiB of copies so they come "
-          "from DRAM) as a fraction of read bandwidth, prefill rows of FMA peak; "
+    print("%bw/%pk: decode rows (M <= 8; weights cycled through copies of 4x the "
+          "last-level cache, at least 1 GiB, so they come from DRAM) as a fraction of read bandwidth, prefill rows of FMA peak; "
           "ratio = the first --isa variant's time / this variant's (interleaved runs); "
           "speedup = numpy f32 time / armllm time. w8/w4 rows include the activation "
           "quantization; their GFLOP/s are GOP/s of int8 MACs (x2), compared with the same "
