@@ -79,6 +79,9 @@
 /* Panels per decode group at mr rows: mr * np accumulators, at most 16 of the 32 zmm. */
 #define GEMV_NP_AT(mr) ((mr) <= 4 ? GEMV_NP : GEMV_NP / 2)
 #define GEMV_KBP 256  /* bf16 decode: pairs of a row rounded at a time (1 KiB a row) */
+#ifndef GEMV_PF_BYTES
+#define GEMV_PF_BYTES 4096 /* decode: software prefetch distance in each panel stream */
+#endif
 #define DECODE_SERIAL_BYTES (256 * 1024) /* decode weights below this stay on the caller */
 #define PREFILL_SERIAL_MACS 2.0e6        /* prefill work below this stays on the caller */
 
@@ -352,7 +355,11 @@ static ALWAYS_INLINE void gemv_f32(const int mr, const int np, const float *x, i
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; k++) {
     __m512 b[GEMV_NP];
-    for (int q = 0; q < np; q++) b[q] = _mm512_loadu_ps(w + (q * K + k) * NR);
+    for (int q = 0; q < np; q++) {
+      const float *wq = w + (q * K + k) * NR; /* one cache line */
+      if (GEMV_PF_BYTES) _mm_prefetch((const char *)wq + GEMV_PF_BYTES, _MM_HINT_T0);
+      b[q] = _mm512_loadu_ps(wq);
+    }
     for (int i = 0; i < mr; i++) {
       const __m512 a = _mm512_set1_ps(x[i * ldx + k]);
       for (int q = 0; q < np; q++) c[i][q] = _mm512_fmadd_ps(a, b[q], c[i][q]);
@@ -381,8 +388,11 @@ static ALWAYS_INLINE void gemv_bf16(const int mr, const int np, const float *x, 
 #pragma GCC unroll 2
     for (int64_t kp = 0; kp < kbp; kp++) {
       __m512bh b[GEMV_NP];
-      for (int q = 0; q < np; q++)
-        b[q] = (__m512bh)_mm512_loadu_si512(wk + (q * KP + kp) * 2 * NR);
+      for (int q = 0; q < np; q++) {
+        const uint16_t *wq = wk + (q * KP + kp) * 2 * NR; /* one cache line */
+        if (GEMV_PF_BYTES) _mm_prefetch((const char *)wq + GEMV_PF_BYTES, _MM_HINT_T0);
+        b[q] = (__m512bh)_mm512_loadu_si512(wq);
+      }
       for (int i = 0; i < mr; i++) {
         const __m512bh ai = (__m512bh)_mm512_set1_epi32((int)a[i * GEMV_KBP + kp]);
         for (int q = 0; q < np; q++) c[i][q] = _mm512_dpbf16_ps(c[i][q], ai, b[q]);
