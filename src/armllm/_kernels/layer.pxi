@@ -170,8 +170,9 @@ cdef class DecoderLayer:
         """Runs the layer on the batch's rows: reads the residual stream (layer 0) or
         the previous layer's output in `hidden`, leaves this layer's MLP output in
         `hidden` and the stream in `residual`, writes its K/V to the cache. times:
-        an int64 [2] array to which the nanoseconds spent in GEMMs and in the other
-        kernels are added (profiling; None: not timed)."""
+        an int64 [3] array to which the nanoseconds spent in GEMMs, in the other
+        kernels but attention, and in attention are added (profiling; None: not
+        timed)."""
         cdef BatchArgs *b = &batch.a
         if b.rows > self.a.max_rows:
             raise ValueError(f"a batch of {b.rows} rows exceeds the layer's buffers "
@@ -313,13 +314,13 @@ cdef class NormHead:
 
 
 cdef int64_t *_times_ptr(object times) except? NULL:
-    """The int64 [2] profiling accumulator's data, or NULL for None."""
+    """The int64 [3] profiling accumulator's data, or NULL for None."""
     if times is None:
         return NULL
     cdef cnp.ndarray ta = _array(times, "times", np.int64, 1)
     _writable(ta, "times")
-    if ta.shape[0] != 2:
-        raise ValueError(f"times must have shape (2,), got {_shp(ta)}")
+    if ta.shape[0] != 3:
+        raise ValueError(f"times must have shape (3,), got {_shp(ta)}")
     return <int64_t *>cnp.PyArray_DATA(ta)
 
 
@@ -371,7 +372,8 @@ cdef class StepBatch:
 
 
 cdef inline void _tick(int64_t *times, int which, int64_t *t0) noexcept nogil:
-    """Adds the time since *t0 to times[which] (0: GEMMs, 1: other kernels)."""
+    """Adds the time since *t0 to times[which] (0: GEMMs, 1: other kernels but
+    attention, 2: attention)."""
     cdef int64_t now
     if times != NULL:
         now = _now_ns()
@@ -466,7 +468,9 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     args.scale, args.sliding_window = d.scale, d.sliding_window
     args.out, args.ldo = d.attn.p, d.attn.ld
     args.scratch, args.scratch_len = d.attn_scratch, d.attn_scratch_len
+    _tick(times, 1, &t0)
     bad = kt.attention(p, &args)
+    _tick(times, 2, &t0)
     if bad >= 0:
         err[0] = ERR_ATTENTION
         return bad

@@ -17,8 +17,8 @@ each repetition draws a fresh prompt, so the prefix cache never helps.
 TTFT runs from queueing to the first token, TPOT is the mean gap between the
 later tokens; pp tok/s = input_len / TTFT and tg tok/s = 1 / TPOT, as
 llama-bench names them. With --profile, each decode-only step of the measured
-requests is also split into GEMMs, other kernels, Python/engine glue, sampling
-and detokenize/postprocess (bench/step_profile.py), per decode token.
+requests is also split into GEMMs, attention, other kernels, Python/engine glue,
+sampling and detokenize/postprocess (bench/step_profile.py), per decode token.
 
 Both report the process's peak resident memory while loading (the model and
 the engine's KV cache and buffers) and its steady resident memory after the
@@ -71,7 +71,7 @@ def add_latency_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests first (default 2)")
     p.add_argument("--repetitions", type=int, default=5, help="measured requests (default 5)")
     p.add_argument("--profile", action="store_true",
-                   help="also split each decode token's time into GEMMs, other kernels, "
+                   help="also split each decode token's time into GEMMs, attention, other kernels, "
                         "glue, sampling and postprocessing (timers add a little to it)")
     p.set_defaults(max_num_seqs=1)  # batch 1: a KV cache for one sequence
 

@@ -4,8 +4,8 @@ While a StepProfile is installed, the kernel table armllm.ops calls through,
 the runner's sampler and the engine's postprocessing run behind timers (the
 engine itself knows nothing of it: with --profile off nothing is wrapped and
 nothing costs). Each decode-only step's wall time (`engine.step()`) is split
-into GEMMs (the kernel calls that read weights), other kernels (norms, RoPE,
-KV writes, attention, activations, quantization of activations, embedding),
+into GEMMs (the kernel calls that read weights), attention, other kernels
+(norms, RoPE, KV writes, activations, quantization of activations, embedding),
 sampling, detokenize/postprocess, and the rest: Python and engine glue
 (scheduling, building the batch, the model's Python graph, the Cython
 wrappers' argument checks outside the kernel calls, the timers themselves).
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 # whose work is a GEMM with a small epilogue or prologue on its rows.
 GEMM_METHODS = frozenset({"gemm", "gemm_wq"})
 # What a decode token's time splits into, in report order.
-PARTS = ("gemm", "other_kernels", "glue", "sampling", "postprocess")
-LABELS = {"total": "total", "gemm": "GEMMs", "other_kernels": "other kernels",
+PARTS = ("gemm", "attention", "other_kernels", "glue", "sampling", "postprocess")
+LABELS = {"total": "total", "gemm": "GEMMs", "attention": "attention",
+          "other_kernels": "other kernels",
           "glue": "Python/engine glue", "sampling": "sampling",
           "postprocess": "detokenize/postprocess"}
 
@@ -46,7 +47,8 @@ class _TimedKernels:
             method = getattr(table, name)
             if name.startswith("_") or not callable(method):
                 continue
-            bucket = "gemm" if name in GEMM_METHODS else "other_kernels"
+            bucket = ("gemm" if name in GEMM_METHODS else
+                      "attention" if name == "attention" else "other_kernels")
             setattr(self, name, _timed(method, totals, bucket))
 
     def __getattr__(self, name: str) -> Any:  # properties (impl, isa, ...) pass through
@@ -81,12 +83,13 @@ class StepProfile:
 
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._totals = dict.fromkeys(PARTS[:2] + PARTS[3:], 0)   # ns, all steps
+        self._totals = {p: 0 for p in PARTS if p != "glue"}     # ns, all steps
         self.decode_steps = 0
         self.decode_tokens = 0
         self._sums = dict.fromkeys(("total", *PARTS), 0)        # ns, decode-only steps
         self._undo: list[Callable[[], None]] = []
-        self._bound_times = np.zeros(2, np.int64)   # ns in GEMMs, other kernels (bound calls)
+        # ns in GEMMs, other kernels, attention (the bound calls' own timers)
+        self._bound_times = np.zeros(3, np.int64)
 
     def __enter__(self) -> StepProfile:
         engine, totals = self.engine, self._totals
@@ -115,10 +118,11 @@ class StepProfile:
         t0 = time.perf_counter_ns()
         outputs = type(self.engine).step(self.engine)
         elapsed = time.perf_counter_ns() - t0
-        gemm, other = self._bound_times.tolist()
+        gemm, other, attention = self._bound_times.tolist()
         self._bound_times[:] = 0
         totals["gemm"] += gemm
         totals["other_kernels"] += other
+        totals["attention"] += attention
         rows, decodes = sched.num_scheduled_tokens - rows0, sched.num_decode_tokens - decodes0
         if rows and rows == decodes:  # a decode-only step
             self.decode_steps += 1
