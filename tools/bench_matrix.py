@@ -7,7 +7,7 @@ run, same machine, same thread count, every figure with the command that made it
         [--isa avx2,avx512] [--steps bound,latency,prefill,concurrent,torch,kernels]
         [--engines armllm,llama.cpp,torch] [--only REGEX] [--repetitions 3]
         [--extra-gguf SMOLLM2-Q8_0.gguf ...] [--quantize-lm-head] [--out DIR] [--merge]
-        [--llama-bin DIR] [--dry-run]
+        [--llama-bin DIR] [--lock FILE] [--dry-run]
 
 Models. "smollm2" is armllm's demo GGUF (SmolLM2-135M-Instruct, Q4_1 layers +
 Q8_0 head); any other .gguf runs the same way. Its workloads are the issue's
@@ -54,6 +54,8 @@ armllm and its llama.cpp match interleaved.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -231,9 +233,11 @@ def resolve_models(spec: str, isas: list[str], extra: list[Path], head: bool) ->
 class Runner:
     """Runs the cells' commands one at a time, each with its log and JSON file."""
 
-    def __init__(self, out: Path, timeout: float, first_id: int = 1, dry_run: bool = False):
+    def __init__(self, out: Path, timeout: float, first_id: int = 1, dry_run: bool = False,
+                 lock: Path | None = None):
         self.cells_dir = out / "cells"
         self.timeout = timeout
+        self.lock = lock            # held (flock) while each cell runs
         self.dry_run = dry_run
         self.first_id = first_id    # after an earlier run's cells under --merge
         self.cells: list[Cell] = []
@@ -272,7 +276,7 @@ class Runner:
         out_json.unlink(missing_ok=True)  # a file of an earlier run is no result of this one
         t0 = time.monotonic()
         try:
-            with open(log, "w") as f:
+            with open(log, "w") as f, held(self.lock):
                 code, stdout = run_group(full, f, {**os.environ, **(env or {})}, self.timeout)
                 f.write("\n---- stdout ----\n" + stdout)
             if code != 0:
@@ -288,6 +292,21 @@ class Runner:
                   else f"{cell.value:.4g} {cell.unit} ({cell.extra['wall_s']} s)")
         print(f"      {status}", flush=True)
         return cell
+
+
+@contextlib.contextmanager
+def held(lock: Path | None):
+    """An exclusive flock on `lock` (nothing for None) for the with-block: other
+    benchmarks on the machine that take the same lock (`flock FILE CMD`) wait."""
+    if lock is None:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_group(cmd: list[str], stderr, env: dict[str, str], timeout: float) -> tuple[int, str]:
@@ -664,6 +683,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--llama-bin", type=Path, default=default_llama_bin(),
                     help="folder of llama-bench and llama-server (tools/build_llama_cpp.sh)")
     ap.add_argument("--cell-timeout", type=float, default=3600, help="seconds per cell")
+    ap.add_argument("--lock", type=Path,
+                    help="a file to hold an exclusive flock on while each cell runs, so that "
+                         "other timing runs on a shared machine (flock FILE CMD) take turns")
     ap.add_argument("--out", type=Path, default=cache_dir() / "bench_matrix",
                     help="results folder (default: %(default)s)")
     ap.add_argument("--dry-run", action="store_true",
@@ -700,7 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.bandwidth_gbs is None:  # the bounds of an earlier run keep their bandwidth
         args.bandwidth_gbs = measured_bandwidth(previous)
     first_id = 1 + max((int(c.id[1:]) for c in previous), default=0)
-    runner = Runner(args.out, args.cell_timeout, first_id, args.dry_run)
+    runner = Runner(args.out, args.cell_timeout, first_id, args.dry_run, args.lock)
     matrix = Matrix(args, runner)
     t0 = time.monotonic()
     for m in models:
