@@ -80,7 +80,7 @@
 #define GEMV_NP_AT(mr) ((mr) <= 4 ? GEMV_NP : GEMV_NP / 2)
 #define GEMV_KBP 256  /* bf16 decode: pairs of a row rounded at a time (1 KiB a row) */
 #ifndef GEMV_PF_BYTES
-#define GEMV_PF_BYTES 4096 /* decode: software prefetch distance in each panel stream */
+#define GEMV_PF_BYTES 2048 /* decode: software prefetch distance in each panel stream, as WQ_PF_BYTES */
 #endif
 #define DECODE_SERIAL_BYTES (256 * 1024) /* decode weights below this stay on the caller */
 #define PREFILL_SERIAL_MACS 2.0e6        /* prefill work below this stays on the caller */
