@@ -12,7 +12,10 @@
 # of the compile, default 10).
 #
 # GGML_NATIVE=ON compiles with -march=native, so on Zen 4 ggml uses AVX-512, AVX512_VNNI
-# and AVX512_BF16. No curl/OpenSSL (nothing here downloads models), no web UI (the
+# and AVX512_BF16. Less AMX: on a Xeon with AMX (KVM guest, Linux grants tile data),
+# this version's AMX matmul (ggml_backend_amx_mul_mat) dies on a general-protection
+# fault in ldtilecfg for every Q4_0/Q4_1/Q8_0 model, so -mno-amx-* keeps ggml on its
+# AVX-512 VNNI/BF16 kernels there (and changes nothing on CPUs without AMX). No curl/OpenSSL (nothing here downloads models), no web UI (the
 # prebuilt UI would be fetched from Hugging Face, which is unreachable), no tests or
 # examples: only the two targets the benchmark runs are built.
 set -euo pipefail
@@ -70,6 +73,8 @@ cmake -S "$SRC" -B "$BUILD" "${generator[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
     -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+    -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
