@@ -6,7 +6,8 @@ run, same machine, same thread count, every figure with the command that made it
     python tools/bench_matrix.py [--models smollm2,/work/synth/llama-3.2-1b,...]
         [--isa avx2,avx512] [--steps bound,latency,prefill,concurrent,torch,kernels]
         [--engines armllm,llama.cpp,torch] [--only REGEX] [--repetitions 3]
-        [--extra-gguf SMOLLM2-Q8_0.gguf ...] [--quantize-lm-head] [--out DIR] [--merge]
+        [--extra-gguf SMOLLM2-Q8_0.gguf ...] [--quantize-lm-head] [--kernel-isa avx2,avx512]
+        [--out DIR] [--merge]
         [--llama-bin DIR] [--lock FILE] [--dry-run]
 
 Models. "smollm2" is armllm's demo GGUF (SmolLM2-135M-Instruct, Q4_1 layers +
@@ -493,7 +494,7 @@ class Matrix:
     def step_kernels(self) -> None:
         if "armllm" not in self.args.engines:
             return
-        for isa in self.args.isa_list:
+        for isa in self.args.kernel_isa_list:
             cmd = [sys.executable, "-m", "armllm", "bench", "kernels", "--models",
                    self.args.kernel_models, "--m", str(PP_LEN), "--dtypes", "bf16,w8",
                    "--threads", str(THREADS), "--min-time", str(self.args.kernel_min_time),
@@ -680,6 +681,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--kernel-models", default="llama-3.1-8b",
                     help="shapes for the kernels step (armllm bench kernels --models)")
     ap.add_argument("--kernel-min-time", type=float, default=0.5)
+    ap.add_argument("--kernel-isa",
+                    help="comma-separated ARMLLM_ISA values for the kernels step (default: --isa)")
     ap.add_argument("--llama-bin", type=Path, default=default_llama_bin(),
                     help="folder of llama-bench and llama-server (tools/build_llama_cpp.sh)")
     ap.add_argument("--cell-timeout", type=float, default=3600, help="seconds per cell")
@@ -700,6 +703,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"--{name}: unknown {', '.join(bad)} (choose among {', '.join(allowed)})")
         setattr(args, name, values)
     args.isa_list = [v.strip() for v in args.isa.split(",") if v.strip()] or [""]
+    args.kernel_isa_list = ([v.strip() for v in args.kernel_isa.split(",") if v.strip()]
+                            if args.kernel_isa else args.isa_list)
     if args.repetitions < 1:
         ap.error(f"--repetitions must be >= 1, got {args.repetitions}")
     if args.only:
