@@ -17,7 +17,7 @@ const armllm_kernels armllm_kernels_amx = {
     ARMLLM_SLOT(gemm_f32, avx512),
     ARMLLM_SLOT(gemm_bf16_packed_len, avx512),
     ARMLLM_SLOT(gemm_bf16_pack, avx512),
-    ARMLLM_SLOT(gemm_bf16, avx512),
+    ARMLLM_SLOT(gemm_bf16, amx),
     ARMLLM_SLOT(rmsnorm, avx512),
     ARMLLM_SLOT(rope, avx512),
     ARMLLM_SLOT(silu_mul, avx512),
