@@ -6,32 +6,43 @@
  * of one panel are exactly one B tile of K = 32 (16 rows of 64 bytes, row
  * stride 64): the kernel loads the packed weights as they are.
  *
- * Numerics (compute "bf16"): activations are rounded to bf16 (round to
- * nearest even, f32 denormals flushed, as avx512's vcvtne2ps2bf16) in k
- * pairs matching the weights'; each output is TDPBF16PS's sum over K tiles
- * of 32 ascending from +0 (partial sums of K blocks go through memory in
- * f32: exact), then + bias. TDPBF16PS does not round like a vdpbf16ps chain
- * (measured on Sapphire Rapids: 40% of outputs differ in the last bits), so
- * decode runs AMX as well, with tiles of M rows (M < 16): a row's bits then
- * do not depend on the batch it is in (test_gemm_rows_do_not_depend_on_batch)
- * and decode, which streams the weights, runs as fast (see the report in
- * the commit). Accuracy: within 2^-8 * sum_k |x*w| of exact.
+ * Numerics (compute "bf16"): activations are rounded to bf16 pairs as
+ * avx512 rounds them (avx512/bf16_round.h: round to nearest even, f32
+ * denormals flushed); each output is TDPBF16PS's sum over K tiles of 32
+ * ascending from +0 (partial sums of K blocks go through memory in f32:
+ * exact), then + bias. TDPBF16PS does not give a vdpbf16ps chain's bits
+ * (measured on this Xeon: 40% of outputs of random 16 x 16 x 128 products
+ * differ in the last bits; it also flushes denormal results), so decode runs
+ * AMX as well, with tiles of M rows (M < 16), instead of avx512's GEMV: a
+ * row's bits then do not depend on the batch it is in
+ * (test_gemm_rows_do_not_depend_on_batch*), and decode, which streams the
+ * weights, runs as fast (measured: M = 1 at avx512's bandwidth, M = 8 2.2x
+ * its speed). Accuracy: within 2^-8 * sum_k |x*w| of exact.
  *
  * Tiles: tmm0..3 accumulate a 32 x 32 block of y (2 row tiles x 2 panels),
  * tmm4/5 the two row tiles of x (16 rows x 16 pairs), tmm6/7 the two panels'
  * B tiles: per K tile, 4 loads feed 4 TDPBF16PS. An item is (row block of
- * up to AMX_MC rows, group of up to AMX_GP panels). For each K block of
- * AMX_KCP pairs the row block is rounded into a stack buffer (zero rows up
- * to a whole row tile, zero pairs up to a whole K tile); the accumulators
- * live in a stack block of the item's outputs (f32, fixed row stride: no
- * edge tiles), and the last K block adds the bias and copies the valid part
- * out to y. A K block's last partial K tile of weights is copied into a
- * zeroed tile first (reading past a panel's pairs would read the next
- * panel's, or past the buffer).
+ * up to AMX_MC rows, group of up to AMX_GP panels): x is read once per
+ * group and the weights once per row block, so both are large (traffic per
+ * MAC ~ 1/(4 GP) + 2/MC bytes; 64 x 8 was memory-bound at half the speed).
+ * For each K block (AMX_KCP pairs at AMX_MC rows, longer for fewer rows: all
+ * of K for decode, so that a panel's weights stream in one run) the row
+ * block is rounded into a stack buffer (zero rows up to a whole row tile,
+ * zero pairs up to a whole K tile); the accumulators live in a stack block
+ * of the item's outputs (f32, fixed row stride: no edge tiles), and the last
+ * K block adds the bias and copies the valid part out to y. A K block's last
+ * partial K tile of weights is copied into a zeroed tile first (reading past
+ * a panel's pairs would read the next panel's, or past the buffer). The
+ * stack buffers take ~400 KiB (threads have 8 MiB stacks; the pool's too).
+ *
+ * Each pool chunk loads the tile configuration and ends with TILERELEASE
+ * (measured: releasing costs nothing visible, within 2% at M = 1..64 on a
+ * 576 x 576 matrix, so threads carry no tile state between jobs).
  */
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
+#include "../avx512/bf16_round.h"
 #include "tiles.h"
 
 #define NR 16       /* columns per panel = f32 lanes of a C tile row */
@@ -85,19 +96,11 @@ static inline __mmask16 lanes(int64_t n) {
   return n >= NR ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* Rounds pairs [0, pairs) (a multiple of 16) of `rows` rows of x (row
- * stride ldx; x[.. valid) real, zeros after) to bf16 pairs at
- * out[r*lda + i], then zero rows up to rows_pad. */
+/* Rounds `rows` rows of x into the rounded rows' buffer (row stride lda
+ * pairs) and zeroes rows [rows, rows_pad): whole tiles of M or 16 rows. */
 static void round_rows(const float *x, int64_t ldx, int64_t rows, int64_t rows_pad,
                        int64_t valid, int64_t pairs, uint32_t *out, int64_t lda) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t i = 0; i < pairs; i += KT) {
-      const float *xi = x + r * ldx + 2 * i;
-      const __m512 lo = _mm512_maskz_loadu_ps(lanes(valid - 2 * i), xi);
-      const __m512 hi = _mm512_maskz_loadu_ps(lanes(valid - 2 * i - NR), xi + NR);
-      /* low 16 bf16 from lo, high 16 from hi: pair j in 32-bit lane j */
-      _mm512_storeu_si512(out + r * lda + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
+  bf16_round_rows(x, ldx, rows, valid, pairs, out, lda);
   for (int64_t r = rows; r < rows_pad; r++)
     for (int64_t i = 0; i < pairs; i += KT) _mm512_storeu_si512(out + r * lda + i, _mm512_setzero_si512());
 }
