@@ -29,7 +29,7 @@ typedef struct armllm_cpu {
   const char *arch;         /* "aarch64", "x86_64" or "other" */
   uint64_t features;        /* bit i set = feature i present */
   int sve_vector_bits;      /* 0 without SVE */
-  char amx_denied[160];     /* with amx_tile but no amx_perm: why not (else "") */
+  char amx_denied[256];     /* with amx_tile but no amx_perm: why not (else "") */
 } armllm_cpu;
 
 /* Detected once; later calls return the same object. */
