@@ -1,6 +1,7 @@
 /* cpu.c: reads CPU features (getauxval on aarch64, cpuid/xgetbv on x86-64,
- * where it also asks Linux once for AMX tile data), maps variant names to kernel tables with their feature requirements, and
- * names what runs in each slot, run-time choices inside a variant included. */
+ * where it also asks Linux once for AMX tile data), maps variant names to
+ * kernel tables with their feature requirements, and names what runs in each
+ * slot, run-time choices inside a variant included. */
 #include "cpu.h"
 
 #include <stdio.h>

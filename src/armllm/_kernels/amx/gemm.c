@@ -102,7 +102,8 @@ static void round_rows(const float *x, int64_t ldx, int64_t rows, int64_t rows_p
                        int64_t valid, int64_t pairs, uint32_t *out, int64_t lda) {
   bf16_round_rows(x, ldx, rows, valid, pairs, out, lda);
   for (int64_t r = rows; r < rows_pad; r++)
-    for (int64_t i = 0; i < pairs; i += KT) _mm512_storeu_si512(out + r * lda + i, _mm512_setzero_si512());
+    for (int64_t i = 0; i < pairs; i += KT)
+      _mm512_storeu_si512(out + r * lda + i, _mm512_setzero_si512());
 }
 
 /* The 16 rows (64 bytes each) of a B tile, into L1. */
