@@ -62,6 +62,63 @@ def test_variant_the_cpu_lacks_is_refused():
     assert r.returncode == 2 and f"kernel variant '{foreign}'" in r.stderr
 
 
+def test_amx_variant_runs_or_says_why():
+    """amx is runnable exactly when the CPU has AMX and Linux granted tile data; when
+    the CPU has AMX but not the grant, `armllm info` and ARMLLM_ISA=amx say why."""
+    info = ops.cpu_info()
+    if info["arch"] != "x86_64":
+        pytest.skip("AMX is x86-64")
+    amx = {"amx_tile", "amx_bf16", "amx_int8", "amx_perm"} <= set(info["features"])
+    avx512 = "avx512" in info["isa_available"]
+    assert ("amx" in info["isa_available"]) == (amx and avx512)
+    if amx and avx512 and not os.environ.get("ARMLLM_ISA"):
+        assert info["isa"] == "amx" and info["amx_denied"] == ""
+    r = armllm("info", ARMLLM_ISA="amx")
+    if "amx" in info["isa_available"]:
+        assert r.returncode == 0 and "variant:     amx (forced by ARMLLM_ISA" in r.stdout
+    else:
+        assert r.returncode == 2 and "kernel variant 'amx' needs" in r.stderr
+        if info["amx_denied"]:
+            assert info["amx_denied"] in r.stderr and info["amx_denied"] in armllm("info").stdout
+
+
+SMALL_SIGALTSTACK = """
+import ctypes, sys
+class StackT(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int),
+                ("ss_size", ctypes.c_size_t)]
+stack = ctypes.create_string_buffer(6144)  # room for AVX-512's signal frame, not AMX's
+if ctypes.CDLL(None).sigaltstack(ctypes.byref(StackT(ctypes.addressof(stack), 0, 6144)), None):
+    sys.exit(77)
+from armllm import cli
+sys.exit(cli.main(["info"]))
+"""
+
+
+def test_refused_tile_data_is_explained():
+    """Linux refuses AMX tile data to a process with a sigaltstack too small for the tile
+    state: the amx variant is then not runnable, and `armllm info` and the ARMLLM_ISA=amx
+    error say why; avx512 still runs."""
+    info = ops.cpu_info()
+    if "amx_tile" not in info["features"] or not sys.platform.startswith("linux"):
+        pytest.skip("needs an AMX CPU under Linux")
+    env = {**os.environ}
+    env.pop("ARMLLM_ISA", None)
+
+    def run(**extra):
+        return subprocess.run([sys.executable, "-c", SMALL_SIGALTSTACK], capture_output=True,
+                              text=True, env={**env, **extra}, timeout=300)
+
+    r = run()
+    if r.returncode == 77:
+        pytest.skip("this kernel does not accept a 6 KiB sigaltstack")
+    assert r.returncode == 0, r.stderr
+    assert "amx:         not runnable: Linux refused AMX tile data" in r.stdout
+    assert "variant:     avx512 (auto" in r.stdout
+    r = run(ARMLLM_ISA="amx")
+    assert r.returncode == 2 and "amx_perm (Linux refused AMX tile data" in r.stderr
+
+
 def test_bad_bench_arguments():
     r = armllm("bench", "kernels", "--models", "gpt5")
     assert r.returncode == 2 and "unknown model 'gpt5'" in r.stderr

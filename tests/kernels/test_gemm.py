@@ -102,6 +102,23 @@ def test_gemm_rows_do_not_depend_on_batch(variant, pool, dtype, k):
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemm_rows_do_not_depend_on_batch_across_blocks(variant, pool, dtype):
+    """The same across row blocks, tile-row counts (AMX tiles have M rows below 16) and
+    K blocks whose length depends on M (AMX: all of K for a few rows, 512 at 128)."""
+    rng = np.random.default_rng(8)
+    x = rand(rng, (200, 1100))
+    w, _ = weights(rng, 70, 1100, dtype)
+    bias = rand(rng, 70)
+    pw = variant.pack(w, dtype)
+    full = np.empty((200, 70), np.float32)
+    variant.gemm(x, pw, full, bias, pool)
+    for rows in (slice(0, 1), slice(7, 23), slice(40, 56), slice(99, 200)):
+        part = np.empty((rows.stop - rows.start, 70), np.float32)
+        variant.gemm(np.ascontiguousarray(x[rows]), pw, part, bias, pool)
+        assert np.array_equal(part, full[rows]), rows
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_gemm_is_bit_identical_to_ref_unless_it_rounds_activations(variant, ref, pool, dtype):
     """Every variant computes each output as ref does, one FMA chain over k
     ascending from +0 then + bias (bf16 weights widened exactly), on the decode
@@ -122,12 +139,13 @@ def test_gemm_is_bit_identical_to_ref_unless_it_rounds_activations(variant, ref,
 
 
 # Around every variant's tiles: rows 1-4 (decode), 5-13 and 23-25 (prefill tiles of 4 to 12
-# rows and their tails), 97 (past a 96-row block); columns around 8/16/32-wide panels and
-# tiles and a 16-panel group; K odd and even around 4-wide groups and 128/256/512-long K
-# blocks (in k or in k pairs).
-TAIL_M = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 23, 25, 97)
+# rows and their tails), 15-17 and 31-33 (AMX tiles of 16 rows, in pairs), 97 (past a
+# 96-row block), 129 (past a 128-row block); columns around 8/16/32-wide panels and tiles
+# and a 16-panel group; K odd and even around 4-wide groups, AMX's K tiles of 32 bf16
+# (31-33, 63-65) and 128/256/512-long K blocks (in k or in k pairs).
+TAIL_M = (1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 15, 16, 17, 23, 25, 31, 33, 97, 129)
 TAIL_N = (1, 15, 16, 17, 31, 33, 47, 257)
-TAIL_K = (1, 2, 3, 5, 127, 129, 256, 257, 513)
+TAIL_K = (1, 2, 3, 5, 31, 33, 63, 65, 127, 129, 256, 257, 513)
 
 
 def strided(rng, m, k, fill):

@@ -55,6 +55,7 @@
 
 #include "../armllm_kernels.h"
 #include "../gemm_plan.h"
+#include "bf16_round.h"
 
 #define NR 16 /* columns per panel: one zmm of f32 */
 #define MR 12 /* prefill tile rows */
@@ -115,23 +116,6 @@ void armllm_avx512_gemm_bf16_pack(const uint16_t *w, int64_t n, int64_t k, uint1
 /* Lanes [0, n) of a 16-lane vector (n clamped to 0..16). */
 static inline __mmask16 lanes(int64_t n) {
   return n >= NR ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-}
-
-/* bf16 pairs of x[0 .. 2*pairs) (zeros from x[valid] on): pair i in lane i
- * of the result's 32-bit lanes, even k in the low half. 16 pairs a call. */
-static ALWAYS_INLINE __m512i round_pairs16(const float *x, int64_t valid) {
-  const __m512 lo = _mm512_maskz_loadu_ps(lanes(valid), x);
-  const __m512 hi = _mm512_maskz_loadu_ps(lanes(valid - NR), x + NR);
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* low 16 bf16 from lo, high 16 from hi */
-}
-
-/* Rounds pairs [0, pairs) of `rows` rows of x (row stride ldx, x[.. valid)
- * real, zeros after) to bf16 pairs at out[r*stride + i]. */
-static inline void round_rows(const float *x, int64_t ldx, int64_t rows, int64_t valid,
-                              int64_t pairs, uint32_t *out, int64_t stride) {
-  for (int64_t r = 0; r < rows; r++)
-    for (int64_t i = 0; i < pairs; i += NR)
-      _mm512_storeu_si512(out + r * stride + i, round_pairs16(x + r * ldx + 2 * i, valid - 2 * i));
 }
 
 /* Copies k [0, kc) of `rows` rows of x (row stride ldx) to out[r*stride + k]
@@ -319,7 +303,7 @@ static void prefill_bf16_task(void *ctx, int64_t i0, int64_t i1) {
     for (int64_t kb = 0; kb < KP; kb += AVX512_KCP) {
       const int64_t kcp = KP - kb < AVX512_KCP ? KP - kb : AVX512_KCP;
       const int load_c = kb > 0, last = kb + kcp == KP;
-      round_rows(job->x + m0 * job->ldx + 2 * kb, job->ldx, m1 - m0, K - 2 * kb, kcp, a,
+      bf16_round_rows(job->x + m0 * job->ldx + 2 * kb, job->ldx, m1 - m0, K - 2 * kb, kcp, a,
                  AVX512_KCP);
       for (int64_t p = p0; p < p1; p += TP) {
         const int64_t np = p1 - p < TP ? p1 - p : TP;
@@ -383,7 +367,7 @@ static ALWAYS_INLINE void gemv_bf16(const int mr, const int np, const float *x, 
     for (int q = 0; q < np; q++) c[i][q] = _mm512_setzero_ps();
   for (int64_t kb = 0; kb < KP; kb += GEMV_KBP) {
     const int64_t kbp = KP - kb < GEMV_KBP ? KP - kb : GEMV_KBP;
-    round_rows(x + 2 * kb, ldx, mr, K - 2 * kb, kbp, a, GEMV_KBP);
+    bf16_round_rows(x + 2 * kb, ldx, mr, K - 2 * kb, kbp, a, GEMV_KBP);
     const uint16_t *wk = w + kb * 2 * NR;
 #pragma GCC unroll 2
     for (int64_t kp = 0; kp < kbp; kp++) {
