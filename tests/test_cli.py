@@ -62,6 +62,26 @@ def test_variant_the_cpu_lacks_is_refused():
     assert r.returncode == 2 and f"kernel variant '{foreign}'" in r.stderr
 
 
+def test_amx_variant_runs_or_says_why():
+    """amx is runnable exactly when the CPU has AMX and Linux granted tile data; when
+    the CPU has AMX but not the grant, `armllm info` and ARMLLM_ISA=amx say why."""
+    info = ops.cpu_info()
+    if info["arch"] != "x86_64":
+        pytest.skip("AMX is x86-64")
+    amx = {"amx_tile", "amx_bf16", "amx_int8", "amx_perm"} <= set(info["features"])
+    avx512 = "avx512" in info["isa_available"]
+    assert ("amx" in info["isa_available"]) == (amx and avx512)
+    if amx and avx512 and not os.environ.get("ARMLLM_ISA"):
+        assert info["isa"] == "amx" and info["amx_denied"] == ""
+    r = armllm("info", ARMLLM_ISA="amx")
+    if "amx" in info["isa_available"]:
+        assert r.returncode == 0 and "variant:     amx (forced by ARMLLM_ISA" in r.stdout
+    else:
+        assert r.returncode == 2 and "kernel variant 'amx' needs" in r.stderr
+        if info["amx_denied"]:
+            assert info["amx_denied"] in r.stderr and info["amx_denied"] in armllm("info").stdout
+
+
 def test_bad_bench_arguments():
     r = armllm("bench", "kernels", "--models", "gpt5")
     assert r.returncode == 2 and "unknown model 'gpt5'" in r.stderr

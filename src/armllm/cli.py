@@ -29,6 +29,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     sve = f", SVE {info['sve_vector_bits']} bits" if info["sve_vector_bits"] else ""
     print(f"cpu:         {info['cpu']} ({info['arch']}{sve})")
     print(f"features:    {' '.join(info['features']) or '-'}")
+    if info["amx_denied"]:
+        print(f"amx:         not runnable: {info['amx_denied']}")
     print(f"threads:     {info['num_threads']} (allowed CPUs: {info['allowed_cpus']}; "
           f"fetch-add: {info['fetch_add']})")
     source = "forced by ARMLLM_ISA" if info["isa_source"] != "auto" else "auto"

@@ -149,6 +149,7 @@ def cpu_info() -> dict:
         "arch": info["arch"],
         "features": info["features"],
         "sve_vector_bits": info["sve_vector_bits"],
+        "amx_denied": info["amx_denied"],
         "allowed_cpus": _ext.allowed_cpus(),
         "num_threads": _NUM_THREADS,
         "fetch_add": _ext.atomic_impl(),

@@ -104,7 +104,7 @@ def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, win
 
 # variants whose "bf16" attention rounds only q (the softmax weights and PV stay f32):
 # rounding the weights too moved tests/model's quantize-at-load logprobs past their bound
-Q_ONLY_BF16 = {"avx512"}
+Q_ONLY_BF16 = {"avx512", "amx"}
 
 
 @settings(max_examples=examples(15), deadline=None,

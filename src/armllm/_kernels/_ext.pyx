@@ -24,12 +24,13 @@ KERNEL_NAMES = tuple(armllm_slot_name(i).decode() for i in range(ARMLLM_NUM_SLOT
 
 
 def cpu_features():
-    """Architecture, detected feature names and SVE vector length in bits."""
+    """Architecture, detected feature names, SVE vector length in bits, and why
+    AMX tile data is not usable ("" when it is, or without AMX)."""
     cdef const armllm_cpu *cpu = armllm_cpu_detect()
     names = [armllm_cpu_feature_name(f).decode() for f in range(ARMLLM_CPU_NUM_FEATURES)
              if armllm_cpu_has(cpu, f)]
     return {"arch": cpu.arch.decode(), "features": names,
-            "sve_vector_bits": cpu.sve_vector_bits}
+            "sve_vector_bits": cpu.sve_vector_bits, "amx_denied": cpu.amx_denied.decode()}
 
 
 def isa_built():

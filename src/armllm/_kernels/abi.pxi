@@ -126,6 +126,7 @@ cdef extern from "cpu.h" nogil:
         const char *arch
         uint64_t features
         int sve_vector_bits
+        char amx_denied[160]
     const armllm_cpu *armllm_cpu_detect()
     const char *armllm_cpu_feature_name(int feature)
     int armllm_cpu_has(const armllm_cpu *cpu, int feature)

@@ -1,6 +1,6 @@
 /* armllm_kernels.h: the kernel ABI shared by every ISA variant.
  *
- * Every variant (ref, avx2, avx512, neon, neon_mmla, sve) implements the slots of
+ * Every variant (ref, avx2, avx512, amx, neon, neon_mmla, sve) implements the slots of
  * ARMLLM_KERNEL_SLOTS (below: the one list of signatures) with identical
  * semantics; `armllm_kernels` is the dispatch table that names one
  * implementation per slot. Tables are filled statically in each variant's
@@ -346,6 +346,7 @@ void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const flo
 ARMLLM_DECLARE_VARIANT(ref)
 ARMLLM_DECLARE_VARIANT(avx2)
 ARMLLM_DECLARE_VARIANT(avx512)
+ARMLLM_DECLARE_VARIANT(amx)
 ARMLLM_DECLARE_VARIANT(neon)
 ARMLLM_DECLARE_VARIANT(neon_mmla)
 ARMLLM_DECLARE_VARIANT(sve)

@@ -1,5 +1,5 @@
-/* cpu.c: reads CPU features (getauxval on aarch64, cpuid/xgetbv on x86-64),
- * maps variant names to kernel tables with their feature requirements, and
+/* cpu.c: reads CPU features (getauxval on aarch64, cpuid/xgetbv on x86-64,
+ * where it also asks Linux once for AMX tile data), maps variant names to kernel tables with their feature requirements, and
  * names what runs in each slot, run-time choices inside a variant included. */
 #include "cpu.h"
 
@@ -11,6 +11,9 @@
 #include <sys/prctl.h>
 #elif defined(__x86_64__)
 #include <cpuid.h>
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #define BIT(f) (UINT64_C(1) << (f))
@@ -18,7 +21,8 @@
 static const char *const feature_names[ARMLLM_CPU_NUM_FEATURES] = {
     "asimd", "asimddp", "fp16", "bf16", "i8mm", "sve", "sve2", "svebf16", "svei8mm",
     "atomics", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-    "avx512vnni", "avx512bf16", "avxvnni", "avx512dq",
+    "avx512vnni", "avx512bf16", "avxvnni", "avx512dq", "amx_tile", "amx_bf16", "amx_int8",
+    "amx_perm",
 };
 
 const char *armllm_cpu_feature_name(int feature) {
@@ -68,6 +72,41 @@ static void detect(armllm_cpu *cpu) {
   }
 }
 #elif defined(__x86_64__)
+/* XSAVE state components (Intel SDM vol. 1, 13.1) and Linux's arch_prctl
+ * codes for dynamically enabled ones (arch/x86/include/uapi/asm/prctl.h). */
+#define XCR0_YMM_OS_ 0x6ull          /* SSE + AVX state */
+#define XCR0_ZMM_OS_ 0xe6ull         /* plus opmask, ZMM_Hi256, Hi16_ZMM */
+#define XFEATURE_XTILECFG_ 17
+#define XFEATURE_XTILEDATA_ 18
+#define ARCH_GET_XCOMP_PERM_ 0x1022
+#define ARCH_REQ_XCOMP_PERM_ 0x1023
+
+/* Tile data is off for a Linux process until it asks (kernel >= 5.16; the
+ * first tile instruction without permission is SIGILL). Asked once, here;
+ * the grant is process-wide, so the pool's workers inherit it. Returns 1
+ * when granted, else 0 with the reason in cpu->amx_denied. */
+static int amx_permit(armllm_cpu *cpu, uint64_t xcr0) {
+  const uint64_t tile_bits = (1ull << XFEATURE_XTILECFG_) | (1ull << XFEATURE_XTILEDATA_);
+  if ((xcr0 & tile_bits) != tile_bits) {
+    snprintf(cpu->amx_denied, sizeof cpu->amx_denied,
+             "the OS does not enable AMX tile state (XCR0 = %#llx lacks bits 17/18)",
+             (unsigned long long)xcr0);
+    return 0;
+  }
+  uint64_t perm = 0;
+  if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM_, &perm) == 0 &&
+      (perm & (1ull << XFEATURE_XTILEDATA_)))
+    return 1;
+  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA_) == 0) return 1;
+  const int e = errno;
+  snprintf(cpu->amx_denied, sizeof cpu->amx_denied,
+           "Linux refused AMX tile data: arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) failed: "
+           "%s%s", strerror(e),
+           e == ENOSPC ? " (a thread's sigaltstack is too small for the tile state)" :
+           e == EINVAL ? " (kernel older than 5.16?)" : "");
+  return 0;
+}
+
 static void detect(armllm_cpu *cpu) {
   unsigned a, b, c, d;
   uint64_t f = 0;
@@ -80,8 +119,8 @@ static void detect(armllm_cpu *cpu) {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     xcr0 = ((uint64_t)hi << 32) | lo;
   }
-  int ymm_os = (xcr0 & 0x6) == 0x6;       /* XMM and YMM state saved by the OS */
-  int zmm_os = (xcr0 & 0xe6) == 0xe6;     /* plus opmask and ZMM state */
+  int ymm_os = (xcr0 & XCR0_YMM_OS_) == XCR0_YMM_OS_;
+  int zmm_os = (xcr0 & XCR0_ZMM_OS_) == XCR0_ZMM_OS_;
   if (ymm_os && ((c >> 28) & 1)) f |= BIT(ARMLLM_CPU_AVX);
   if (ymm_os && ((c >> 12) & 1)) f |= BIT(ARMLLM_CPU_FMA);
   if (ymm_os && ((c >> 29) & 1)) f |= BIT(ARMLLM_CPU_F16C);
@@ -93,10 +132,14 @@ static void detect(armllm_cpu *cpu) {
     if (zmm_os && ((b >> 30) & 1)) f |= BIT(ARMLLM_CPU_AVX512BW);
     if (zmm_os && ((b >> 31) & 1)) f |= BIT(ARMLLM_CPU_AVX512VL);
     if (zmm_os && ((c >> 11) & 1)) f |= BIT(ARMLLM_CPU_AVX512VNNI);
+    if ((d >> 22) & 1) f |= BIT(ARMLLM_CPU_AMXBF16);
+    if ((d >> 24) & 1) f |= BIT(ARMLLM_CPU_AMXTILE);
+    if ((d >> 25) & 1) f |= BIT(ARMLLM_CPU_AMXINT8);
     __cpuid_count(7, 1, a, b, c, d);
     if (ymm_os && ((a >> 4) & 1)) f |= BIT(ARMLLM_CPU_AVXVNNI);
     if (zmm_os && ((a >> 5) & 1)) f |= BIT(ARMLLM_CPU_AVX512BF16);
   }
+  if ((f & BIT(ARMLLM_CPU_AMXTILE)) && amx_permit(cpu, xcr0)) f |= BIT(ARMLLM_CPU_AMXPERM);
   cpu->features = f;
 }
 #else
@@ -124,8 +167,15 @@ typedef struct {
   const armllm_kernels *table; /* NULL when not built for this architecture */
 } isa_entry;
 
-/* What the avx2 variant needs; avx512 runs avx2 code in the slots it does not port. */
+/* What the avx2 variant needs; avx512 runs avx2 code in the slots it does not port,
+ * amx avx512 code. */
 #define AVX2_NEEDS_ (BIT(ARMLLM_CPU_AVX2) | BIT(ARMLLM_CPU_FMA) | BIT(ARMLLM_CPU_F16C))
+#define AVX512_NEEDS_                                                                        \
+  (AVX2_NEEDS_ | BIT(ARMLLM_CPU_AVX512F) | BIT(ARMLLM_CPU_AVX512BW) | BIT(ARMLLM_CPU_AVX512VL) | \
+   BIT(ARMLLM_CPU_AVX512DQ) | BIT(ARMLLM_CPU_AVX512VNNI) | BIT(ARMLLM_CPU_AVX512BF16))
+#define AMX_NEEDS_                                                                   \
+  (AVX512_NEEDS_ | BIT(ARMLLM_CPU_AMXTILE) | BIT(ARMLLM_CPU_AMXBF16) |              \
+   BIT(ARMLLM_CPU_AMXINT8) | BIT(ARMLLM_CPU_AMXPERM))
 
 static const isa_entry isa_entries[] = {
 #if defined(__aarch64__)
@@ -137,21 +187,21 @@ static const isa_entry isa_entries[] = {
      BIT(ARMLLM_CPU_ASIMD) | BIT(ARMLLM_CPU_BF16) | BIT(ARMLLM_CPU_I8MM),
      &armllm_kernels_neon_mmla},
     {"neon", "aarch64", BIT(ARMLLM_CPU_ASIMD), &armllm_kernels_neon},
+    {"amx", "x86_64", 0, NULL},
     {"avx512", "x86_64", 0, NULL},
     {"avx2", "x86_64", 0, NULL},
 #elif defined(__x86_64__)
     {"sve", "aarch64", 0, NULL},
     {"neon_mmla", "aarch64", 0, NULL},
     {"neon", "aarch64", 0, NULL},
-    {"avx512", "x86_64",
-     AVX2_NEEDS_ | BIT(ARMLLM_CPU_AVX512F) | BIT(ARMLLM_CPU_AVX512BW) | BIT(ARMLLM_CPU_AVX512VL) |
-         BIT(ARMLLM_CPU_AVX512DQ) | BIT(ARMLLM_CPU_AVX512VNNI) | BIT(ARMLLM_CPU_AVX512BF16),
-     &armllm_kernels_avx512},
+    {"amx", "x86_64", AMX_NEEDS_, &armllm_kernels_amx},
+    {"avx512", "x86_64", AVX512_NEEDS_, &armllm_kernels_avx512},
     {"avx2", "x86_64", AVX2_NEEDS_, &armllm_kernels_avx2},
 #else
     {"sve", "aarch64", 0, NULL},
     {"neon_mmla", "aarch64", 0, NULL},
     {"neon", "aarch64", 0, NULL},
+    {"amx", "x86_64", 0, NULL},
     {"avx512", "x86_64", 0, NULL},
     {"avx2", "x86_64", 0, NULL},
 #endif
@@ -192,6 +242,8 @@ const armllm_kernels *armllm_isa_table(const char *isa, const armllm_cpu *cpu, c
       size_t used = (size_t)snprintf(err, err_len, "kernel variant '%s' needs CPU features this CPU lacks:", isa);
       for (int f = 0; f < ARMLLM_CPU_NUM_FEATURES && used < err_len; f++)
         if (missing & BIT(f)) used += (size_t)snprintf(err + used, err_len - used, " %s", feature_names[f]);
+      if ((missing & BIT(ARMLLM_CPU_AMXPERM)) && cpu->amx_denied[0] && used < err_len)
+        snprintf(err + used, err_len - used, " (%s)", cpu->amx_denied);
       return NULL;
     }
     const char *empty = empty_slot(e->table);

@@ -11,13 +11,17 @@
 extern "C" {
 #endif
 
-/* Feature bits; names in armllm_cpu_feature_name(). */
+/* Feature bits; names in armllm_cpu_feature_name(). AMX: amx_tile, amx_bf16
+ * and amx_int8 are cpuid's bits; amx_perm means this process may use tile
+ * data (XCR0 enables XTILECFG and XTILEDATA, and Linux granted
+ * ARCH_REQ_XCOMP_PERM at detection); without it, amx_denied says why. */
 enum {
   ARMLLM_CPU_ASIMD, ARMLLM_CPU_ASIMDDP, ARMLLM_CPU_FP16, ARMLLM_CPU_BF16, ARMLLM_CPU_I8MM,
   ARMLLM_CPU_SVE, ARMLLM_CPU_SVE2, ARMLLM_CPU_SVEBF16, ARMLLM_CPU_SVEI8MM, ARMLLM_CPU_ATOMICS,
   ARMLLM_CPU_AVX, ARMLLM_CPU_AVX2, ARMLLM_CPU_FMA, ARMLLM_CPU_F16C, ARMLLM_CPU_AVX512F,
   ARMLLM_CPU_AVX512BW, ARMLLM_CPU_AVX512VL, ARMLLM_CPU_AVX512VNNI, ARMLLM_CPU_AVX512BF16,
-  ARMLLM_CPU_AVXVNNI, ARMLLM_CPU_AVX512DQ,
+  ARMLLM_CPU_AVXVNNI, ARMLLM_CPU_AVX512DQ, ARMLLM_CPU_AMXTILE, ARMLLM_CPU_AMXBF16,
+  ARMLLM_CPU_AMXINT8, ARMLLM_CPU_AMXPERM,
   ARMLLM_CPU_NUM_FEATURES
 };
 
@@ -25,6 +29,7 @@ typedef struct armllm_cpu {
   const char *arch;         /* "aarch64", "x86_64" or "other" */
   uint64_t features;        /* bit i set = feature i present */
   int sve_vector_bits;      /* 0 without SVE */
+  char amx_denied[160];     /* with amx_tile but no amx_perm: why not (else "") */
 } armllm_cpu;
 
 /* Detected once; later calls return the same object. */
