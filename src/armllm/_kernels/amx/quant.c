@@ -44,6 +44,7 @@
 
 #include "../armllm_kernels.h"
 #include "../family_jobs.h"
+#include "tiles.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define PANEL 16         /* output columns per panel: one C tile's columns */
@@ -60,24 +61,12 @@
 #define TBUF_TILES (TBUF_ROWS / TILE_ROWS + 2) /* row tiles of a block (its ends round to 16) */
 #define TBUF_LD (2 * PANEL)
 #define KB_MAX 64 /* groups per K block (bounds the per-tile terms buffer) */
+#ifndef EPI_GROUPS
+#define EPI_GROUPS 4 /* groups per epilogue pass (even: the C sets alternate) */
+#endif
 #define ITEMS_PER_THREAD 4
 
 #include "../quant_x86.h"
-
-/* Tile numbers (the intrinsics take constants). */
-#define TC0 0
-#define TC1 1
-#define TA 4
-#define TB0 6
-#define TB1 7
-
-/* LDTILECFG's 64-byte operand (palette 1). */
-typedef struct {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((aligned(64))) tile_config;
 
 /* Tile reads and writes through memory the compiler cannot see: keep its
  * stores before, and its loads after. */
@@ -143,67 +132,151 @@ static ALWAYS_INLINE void stage_panel(const int bits, const amx_job *job, int64_
   }
 }
 
+/* What a row tile's groups share: its rows, the staged panels, t. */
+typedef struct {
+  const amx_job *job;
+  const int8_t *x; /* the tile's first row of xq */
+  int64_t r, g0, g1;
+  const uint8_t *b0, *b1; /* staged groups of the two panels */
+  float *tb;
+  int tail_row; /* the tile holds the last row of xq */
+  int8_t *abuf; /* TILE_ROWS x 64 bytes, for an A tile that would read past xq */
+} tile_ctx;
+
+/* Issues group g's tile products into C set s (tmm0, tmm1 from A tmm4, or
+ * tmm2, tmm3 from tmm5), nc panels. */
+static ALWAYS_INLINE void issue(const int s, const int nc, const int64_t kstep, const tile_ctx *tc,
+                                int64_t g) {
+  const wq_job *wq = &tc->job->wq;
+  const int64_t ldq = wq->ldq, k0 = g * wq->gl, len = group_len(wq, g);
+  const int64_t padded = round_up(len, kstep), sgb = tc->job->sgb;
+  const uint8_t *b0 = tc->b0 + (g - tc->g0) * sgb, *b1 = tc->b1 + (g - tc->g0) * sgb;
+  if (s == 0) {
+    _tile_zero(0);
+    if (nc == 2) _tile_zero(1);
+  } else {
+    _tile_zero(2);
+    if (nc == 2) _tile_zero(3);
+  }
+  for (int64_t kk = 0; kk < padded; kk += kstep) {
+    const int8_t *a = tc->x + k0 + kk;
+    int64_t lda = ldq;
+    if (tc->tail_row && k0 + kk + kstep > ldq) {
+      /* the valid bytes of each row; the rest meets zero rows of B */
+      memset(tc->abuf, 0, TILE_ROWS * 64);
+      for (int64_t i = 0; i < tc->job->mr; i++)
+        memcpy(tc->abuf + i * 64, a + i * ldq, (size_t)(len - kk));
+      memory_barrier();
+      a = tc->abuf;
+      lda = 64;
+    }
+    if (s == 0) {
+      _tile_loadd(4, a, lda);
+      _tile_loadd(6, b0 + kk * PANEL, 64);
+      _tile_dpbssd(0, 4, 6);
+      if (nc == 2) {
+        _tile_loadd(7, b1 + kk * PANEL, 64);
+        _tile_dpbssd(1, 4, 7);
+      }
+    } else {
+      _tile_loadd(5, a, lda);
+      _tile_loadd(6, b0 + kk * PANEL, 64);
+      _tile_dpbssd(2, 5, 6);
+      if (nc == 2) {
+        _tile_loadd(7, b1 + kk * PANEL, 64);
+        _tile_dpbssd(3, 5, 7);
+      }
+    }
+  }
+}
+
+/* Stores C set s (group g's sums) to cbuf. */
+static ALWAYS_INLINE void store_c(const int s, const int nc, int32_t (*cbuf)[TILE_ROWS * PANEL]) {
+  if (s == 0) {
+    _tile_stored(0, cbuf[0], 64);
+    if (nc == 2) _tile_stored(1, cbuf[1], 64);
+  } else {
+    _tile_stored(2, cbuf[0], 64);
+    if (nc == 2) _tile_stored(3, cbuf[1], 64);
+  }
+}
+
+/* The epilogue of groups [ga, gb) (at most EPI_GROUPS) from their sums in
+ * cbuf[g - ga], row by row: t loaded once, the groups in order, stored once. */
+static ALWAYS_INLINE void epilogue(const int bits, const int nc, const int64_t kstep,
+                                   const tile_ctx *tc, int64_t ga, int64_t gb, const float *terms,
+                                   int32_t (*cbuf)[2][TILE_ROWS * PANEL]) {
+  const wq_job *wq = &tc->job->wq;
+  const int64_t mr = tc->job->mr, sgb = tc->job->sgb;
+  const float *scales[EPI_GROUPS][2]; /* each group's d (then o) of each panel */
+  for (int64_t g = ga; g < gb; g++)
+    for (int c = 0; c < nc; c++)
+      scales[g - ga][c] = (const float *)((c ? tc->b1 : tc->b0) + (g - tc->g0) * sgb +
+                                          round_up(group_len(wq, g), kstep) * PANEL);
+  float *tb = tc->tb;
+  for (int64_t i = 0; i < mr; i++) {
+    const float *sxr = wq->scale + (tc->r + i) * wq->ldsc;
+    __m512 t[2];
+    for (int c = 0; c < nc; c++)
+      t[c] = ga == 0 ? _mm512_setzero_ps() : _mm512_load_ps(tb + i * TBUF_LD + c * PANEL);
+    for (int64_t g = ga; g < gb; g++) {
+      const __m512 sx = _mm512_set1_ps(sxr[g]);
+      for (int c = 0; c < nc; c++) {
+        const __m512i acc = _mm512_load_si512(cbuf[g - ga][c] + i * PANEL);
+        const __m512 a = no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), sx));
+        t[c] = _mm512_fmadd_ps(_mm512_load_ps(scales[g - ga][c]), a, t[c]);
+        if (bits == 4)
+          t[c] = _mm512_fmadd_ps(_mm512_load_ps(scales[g - ga][c] + PANEL),
+                                 _mm512_set1_ps(terms[i * KB_MAX + g - tc->g0]), t[c]);
+      }
+    }
+    for (int c = 0; c < nc; c++) _mm512_store_ps(tb + i * TBUF_LD + c * PANEL, t[c]);
+  }
+}
+
 /* One row tile (rows r .. r+mr) of panels p (and p + 1 when nc = 2) over
- * the staged groups [g0, g1): per group the C tiles, then the epilogue onto
- * t (tb, rows TBUF_LD floats apart); after the last group, y. */
+ * the staged groups [g0, g1), onto t (tb, rows TBUF_LD floats apart); after
+ * the last group, y. Two C sets take the groups in turn: group g+1's
+ * products are issued before group g's sums are stored, and the epilogue
+ * runs every EPI_GROUPS groups: the vector units work while the tile unit
+ * computes, and few vector stores stand before the next tile loads. */
 static ALWAYS_INLINE void row_tile(const int bits, const int nc, const int64_t kstep,
                                    const amx_job *job, int64_t r, int64_t p, int64_t g0,
                                    int64_t g1, const uint8_t *stage, float *tb) {
   const wq_job *wq = &job->wq;
-  const int64_t mr = job->mr, ldq = wq->ldq, sgb = job->sgb;
-  const int8_t *x = wq->xq + r * ldq;
-  int32_t cbuf[2][TILE_ROWS * PANEL] __attribute__((aligned(64)));
+  const int64_t mr = job->mr;
   int8_t abuf[TILE_ROWS * 64] __attribute__((aligned(64)));
   float terms[TILE_ROWS * KB_MAX];
-  /* the A tile of the last k step of a short group may read past the last row of xq */
-  const int tail_row = r + mr == wq->m;
+  const tile_ctx tc = {.job = job,
+                       .x = wq->xq + r * wq->ldq,
+                       .r = r,
+                       .g0 = g0,
+                       .g1 = g1,
+                       .b0 = stage,
+                       .b1 = stage + (g1 - g0) * job->sgb,
+                       .tb = tb,
+                       .tail_row = r + mr == wq->m,
+                       .abuf = abuf};
   if (bits == 4) /* b = (float)gsum * sx, per row and group: ref's one rounding */
     for (int64_t i = 0; i < mr; i++)
       for (int64_t g = g0; g < g1; g++)
         terms[i * KB_MAX + g - g0] =
             (float)wq->gsum[(r + i) * wq->ldgs + g] * wq->scale[(r + i) * wq->ldsc + g];
-  for (int64_t g = g0; g < g1; g++) {
-    const int64_t k0 = g * wq->gl, len = group_len(wq, g), padded = round_up(len, kstep);
-    const uint8_t *b0 = stage + (g - g0) * sgb, *b1 = b0 + (g1 - g0) * sgb;
-    _tile_zero(TC0);
-    if (nc == 2) _tile_zero(TC1);
-    for (int64_t kk = 0; kk < padded; kk += kstep) {
-      if (tail_row && k0 + kk + kstep > ldq) {
-        /* copy the valid bytes of each row (the rest is multiplied by zero rows of B) */
-        memset(abuf, 0, sizeof abuf);
-        for (int64_t i = 0; i < mr; i++) memcpy(abuf + i * 64, x + i * ldq + k0 + kk, len - kk);
-        memory_barrier();
-        _tile_loadd(TA, abuf, 64);
-      } else {
-        _tile_loadd(TA, x + k0 + kk, ldq);
-      }
-      _tile_loadd(TB0, b0 + kk * PANEL, 64);
-      _tile_dpbssd(TC0, TA, TB0);
-      if (nc == 2) {
-        _tile_loadd(TB1, b1 + kk * PANEL, 64);
-        _tile_dpbssd(TC1, TA, TB1);
-      }
+  int32_t cbuf[EPI_GROUPS][2][TILE_ROWS * PANEL] __attribute__((aligned(64)));
+  issue(0, nc, kstep, &tc, g0);
+  for (int64_t g = g0, ga = g0;;) { /* set 0 holds group g, even within the run from ga */
+    if (g + 1 < g1) issue(1, nc, kstep, &tc, g + 1);
+    store_c(0, nc, cbuf[g - ga]);
+    if (++g == g1) {
+      epilogue(bits, nc, kstep, &tc, ga, g, terms, cbuf);
+      break;
     }
-    _tile_stored(TC0, cbuf[0], 64);
-    if (nc == 2) _tile_stored(TC1, cbuf[1], 64);
-    __m512 dv[2], ov[2];
-    for (int c = 0; c < nc; c++) {
-      const float *sc = (const float *)((c ? b1 : b0) + padded * PANEL);
-      dv[c] = _mm512_load_ps(sc);
-      ov[c] = bits == 4 ? _mm512_load_ps(sc + PANEL) : _mm512_setzero_ps();
-    }
-    for (int64_t i = 0; i < mr; i++) {
-      const __m512 sx = _mm512_set1_ps(wq->scale[(r + i) * wq->ldsc + g]);
-      const __m512 bv = bits == 4 ? _mm512_set1_ps(terms[i * KB_MAX + g - g0]) : sx;
-      for (int c = 0; c < nc; c++) {
-        const __m512 a =
-            no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[c] + i * PANEL)),
-                                      sx));
-        const __m512 t = g == 0 ? _mm512_setzero_ps() : _mm512_load_ps(tb + i * TBUF_LD + c * PANEL);
-        __m512 v = _mm512_fmadd_ps(dv[c], a, t);
-        if (bits == 4) v = _mm512_fmadd_ps(ov[c], bv, v);
-        _mm512_store_ps(tb + i * TBUF_LD + c * PANEL, v);
-      }
+    if (g + 1 < g1) issue(0, nc, kstep, &tc, g + 1);
+    store_c(1, nc, cbuf[g - ga]);
+    if (++g == g1 || g - ga == EPI_GROUPS) {
+      epilogue(bits, nc, kstep, &tc, ga, g, terms, cbuf);
+      ga = g;
+      if (g == g1) break;
     }
   }
   if (g1 < wq->ng) return;
@@ -258,16 +331,13 @@ static ALWAYS_INLINE void task(const int bits, const int64_t kstep, void *ctx, i
   const amx_job *job = ctx;
   uint8_t stage[STAGE_BYTES] __attribute__((aligned(64)));
   float tbuf[TBUF_TILES * TILE_ROWS * TBUF_LD] __attribute__((aligned(64)));
-  tile_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  const int tiles[] = {TC0, TC1, TA, TB0, TB1};
-  for (int j = 0; j < 5; j++) {
-    const int t = tiles[j];
-    const int is_b = t == TB0 || t == TB1;
-    cfg.rows[t] = (uint8_t)(is_b ? kstep / 4 : job->mr);
-    cfg.colsb[t] = (uint16_t)(t == TA ? kstep : 64);
-  }
+  amx_tilecfg cfg;
+  amx_cfg_init(&cfg);
+  for (int t = 0; t < 4; t++) amx_cfg_tile(&cfg, t, (int)job->mr, 64); /* C: mr x 16 int32 */
+  amx_cfg_tile(&cfg, 4, (int)job->mr, (int)kstep);                     /* A: mr x kstep */
+  amx_cfg_tile(&cfg, 5, (int)job->mr, (int)kstep);
+  amx_cfg_tile(&cfg, 6, (int)kstep / 4, 64); /* B: kstep/4 rows of 16 x 4 bytes */
+  amx_cfg_tile(&cfg, 7, (int)kstep / 4, 64);
   memory_barrier();
   _tile_loadconfig(&cfg);
   for (int64_t i = i0; i < i1; i++) item(bits, kstep, job, i, stage, tbuf);
