@@ -259,9 +259,13 @@ static ALWAYS_INLINE void row_tile(const int bits, const int nc, const int64_t k
                        .abuf = abuf};
   if (bits == 4) /* b = (float)gsum * sx, per row and group: ref's one rounding */
     for (int64_t i = 0; i < mr; i++)
-      for (int64_t g = g0; g < g1; g++)
-        terms[i * KB_MAX + g - g0] =
-            (float)wq->gsum[(r + i) * wq->ldgs + g] * wq->scale[(r + i) * wq->ldsc + g];
+      for (int64_t g = g0; g < g1; g += 16) {
+        const __mmask16 in = g1 - g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g1 - g)) - 1);
+        const __m512i gs = _mm512_maskz_loadu_epi32(in, wq->gsum + (r + i) * wq->ldgs + g);
+        const __m512 sx = _mm512_maskz_loadu_ps(in, wq->scale + (r + i) * wq->ldsc + g);
+        _mm512_mask_storeu_ps(terms + i * KB_MAX + g - g0, in,
+                              no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(gs), sx)));
+      }
   int32_t cbuf[EPI_GROUPS][2][TILE_ROWS * PANEL] __attribute__((aligned(64)));
   issue(0, nc, kstep, &tc, g0);
   for (int64_t g = g0, ga = g0;;) { /* set 0 holds group g, even within the run from ga */
