@@ -362,12 +362,12 @@ def test_gemm_wq_tall_blocks(variant, pools, bits, group):
             assert np.array_equal(y, want)
 
 
-# M around the 16-row tiles of AMX (8 = its smallest, tiles of fewer rows, whole and
-# one past), N around its two-panel (32-column) C tiles, K around its 32/64-k tile
-# steps: groups of 64 and 128 whose last group is 32 or 96 columns, several staged K
-# blocks.
-AMX_TILE_EDGES = [(8, 16, 96), (12, 40, 544), (15, 17, 160), (16, 31, 224), (17, 33, 1000),
-                  (31, 1, 32), (32, 48, 2080), (33, 63, 288), (47, 80, 4000)]
+# AMX runs from M = 32 (64 with groups of 32); M around its 16-row tiles (whole, one
+# past, a last tile reaching back), N around its two-panel (32-column) C tiles, K
+# around its 32/64-k tile steps (last groups of 32 or 96 columns) and several staged K
+# blocks; the first shapes run avx512's below the thresholds.
+AMX_TILE_EDGES = [(8, 16, 96), (31, 40, 544), (32, 17, 160), (33, 31, 224), (63, 33, 1000),
+                  (64, 1, 32), (65, 48, 2080), (79, 63, 288), (96, 80, 4000), (97, 16, 96)]
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -433,7 +433,7 @@ def test_gemm_wq_reads_nothing_past_the_last_row(variant, bits, group):
     at a time): the last row's xq ends at an unreadable page, so a read past it
     faults; the result is the exact model's."""
     rng = np.random.default_rng(29)
-    for m, n, k in [(16, 20, 96), (21, 33, 160), (9, 16, 32), (40, 17, 224), (11, 5, 96)]:
+    for m, n, k in [(64, 20, 96), (65, 33, 160), (33, 16, 32), (40, 17, 224), (81, 5, 96)]:
         x = rand(rng, (m, k))
         q, d, o = make_weights(rng, n, k, bits, group)
         xq, scale, gsum = quantize(variant, x, group)

@@ -1,7 +1,6 @@
 /* amx/quant.c: the quantized GEMM (int8 or int4 weights, int8 activations)
- * on AMX tiles (TDPBSSD) for M >= AMX_MIN_M (8); fewer rows run avx512's
- * (decode is memory-bound, and a tile product costs the same for 5 rows as
- * for 16).
+ * on AMX tiles (TDPBSSD) for M >= 32 (64 for groups of 32); fewer rows run
+ * avx512's, faster there (AMX_MIN_M).
  *
  * Layout: avx512's "nr16k4g" (avx512/quant.c, quant_x86.h; the pack is
  * avx512's). Its 4-k steps of 64 bytes (16 columns x 4 bytes) are the rows
@@ -27,14 +26,23 @@
  * bit-identical to ref, whatever M, the tile or the thread count.
  *
  * Tiles (one configuration a call, loaded per pool task, released at its
- * end): tmm0, tmm1 the C tiles of one row tile x the two panels, tmm4 the A
- * tile, tmm6, tmm7 the B tiles; C rows = A rows = min(M, 16); KSTEP = 32
- * for groups of 32 (one tile a group), else 64. The last row tile of a
- * block starts 16 rows before the block's end (it recomputes rows of the
- * tile before it, with the same bits) so every tile is full height. The
- * running sums t of each tile wait in a stack buffer between groups and K
- * blocks (the epilogue is bound by its vector arithmetic, not by these
- * loads and stores).
+ * end): two sets of C tiles, tmm0, tmm1 (A tmm4) and tmm2, tmm3 (A tmm5),
+ * each one row tile x the two panels, take the groups in turn; B tiles tmm6,
+ * tmm7. C rows = A rows = min(M, 16); KSTEP = 32 for groups of 32 (one tile
+ * a group; a tile product costs the same for 32 k as for 64), else 64. The
+ * last row tile of a block starts 16 rows before the block's end (it
+ * recomputes rows of the tile before it, with the same bits) so every tile
+ * is full height. The running sums t of each tile wait in a stack buffer
+ * between epilogue batches and K blocks.
+ *
+ * Measured on this Xeon (KVM, shared, so +-15%): 1.5-1.8x avx512's time at
+ * M = 512 for 8-bit channelwise and 4-bit group-128 weights, 1.0-1.4x for
+ * groups of 32 (bound by the per-group float epilogue: 3 vector operations
+ * per 16 outputs and group, 4 with offsets, which AMX does not speed up).
+ * Tile loads of A straight from xq (L2) and the tile unit waiting on B
+ * reloads (tmm6/7 are reused by every product) are the next costs; a 2x2
+ * blocking (2 A, 2 B, 4 C), prefetching the next row tile's A and smaller
+ * row blocks measured no faster.
  *
  * Work: items are (row block, panel chunk) pairs, as in avx512's prefill;
  * row blocks as tall as TBUF_ROWS, so that the weights stream from memory
@@ -52,11 +60,17 @@
 #define TILE_ROWS 16     /* rows of an A / C tile */
 #define HEADER_BYTES 64  /* the layout's header (quant_x86.h) */
 #define WQ_PF_BYTES 4096 /* quant_x86.h's decode prefetch (avx512's decode runs here) */
+/* Fewer rows run avx512's: the tile unit waits on each tile's loads, and a
+ * tile product costs the same for 5 rows as for 16. Measured, 2 threads,
+ * N = K = 4096, amx / avx512 time: groups of 64, 128 or channelwise M = 12
+ * 1.33, 16 1.09, 32 0.76 (w8) and 0.68 (w4g128); groups of 32 M = 16 1.02
+ * (w8) to 1.22 (w4), 24 1.39 (w4), 32 1.03 (w4), 64 0.94 (w4) and 0.76
+ * (w8), 128 0.75 (w4). */
 #ifndef AMX_MIN_M
-/* fewer rows run avx512's (tiles of fewer rows cost as much as full ones):
- * measured 1 thread, N = K = 4096, amx / avx512 time: M = 5 1.19, 8 0.95,
- * 12 0.63 (w8) to 0.82 (w4g32), 16 0.50 to 0.69 */
-#define AMX_MIN_M 8
+#define AMX_MIN_M 32
+#endif
+#ifndef AMX_MIN_M_G32
+#define AMX_MIN_M_G32 64
 #endif
 #ifndef STAGE_BYTES
 #define STAGE_BYTES (24 * 1024) /* a panel pair's staged K block: half of L1d */
@@ -113,10 +127,13 @@ static ALWAYS_INLINE void stage_panel(const int bits, const amx_job *job, int64_
     const int64_t len = group_len(wq, g), padded = round_up(len, job->kstep);
     uint8_t *b = dst;
     if (bits == 8) {
-      for (int64_t i = 0; i < len * PANEL; i += 64, src += 64, b += 64)
+      for (int64_t i = 0; i < len * PANEL; i += 64, src += 64, b += 64) {
+        _mm_prefetch((const char *)src + WQ_PF_BYTES, _MM_HINT_T0);
         _mm512_store_si512(b, _mm512_xor_si512(_mm512_load_si512(src), flip));
+      }
     } else {
       for (int64_t i = 0; i < len * PANEL; i += 128, src += 64, b += 128) {
+        _mm_prefetch((const char *)src + WQ_PF_BYTES, _MM_HINT_T0);
         const __m512i v = _mm512_load_si512(src);
         _mm512_store_si512(b, _mm512_and_si512(v, nib));
         _mm512_store_si512(b + 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), nib));
@@ -361,7 +378,7 @@ void armllm_amx_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t 
                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                         const void *packed_w, int64_t n, int bits, int64_t group,
                         const float *bias, float *y, int64_t ldy) {
-  if (m < AMX_MIN_M) {
+  if (m < (armllm_q_group_len(group) == 32 ? AMX_MIN_M_G32 : AMX_MIN_M)) {
     armllm_avx512_gemm_wq(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group,
                           bias, y, ldy);
     return;
@@ -370,7 +387,7 @@ void armllm_amx_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t 
                                  group, bias, y, ldy),
                  .bits = bits};
   wq_job *wq = &job.wq;
-  job.mr = m < TILE_ROWS ? m : TILE_ROWS;
+  job.mr = m < TILE_ROWS ? m : TILE_ROWS; /* < 16 only with AMX_MIN_M lowered */
   job.kstep = wq->gl == 32 ? 32 : 64;
   job.sgb = round_up(wq->gl, job.kstep) * PANEL + 2 * PANEL * (int64_t)sizeof(float);
   if ((double)m * (double)n * (double)wq->kpad < 4.0e6) pool = NULL;
