@@ -390,7 +390,7 @@ def test_gemm_wq_amx_tile_edges(variant, pools, bits, group):
 
 @pytest.mark.parametrize("bits,group", [(8, 0), (4, 32), (8, 64)])
 def test_gemm_wq_many_row_blocks(variant, pools, bits, group):
-    """M past AMX's row blocks (about 512 rows: blocks cut at multiples of 16, the
+    """M past AMX's row blocks (about 256 rows: blocks cut at multiples of 16, the
     last tile of each reaching back): the same bits on 1..4 threads."""
     rng = np.random.default_rng(28)
     for m, k in [(530, 96), (1100, 160)]:
