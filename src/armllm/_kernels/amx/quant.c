@@ -43,7 +43,7 @@
  * about a fifth (measured with A kept in L1; rows a power of two apart
  * conflict in L2, hence row blocks of 256); a 2x2 blocking (2 A, 2 B,
  * 4 C), A and B tiles rotating by k step (each load a whole step ahead),
- * prefetching the next row tile's A, smaller row blocks and batching the
+ * prefetching the next row tile's A, 128-row blocks and batching the
  * epilogue a batch behind the tile products all measured no faster.
  *
  * Work: items are (row block, panel chunk) pairs, as in avx512's prefill;
