@@ -35,8 +35,9 @@
  * is full height. The running sums t of each tile wait in a stack buffer
  * between epilogue batches and K blocks.
  *
- * Measured on this Xeon (KVM, shared, so +-15%): 1.5-1.8x avx512's time at
- * M = 512 for 8-bit channelwise and 4-bit group-128 weights, 1.0-1.4x for
+ * Measured on this Xeon (KVM, shared, so +-15%; armllm bench kernels,
+ * llama-3.1-8b, M = 512, 2 threads): avx512's time / amx's 1.8-2.0 for
+ * 8-bit channelwise, 1.6-1.75 for 4-bit group-128 weights, 1.1-1.6 for
  * groups of 32 (bound by the per-group float epilogue: 3 vector operations
  * per 16 outputs and group, 4 with offsets, which AMX does not speed up).
  * Where the rest goes is open: A tile loads straight from xq (L2) cost
