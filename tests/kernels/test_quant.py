@@ -16,6 +16,8 @@ rounding, 1e-5 * mag).
 """
 from __future__ import annotations
 
+import ctypes
+import mmap
 import tracemalloc
 
 import numpy as np
@@ -358,6 +360,90 @@ def test_gemm_wq_tall_blocks(variant, pools, bits, group):
             y = np.empty((m, 40), np.float32)
             variant.gemm_wq(xq, scale, None, pw, y, None, pools[2])
             assert np.array_equal(y, want)
+
+
+# AMX runs from M = 32 (64 with groups of 32); M around its 16-row tiles (whole, one
+# past, a last tile reaching back), N around its two-panel (32-column) C tiles, K
+# around its 32/64-k tile steps (last groups of 32 or 96 columns) and several staged K
+# blocks; the first shapes run avx512's below the thresholds.
+AMX_TILE_EDGES = [(8, 16, 96), (31, 40, 544), (32, 17, 160), (33, 31, 224), (63, 33, 1000),
+                  (64, 1, 32), (65, 48, 2080), (79, 63, 288), (96, 80, 4000), (97, 16, 96)]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", GROUPS)
+def test_gemm_wq_amx_tile_edges(variant, pools, bits, group):
+    """Every tail of AMX's tiles, with bias, padded strides (bytes past kpad 99) and
+    y past N untouched, on 1 and 3 threads: the exact model's bits."""
+    rng = np.random.default_rng(27 + bits + group)
+    for m, n, k in AMX_TILE_EDGES:
+        x = rand(rng, (m, k))
+        q, d, o = make_weights(rng, n, k, bits, group)
+        bias = rand(rng, n)
+        xq, scale, gsum = quantize(variant, x, group)
+        pw = variant.pack_wq(q, d, o, bits, group)
+        want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias)
+        for pool, pad in [(None, 5), (pools[3], 0)]:
+            y = strided_gemm_wq(variant, xq, scale, gsum, pw, bias, pool, pad)
+            assert np.array_equal(y, want), (m, n, k, pad)
+
+
+@pytest.mark.parametrize("bits,group", [(8, 0), (4, 32), (8, 64)])
+def test_gemm_wq_many_row_blocks(variant, pools, bits, group):
+    """M past AMX's row blocks (about 256 rows: blocks cut at multiples of 16, the
+    last tile of each reaching back): the same bits on 1..4 threads."""
+    rng = np.random.default_rng(28)
+    for m, k in [(530, 96), (1100, 160)]:
+        x = rand(rng, (m, k))
+        q, d, o = make_weights(rng, 24, k, bits, group)
+        xq, scale, gsum = quantize(variant, x, group, pools[2])
+        pw = variant.pack_wq(q, d, o, bits, group)
+        want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None)
+        for p in [None, *pools.values()]:
+            y = np.empty((m, 24), np.float32)
+            variant.gemm_wq(xq, scale, gsum, pw, y, None, p)
+            assert np.array_equal(y, want), (m, k, p)
+
+
+def _xq_before_a_guard_page(xq):
+    """A copy of xq whose last row ends where an unreadable page begins (Linux):
+    a kernel reading past the last row's kpad bytes faults. None where that cannot
+    be set up."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        page = mmap.PAGESIZE
+        m, kpad = xq.shape
+        nbytes = m * kpad
+        size = (nbytes + page - 1) // page * page + page
+        buf = mmap.mmap(-1, size)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        if libc.mprotect(ctypes.c_void_p(addr + size - page), page, 0) != 0:  # PROT_NONE
+            return None
+    except (OSError, AttributeError):
+        return None
+    flat = np.frombuffer(buf, np.int8, nbytes, size - page - nbytes)
+    out = flat.reshape(m, kpad)
+    out[...] = xq
+    return out
+
+
+@pytest.mark.parametrize("bits,group", [(8, 64), (4, 128), (8, 0), (4, 64)])
+def test_gemm_wq_reads_nothing_past_the_last_row(variant, bits, group):
+    """K whose last group is shorter than the kernels' K steps (AMX multiplies 64 k
+    at a time): the last row's xq ends at an unreadable page, so a read past it
+    faults; the result is the exact model's."""
+    rng = np.random.default_rng(29)
+    for m, n, k in [(64, 20, 96), (65, 33, 160), (33, 16, 32), (40, 17, 224), (81, 5, 96)]:
+        x = rand(rng, (m, k))
+        q, d, o = make_weights(rng, n, k, bits, group)
+        xq, scale, gsum = quantize(variant, x, group)
+        guarded = _xq_before_a_guard_page(xq)
+        if guarded is None:
+            pytest.skip("no mprotect here")
+        pw = variant.pack_wq(q, d, o, bits, group)
+        y = np.empty((m, n), np.float32)
+        variant.gemm_wq(guarded, scale, gsum, pw, y)
+        assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None))
 
 
 @pytest.mark.parametrize("bits,group", [(8, 0), (8, 64), (4, 32), (4, 0)])

@@ -29,5 +29,5 @@ const armllm_kernels armllm_kernels_amx = {
     ARMLLM_SLOT(quant_act, avx512),
     ARMLLM_SLOT(gemm_wq_packed_len, avx512),
     ARMLLM_SLOT(gemm_wq_pack, avx512),
-    ARMLLM_SLOT(gemm_wq, avx512),
+    ARMLLM_SLOT(gemm_wq, amx),
 };
