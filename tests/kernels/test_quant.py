@@ -345,19 +345,25 @@ def test_gemm_wq_tile_edges(variant, pools, bits, group):
 def test_gemm_wq_tall_blocks(variant, pools, bits, group):
     """More rows than one prefill row block, and row blocks whose per-group terms
     (rows x groups) overflow the kernels' stack buffer: the same bits on 1..4 threads."""
-    rng = np.random.default_rng(18)
-    for m, k in [(300, 200), (258, 544)]:
+    _same_bits_on_every_pool(variant, pools, bits, group, 40, [(300, 200), (258, 544)], 18)
+
+
+def _same_bits_on_every_pool(variant, pools, bits, group, n, shapes, seed):
+    """gemm_wq of each (M, K) in shapes gives the exact model's bits without a pool and
+    on every pool (and, for 8-bit weights, without precomputed sums too)."""
+    rng = np.random.default_rng(seed)
+    for m, k in shapes:
         x = rand(rng, (m, k))
-        q, d, o = make_weights(rng, 40, k, bits, group)
+        q, d, o = make_weights(rng, n, k, bits, group)
         xq, scale, gsum = quantize(variant, x, group, pools[2])
         pw = variant.pack_wq(q, d, o, bits, group)
         want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None)
         for p in [None, *pools.values()]:
-            y = np.empty((m, 40), np.float32)
+            y = np.empty((m, n), np.float32)
             variant.gemm_wq(xq, scale, gsum, pw, y, None, p)
             assert np.array_equal(y, want), (m, k, p)
         if bits == 8:
-            y = np.empty((m, 40), np.float32)
+            y = np.empty((m, n), np.float32)
             variant.gemm_wq(xq, scale, None, pw, y, None, pools[2])
             assert np.array_equal(y, want)
 
@@ -392,17 +398,7 @@ def test_gemm_wq_amx_tile_edges(variant, pools, bits, group):
 def test_gemm_wq_many_row_blocks(variant, pools, bits, group):
     """M past AMX's row blocks (about 256 rows: blocks cut at multiples of 16, the
     last tile of each reaching back): the same bits on 1..4 threads."""
-    rng = np.random.default_rng(28)
-    for m, k in [(530, 96), (1100, 160)]:
-        x = rand(rng, (m, k))
-        q, d, o = make_weights(rng, 24, k, bits, group)
-        xq, scale, gsum = quantize(variant, x, group, pools[2])
-        pw = variant.pack_wq(q, d, o, bits, group)
-        want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None)
-        for p in [None, *pools.values()]:
-            y = np.empty((m, 24), np.float32)
-            variant.gemm_wq(xq, scale, gsum, pw, y, None, p)
-            assert np.array_equal(y, want), (m, k, p)
+    _same_bits_on_every_pool(variant, pools, bits, group, 24, [(530, 96), (1100, 160)], 28)
 
 
 def _xq_before_a_guard_page(xq):
