@@ -131,6 +131,33 @@ def test_bf16_compute_rounds_only_q(variant, pool, raw, dims, block_size, window
     assert np.max(np.abs(out - want)) <= TOL * vmax
 
 
+# (n_heads, n_kv_heads, head_dim) x chunks long enough for several 16-query blocks per tile
+# and several 16-key blocks per partition, over cached context (prefill after a prefix),
+# with block sizes that keep 16 keys in one block (in place) or not (copied)
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize(("dims", "chunks", "window"), [
+    ((9, 3, 64), [(150, 170), (70, 70), (1, 40)], 0),  # SmolLM2's heads: 63-query tiles
+    ((8, 2, 128), [(40, 300)], 100),  # 4:1 GQA, a window inside partitions
+    ((16, 1, 32), [(33, 0), (5, 260)], 0),  # 16 heads a row: whole query blocks
+    ((4, 4, 96), [(70, 200)], 0),  # MHA, head_dim 96 (three 32-dim steps)
+])
+def test_long_prefill_chunks_match_exact(variant, pool, bf16, block_size, dims, chunks, window):
+    seqs = [(q_len, q_len + ctx) for q_len, ctx in chunks]  # chunks after ctx cached tokens
+    n_heads, n_kv, hd = dims
+    rng = np.random.default_rng(11)
+    q, kc, vc, table, lens, qs, dense = make_case(rng, seqs, n_heads, n_kv, hd, block_size, bf16)
+    out = np.empty((q.shape[0], n_heads * hd), np.float32)
+    variant.attention(q, kc, vc, table, lens, qs, n_heads, hd ** -0.5, out, window, None, pool)
+    q_ref = q
+    if bf16 and variant.isa in Q_ONLY_BF16:  # f32-exact attention of the bf16-rounded q
+        q_ref = ops.bf16_to_f32(ops.f32_to_bf16(q))
+    want = exact_attention(q_ref, dense, seqs, n_heads, hd, hd ** -0.5, window)
+    vmax = max(np.abs(v).max() for _, v in dense)
+    loose = bf16 and variant.attention_bf16_compute == "bf16" and variant.isa not in Q_ONLY_BF16
+    assert np.max(np.abs(out - want)) <= (BF16_COMPUTE_TOL if loose else TOL) * vmax
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize(("dims", "seqs", "window"), [
     ((4, 2, 64), [(1, 1000), (1, 777)], 0),  # two decodes: few rows x heads, many partitions
@@ -158,11 +185,12 @@ def test_split_kv_is_bit_identical_for_any_thread_count(variant, pools, bf16, di
 
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("dims", [(9, 3, 64), (8, 2, 128), (12, 1, 17)])
-def test_rows_do_not_depend_on_their_batch(variant, pool, bf16, dims):
+@pytest.mark.parametrize("seqs", [[(5, 40), (1, 300), (3, 3), (1, 17)],
+                                  [(70, 100), (1, 300), (33, 33), (2, 500)]])
+def test_rows_do_not_depend_on_their_batch(variant, pool, bf16, dims, seqs):
     """Each sequence attended alone gives the bits it gets in a mixed batch (kernels tile
     rows and query heads together; a query's result must not depend on its tile-mates)."""
     n_heads, n_kv, hd = dims
-    seqs = [(5, 40), (1, 300), (3, 3), (1, 17)]
     rng = np.random.default_rng(5)
     q, kc, vc, table, lens, qs, _ = make_case(rng, seqs, n_heads, n_kv, hd, 16, bf16)
     together = np.empty((int(qs[-1]), n_heads * hd), np.float32)

@@ -115,15 +115,18 @@ def test_tiny_models_match_transformers(tmp_path, name):
     assert np.max(np.abs(ours - theirs)) <= 1e-4 * max(1.0, np.abs(theirs).max())
 
 
-def test_incremental_paged_decode_equals_full_recompute(tmp_path):
-    hf = make_tiny(tmp_path, "LlamaConfig", "LlamaForCausalLM", {})
+# f32 caches; bf16 caches with head_dim 32, which AMX attention computes on tiles (its
+# decode tiles hold one row's queries, its prefill tiles many rows: the same bits)
+@pytest.mark.parametrize(("extra", "kv_dtype"), [({}, "f32"), ({"head_dim": 32}, "bf16")])
+def test_incremental_paged_decode_equals_full_recompute(tmp_path, extra, kv_dtype):
+    hf = make_tiny(tmp_path, "LlamaConfig", "LlamaForCausalLM", extra)
     del hf
     lm = load_model(tmp_path, "f32")
     ids = list(np.random.default_rng(2).integers(0, 97, 30))
-    full = prefill_logits(lm, ids, block_size=4)
+    full = prefill_logits(lm, ids, block_size=4, kv_dtype=kv_dtype)
     bs, n_blocks = 4, 8
     table = np.array([[3, 7, 1, 0, 5, 2, 6, 4]], np.int32)
-    kv = KVCache(lm.config, n_blocks, bs, "f32")
+    kv = KVCache(lm.config, n_blocks, bs, kv_dtype)
     ws = Workspace(lm.config, 30, 30)
     prompt = 11
     for start, stop in [(0, prompt)] + [(i, i + 1) for i in range(prompt, 30)]:

@@ -25,7 +25,7 @@ const armllm_kernels armllm_kernels_amx = {
     ARMLLM_SLOT(embed_bf16, avx512),
     ARMLLM_SLOT(exp, avx512),
     ARMLLM_SLOT(kv_write, avx512),
-    ARMLLM_SLOT(attention, avx512),
+    ARMLLM_SLOT(attention, amx), /* bf16 caches, head_dim % 32 == 0; else avx512's */
     ARMLLM_SLOT(quant_act, avx512),
     ARMLLM_SLOT(gemm_wq_packed_len, avx512),
     ARMLLM_SLOT(gemm_wq_pack, avx512),

@@ -33,6 +33,7 @@
 
 #include "../armllm_kernels.h"
 #include "../attn_common.h"
+#include "attn_softmax.h"
 #include "vexp_avx512.h"
 
 /* ------------------------------------------------------------ kv write */
@@ -318,39 +319,9 @@ static inline void tile_q_extra(tile_ctx *t, int64_t i) {
                           (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
 }
 
-/* Softmax weights of query i over the partition's scores s[u0..u1) (keys
- * [a0, a1) of it its own): lanes are key positions, so a query's results do
- * not depend on the rest of the tile. */
+/* Softmax weights of query i over the partition's scores s[u0..u1). */
 static void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int64_t u1) {
-  const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
-  const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
-  float *s = t->s[i];
-  t->valid[i] = a0 < a1;
-  if (a0 >= a1) {
-    for (int64_t j = u0; j < u1; j++) s[j] = 0.0f;
-    return;
-  }
-  const __m512i lo16 = _mm512_set1_epi32((int32_t)a0), hi16 = _mm512_set1_epi32((int32_t)a1);
-  const __m512i step = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-#define IN_RANGE(j)                                                                      \
-  (_mm512_cmpge_epi32_mask(_mm512_add_epi32(_mm512_set1_epi32((int32_t)(j)), step), lo16) & \
-   _mm512_cmplt_epi32_mask(_mm512_add_epi32(_mm512_set1_epi32((int32_t)(j)), step), hi16))
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = a0 & ~(int64_t)15; j < a1; j += 16)
-    mx = _mm512_mask_max_ps(mx, IN_RANGE(j), mx, _mm512_loadu_ps(s + j));
-  const float m = _mm512_reduce_max_ps(mx);
-  const __m512 m16 = _mm512_set1_ps(m);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = u0; j < u1; j += 16) {
-    const __mmask16 in = IN_RANGE(j);
-    const __m512 x = _mm512_mask_blend_ps(in, m16, _mm512_loadu_ps(s + j));
-    const __m512 e = _mm512_maskz_mov_ps(in, armllm_exp_avx512(_mm512_sub_ps(x, m16)));
-    sum = _mm512_add_ps(sum, e);
-    _mm512_storeu_ps(s + j, e);
-  }
-#undef IN_RANGE
-  t->mp[i] = m;
-  t->lp[i] = _mm512_reduce_add_ps(sum);
+  t->valid[i] = attn_softmax16(t->s[i], t->lo[i], t->pos[i], pbase, u0, u1, &t->mp[i], &t->lp[i]);
 }
 
 /* The partial (mp, lp, accp) of every query of the tile over partition p:
@@ -403,14 +374,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
     for (int64_t i = 0; i < nq; i++) unpermute_accp(t->accp[i], hdp);
 }
 
-static __attribute__((noinline)) void finish(float *out, const float *acc, float l, int64_t hd) {
-  const __m512 l16 = _mm512_set1_ps(l);
-  int64_t d = 0;
-  for (; d + 16 <= hd; d += 16) _mm512_storeu_ps(out + d, _mm512_div_ps(_mm512_loadu_ps(acc + d), l16));
-  if (d < hd) {
-    const __mmask16 m = armllm_avx512_tail16(hd - d);
-    _mm512_mask_storeu_ps(out + d, m, _mm512_div_ps(_mm512_maskz_loadu_ps(m, acc + d), l16));
-  }
+static void finish(float *out, const float *acc, float l, int64_t hd) {
+  attn_finish16(out, acc, l, hd);
 }
 
 int64_t armllm_avx512_attention(armllm_pool *pool, const armllm_attn_args *args) {

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""bench_attention: the attention kernel of several variants side by side, on
+real models' head shapes, for a prefill chunk and for decode.
+
+    python tools/bench_attention.py [--isa avx512,amx] [--threads 2]
+        [--cache bf16] [--min-time 0.5] [--rounds 3] [--json FILE]
+
+Each case is one attention call per layer over a paged cache (blocks of 16,
+scrambled) holding random K/V: a prefill chunk (its rows attend causally to
+themselves) or one decode row per sequence at a given context. Every layer has
+its own cache, as in a model, so a decode reads its K/V from wherever a
+layer's worth of other data left it (--layers). Variants run interleaved,
+--rounds times; each figure is the fastest round's mean time per layer
+(this machine is shared: the fastest round is the least disturbed), with the
+split-KV scratch the engine passes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from armllm import ops
+
+# (name, n_heads, n_kv_heads, head_dim)
+SHAPES = [("smollm2-135m", 9, 3, 64), ("llama-3.2-1b", 32, 8, 64), ("llama-3.1-8b", 32, 8, 128)]
+# (case, rows per sequence, context after them, sequences)
+CASES = [("prefill 1024", 1024, 0, 1), ("prefill 512", 512, 0, 1),
+         ("decode ctx 256", 1, 255, 1), ("decode ctx 1024", 1, 1023, 1),
+         ("decode ctx 1024 x 8", 1, 1023, 8)]
+BLOCK = 16  # tokens per cache block (the engine's default)
+
+
+class Layer:
+    """One layer's paged cache and a batch of queries over it."""
+
+    def __init__(self, rng, n_heads, n_kv, hd, rows, ctx, seqs, bf16):
+        seq_len = rows + ctx
+        blocks = -(-seq_len // BLOCK)
+        self.table = rng.permutation(blocks * seqs).astype(np.int32).reshape(seqs, blocks)
+        dtype = np.uint16 if bf16 else np.float32
+        self.k = np.zeros((blocks * seqs, n_kv, BLOCK, hd), dtype)
+        self.v = np.zeros_like(self.k)
+        for b in range(seqs):
+            pos = np.arange(seq_len)
+            slots = (self.table[b, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
+            kv = rng.standard_normal((2, seq_len, n_kv * hd)).astype(np.float32)
+            ops.kv_write(kv[0], kv[1], slots, self.k, self.v)
+        self.q = rng.standard_normal((rows * seqs, n_heads * hd)).astype(np.float32)
+        self.out = np.empty_like(self.q)
+        self.lens = np.full(seqs, seq_len, np.int32)
+        self.starts = (np.arange(seqs + 1) * rows).astype(np.int32)
+        self.scratch = np.empty(ops.attn_scratch_len(rows * seqs, n_heads, hd, seq_len),
+                                np.float32)
+        self.n_heads, self.scale = n_heads, hd ** -0.5
+
+    def run(self, kernels, pool):
+        kernels.attention(self.q, self.k, self.v, self.table, self.lens, self.starts,
+                          self.n_heads, self.scale, self.out, 0, self.scratch, pool)
+
+
+def time_layers(kernels, layers, pool, min_time):
+    """Mean seconds per layer over at least min_time (and at least 3 passes)."""
+    calls, t0 = 0, time.perf_counter()
+    while calls < 3 * len(layers) or time.perf_counter() - t0 < min_time:
+        for layer in layers:
+            layer.run(kernels, pool)
+        calls += len(layers)
+    return (time.perf_counter() - t0) / calls
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--isa", default=None,
+                    help="comma-separated variants (default: avx512 and the selected one)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cache", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--layers", type=int, default=16,
+                    help="separate caches cycled through (default 16)")
+    ap.add_argument("--min-time", type=float, default=0.5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    selected = ops.kernels().isa
+    isas = args.isa.split(",") if args.isa else list(dict.fromkeys(["avx512", selected]))
+    try:
+        variants = [ops.kernels(isa) for isa in isas]
+    except ValueError as e:
+        print(f"bench_attention: {e}", file=sys.stderr)
+        return 2
+    pool = ops.ThreadPool(args.threads) if args.threads else ops.get_pool()
+    rng = np.random.default_rng(0)
+    results = []
+    print(f"{'model':14} {'case':20} " + " ".join(f"{isa + ' us':>12}" for isa in isas)
+          + (f" {isas[0]}/{isas[-1]:>6}" if len(isas) > 1 else ""))
+    for name, n_heads, n_kv, hd in SHAPES:
+        for case, rows, ctx, seqs in CASES:
+            layers = [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, args.cache == "bf16")
+                      for _ in range(args.layers if rows == 1 else 2)]
+            best = {isa: float("inf") for isa in isas}
+            for _ in range(args.rounds):
+                for isa, kern in zip(isas, variants, strict=True):
+                    best[isa] = min(best[isa], time_layers(kern, layers, pool, args.min_time))
+            us = {isa: best[isa] * 1e6 for isa in isas}
+            ratio = us[isas[0]] / us[isas[-1]]
+            print(f"{name:14} {case:20} " + " ".join(f"{us[isa]:12.1f}" for isa in isas)
+                  + (f" {ratio:12.2f}" if len(isas) > 1 else ""))
+            results.append({"model": name, "case": case, "us_per_layer": us})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": pool.num_threads, "cache": args.cache, "results": results}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
