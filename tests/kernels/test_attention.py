@@ -56,17 +56,18 @@ def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window):
     group = n_heads // dense[0][0].shape[1]
     row = 0
     for (q_len, seq_len), (k, v) in zip(seqs, dense, strict=True):
-        for i in range(q_len):
-            pos = seq_len - q_len + i
-            lo = max(0, pos - window + 1) if window else 0
-            for h in range(n_heads):
-                qh = q[row, h * head_dim:(h + 1) * head_dim].astype(np.float64)
-                kh = k[lo:pos + 1, h // group].astype(np.float64)
-                vh = v[lo:pos + 1, h // group].astype(np.float64)
-                s = kh @ qh * scale
-                p = np.exp(s - s.max())
-                out[row, h * head_dim:(h + 1) * head_dim] = p @ vh / p.sum()
-            row += 1
+        pos = seq_len - q_len + np.arange(q_len)[:, None]  # [q_len, 1]
+        keys = np.arange(seq_len)[None, :]
+        lo = np.maximum(0, pos - window + 1) if window else 0
+        visible = (keys <= pos) & (keys >= lo)  # [q_len, seq_len]
+        for h in range(n_heads):
+            qh = q[row:row + q_len, h * head_dim:(h + 1) * head_dim].astype(np.float64)
+            kh, vh = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
+            s = np.where(visible, qh @ kh.T * scale, -np.inf)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            out[row:row + q_len, h * head_dim:(h + 1) * head_dim] = p @ vh / p.sum(axis=1,
+                                                                                  keepdims=True)
+        row += q_len
     return out
 
 
