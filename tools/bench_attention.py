@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     results = []
     print(f"{'model':14} {'case':20} " + " ".join(f"{isa + ' us':>12}" for isa in isas)
-          + (f" {isas[0]}/{isas[-1]:>6}" if len(isas) > 1 else ""))
+          + (f" {isas[0] + '/' + isas[-1]:>12}" if len(isas) > 1 else ""))
     for name, n_heads, n_kv, hd in SHAPES:
         for case, rows, ctx, seqs in CASES:
             layers = [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, args.cache == "bf16")
