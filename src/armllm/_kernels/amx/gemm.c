@@ -25,7 +25,7 @@
  * up to AMX_MC rows, group of up to AMX_GP panels): x is read once per
  * group and the weights once per row block, so both are large (traffic per
  * MAC ~ 1/(4 GP) + 2/MC bytes; 64 x 8 was memory-bound at half the speed).
- * For each K block (AMX_KCP pairs at AMX_MC rows, longer for fewer rows: all
+ * For each K block (about KCP_TARGET pairs at AMX_MC rows, longer for fewer rows: all
  * of K for decode, so that a panel's weights stream in one run) the row
  * block is rounded into a stack buffer (zero rows up to a whole row tile,
  * zero pairs up to a whole K tile); the accumulators live in a stack block
@@ -48,8 +48,10 @@
 #define NR 16       /* columns per panel = f32 lanes of a C tile row */
 #define KT 16       /* k pairs per K tile: 64 bytes of a tile row */
 #ifndef AMX_KCP
-#define AMX_KCP 256 /* k pairs per K block of a full row block (fewer rows: longer) */
+#define AMX_KCP 320 /* k pairs of the rounded rows' buffer per row of a full row block */
 #endif
+#define KCP_TARGET 256 /* k pairs per K block aimed at for a full row block (more for
+                         * fewer rows): 320 measured 0.83-0.97x of it at 8B shapes */
 #ifndef AMX_MC
 #define AMX_MC 128 /* rows per row block (multiple of 32): rounded, MC x KCP pairs on the stack */
 #endif
@@ -261,12 +263,20 @@ void armllm_amx_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t 
   const int64_t pair_rows = 2 * AMX_TILE_ROWS, mc = (m + mblocks - 1) / mblocks;
   job.mc = m < pair_rows ? m : (mc + pair_rows - 1) / pair_rows * pair_rows;
   mblocks = (m + job.mc - 1) / job.mc;
-  /* K blocks: as long as the rounded rows' buffer allows (few rows: all of K,
-   * so that decode streams each panel's weights in one run) */
+  /* K blocks: of equal whole K tiles, as many as blocks of KCP_TARGET pairs at
+   * AMX_MC rows (proportionally longer for fewer rows) would make, rounded to
+   * the nearest count, but enough for the rounded rows' buffer (few rows: all
+   * of K, so that decode streams each panel's weights in one run). Equal and
+   * rounded: a short last block (K = 576 as 512 + 64) costs its accumulators'
+   * loads and stores for little work (measured: SmolLM2's K = 576 GEMMs
+   * 1.02-1.10x faster as one block). */
   const int64_t rows_pad = (job.mc + job.rows - 1) / job.rows * job.rows;
   const int64_t kp_tiles = (k_pairs(k) + KT - 1) / KT * KT;
-  const int64_t kcp = (A_PAIRS / rows_pad - KT) / KT * KT;
-  job.kcp = kcp < kp_tiles ? kcp : kp_tiles;
+  const int64_t kcp_max = (A_PAIRS / rows_pad - KT) / KT * KT;
+  const int64_t target = AMX_MC * (KCP_TARGET + KT) / rows_pad - KT;
+  int64_t kblocks = (kp_tiles + target / 2) / target;
+  if (kblocks < (kp_tiles + kcp_max - 1) / kcp_max) kblocks = (kp_tiles + kcp_max - 1) / kcp_max;
+  job.kcp = (kp_tiles / KT + kblocks - 1) / kblocks * KT;
   if ((double)m * (double)n * (double)k < SERIAL_MACS &&
       (double)job.panels * NR * (double)k * sizeof(uint16_t) < SERIAL_BYTES)
     pool = NULL;
