@@ -9,16 +9,10 @@
  * The including file defines, before including it: TILE_Q (query vectors per
  * tile), KC (keys per chunk: the prefetch distance), QPAD (q rows are
  * zero-padded to a multiple of it: its micro-kernels' step over head_dim)
- * and tile_ctx, a struct with at least
- *   const armllm_attn_args *a;
- *   int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp; (the sub-tile: tile_init)
- *   int64_t pos[TILE_Q], lo[TILE_Q];           (each query's key range)
- *   int64_t lo_u, pos_u;                       (the union of those ranges)
- *   float q[TILE_Q][MAXD];                     (q rows, zero-padded to hdp)
- *   float accp[TILE_Q][MAXD], mp[TILE_Q], lp[TILE_Q];
- *   int valid[TILE_Q];                         (tile_partition's results)
- *   const void *rows[2 * PART]; int64_t nrows; (tile_rows' K, then V rows)
- * and, after including it, the three functions declared below. */
+ * and tile_ctx, a struct that starts with ARMLLM_X86_TILE_FIELDS
+ * (attn_x86_tile.h: the sub-tile set up by tile_init, each query's key
+ * range and q row, tile_partition's results, tile_rows' K and V rows), and,
+ * after including it, the three functions declared below. */
 #ifndef ARMLLM_ATTN_X86_H
 #define ARMLLM_ATTN_X86_H
 

@@ -53,6 +53,7 @@
 
 #include "../armllm_kernels.h"
 #include "../attn_common.h"
+#include "../attn_x86_tile.h"
 #include "../avx512/attn_softmax.h"
 #include "tiles.h"
 
@@ -90,18 +91,9 @@ _Static_assert(TILE_Q % RT == 0, "tiles are whole row tiles");
 #define VB1 7
 
 typedef struct {
-  const armllm_attn_args *a;
-  int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp;
-  int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
-  int64_t lo_u, pos_u;             /* the union of their key ranges */
-  float q[TILE_Q][MAXD];           /* zero-padded to hdp (a multiple of 32) */
+  ARMLLM_X86_TILE_FIELDS /* q zero-padded to a multiple of 32 */
   uint16_t q16[TILE_Q][MAXD] __attribute__((aligned(64))); /* q rounded to bf16 */
   float s[TILE_Q][PART] __attribute__((aligned(64)));      /* scores, then weights */
-  float accp[TILE_Q][MAXD] __attribute__((aligned(64)));   /* the partition's weighted V */
-  float mp[TILE_Q], lp[TILE_Q];
-  int valid[TILE_Q];
-  const void *rows[2 * PART]; /* K rows of the partition's keys, then V rows */
-  int64_t nrows;
   int64_t pbase; /* the partition's first key */
   /* q^T B tiles: [query block][dim pair][query of the block], 32 bits a (dim pair, query) */
   uint32_t qt[TILE_Q / RT][MAXD / 2][RT] __attribute__((aligned(64)));

@@ -22,6 +22,7 @@
 
 #include "../armllm_kernels.h"
 #include "../attn_common.h"
+#include "../attn_x86_tile.h"
 #include "vexp_avx2.h"
 
 #define PART ARMLLM_ATTN_PARTITION
@@ -237,20 +238,11 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
 /* One sub-tile: rows [r0, r1) of sequence b, query heads [h0, h1) of KV
  * head kvh. Query i = (row r0 + i / nh, head h0 + i % nh). */
 typedef struct {
-  const armllm_attn_args *a;
-  int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp;
-  int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
-  int64_t lo_u, pos_u;             /* the union of their key ranges */
-  float q[TILE_Q][MAXD];           /* zero-padded to hdp */
+  ARMLLM_X86_TILE_FIELDS
   float s[TILE_Q][PART];           /* scores, then weights */
-  float accp[TILE_Q][MAXD];        /* the partition's weighted V */
-  float mp[TILE_Q], lp[TILE_Q];
-  int valid[TILE_Q];               /* query has keys in the partition */
   float buf[KC][MAXD];             /* widened bf16 rows */
   float zero_e[PART];              /* weights of spare query slots */
   float spare[MAXD];               /* accumulators of spare query slots */
-  const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
-  int64_t nrows;                   /* keys: V rows start at rows + nrows */
 } tile_ctx;
 
 #include "../attn_x86.h"

@@ -33,6 +33,7 @@
 
 #include "../armllm_kernels.h"
 #include "../attn_common.h"
+#include "../attn_x86_tile.h"
 #include "attn_softmax.h"
 #include "vexp_avx512.h"
 
@@ -295,18 +296,9 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
 /* One sub-tile: rows [r0, r1) of sequence b, query heads [h0, h1) of KV
  * head kvh. Query i = (row r0 + i / nh, head h0 + i % nh). */
 typedef struct {
-  const armllm_attn_args *a;
-  int64_t b, kvh, r0, r1, h0, nh, nq, hd, hdp;
-  int64_t pos[TILE_Q], lo[TILE_Q]; /* per query */
-  int64_t lo_u, pos_u;             /* the union of their key ranges */
-  float q[TILE_Q][MAXD];           /* zero-padded to hdp (a multiple of 32) */
+  ARMLLM_X86_TILE_FIELDS           /* q zero-padded to a multiple of 32 */
   uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 (vcvtneps2bf16) */
   float s[TILE_Q][PART];           /* scores, then weights */
-  float accp[TILE_Q][MAXD];        /* the partition's weighted V */
-  float mp[TILE_Q], lp[TILE_Q];
-  int valid[TILE_Q];               /* query has keys in the partition */
-  const void *rows[2 * PART];      /* K rows of the partition's keys, then V rows */
-  int64_t nrows;                   /* keys: V rows start at rows + nrows */
 } tile_ctx;
 
 #include "../attn_x86.h"
