@@ -324,8 +324,15 @@ TILE_EDGES = [(m, n, k) for m, n, k in [
 def test_gemm_wq_tile_edges(variant, pools, bits, group):
     """Every tail of every tile (M, N, K), with bias and padded strides, on 1 and 3
     threads: the exact model's bits; 8-bit weights also without gsum."""
-    rng = np.random.default_rng(17 + bits + group)
-    for m, n, k in TILE_EDGES:
+    _exact_on_tile_edges(variant, pools, bits, group, TILE_EDGES, 17 + bits + group, 3)
+
+
+def _exact_on_tile_edges(variant, pools, bits, group, shapes, seed, pad):
+    """gemm_wq of each (M, N, K) in shapes (an outlier column in x, a bias, rows padded
+    by `pad` without a pool, on 3 threads unpadded) gives the exact model's bits; 8-bit
+    weights also without precomputed sums."""
+    rng = np.random.default_rng(seed)
+    for m, n, k in shapes:
         x = rand(rng, (m, k))
         x[:, rng.integers(0, k)] *= 40  # an outlier column
         q, d, o = make_weights(rng, n, k, bits, group)
@@ -333,9 +340,9 @@ def test_gemm_wq_tile_edges(variant, pools, bits, group):
         xq, scale, gsum = quantize(variant, x, group)
         pw = variant.pack_wq(q, d, o, bits, group)
         want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias)
-        for pool, pad in [(None, 3), (pools[3], 0)]:
-            y = strided_gemm_wq(variant, xq, scale, gsum, pw, bias, pool, pad)
-            assert np.array_equal(y, want), (m, n, k, pad)
+        for pool, pad_rows in [(None, pad), (pools[3], 0)]:
+            y = strided_gemm_wq(variant, xq, scale, gsum, pw, bias, pool, pad_rows)
+            assert np.array_equal(y, want), (m, n, k, pad_rows)
         if bits == 8:
             y = strided_gemm_wq(variant, xq, scale, None, pw, None, pools[2], 5)
             assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, None))
@@ -381,17 +388,7 @@ AMX_TILE_EDGES = [(8, 16, 96), (31, 40, 544), (32, 17, 160), (33, 31, 224), (63,
 def test_gemm_wq_amx_tile_edges(variant, pools, bits, group):
     """Every tail of AMX's tiles, with bias, padded strides (bytes past kpad 99) and
     y past N untouched, on 1 and 3 threads: the exact model's bits."""
-    rng = np.random.default_rng(27 + bits + group)
-    for m, n, k in AMX_TILE_EDGES:
-        x = rand(rng, (m, k))
-        q, d, o = make_weights(rng, n, k, bits, group)
-        bias = rand(rng, n)
-        xq, scale, gsum = quantize(variant, x, group)
-        pw = variant.pack_wq(q, d, o, bits, group)
-        want = np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias)
-        for pool, pad in [(None, 5), (pools[3], 0)]:
-            y = strided_gemm_wq(variant, xq, scale, gsum, pw, bias, pool, pad)
-            assert np.array_equal(y, want), (m, n, k, pad)
+    _exact_on_tile_edges(variant, pools, bits, group, AMX_TILE_EDGES, 27 + bits + group, 5)
 
 
 @pytest.mark.parametrize("bits,group", [(8, 0), (4, 32), (8, 64)])

@@ -197,23 +197,21 @@ static ALWAYS_INLINE void issue(const int s, const int nc, const int64_t kstep, 
       a = tc->abuf;
       lda = 64;
     }
-    if (s == 0) {
-      _tile_loadd(4, a, lda);
-      _tile_loadd(6, b0 + kk * PANEL, 64);
-      _tile_dpbssd(0, 4, 6);
-      if (nc == 2) {
-        _tile_loadd(7, b1 + kk * PANEL, 64);
-        _tile_dpbssd(1, 4, 7);
-      }
-    } else {
-      _tile_loadd(5, a, lda);
-      _tile_loadd(6, b0 + kk * PANEL, 64);
-      _tile_dpbssd(2, 5, 6);
-      if (nc == 2) {
-        _tile_loadd(7, b1 + kk * PANEL, 64);
-        _tile_dpbssd(3, 5, 7);
-      }
-    }
+    /* set s: A in tmm4 + s, C in tmm 2s and 2s + 1 (literal tile numbers: GCC's
+     * intrinsics paste them into the assembly) */
+#define DP_SET(TA, TC0, TC1)                    \
+  do {                                          \
+    _tile_loadd(TA, a, lda);                    \
+    _tile_loadd(6, b0 + kk * PANEL, 64);        \
+    _tile_dpbssd(TC0, TA, 6);                   \
+    if (nc == 2) {                              \
+      _tile_loadd(7, b1 + kk * PANEL, 64);      \
+      _tile_dpbssd(TC1, TA, 7);                 \
+    }                                           \
+  } while (0)
+    if (s == 0) DP_SET(4, 0, 1);
+    else DP_SET(5, 2, 3);
+#undef DP_SET
   }
 }
 
