@@ -106,12 +106,21 @@ def test_absurd_counts_are_refused(tmp_path):
         GGUFFile(p)
 
 
-def test_unsupported_tensor_type_named_on_read(tmp_path):
+@pytest.mark.parametrize("ggml_type, named", [(16, r"IQ2_XXS \(id 16\)"),
+                                              (6, None), (4, r"4, which ggml does not define")])
+def test_unsupported_tensor_type_named_on_read(tmp_path, ggml_type, named):
+    """A type armllm does not load fails with one line naming the tensor and the type
+    (known to ggml or not); a loaded one (6: Q5_0) reads."""
     p = tmp_path / "x.gguf"
-    write_minimal_gguf(p, tensors=(("blk.0.q", (1, 256), 12),))  # Q4_K
+    write_minimal_gguf(p, tensors=(("blk.0.q", (1, 256), ggml_type),))
     g = GGUFFile(p)
-    with pytest.raises(ValueError, match="tensor blk.0.q has ggml type 12"):
+    if named is None:
+        assert g.dequantize("blk.0.q").shape == (1, 256)
+        return
+    with pytest.raises(ValueError, match=f"tensor blk.0.q has ggml type {named}; armllm "
+                                         f"loads F32, .*IQ4_XS$") as err:
         g.dequantize("blk.0.q")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "BF16", "F16", "F32"])

@@ -63,7 +63,7 @@ def test_bad_inputs():
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1"])
 def test_gguf_blocks_map_exactly(type_name):
     gguf = pytest.importorskip("gguf")
-    from armllm.model.gguf import dequantize_blocks
+    from armllm.model.gguf import dequantize_rows
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
     rng = np.random.default_rng(1)
     w = rng.standard_normal((6, 96)).astype(np.float32)
@@ -72,7 +72,7 @@ def test_gguf_blocks_map_exactly(type_name):
     qm = from_gguf_blocks(type_name, blocks, 6, 96)
     assert (qm.bits, qm.group) == ((8, 32) if type_name == "Q8_0" else (4, 32))
     want = gguf.quants.dequantize(raw, qtype)
-    np.testing.assert_array_equal(dequantize_blocks(type_name, blocks).reshape(6, 96), want)
+    np.testing.assert_array_equal(dequantize_rows(int(qtype), raw, 6, 96), want)
     # our (d, q, o) reproduce llama.cpp's dequantization exactly in float64 arithmetic
     g = qm.group_index()
     exact = qm.q.astype(np.float64) * qm.d[:, g] + (0 if qm.o is None else qm.o[:, g])

@@ -62,6 +62,7 @@ cdef extern from "armllm_kernels.h" nogil:
         const char *gemm_f32_layout
         const char *gemm_bf16_layout
         const char *gemm_wq_layout
+        const char *gemm_gguf_layout
         const char *gemm_bf16_compute
         const char *attention_bf16_compute
         size_t (*gemm_f32_packed_len)(int64_t n, int64_t k) noexcept nogil
@@ -110,6 +111,15 @@ cdef extern from "armllm_kernels.h" nogil:
                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                         const void *packed_w, int64_t n, int bits, int64_t group,
                         const float *bias, float *y, int64_t ldy) noexcept nogil
+        size_t (*gemm_gguf_packed_len)(int64_t k, int64_t nparts, const int32_t *types,
+                                       const int64_t *rows) noexcept nogil
+        void (*gemm_gguf_pack)(const uint8_t *blocks, int64_t k, int64_t nparts,
+                               const int32_t *types, const int64_t *rows,
+                               void *packed) noexcept nogil
+        void (*gemm_gguf)(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
+                          int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
+                          int64_t ldgs, const void *packed_w, int64_t n, const float *bias,
+                          float *y, int64_t ldy) noexcept nogil
 
     void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
                               int64_t ldx, float *residual, int64_t ldr, const float *weight,
@@ -117,6 +127,21 @@ cdef extern from "armllm_kernels.h" nogil:
                               int64_t group, int8_t *xq, int64_t ldq, float *scale,
                               int64_t ldsc, int32_t *gsum, int64_t ldgs, int32_t *zp,
                               int64_t ldzp)
+
+
+cdef extern from "gguf_blocks.h" nogil:
+    enum:
+        ARMLLM_GGUF_ACT_GROUP
+        ARMLLM_GGUF_MAX_PARTS
+    int armllm_gguf_block_elems(int type)
+    int armllm_gguf_block_bytes(int type)
+    int armllm_gguf_parts_check(int64_t k, int64_t nparts, const int32_t *types,
+                                const int64_t *rows)
+    void armllm_gguf_dequant_rows(int type, const uint8_t *src, int64_t rows, int64_t k,
+                                  float *out, int64_t ldo)
+    int64_t armllm_gguf_embed(armllm_pool *pool, const int32_t *ids, int64_t t,
+                              const uint8_t *table, int type, int64_t vocab, int64_t d,
+                              float *out, int64_t ldo)
 
 
 cdef extern from "cpu.h" nogil:

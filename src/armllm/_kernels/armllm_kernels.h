@@ -235,6 +235,32 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
   return (armllm_q_kpad(k) + armllm_q_group_len(group) - 1) / armllm_q_group_len(group);
 }
 
+/* ------------------------------------------------------ GGUF-block GEMM
+ *
+ * GGUF's quantized tensors run as stored (gguf_blocks.h: the ggml types, and
+ * what a block decodes to: integer values v and, per weight group of 16 or
+ * 32 columns, a scale d and maybe an offset o, so W = d * v + o exactly).
+ * A packed matrix holds 1..ARMLLM_GGUF_MAX_PARTS parts of rows, each of its
+ * own type (a fused QKV whose V is Q6_K and Q, K Q4_K):
+ *   gemm_gguf_packed_len(k, nparts, types, rows)
+ *   gemm_gguf_pack(blocks, k, nparts, types, rows, packed): blocks holds the
+ *     parts' rows one after another, each armllm_gguf_row_bytes(type, k)
+ *     bytes as in the file; the parts must pass armllm_gguf_parts_check (K a
+ *     multiple of every part's block). packed (64-byte aligned) starts with
+ *     the armllm_gguf_parts header and is in the variant's layout
+ *     (`gemm_gguf_layout`).
+ *   gemm_gguf(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bias,
+ *     y, ldy): xq, scale, gsum from symmetric quant_act with group
+ *     ARMLLM_GGUF_ACT_GROUP (32; gsum required). For each weight group j,
+ *     acc_j = sum over j's columns of xq * v (int32, exact) and, for the types
+ *     with offsets, gs_j = the sum of xq over j's columns (gsum itself when j
+ *     is a whole activation group). The float epilogue is fixed:
+ *       t = 0.0f; for each activation group g in order, for each weight
+ *       group j within g in order: a = (float)acc_j * sx_g;
+ *       t = fmaf(d_j, a, t); [b = (float)gs_j * sx_g; t = fmaf(o_j, b, t);]
+ *       y = t; if bias: y = y + bias[n].
+ */
+
 /* ------------------------------------------------------------ the slots
  *
  * The ABI, written once: X(variant, name, return type, (parameters)) for
@@ -291,7 +317,16 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
     (armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,                       \
      const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,                          \
      const void *packed_w, int64_t n, int bits, int64_t group, const float *bias, float *y,        \
-     int64_t ldy))
+     int64_t ldy))                                                                                 \
+  X(variant, gemm_gguf_packed_len, size_t,                                                         \
+    (int64_t k, int64_t nparts, const int32_t *types, const int64_t *rows))                        \
+  X(variant, gemm_gguf_pack, void,                                                                 \
+    (const uint8_t *blocks, int64_t k, int64_t nparts, const int32_t *types, const int64_t *rows,  \
+     void *packed))                                                                                \
+  X(variant, gemm_gguf, void,                                                                      \
+    (armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,                       \
+     const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs, const void *packed_w,    \
+     int64_t n, const float *bias, float *y, int64_t ldy))
 
 #define ARMLLM_SLOT_TYPEDEF_(variant, name, ret, params) typedef ret(*armllm_##name##_fn) params;
 #define ARMLLM_SLOT_INDEX_(variant, name, ret, params) ARMLLM_K_##name,
@@ -314,6 +349,7 @@ typedef struct armllm_kernels {
   const char *gemm_f32_layout;        /* packed layout names, e.g. "nr16k1" */
   const char *gemm_bf16_layout;
   const char *gemm_wq_layout;         /* packed layout of quantized weights */
+  const char *gemm_gguf_layout;       /* packed layout of GGUF-block weights */
   const char *gemm_bf16_compute;      /* "f32": weights widened; "bf16": activations rounded too */
   const char *attention_bf16_compute; /* with a bf16 cache: "f32" (K/V widened) or "bf16" (q and
                                          the softmax weights rounded to bf16 too, e.g. BFMMLA) */

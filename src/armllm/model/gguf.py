@@ -2,7 +2,10 @@
 memory-mapped (never read twice), whole or by rows, dequantized to float32
 on request; the pages of rows a loader is done with can be released.
 
-Supports the tensor types armllm loads: F32, F16, BF16, Q4_0, Q4_1, Q8_0.
+Loads F32, F16, BF16 and the quantized types the kernels decode (LOADED_TYPES:
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS); the other ggml types
+are known by name and size (a file holding them parses) and fail with one line
+naming the tensor and its type when read.
 Shapes are reported in numpy/Hugging Face order (outermost first), i.e.
 GGUF's dims reversed. Every malformed input raises ValueError naming the
 file (and tensor), never reads out of bounds.
@@ -16,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from armllm._kernels._ext import gguf_dequantize
 from armllm.model.mapped import map_file, release
 
 GGUF_MAGIC = b"GGUF"
@@ -23,15 +27,31 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_STRING = 1 << 30  # longer "strings" mean a corrupt file, not a real key or token
 
-# ggml type id -> (name, elements per block, bytes per block)
+# ggml type id -> (name, elements per block, bytes per block): every type of ggml.h
 GGML_TYPES = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    8: ("Q8_0", 32, 34),
-    30: ("BF16", 1, 2),
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18),
 }
+FLOAT_TYPES = ("F32", "F16", "BF16")
+# the quantized types the kernels decode exactly and run as stored (gguf_blocks.h)
+QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                   "Q6_K", "IQ4_NL", "IQ4_XS")
+LOADED_TYPES = FLOAT_TYPES + QUANTIZED_TYPES
+TYPE_IDS = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
+
+
+def type_name(ggml_type: int) -> str:
+    """A ggml type's name ("Q4_K"), or "id N" for an id ggml does not define."""
+    return GGML_TYPES[ggml_type][0] if ggml_type in GGML_TYPES else f"id {ggml_type}"
+
 
 # metadata value type id -> struct format (scalars)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -52,7 +72,7 @@ class GGUFTensor:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPES[self.ggml_type][0]
+        return type_name(self.ggml_type)
 
 
 class _Reader:
@@ -168,11 +188,23 @@ class GGUFFile:
             t = self.tensors[name]
         except KeyError:
             raise ValueError(f"{self.path}: no tensor named {name!r}") from None
-        if t.ggml_type not in GGML_TYPES:
-            supported = ", ".join(v[0] for v in GGML_TYPES.values())
-            raise ValueError(f"{self.path}: tensor {name} has ggml type {t.ggml_type}, which "
-                             f"armllm does not load (supported: {supported})")
+        if t.type_name not in LOADED_TYPES:
+            kind = (f"{t.type_name} (id {t.ggml_type})" if t.ggml_type in GGML_TYPES
+                    else f"{t.ggml_type}, which ggml does not define")
+            raise ValueError(f"{self.path}: tensor {name} has ggml type {kind}; armllm loads "
+                             f"{', '.join(LOADED_TYPES)}")
         return t
+
+    def type_counts(self) -> dict[str, int]:
+        """How many tensors each ggml type holds, most first ({"Q4_K": 112, ...})."""
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t.type_name] = counts.get(t.type_name, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def type_summary(self) -> str:
+        """The type counts as one line: "Q4_K: 112, Q6_K: 17, F32: 33"."""
+        return ", ".join(f"{name}: {count}" for name, count in self.type_counts().items())
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapping."""
@@ -199,8 +231,8 @@ class GGUFFile:
         dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(t.type_name)
         if dtype is not None:
             return raw.view(np.dtype(dtype).newbyteorder("<")).reshape(rows)
-        blocks = raw.reshape(-1, GGML_TYPES[t.ggml_type][2])
-        return dequantize_blocks(t.type_name, blocks).reshape(rows)
+        return dequantize_rows(t.ggml_type, raw, int(np.prod(rows[:-1])),
+                               rows[-1]).reshape(rows)
 
     def release(self, name: str, row0: int = 0, row1: int | None = None) -> None:
         """Drops the resident pages of rows [row0, row1) of `name` (all of it by
@@ -228,26 +260,16 @@ class GGUFFile:
             return self.array(name).astype(np.float32)
         if t.type_name == "BF16":
             return (self.array(name).astype(np.uint32) << 16).view(np.float32)
-        blocks = self.raw(name).reshape(-1, GGML_TYPES[t.ggml_type][2])
-        return dequantize_blocks(t.type_name, blocks).reshape(t.shape)
+        k = t.shape[-1]
+        return dequantize_rows(t.ggml_type, self.raw(name), int(np.prod(t.shape)) // k,
+                               k).reshape(t.shape)
 
     def close(self) -> None:
         self._buf.release()
         self._mmap.close()
 
 
-def dequantize_blocks(type_name: str, blocks: np.ndarray) -> np.ndarray:
-    """[n_blocks, block_bytes] uint8 -> [n_blocks * 32] float32 (Q4_0, Q4_1, Q8_0)."""
-    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    if type_name == "Q8_0":
-        q = blocks[:, 2:34].view(np.int8).astype(np.float32)
-        return (q * d).reshape(-1)
-    qs = blocks[:, -16:]
-    # low nibbles are elements 0..15, high nibbles 16..31
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
-    if type_name == "Q4_0":
-        return ((q - 8.0) * d).reshape(-1)
-    if type_name == "Q4_1":
-        m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
-        return (q * d + m).reshape(-1)
-    raise ValueError(f"cannot dequantize ggml type {type_name}")
+def dequantize_rows(ggml_type: int, raw: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """[rows, k] float32 of `rows` rows of a quantized type as stored (the kernels'
+    exact decoder: the gguf package's dequantization bit for bit)."""
+    return gguf_dequantize(ggml_type, raw, rows, k)

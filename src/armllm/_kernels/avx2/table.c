@@ -8,6 +8,7 @@ const armllm_kernels armllm_kernels_avx2 = {
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "nr16k1u",
     .gemm_wq_layout = "nr8k4g",
+    .gemm_gguf_layout = "gguf-nk8",
     .gemm_bf16_compute = "f32",
     .attention_bf16_compute = "f32",
     ARMLLM_SLOT(gemm_f32_packed_len, avx2),
@@ -28,4 +29,7 @@ const armllm_kernels armllm_kernels_avx2 = {
     ARMLLM_SLOT(gemm_wq_packed_len, avx2),
     ARMLLM_SLOT(gemm_wq_pack, avx2),
     ARMLLM_SLOT(gemm_wq, avx2),
+    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
+    ARMLLM_SLOT(gemm_gguf_pack, ref),
+    ARMLLM_SLOT(gemm_gguf, ref),
 };

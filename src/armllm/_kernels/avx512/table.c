@@ -9,6 +9,7 @@ const armllm_kernels armllm_kernels_avx512 = {
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "nr16k2",
     .gemm_wq_layout = "nr16k4g",
+    .gemm_gguf_layout = "gguf-nk8",
     .gemm_bf16_compute = "bf16",
     .attention_bf16_compute = "bf16",
     ARMLLM_SLOT(gemm_f32_packed_len, avx2),
@@ -29,4 +30,7 @@ const armllm_kernels armllm_kernels_avx512 = {
     ARMLLM_SLOT(gemm_wq_packed_len, avx512),
     ARMLLM_SLOT(gemm_wq_pack, avx512),
     ARMLLM_SLOT(gemm_wq, avx512),
+    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
+    ARMLLM_SLOT(gemm_gguf_pack, ref),
+    ARMLLM_SLOT(gemm_gguf, ref),
 };

@@ -9,6 +9,7 @@ const armllm_kernels armllm_kernels_neon = {
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr12k1",
     .gemm_wq_layout = "sdot_n8k4",
+    .gemm_gguf_layout = "gguf-nk8",
     .gemm_bf16_compute = "f32",
     .attention_bf16_compute = "f32",
     ARMLLM_SLOT(gemm_f32_packed_len, neon),
@@ -29,4 +30,7 @@ const armllm_kernels armllm_kernels_neon = {
     ARMLLM_SLOT(gemm_wq_packed_len, neon),
     ARMLLM_SLOT(gemm_wq_pack, neon),
     ARMLLM_SLOT(gemm_wq, neon),
+    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
+    ARMLLM_SLOT(gemm_gguf_pack, ref),
+    ARMLLM_SLOT(gemm_gguf, ref),
 };

@@ -9,6 +9,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr8k4x2",
     .gemm_wq_layout = "mmla_n8k8",
+    .gemm_gguf_layout = "gguf-nk8",
     .gemm_bf16_compute = "bf16",
     .attention_bf16_compute = "bf16",
     ARMLLM_SLOT(gemm_f32_packed_len, neon),
@@ -29,4 +30,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     ARMLLM_SLOT(gemm_wq_packed_len, neon_mmla),
     ARMLLM_SLOT(gemm_wq_pack, neon_mmla),
     ARMLLM_SLOT(gemm_wq, neon_mmla),
+    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
+    ARMLLM_SLOT(gemm_gguf_pack, ref),
+    ARMLLM_SLOT(gemm_gguf, ref),
 };

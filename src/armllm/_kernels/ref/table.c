@@ -6,6 +6,7 @@ const armllm_kernels armllm_kernels_ref = {
     .gemm_f32_layout = "nk",
     .gemm_bf16_layout = "nk",
     .gemm_wq_layout = "nk8",
+    .gemm_gguf_layout = "gguf-nk8",
     .gemm_bf16_compute = "f32",
     .attention_bf16_compute = "f32",
     ARMLLM_SLOT(gemm_f32_packed_len, ref),
@@ -26,4 +27,7 @@ const armllm_kernels armllm_kernels_ref = {
     ARMLLM_SLOT(gemm_wq_packed_len, ref),
     ARMLLM_SLOT(gemm_wq_pack, ref),
     ARMLLM_SLOT(gemm_wq, ref),
+    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
+    ARMLLM_SLOT(gemm_gguf_pack, ref),
+    ARMLLM_SLOT(gemm_gguf, ref),
 };

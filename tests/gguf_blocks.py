@@ -1,0 +1,132 @@
+"""GGUF quantized blocks for tests: random blocks of every type armllm runs as
+stored (every code point, scales from tiny to extreme), and an independent numpy
+decoder into the parts the kernels compute with: integer values v, and per 16
+columns a scale d and an offset o, such that d * v + o is the gguf package's
+dequantization (checked in tests/kernels/test_gguf.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+# type -> (elements, bytes per block, byte offsets of its f16 fields, weight group)
+BLOCKS = {
+    "Q4_0": (32, 18, (0,), 32), "Q4_1": (32, 20, (0, 2), 32), "Q5_0": (32, 22, (0,), 32),
+    "Q5_1": (32, 24, (0, 2), 32), "Q8_0": (32, 34, (0,), 32), "Q2_K": (256, 84, (80, 82), 16),
+    "Q3_K": (256, 110, (108,), 16), "Q4_K": (256, 144, (0, 2), 32),
+    "Q5_K": (256, 176, (0, 2), 32), "Q6_K": (256, 210, (208,), 16),
+    "IQ4_NL": (32, 18, (0,), 32), "IQ4_XS": (256, 136, (0,), 32),
+}
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
+OFFSET_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K")
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                       113], np.int8)
+
+
+def random_blocks(rng: np.random.Generator, type_name: str, n_blocks: int,
+                  scale: float = 1e-3, extremes: bool = False) -> np.ndarray:
+    """[n_blocks, bytes] uint8: random bits everywhere (every code point and
+    sub-scale), the f16 scale fields finite: |N(0, scale)|-sized values, or with
+    extremes also zeros, subnormals, the largest f16 and negative ones."""
+    _, nbytes, f16_at, _ = BLOCKS[type_name]
+    blocks = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
+    for off in f16_at:
+        vals = (rng.standard_normal(n_blocks) * scale).astype(np.float16)
+        if extremes:
+            pick = rng.integers(0, 6, n_blocks)
+            special = np.array([0.0, 6e-8, -3e-5, 65504.0, -65504.0, 1.0], np.float16)
+            vals = np.where(pick < 3, special[rng.integers(0, 6, n_blocks)], vals)
+        blocks[:, off:off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)
+    return blocks
+
+
+def _f16(blocks: np.ndarray, off: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[:, off:off + 2]).view(np.float16).astype(np.float32)[:, 0]
+
+
+def _k4_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's eight 6-bit scales and mins from their 12 bytes, [nb, 8] each."""
+    s = s.astype(np.int32)
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    return sc, mn
+
+
+def _two_bit(qs: np.ndarray) -> np.ndarray:
+    """Q2_K/Q3_K low bits: element e of a 256-block is bits 2*((e%128)//32) of byte
+    (e//128)*32 + e%32."""
+    e = np.arange(256)
+    return (qs[:, (e // 128) * 32 + e % 32] >> (2 * ((e % 128) // 32))) & 3
+
+
+def decode(type_name: str, blocks: np.ndarray):
+    """(v int32 [nb, elems], d f32 [nb, elems/16], o f32 [nb, elems/16])."""
+    nb = blocks.shape[0]
+    b = blocks.astype(np.int32)
+    e32 = np.arange(32)
+    if type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"):
+        qs = b[:, -16:]
+        q = np.where(e32 < 16, qs[:, e32 % 16] & 15, qs[:, e32 % 16] >> 4)
+        d = _f16(blocks, 0)
+        o = _f16(blocks, 2) if type_name in ("Q4_1", "Q5_1") else np.zeros(nb, np.float32)
+        if type_name.startswith("Q5"):
+            h0 = 2 if type_name == "Q5_0" else 4
+            qh = (b[:, h0] | b[:, h0 + 1] << 8 | b[:, h0 + 2] << 16 | b[:, h0 + 3] << 24)
+            q = q | ((qh[:, None] >> e32) & 1) << 4
+        if type_name == "IQ4_NL":
+            v = IQ4_VALUES[q]
+        else:
+            v = {"Q4_0": q - 8, "Q5_0": q - 16}.get(type_name, q)
+        return v.astype(np.int32), np.repeat(d[:, None], 2, 1), np.repeat(o[:, None], 2, 1)
+    if type_name == "Q8_0":
+        v = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.int32)
+        return v, np.repeat(_f16(blocks, 0)[:, None], 2, 1), np.zeros((nb, 2), np.float32)
+    e = np.arange(256)
+    if type_name == "Q2_K":
+        dd, dmin = _f16(blocks, 80), _f16(blocks, 82)
+        sc = b[:, :16]
+        v = _two_bit(b[:, 16:80])
+        return (v, dd[:, None] * (sc & 15).astype(np.float32),
+                -(dmin[:, None] * (sc >> 4).astype(np.float32)))
+    if type_name == "Q3_K":
+        dd = _f16(blocks, 108)
+        high = (b[:, e % 32] >> (e // 32)) & 1
+        v = _two_bit(b[:, 32:96]) - 4 * (1 - high)
+        s = b[:, 96:108]
+        j = np.arange(16)
+        sc = ((s[:, j % 8] >> (4 * (j // 8))) & 15) | (((s[:, 8 + j % 4] >> (2 * (j // 4))) & 3)
+                                                        << 4)
+        return v, dd[:, None] * (sc - 32).astype(np.float32), np.zeros((nb, 16), np.float32)
+    if type_name in ("Q4_K", "Q5_K"):
+        dd, dmin = _f16(blocks, 0), _f16(blocks, 2)
+        sc, mn = _k4_scale_min(blocks[:, 4:16])
+        qs = b[:, 48:] if type_name == "Q5_K" else b[:, 16:]
+        v = (qs[:, (e // 64) * 32 + e % 32] >> (4 * ((e % 64) // 32))) & 15
+        if type_name == "Q5_K":
+            v = v | ((b[:, 16 + e % 32] >> (e // 32)) & 1) << 4
+        d = np.repeat(dd[:, None] * sc.astype(np.float32), 2, 1)
+        o = np.repeat(-(dmin[:, None] * mn.astype(np.float32)), 2, 1)
+        return v, d, o
+    if type_name == "Q6_K":
+        dd = _f16(blocks, 208)
+        lo = (b[:, (e // 128) * 64 + e % 64] >> (4 * ((e % 128) // 64))) & 15
+        hi = (b[:, 128 + (e // 128) * 32 + e % 32] >> (2 * ((e % 128) // 32))) & 3
+        sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
+        return (lo | hi << 4) - 32, dd[:, None] * sc, np.zeros((nb, 16), np.float32)
+    if type_name == "IQ4_XS":
+        dd = _f16(blocks, 0)
+        sh = b[:, 2] | b[:, 3] << 8
+        j = np.arange(8)
+        ls = ((b[:, 4 + j // 2] >> (4 * (j % 2))) & 15) | ((sh[:, None] >> (2 * j)) & 3) << 4
+        i = e % 32
+        idx = np.where(i < 16, b[:, 8 + 16 * (e // 32) + i % 16] & 15,
+                       b[:, 8 + 16 * (e // 32) + i % 16] >> 4)
+        d = np.repeat(dd[:, None] * (ls - 32).astype(np.float32), 2, 1)
+        return IQ4_VALUES[idx].astype(np.int32), d, np.zeros((nb, 16), np.float32)
+    raise ValueError(f"no decoder for {type_name}")
+
+
+def decode_rows(type_name: str, raw: np.ndarray, rows: int, k: int):
+    """(v [rows, k], d [rows, k/16], o [rows, k/16]) of rows of blocks as stored."""
+    elems, nbytes = BLOCKS[type_name][:2]
+    v, d, o = decode(type_name, np.asarray(raw, np.uint8).reshape(-1, nbytes))
+    return v.reshape(rows, k), d.reshape(rows, k // 16), o.reshape(rows, k // 16)

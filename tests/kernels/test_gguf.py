@@ -1,0 +1,217 @@
+"""GGUF blocks as stored: the block decoder, the embedding gather and the
+GGUF-block GEMM.
+
+The decoder must give the gguf package's dequantization bit for bit, and so
+must tests/gguf_blocks.py's independent numpy decoder of the parts (v, d, o).
+Every variant's GEMM must equal an exact numpy model of the header's
+epilogue bit for bit: integer sums per weight group (16 or 32 columns), then
+per activation group of 32 in order a = acc * sx, t = fmaf(d, a, t) [, b =
+gs * sx, t = fmaf(o, b, t)], replayed in float32 with an exact fmaf.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from armllm import ops
+from armllm._kernels import _ext
+from tests.conftest import examples, rand
+from tests.gguf_blocks import BLOCKS, OFFSET_TYPES, TYPE_IDS, decode_rows, random_blocks
+from tests.kernels.test_quant import fma32, np_quant_act
+
+gguf = pytest.importorskip("gguf")
+
+TYPES = list(BLOCKS)
+ACT_GROUP = _ext.GGUF_ACT_GROUP
+
+
+def gguf_dequantize(type_name, raw, rows, k):
+    qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    with np.errstate(all="ignore"):
+        return gguf.quants.dequantize(np.asarray(raw).reshape(rows, -1), qtype).reshape(rows, k)
+
+
+def raw_rows(rng, type_name, rows, k, **kw):
+    elems = BLOCKS[type_name][0]
+    return random_blocks(rng, type_name, rows * k // elems, **kw).reshape(rows, -1)
+
+
+# ------------------------------------------------------------ decoding
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("extremes", [False, True])
+def test_decoder_matches_gguf_package(type_name, extremes):
+    """Every code point and sub-scale, scales from subnormal to the largest f16."""
+    rng = np.random.default_rng(TYPE_IDS[type_name])
+    rows, k = 24, 4 * BLOCKS[type_name][0]
+    raw = raw_rows(rng, type_name, rows, k, extremes=extremes)
+    want = gguf_dequantize(type_name, raw, rows, k)
+    ours = _ext.gguf_dequantize(TYPE_IDS[type_name], raw, rows, k)
+    assert np.array_equal(ours.view(np.uint32), want.view(np.uint32))
+    v, d, o = decode_rows(type_name, raw, rows, k)
+    with np.errstate(all="ignore"):
+        w = np.repeat(d, 16, axis=1) * v.astype(np.float32)  # exact: <= 19 + 8 bits
+        if type_name in OFFSET_TYPES:
+            w = w + np.repeat(o, 16, axis=1)
+    assert np.array_equal(w.view(np.uint32), want.view(np.uint32))
+    if type_name not in OFFSET_TYPES:
+        assert not o.any()
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_decoder_on_any_bits(type_name):
+    """Fully random blocks (NaN and Inf scales too): the same values, NaN for NaN."""
+    rng = np.random.default_rng(100 + TYPE_IDS[type_name])
+    rows, k = 16, 2 * BLOCKS[type_name][0]
+    raw = rng.integers(0, 256, (rows, k // BLOCKS[type_name][0] * BLOCKS[type_name][1]),
+                       dtype=np.uint8)
+    want = gguf_dequantize(type_name, raw, rows, k)
+    np.testing.assert_array_equal(_ext.gguf_dequantize(TYPE_IDS[type_name], raw, rows, k), want)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "Q5_0"])
+def test_embed_gathers_dequantized_rows(type_name):
+    rng = np.random.default_rng(7)
+    vocab, d = 40, 2 * BLOCKS[type_name][0]
+    raw = raw_rows(rng, type_name, vocab, d)
+    ids = rng.integers(0, vocab, 13).astype(np.int32)
+    out = np.full((13, d + 3), np.nan, np.float32)[:, :d]
+    _ext.gguf_embed(ids, raw, TYPE_IDS[type_name], d, out)
+    want = gguf_dequantize(type_name, raw, vocab, d)[ids]
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match=r"ids\[1\] = 40 is outside the vocabulary \[0, 40\)"):
+        _ext.gguf_embed(np.array([0, 40], np.int32), raw, TYPE_IDS[type_name], d,
+                        np.empty((2, d), np.float32))
+
+
+# ------------------------------------------------------------ GEMM
+
+
+def np_gemm_gguf(xq, scale, parts, bias):
+    """The header's GEMM, exactly: parts = [(type_name, v, d, o)] in row order."""
+    m, k = xq.shape[0], parts[0][1].shape[1]
+    cols = []
+    x = xq[:, :k].astype(np.int64)
+    for type_name, v, d, o in parts:
+        gl = BLOCKS[type_name][3]
+        t = np.zeros((m, v.shape[0]), np.float32)
+        for g in range(k // ACT_GROUP):
+            sx = scale[:, g][:, None]
+            for k0 in range(g * ACT_GROUP, (g + 1) * ACT_GROUP, gl):
+                acc = x[:, k0:k0 + gl] @ v[:, k0:k0 + gl].astype(np.int64).T
+                a = acc.astype(np.float32) * sx
+                t = fma32(d[:, k0 // 16][None, :], a, t)
+                if type_name in OFFSET_TYPES:
+                    gs = x[:, k0:k0 + gl].sum(axis=1)[:, None]
+                    t = fma32(o[:, k0 // 16][None, :], gs.astype(np.float32) * sx, t)
+        cols.append(t)
+    y = np.concatenate(cols, axis=1)
+    return y if bias is None else (y + bias).astype(np.float32)
+
+
+def make_parts(rng, types, rows, k, **kw):
+    raws, parts = [], []
+    for type_name, n in zip(types, rows, strict=True):
+        raw = raw_rows(rng, type_name, n, k, **kw)
+        raws.append(raw.reshape(-1))
+        parts.append((type_name, *decode_rows(type_name, raw, n, k)))
+    return np.concatenate(raws), parts
+
+
+def run_gguf(kern, x, blocks, types, rows, bias=None, pool=None, pad=0):
+    k = x.shape[1]
+    pw = kern.pack_gguf(blocks, k, [TYPE_IDS[t] for t in types], rows)
+    m = x.shape[0]
+    xq = np.empty((m, k + pad), np.int8)
+    scale = np.empty((m, k // ACT_GROUP + pad), np.float32)
+    gsum = np.empty((m, k // ACT_GROUP + pad), np.int32)
+    kern.quant_act(x, xq, scale, gsum, ACT_GROUP, pool)
+    out = np.full((m, pw.n + pad), np.nan, np.float32)[:, :pw.n]
+    kern.gemm_gguf(xq, scale, gsum, pw, out, bias, pool)
+    return out, xq, scale
+
+
+# K-quants need K % 256 == 0; the 32-element types mix with them there
+MIXES = [("Q4_K",), ("Q5_K",), ("Q6_K",), ("Q2_K",), ("Q3_K",), ("IQ4_XS",), ("Q4_0",),
+         ("Q4_1",), ("Q5_0",), ("Q5_1",), ("Q8_0",), ("IQ4_NL",), ("Q4_K", "Q4_K", "Q6_K"),
+         ("Q5_0", "Q8_0"), ("Q2_K", "Q3_K", "Q4_K", "Q6_K"), ("IQ4_NL", "Q5_1", "Q4_0")]
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(m=st.integers(1, 40), mix=st.sampled_from(MIXES), data=st.data(),
+       seed=st.integers(0, 2**32 - 1), with_bias=st.booleans(), pad=st.integers(0, 3))
+def test_gemm_gguf_matches_exact(variant, pool, m, mix, data, seed, with_bias, pad):
+    rng = np.random.default_rng(seed)
+    block = max(BLOCKS[t][0] for t in mix)
+    k = block * data.draw(st.integers(1, 3 if block == 256 else 12))
+    rows = [data.draw(st.integers(1, 40)) for _ in mix]
+    blocks, parts = make_parts(rng, mix, rows, k, extremes=data.draw(st.booleans()))
+    x = rand(rng, (m, k))
+    bias = rand(rng, (sum(rows),)) if with_bias else None
+    out, xq, scale = run_gguf(variant, x, blocks, mix, rows, bias, pool, pad)
+    want = np_gemm_gguf(xq, scale, parts, bias)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isfinite(out), finite)
+    assert np.array_equal(out[finite].view(np.uint32), want[finite].view(np.uint32))
+
+
+@pytest.mark.parametrize("mix", [("Q4_K", "Q4_K", "Q6_K"), ("Q5_K",), ("Q2_K", "Q3_K"),
+                                 ("IQ4_XS", "Q8_0")])
+def test_gemm_gguf_model_shapes_any_thread_count(variant, pools, mix):
+    """SmolLM2-like K and fused QKV rows: every pool gives the same bits."""
+    rng = np.random.default_rng(3)
+    k, rows = 512, [96, 32, 32][:len(mix)] if len(mix) > 1 else [200]
+    blocks, parts = make_parts(rng, mix, rows, k)
+    x = rand(rng, (37, k))
+    outs = [run_gguf(variant, x, blocks, mix, rows, pool=p)[0] for p in pools.values()]
+    for o in outs[1:]:
+        assert np.array_equal(o.view(np.uint32), outs[0].view(np.uint32))
+    _, xq, scale = run_gguf(variant, x[:1], blocks, mix, rows)
+    # a row's bits do not depend on the batch it came in
+    assert np.array_equal(run_gguf(variant, x[:1], blocks, mix, rows)[0].view(np.uint32),
+                          outs[0][:1].view(np.uint32))
+
+
+def test_gemm_gguf_close_to_dequantized_float_gemm(pool):
+    """End to end: only the activations' int8 rounding separates the two."""
+    kern = ops.kernels()
+    rng = np.random.default_rng(11)
+    mix, rows, k = ("Q4_K", "Q6_K"), [48, 16], 768
+    blocks, parts = make_parts(rng, mix, rows, k)
+    x = rand(rng, (9, k))
+    out, xq, scale = run_gguf(kern, x, blocks, mix, rows, pool=pool)
+    w = np.concatenate([gguf_dequantize(t, b, n, k) for t, b, n in zip(
+        mix, np.split(blocks, [rows[0] * k // 256 * BLOCKS["Q4_K"][1]]), rows)])
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    # |x - sx*xq| <= sx/2 per element
+    bound = (np.repeat(scale, ACT_GROUP, axis=1)[:, :k].astype(np.float64) / 2) @ np.abs(w).T
+    assert np.all(np.abs(out - exact) <= bound * 1.001 + 1e-5 * (np.abs(x) @ np.abs(w).T))
+
+
+def test_pack_gguf_rejects_bad_arguments():
+    kern = ops.kernels()
+    raw = random_blocks(np.random.default_rng(0), "Q4_K", 2).reshape(-1)
+    q4k = TYPE_IDS["Q4_K"]
+    with pytest.raises(ValueError, match=r"K a multiple of each type's block"):
+        kern.pack_gguf(raw, 128, [q4k], [4])
+    with pytest.raises(ValueError, match=r"known types"):
+        kern.pack_gguf(raw, 256, [16], [2])           # IQ2_XXS: not decoded
+    with pytest.raises(ValueError, match=r"1 to 4 parts"):
+        kern.pack_gguf(raw, 256, [q4k] * 5, [1] * 5)
+    with pytest.raises(ValueError, match=r"blocks hold 288 bytes; parts \[12\] x rows \[3\]"):
+        kern.pack_gguf(raw, 256, [q4k], [3])
+    with pytest.raises(ValueError, match=r"2 types for 1 row counts"):
+        kern.pack_gguf(raw, 256, [q4k, q4k], [2])
+    pw = kern.pack_gguf(raw, 256, [q4k], [2])
+    assert (pw.n, pw.k, pw.dtype, pw.gguf_types, pw.gguf_rows) == (2, 256, "gguf", (12,), (2,))
+    xq, scale, gsum = (np.zeros((1, 256), np.int8), np.zeros((1, 8), np.float32),
+                       np.zeros((1, 8), np.int32))
+    with pytest.raises(ValueError, match="gsum is required"):
+        kern.gemm_gguf(xq, scale, None, pw, np.empty((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"scale must have 1 rows of at least 8 columns"):
+        kern.gemm_gguf(xq, scale[:, :4], gsum, pw, np.empty((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"out must have shape \(1, 2\)"):
+        kern.gemm_gguf(xq, scale, gsum, pw, np.empty((1, 3), np.float32))
