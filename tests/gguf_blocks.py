@@ -15,6 +15,11 @@ BLOCKS = {
     "Q5_K": (256, 176, (0, 2), 32), "Q6_K": (256, 210, (208,), 16),
     "IQ4_NL": (32, 18, (0,), 32), "IQ4_XS": (256, 136, (0,), 32),
 }
+# typical |v * sub-scale| of random blocks: their f16 scale of s / TYPICAL[type] gives
+# weights of about s in magnitude
+TYPICAL = {"Q4_0": 4, "Q4_1": 8, "Q5_0": 8, "Q5_1": 16, "Q8_0": 64, "Q2_K": 12, "Q3_K": 32,
+           "Q4_K": 240, "Q5_K": 480, "Q6_K": 1024, "IQ4_NL": 60, "IQ4_XS": 960}
+RANDOM_ONLY = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # gguf can't quantize
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
             "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
 OFFSET_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K")

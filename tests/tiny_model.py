@@ -9,6 +9,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from tests.gguf_blocks import BLOCKS, RANDOM_ONLY, TYPICAL, random_blocks
+
 WORDS = [f"w{i}" for i in range(120)]
 SPECIALS = ["<s>", "</s>"]
 
@@ -65,7 +67,9 @@ def write_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: in
                     vocab: int = 122, metadata: dict | None = None) -> Path:
     """A llama GGUF of random weights (no tokenizer) with the ggml type of each
     tensor in `types` (e.g. {"blk.0.attn_q.weight": "Q8_0"}; default F32), written
-    and quantized by the gguf package (llama.cpp's). token_embd is the tied head.
+    and quantized by the gguf package (llama.cpp's); the types it cannot quantize
+    (K-quants, IQ4) get random blocks of about the same magnitude
+    (tests/gguf_blocks.py). token_embd is the tied head.
     `metadata` adds keys: str, bool, int (uint32), float (float32) or list values."""
     import gguf
     rng = np.random.default_rng(seed)
@@ -95,6 +99,11 @@ def write_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: in
         qtype = getattr(gguf.GGMLQuantizationType, types.get(name, "F32"))
         if qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, data)
+        elif qtype.name in RANDOM_ONLY:
+            elems = BLOCKS[qtype.name][0]
+            blocks = random_blocks(rng, qtype.name, data.size // elems,
+                                   shape[-1] ** -0.5 / TYPICAL[qtype.name])
+            writer.add_tensor(name, blocks.reshape(shape[0], -1), raw_dtype=qtype)
         else:
             writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     writer.write_header_to_file()

@@ -39,13 +39,16 @@ __all__ = [
     "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "cpu_info",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
-    "kv_write", "linear", "num_threads", "pack_quantized", "pack_weight", "paged_attention",
+    "GGUFTable", "kv_write", "linear", "num_threads", "pack_gguf", "pack_quantized",
+    "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
     "selected_isa", "set_num_threads", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
+# columns per activation scale group of the GGUF-block GEMM (ARMLLM_GGUF_ACT_GROUP)
+GGUF_ACT_GROUP = _ext.GGUF_ACT_GROUP
 # columns per scale group of quantized weights; 0: one scale per row (channelwise), run
 # as groups of quant_group_len(0) columns with that scale repeated
 QUANT_GROUPS = (0, 32, 64, 128)
@@ -211,6 +214,36 @@ def pack_quantized(q: np.ndarray, d: np.ndarray, o: np.ndarray | None = None, bi
     if act_asym:
         packed.zp_correction = pack_weight(_zp_correction(q, d, o, group), "f32")
     return packed
+
+
+def pack_gguf(blocks: np.ndarray, k: int, types: list[int], rows: list[int]) -> PackedWeight:
+    """Prepacks GGUF-block weights as stored for the selected kernels: blocks holds the
+    rows of each part in turn (rows[i] rows of ggml type types[i], K columns, the file's
+    bytes). Parts may differ in type (a fused QKV whose V is Q6_K)."""
+    return _KERNELS.pack_gguf(blocks, k, types, rows)
+
+
+class GGUFTable:
+    """An embedding table as a GGUF file stores it: [vocab, d] in blocks of one ggml
+    type (raw uint8 [vocab, row bytes], a private copy); embedding() dequantizes only
+    the rows it gathers."""
+
+    def __init__(self, raw: np.ndarray, ggml_type: int, d: int):
+        geometry = _ext.gguf_block_geometry(ggml_type)
+        if geometry is None or d % geometry[0] or raw.ndim != 2 \
+                or raw.shape[1] != d // geometry[0] * geometry[1]:
+            raise ValueError(f"a GGUF table of ggml type {ggml_type} needs uint8 rows of {d} "
+                             f"elements, got {raw.shape} {raw.dtype}")
+        self.raw, self.ggml_type = np.ascontiguousarray(raw, dtype=np.uint8), ggml_type
+        self.shape = (raw.shape[0], d)
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.nbytes
+
+    def dequantize(self) -> np.ndarray:
+        """The whole table as float32."""
+        return _ext.gguf_dequantize(self.ggml_type, self.raw, *self.shape)
 
 
 ZP_CHUNK = 1 << 18   # int64 elements (2 MiB) of _zp_correction's padded rows at a time
@@ -397,6 +430,9 @@ def _quantized_matmul(xq: np.ndarray, scale: np.ndarray, gsum: np.ndarray | None
     """The int8 GEMM of quantized rows, with the zero points' correction when
     the weight takes asymmetric activations (sc holds them)."""
     rows = xq.shape[0]
+    if weight.dtype == "gguf":
+        return _KERNELS.gemm_gguf(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias,
+                                  get_pool())
     y = _KERNELS.gemm_wq(xq, scale, gsum, weight, _out(out, (rows, weight.n)), bias, get_pool())
     corr_w = weight.zp_correction
     if corr_w is not None:  # y -= (scale * zp) @ C.T
@@ -419,7 +455,7 @@ def _act_scratch(weight: PackedWeight, rows: int, act_scratch: ActScratch | None
     if act_scratch is None:
         return ActScratch(max(rows, 1), weight.k, weight.group, True,
                           weight.n if asym else 0), asym
-    sums = weight.bits == 4 or act_scratch.gsum is not None
+    sums = weight.bits == 4 or weight.dtype == "gguf" or act_scratch.gsum is not None
     return _checked_scratch(act_scratch, rows, weight.k, weight.group, sums,
                             weight.n if asym else 0), asym
 
@@ -489,8 +525,12 @@ def silu_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return _KERNELS.silu_mul(gate_up, _out(out, shape), get_pool())
 
 
-def embedding(ids: np.ndarray, table: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Rows of a float32 or bf16 (uint16) table, as float32."""
+def embedding(ids: np.ndarray, table: np.ndarray | GGUFTable,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """Rows of a float32, bf16 (uint16) or GGUF-block table, as float32."""
+    if isinstance(table, GGUFTable):
+        return _ext.gguf_embed(ids, table.raw, table.ggml_type, table.shape[1],
+                               _out(out, (len(ids), table.shape[1])))
     shape = (len(ids), table.shape[1]) if isinstance(table, np.ndarray) and table.ndim == 2 \
         else (0, 0)
     return _KERNELS.embed(ids, table, _out(out, shape), get_pool())

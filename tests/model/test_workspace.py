@@ -115,11 +115,12 @@ def test_formats_from_metadata_equal_what_loading_gives(tiny, tmp_path):
     loaded = load_model(ct, "f32")
     assert loaded.model.formats == uniform(c, QuantFormat(8, 0, False))
     assert linear_formats(HFSource(ct, _ct_config(ct)), c) == loaded.model.formats
-    # GGUF: Q8_0/Q4_0/Q4_1 run as stored where every part of a fused matrix agrees
+    # GGUF: Q8_0/Q4_0/Q4_1 run on the int8/int4 GEMM where every part of a fused matrix
+    # agrees, on the GGUF-block GEMM (each part as stored) where they differ
     types = {"blk.0.attn_q.weight": "Q8_0", "blk.0.attn_k.weight": "Q8_0",
              "blk.0.attn_v.weight": "Q8_0", "blk.0.attn_output.weight": "Q4_0",
              "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q4_0",
-             "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_0",   # mixed: float
+             "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_0",   # mixed
              "blk.1.attn_v.weight": "Q8_0", "blk.1.attn_output.weight": "F16",
              "blk.1.ffn_gate.weight": "Q8_0", "blk.1.ffn_up.weight": "Q8_0",
              "blk.1.ffn_down.weight": "Q4_1", "token_embd.weight": "Q8_0"}
@@ -127,7 +128,10 @@ def test_formats_from_metadata_equal_what_loading_gives(tiny, tmp_path):
     path = write_tiny_gguf(tmp_path / "mixed.gguf", types)
     g = GGUFFile(path)
     gc = gguf_model_config(g)
-    want = LinearFormats(((W8G32, W4G32, W4G32, None), (None, None, W8G32, W4G32)), W8G32)
+    mixed_qkv = QuantFormat(0, 32, gguf=(("Q8_0", gc.q_size), ("Q4_0", gc.kv_size),
+                                         ("Q8_0", gc.kv_size)))
+    want = LinearFormats(((W8G32, W4G32, W4G32, None), (mixed_qkv, None, W8G32, W4G32)), W8G32,
+                         embed_gguf="Q8_0")
     assert linear_formats(GGUFSource(g, gc), gc) == want
     assert load_weights(GGUFSource(g, gc), gc, "f32").formats == want
     assert linear_formats(GGUFSource(g, gc), gc, "none") is None

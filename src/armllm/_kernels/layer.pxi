@@ -15,7 +15,8 @@ from libc.string cimport memcpy
 
 DEF LIN_F32 = 0
 DEF LIN_BF16 = 1
-DEF LIN_WQ = 2
+DEF LIN_WQ = 2    # from here on, kinds whose activations are quantized first
+DEF LIN_GGUF = 3
 # kernel errors DecoderLayer.run reports (the bad index goes with them)
 DEF ERR_ROPE = 1
 DEF ERR_KV_WRITE = 2
@@ -23,7 +24,7 @@ DEF ERR_ATTENTION = 3
 
 
 cdef struct LinearArgs:
-    int kind                  # LIN_F32, LIN_BF16 or LIN_WQ
+    int kind                  # LIN_F32, LIN_BF16, LIN_WQ or LIN_GGUF
     const void *w             # the packed weight
     int64_t n, k, group, ng
     int bits
@@ -221,10 +222,11 @@ cdef LinearArgs _bind_linear(Kernels kernels, object w_obj, object bias, object 
             raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} "
                              f"kernels read {layout.decode()!r}")
         return L
-    L.kind = LIN_WQ
-    if w.layout != t.gemm_wq_layout.decode():
+    L.kind = LIN_GGUF if w.dtype == "gguf" else LIN_WQ
+    layout = t.gemm_gguf_layout if w.dtype == "gguf" else t.gemm_wq_layout
+    if w.layout != layout.decode():
         raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} kernels "
-                         f"read {t.gemm_wq_layout.decode()!r}")
+                         f"read {layout.decode()!r}")
     if scratch is None or scratch.gsum is None or scratch.k != w.k or \
             armllm_q_group_len(scratch.group) != armllm_q_group_len(w.group) or \
             scratch.rows < max_rows:
@@ -390,6 +392,9 @@ cdef void _matmul(const armllm_kernels *kt, armllm_pool *p, LinearArgs *L, const
         kt.gemm_f32(p, x, t, L.k, ldx, <const float *>L.w, L.n, L.bias, y, ldy)
     elif L.kind == LIN_BF16:
         kt.gemm_bf16(p, x, t, L.k, ldx, <const uint16_t *>L.w, L.n, L.bias, y, ldy)
+    elif L.kind == LIN_GGUF:
+        kt.gemm_gguf(p, L.xq, t, L.k, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs, L.w, L.n, L.bias,
+                     y, ldy)
     else:
         kt.gemm_wq(p, L.xq, t, L.k, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs, L.w, L.n, L.bits,
                    L.group, L.bias, y, ldy)
@@ -414,7 +419,7 @@ cdef void _norm_linear(const armllm_kernels *kt, armllm_pool *p, LinearArgs *L, 
                        float eps, Buf normed, int64_t t, float *y, int64_t ldy,
                        int64_t *times, int64_t *t0) noexcept nogil:
     """linear(rmsnorm(x [+ residual])) as ops.rms_norm_linear runs it."""
-    if L.kind == LIN_WQ:
+    if L.kind >= LIN_WQ:
         armllm_rmsnorm_quant(kt, p, x, ldx, residual, ldr, norm_w, t, L.k, eps, normed.p,
                              normed.ld, L.group, L.xq, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs,
                              L.zp, L.ldzp)
@@ -474,7 +479,7 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     if bad >= 0:
         err[0] = ERR_ATTENTION
         return bad
-    if d.lin[1].kind == LIN_WQ:
+    if d.lin[1].kind >= LIN_WQ:
         _quant(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t)
     _tick(times, 1, &t0)
     _matmul(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t, d.x.p, d.x.ld)
@@ -482,7 +487,7 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     _norm_linear(kt, p, &d.lin[2], d.x.p, d.x.ld, d.res.p, d.res.ld, d.post_norm, d.eps,
                  d.normed, t, d.gate_up.p, d.gate_up.ld, times, &t0)
     kt.silu_mul(p, d.gate_up.p, d.gate_up.ld, t, d.inter, d.act.p, d.act.ld)
-    if d.lin[3].kind == LIN_WQ:
+    if d.lin[3].kind >= LIN_WQ:
         _quant(kt, p, &d.lin[3], d.act.p, d.act.ld, t)
     _tick(times, 1, &t0)
     _matmul(kt, p, &d.lin[3], d.act.p, d.act.ld, t, d.x.p, d.x.ld)

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bandwidth-gbs must be > 0, got {args.bandwidth_gbs}")
     model = resolve_model(args.model)
     try:
-        config, formats = read_model(model, engine)
+        config, formats, tensor_types = read_model(model, engine)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     max_len = engine.max_model_len or config.max_position_embeddings
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         threads = ops.num_threads()
     plan = make_plan(config, formats, engine, max_len, bandwidth, available_bytes())
     plan["model"] = str(model)
+    plan["gguf_tensor_types"] = tensor_types
     plan["config"] = {k: getattr(config, k) for k in (
         "architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
         "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
@@ -76,12 +77,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def assumptions(p: dict) -> list[str]:
-    dense, formats = p["weight_dtype"], p["linear_formats"]
-    item = p["weight_bytes"]["embedding"] // p["params"]["embedding"]
+    formats = p["linear_formats"]
+    item = p["weight_bytes"]["embedding"] / p["params"]["embedding"]
     layers = ", ".join(f"{count} {name}" for name, count in formats["layers"].items())
     out = [f"linear weights (--quantization {p['quantization']}): {layers}; lm_head "
            f"{formats['lm_head']}; quantized ones as the {p['kernel_variant']} kernels pack "
-           f"them, with their scales; embedding {dense}, {item} B per "
+           f"them, with their scales; embedding {formats['embedding']}, {item:.4g} B per "
            "parameter; norms and biases f32"]
     if p["params"]["tied"]:
         out.append("tied lm_head: counted once as parameters, but armllm packs a second copy "
@@ -116,6 +117,8 @@ def print_plan(p: dict) -> None:
           f"hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, "
           f"{c['num_heads']}/{c['num_kv_heads']} heads x {c['head_dim']}, vocab "
           f"{c['vocab_size']}, context {c['max_position_embeddings']})")
+    if p.get("gguf_tensor_types"):
+        print(f"GGUF tensor types: {p['gguf_tensor_types']}")
     seqs = "1 sequence" if p["max_num_seqs"] == 1 else f"{p['max_num_seqs']} sequences"
     layers = ", ".join(f"{count} {name}" for name, count in formats["layers"].items())
     print(f"for {seqs} of {p['max_model_len']} tokens, --quantization {p['quantization']}: "

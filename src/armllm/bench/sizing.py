@@ -20,7 +20,7 @@ from armllm import ops
 from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
 from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, load_hf_config
-from armllm.model.gguf import GGUFFile
+from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.llama import KVCache, Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
@@ -60,6 +60,9 @@ def linear_bytes(n: int, k: int, dense: str, fmt: QuantFormat | None) -> int:
     correction of one float a group)."""
     if fmt is None:
         return n * k * ITEM_BYTES[dense]
+    if fmt.runs_gguf:
+        return ops.kernels().gguf_packed_len(k, [TYPE_IDS[t] for t, _ in fmt.gguf],
+                                             [rows for _, rows in fmt.gguf])
     packed = ops.kernels().wq_packed_len(n, k, fmt.bits, fmt.group)
     if not fmt.act_symmetric:
         packed += n * ops.quant_groups(k, fmt.group) * ITEM_BYTES["f32"]
@@ -74,7 +77,11 @@ def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> d
     linear = [sum(linear_bytes(n, k, dense, f) for f, (n, k) in zip(layer, shapes, strict=True))
               for layer in layers_fmt]
     small = 4 * _layer_small_params(c)
-    out = {"embedding": c.vocab_size * c.hidden_size * ITEM_BYTES[dense],
+    embed = c.vocab_size * c.hidden_size * ITEM_BYTES[dense]
+    if formats and formats.embed_gguf:   # kept in its GGUF blocks
+        _, elems, block_bytes = GGML_TYPES[TYPE_IDS[formats.embed_gguf]]
+        embed = c.vocab_size * c.hidden_size // elems * block_bytes
+    out = {"embedding": embed,
            "per_layer": max(linear) + small, "layers": sum(linear) + c.num_layers * small,
            "final_norm": 4 * c.hidden_size,
            "lm_head": linear_bytes(c.vocab_size, c.hidden_size, dense,
@@ -87,6 +94,8 @@ def format_name(fmt: QuantFormat | None, dense: str) -> str:
     """w4a8-g32, w8a8-ch-asym, ... or the dense dtype."""
     if fmt is None:
         return dense
+    if fmt.runs_gguf:
+        return "+".join(dict.fromkeys(t for t, _ in fmt.gguf)) + " (GGUF)"
     return (f"w{fmt.bits}a8-{f'g{fmt.group}' if fmt.group else 'ch'}"
             f"{'' if fmt.act_symmetric else '-asym'}")
 
@@ -96,7 +105,9 @@ def describe_formats(formats: LinearFormats | None, dense: str, num_layers: int)
     layers = formats.layers if formats else [(None,) * 4] * num_layers
     counts = Counter(format_name(f, dense) for layer in layers for f in layer)
     return {"layers": dict(sorted(counts.items())),
-            "lm_head": format_name(formats.lm_head if formats else None, dense)}
+            "lm_head": format_name(formats.lm_head if formats else None, dense),
+            "embedding": f"{formats.embed_gguf} (GGUF)" if formats and formats.embed_gguf
+            else dense}
 
 
 def rope_table_bytes(c: ModelConfig) -> int:
@@ -171,10 +182,12 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
 
 # -- reading the model -------------------------------------------------------------------
 
-def read_model(model: str | Path, engine: EngineArgs) -> tuple[ModelConfig, LinearFormats | None]:
+def read_model(model: str | Path, engine: EngineArgs
+               ) -> tuple[ModelConfig, LinearFormats | None, str | None]:
     """The ModelConfig of a model directory (config.json) or GGUF file (its metadata
-    and tensor list), and the formats its linear weights load in under `engine`'s
-    quantization; only headers are read."""
+    and tensor list), the formats its linear weights load in under `engine`'s
+    quantization, and a GGUF's tensor count per ggml type (GGUFFile.type_summary);
+    only headers are read."""
     path = model_path(model)
     quantization = engine.quantization if engine.quantization in ("auto", "none") else \
         parse_scheme(engine.quantization)
@@ -184,11 +197,12 @@ def read_model(model: str | Path, engine: EngineArgs) -> tuple[ModelConfig, Line
                           str(path / "config.json"))
         # a float checkpoint stores no quantized layer: config.json alone answers
         source = HFSource(path, ct) if ct is not None else None
-        return config, linear_formats(source, config, quantization, engine.quantize_lm_head)
+        return config, linear_formats(source, config, quantization,
+                                      engine.quantize_lm_head), None
     gguf = GGUFFile(path)
     try:
         config = gguf_model_config(gguf)
         return config, linear_formats(GGUFSource(gguf, config), config, quantization,
-                                      engine.quantize_lm_head)
+                                      engine.quantize_lm_head), gguf.type_summary()
     finally:
         gguf.close()

@@ -44,6 +44,8 @@ def load(model: str | Path, args: EngineArgs, progress=None) -> LoadedModel:
 
 def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
     loaded = load(model, args, progress)
+    if loaded.tensor_types:
+        log.info("GGUF tensor types: %s", loaded.tensor_types)
     if loaded.model.weights.quantization:
         log.info("linear layers: %s", loaded.model.weights.quantization)
     c = loaded.config

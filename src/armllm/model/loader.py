@@ -34,6 +34,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     tokenizer_config: dict
     generation_config: dict   # generation_config.json, or what a GGUF's metadata implies
+    tensor_types: str | None = None   # a GGUF's tensors per ggml type: "Q4_K: 112, F32: 33"
 
 
 def _read_json(path: Path) -> dict:
@@ -96,7 +97,7 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
                                quantize_lm_head)
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config,
-                           gguf_generation_config(gguf, config))
+                           gguf_generation_config(gguf, config), gguf.type_summary())
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
     weights = load_weights(HFSource(path, ct), config, dtype, progress, quantization,

@@ -20,7 +20,7 @@ from armllm import ops
 from armllm.model.compressed_tensors import CTConfig
 from armllm.model.compressed_tensors import load_matrix as ct_load_matrix
 from armllm.model.config import ModelConfig
-from armllm.model.gguf import GGML_TYPES, GGUFFile
+from armllm.model.gguf import GGML_TYPES, QUANTIZED_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.quantize import (
     GGUF_QUANTIZED,
     QuantizedMatrix,
@@ -172,16 +172,42 @@ class GGUFSource:
         heads = self._rope_heads(name)
         return w if heads is None else unpermute_rope_rows(w, heads)
 
-    def _quantized_tensor(self, name: str, shape: tuple[int, int]):
+    def _quantized_tensor(self, name: str, shape: tuple[int, int], types=GGUF_QUANTIZED):
         t = self.gguf.tensors.get(self._gguf_name(name))
-        if t is None or t.type_name not in GGUF_QUANTIZED or tuple(t.shape) != tuple(shape):
+        if t is None or t.type_name not in types or tuple(t.shape) != tuple(shape):
             return None
         return t
 
     def native_format(self, name: str, shape: tuple[int, int]) -> QuantFormat | None:
-        """The format get_quantized gives `name` in, from the tensor's type alone."""
-        t = self._quantized_tensor(name, shape)
-        return None if t is None else QuantFormat(*GGUF_QUANTIZED[t.type_name])
+        """The format `name` runs in as stored, from the tensor's type alone: Q8_0 / Q4_0
+        / Q4_1 map to the int8/int4 GEMM's (bits, group) (quantized_rows), and every
+        quantized type the kernels decode runs on the GGUF-block GEMM (raw_rows)."""
+        t = self._quantized_tensor(name, shape, QUANTIZED_TYPES)
+        if t is None:
+            return None
+        bits, group = GGUF_QUANTIZED.get(t.type_name, (0, ops.GGUF_ACT_GROUP))
+        return QuantFormat(bits, group, gguf=((t.type_name, shape[0]),))
+
+    def raw_rows(self, name: str, shape: tuple[int, int], rows: int):
+        """(first row, uint8 [rows, row bytes]) of a quantized tensor as stored, up to
+        about `rows` rows at a time (Q/K rows back in HF order); a chunk's file pages are
+        released when the next one is asked for."""
+        gname = self._gguf_name(name)
+        for row0, row1, unit in self._row_ranges(name, shape[0], rows):
+            raw = self.gguf.raw_rows(gname, row0, row1).reshape(row1 - row0, -1)
+            yield row0, raw if unit is None else unpermute_rope_rows(raw, (row1 - row0) // unit)
+            self.gguf.release(gname, row0, row1)
+
+    def embedding_table(self, name: str, shape: tuple[int, int]) -> ops.GGUFTable | None:
+        """A quantized embedding table as stored (a private copy; the file's pages are
+        released), or None when it is stored as floats."""
+        t = self._quantized_tensor(name, shape, QUANTIZED_TYPES)
+        if t is None:
+            return None
+        raw = np.empty((shape[0], t.nbytes // shape[0]), np.uint8)
+        for row0, rows in self.raw_rows(name, shape, _chunk_rows(shape[1])):
+            raw[row0:row0 + len(rows)] = rows
+        return ops.GGUFTable(raw, t.ggml_type, shape[1])
 
     def _row_ranges(self, name: str, n: int, rows: int):
         """[row0, row1) ranges of up to `rows` rows (at least one), and for Q/K the rows of
@@ -247,6 +273,14 @@ class QuantFormat:
     bits: int
     group: int
     act_symmetric: bool = True
+    # GGUF tensors as stored: (ggml type name, rows) of each part. With bits 0 they run
+    # on the GGUF-block GEMM; Q8_0/Q4_0/Q4_1 alone keep their bits and the int8/int4 GEMM
+    gguf: tuple[tuple[str, int], ...] | None = None
+
+    @property
+    def runs_gguf(self) -> bool:
+        """Packed for the GGUF-block GEMM (ops.pack_gguf)."""
+        return self.bits == 0
 
 
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")   # a layer's packed linear weights
@@ -258,6 +292,7 @@ class LinearFormats:
     and the lm_head's; None: a float weight in the model's dtype."""
     layers: tuple[tuple[QuantFormat | None, ...], ...]
     lm_head: QuantFormat | None
+    embed_gguf: str | None = None   # the embedding table kept as stored in this ggml type
 
 
 def _layer_tensors(c: ModelConfig, i: int) -> list[list[tuple[str, tuple[int, int]]]]:
@@ -293,7 +328,7 @@ class LayerWeights:
 @dataclass
 class ModelWeights:
     dtype: WeightDtype
-    embed: np.ndarray              # [vocab, hidden] float32, or uint16 bf16 bits
+    embed: np.ndarray | ops.GGUFTable  # [vocab, hidden] float32, uint16 bf16 bits, or GGUF blocks
     layers: list[LayerWeights]
     final_norm: np.ndarray
     lm_head: ops.PackedWeight
@@ -308,18 +343,25 @@ class ModelWeights:
     def formats(self) -> LinearFormats | None:
         """The formats of the packed linear weights (None: all float)."""
         def fmt(w: ops.PackedWeight) -> QuantFormat | None:
+            if w.dtype == "gguf":
+                return QuantFormat(0, w.group, gguf=tuple(
+                    (GGML_TYPES[t][0], r) for t, r in zip(w.gguf_types, w.gguf_rows)))
             return QuantFormat(w.bits, w.group, w.zp_correction is None) if w.quantized \
                 else None
+        embed = GGML_TYPES[self.embed.ggml_type][0] if isinstance(self.embed, ops.GGUFTable) \
+            else None
         return _formats_or_none(
             tuple(tuple(fmt(getattr(lw, name)) for name in LAYER_LINEARS) for lw in self.layers),
-            fmt(self.lm_head))
+            fmt(self.lm_head), embed)
 
 
 def _formats_or_none(layers: tuple[tuple[QuantFormat | None, ...], ...],
-                     lm_head: QuantFormat | None) -> LinearFormats | None:
-    if lm_head is None and all(f is None for layer in layers for f in layer):
+                     lm_head: QuantFormat | None, embed_gguf: str | None = None
+                     ) -> LinearFormats | None:
+    if lm_head is None and embed_gguf is None and all(f is None for layer in layers
+                                                      for f in layer):
         return None
-    return LinearFormats(layers, lm_head)
+    return LinearFormats(layers, lm_head, embed_gguf)
 
 
 Quantization = Literal["auto", "none"] | Scheme
@@ -333,11 +375,15 @@ def _fused_format(natives: list[QuantFormat | None], quantization: Quantization
     if quantization == "none":
         return None
     if quantization == "auto":
-        if any(f is None for f in natives) or len({(f.bits, f.group) for f in natives}) != 1:
+        if any(f is None for f in natives):
             return None
-        # one quantization of the input serves every part: asymmetric if any asks for it
-        return QuantFormat(natives[0].bits, natives[0].group,
-                           all(f.act_symmetric for f in natives))
+        if len({(f.bits, f.group) for f in natives}) == 1 and natives[0].bits:
+            # one quantization of the input serves every part: asymmetric if any asks
+            return QuantFormat(natives[0].bits, natives[0].group,
+                               all(f.act_symmetric for f in natives))
+        if all(f.gguf for f in natives):   # GGUF parts of other types: each as stored
+            return QuantFormat(0, ops.GGUF_ACT_GROUP, gguf=sum((f.gguf for f in natives), ()))
+        return None
     return QuantFormat(quantization.bits, quantization.group, quantization.act_symmetric)
 
 
@@ -366,7 +412,12 @@ def linear_formats(source, config: ModelConfig, quantization: Quantization = "au
                    for i in range(config.num_layers))
     head = fmt([_head_tensor(config)]) if _quantizes_head(quantization, quantize_lm_head) \
         else None
-    return _formats_or_none(layers, head)
+    embed = getter(*_embed_tensor(config)) if getter and quantization == "auto" else None
+    return _formats_or_none(layers, head, embed.gguf[0][0] if embed and embed.gguf else None)
+
+
+def _embed_tensor(c: ModelConfig) -> tuple[str, tuple[int, int]]:
+    return "model.embed_tokens.weight", (c.vocab_size, c.hidden_size)
 
 
 # f32 bytes of the rows converted or quantized at a time: a conversion's temporaries
@@ -385,10 +436,13 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                  quantize_lm_head: bool = False) -> ModelWeights:
     """Reads, checks, converts and packs every tensor of the model.
 
-    quantization: "auto" runs the checkpoint's own quantized layers as they are (GGUF
-    Q8_0/Q4_0/Q4_1, compressed-tensors) and float layers in `dtype`; "none" dequantizes
-    everything to `dtype`; a Scheme quantizes float layers at load (round to nearest) and
-    keeps quantized ones that already match it. Embeddings stay in `dtype`. The lm_head
+    quantization: "auto" runs the checkpoint's own quantized layers as they are (GGUF's
+    quantized types, compressed-tensors) and float layers in `dtype`, and keeps a GGUF's
+    quantized embedding table as stored (the gather dequantizes the rows it reads);
+    "none" dequantizes everything to `dtype`; a Scheme quantizes float layers at load
+    (round to nearest) and keeps quantized ones that already match it, embeddings in
+    `dtype`. A fused matrix whose GGUF parts differ in type (a Q4_K_M file's Q4_K Q/K and
+    Q6_K V) runs each part as stored on the GGUF-block GEMM. The lm_head
     follows the linear layers' rule when the checkpoint stores it quantized ("auto", e.g.
     a GGUF's Q8_0 token_embd under a tied head, runs as is, as llama.cpp runs it) or when
     quantize_lm_head asks for it; a float lm_head otherwise stays in `dtype`.
@@ -458,6 +512,20 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             first += shape[0]
         return q, d, o
 
+    def gguf_matrix(names_shapes, fmt: QuantFormat) -> ops.PackedWeight:
+        """The parts' rows as stored, one after another, packed for the GGUF-block GEMM."""
+        k = names_shapes[0][1][1]
+        sizes = [n * GGML_TYPES[TYPE_IDS[t]][2] * k // GGML_TYPES[TYPE_IDS[t]][1]
+                 for t, n in fmt.gguf]
+        blocks, first = np.empty(sum(sizes), np.uint8), 0
+        for (name, shape), size in zip(names_shapes, sizes, strict=True):
+            part = blocks[first:first + size].reshape(shape[0], -1)
+            for row0, rows in source.raw_rows(name, shape, _chunk_rows(k)):
+                part[row0:row0 + len(rows)] = rows
+            first += size
+        return ops.pack_gguf(blocks, k, [TYPE_IDS[t] for t, _ in fmt.gguf],
+                             [n for _, n in fmt.gguf])
+
     def matrix(names_shapes: list[tuple[str, tuple[int, int]]],
                may_quantize: bool = True) -> ops.PackedWeight:
         fmt = None
@@ -470,6 +538,9 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             if may_quantize:
                 used.add(dtype)
             return ops.pack_weight(float_matrix(names_shapes, dtype), dtype)
+        if fmt.runs_gguf:
+            used.update(f"{t} (GGUF, as stored)" for t, _ in fmt.gguf)
+            return gguf_matrix(names_shapes, fmt)
         if quantization == "auto":
             acts = "" if fmt.act_symmetric else ", asymmetric activations"
             used.add(f"w{fmt.bits}a8-{_group_name(fmt.group)} ({_origin(source)}{acts})")
@@ -479,7 +550,12 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         return ops.pack_quantized(q, d, o, fmt.bits, fmt.group, act_asym=not fmt.act_symmetric)
 
     h, q, kv = c.hidden_size, c.q_size, c.kv_size
-    embed = float_matrix([("model.embed_tokens.weight", (c.vocab_size, h))], dtype)
+    embed = None
+    if quantization == "auto" and hasattr(source, "embedding_table"):
+        check(*_embed_tensor(c))
+        embed = source.embedding_table(*_embed_tensor(c))
+    if embed is None:
+        embed = float_matrix([_embed_tensor(c)], dtype)
     head = [_head_tensor(c)]
     head_fmt = None
     if _quantizes_head(quantization, quantize_lm_head) and quantization != "none":
@@ -489,8 +565,11 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         lm_head = matrix(head)
         head_label = ", ".join(sorted(used))
         used.clear()
-    elif c.tie_word_embeddings:
+    elif c.tie_word_embeddings and isinstance(embed, np.ndarray):
         lm_head = ops.pack_weight(embed, dtype)
+    elif c.tie_word_embeddings:   # a quantized table under a float head
+        lm_head = ops.pack_weight(_as_bf16(embed.dequantize()) if dtype == "bf16"
+                                  else embed.dequantize(), dtype)
     else:
         lm_head = matrix(head, may_quantize=False)
     layers = []
