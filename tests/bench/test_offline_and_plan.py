@@ -178,10 +178,12 @@ def allocated(ws: Workspace) -> int:
 
 
 def expected_plan(c, max_len: int, seqs: int, bandwidth_gbs: float, item: int = 2,
-                  kv_item: int = 2, linear=None, formats=None, weights=None) -> dict:
+                  kv_item: int = 2, linear=None, formats=None, weights=None,
+                  embed_bytes: int | None = None) -> dict:
     """The plan, computed here from the config the long way: `linear(n, k)` sizes a
     layer's linear weight (default dense), `weights` overrides the weights' total (as
-    measured on a loaded model), `formats` is what the Workspace is built for."""
+    measured on a loaded model), `formats` is what the Workspace is built for,
+    `embed_bytes` the embedding table's bytes (default dense)."""
     h, inter, v, layers = c.hidden_size, c.intermediate_size, c.vocab_size, c.num_layers
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)]  # as packed: fused qkv, gate/up
@@ -198,8 +200,10 @@ def expected_plan(c, max_len: int, seqs: int, bandwidth_gbs: float, item: int = 
     workspace = allocated(Workspace(c, 2048, seqs, formats, max_seq_len=max_len))
     overhead = workspace + c.max_position_embeddings * c.head_dim * 4 + 300 * MiB
 
+    embed_bytes = embed * item if embed_bytes is None else embed_bytes
+
     def step(b: int) -> float:
-        return weights - embed * item + b * (h * item + kv_token * max_len / 2)
+        return weights - embed_bytes + b * (embed_bytes // v + kv_token * max_len / 2)
 
     return {"params": params, "weights": weights, "kv_token": kv_token, "kv": kv_total,
             "workspace": workspace, "overhead": overhead,
@@ -235,7 +239,8 @@ def test_plan_tiny_model_bf16_and_f32(tiny, capsys):
                            "--bandwidth-gbs", "10"])
     check(p, expected_plan(c, 100, 3, 10.0))
     assert p["quantization"] == "auto"   # serve's default: a float checkpoint stays float
-    assert p["linear_formats"] == {"layers": {"bf16": 4 * c.num_layers}, "lm_head": "bf16"}
+    assert p["linear_formats"] == {"layers": {"bf16": 4 * c.num_layers}, "lm_head": "bf16",
+                                   "embedding": "bf16"}
     assert not p["params"]["tied"] and p["params"]["lm_head"] == c.vocab_size * c.hidden_size
     assert p["kv_cache"]["blocks_per_sequence"] == 7  # 100 tokens in 16-token blocks
     p = plan_json(capsys, [str(tiny), "--max-model-len", "512", "--max-num-seqs", "2",
@@ -271,7 +276,8 @@ def test_plan_quantized_weights(tiny, capsys, quantization, runs_as):
                            "--quantization", quantization, "--bandwidth-gbs", "10"])
     check(p, expected_plan(c, 64, 1, 10.0, linear=packed_bytes(quantization),
                            formats=LinearFormats(((fmt,) * 4,) * c.num_layers, None)))
-    assert p["linear_formats"] == {"layers": {runs_as: 4 * c.num_layers}, "lm_head": "bf16"}
+    assert p["linear_formats"] == {"layers": {runs_as: 4 * c.num_layers}, "lm_head": "bf16",
+                                   "embedding": "bf16"}
     assert any(f"--quantization {quantization}" in line for line in p["assumptions"])
 
 
@@ -291,8 +297,9 @@ def loaded_bytes(weights, c) -> int:
 @pytest.mark.parametrize("quantization", ["auto", "none", "w4a8-g64"])
 def test_plan_sizes_what_serve_loads_from_a_gguf(tmp_path, capsys, quantization):
     """A GGUF of mixed types: under auto, the Q8_0/Q4_0/Q4_1 layers whose fused parts
-    agree run as stored (the others in bf16), and so does the tied Q8_0 head; the plan's
-    weights and workspace are what loading the file allocates."""
+    agree run as stored (a part stored as floats makes its matrix bf16), and so do the
+    tied Q8_0 head and the embedding; the plan's weights and workspace are what loading
+    the file allocates."""
     pytest.importorskip("gguf")
     from armllm.model.gguf import GGUFFile
     from armllm.model.loader import gguf_model_config
@@ -314,12 +321,39 @@ def test_plan_sizes_what_serve_loads_from_a_gguf(tmp_path, capsys, quantization)
     p = plan_json(capsys, [str(path), "--max-model-len", "96", "--max-num-seqs", "2",
                            "--quantization", quantization, "--bandwidth-gbs", "10"])
     check(p, expected_plan(c, 96, 2, 10.0, formats=weights.formats,
-                           weights=loaded_bytes(weights, c)))
+                           weights=loaded_bytes(weights, c),
+                           embed_bytes=weights.embed.nbytes))
     want = {"auto": {"layers": {"bf16": 3, "w4a8-g32": 3, "w8a8-g32": 2},
-                     "lm_head": "w8a8-g32"},
-            "none": {"layers": {"bf16": 8}, "lm_head": "bf16"},
-            "w4a8-g64": {"layers": {"w4a8-g64": 8}, "lm_head": "bf16"}}[quantization]
+                     "lm_head": "w8a8-g32", "embedding": "Q8_0 (GGUF)"},
+            "none": {"layers": {"bf16": 8}, "lm_head": "bf16", "embedding": "bf16"},
+            "w4a8-g64": {"layers": {"w4a8-g64": 8}, "lm_head": "bf16", "embedding": "bf16"}
+            }[quantization]
     assert p["linear_formats"] == want
+
+
+def test_plan_sizes_a_k_quant_mix(tmp_path, capsys):
+    """A Q4_K_M-like file (Q4_K, Q6_K V and down, Q6_K embedding and tied head): the
+    plan's weights are what loading it allocates, the tensor types are reported."""
+    pytest.importorskip("gguf")
+    from armllm.model.gguf import GGUFFile
+    from armllm.model.loader import gguf_model_config
+    from armllm.model.weights import GGUFSource, load_weights
+    from tests.model.test_gguf_kquants import MIXES
+    from tests.tiny_model import write_tiny_gguf
+    types, hidden, inter = MIXES["Q4_K_M"]
+    path = write_tiny_gguf(tmp_path / "m.gguf", types, vocab=128, hidden=hidden, inter=inter)
+    g = GGUFFile(path)
+    c = gguf_model_config(g)
+    weights = load_weights(GGUFSource(g, c), c, "bf16")
+    p = plan_json(capsys, [str(path), "--max-model-len", "96", "--max-num-seqs", "2",
+                           "--bandwidth-gbs", "10"])
+    check(p, expected_plan(c, 96, 2, 10.0, formats=weights.formats,
+                           weights=loaded_bytes(weights, c),
+                           embed_bytes=weights.embed.nbytes))
+    assert p["linear_formats"] == {"layers": {"Q4_K (GGUF)": 4, "Q4_K+Q6_K (GGUF)": 2,
+                                              "Q6_K (GGUF)": 2},
+                                   "lm_head": "Q6_K (GGUF)", "embedding": "Q6_K (GGUF)"}
+    assert p["gguf_tensor_types"] == "Q4_K: 10, F32: 5, Q6_K: 5"
 
 
 def test_plan_smollm2_default_model(capsys, smollm2_gguf):
@@ -333,9 +367,11 @@ def test_plan_smollm2_default_model(capsys, smollm2_gguf):
                            "--bandwidth-gbs", "20"])
     assert p["model"] == str(smollm2_gguf)
     assert c.tie_word_embeddings and p["params"]["tied"] and p["params"]["lm_head"] == 0
-    assert p["linear_formats"] == {"layers": {"w4a8-g32": 120}, "lm_head": "w8a8-g32"}
+    assert p["linear_formats"] == {"layers": {"w4a8-g32": 120}, "lm_head": "w8a8-g32",
+                                   "embedding": "Q8_0 (GGUF)"}
     e = expected_plan(c, 2048, 8, 20.0, formats=loaded.model.formats,
-                      weights=loaded_bytes(loaded.model.weights, c))
+                      weights=loaded_bytes(loaded.model.weights, c),
+                      embed_bytes=loaded.model.weights.embed.nbytes)
     check(p, e)
     assert e["params"] == 134_515_008  # SmolLM2-135M: 134.5 M with the tied embedding
     assert p["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 2

@@ -162,7 +162,7 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
                       // per_block)
             plan["kv_cache"]["serve_default_cap_blocks"] = cap
     # decode: all weights once per step, one embedding row and the KV of each sequence
-    row = c.hidden_size * ITEM_BYTES[dense]
+    row = weights["embedding"] // c.vocab_size
     step_weights = weights["total"] - weights["embedding"]
     kv_read = kv_token * max_model_len // 2  # per sequence, at the average context
 
