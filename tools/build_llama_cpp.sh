@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# build_llama_cpp: builds llama.cpp's llama-bench and llama-server natively from the
-# source that the llama-cpp-python 0.3.36 sdist vendors (vendor/llama.cpp), the peer
-# build of issue 13's benchmark (tools/bench_matrix.py).
+# build_llama_cpp: builds llama.cpp's llama-bench, llama-server, llama-quantize and
+# llama-perplexity natively from the source that the llama-cpp-python 0.3.36 sdist
+# vendors (vendor/llama.cpp): the peer build of the benchmarks (tools/bench_matrix.py)
+# and the quantizer and perplexity tool the K-quant tests compare with.
 #
 #     tools/build_llama_cpp.sh [DEST]
 #
 # DEST defaults to ${XDG_CACHE_HOME:-~/.cache}/armllm/llama.cpp-0.3.36. The binaries land
 # in DEST/build/bin/ (statically linked against ggml/llama, so they run from anywhere).
-# Idempotent: when both binaries exist and answer --help, it only prints where they are.
+# Idempotent: when every binary exists and answers --help, it only prints where they are.
 # Environment: JOBS (parallel compile jobs, default 2: the CPU is shared), NICE (niceness
 # of the compile, default 10).
 #
@@ -17,7 +18,7 @@
 # fault in ldtilecfg for every Q4_0/Q4_1/Q8_0 model, so -mno-amx-* keeps ggml on its
 # AVX-512 VNNI/BF16 kernels there (and changes nothing on CPUs without AMX). No curl/OpenSSL (nothing here downloads models), no web UI (the
 # prebuilt UI would be fetched from Hugging Face, which is unreachable), no tests or
-# examples: only the two targets the benchmark runs are built.
+# examples: only the four targets named above are built.
 set -euo pipefail
 
 VERSION=0.3.36
@@ -26,18 +27,27 @@ JOBS=${JOBS:-2}
 NICE=${NICE:-10}
 SRC=$DEST/src
 BUILD=$DEST/build
-BENCH=$BUILD/bin/llama-bench
-SERVER=$BUILD/bin/llama-server
+TARGETS=(llama-bench llama-server llama-quantize llama-perplexity)
 
 built() {
-    [[ -x $BENCH && -x $SERVER ]] && "$BENCH" --help >/dev/null 2>&1 \
-        && "$SERVER" --help >/dev/null 2>&1
+    local t
+    for t in "${TARGETS[@]}"; do
+        [[ -x $BUILD/bin/$t ]] || return 1
+    done
+    # llama-quantize answers --help with exit status 1: ask the other three
+    "$BUILD/bin/llama-bench" --help >/dev/null 2>&1 \
+        && "$BUILD/bin/llama-server" --help >/dev/null 2>&1 \
+        && "$BUILD/bin/llama-perplexity" --help >/dev/null 2>&1
+}
+
+list() {
+    local t
+    for t in "${TARGETS[@]}"; do echo "  $BUILD/bin/$t"; done
 }
 
 if built; then
     echo "llama.cpp (llama-cpp-python $VERSION) already built:"
-    echo "  $BENCH"
-    echo "  $SERVER"
+    list
     exit 0
 fi
 
@@ -85,12 +95,11 @@ cmake -S "$SRC" -B "$BUILD" "${generator[@]}" \
     -DLLAMA_USE_PREBUILT_UI=OFF \
     >"$DEST/configure.log" 2>&1 || { tail -40 "$DEST/configure.log"; exit 1; }
 
-echo "building llama-bench and llama-server with $JOBS jobs (log: $DEST/build.log) ..."
+echo "building ${TARGETS[*]} with $JOBS jobs (log: $DEST/build.log) ..."
 nice -n "$NICE" cmake --build "$BUILD" --config Release -j "$JOBS" \
-    --target llama-bench llama-server >"$DEST/build.log" 2>&1 \
+    --target "${TARGETS[@]}" >"$DEST/build.log" 2>&1 \
     || { tail -40 "$DEST/build.log"; exit 1; }
 
 built || { echo "build finished but the binaries do not run" >&2; exit 1; }
 echo "built:"
-echo "  $BENCH"
-echo "  $SERVER"
+list

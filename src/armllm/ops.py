@@ -39,7 +39,7 @@ __all__ = [
     "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "cpu_info",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
-    "GGUFTable", "kv_write", "linear", "num_threads", "pack_gguf", "pack_quantized",
+    "GGUFTable", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf", "pack_quantized",
     "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
@@ -223,6 +223,12 @@ def pack_gguf(blocks: np.ndarray, k: int, types: list[int], rows: list[int]) -> 
     return _KERNELS.pack_gguf(blocks, k, types, rows)
 
 
+def gguf_dequantize(ggml_type: int, raw: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """[rows, k] float32 of rows of GGUF blocks of a ggml type as stored (the kernels'
+    exact decoder: the gguf package's dequantization bit for bit)."""
+    return _ext.gguf_dequantize(ggml_type, raw, rows, k)
+
+
 class GGUFTable:
     """An embedding table as a GGUF file stores it: [vocab, d] in blocks of one ggml
     type (raw uint8 [vocab, row bytes], a private copy); embedding() dequantizes only
@@ -243,7 +249,7 @@ class GGUFTable:
 
     def dequantize(self) -> np.ndarray:
         """The whole table as float32."""
-        return _ext.gguf_dequantize(self.ggml_type, self.raw, *self.shape)
+        return gguf_dequantize(self.ggml_type, self.raw, *self.shape)
 
 
 ZP_CHUNK = 1 << 18   # int64 elements (2 MiB) of _zp_correction's padded rows at a time

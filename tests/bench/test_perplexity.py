@@ -72,6 +72,45 @@ def test_matches_transformers_whole_and_in_chunks(capsys, tiny, text):
     assert chunked["perplexity"] == pytest.approx(want, rel=1e-4)
 
 
+def transformers_chunk_perplexity(tiny, ids: list[int], context: int, bos: int | None,
+                                  chunks: int) -> float:
+    """llama-perplexity's recipe: chunks of `context` ids, the first one BOS, each
+    scoring the predictions of its second half."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.float32)
+    nll, scored = 0.0, 0
+    for i in range(chunks):
+        window = list(ids[i * context:(i + 1) * context])
+        window[0] = window[0] if bos is None else bos
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([window])).logits[0].double(), dim=-1)
+        for row in range(context // 2, context - 1):
+            nll -= float(logp[row, window[row + 1]])
+            scored += 1
+    return math.exp(nll / scored)
+
+
+def test_llama_cpp_recipe_matches_transformers(capsys, tiny, text):
+    from armllm.model.loader import load_tokenizer
+    ids = load_tokenizer(tiny).encode(text.read_text())
+    context = 40
+    got = run(capsys, tiny, text, "--context", str(context), "--llama-cpp", "--chunks", "2",
+              "--kv-cache-dtype", "f32", "--max-num-batched-tokens", "16")
+    assert got["windows"] == 2 and got["scored"] == 2 * (context - context // 2 - 1)
+    # the tiny tokenizer adds no BOS: the chunks are the text's own ids
+    want = transformers_chunk_perplexity(tiny, ids, context, None, 2)
+    assert got["perplexity"] == pytest.approx(want, rel=1e-4)
+    every = run(capsys, tiny, text, "--context", str(context), "--llama-cpp",
+                "--kv-cache-dtype", "f32")
+    assert every["windows"] == len(ids) // context
+    for flags, message in ((["--chunks", "2"], "--chunks takes a positive count, with "
+                                               "--llama-cpp"),
+                           (["--llama-cpp", "--context", "100"], "need at least 200 tokens")):
+        assert main(["eval", "perplexity", str(tiny), "--text", str(text), *flags]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_the_window_is_capped_by_max_model_len_and_the_kv_cache(capsys, tiny, text):
     assert run(capsys, tiny, text, "--context", "64", "--stride", "16",
                "--max-model-len", "40")["context"] == 40

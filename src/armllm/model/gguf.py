@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from armllm._kernels._ext import gguf_dequantize
+from armllm import ops
 from armllm.model.mapped import map_file, release
 
 GGUF_MAGIC = b"GGUF"
@@ -272,4 +272,4 @@ class GGUFFile:
 def dequantize_rows(ggml_type: int, raw: np.ndarray, rows: int, k: int) -> np.ndarray:
     """[rows, k] float32 of `rows` rows of a quantized type as stored (the kernels'
     exact decoder: the gguf package's dequantization bit for bit)."""
-    return gguf_dequantize(ggml_type, raw, rows, k)
+    return ops.gguf_dequantize(ggml_type, raw, rows, k)
