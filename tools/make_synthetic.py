@@ -4,7 +4,8 @@ only on shapes, as a Hugging Face directory (bf16 safetensors) and as GGUF files
 whose tensors hold the same values, so llama.cpp and armllm run identical numbers.
 
     python tools/make_synthetic.py --shape llama-3.2-1b --out DIR \
-        [--formats hf-bf16,gguf-f16,gguf-bf16,gguf-q8_0,gguf-q4_0] [--seed N] [--layers N]
+        [--formats hf-bf16,gguf-f16,gguf-bf16,gguf-q8_0,gguf-q4_0,gguf-q4_k_m,...]
+        [--seed N] [--layers N] [--llama-bin DIR]
 
 writes DIR/hf-bf16/ (config.json, model.safetensors or model-0000k-of-0000n shards
 of at most 5 GB with model.safetensors.index.json, tokenizer.json,
@@ -17,7 +18,9 @@ the logits then have std about 1), and 1.0 for every norm weight: RMSNorm
 resets the scale at each layer, so activations stay sane through any depth. The
 values are rounded to bf16, and bf16 values below F16's smallest normal (2^-14,
 well under 1% of them) are flushed to zero, so F16 and BF16 GGUFs hold exactly the
-bf16 values; Q8_0/Q4_0 are the gguf package's (llama.cpp's) quantization of them.
+bf16 values; Q8_0/Q4_0 are the gguf package's (llama.cpp's) quantization of them,
+and the K-quant mixes (gguf-q4_k_m, gguf-q5_k_m, gguf-q6_k, gguf-iq4_xs) are
+llama-quantize's of the BF16 GGUF (its tensor choices: Q6_K V/down rows, ...).
 GGUF follows llama.cpp's converter: norms in F32, Llama's Q/K rows permuted for
 interleaved RoPE, llama3 RoPE scaling as the rope_freqs.weight tensor, tied
 embeddings as no output.weight, Qwen3 as architecture "qwen3" (which armllm's
@@ -39,6 +42,7 @@ import dataclasses
 import json
 import math
 import struct
+import subprocess
 import sys
 import time
 import zlib
@@ -105,7 +109,11 @@ FILE_TYPES = {gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
               gguf.GGMLQuantizationType.BF16: gguf.LlamaFileType.MOSTLY_BF16,
               gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
               gguf.GGMLQuantizationType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
-FORMATS = ("hf-bf16", *GGUF_FORMATS)
+# --formats name -> llama-quantize's type: mixes only llama.cpp's quantizer writes (Q6_K
+# V/down rows in Q4_K_M, ...), from the BF16 GGUF (written too, as their source)
+LLAMA_QUANTIZE_FORMATS = {"gguf-q4_k_m": "Q4_K_M", "gguf-q5_k_m": "Q5_K_M",
+                          "gguf-q6_k": "Q6_K", "gguf-iq4_xs": "IQ4_XS"}
+FORMATS = ("hf-bf16", *GGUF_FORMATS, *LLAMA_QUANTIZE_FORMATS)
 CHUNK_ELEMENTS = 1 << 25        # rows generated at a time: 128 MiB of float32
 MAX_SHARD_BYTES = 5 * 10**9     # Hugging Face's default max_shard_size ("5GB")
 F16_MIN_NORMAL_EXP = 127 - 14   # bf16 biased exponent of 2^-14, F16's smallest normal
@@ -400,11 +408,20 @@ class GGUFOutput:
 
 
 def write_synthetic(shape: Shape, out: Path, formats: list[str], seed: int = 0,
-                    name: str = "synthetic", log=print) -> dict[str, Path]:
-    """Writes `shape` in each format under `out`; returns {format: path}."""
+                    name: str = "synthetic", log=print,
+                    llama_bin: Path | None = None) -> dict[str, Path]:
+    """Writes `shape` in each format under `out`; returns {format: path}. The
+    LLAMA_QUANTIZE_FORMATS are llama-quantize's (from llama_bin) of the BF16 GGUF."""
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ValueError(f"formats must be among {', '.join(FORMATS)}, got {formats}")
+    requantized = [f for f in formats if f in LLAMA_QUANTIZE_FORMATS]
+    quantize = (llama_bin or Path()) / "llama-quantize"
+    if requantized and not quantize.exists():
+        raise ValueError(f"{', '.join(requantized)} need llama-quantize: {quantize} is missing "
+                         f"(tools/build_llama_cpp.sh, or --llama-bin)")
+    if requantized and "gguf-bf16" not in formats:
+        formats = [*formats, "gguf-bf16"]
     specs = tensor_specs(shape)
     tok_meta = smollm2_metadata(shape.vocab)
     out.mkdir(parents=True, exist_ok=True)
@@ -435,6 +452,12 @@ def write_synthetic(shape: Shape, out: Path, formats: list[str], seed: int = 0,
     finally:
         for sink in sinks:
             sink.close()
+    for fmt in requantized:
+        kind = LLAMA_QUANTIZE_FORMATS[fmt]
+        path = paths[fmt] = out / f"{name}-{kind}.gguf"
+        log(f"llama-quantize {paths['gguf-bf16'].name} -> {path.name} ({kind}) ...")
+        subprocess.run([str(quantize), str(paths["gguf-bf16"]), str(path), kind], check=True,
+                       stdout=subprocess.DEVNULL)
     return paths
 
 
@@ -447,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, among {','.join(FORMATS)} (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="fewer (or more) layers, same widths")
+    llama_bin = demo_model.cache_dir() / "llama.cpp-0.3.36" / "build" / "bin"
+    ap.add_argument("--llama-bin", type=Path, default=llama_bin,
+                    help="folder of llama-quantize, for the K-quant formats "
+                         "(tools/build_llama_cpp.sh; default %(default)s)")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
     if args.seed < 0:
@@ -457,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         shape = dataclasses.replace(shape, layers=args.layers)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
-        paths = write_synthetic(shape, args.out, formats, args.seed, args.shape)
+        paths = write_synthetic(shape, args.out, formats, args.seed, args.shape,
+                                llama_bin=args.llama_bin)
     except (ValueError, demo_model.DemoModelError) as exc:
         print(f"make_synthetic: {exc}", file=sys.stderr)
         return 2

@@ -45,10 +45,10 @@ def prompt_logits(model: LlamaModel, ids: np.ndarray) -> np.ndarray:
     c, t, bs = model.config, len(ids), 8
     kv = KVCache(c, -(-t // bs), bs, "f32")
     ws = Workspace(c, t, t, model.formats, max_seq_len=t)
+    table = np.arange(-(-t // bs), dtype=np.int32).reshape(1, -1)
     meta = BatchMeta(ids.astype(np.int32), np.arange(t, dtype=np.int32),
                      np.arange(t, dtype=np.int32), np.array([0, t], np.int32),
-                     np.array([t], np.int32), np.arange(-(-t // bs), dtype=np.int32).reshape(1, -1).copy(),
-                     np.arange(t, dtype=np.int64))
+                     np.array([t], np.int32), table, np.arange(t, dtype=np.int64))
     logits = model.forward(meta, kv, ws).astype(np.float64)
     shifted = logits - logits.max(1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
