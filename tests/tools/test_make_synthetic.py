@@ -167,7 +167,8 @@ def test_command_line_layers_cuts_the_stack(tmp_path, monkeypatch):
     """--layers reaches the writer (it was once applied only after a --seed error)."""
     written = []
     monkeypatch.setattr(synth, "write_synthetic",
-                        lambda shape, out, formats, seed, name: written.append(shape) or {})
+                        lambda shape, out, formats, seed, name, llama_bin:
+                        written.append(shape) or {})
     assert synth.main(["--shape", "llama-3.2-1b", "--out", str(tmp_path), "--layers", "3"]) == 0
     assert [s.layers for s in written] == [3]
     assert written[0].hidden == synth.SHAPES["llama-3.2-1b"].hidden
