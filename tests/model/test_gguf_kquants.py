@@ -104,3 +104,19 @@ def test_embedding_gathers_the_stored_rows(mixed_file):
     want = g.dequantize("token_embd.weight")[ids]
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
     assert w.embed.nbytes == g.tensors["token_embd.weight"].nbytes
+
+
+def test_bound_layers_are_the_per_op_graph_bit_for_bit(tmp_path):
+    """GGUF-block weights through the one-call layers (ops.decoder_layer) and through
+    ops.linear / ops.rms_norm_linear give the same bits, prompt chunks and decodes."""
+    from tests.model.test_bound_layers import mixed_steps, per_op_forward
+    types, hidden, inter = MIXES["Q4_K_M"]
+    g = GGUFFile(write_tiny_gguf(tmp_path / "m.gguf", types, hidden=hidden, inter=inter))
+    c = gguf_model_config(g)
+    model, bs = LlamaModel(c, load_weights(GGUFSource(g, c), c, "f32")), 8
+    kv_bound, kv_ref = (KVCache(c, 8, bs, "f32") for _ in range(2))
+    ws_bound, ws_ref = (Workspace(c, 32, 2, model.formats, max_seq_len=40) for _ in range(2))
+    for meta in mixed_steps(bs):
+        np.testing.assert_array_equal(model.forward(meta, kv_bound, ws_bound),
+                                      per_op_forward(model, meta, kv_ref, ws_ref))
+    np.testing.assert_array_equal(kv_bound._k, kv_ref._k)
