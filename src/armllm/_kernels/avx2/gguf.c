@@ -119,81 +119,83 @@ static ALWAYS_INLINE __m256 i8x8(const uint8_t *p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* Unpacks a chunk of ngr groups at w (the layout above). */
-static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t ngr,
-                                       unpacked *U) {
-  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+/* The bytes u[0 .. 8) of one group at p (the layout above). */
+static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m256i *u) {
   /* IQ4's code book, in both 128-bit lanes (vpshufb looks up per lane) */
   const __m256i iq4 = _mm256_broadcastsi128_si256(
       _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
-  const __m256i flip = _mm256_set1_epi8((char)0x80);
-  for (int64_t gi = 0; gi < ngr; gi++) {
-    const uint8_t *p = w + gi * gbytes;
-    __m256i *u = U->u + GGUF_STEPS * gi;
-    switch (type) {
-    case ARMLLM_GGML_Q8_0: /* stored v + 128: v back */
-      for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_xor_si256(load(p + 32 * s), flip);
-      break;
-    case ARMLLM_GGML_Q2_K:
-      plane2(p, u);
-      break;
-    case ARMLLM_GGML_Q3_K:
-      plane2(p, u);
-      or_plane1(p + 2 * GGUF_VEC, u, 2);
-      break;
-    case ARMLLM_GGML_Q6_K:
-      nibbles(p, u);
-      or_plane2_high(p + 4 * GGUF_VEC, u);
-      break;
-    case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K:
-      nibbles(p, u);
-      or_plane1(p + 4 * GGUF_VEC, u, 4);
-      break;
-    case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
-      nibbles(p, u);
-      for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_shuffle_epi8(iq4, u[s]);
-      break;
-    default:
-      nibbles(p, u);
-    }
-  }
-  const uint8_t *sc = w + gbytes * ngr;
   switch (type) {
-  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: {
-    const __m256 dd = f16x8(sc), nd = f16x8(sc + 2 * PANEL);
-    for (int j = 0; j < 8; j++) {
-      _mm256_store_ps(U->d[2 * j], _mm256_mul_ps(_mm256_cvtepi32_ps(u8x8(sc + (4 + j) * PANEL)), dd));
-      _mm256_store_ps(U->o[2 * j], _mm256_mul_ps(_mm256_cvtepi32_ps(u8x8(sc + (12 + j) * PANEL)), nd));
-    }
+  case ARMLLM_GGML_Q8_0: /* stored v + 128: v back */
+    for (int s = 0; s < GGUF_STEPS; s++)
+      u[s] = _mm256_xor_si256(load(p + 32 * s), _mm256_set1_epi8((char)0x80));
     break;
+  case ARMLLM_GGML_Q2_K:
+    plane2(p, u);
+    break;
+  case ARMLLM_GGML_Q3_K:
+    plane2(p, u);
+    or_plane1(p + 2 * GGUF_VEC, u, 2);
+    break;
+  case ARMLLM_GGML_Q6_K:
+    nibbles(p, u);
+    or_plane2_high(p + 4 * GGUF_VEC, u);
+    break;
+  case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K:
+    nibbles(p, u);
+    or_plane1(p + 4 * GGUF_VEC, u, 4);
+    break;
+  case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
+    nibbles(p, u);
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_shuffle_epi8(iq4, u[s]);
+    break;
+  default:
+    nibbles(p, u);
   }
+}
+
+/* d and o (offsets' types) of weight group j (16 columns: j = 2 gi + half;
+ * a 32-column group is j = 2 gi) of a chunk of ngr groups whose scales are
+ * at sc: (float)sc * d and (float)m * -dmin, exact. */
+static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_t ngr, int64_t j,
+                                       __m256 *d, __m256 *o) {
+  switch (type) {
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+    *d = _mm256_mul_ps(_mm256_cvtepi32_ps(u8x8(sc + (4 + j / 2) * PANEL)), f16x8(sc));
+    *o = _mm256_mul_ps(_mm256_cvtepi32_ps(u8x8(sc + (12 + j / 2) * PANEL)), f16x8(sc + 2 * PANEL));
+    break;
   case ARMLLM_GGML_Q2_K: {
-    const __m256 dd = f16x8(sc), nd = f16x8(sc + 2 * PANEL);
-    const __m256i low4 = _mm256_set1_epi32(15);
-    for (int j = 0; j < 16; j++) {
-      const __m256i s = u8x8(sc + (4 + j) * PANEL); /* scale low nibble, min high */
-      _mm256_store_ps(U->d[j], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(s, low4)), dd));
-      _mm256_store_ps(U->o[j], _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(s, 4)), nd));
-    }
+    const __m256i s = u8x8(sc + (4 + j) * PANEL); /* scale low nibble, min high */
+    *d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(s, _mm256_set1_epi32(15))),
+                       f16x8(sc));
+    *o = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(s, 4)), f16x8(sc + 2 * PANEL));
     break;
   }
-  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: {
-    const __m256 dd = f16x8(sc);
-    for (int j = 0; j < 16; j++)
-      _mm256_store_ps(U->d[j], _mm256_mul_ps(i8x8(sc + (2 + j) * PANEL), dd));
+  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K:
+    *d = _mm256_mul_ps(i8x8(sc + (2 + j) * PANEL), f16x8(sc));
     break;
-  }
-  case ARMLLM_GGML_IQ4_XS: {
-    const __m256 dd = f16x8(sc);
-    for (int j = 0; j < 8; j++)
-      _mm256_store_ps(U->d[2 * j], _mm256_mul_ps(i8x8(sc + (2 + j) * PANEL), dd));
+  case ARMLLM_GGML_IQ4_XS:
+    *d = _mm256_mul_ps(i8x8(sc + (2 + j / 2) * PANEL), f16x8(sc));
     break;
-  }
   default: /* 32-element blocks: f16 d per group (and m) */
-    for (int64_t gi = 0; gi < ngr; gi++) {
-      _mm256_store_ps(U->d[2 * gi], f16x8(sc + 2 * PANEL * gi));
-      if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
-        _mm256_store_ps(U->o[2 * gi], f16x8(sc + 2 * PANEL * (ngr + gi)));
+    *d = f16x8(sc + 2 * PANEL * (j / 2));
+    if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
+      *o = f16x8(sc + 2 * PANEL * (ngr + j / 2));
+  }
+}
+
+/* Unpacks a chunk of ngr groups at w for the prefill tiles. */
+static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t ngr,
+                                       unpacked *U) {
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  const int gl = gguf_group_len(type);
+  const uint8_t *sc = w + gbytes * ngr;
+  for (int64_t gi = 0; gi < ngr; gi++) {
+    unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
+    for (int64_t j = 2 * gi; j < 2 * gi + GGUF_GROUP / gl; j++) {
+      __m256 d, o = _mm256_setzero_ps();
+      group_scales(type, sc, ngr, j, &d, &o);
+      _mm256_store_ps(U->d[j], d);
+      _mm256_store_ps(U->o[j], o);
     }
   }
 }
@@ -216,6 +218,19 @@ static ALWAYS_INLINE __m256i bcast4(const int8_t *p) {
   return _mm256_set1_epi32(v);
 }
 
+/* acc + the 8 products of two steps (u at most 63: their int16 sums are exact). */
+static ALWAYS_INLINE __m256i dot_pair(__m256i acc, __m256i w0, __m256i w1, const int8_t *xk) {
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(xk)),
+                                     _mm256_maddubs_epi16(w1, bcast4(xk + 4)));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* acc + the 4 products of one step of signed v (wabs = |v|): the sign trick. */
+static ALWAYS_INLINE __m256i dot_sign(__m256i acc, __m256i w, __m256i wabs, const int8_t *xk) {
+  const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast4(xk), w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
 /* Rows r0 .. r0+mr of the panel over one chunk: per weight group (gl 16 or
  * 32 columns) the int32 sums, then the group's epilogue (offs: with
  * offsets; sgn: the sign-trick types). t comes from +0 or tbuf (rows TBUF_LD
@@ -225,7 +240,6 @@ static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const
   const gguf_job *job = a->job;
   const int64_t ldq = job->ldq;
   const int8_t *x = job->xq + r0 * ldq;
-  const __m256i ones16 = _mm256_set1_epi16(1);
   __m256 t[MR];
   __m256i acc[MR];
   for (int r = 0; r < mr; r++)
@@ -251,22 +265,13 @@ static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const
 #pragma GCC unroll 8
         for (int s = s0; s < s0 + gl / 4; s++) {
           const __m256i w = _mm256_load_si256(&u[s]), wabs = _mm256_abs_epi8(w);
-          for (int r = 0; r < mr; r++) {
-            const __m256i xb = _mm256_sign_epi8(bcast4(x + r * ldq + k0 + 4 * s), w);
-            acc[r] = _mm256_add_epi32(acc[r],
-                                      _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, xb), ones16));
-          }
+          for (int r = 0; r < mr; r++) acc[r] = dot_sign(acc[r], w, wabs, x + r * ldq + k0 + 4 * s);
         }
       } else {
 #pragma GCC unroll 4
         for (int s = s0; s < s0 + gl / 4; s += 2) { /* two steps in int16, then int32 */
           const __m256i w0 = _mm256_load_si256(&u[s]), w1 = _mm256_load_si256(&u[s + 1]);
-          for (int r = 0; r < mr; r++) {
-            const int8_t *xk = x + r * ldq + k0 + 4 * s;
-            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(xk)),
-                                               _mm256_maddubs_epi16(w1, bcast4(xk + 4)));
-            acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones16));
-          }
+          for (int r = 0; r < mr; r++) acc[r] = dot_pair(acc[r], w0, w1, x + r * ldq + k0 + 4 * s);
         }
       }
       const __m256 dv = _mm256_load_ps(a->U->d[j]);
@@ -387,16 +392,112 @@ static void run_panel(const gguf_job *job, int64_t p, int64_t r0, int64_t r1, fl
 #undef TYPE_CASE
 }
 
+/* Decode: rows 0 .. mr (all M) of panel p over the whole of K, each group
+ * unpacked into registers and met by every row at once (no trip through L1),
+ * t in registers throughout. */
+static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_job *job,
+                                       const gguf_part *part, int64_t p) {
+  const int gl = gguf_group_len(type), offs = gguf_has_offsets(type);
+  const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
+  const int64_t k = job->k, ldq = job->ldq, lp = p - part->panel0;
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  const int8_t *x = job->xq;
+  const uint8_t *w = part->w + lp * part->pbytes;
+  __m256 t[GGUF_DECODE_MAX_M];
+  for (int r = 0; r < mr; r++) t[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < gguf_chunks(k); c++) {
+    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    const uint8_t *sc = w + gbytes * ngr;
+    for (int64_t gi = 0; gi < ngr; gi++) {
+      const uint8_t *wg = w + gi * gbytes;
+      for (int64_t off = 0; off < gbytes; off += 64)
+        _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
+      const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
+      __m256i u[GGUF_STEPS];
+      unpack_group(type, wg, u);
+      int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
+      float sx[GGUF_DECODE_MAX_M];
+      for (int r = 0; r < mr; r++) {
+        xs[r][0] = job->gsum[r * job->ldgs + g];
+        if (gl == 16) {
+          const int32_t half = gguf_sum16(x + r * ldq + k0);
+          xs[r][1] = xs[r][0] - half;
+          xs[r][0] = half;
+        }
+        sx[r] = job->scale[r * job->ldsc + g];
+      }
+      for (int h = 0; h < GGUF_GROUP / gl; h++) {
+        const int s0 = h * (gl / 4);
+        __m256 d, o = _mm256_setzero_ps();
+        group_scales(type, sc, ngr, 2 * gi + h, &d, &o);
+        for (int r = 0; r < mr; r++) {
+          const int8_t *xr = x + r * ldq + k0;
+          __m256i acc = _mm256_set1_epi32(-bias * xs[r][h]);
+          if (sgn)
+            for (int s = s0; s < s0 + gl / 4; s++)
+              acc = dot_sign(acc, u[s], _mm256_abs_epi8(u[s]), xr + 4 * s);
+          else
+            for (int s = s0; s < s0 + gl / 4; s += 2) acc = dot_pair(acc, u[s], u[s + 1], xr + 4 * s);
+          const __m256 av =
+              no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx[r])));
+          t[r] = _mm256_fmadd_ps(d, av, t[r]);
+          if (offs) t[r] = _mm256_fmadd_ps(o, _mm256_set1_ps((float)xs[r][h] * sx[r]), t[r]);
+        }
+      }
+    }
+    w += cbytes;
+  }
+  const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
+  const __m256i mask = armllm_avx2_tail_mask(nv < PANEL ? nv : PANEL);
+  const __m256 bv = job->bias ? _mm256_maskload_ps(job->bias + col, mask) : _mm256_setzero_ps();
+  for (int r = 0; r < mr; r++) { /* y = t (+ bias), masked to N */
+    __m256 v = t[r];
+    if (job->bias) v = _mm256_add_ps(v, bv);
+    _mm256_maskstore_ps(job->y + r * job->ldy + col, mask, v);
+  }
+}
+
+/* Decode items: panels [p0, p1) of one part, its type and M made constants. */
+static ALWAYS_INLINE void decode_run(const int type, const gguf_job *job, const gguf_part *part,
+                                     int64_t p0, int64_t p1) {
+  switch (job->m) {
+  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p); break;
+  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p); break;
+  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p); break;
+  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p); break;
+  }
+}
+
 /* ------------------------------------------------------------ plans */
 
 ARMLLM_X86_GGUF_PACKING(armllm_avx2)
 
-/* Decode: panels [p0, p1), all rows, one panel at a time. */
+/* Decode: panels [p0, p1), a part's run at a time. */
 static void decode_task(void *ctx, int64_t p0, int64_t p1) {
   const gguf_job *job = ctx;
-  unpacked U;
-  float tbuf[GGUF_DECODE_MAX_M * TBUF_LD] __attribute__((aligned(32)));
-  for (int64_t p = p0; p < p1; p++) run_panel(job, p, 0, job->m, tbuf, &U);
+  while (p0 < p1) {
+    const gguf_part *part = gguf_part_of(job, p0);
+    const int64_t end = part->panel0 + part->panels < p1 ? part->panel0 + part->panels : p1;
+#define TYPE_CASE(t)                                                                               \
+  case t: decode_run(t, job, part, p0, end); break;
+    switch (part->type) {
+    TYPE_CASE(ARMLLM_GGML_Q4_0)
+    TYPE_CASE(ARMLLM_GGML_Q4_1)
+    TYPE_CASE(ARMLLM_GGML_Q5_0)
+    TYPE_CASE(ARMLLM_GGML_Q5_1)
+    TYPE_CASE(ARMLLM_GGML_Q8_0)
+    TYPE_CASE(ARMLLM_GGML_Q2_K)
+    TYPE_CASE(ARMLLM_GGML_Q3_K)
+    TYPE_CASE(ARMLLM_GGML_Q4_K)
+    TYPE_CASE(ARMLLM_GGML_Q5_K)
+    TYPE_CASE(ARMLLM_GGML_Q6_K)
+    TYPE_CASE(ARMLLM_GGML_IQ4_NL)
+    TYPE_CASE(ARMLLM_GGML_IQ4_XS)
+    default: break;
+    }
+#undef TYPE_CASE
+    p0 = end;
+  }
 }
 
 /* Prefill item i: row block i / n_pc times panel chunk i % n_pc. */
