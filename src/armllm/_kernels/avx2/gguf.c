@@ -13,9 +13,11 @@
  * Inner products: maddubs multiplies unsigned weight bytes by the signed
  * activation word x[k..k+4) broadcast to the 8 rows and adds pairs in int16;
  * madd with ones widens to int32.
- *   Types whose u = v + bias is at most 63 (all but Q8_0 and IQ4): two steps'
- *   products add up in int16 (|sum| <= 4 * 63 * 127 < 2^15), and each group
- *   starts from -bias * sum(x), as on avx512.
+ *   Types whose u = v + bias is at most 63 (all but Q8_0 and IQ4): the
+ *   products of a run of steps add up in int16 before one madd (runs of
+ *   chain_steps: 8 steps of u <= 15, 4 of u <= 31, 2 of u <= 63, so that
+ *   |sum| <= steps * 2 * umax * 127 < 2^15), and each group starts from
+ *   -bias * sum(x), as on avx512.
  *   Q8_0 and IQ4 (|v| <= 128): the sign trick, maddubs(|v|, sign(x, v))
  *   (|pair| <= 2 * 128 * 127 < 2^15), on v itself: no bias.
  * Each group's int32 sum is exact and the float epilogue is the header's,
@@ -218,10 +220,22 @@ static ALWAYS_INLINE __m256i bcast4(const int8_t *p) {
   return _mm256_set1_epi32(v);
 }
 
-/* acc + the 8 products of two steps (u at most 63: their int16 sums are exact). */
-static ALWAYS_INLINE __m256i dot_pair(__m256i acc, __m256i w0, __m256i w1, const int8_t *xk) {
-  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(w0, bcast4(xk)),
-                                     _mm256_maddubs_epi16(w1, bcast4(xk + 4)));
+/* Steps whose maddubs sums add up exactly in int16 (the largest u of the
+ * type: 2 * umax * 127 per step, under 2^15 in all). */
+static inline int chain_steps(int type) {
+  switch (type) {
+  case ARMLLM_GGML_Q6_K: return 2;                                                 /* u <= 63 */
+  case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K: return 4; /* u <= 31 */
+  default: return 8;                                                               /* u <= 15 */
+  }
+}
+
+/* acc + the products of n steps from u (n * 2 * umax * 127 < 2^15: the int16 sums are exact). */
+static ALWAYS_INLINE __m256i dot_run(__m256i acc, const __m256i *u, const int n,
+                                     const int8_t *xk) {
+  __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(u), bcast4(xk));
+  for (int i = 1; i < n; i++)
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_load_si256(u + i), bcast4(xk + 4 * i)));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
@@ -233,10 +247,10 @@ static ALWAYS_INLINE __m256i dot_sign(__m256i acc, __m256i w, __m256i wabs, cons
 
 /* Rows r0 .. r0+mr of the panel over one chunk: per weight group (gl 16 or
  * 32 columns) the int32 sums, then the group's epilogue (offs: with
- * offsets; sgn: the sign-trick types). t comes from +0 or tbuf (rows TBUF_LD
+ * offsets; sgn: the sign-trick types; run: the int16 chain, chain_steps). t comes from +0 or tbuf (rows TBUF_LD
  * apart) and goes to tbuf or, on K's last chunk, to y (+ bias, masked). */
 static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const int sgn,
-                               const tile_args *a, int64_t r0, float *tbuf) {
+                               const int run, const tile_args *a, int64_t r0, float *tbuf) {
   const gguf_job *job = a->job;
   const int64_t ldq = job->ldq;
   const int8_t *x = job->xq + r0 * ldq;
@@ -268,11 +282,8 @@ static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const
           for (int r = 0; r < mr; r++) acc[r] = dot_sign(acc[r], w, wabs, x + r * ldq + k0 + 4 * s);
         }
       } else {
-#pragma GCC unroll 4
-        for (int s = s0; s < s0 + gl / 4; s += 2) { /* two steps in int16, then int32 */
-          const __m256i w0 = _mm256_load_si256(&u[s]), w1 = _mm256_load_si256(&u[s + 1]);
-          for (int r = 0; r < mr; r++) acc[r] = dot_pair(acc[r], w0, w1, x + r * ldq + k0 + 4 * s);
-        }
+        for (int s = s0; s < s0 + gl / 4; s += run)
+          for (int r = 0; r < mr; r++) acc[r] = dot_run(acc[r], &u[s], run, x + r * ldq + k0 + 4 * s);
       }
       const __m256 dv = _mm256_load_ps(a->U->d[j]);
       for (int r = 0; r < mr; r++) {
@@ -300,40 +311,34 @@ static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const
 }
 
 /* Rows [r0, r1) of a chunk in tiles of MR; t rows of tbuf follow the rows. */
-static ALWAYS_INLINE void row_tiles(const int gl, const int offs, const int sgn,
+static ALWAYS_INLINE void row_tiles(const int gl, const int offs, const int sgn, const int run,
                                     const tile_args *a, int64_t r0, int64_t r1, float *tbuf) {
   int64_t r = r0;
-  for (; r + MR <= r1; r += MR) tile(MR, gl, offs, sgn, a, r, tbuf + (r - r0) * TBUF_LD);
+  for (; r + MR <= r1; r += MR) tile(MR, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD);
   switch (r1 - r) {
-  case 1: tile(1, gl, offs, sgn, a, r, tbuf + (r - r0) * TBUF_LD); break;
-  case 2: tile(2, gl, offs, sgn, a, r, tbuf + (r - r0) * TBUF_LD); break;
-  case 3: tile(3, gl, offs, sgn, a, r, tbuf + (r - r0) * TBUF_LD); break;
+  case 1: tile(1, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD); break;
+  case 2: tile(2, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD); break;
+  case 3: tile(3, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD); break;
   default: break;
   }
 }
 
 /* One function per kind of weight group: 16 or 32 columns, with or without
- * offsets, sign trick or not. */
-static __attribute__((noinline)) void rows_g16(const tile_args *a, int64_t r0, int64_t r1,
-                                               float *tbuf) {
-  row_tiles(16, 0, 0, a, r0, r1, tbuf);
-}
-static __attribute__((noinline)) void rows_g16o(const tile_args *a, int64_t r0, int64_t r1,
-                                                float *tbuf) {
-  row_tiles(16, 1, 0, a, r0, r1, tbuf);
-}
-static __attribute__((noinline)) void rows_g32(const tile_args *a, int64_t r0, int64_t r1,
-                                               float *tbuf) {
-  row_tiles(32, 0, 0, a, r0, r1, tbuf);
-}
-static __attribute__((noinline)) void rows_g32o(const tile_args *a, int64_t r0, int64_t r1,
-                                                float *tbuf) {
-  row_tiles(32, 1, 0, a, r0, r1, tbuf);
-}
-static __attribute__((noinline)) void rows_g32s(const tile_args *a, int64_t r0, int64_t r1,
-                                                float *tbuf) {
-  row_tiles(32, 0, 1, a, r0, r1, tbuf);
-}
+ * offsets, sign trick or not, int16 chains of run steps. */
+#define ROWS_FN(name, gl, offs, sgn, run)                                                          \
+  static __attribute__((noinline)) void name(const tile_args *a, int64_t r0, int64_t r1,          \
+                                             float *tbuf) {                                        \
+    row_tiles(gl, offs, sgn, run, a, r0, r1, tbuf);                                               \
+  }
+ROWS_FN(rows_q2k, 16, 1, 0, 4)
+ROWS_FN(rows_q3k, 16, 0, 0, 4)
+ROWS_FN(rows_q6k, 16, 0, 0, 2)
+ROWS_FN(rows_q4, 32, 0, 0, 8)  /* Q4_0 */
+ROWS_FN(rows_q5, 32, 0, 0, 4)  /* Q5_0 */
+ROWS_FN(rows_q4o, 32, 1, 0, 8) /* Q4_1, Q4_K */
+ROWS_FN(rows_q5o, 32, 1, 0, 4) /* Q5_1, Q5_K */
+ROWS_FN(rows_sgn, 32, 0, 1, 1) /* Q8_0, IQ4_NL, IQ4_XS */
+#undef ROWS_FN
 
 /* Rows [r0, r1) of panel p, the whole of K: chunk by chunk, each unpacked
  * once for every row tile. */
@@ -355,15 +360,16 @@ static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const 
     a.first = c == 0;
     a.last = c == nch - 1;
     switch (type) {
-    case ARMLLM_GGML_Q2_K: rows_g16o(&a, r0, r1, tbuf); break;
-    case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: rows_g16(&a, r0, r1, tbuf); break;
-    case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
-      rows_g32o(&a, r0, r1, tbuf);
-      break;
+    case ARMLLM_GGML_Q2_K: rows_q2k(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q3_K: rows_q3k(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q6_K: rows_q6k(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q5_0: rows_q5(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q4_K: rows_q4o(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K: rows_q5o(&a, r0, r1, tbuf); break;
     case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
-      rows_g32s(&a, r0, r1, tbuf);
+      rows_sgn(&a, r0, r1, tbuf);
       break;
-    default: rows_g32(&a, r0, r1, tbuf);
+    default: rows_q4(&a, r0, r1, tbuf);
     }
   }
 }
@@ -399,6 +405,7 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
                                        const gguf_part *part, int64_t p) {
   const int gl = gguf_group_len(type), offs = gguf_has_offsets(type);
   const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
+  const int run = chain_steps(type) < gl / 4 ? chain_steps(type) : gl / 4;
   const int64_t k = job->k, ldq = job->ldq, lp = p - part->panel0;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int8_t *x = job->xq;
@@ -437,7 +444,7 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
             for (int s = s0; s < s0 + gl / 4; s++)
               acc = dot_sign(acc, u[s], _mm256_abs_epi8(u[s]), xr + 4 * s);
           else
-            for (int s = s0; s < s0 + gl / 4; s += 2) acc = dot_pair(acc, u[s], u[s + 1], xr + 4 * s);
+            for (int s = s0; s < s0 + gl / 4; s += run) acc = dot_run(acc, &u[s], run, xr + 4 * s);
           const __m256 av =
               no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx[r])));
           t[r] = _mm256_fmadd_ps(d, av, t[r]);
