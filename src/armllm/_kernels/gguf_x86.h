@@ -194,7 +194,8 @@ static void gguf_pack_panel(const uint8_t *src, int64_t nrows, int type, int64_t
         for (int e = 0; e < be; e++)
           u[r][e0 + e] = (uint8_t)(iq4 ? gguf_iq4_index(v[e]) : v[e] + bias);
       }
-      /* scales, row r: see the variants' layout */
+      /* scales, row r (the variants' layout), from the block's fields at the
+       * byte offsets of gguf_blocks.c's decoder */
       const uint8_t *b = row + k0 / be * bb;
       switch (type) {
       case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:

@@ -1,7 +1,7 @@
 /* avx2/gguf.c: the GGUF-block GEMM (armllm_kernels.h) with AVX2's maddubs:
  * the weights stay at their stored bit width in memory and are unpacked to
- * bytes one 256-column chunk of a panel at a time, in L1, for every row
- * tile to reuse.
+ * bytes in registers (decode) or a 256-column chunk of a panel at a time
+ * into L1, for every row tile to reuse (prefill).
  *
  * Packed layout "gguf-nr8c256": avx512/gguf.c's "gguf-nr16c256" with panels
  * of 8 output rows: a vector is 32 bytes (byte 4r + j belongs to row r of
@@ -23,7 +23,8 @@
  * Each group's int32 sum is exact and the float epilogue is the header's,
  * lane-wise: every result is ref's, whatever the tile, plan or thread count.
  *
- * Plans: as avx512/gguf.c's, with tiles of MR rows x 1 panel.
+ * Plans: as avx512/gguf.c's (decode unpacks into registers, prefill a chunk
+ * at a time into L1 for every row tile), with tiles of MR rows x 1 panel.
  */
 #include <immintrin.h>
 
@@ -38,6 +39,7 @@
 _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 4096      /* decode: software prefetch distance in the panel stream */
+#define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD PANEL
 
 #include "../gguf_x86.h"
@@ -71,7 +73,7 @@ static ALWAYS_INLINE __m256i load(const uint8_t *p) {
 static ALWAYS_INLINE void nibbles(const uint8_t *p, __m256i *u) {
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   for (int i = 0; i < 4; i++) {
-    const __m256i v = load(p + 32 * i);
+    const __m256i v = load(p + GGUF_VEC * i);
     u[2 * i] = _mm256_and_si256(v, low4);
     u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
   }
@@ -91,7 +93,7 @@ static ALWAYS_INLINE void or_plane1(const uint8_t *p, __m256i *u, const int pos)
 static ALWAYS_INLINE void plane2(const uint8_t *p, __m256i *u) {
   const __m256i low2 = _mm256_set1_epi8(3);
   for (int i = 0; i < 2; i++) {
-    const __m256i h = load(p + 32 * i);
+    const __m256i h = load(p + GGUF_VEC * i);
     u[4 * i] = _mm256_and_si256(h, low2);
     u[4 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(h, 2), low2);
     u[4 * i + 2] = _mm256_and_si256(_mm256_srli_epi16(h, 4), low2);
@@ -103,7 +105,7 @@ static ALWAYS_INLINE void plane2(const uint8_t *p, __m256i *u) {
 static ALWAYS_INLINE void or_plane2_high(const uint8_t *p, __m256i *u) {
   const __m256i bits45 = _mm256_set1_epi8(0x30);
   for (int i = 0; i < 2; i++) {
-    const __m256i h = load(p + 32 * i);
+    const __m256i h = load(p + GGUF_VEC * i);
     const __m256i f[4] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2), h,
                           _mm256_srli_epi16(h, 2)};
     for (int t = 0; t < 4; t++)
@@ -129,7 +131,7 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m256i
   switch (type) {
   case ARMLLM_GGML_Q8_0: /* stored v + 128: v back */
     for (int s = 0; s < GGUF_STEPS; s++)
-      u[s] = _mm256_xor_si256(load(p + 32 * s), _mm256_set1_epi8((char)0x80));
+      u[s] = _mm256_xor_si256(load(p + GGUF_VEC * s), _mm256_set1_epi8((char)0x80));
     break;
   case ARMLLM_GGML_Q2_K:
     plane2(p, u);
@@ -351,7 +353,7 @@ static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const 
   const uint8_t *w = part->w + lp * part->pbytes;
   for (int64_t c = 0; c < nch; c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
-    for (int64_t off = 0; off < cbytes; off += 64)
+    for (int64_t off = 0; off < cbytes; off += CACHE_LINE)
       _mm_prefetch((const char *)w + PF_BYTES + off, _MM_HINT_T0);
     unpack_chunk(type, w, ngr, U);
     w += cbytes;
@@ -417,7 +419,7 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
     const uint8_t *sc = w + gbytes * ngr;
     for (int64_t gi = 0; gi < ngr; gi++) {
       const uint8_t *wg = w + gi * gbytes;
-      for (int64_t off = 0; off < gbytes; off += 64)
+      for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
         _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
       __m256i u[GGUF_STEPS];

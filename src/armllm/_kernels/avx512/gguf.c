@@ -1,7 +1,8 @@
 /* avx512/gguf.c: the GGUF-block GEMM (armllm_kernels.h) with AVX512_VNNI's
  * vpdpbusd: the weights stay at their stored bit width in memory and are
- * unpacked to unsigned bytes u = v + bias one 256-column chunk of a panel at
- * a time, in L1, for every row tile to reuse.
+ * unpacked to unsigned bytes u = v + bias in registers (decode) or one
+ * 256-column chunk of a panel at a time into L1, for every row tile to reuse
+ * (prefill).
  *
  * Packed layout "gguf-nr16c256": the armllm_gguf_parts header (64 bytes),
  * then each part's panels of 16 output rows (the last padded with zeros),
@@ -28,8 +29,8 @@
  *     Q3_K: d f16[16], sc - 32 i8[16][16];  Q6_K: d f16[16], sc i8[16][16];
  *     IQ4_XS: d f16[16], ls - 32 i8[8][16].
  * Per row that is the file's bytes or within 6% (Q2_K, Q4_0, Q4_1, Q5_0,
- * Q5_1, Q6_K, Q8_0, IQ4_NL: the same; Q4_K 148/144, Q5_K 180/176, Q3_K
- * 116/110, IQ4_XS 140/136 per 256 columns).
+ * Q5_1, Q8_0, IQ4_NL: the same; Q4_K 148/144, Q5_K 180/176, Q3_K 116/110,
+ * Q6_K 212/210, IQ4_XS 140/136 bytes per 256 columns).
  *
  * The kernel forms each weight group's scale as (float)sc * d and offset as
  * (float)m * -dmin (exact in f32: ref's d_j and o_j bit for bit), and each
@@ -37,8 +38,9 @@
  * gsum, or for a 16-column group the sum of its half of x): exact in int32.
  * The float epilogue is the header's, lane-wise: every result is ref's.
  *
- * Plans: decode (M <= 4) streams the panels, each thread a contiguous run,
- * every row at once (prefetched ahead); prefill cuts M into row blocks of up
+ * Plans: decode (M <= 4) streams the panels, each thread a contiguous run
+ * (prefetched ahead), each group unpacked into registers and met by every
+ * row at once, t in registers over the whole of K; prefill cuts M into row blocks of up
  * to MB_MAX rows and N into chunks of panels, and for each panel pair
  * (same part) and 256-column chunk unpacks once and runs every row tile of
  * MR rows x 2 panels over it (t waits in a stack buffer between chunks).
@@ -56,6 +58,7 @@
 _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 2048      /* decode: software prefetch distance in the panel stream */
+#define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD (MAX_NC * PANEL)
 
 #include "../gguf_x86.h"
@@ -80,7 +83,7 @@ typedef struct {
 static ALWAYS_INLINE void nibbles(const uint8_t *p, __m512i *u) {
   const __m512i low4 = _mm512_set1_epi8(0x0f);
   for (int i = 0; i < 4; i++) {
-    const __m512i v = _mm512_loadu_si512(p + 64 * i);
+    const __m512i v = _mm512_loadu_si512(p + GGUF_VEC * i);
     u[2 * i] = _mm512_and_si512(v, low4);
     u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
   }
@@ -99,7 +102,7 @@ static ALWAYS_INLINE void add_plane1(const uint8_t *p, __m512i *u, int bit) {
 static ALWAYS_INLINE void plane2(const uint8_t *p, __m512i *u) {
   const __m512i low2 = _mm512_set1_epi8(3);
   for (int i = 0; i < 2; i++) {
-    const __m512i h = _mm512_loadu_si512(p + 64 * i);
+    const __m512i h = _mm512_loadu_si512(p + GGUF_VEC * i);
     u[4 * i] = _mm512_and_si512(h, low2);
     u[4 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(h, 2), low2);
     u[4 * i + 2] = _mm512_and_si512(_mm512_srli_epi16(h, 4), low2);
@@ -111,7 +114,7 @@ static ALWAYS_INLINE void plane2(const uint8_t *p, __m512i *u) {
 static ALWAYS_INLINE void or_plane2_high(const uint8_t *p, __m512i *u) {
   const __m512i bits45 = _mm512_set1_epi8(0x30);
   for (int i = 0; i < 2; i++) {
-    const __m512i h = _mm512_loadu_si512(p + 64 * i);
+    const __m512i h = _mm512_loadu_si512(p + GGUF_VEC * i);
     const __m512i f[4] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 2), h,
                           _mm512_srli_epi16(h, 2)};
     for (int t = 0; t < 4; t++) /* 0xf8: a | (b & c) */
@@ -137,7 +140,7 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m512i
                     (char)181, (char)197, (char)217, (char)241));
   switch (type) {
   case ARMLLM_GGML_Q8_0:
-    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_loadu_si512(p + 64 * s);
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_loadu_si512(p + GGUF_VEC * s);
     break;
   case ARMLLM_GGML_Q2_K:
     plane2(p, u);
@@ -362,7 +365,7 @@ static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
     for (int i = 0; i < nc; i++) {
       const uint8_t *wc = w + i * part->pbytes;
-      for (int64_t off = 0; off < cbytes; off += 64)
+      for (int64_t off = 0; off < cbytes; off += CACHE_LINE)
         _mm_prefetch((const char *)wc + PF_BYTES + off, _MM_HINT_T0);
       unpack_chunk(type, wc, ngr, &U[i]);
     }
@@ -423,7 +426,7 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
     const uint8_t *sc = w + gbytes * ngr;
     for (int64_t gi = 0; gi < ngr; gi++) {
       const uint8_t *wg = w + gi * gbytes;
-      for (int64_t off = 0; off < gbytes; off += 64)
+      for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
         _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
       __m512i u[GGUF_STEPS];
