@@ -30,6 +30,7 @@
 #define GGUF_CHUNK_COLS (GGUF_GROUP * GGUF_CHUNK_GROUPS)
 #define GGUF_STEPS 8           /* 4-column steps of a group: one vector of bytes each */
 #define GGUF_DECODE_MAX_M 4    /* rows up to this take the decode plan */
+#define GGUF_HALVES_CAP 32768  /* a prefill row block's half-group sums of x (int16: 64 KiB) */
 
 /* The unsigned operand u = v + bias (u >= 0): the bias each type adds to its
  * values v (gguf_blocks.h's ranges), corrected as -bias * sum(x) in int32. */
@@ -87,7 +88,8 @@ static inline int64_t gguf_round_vec(int64_t bytes) {
 
 /* Bytes of a chunk of ngr groups of a panel. */
 static inline int64_t gguf_chunk_bytes(int type, int64_t ngr) {
-  return gguf_round_vec(PANEL * (gguf_group_row_bytes(type) * ngr + gguf_scale_row_bytes(type, ngr)));
+  const int64_t row_bytes = gguf_group_row_bytes(type) * ngr + gguf_scale_row_bytes(type, ngr);
+  return gguf_round_vec(PANEL * row_bytes);
 }
 
 static inline int64_t gguf_chunks(int64_t k) { return (k + GGUF_CHUNK_COLS - 1) / GGUF_CHUNK_COLS; }
@@ -100,7 +102,8 @@ static inline int64_t gguf_chunk_groups(int64_t k, int64_t c) {
 
 static inline int64_t gguf_panel_bytes(int type, int64_t k) {
   const int64_t whole = k / GGUF_CHUNK_COLS, tail = (k % GGUF_CHUNK_COLS) / GGUF_GROUP;
-  return whole * gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS) + (tail ? gguf_chunk_bytes(type, tail) : 0);
+  return whole * gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS) +
+         (tail ? gguf_chunk_bytes(type, tail) : 0);
 }
 
 static inline int64_t gguf_panels(int64_t rows) { return (rows + PANEL - 1) / PANEL; }
@@ -182,7 +185,8 @@ static void gguf_pack_panel(const uint8_t *src, int64_t nrows, int type, int64_t
     const int64_t cbytes = gguf_chunk_bytes(type, ngr);
     uint8_t u[PANEL][GGUF_CHUNK_COLS];
     int8_t v[ARMLLM_GGUF_MAX_BLOCK];
-    float d[ARMLLM_GGUF_MAX_BLOCK / ARMLLM_GGUF_SCALE_COLS], o[ARMLLM_GGUF_MAX_BLOCK / ARMLLM_GGUF_SCALE_COLS];
+    float d[ARMLLM_GGUF_MAX_BLOCK / ARMLLM_GGUF_SCALE_COLS]; /* unused: the scales come raw */
+    float o[ARMLLM_GGUF_MAX_BLOCK / ARMLLM_GGUF_SCALE_COLS];
     memset(u, 0, sizeof u);
     memset(dst, 0, (size_t)cbytes);
     uint8_t *sc = dst + gbytes * ngr; /* the chunk's scales */
@@ -326,6 +330,7 @@ typedef struct {
   float *y;
   int64_t ldy;
   int64_t mb, cp, n_pc; /* prefill: rows per block, panels per chunk, chunks */
+  int halves;           /* some part has 16-column weight groups (Q2_K, Q3_K, Q6_K) */
 } gguf_job;
 
 static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
@@ -350,6 +355,7 @@ static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64
     col += p->rows;
     panel += p->panels;
     w += p->panels * p->pbytes;
+    job.halves |= gguf_group_len(p->type) == 16;
   }
   job.panels = panel;
   return job;
@@ -372,13 +378,19 @@ static inline void gguf_run_decode(armllm_pool *pool, gguf_job *job, armllm_task
 }
 
 /* Prefill: row blocks as tall as the stack's t buffer allows (mb_max rows,
- * whole tiles of mr), evenly cut (every block streams the weights once);
- * about items_per_thread (row block, panel chunk) items a thread, chunks of
- * an even number of panels. */
+ * whole tiles of mr) and, with 16-column weight groups, as their half sums
+ * (GGUF_HALVES_CAP) allow; evenly cut (every block streams the weights
+ * once); about items_per_thread (row block, panel chunk) items a thread,
+ * chunks of an even number of panels. */
 static inline void gguf_run_prefill(armllm_pool *pool, gguf_job *job, int64_t mb_max, int64_t mr,
                                     int64_t items_per_thread, armllm_task_fn task) {
-  const int64_t m = job->m;
+  const int64_t m = job->m, ng = job->k / GGUF_GROUP;
   if ((double)m * (double)job->panels * PANEL * (double)job->k < 4.0e6) pool = NULL;
+  if (job->halves && mb_max * ng > GGUF_HALVES_CAP) {
+    const int64_t fit = GGUF_HALVES_CAP / ng / mr * mr;
+    if (fit >= mr) mb_max = fit;
+    else job->halves = 0; /* K of over 2^15 / mr groups: the tiles sum them */
+  }
   const int64_t n_rb = (m + mb_max - 1) / mb_max;
   job->mb = ((m + n_rb - 1) / n_rb + mr - 1) / mr * mr;
   const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
@@ -396,6 +408,16 @@ static inline int32_t gguf_sum16(const int8_t *p) {
   const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8((char)0x80));
   const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128()); /* two sums of x + 128 over 8 */
   return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
+}
+
+/* The sums of the first 16 columns of every group of rows [r0, r1) of x
+ * into out (rows ng apart; |sum| <= 16 * 127 fits int16): computed once per
+ * prefill row block for the tiles of every 16-column-group panel. */
+static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, int16_t *out) {
+  const int64_t ng = job->k / GGUF_GROUP;
+  for (int64_t r = r0; r < r1; r++)
+    for (int64_t g = 0; g < ng; g++)
+      out[(r - r0) * ng + g] = (int16_t)gguf_sum16(job->xq + r * job->ldq + g * GGUF_GROUP);
 }
 
 #endif /* ARMLLM_GGUF_X86_H */

@@ -209,6 +209,8 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
 /* What a tile reads besides its rows: the unpacked chunk of its panel. */
 typedef struct {
   const gguf_job *job;
+  const int16_t *halves; /* the row block's half sums (gguf_half_sums), or NULL */
+  int64_t row0;          /* the row block's first row */
   int bias;
   int64_t g0, ngr;    /* the chunk's first activation group, its groups */
   const unpacked *U;
@@ -249,8 +251,9 @@ static ALWAYS_INLINE __m256i dot_sign(__m256i acc, __m256i w, __m256i wabs, cons
 
 /* Rows r0 .. r0+mr of the panel over one chunk: per weight group (gl 16 or
  * 32 columns) the int32 sums, then the group's epilogue (offs: with
- * offsets; sgn: the sign-trick types; run: the int16 chain, chain_steps). t comes from +0 or tbuf (rows TBUF_LD
- * apart) and goes to tbuf or, on K's last chunk, to y (+ bias, masked). */
+ * offsets; sgn: the sign-trick types; run: the int16 chain, chain_steps).
+ * t comes from +0 or tbuf (rows TBUF_LD apart) and goes to tbuf or, on K's
+ * last chunk, to y (+ bias, masked). */
 static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const int sgn,
                                const int run, const tile_args *a, int64_t r0, float *tbuf) {
   const gguf_job *job = a->job;
@@ -269,7 +272,8 @@ static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const
       const int32_t whole = job->gsum[(r0 + r) * job->ldgs + g];
       xs[r][0] = whole;
       if (gl == 16) {
-        xs[r][0] = gguf_sum16(x + r * ldq + k0);
+        xs[r][0] = a->halves ? a->halves[(r0 + r - a->row0) * (job->k / GGUF_GROUP) + g]
+                             : gguf_sum16(x + r * ldq + k0);
         xs[r][1] = whole - xs[r][0];
       }
       sx[r] = job->scale[(r0 + r) * job->ldsc + g];
@@ -285,15 +289,18 @@ static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const
         }
       } else {
         for (int s = s0; s < s0 + gl / 4; s += run)
-          for (int r = 0; r < mr; r++) acc[r] = dot_run(acc[r], &u[s], run, x + r * ldq + k0 + 4 * s);
+          for (int r = 0; r < mr; r++)
+            acc[r] = dot_run(acc[r], &u[s], run, x + r * ldq + k0 + 4 * s);
       }
       const __m256 dv = _mm256_load_ps(a->U->d[j]);
       for (int r = 0; r < mr; r++) {
         const __m256 av =
             no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(sx[r])));
         __m256 v = _mm256_fmadd_ps(dv, av, t[r]);
-        if (offs)
-          v = _mm256_fmadd_ps(_mm256_load_ps(a->U->o[j]), _mm256_set1_ps((float)xs[r][h] * sx[r]), v);
+        if (offs) {
+          const __m256 b = _mm256_set1_ps((float)xs[r][h] * sx[r]);
+          v = _mm256_fmadd_ps(_mm256_load_ps(a->U->o[j]), b, v);
+        }
         t[r] = v;
       }
     }
@@ -346,10 +353,10 @@ ROWS_FN(rows_sgn, 32, 0, 1, 1) /* Q8_0, IQ4_NL, IQ4_XS */
  * once for every row tile. */
 static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const gguf_part *part,
                                      int64_t p, int64_t r0, int64_t r1, float *tbuf,
-                                     unpacked *U) {
+                                     const int16_t *halves, unpacked *U) {
   const int64_t k = job->k, nch = gguf_chunks(k), lp = p - part->panel0;
-  tile_args a = {.job = job, .bias = gguf_bias(type), .U = U, .col = part->col0 + lp * PANEL,
-                 .ncols = part->rows - lp * PANEL};
+  tile_args a = {.job = job, .halves = halves, .row0 = r0, .bias = gguf_bias(type), .U = U,
+                 .col = part->col0 + lp * PANEL, .ncols = part->rows - lp * PANEL};
   const uint8_t *w = part->w + lp * part->pbytes;
   for (int64_t c = 0; c < nch; c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
@@ -378,10 +385,10 @@ static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const 
 
 /* panel_rows with the part's type made a constant. */
 static void run_panel(const gguf_job *job, int64_t p, int64_t r0, int64_t r1, float *tbuf,
-                      unpacked *U) {
+                      const int16_t *halves, unpacked *U) {
   const gguf_part *part = gguf_part_of(job, p);
 #define TYPE_CASE(t)                                                                               \
-  case t: panel_rows(t, job, part, p, r0, r1, tbuf, U); break;
+  case t: panel_rows(t, job, part, p, r0, r1, tbuf, halves, U); break;
   switch (part->type) {
   TYPE_CASE(ARMLLM_GGML_Q4_0)
   TYPE_CASE(ARMLLM_GGML_Q4_1)
@@ -514,11 +521,14 @@ static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
   const gguf_job *job = ctx;
   unpacked U;
   float tbuf[MB_MAX * TBUF_LD] __attribute__((aligned(32)));
+  int16_t halves[GGUF_HALVES_CAP];
   for (int64_t i = i0; i < i1; i++) {
     const int64_t rb = i / job->n_pc, pc = i % job->n_pc;
     const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
     const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
-    for (int64_t p = p0; p < p1; p++) run_panel(job, p, r0, r1, tbuf, &U);
+    if (job->halves) gguf_half_sums(job, r0, r1, halves);
+    for (int64_t p = p0; p < p1; p++)
+      run_panel(job, p, r0, r1, tbuf, job->halves ? halves : NULL, &U);
   }
 }
 

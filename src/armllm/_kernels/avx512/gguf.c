@@ -219,6 +219,8 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
 /* What a tile reads besides its rows: the unpacked chunk(s) of its panels. */
 typedef struct {
   const gguf_job *job;
+  const int16_t *halves; /* the row block's half sums (gguf_half_sums), or NULL */
+  int64_t row0;          /* the row block's first row */
   int bias;
   int64_t g0, ngr;       /* the chunk's first activation group, its groups */
   const unpacked *U;     /* one per panel */
@@ -255,7 +257,8 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
       const int32_t whole = job->gsum[(r0 + r) * job->ldgs + g];
       xs[r][0] = whole;
       if (gl == 16) {
-        xs[r][0] = gguf_sum16(x + r * ldq + k0);
+        xs[r][0] = a->halves ? a->halves[(r0 + r - a->row0) * (job->k / GGUF_GROUP) + g]
+                             : gguf_sum16(x + r * ldq + k0);
         xs[r][1] = whole - xs[r][0];
       }
       sx[r] = job->scale[(r0 + r) * job->ldsc + g];
@@ -355,10 +358,10 @@ static __attribute__((noinline)) void rows_g32o(const tile_args *a, int64_t r0, 
  * chunk, each unpacked once for every row tile. */
 static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const gguf_part *part,
                                       int64_t p, int nc, int64_t r0, int64_t r1, float *tbuf,
-                                      unpacked *U) {
+                                      const int16_t *halves, unpacked *U) {
   const int64_t k = job->k, nch = gguf_chunks(k), lp = p - part->panel0;
   const int64_t ncols = part->rows - lp * PANEL;
-  tile_args a = {.job = job, .bias = gguf_bias(type), .U = U,
+  tile_args a = {.job = job, .halves = halves, .row0 = r0, .bias = gguf_bias(type), .U = U,
                  .col = part->col0 + lp * PANEL, .ncols = ncols < nc * PANEL ? ncols : nc * PANEL};
   const uint8_t *w = part->w + lp * part->pbytes;
   for (int64_t c = 0; c < nch; c++) {
@@ -387,10 +390,10 @@ static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const
 
 /* panels_rows with the part's type made a constant. */
 static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64_t r1,
-                       float *tbuf, unpacked *U) {
+                       float *tbuf, const int16_t *halves, unpacked *U) {
   const gguf_part *part = gguf_part_of(job, p);
 #define TYPE_CASE(t)                                                                               \
-  case t: panels_rows(t, job, part, p, nc, r0, r1, tbuf, U); break;
+  case t: panels_rows(t, job, part, p, nc, r0, r1, tbuf, halves, U); break;
   switch (part->type) {
   TYPE_CASE(ARMLLM_GGML_Q4_0)
   TYPE_CASE(ARMLLM_GGML_Q4_1)
@@ -520,14 +523,16 @@ static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
   const gguf_job *job = ctx;
   unpacked U[MAX_NC];
   float tbuf[MB_MAX * TBUF_LD] __attribute__((aligned(64)));
+  int16_t halves[GGUF_HALVES_CAP];
   for (int64_t i = i0; i < i1; i++) {
     const int64_t rb = i / job->n_pc, pc = i % job->n_pc;
     const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
     const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
+    if (job->halves) gguf_half_sums(job, r0, r1, halves);
     for (int64_t p = p0; p < p1;) {
       const gguf_part *part = gguf_part_of(job, p);
       const int nc = p + 1 < p1 && p + 1 < part->panel0 + part->panels ? 2 : 1;
-      run_panels(job, p, nc, r0, r1, tbuf, U);
+      run_panels(job, p, nc, r0, r1, tbuf, job->halves ? halves : NULL, U);
       p += nc;
     }
   }
