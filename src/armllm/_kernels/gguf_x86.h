@@ -412,7 +412,7 @@ static inline int32_t gguf_sum16(const int8_t *p) {
 
 /* The sums of the first 16 columns of every group of rows [r0, r1) of x
  * into out (rows ng apart; |sum| <= 16 * 127 fits int16): computed once per
- * prefill row block for the tiles of every 16-column-group panel. */
+ * decode run or prefill row block for every 16-column-group panel. */
 static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, int16_t *out) {
   const int64_t ng = job->k / GGUF_GROUP;
   for (int64_t r = r0; r < r1; r++)

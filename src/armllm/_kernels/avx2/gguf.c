@@ -411,7 +411,7 @@ static void run_panel(const gguf_job *job, int64_t p, int64_t r0, int64_t r1, fl
  * unpacked into registers and met by every row at once (no trip through L1),
  * t in registers throughout. */
 static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_job *job,
-                                       const gguf_part *part, int64_t p) {
+                                       const gguf_part *part, int64_t p, const int16_t *halves) {
   const int gl = gguf_group_len(type), offs = gguf_has_offsets(type);
   const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
   const int run = chain_steps(type) < gl / 4 ? chain_steps(type) : gl / 4;
@@ -436,7 +436,8 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
       for (int r = 0; r < mr; r++) {
         xs[r][0] = job->gsum[r * job->ldgs + g];
         if (gl == 16) {
-          const int32_t half = gguf_sum16(x + r * ldq + k0);
+          const int32_t half =
+              halves ? halves[r * (k / GGUF_GROUP) + g] : gguf_sum16(x + r * ldq + k0);
           xs[r][1] = xs[r][0] - half;
           xs[r][0] = half;
         }
@@ -475,12 +476,12 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
 
 /* Decode items: panels [p0, p1) of one part, its type and M made constants. */
 static ALWAYS_INLINE void decode_run(const int type, const gguf_job *job, const gguf_part *part,
-                                     int64_t p0, int64_t p1) {
+                                     int64_t p0, int64_t p1, const int16_t *halves) {
   switch (job->m) {
-  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p); break;
-  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p); break;
-  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p); break;
-  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p); break;
+  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p, halves); break;
+  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p, halves); break;
+  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p, halves); break;
+  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p, halves); break;
   }
 }
 
@@ -491,11 +492,17 @@ ARMLLM_X86_GGUF_PACKING(armllm_avx2)
 /* Decode: panels [p0, p1), a part's run at a time. */
 static void decode_task(void *ctx, int64_t p0, int64_t p1) {
   const gguf_job *job = ctx;
+  int16_t halves[GGUF_HALVES_CAP];
+  const int16_t *hv = NULL; /* the half-group sums, once for all the run's panels */
+  if (job->halves && job->m * (job->k / GGUF_GROUP) <= GGUF_HALVES_CAP) {
+    gguf_half_sums(job, 0, job->m, halves);
+    hv = halves;
+  }
   while (p0 < p1) {
     const gguf_part *part = gguf_part_of(job, p0);
     const int64_t end = part->panel0 + part->panels < p1 ? part->panel0 + part->panels : p1;
 #define TYPE_CASE(t)                                                                               \
-  case t: decode_run(t, job, part, p0, end); break;
+  case t: decode_run(t, job, part, p0, end, hv); break;
     switch (part->type) {
     TYPE_CASE(ARMLLM_GGML_Q4_0)
     TYPE_CASE(ARMLLM_GGML_Q4_1)
