@@ -30,7 +30,13 @@
 #define GGUF_CHUNK_COLS (GGUF_GROUP * GGUF_CHUNK_GROUPS)
 #define GGUF_STEPS 8           /* 4-column steps of a group: one vector of bytes each */
 #define GGUF_DECODE_MAX_M 4    /* rows up to this take the decode plan */
-#define GGUF_HALVES_CAP 32768  /* a prefill row block's half-group sums of x (int16: 64 KiB) */
+#define GGUF_HALVES_CAP 16384  /* half-group sums of x a task holds (int16: 32 KiB of stack) */
+
+/* X(type) for each ggml type the kernels specialize code on. */
+#define GGUF_TYPES(X)                                                                              \
+  X(ARMLLM_GGML_Q4_0) X(ARMLLM_GGML_Q4_1) X(ARMLLM_GGML_Q5_0) X(ARMLLM_GGML_Q5_1)                  \
+  X(ARMLLM_GGML_Q8_0) X(ARMLLM_GGML_Q2_K) X(ARMLLM_GGML_Q3_K) X(ARMLLM_GGML_Q4_K)                  \
+  X(ARMLLM_GGML_Q5_K) X(ARMLLM_GGML_Q6_K) X(ARMLLM_GGML_IQ4_NL) X(ARMLLM_GGML_IQ4_XS)
 
 /* The unsigned operand u = v + bias (u >= 0): the bias each type adds to its
  * values v (gguf_blocks.h's ranges), corrected as -bias * sum(x) in int32. */
@@ -389,7 +395,7 @@ static inline void gguf_run_prefill(armllm_pool *pool, gguf_job *job, int64_t mb
   if (job->halves && mb_max * ng > GGUF_HALVES_CAP) {
     const int64_t fit = GGUF_HALVES_CAP / ng / mr * mr;
     if (fit >= mr) mb_max = fit;
-    else job->halves = 0; /* K of over 2^15 / mr groups: the tiles sum them */
+    else job->halves = 0; /* K of over GGUF_HALVES_CAP / mr groups: the tiles sum them */
   }
   const int64_t n_rb = (m + mb_max - 1) / mb_max;
   job->mb = ((m + n_rb - 1) / n_rb + mr - 1) / mr * mr;

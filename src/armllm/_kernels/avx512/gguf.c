@@ -395,18 +395,7 @@ static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64
 #define TYPE_CASE(t)                                                                               \
   case t: panels_rows(t, job, part, p, nc, r0, r1, tbuf, halves, U); break;
   switch (part->type) {
-  TYPE_CASE(ARMLLM_GGML_Q4_0)
-  TYPE_CASE(ARMLLM_GGML_Q4_1)
-  TYPE_CASE(ARMLLM_GGML_Q5_0)
-  TYPE_CASE(ARMLLM_GGML_Q5_1)
-  TYPE_CASE(ARMLLM_GGML_Q8_0)
-  TYPE_CASE(ARMLLM_GGML_Q2_K)
-  TYPE_CASE(ARMLLM_GGML_Q3_K)
-  TYPE_CASE(ARMLLM_GGML_Q4_K)
-  TYPE_CASE(ARMLLM_GGML_Q5_K)
-  TYPE_CASE(ARMLLM_GGML_Q6_K)
-  TYPE_CASE(ARMLLM_GGML_IQ4_NL)
-  TYPE_CASE(ARMLLM_GGML_IQ4_XS)
+  GGUF_TYPES(TYPE_CASE)
   default: break;
   }
 #undef TYPE_CASE
@@ -509,18 +498,7 @@ static void decode_task(void *ctx, int64_t p0, int64_t p1) {
 #define TYPE_CASE(t)                                                                               \
   case t: decode_run(t, job, part, p0, end, hv); break;
     switch (part->type) {
-    TYPE_CASE(ARMLLM_GGML_Q4_0)
-    TYPE_CASE(ARMLLM_GGML_Q4_1)
-    TYPE_CASE(ARMLLM_GGML_Q5_0)
-    TYPE_CASE(ARMLLM_GGML_Q5_1)
-    TYPE_CASE(ARMLLM_GGML_Q8_0)
-    TYPE_CASE(ARMLLM_GGML_Q2_K)
-    TYPE_CASE(ARMLLM_GGML_Q3_K)
-    TYPE_CASE(ARMLLM_GGML_Q4_K)
-    TYPE_CASE(ARMLLM_GGML_Q5_K)
-    TYPE_CASE(ARMLLM_GGML_Q6_K)
-    TYPE_CASE(ARMLLM_GGML_IQ4_NL)
-    TYPE_CASE(ARMLLM_GGML_IQ4_XS)
+    GGUF_TYPES(TYPE_CASE)
     default: break;
     }
 #undef TYPE_CASE
