@@ -209,13 +209,13 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
 /* What a tile reads besides its rows: the unpacked chunk of its panel. */
 typedef struct {
   const gguf_job *job;
-  const int16_t *halves; /* the row block's half sums (gguf_half_sums), or NULL */
-  int64_t row0;          /* the row block's first row */
+  const int16_t *halves;  /* the row block's half sums (gguf_half_sums), or NULL */
+  int64_t row0;           /* the row block's first row */
   int bias;
-  int64_t g0, ngr;    /* the chunk's first activation group, its groups */
+  int64_t g0, ngr;        /* the chunk's first activation group, its groups */
   const unpacked *U;
-  int first, last;    /* the chunk is K's first (t from +0) / last (t to y) */
-  int64_t col, ncols; /* the panel's first output column, its columns in N */
+  int first, last;        /* the chunk is K's first (t from +0) / last (t to y) */
+  int64_t col, ncols;     /* the panel's first output column, its columns in N */
 } tile_args;
 
 static ALWAYS_INLINE __m256i bcast4(const int8_t *p) {
