@@ -175,6 +175,29 @@ def test_gemm_gguf_model_shapes_any_thread_count(variant, pools, mix):
                           outs[0][:1].view(np.uint32))
 
 
+@pytest.mark.parametrize("m", [4, 5, 259])
+@pytest.mark.parametrize("mix,k", [(("Q6_K", "Q4_K", "Q2_K"), 768),
+                                   (("Q4_1", "IQ4_NL", "Q8_0", "Q5_0"), 288),
+                                   (("Q3_K", "Q5_K"), 4352)])
+def test_gemm_gguf_tile_and_plan_edges(variant, pools, m, mix, k):
+    """The decode/prefill boundary (M = 4, 5), more rows than a prefill row block
+    (259), parts whose row counts end panels and panel pairs early (17, 33, 1),
+    several 256-column chunks or a 32-column tail chunk, a K long enough to
+    shorten the row blocks of 16-column groups, one thread or several: all
+    equal the exact model."""
+    rng = np.random.default_rng(m + k)
+    rows = [17, 33, 1, 150][:len(mix)]
+    blocks, parts = make_parts(rng, mix, rows, k)
+    x = rand(rng, (m, k))
+    bias = rand(rng, (sum(rows),))
+    want = None
+    for p in (None, pools[2], pools[3]):
+        out, xq, scale = run_gguf(variant, x, blocks, mix, rows, bias, p)
+        if want is None:
+            want = np_gemm_gguf(xq, scale, parts, bias)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
 def test_gemm_gguf_close_to_dequantized_float_gemm(pool):
     """End to end: only the activations' int8 rounding separates the two."""
     kern = ops.kernels()

@@ -1,0 +1,531 @@
+/* avx2/gguf.c: the GGUF-block GEMM (armllm_kernels.h) with AVX2's maddubs:
+ * the weights stay at their stored bit width in memory and are unpacked to
+ * bytes in registers (decode) or a 256-column chunk of a panel at a time
+ * into L1, for every row tile to reuse (prefill).
+ *
+ * Packed layout "gguf-nr8c256": avx512/gguf.c's "gguf-nr16c256" with panels
+ * of 8 output rows: a vector is 32 bytes (byte 4r + j belongs to row r of
+ * the panel), the scales come 8 to a row set (d f16[8], sc u8[8][8], ...),
+ * and each chunk is padded to 32 bytes. Per row that is the file's bytes or
+ * within 6% (Q4_K 148/144, Q5_K 180/176, Q3_K 116/110, Q6_K 212/210, IQ4_XS
+ * 140/136 per 256 columns; the 32-element types as stored).
+ *
+ * Inner products: maddubs multiplies unsigned weight bytes by the signed
+ * activation word x[k..k+4) broadcast to the 8 rows and adds pairs in int16;
+ * madd with ones widens to int32.
+ *   Types whose u = v + bias is at most 63 (all but Q8_0 and IQ4): the
+ *   products of a run of steps add up in int16 before one madd (runs of
+ *   chain_steps: 8 steps of u <= 15, 4 of u <= 31, 2 of u <= 63, so that
+ *   |sum| <= steps * 2 * umax * 127 < 2^15), and each group starts from
+ *   -bias * sum(x), as on avx512.
+ *   Q8_0 and IQ4 (|v| <= 128): the sign trick, maddubs(|v|, sign(x, v))
+ *   (|pair| <= 2 * 128 * 127 < 2^15), on v itself: no bias.
+ * Each group's int32 sum is exact and the float epilogue is the header's,
+ * lane-wise: every result is ref's, whatever the tile, plan or thread count.
+ *
+ * Plans: as avx512/gguf.c's (decode unpacks into registers, prefill a chunk
+ * at a time into L1 for every row tile), with tiles of MR rows x 1 panel.
+ */
+#include <immintrin.h>
+
+#include "../armllm_kernels.h"
+#include "../gguf_blocks.h"
+#include "vexp_avx2.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define PANEL 8    /* output rows per panel: one int32 / f32 lane each */
+#define MR 4       /* prefill tile rows: 4 accumulators and 4 t of the 16 ymm */
+#define MB_MAX 256 /* rows per prefill block (a multiple of MR): its t on the stack */
+_Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
+#define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
+#define PF_BYTES 4096      /* decode: software prefetch distance in the panel stream */
+#define CACHE_LINE 64 /* bytes a prefetch brings in */
+#define TBUF_LD PANEL
+
+#include "../gguf_x86.h"
+
+static ALWAYS_INLINE __m256 no_contract(__m256 v) {
+  __asm__("" : "+x"(v));
+  return v;
+}
+
+/* ------------------------------------------------------------ unpacking */
+
+/* A chunk of a panel as the tiles read it: u[8 gi + s] the bytes of group gi,
+ * step s (columns 4s .. 4s+4 of each row: u = v + bias, or v itself for the
+ * sign-trick types), and d, o of weight group j (j = 2 gi + half; a
+ * 32-column group's at j = 2 gi). */
+typedef struct {
+  __m256i u[GGUF_CHUNK_GROUPS * GGUF_STEPS];
+  float d[2 * GGUF_CHUNK_GROUPS][PANEL];
+  float o[2 * GGUF_CHUNK_GROUPS][PANEL];
+} unpacked;
+
+/* Q8_0 and IQ4: values up to 128 in magnitude, multiplied with the sign trick. */
+static inline int signed_type(int type) {
+  return type == ARMLLM_GGML_Q8_0 || type == ARMLLM_GGML_IQ4_NL || type == ARMLLM_GGML_IQ4_XS;
+}
+
+static ALWAYS_INLINE __m256i load(const uint8_t *p) {
+  return _mm256_loadu_si256((const __m256i *)p);
+}
+
+static ALWAYS_INLINE void nibbles(const uint8_t *p, __m256i *u) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  for (int i = 0; i < 4; i++) {
+    const __m256i v = load(p + GGUF_VEC * i);
+    u[2 * i] = _mm256_and_si256(v, low4);
+    u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  }
+}
+
+/* u[s] |= bit s of the plane's byte, moved to bit `pos` (the shifts stay
+ * inside each byte: pos - s >= 0 left, s - pos <= 7 - pos right). */
+static ALWAYS_INLINE void or_plane1(const uint8_t *p, __m256i *u, const int pos) {
+  const __m256i h = load(p), bit = _mm256_set1_epi8((char)(1 << pos));
+  for (int s = 0; s < GGUF_STEPS; s++) {
+    const __m256i m = s <= pos ? _mm256_slli_epi16(h, pos - s) : _mm256_srli_epi16(h, s - pos);
+    u[s] = _mm256_or_si256(u[s], _mm256_and_si256(m, bit));
+  }
+}
+
+/* u[s] = the 2-bit field of step s (Q2_K, Q3_K's low bits). */
+static ALWAYS_INLINE void plane2(const uint8_t *p, __m256i *u) {
+  const __m256i low2 = _mm256_set1_epi8(3);
+  for (int i = 0; i < 2; i++) {
+    const __m256i h = load(p + GGUF_VEC * i);
+    u[4 * i] = _mm256_and_si256(h, low2);
+    u[4 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(h, 2), low2);
+    u[4 * i + 2] = _mm256_and_si256(_mm256_srli_epi16(h, 4), low2);
+    u[4 * i + 3] = _mm256_and_si256(_mm256_srli_epi16(h, 6), low2);
+  }
+}
+
+/* u[s] |= the 2-bit field of step s << 4 (Q6_K's high bits). */
+static ALWAYS_INLINE void or_plane2_high(const uint8_t *p, __m256i *u) {
+  const __m256i bits45 = _mm256_set1_epi8(0x30);
+  for (int i = 0; i < 2; i++) {
+    const __m256i h = load(p + GGUF_VEC * i);
+    const __m256i f[4] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2), h,
+                          _mm256_srli_epi16(h, 2)};
+    for (int t = 0; t < 4; t++)
+      u[4 * i + t] = _mm256_or_si256(u[4 * i + t], _mm256_and_si256(f[t], bits45));
+  }
+}
+
+static ALWAYS_INLINE __m256 f16x8(const uint8_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static ALWAYS_INLINE __m256i u8x8(const uint8_t *p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static ALWAYS_INLINE __m256 i8x8(const uint8_t *p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* The bytes u[0 .. 8) of one group at p (the layout above). */
+static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m256i *u) {
+  /* IQ4's code book, in both 128-bit lanes (vpshufb looks up per lane) */
+  const __m256i iq4 = _mm256_broadcastsi128_si256(
+      _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+  switch (type) {
+  case ARMLLM_GGML_Q8_0: /* stored v + 128: v back */
+    for (int s = 0; s < GGUF_STEPS; s++)
+      u[s] = _mm256_xor_si256(load(p + GGUF_VEC * s), _mm256_set1_epi8((char)0x80));
+    break;
+  case ARMLLM_GGML_Q2_K:
+    plane2(p, u);
+    break;
+  case ARMLLM_GGML_Q3_K:
+    plane2(p, u);
+    or_plane1(p + 2 * GGUF_VEC, u, 2);
+    break;
+  case ARMLLM_GGML_Q6_K:
+    nibbles(p, u);
+    or_plane2_high(p + 4 * GGUF_VEC, u);
+    break;
+  case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K:
+    nibbles(p, u);
+    or_plane1(p + 4 * GGUF_VEC, u, 4);
+    break;
+  case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
+    nibbles(p, u);
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_shuffle_epi8(iq4, u[s]);
+    break;
+  default:
+    nibbles(p, u);
+  }
+}
+
+/* d and o (offsets' types) of weight group j (16 columns: j = 2 gi + half;
+ * a 32-column group is j = 2 gi) of a chunk of ngr groups whose scales are
+ * at sc: (float)sc * d and (float)m * -dmin, exact. */
+static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_t ngr, int64_t j,
+                                       __m256 *d, __m256 *o) {
+  switch (type) {
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+    *d = _mm256_mul_ps(_mm256_cvtepi32_ps(u8x8(sc + (4 + j / 2) * PANEL)), f16x8(sc));
+    *o = _mm256_mul_ps(_mm256_cvtepi32_ps(u8x8(sc + (12 + j / 2) * PANEL)), f16x8(sc + 2 * PANEL));
+    break;
+  case ARMLLM_GGML_Q2_K: {
+    const __m256i s = u8x8(sc + (4 + j) * PANEL); /* scale low nibble, min high */
+    *d = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(s, _mm256_set1_epi32(15))),
+                       f16x8(sc));
+    *o = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(s, 4)), f16x8(sc + 2 * PANEL));
+    break;
+  }
+  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K:
+    *d = _mm256_mul_ps(i8x8(sc + (2 + j) * PANEL), f16x8(sc));
+    break;
+  case ARMLLM_GGML_IQ4_XS:
+    *d = _mm256_mul_ps(i8x8(sc + (2 + j / 2) * PANEL), f16x8(sc));
+    break;
+  default: /* 32-element blocks: f16 d per group (and m) */
+    *d = f16x8(sc + 2 * PANEL * (j / 2));
+    if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
+      *o = f16x8(sc + 2 * PANEL * (ngr + j / 2));
+  }
+}
+
+/* Unpacks a chunk of ngr groups at w for the prefill tiles. */
+static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t ngr,
+                                       unpacked *U) {
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  const int gl = gguf_group_len(type);
+  const uint8_t *sc = w + gbytes * ngr;
+  for (int64_t gi = 0; gi < ngr; gi++) {
+    unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
+    for (int64_t j = 2 * gi; j < 2 * gi + GGUF_GROUP / gl; j++) {
+      __m256 d, o = _mm256_setzero_ps();
+      group_scales(type, sc, ngr, j, &d, &o);
+      _mm256_store_ps(U->d[j], d);
+      _mm256_store_ps(U->o[j], o);
+    }
+  }
+}
+
+/* ------------------------------------------------------------ tiles */
+
+/* What a tile reads besides its rows: the unpacked chunk of its panel. */
+typedef struct {
+  const gguf_job *job;
+  const int16_t *halves;  /* the row block's half sums (gguf_half_sums), or NULL */
+  int64_t row0;           /* the row block's first row */
+  int bias;
+  int64_t g0, ngr;        /* the chunk's first activation group, its groups */
+  const unpacked *U;
+  int first, last;        /* the chunk is K's first (t from +0) / last (t to y) */
+  int64_t col, ncols;     /* the panel's first output column, its columns in N */
+} tile_args;
+
+static ALWAYS_INLINE __m256i bcast4(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+/* Steps whose maddubs sums add up exactly in int16 (the largest u of the
+ * type: 2 * umax * 127 per step, under 2^15 in all). */
+static inline int chain_steps(int type) {
+  switch (type) {
+  case ARMLLM_GGML_Q6_K: return 2;                                                 /* u <= 63 */
+  case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K: return 4; /* u <= 31 */
+  default: return 8;                                                               /* u <= 15 */
+  }
+}
+
+/* acc + the products of n steps from u (n * 2 * umax * 127 < 2^15: the int16 sums are exact). */
+static ALWAYS_INLINE __m256i dot_run(__m256i acc, const __m256i *u, const int n,
+                                     const int8_t *xk) {
+  __m256i p = _mm256_maddubs_epi16(_mm256_load_si256(u), bcast4(xk));
+  for (int i = 1; i < n; i++)
+    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(_mm256_load_si256(u + i), bcast4(xk + 4 * i)));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* acc + the 4 products of one step of signed v (wabs = |v|): the sign trick. */
+static ALWAYS_INLINE __m256i dot_sign(__m256i acc, __m256i w, __m256i wabs, const int8_t *xk) {
+  const __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast4(xk), w));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* Rows r0 .. r0+mr of the panel over one chunk: per weight group (gl 16 or
+ * 32 columns) the int32 sums, then the group's epilogue (offs: with
+ * offsets; sgn: the sign-trick types; run: the int16 chain, chain_steps).
+ * t comes from +0 or tbuf (rows TBUF_LD apart) and goes to tbuf or, on K's
+ * last chunk, to y (+ bias, masked). */
+static ALWAYS_INLINE void tile(const int mr, const int gl, const int offs, const int sgn,
+                               const int run, const tile_args *a, int64_t r0, float *tbuf) {
+  const gguf_job *job = a->job;
+  const int64_t ldq = job->ldq;
+  const int8_t *x = job->xq + r0 * ldq;
+  __m256 t[MR];
+  __m256i acc[MR];
+  for (int r = 0; r < mr; r++)
+    t[r] = a->first ? _mm256_setzero_ps() : _mm256_load_ps(tbuf + r * TBUF_LD);
+  for (int64_t gi = 0; gi < a->ngr; gi++) {
+    const int64_t g = a->g0 + gi, k0 = g * GGUF_GROUP;
+    const __m256i *u = a->U->u + GGUF_STEPS * gi;
+    int32_t xs[MR][2]; /* sum of x over each weight group of the 32 columns */
+    float sx[MR];
+    for (int r = 0; r < mr; r++) {
+      const int32_t whole = job->gsum[(r0 + r) * job->ldgs + g];
+      xs[r][0] = whole;
+      if (gl == 16) {
+        xs[r][0] = a->halves ? a->halves[(r0 + r - a->row0) * (job->k / GGUF_GROUP) + g]
+                             : gguf_sum16(x + r * ldq + k0);
+        xs[r][1] = whole - xs[r][0];
+      }
+      sx[r] = job->scale[(r0 + r) * job->ldsc + g];
+    }
+    for (int h = 0; h < GGUF_GROUP / gl; h++) {
+      const int s0 = h * (gl / 4), j = 2 * (int)gi + h;
+      for (int r = 0; r < mr; r++) acc[r] = _mm256_set1_epi32(sgn ? 0 : -a->bias * xs[r][h]);
+      if (sgn) {
+#pragma GCC unroll 8
+        for (int s = s0; s < s0 + gl / 4; s++) {
+          const __m256i w = _mm256_load_si256(&u[s]), wabs = _mm256_abs_epi8(w);
+          for (int r = 0; r < mr; r++) acc[r] = dot_sign(acc[r], w, wabs, x + r * ldq + k0 + 4 * s);
+        }
+      } else {
+        for (int s = s0; s < s0 + gl / 4; s += run)
+          for (int r = 0; r < mr; r++)
+            acc[r] = dot_run(acc[r], &u[s], run, x + r * ldq + k0 + 4 * s);
+      }
+      const __m256 dv = _mm256_load_ps(a->U->d[j]);
+      for (int r = 0; r < mr; r++) {
+        const __m256 av =
+            no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(sx[r])));
+        __m256 v = _mm256_fmadd_ps(dv, av, t[r]);
+        if (offs) {
+          const __m256 b = _mm256_set1_ps((float)xs[r][h] * sx[r]);
+          v = _mm256_fmadd_ps(_mm256_load_ps(a->U->o[j]), b, v);
+        }
+        t[r] = v;
+      }
+    }
+  }
+  if (!a->last) {
+    for (int r = 0; r < mr; r++) _mm256_store_ps(tbuf + r * TBUF_LD, t[r]);
+    return;
+  }
+  const __m256i mask = armllm_avx2_tail_mask(a->ncols < PANEL ? a->ncols : PANEL);
+  const __m256 bias =
+      job->bias ? _mm256_maskload_ps(job->bias + a->col, mask) : _mm256_setzero_ps();
+  for (int r = 0; r < mr; r++) { /* y = t (+ bias), masked to N */
+    __m256 v = t[r];
+    if (job->bias) v = _mm256_add_ps(v, bias);
+    _mm256_maskstore_ps(job->y + (r0 + r) * job->ldy + a->col, mask, v);
+  }
+}
+
+/* Rows [r0, r1) of a chunk in tiles of MR; t rows of tbuf follow the rows. */
+static ALWAYS_INLINE void row_tiles(const int gl, const int offs, const int sgn, const int run,
+                                    const tile_args *a, int64_t r0, int64_t r1, float *tbuf) {
+  int64_t r = r0;
+  for (; r + MR <= r1; r += MR) tile(MR, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD);
+  switch (r1 - r) {
+  case 1: tile(1, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD); break;
+  case 2: tile(2, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD); break;
+  case 3: tile(3, gl, offs, sgn, run, a, r, tbuf + (r - r0) * TBUF_LD); break;
+  default: break;
+  }
+}
+
+/* One function per kind of weight group: 16 or 32 columns, with or without
+ * offsets, sign trick or not, int16 chains of run steps. */
+#define ROWS_FN(name, gl, offs, sgn, run)                                                          \
+  static __attribute__((noinline)) void name(const tile_args *a, int64_t r0, int64_t r1,          \
+                                             float *tbuf) {                                        \
+    row_tiles(gl, offs, sgn, run, a, r0, r1, tbuf);                                               \
+  }
+ROWS_FN(rows_q2k, 16, 1, 0, 4)
+ROWS_FN(rows_q3k, 16, 0, 0, 4)
+ROWS_FN(rows_q6k, 16, 0, 0, 2)
+ROWS_FN(rows_q4, 32, 0, 0, 8)  /* Q4_0 */
+ROWS_FN(rows_q5, 32, 0, 0, 4)  /* Q5_0 */
+ROWS_FN(rows_q4o, 32, 1, 0, 8) /* Q4_1, Q4_K */
+ROWS_FN(rows_q5o, 32, 1, 0, 4) /* Q5_1, Q5_K */
+ROWS_FN(rows_sgn, 32, 0, 1, 1) /* Q8_0, IQ4_NL, IQ4_XS */
+#undef ROWS_FN
+
+/* Rows [r0, r1) of panel p, the whole of K: chunk by chunk, each unpacked
+ * once for every row tile. */
+static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const gguf_part *part,
+                                     int64_t p, int64_t r0, int64_t r1, float *tbuf,
+                                     const int16_t *halves, unpacked *U) {
+  const int64_t k = job->k, nch = gguf_chunks(k), lp = p - part->panel0;
+  tile_args a = {.job = job, .halves = halves, .row0 = r0, .bias = gguf_bias(type), .U = U,
+                 .col = part->col0 + lp * PANEL, .ncols = part->rows - lp * PANEL};
+  const uint8_t *w = part->w + lp * part->pbytes;
+  for (int64_t c = 0; c < nch; c++) {
+    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    for (int64_t off = 0; off < cbytes; off += CACHE_LINE)
+      _mm_prefetch((const char *)w + PF_BYTES + off, _MM_HINT_T0);
+    unpack_chunk(type, w, ngr, U);
+    w += cbytes;
+    a.g0 = c * GGUF_CHUNK_GROUPS;
+    a.ngr = ngr;
+    a.first = c == 0;
+    a.last = c == nch - 1;
+    switch (type) {
+    case ARMLLM_GGML_Q2_K: rows_q2k(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q3_K: rows_q3k(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q6_K: rows_q6k(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q5_0: rows_q5(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q4_K: rows_q4o(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K: rows_q5o(&a, r0, r1, tbuf); break;
+    case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
+      rows_sgn(&a, r0, r1, tbuf);
+      break;
+    default: rows_q4(&a, r0, r1, tbuf);
+    }
+  }
+}
+
+/* panel_rows with the part's type made a constant. */
+static void run_panel(const gguf_job *job, int64_t p, int64_t r0, int64_t r1, float *tbuf,
+                      const int16_t *halves, unpacked *U) {
+  const gguf_part *part = gguf_part_of(job, p);
+#define TYPE_CASE(t)                                                                               \
+  case t: panel_rows(t, job, part, p, r0, r1, tbuf, halves, U); break;
+  switch (part->type) {
+  GGUF_TYPES(TYPE_CASE)
+  default: break;
+  }
+#undef TYPE_CASE
+}
+
+/* Decode: rows 0 .. mr (all M) of panel p over the whole of K, each group
+ * unpacked into registers and met by every row at once (no trip through L1),
+ * t in registers throughout. */
+static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_job *job,
+                                       const gguf_part *part, int64_t p, const int16_t *halves) {
+  const int gl = gguf_group_len(type), offs = gguf_has_offsets(type);
+  const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
+  const int run = chain_steps(type) < gl / 4 ? chain_steps(type) : gl / 4;
+  const int64_t k = job->k, ldq = job->ldq, lp = p - part->panel0;
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  const int8_t *x = job->xq;
+  const uint8_t *w = part->w + lp * part->pbytes;
+  __m256 t[GGUF_DECODE_MAX_M];
+  for (int r = 0; r < mr; r++) t[r] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < gguf_chunks(k); c++) {
+    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    const uint8_t *sc = w + gbytes * ngr;
+    for (int64_t gi = 0; gi < ngr; gi++) {
+      const uint8_t *wg = w + gi * gbytes;
+      for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
+        _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
+      const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
+      __m256i u[GGUF_STEPS];
+      unpack_group(type, wg, u);
+      int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
+      float sx[GGUF_DECODE_MAX_M];
+      for (int r = 0; r < mr; r++) {
+        xs[r][0] = job->gsum[r * job->ldgs + g];
+        if (gl == 16) {
+          const int32_t half =
+              halves ? halves[r * (k / GGUF_GROUP) + g] : gguf_sum16(x + r * ldq + k0);
+          xs[r][1] = xs[r][0] - half;
+          xs[r][0] = half;
+        }
+        sx[r] = job->scale[r * job->ldsc + g];
+      }
+      for (int h = 0; h < GGUF_GROUP / gl; h++) {
+        const int s0 = h * (gl / 4);
+        __m256 d, o = _mm256_setzero_ps();
+        group_scales(type, sc, ngr, 2 * gi + h, &d, &o);
+        for (int r = 0; r < mr; r++) {
+          const int8_t *xr = x + r * ldq + k0;
+          __m256i acc = _mm256_set1_epi32(-bias * xs[r][h]);
+          if (sgn)
+            for (int s = s0; s < s0 + gl / 4; s++)
+              acc = dot_sign(acc, u[s], _mm256_abs_epi8(u[s]), xr + 4 * s);
+          else
+            for (int s = s0; s < s0 + gl / 4; s += run) acc = dot_run(acc, &u[s], run, xr + 4 * s);
+          const __m256 av =
+              no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx[r])));
+          t[r] = _mm256_fmadd_ps(d, av, t[r]);
+          if (offs) t[r] = _mm256_fmadd_ps(o, _mm256_set1_ps((float)xs[r][h] * sx[r]), t[r]);
+        }
+      }
+    }
+    w += cbytes;
+  }
+  const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
+  const __m256i mask = armllm_avx2_tail_mask(nv < PANEL ? nv : PANEL);
+  const __m256 bv = job->bias ? _mm256_maskload_ps(job->bias + col, mask) : _mm256_setzero_ps();
+  for (int r = 0; r < mr; r++) { /* y = t (+ bias), masked to N */
+    __m256 v = t[r];
+    if (job->bias) v = _mm256_add_ps(v, bv);
+    _mm256_maskstore_ps(job->y + r * job->ldy + col, mask, v);
+  }
+}
+
+/* Decode items: panels [p0, p1) of one part, its type and M made constants. */
+static ALWAYS_INLINE void decode_run(const int type, const gguf_job *job, const gguf_part *part,
+                                     int64_t p0, int64_t p1, const int16_t *halves) {
+  switch (job->m) {
+  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p, halves); break;
+  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p, halves); break;
+  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p, halves); break;
+  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p, halves); break;
+  }
+}
+
+/* ------------------------------------------------------------ plans */
+
+ARMLLM_X86_GGUF_PACKING(armllm_avx2)
+
+/* Decode: panels [p0, p1), a part's run at a time. */
+static void decode_task(void *ctx, int64_t p0, int64_t p1) {
+  const gguf_job *job = ctx;
+  int16_t halves[GGUF_HALVES_CAP];
+  const int16_t *hv = NULL; /* the half-group sums, once for all the run's panels */
+  if (job->halves && job->m * (job->k / GGUF_GROUP) <= GGUF_HALVES_CAP) {
+    gguf_half_sums(job, 0, job->m, halves);
+    hv = halves;
+  }
+  while (p0 < p1) {
+    const gguf_part *part = gguf_part_of(job, p0);
+    const int64_t end = part->panel0 + part->panels < p1 ? part->panel0 + part->panels : p1;
+#define TYPE_CASE(t)                                                                               \
+  case t: decode_run(t, job, part, p0, end, hv); break;
+    switch (part->type) {
+    GGUF_TYPES(TYPE_CASE)
+    default: break;
+    }
+#undef TYPE_CASE
+    p0 = end;
+  }
+}
+
+/* Prefill item i: row block i / n_pc times panel chunk i % n_pc. */
+static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
+  const gguf_job *job = ctx;
+  unpacked U;
+  float tbuf[MB_MAX * TBUF_LD] __attribute__((aligned(32)));
+  int16_t halves[GGUF_HALVES_CAP];
+  for (int64_t i = i0; i < i1; i++) {
+    const int64_t rb = i / job->n_pc, pc = i % job->n_pc;
+    const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
+    const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
+    if (job->halves) gguf_half_sums(job, r0, r1, halves);
+    for (int64_t p = p0; p < p1; p++)
+      run_panel(job, p, r0, r1, tbuf, job->halves ? halves : NULL, &U);
+  }
+}
+
+void armllm_avx2_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
+                           int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
+                           int64_t ldgs, const void *packed_w, int64_t n, const float *bias,
+                           float *y, int64_t ldy) {
+  (void)n;
+  gguf_job job = gguf_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, bias, y, ldy);
+  if (m <= GGUF_DECODE_MAX_M) {
+    gguf_run_decode(pool, &job, decode_task);
+    return;
+  }
+  gguf_run_prefill(pool, &job, MB_MAX, MR, ITEMS_PER_THREAD, prefill_task);
+}

@@ -1,0 +1,541 @@
+/* avx512/gguf.c: the GGUF-block GEMM (armllm_kernels.h) with AVX512_VNNI's
+ * vpdpbusd: the weights stay at their stored bit width in memory and are
+ * unpacked to unsigned bytes u = v + bias in registers (decode) or one
+ * 256-column chunk of a panel at a time into L1, for every row tile to reuse
+ * (prefill).
+ *
+ * Packed layout "gguf-nr16c256": the armllm_gguf_parts header (64 bytes),
+ * then each part's panels of 16 output rows (the last padded with zeros),
+ * each panel its chunks of 256 columns (a 32-element type's last chunk may
+ * have fewer 32-column groups: ngr <= 8), each chunk padded to 64 bytes:
+ *   values, group after group (a "vector" is 64 bytes: byte 4r + j belongs
+ *   to row r of the panel; "column c" is column c of the 32-column group;
+ *   u = v + bias, bias 8 for Q4_0, 16 Q5_0, 4 Q3_K, 32 Q6_K, 128 Q8_0 and
+ *   IQ4 (whose u is the code book index here), else 0):
+ *     nibbles (Q4_*, IQ4_*, low 4 bits of Q5_*, Q6_K): 4 vectors, vector i
+ *       byte 4r + j: u of column 8i + j in the low nibble, 8i + 4 + j high;
+ *     Q5_*: the nibbles, then 1 vector: byte 4r + j bit s = bit 4 of u at
+ *       column 4s + j;
+ *     Q8_0: 8 vectors, vector s byte 4r + j = u at column 4s + j;
+ *     Q2_K: 2 vectors, vector i byte 4r + j bits 2t, 2t+1 = u at column
+ *       4(4i + t) + j;  Q3_K: the same of u & 3, then 1 vector as Q5's of
+ *       bit 2 (ggml's hmask bit);  Q6_K: the nibbles, then 2 vectors as
+ *       Q2_K's of u >> 4;
+ *   scales (16 rows each, f16 fields copied from the file, exact):
+ *     Q4_0, Q5_0, Q8_0, IQ4_NL: d f16[ngr][16];  Q4_1, Q5_1: the same, then
+ *       m f16[ngr][16];
+ *     Q4_K, Q5_K: d f16[16], -dmin f16[16], sc u8[8][16], m u8[8][16];
+ *     Q2_K: d f16[16], -dmin f16[16], the file's scale bytes u8[16][16];
+ *     Q3_K: d f16[16], sc - 32 i8[16][16];  Q6_K: d f16[16], sc i8[16][16];
+ *     IQ4_XS: d f16[16], ls - 32 i8[8][16].
+ * Per row that is the file's bytes or within 6% (Q2_K, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, IQ4_NL: the same; Q4_K 148/144, Q5_K 180/176, Q3_K 116/110,
+ * Q6_K 212/210, IQ4_XS 140/136 bytes per 256 columns).
+ *
+ * The kernel forms each weight group's scale as (float)sc * d and offset as
+ * (float)m * -dmin (exact in f32: ref's d_j and o_j bit for bit), and each
+ * group's sum x.v as vpdpbusd(u, x) started from -bias * sum(x) (the group's
+ * gsum, or for a 16-column group the sum of its half of x): exact in int32.
+ * The float epilogue is the header's, lane-wise: every result is ref's.
+ *
+ * Plans: decode (M <= 4) streams the panels, each thread a contiguous run
+ * (prefetched ahead), each group unpacked into registers and met by every
+ * row at once, t in registers over the whole of K; prefill cuts M into row blocks of up
+ * to MB_MAX rows and N into chunks of panels, and for each panel pair
+ * (same part) and 256-column chunk unpacks once and runs every row tile of
+ * MR rows x 2 panels over it (t waits in a stack buffer between chunks).
+ */
+#include <immintrin.h>
+
+#include "../armllm_kernels.h"
+#include "../gguf_blocks.h"
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#define PANEL 16 /* output rows per panel: one int32 / f32 lane each */
+#define MR 6     /* prefill tile rows: 2 * 6 * 2 accumulators and t, 24 of the 32 zmm */
+#define MAX_NC 2 /* panels per tile */
+#define MB_MAX 258 /* rows per prefill block (a multiple of MR): its t on the stack */
+_Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
+#define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
+#define PF_BYTES 2048      /* decode: software prefetch distance in the panel stream */
+#define CACHE_LINE 64 /* bytes a prefetch brings in */
+#define TBUF_LD (MAX_NC * PANEL)
+
+#include "../gguf_x86.h"
+
+static ALWAYS_INLINE __m512 no_contract(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+
+/* ------------------------------------------------------------ unpacking */
+
+/* A chunk of a panel as the tiles read it: u[8 gi + s] the unsigned bytes of
+ * group gi, step s (columns 4s .. 4s+4 of each row, vpdpbusd's operand), and
+ * d, o of weight group j (16 columns: j = 2 gi + half; a 32-column group's at
+ * j = 2 gi). */
+typedef struct {
+  __m512i u[GGUF_CHUNK_GROUPS * GGUF_STEPS];
+  float d[2 * GGUF_CHUNK_GROUPS][PANEL];
+  float o[2 * GGUF_CHUNK_GROUPS][PANEL];
+} unpacked;
+
+static ALWAYS_INLINE void nibbles(const uint8_t *p, __m512i *u) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  for (int i = 0; i < 4; i++) {
+    const __m512i v = _mm512_loadu_si512(p + GGUF_VEC * i);
+    u[2 * i] = _mm512_and_si512(v, low4);
+    u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+}
+
+/* u[s] += `bit` where bit s of the plane's byte is set. */
+static ALWAYS_INLINE void add_plane1(const uint8_t *p, __m512i *u, int bit) {
+  const __m512i h = _mm512_loadu_si512(p), add = _mm512_set1_epi8((char)bit);
+  for (int s = 0; s < GGUF_STEPS; s++) {
+    const __mmask64 set = _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)(1 << s)));
+    u[s] = _mm512_mask_add_epi8(u[s], set, u[s], add);
+  }
+}
+
+/* u[s] = the 2-bit field of step s (Q2_K, Q3_K's low bits). */
+static ALWAYS_INLINE void plane2(const uint8_t *p, __m512i *u) {
+  const __m512i low2 = _mm512_set1_epi8(3);
+  for (int i = 0; i < 2; i++) {
+    const __m512i h = _mm512_loadu_si512(p + GGUF_VEC * i);
+    u[4 * i] = _mm512_and_si512(h, low2);
+    u[4 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(h, 2), low2);
+    u[4 * i + 2] = _mm512_and_si512(_mm512_srli_epi16(h, 4), low2);
+    u[4 * i + 3] = _mm512_and_si512(_mm512_srli_epi16(h, 6), low2);
+  }
+}
+
+/* u[s] |= the 2-bit field of step s << 4 (Q6_K's high bits). */
+static ALWAYS_INLINE void or_plane2_high(const uint8_t *p, __m512i *u) {
+  const __m512i bits45 = _mm512_set1_epi8(0x30);
+  for (int i = 0; i < 2; i++) {
+    const __m512i h = _mm512_loadu_si512(p + GGUF_VEC * i);
+    const __m512i f[4] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 2), h,
+                          _mm512_srli_epi16(h, 2)};
+    for (int t = 0; t < 4; t++) /* 0xf8: a | (b & c) */
+      u[4 * i + t] = _mm512_ternarylogic_epi32(u[4 * i + t], f[t], bits45, 0xf8);
+  }
+}
+
+static ALWAYS_INLINE __m512 f16x16(const uint8_t *p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static ALWAYS_INLINE __m512i u8x16(const uint8_t *p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+static ALWAYS_INLINE __m512 i8x16(const uint8_t *p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* The unsigned bytes u[0 .. 8) of one group at p (the layout above). */
+static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m512i *u) {
+  /* IQ4's code book + 128, in every 128-bit lane (vpshufb looks up per lane) */
+  const __m512i iq4 = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153, (char)166,
+                    (char)181, (char)197, (char)217, (char)241));
+  switch (type) {
+  case ARMLLM_GGML_Q8_0:
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_loadu_si512(p + GGUF_VEC * s);
+    break;
+  case ARMLLM_GGML_Q2_K:
+    plane2(p, u);
+    break;
+  case ARMLLM_GGML_Q3_K:
+    plane2(p, u);
+    add_plane1(p + 2 * GGUF_VEC, u, 4);
+    break;
+  case ARMLLM_GGML_Q6_K:
+    nibbles(p, u);
+    or_plane2_high(p + 4 * GGUF_VEC, u);
+    break;
+  case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K:
+    nibbles(p, u);
+    add_plane1(p + 4 * GGUF_VEC, u, 16);
+    break;
+  case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
+    nibbles(p, u);
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_shuffle_epi8(iq4, u[s]);
+    break;
+  default:
+    nibbles(p, u);
+  }
+}
+
+/* d and o (offsets' types) of weight group j (16 columns: j = 2 gi + half;
+ * a 32-column group is j = 2 gi) of a chunk of ngr groups whose scales are
+ * at sc: (float)sc * d and (float)m * -dmin, exact. */
+static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_t ngr, int64_t j,
+                                       __m512 *d, __m512 *o) {
+  switch (type) {
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (4 + j / 2) * PANEL)), f16x16(sc));
+    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (12 + j / 2) * PANEL)),
+                       f16x16(sc + 2 * PANEL));
+    break;
+  case ARMLLM_GGML_Q2_K: {
+    const __m512i s = u8x16(sc + (4 + j) * PANEL); /* scale low nibble, min high */
+    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))),
+                       f16x16(sc));
+    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), f16x16(sc + 2 * PANEL));
+    break;
+  }
+  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K:
+    *d = _mm512_mul_ps(i8x16(sc + (2 + j) * PANEL), f16x16(sc));
+    break;
+  case ARMLLM_GGML_IQ4_XS:
+    *d = _mm512_mul_ps(i8x16(sc + (2 + j / 2) * PANEL), f16x16(sc));
+    break;
+  default: /* 32-element blocks: f16 d per group (and m) */
+    *d = f16x16(sc + 2 * PANEL * (j / 2));
+    if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
+      *o = f16x16(sc + 2 * PANEL * (ngr + j / 2));
+  }
+}
+
+/* Unpacks a chunk of ngr groups at w for the prefill tiles. */
+static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t ngr,
+                                       unpacked *U) {
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  const int gl = gguf_group_len(type);
+  const uint8_t *sc = w + gbytes * ngr;
+  for (int64_t gi = 0; gi < ngr; gi++) {
+    unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
+    for (int64_t j = 2 * gi; j < 2 * gi + GGUF_GROUP / gl; j++) {
+      __m512 d, o = _mm512_setzero_ps();
+      group_scales(type, sc, ngr, j, &d, &o);
+      _mm512_store_ps(U->d[j], d);
+      _mm512_store_ps(U->o[j], o);
+    }
+  }
+}
+
+/* ------------------------------------------------------------ tiles */
+
+/* What a tile reads besides its rows: the unpacked chunk(s) of its panels. */
+typedef struct {
+  const gguf_job *job;
+  const int16_t *halves;  /* the row block's half sums (gguf_half_sums), or NULL */
+  int64_t row0;           /* the row block's first row */
+  int bias;
+  int64_t g0, ngr;        /* the chunk's first activation group, its groups */
+  const unpacked *U;      /* one per panel */
+  int first, last;        /* the chunk is K's first (t from +0) / last (t to y) */
+  int64_t col, ncols;     /* the tile's first output column, its columns in N */
+} tile_args;
+
+/* The 4 activation bytes at p, in every lane. */
+static ALWAYS_INLINE __m512i bcast4(const int8_t *p) {
+  int32_t v;
+  memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+/* Rows r0 .. r0+mr of nc panels over one chunk: per weight group (gl 16 or
+ * 32 columns) the int32 sums from -bias * sum(x), then the group's epilogue
+ * (offs: with offsets). t comes from +0 or tbuf (rows TBUF_LD apart) and goes
+ * to tbuf or, on K's last chunk, to y (+ bias, masked to N). */
+static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const int offs,
+                               const tile_args *a, int64_t r0, float *tbuf) {
+  const gguf_job *job = a->job;
+  const int64_t ldq = job->ldq;
+  const int8_t *x = job->xq + r0 * ldq;
+  __m512 t[MR][MAX_NC];
+  __m512i acc[MR][MAX_NC];
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < nc; c++)
+      t[r][c] = a->first ? _mm512_setzero_ps() : _mm512_load_ps(tbuf + r * TBUF_LD + c * PANEL);
+  for (int64_t gi = 0; gi < a->ngr; gi++) {
+    const int64_t g = a->g0 + gi, k0 = g * GGUF_GROUP;
+    int32_t xs[MR][2]; /* sum of x over each weight group of the 32 columns */
+    float sx[MR];
+    for (int r = 0; r < mr; r++) {
+      const int32_t whole = job->gsum[(r0 + r) * job->ldgs + g];
+      xs[r][0] = whole;
+      if (gl == 16) {
+        xs[r][0] = a->halves ? a->halves[(r0 + r - a->row0) * (job->k / GGUF_GROUP) + g]
+                             : gguf_sum16(x + r * ldq + k0);
+        xs[r][1] = whole - xs[r][0];
+      }
+      sx[r] = job->scale[(r0 + r) * job->ldsc + g];
+    }
+    for (int h = 0; h < GGUF_GROUP / gl; h++) {
+      const int s0 = h * (gl / 4), j = 2 * (int)gi + h;
+      for (int r = 0; r < mr; r++) {
+        const __m512i start = _mm512_set1_epi32(-a->bias * xs[r][h]);
+        for (int c = 0; c < nc; c++) acc[r][c] = start;
+      }
+#pragma GCC unroll 8
+      for (int s = s0; s < s0 + gl / 4; s++) {
+        __m512i w[MAX_NC];
+        for (int c = 0; c < nc; c++) w[c] = _mm512_load_si512(&a->U[c].u[GGUF_STEPS * gi + s]);
+        for (int r = 0; r < mr; r++) {
+          const __m512i xb = bcast4(x + r * ldq + k0 + 4 * s);
+          for (int c = 0; c < nc; c++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w[c], xb);
+        }
+      }
+      for (int r = 0; r < mr; r++) {
+        const __m512 vsx = _mm512_set1_ps(sx[r]);
+        const __m512 b = _mm512_set1_ps((float)xs[r][h] * sx[r]);
+        for (int c = 0; c < nc; c++) {
+          const __m512 av = no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][c]), vsx));
+          __m512 v = _mm512_fmadd_ps(_mm512_load_ps(a->U[c].d[j]), av, t[r][c]);
+          if (offs) v = _mm512_fmadd_ps(_mm512_load_ps(a->U[c].o[j]), b, v);
+          t[r][c] = v;
+        }
+      }
+    }
+  }
+  if (!a->last) {
+    for (int r = 0; r < mr; r++)
+      for (int c = 0; c < nc; c++) _mm512_store_ps(tbuf + r * TBUF_LD + c * PANEL, t[r][c]);
+    return;
+  }
+  for (int c = 0; c < nc; c++) { /* y = t (+ bias), masked to N */
+    const int64_t col = a->col + c * PANEL, nv = a->ncols - c * PANEL;
+    if (nv <= 0) break;
+    const __mmask16 mask = nv >= PANEL ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+    const __m512 bias =
+        job->bias ? _mm512_maskz_loadu_ps(mask, job->bias + col) : _mm512_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      __m512 v = t[r][c];
+      if (job->bias) v = _mm512_add_ps(v, bias);
+      _mm512_mask_storeu_ps(job->y + (r0 + r) * job->ldy + col, mask, v);
+    }
+  }
+}
+
+/* A tile of mr (1 .. MR) rows and nc (1, 2) panels, both made constants. */
+static ALWAYS_INLINE void tile_any(const int gl, const int offs, const tile_args *a, int64_t r0,
+                                   int64_t mr, int nc, float *tbuf) {
+#define TILE_NC(m)                                                                                 \
+  if (nc == 2) tile(m, 2, gl, offs, a, r0, tbuf);                                                  \
+  else tile(m, 1, gl, offs, a, r0, tbuf);                                                          \
+  break;
+  switch (mr) {
+  case 1: TILE_NC(1)
+  case 2: TILE_NC(2)
+  case 3: TILE_NC(3)
+  case 4: TILE_NC(4)
+  case 5: TILE_NC(5)
+  default: TILE_NC(6)
+  }
+#undef TILE_NC
+}
+
+/* Rows [r0, r1) of a chunk in tiles of MR; t rows of tbuf follow the rows. */
+static ALWAYS_INLINE void row_tiles(const int gl, const int offs, const tile_args *a, int64_t r0,
+                                    int64_t r1, int nc, float *tbuf) {
+  for (int64_t r = r0; r < r1; r += MR) {
+    const int64_t mr = r1 - r < MR ? r1 - r : MR;
+    tile_any(gl, offs, a, r, mr, nc, tbuf + (r - r0) * TBUF_LD);
+  }
+}
+
+/* One function per kind of weight group: 16 or 32 columns, with or without offsets. */
+static __attribute__((noinline)) void rows_g16(const tile_args *a, int64_t r0, int64_t r1, int nc,
+                                               float *tbuf) {
+  row_tiles(16, 0, a, r0, r1, nc, tbuf);
+}
+static __attribute__((noinline)) void rows_g16o(const tile_args *a, int64_t r0, int64_t r1,
+                                                int nc, float *tbuf) {
+  row_tiles(16, 1, a, r0, r1, nc, tbuf);
+}
+static __attribute__((noinline)) void rows_g32(const tile_args *a, int64_t r0, int64_t r1, int nc,
+                                               float *tbuf) {
+  row_tiles(32, 0, a, r0, r1, nc, tbuf);
+}
+static __attribute__((noinline)) void rows_g32o(const tile_args *a, int64_t r0, int64_t r1,
+                                                int nc, float *tbuf) {
+  row_tiles(32, 1, a, r0, r1, nc, tbuf);
+}
+
+/* Rows [r0, r1) of panels p .. p+nc (one part), the whole of K: chunk by
+ * chunk, each unpacked once for every row tile. */
+static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const gguf_part *part,
+                                      int64_t p, int nc, int64_t r0, int64_t r1, float *tbuf,
+                                      const int16_t *halves, unpacked *U) {
+  const int64_t k = job->k, nch = gguf_chunks(k), lp = p - part->panel0;
+  const int64_t ncols = part->rows - lp * PANEL;
+  tile_args a = {.job = job, .halves = halves, .row0 = r0, .bias = gguf_bias(type), .U = U,
+                 .col = part->col0 + lp * PANEL, .ncols = ncols < nc * PANEL ? ncols : nc * PANEL};
+  const uint8_t *w = part->w + lp * part->pbytes;
+  for (int64_t c = 0; c < nch; c++) {
+    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    for (int i = 0; i < nc; i++) {
+      const uint8_t *wc = w + i * part->pbytes;
+      for (int64_t off = 0; off < cbytes; off += CACHE_LINE)
+        _mm_prefetch((const char *)wc + PF_BYTES + off, _MM_HINT_T0);
+      unpack_chunk(type, wc, ngr, &U[i]);
+    }
+    w += cbytes;
+    a.g0 = c * GGUF_CHUNK_GROUPS;
+    a.ngr = ngr;
+    a.first = c == 0;
+    a.last = c == nch - 1;
+    switch (type) {
+    case ARMLLM_GGML_Q2_K: rows_g16o(&a, r0, r1, nc, tbuf); break;
+    case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: rows_g16(&a, r0, r1, nc, tbuf); break;
+    case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+      rows_g32o(&a, r0, r1, nc, tbuf);
+      break;
+    default: rows_g32(&a, r0, r1, nc, tbuf);
+    }
+  }
+}
+
+/* panels_rows with the part's type made a constant. */
+static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64_t r1,
+                       float *tbuf, const int16_t *halves, unpacked *U) {
+  const gguf_part *part = gguf_part_of(job, p);
+#define TYPE_CASE(t)                                                                               \
+  case t: panels_rows(t, job, part, p, nc, r0, r1, tbuf, halves, U); break;
+  switch (part->type) {
+  GGUF_TYPES(TYPE_CASE)
+  default: break;
+  }
+#undef TYPE_CASE
+}
+
+/* Decode: rows 0 .. mr (all M) of panel p over the whole of K, each group
+ * unpacked into registers and met by every row at once (no trip through L1),
+ * t in registers throughout. */
+static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_job *job,
+                                       const gguf_part *part, int64_t p, const int16_t *halves) {
+  const int gl = gguf_group_len(type), offs = gguf_has_offsets(type), bias = gguf_bias(type);
+  const int64_t k = job->k, ldq = job->ldq, lp = p - part->panel0;
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  const int8_t *x = job->xq;
+  const uint8_t *w = part->w + lp * part->pbytes;
+  __m512 t[GGUF_DECODE_MAX_M];
+  for (int r = 0; r < mr; r++) t[r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < gguf_chunks(k); c++) {
+    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    const uint8_t *sc = w + gbytes * ngr;
+    for (int64_t gi = 0; gi < ngr; gi++) {
+      const uint8_t *wg = w + gi * gbytes;
+      for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
+        _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
+      const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
+      __m512i u[GGUF_STEPS];
+      unpack_group(type, wg, u);
+      int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
+      float sx[GGUF_DECODE_MAX_M];
+      for (int r = 0; r < mr; r++) {
+        xs[r][0] = job->gsum[r * job->ldgs + g];
+        if (gl == 16) {
+          const int32_t half =
+              halves ? halves[r * (k / GGUF_GROUP) + g] : gguf_sum16(x + r * ldq + k0);
+          xs[r][1] = xs[r][0] - half;
+          xs[r][0] = half;
+        }
+        sx[r] = job->scale[r * job->ldsc + g];
+      }
+      for (int h = 0; h < GGUF_GROUP / gl; h++) {
+        const int s0 = h * (gl / 4);
+        __m512 d, o = _mm512_setzero_ps();
+        group_scales(type, sc, ngr, 2 * gi + h, &d, &o);
+        for (int r = 0; r < mr; r++) {
+          const int8_t *xr = x + r * ldq + k0;
+          /* two chains of vpdpbusd (even and odd steps): half the latency */
+          __m512i acc = _mm512_set1_epi32(-bias * xs[r][h]), acc1 = _mm512_setzero_si512();
+          for (int s = s0; s < s0 + gl / 4; s += 2) {
+            acc = _mm512_dpbusd_epi32(acc, u[s], bcast4(xr + 4 * s));
+            acc1 = _mm512_dpbusd_epi32(acc1, u[s + 1], bcast4(xr + 4 * s + 4));
+          }
+          acc = _mm512_add_epi32(acc, acc1);
+          const __m512 av =
+              no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sx[r])));
+          t[r] = _mm512_fmadd_ps(d, av, t[r]);
+          if (offs) t[r] = _mm512_fmadd_ps(o, _mm512_set1_ps((float)xs[r][h] * sx[r]), t[r]);
+        }
+      }
+    }
+    w += cbytes;
+  }
+  const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
+  const __mmask16 mask = nv >= PANEL ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
+  const __m512 bv = job->bias ? _mm512_maskz_loadu_ps(mask, job->bias + col) : _mm512_setzero_ps();
+  for (int r = 0; r < mr; r++) { /* y = t (+ bias), masked to N */
+    __m512 v = t[r];
+    if (job->bias) v = _mm512_add_ps(v, bv);
+    _mm512_mask_storeu_ps(job->y + r * job->ldy + col, mask, v);
+  }
+}
+
+/* Decode items: panels [p0, p1), one part's run at a time, its type and M
+ * made constants. */
+static ALWAYS_INLINE void decode_run(const int type, const gguf_job *job, const gguf_part *part,
+                                     int64_t p0, int64_t p1, const int16_t *halves) {
+  switch (job->m) {
+  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p, halves); break;
+  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p, halves); break;
+  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p, halves); break;
+  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p, halves); break;
+  }
+}
+
+/* ------------------------------------------------------------ plans */
+
+ARMLLM_X86_GGUF_PACKING(armllm_avx512)
+
+/* Decode: panels [p0, p1), a part's run at a time. */
+static void decode_task(void *ctx, int64_t p0, int64_t p1) {
+  const gguf_job *job = ctx;
+  int16_t halves[GGUF_HALVES_CAP];
+  const int16_t *hv = NULL; /* the half-group sums, once for all the run's panels */
+  if (job->halves && job->m * (job->k / GGUF_GROUP) <= GGUF_HALVES_CAP) {
+    gguf_half_sums(job, 0, job->m, halves);
+    hv = halves;
+  }
+  while (p0 < p1) {
+    const gguf_part *part = gguf_part_of(job, p0);
+    const int64_t end = part->panel0 + part->panels < p1 ? part->panel0 + part->panels : p1;
+#define TYPE_CASE(t)                                                                               \
+  case t: decode_run(t, job, part, p0, end, hv); break;
+    switch (part->type) {
+    GGUF_TYPES(TYPE_CASE)
+    default: break;
+    }
+#undef TYPE_CASE
+    p0 = end;
+  }
+}
+
+/* Prefill item i: row block i / n_pc times panel chunk i % n_pc, panel pair
+ * by panel pair (a lone panel where a part ends). */
+static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
+  const gguf_job *job = ctx;
+  unpacked U[MAX_NC];
+  float tbuf[MB_MAX * TBUF_LD] __attribute__((aligned(64)));
+  int16_t halves[GGUF_HALVES_CAP];
+  for (int64_t i = i0; i < i1; i++) {
+    const int64_t rb = i / job->n_pc, pc = i % job->n_pc;
+    const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
+    const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
+    if (job->halves) gguf_half_sums(job, r0, r1, halves);
+    for (int64_t p = p0; p < p1;) {
+      const gguf_part *part = gguf_part_of(job, p);
+      const int nc = p + 1 < p1 && p + 1 < part->panel0 + part->panels ? 2 : 1;
+      run_panels(job, p, nc, r0, r1, tbuf, job->halves ? halves : NULL, U);
+      p += nc;
+    }
+  }
+}
+
+void armllm_avx512_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
+                             int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
+                             int64_t ldgs, const void *packed_w, int64_t n, const float *bias,
+                             float *y, int64_t ldy) {
+  (void)n;
+  gguf_job job = gguf_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, bias, y, ldy);
+  if (m <= GGUF_DECODE_MAX_M) {
+    gguf_run_decode(pool, &job, decode_task);
+    return;
+  }
+  gguf_run_prefill(pool, &job, MB_MAX, MR, ITEMS_PER_THREAD, prefill_task);
+}

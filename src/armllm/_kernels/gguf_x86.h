@@ -1,0 +1,429 @@
+/* gguf_x86.h: what the GGUF-block GEMMs of both x86 variants (avx2/gguf.c,
+ * avx512/gguf.c) share: the packed layout's bookkeeping and its packer (the
+ * layout itself is documented in each variant's file: the same bytes with
+ * PANEL = 8 or 16 rows), the per-type constants of the kernels, the job and
+ * the pool plans. Static functions, so each ISA file compiles them with its
+ * own flags; the including file defines PANEL (output rows per panel: one
+ * 32-bit lane each, so a vector holds 4 bytes of every row) first.
+ *
+ * The packed matrix: the armllm_gguf_parts header (ARMLLM_GGUF_HEADER_BYTES),
+ * then each part's panels of PANEL rows (its last one padded with zero
+ * values and scales), each panel its chunks of up to GGUF_CHUNK_GROUPS
+ * 32-column groups (256 columns: one K-quant super-block, or 8 blocks of a
+ * 32-element type), each chunk its values, group by group, then its scales,
+ * the chunk padded to a whole vector (GGUF_VEC bytes).
+ */
+#ifndef ARMLLM_GGUF_X86_H
+#define ARMLLM_GGUF_X86_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "armllm_kernels.h"
+#include "gguf_blocks.h"
+#include "pool.h"
+
+#define GGUF_VEC (4 * PANEL)   /* bytes of a vector: 4 bytes of each panel row */
+#define GGUF_GROUP 32          /* columns of a values group (= the activation group) */
+#define GGUF_CHUNK_GROUPS 8    /* groups per chunk: 256 columns */
+#define GGUF_CHUNK_COLS (GGUF_GROUP * GGUF_CHUNK_GROUPS)
+#define GGUF_STEPS 8           /* 4-column steps of a group: one vector of bytes each */
+#define GGUF_DECODE_MAX_M 4    /* rows up to this take the decode plan */
+#define GGUF_HALVES_CAP 16384  /* half-group sums of x a task holds (int16: 32 KiB of stack) */
+
+/* X(type) for each ggml type the kernels specialize code on. */
+#define GGUF_TYPES(X)                                                                              \
+  X(ARMLLM_GGML_Q4_0) X(ARMLLM_GGML_Q4_1) X(ARMLLM_GGML_Q5_0) X(ARMLLM_GGML_Q5_1)                  \
+  X(ARMLLM_GGML_Q8_0) X(ARMLLM_GGML_Q2_K) X(ARMLLM_GGML_Q3_K) X(ARMLLM_GGML_Q4_K)                  \
+  X(ARMLLM_GGML_Q5_K) X(ARMLLM_GGML_Q6_K) X(ARMLLM_GGML_IQ4_NL) X(ARMLLM_GGML_IQ4_XS)
+
+/* The unsigned operand u = v + bias (u >= 0): the bias each type adds to its
+ * values v (gguf_blocks.h's ranges), corrected as -bias * sum(x) in int32. */
+static inline int gguf_bias(int type) {
+  switch (type) {
+  case ARMLLM_GGML_Q4_0: return 8;
+  case ARMLLM_GGML_Q5_0: return 16;
+  case ARMLLM_GGML_Q3_K: return 4;
+  case ARMLLM_GGML_Q6_K: return 32;
+  case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS: return 128;
+  default: return 0; /* Q4_1, Q5_1, Q2_K, Q4_K, Q5_K: v >= 0 already */
+  }
+}
+
+/* armllm_gguf_group_len and armllm_gguf_has_offsets, inline: constants in
+ * code specialized for a type. */
+static inline int gguf_group_len(int type) {
+  return type == ARMLLM_GGML_Q2_K || type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q6_K ? 16 : 32;
+}
+static inline int gguf_has_offsets(int type) {
+  return type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1 || type == ARMLLM_GGML_Q2_K ||
+         type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K;
+}
+
+/* Value bytes of one group of a panel, per panel row: 16 (nibbles), + 4 (a
+ * bit plane), 8 (2-bit planes), 32 (bytes). */
+static inline int64_t gguf_group_row_bytes(int type) {
+  switch (type) {
+  case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K: return 20;
+  case ARMLLM_GGML_Q8_0: return 32;
+  case ARMLLM_GGML_Q2_K: return 8;
+  case ARMLLM_GGML_Q3_K: return 12;
+  case ARMLLM_GGML_Q6_K: return 24;
+  default: return 16; /* Q4_0, Q4_1, Q4_K, IQ4_NL, IQ4_XS */
+  }
+}
+
+/* Scale bytes of a chunk of ngr groups, per panel row: f16 d (and m) per
+ * group, or the super-block's f16 d (and -dmin) with one small integer per
+ * sub-block scale (and min). */
+static inline int64_t gguf_scale_row_bytes(int type, int64_t ngr) {
+  switch (type) {
+  case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1: return 4 * ngr;
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: return 4 + 8 + 8; /* d, -dmin, sc[8], m[8] */
+  case ARMLLM_GGML_Q2_K: return 4 + 16;                           /* d, -dmin, scm[16] */
+  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: return 2 + 16;    /* d, sc[16] */
+  case ARMLLM_GGML_IQ4_XS: return 2 + 8;                          /* d, sc[8] */
+  default: return 2 * ngr; /* Q4_0, Q5_0, Q8_0, IQ4_NL: d */
+  }
+}
+
+static inline int64_t gguf_round_vec(int64_t bytes) {
+  return (bytes + GGUF_VEC - 1) / GGUF_VEC * GGUF_VEC;
+}
+
+/* Bytes of a chunk of ngr groups of a panel. */
+static inline int64_t gguf_chunk_bytes(int type, int64_t ngr) {
+  const int64_t row_bytes = gguf_group_row_bytes(type) * ngr + gguf_scale_row_bytes(type, ngr);
+  return gguf_round_vec(PANEL * row_bytes);
+}
+
+static inline int64_t gguf_chunks(int64_t k) { return (k + GGUF_CHUNK_COLS - 1) / GGUF_CHUNK_COLS; }
+
+/* Groups of chunk c (all chunks but a 32-element type's last are whole). */
+static inline int64_t gguf_chunk_groups(int64_t k, int64_t c) {
+  const int64_t left = k / GGUF_GROUP - c * GGUF_CHUNK_GROUPS;
+  return left < GGUF_CHUNK_GROUPS ? left : GGUF_CHUNK_GROUPS;
+}
+
+static inline int64_t gguf_panel_bytes(int type, int64_t k) {
+  const int64_t whole = k / GGUF_CHUNK_COLS, tail = (k % GGUF_CHUNK_COLS) / GGUF_GROUP;
+  return whole * gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS) +
+         (tail ? gguf_chunk_bytes(type, tail) : 0);
+}
+
+static inline int64_t gguf_panels(int64_t rows) { return (rows + PANEL - 1) / PANEL; }
+
+static inline size_t gguf_packed_len(int64_t k, int64_t nparts, const int32_t *types,
+                                     const int64_t *rows) {
+  size_t len = ARMLLM_GGUF_HEADER_BYTES;
+  for (int64_t i = 0; i < nparts; i++)
+    len += (size_t)(gguf_panels(rows[i]) * gguf_panel_bytes(types[i], k));
+  return len;
+}
+
+/* ------------------------------------------------------------ packing */
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
+static inline void gguf_k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (uint8_t)((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
+    *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+/* The 4-bit index of each IQ4 code book value (v + 128 -> index). */
+static inline int gguf_iq4_index(int8_t v) {
+  static const int8_t values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                    1,    13,   25,  38,  53,  69,  89,  113};
+  for (int i = 0; i < 16; i++)
+    if (values[i] == v) return i;
+  return 0;
+}
+
+/* Copies an f16 field (2 bytes), negated when neg (the sign bit: exact). */
+static inline void gguf_put_f16(uint8_t *dst, const uint8_t *src, int neg) {
+  dst[0] = src[0];
+  dst[1] = (uint8_t)(src[1] ^ (neg ? 0x80 : 0));
+}
+
+/* Values of one group: u[r][0..32) (r < PANEL) into the group's vectors. */
+static inline void gguf_put_nibbles(uint8_t *dst, uint8_t u[][GGUF_CHUNK_COLS], int64_t c0) {
+  /* vector i, byte 4r + j: column 8i + j in the low nibble, 8i + 4 + j in the high */
+  for (int i = 0; i < 4; i++)
+    for (int r = 0; r < PANEL; r++)
+      for (int j = 0; j < 4; j++)
+        dst[i * GGUF_VEC + 4 * r + j] =
+            (uint8_t)((u[r][c0 + 8 * i + j] & 15) | (u[r][c0 + 8 * i + 4 + j] & 15) << 4);
+}
+static inline void gguf_put_plane1(uint8_t *dst, uint8_t u[][GGUF_CHUNK_COLS], int64_t c0, int b) {
+  /* byte 4r + j, bit s: bit b of column 4s + j */
+  for (int r = 0; r < PANEL; r++)
+    for (int j = 0; j < 4; j++) {
+      uint8_t h = 0;
+      for (int s = 0; s < GGUF_STEPS; s++) h |= (uint8_t)(((u[r][c0 + 4 * s + j] >> b) & 1) << s);
+      dst[4 * r + j] = h;
+    }
+}
+static inline void gguf_put_plane2(uint8_t *dst, uint8_t u[][GGUF_CHUNK_COLS], int64_t c0, int b) {
+  /* vector i, byte 4r + j, bits 2t, 2t+1: bits b, b+1 of column 4(4i + t) + j */
+  for (int i = 0; i < 2; i++)
+    for (int r = 0; r < PANEL; r++)
+      for (int j = 0; j < 4; j++) {
+        uint8_t h = 0;
+        for (int t = 0; t < 4; t++)
+          h |= (uint8_t)(((u[r][c0 + 4 * (4 * i + t) + j] >> b) & 3) << (2 * t));
+        dst[i * GGUF_VEC + 4 * r + j] = h;
+      }
+}
+
+/* One panel: nrows (<= PANEL) rows of `type` at src (row_bytes apart). */
+static void gguf_pack_panel(const uint8_t *src, int64_t nrows, int type, int64_t k, uint8_t *dst) {
+  const int be = armllm_gguf_block_elems(type), bb = armllm_gguf_block_bytes(type);
+  const size_t row_bytes = armllm_gguf_row_bytes(type, k);
+  const int bias = gguf_bias(type), iq4 = type == ARMLLM_GGML_IQ4_NL || type == ARMLLM_GGML_IQ4_XS;
+  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+  for (int64_t c = 0; c < gguf_chunks(k); c++) {
+    const int64_t ngr = gguf_chunk_groups(k, c), k0 = c * GGUF_CHUNK_COLS;
+    const int64_t cbytes = gguf_chunk_bytes(type, ngr);
+    uint8_t u[PANEL][GGUF_CHUNK_COLS];
+    int8_t v[ARMLLM_GGUF_MAX_BLOCK];
+    float d[ARMLLM_GGUF_MAX_BLOCK / ARMLLM_GGUF_SCALE_COLS]; /* unused: the scales come raw */
+    float o[ARMLLM_GGUF_MAX_BLOCK / ARMLLM_GGUF_SCALE_COLS];
+    memset(u, 0, sizeof u);
+    memset(dst, 0, (size_t)cbytes);
+    uint8_t *sc = dst + gbytes * ngr; /* the chunk's scales */
+    for (int64_t r = 0; r < nrows; r++) {
+      const uint8_t *row = src + (size_t)r * row_bytes;
+      for (int64_t e0 = 0; e0 < ngr * GGUF_GROUP; e0 += be) {
+        const uint8_t *b = row + (k0 + e0) / be * bb;
+        armllm_gguf_decode_block(type, b, v, d, o);
+        for (int e = 0; e < be; e++)
+          u[r][e0 + e] = (uint8_t)(iq4 ? gguf_iq4_index(v[e]) : v[e] + bias);
+      }
+      /* scales, row r (the variants' layout), from the block's fields at the
+       * byte offsets of gguf_blocks.c's decoder */
+      const uint8_t *b = row + k0 / be * bb;
+      switch (type) {
+      case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+        gguf_put_f16(sc + 2 * r, b, 0);
+        gguf_put_f16(sc + 2 * PANEL + 2 * r, b + 2, 1);
+        for (int j = 0; j < 8; j++)
+          gguf_k4_scale_min(b + 4, j, &sc[(4 + j) * PANEL + r], &sc[(12 + j) * PANEL + r]);
+        break;
+      case ARMLLM_GGML_Q2_K:
+        gguf_put_f16(sc + 2 * r, b + 80, 0);
+        gguf_put_f16(sc + 2 * PANEL + 2 * r, b + 82, 1);
+        for (int j = 0; j < 16; j++) sc[(4 + j) * PANEL + r] = b[j];
+        break;
+      case ARMLLM_GGML_Q3_K:
+        gguf_put_f16(sc + 2 * r, b + 108, 0);
+        for (int j = 0; j < 16; j++) {
+          const int lo = (b[96 + j % 8] >> (4 * (j / 8))) & 15;
+          const int hi = (b[96 + 8 + j % 4] >> (2 * (j / 4))) & 3;
+          sc[(2 + j) * PANEL + r] = (uint8_t)(int8_t)((lo | hi << 4) - 32);
+        }
+        break;
+      case ARMLLM_GGML_Q6_K:
+        gguf_put_f16(sc + 2 * r, b + 208, 0);
+        for (int j = 0; j < 16; j++) sc[(2 + j) * PANEL + r] = b[192 + j];
+        break;
+      case ARMLLM_GGML_IQ4_XS: {
+        gguf_put_f16(sc + 2 * r, b, 0);
+        const unsigned sh = (unsigned)b[2] | (unsigned)b[3] << 8;
+        for (int j = 0; j < 8; j++) {
+          const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (int)((sh >> (2 * j)) & 3) << 4;
+          sc[(2 + j) * PANEL + r] = (uint8_t)(int8_t)(ls - 32);
+        }
+        break;
+      }
+      default: /* 32-element blocks: d of each group, then m of each */
+        for (int64_t g = 0; g < ngr; g++) {
+          const uint8_t *bg = row + (k0 / be + g) * bb;
+          gguf_put_f16(sc + 2 * (g * PANEL + r), bg, 0);
+          if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
+            gguf_put_f16(sc + 2 * ((ngr + g) * PANEL + r), bg + 2, 0);
+        }
+      }
+    }
+    for (int64_t g = 0; g < ngr; g++) {
+      uint8_t *gd = dst + g * gbytes;
+      const int64_t c0 = g * GGUF_GROUP;
+      switch (type) {
+      case ARMLLM_GGML_Q8_0: /* vector s, byte 4r + j: column 4s + j */
+        for (int s = 0; s < GGUF_STEPS; s++)
+          for (int r = 0; r < PANEL; r++)
+            for (int j = 0; j < 4; j++) gd[s * GGUF_VEC + 4 * r + j] = u[r][c0 + 4 * s + j];
+        break;
+      case ARMLLM_GGML_Q2_K:
+        gguf_put_plane2(gd, u, c0, 0);
+        break;
+      case ARMLLM_GGML_Q3_K:
+        gguf_put_plane2(gd, u, c0, 0);
+        gguf_put_plane1(gd + 2 * GGUF_VEC, u, c0, 2);
+        break;
+      case ARMLLM_GGML_Q6_K:
+        gguf_put_nibbles(gd, u, c0);
+        gguf_put_plane2(gd + 4 * GGUF_VEC, u, c0, 4);
+        break;
+      case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K:
+        gguf_put_nibbles(gd, u, c0);
+        gguf_put_plane1(gd + 4 * GGUF_VEC, u, c0, 4);
+        break;
+      default:
+        gguf_put_nibbles(gd, u, c0);
+      }
+    }
+    dst += cbytes;
+  }
+}
+
+static inline void gguf_pack(const uint8_t *blocks, int64_t k, int64_t nparts, const int32_t *types,
+                             const int64_t *rows, void *packed) {
+  const armllm_gguf_parts parts = armllm_gguf_parts_of(nparts, types, rows);
+  uint8_t *dst = packed;
+  memset(dst, 0, ARMLLM_GGUF_HEADER_BYTES);
+  memcpy(dst, &parts, sizeof parts);
+  dst += ARMLLM_GGUF_HEADER_BYTES;
+  for (int64_t i = 0; i < nparts; i++) {
+    const size_t row_bytes = armllm_gguf_row_bytes(types[i], k);
+    const int64_t pbytes = gguf_panel_bytes(types[i], k);
+    for (int64_t r0 = 0; r0 < rows[i]; r0 += PANEL, dst += pbytes) {
+      const int64_t nrows = rows[i] - r0 < PANEL ? rows[i] - r0 : PANEL;
+      gguf_pack_panel(blocks + (size_t)r0 * row_bytes, nrows, types[i], k, dst);
+    }
+    blocks += (size_t)rows[i] * row_bytes;
+  }
+}
+
+/* Defines prefix##_gemm_gguf_packed_len and prefix##_gemm_gguf_pack. */
+#define ARMLLM_X86_GGUF_PACKING(prefix)                                                         \
+  size_t prefix##_gemm_gguf_packed_len(int64_t k, int64_t nparts, const int32_t *types,         \
+                                       const int64_t *rows) {                                   \
+    return gguf_packed_len(k, nparts, types, rows);                                             \
+  }                                                                                             \
+  void prefix##_gemm_gguf_pack(const uint8_t *blocks, int64_t k, int64_t nparts,                \
+                               const int32_t *types, const int64_t *rows, void *packed) {       \
+    gguf_pack(blocks, k, nparts, types, rows, packed);                                          \
+  }
+
+/* ------------------------------------------------------------ job */
+
+typedef struct {
+  int type;
+  int64_t col0;        /* its first output column */
+  int64_t rows;        /* its output rows */
+  int64_t panel0;      /* its first panel, counted over the whole matrix */
+  int64_t panels;
+  const uint8_t *w;    /* its first panel */
+  int64_t pbytes;      /* bytes per panel */
+} gguf_part;
+
+typedef struct {
+  const int8_t *xq;
+  int64_t m, k, ldq;
+  const float *scale;
+  int64_t ldsc;
+  const int32_t *gsum;
+  int64_t ldgs;
+  int nparts;
+  gguf_part part[ARMLLM_GGUF_MAX_PARTS];
+  int64_t panels; /* all parts' */
+  const float *bias;
+  float *y;
+  int64_t ldy;
+  int64_t mb, cp, n_pc; /* prefill: rows per block, panels per chunk, chunks */
+  int halves;           /* some part has 16-column weight groups (Q2_K, Q3_K, Q6_K) */
+} gguf_job;
+
+static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                   const float *scale, int64_t ldsc, const int32_t *gsum,
+                                   int64_t ldgs, const void *packed_w, const float *bias,
+                                   float *y, int64_t ldy) {
+  const armllm_gguf_parts *hdr = packed_w;
+  gguf_job job = {.xq = xq, .m = m, .k = k, .ldq = ldq, .scale = scale, .ldsc = ldsc,
+                  .gsum = gsum, .ldgs = ldgs, .nparts = hdr->nparts, .bias = bias, .y = y,
+                  .ldy = ldy};
+  const uint8_t *w = (const uint8_t *)packed_w + ARMLLM_GGUF_HEADER_BYTES;
+  int64_t col = 0, panel = 0;
+  for (int i = 0; i < hdr->nparts; i++) {
+    gguf_part *p = &job.part[i];
+    p->type = hdr->types[i];
+    p->col0 = col;
+    p->rows = hdr->rows[i];
+    p->panel0 = panel;
+    p->panels = gguf_panels(p->rows);
+    p->w = w;
+    p->pbytes = gguf_panel_bytes(p->type, k);
+    col += p->rows;
+    panel += p->panels;
+    w += p->panels * p->pbytes;
+    job.halves |= gguf_group_len(p->type) == 16;
+  }
+  job.panels = panel;
+  return job;
+}
+
+/* The part that holds panel p (of the whole matrix). */
+static inline const gguf_part *gguf_part_of(const gguf_job *job, int64_t p) {
+  int i = 0;
+  while (i + 1 < job->nparts && p >= job->part[i + 1].panel0) i++;
+  return &job->part[i];
+}
+
+/* Decode (M <= GGUF_DECODE_MAX_M): memory-bound, so contiguous runs of
+ * panels per thread; small matrices stay serial. */
+static inline void gguf_run_decode(armllm_pool *pool, gguf_job *job, armllm_task_fn task) {
+  double bytes = 0;
+  for (int i = 0; i < job->nparts; i++) bytes += (double)job->part[i].panels * job->part[i].pbytes;
+  if (bytes < 64.0 * 1024) pool = NULL;
+  armllm_pool_run(pool, job->panels, armllm_pool_grain(pool, job->panels, 4, 4), task, job);
+}
+
+/* Prefill: row blocks as tall as the stack's t buffer allows (mb_max rows,
+ * whole tiles of mr) and, with 16-column weight groups, as their half sums
+ * (GGUF_HALVES_CAP) allow; evenly cut (every block streams the weights
+ * once); about items_per_thread (row block, panel chunk) items a thread,
+ * chunks of an even number of panels. */
+static inline void gguf_run_prefill(armllm_pool *pool, gguf_job *job, int64_t mb_max, int64_t mr,
+                                    int64_t items_per_thread, armllm_task_fn task) {
+  const int64_t m = job->m, ng = job->k / GGUF_GROUP;
+  if ((double)m * (double)job->panels * PANEL * (double)job->k < 4.0e6) pool = NULL;
+  if (job->halves && mb_max * ng > GGUF_HALVES_CAP) {
+    const int64_t fit = GGUF_HALVES_CAP / ng / mr * mr;
+    if (fit >= mr) mb_max = fit;
+    else job->halves = 0; /* K of over GGUF_HALVES_CAP / mr groups: the tiles sum them */
+  }
+  const int64_t n_rb = (m + mb_max - 1) / mb_max;
+  job->mb = ((m + n_rb - 1) / n_rb + mr - 1) / mr * mr;
+  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
+  int64_t n_pc = (items_per_thread * threads + n_rb - 1) / n_rb;
+  const int64_t pairs = (job->panels + 1) / 2;
+  n_pc = n_pc > pairs ? pairs : n_pc;
+  job->cp = 2 * ((pairs + n_pc - 1) / n_pc);
+  job->n_pc = (job->panels + job->cp - 1) / job->cp;
+  armllm_pool_run(pool, n_rb * job->n_pc, 1, task, job);
+}
+
+/* Sum of the 16 int8 at p (the first half of a 32-column group): the x sum
+ * of a 16-column weight group, whose other half is gsum minus this one. */
+static inline int32_t gguf_sum16(const int8_t *p) {
+  const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8((char)0x80));
+  const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128()); /* two sums of x + 128 over 8 */
+  return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
+}
+
+/* The sums of the first 16 columns of every group of rows [r0, r1) of x
+ * into out (rows ng apart; |sum| <= 16 * 127 fits int16): computed once per
+ * decode run or prefill row block for every 16-column-group panel. */
+static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, int16_t *out) {
+  const int64_t ng = job->k / GGUF_GROUP;
+  for (int64_t r = r0; r < r1; r++)
+    for (int64_t g = 0; g < ng; g++)
+      out[(r - r0) * ng + g] = (int16_t)gguf_sum16(job->xq + r * job->ldq + g * GGUF_GROUP);
+}
+
+#endif /* ARMLLM_GGUF_X86_H */
