@@ -215,8 +215,8 @@ static void ga_decode_items(void *ctx, int64_t i0, int64_t i1) {
 static void ga_prepare_rows(const ga_job *job, int type, int64_t m0, int64_t kb, int64_t kc,
                             armllm_ga_rows *rw) {
   const armllm_ga_args *a = job->a;
-  const int mr = job->prefill->mr, g16 = armllm_gguf_group_len(type) == 16;
-  const int offsets = armllm_gguf_has_offsets(type);
+  const int mr = job->prefill->mr, g16 = ga_group_len(type) == 16;
+  const int offsets = ga_offsets(type);
   const int64_t mv = min64(mr, a->m - m0), g0 = kb / ARMLLM_GGUF_ACT_GROUP;
   const int64_t ng = kc / ARMLLM_GGUF_ACT_GROUP;
   for (int r = 0; r < mr; r++) {
@@ -254,8 +254,8 @@ static void ga_prefill_items(void *ctx, int64_t i0, int64_t i1) {
     const int64_t mc = i % job->n_mc;
     while (gi >= job->part[p].groups) gi -= job->part[p++].groups;
     const ga_part *pt = &job->part[p];
-    const int e = ga_elems(pt->type), g16 = armllm_gguf_group_len(pt->type) == 16;
-    const int offsets = armllm_gguf_has_offsets(pt->type);
+    const int e = ga_elems(pt->type), g16 = ga_group_len(pt->type) == 16;
+    const int offsets = ga_offsets(pt->type);
     const int64_t q0 = gi * PG, nq = min64(PG, pt->panels - q0);
     const int64_t m1 = min64(a->m, (mc + 1) * MC);
     for (int64_t kb = 0; kb < a->k; kb += KC) {

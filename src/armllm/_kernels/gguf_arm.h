@@ -93,8 +93,24 @@ static inline int armllm_ga_index(int type) {
 
 /* ---------------------------------------------------------- geometry */
 
-/* Block elements E. */
-GA_AI int ga_elems(int t) { return armllm_gguf_block_elems(t); }
+/* gguf_blocks.c's geometry, inline so that it folds in the per-type
+ * kernels: block elements E, weight group length, offsets or not. */
+GA_AI int ga_elems(int t) {
+  switch (t) {
+  case ARMLLM_GGML_Q2_K: case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+  case ARMLLM_GGML_Q6_K: case ARMLLM_GGML_IQ4_XS:
+    return 256;
+  default:
+    return 32;
+  }
+}
+GA_AI int ga_group_len(int t) {
+  return t == ARMLLM_GGML_Q2_K || t == ARMLLM_GGML_Q3_K || t == ARMLLM_GGML_Q6_K ? 16 : 32;
+}
+GA_AI int ga_offsets(int t) {
+  return t == ARMLLM_GGML_Q4_1 || t == ARMLLM_GGML_Q5_1 || t == ARMLLM_GGML_Q2_K ||
+         t == ARMLLM_GGML_Q4_K || t == ARMLLM_GGML_Q5_K;
+}
 /* Scale header bytes HB of a panel block. */
 GA_AI int ga_hb(int t) {
   switch (t) {

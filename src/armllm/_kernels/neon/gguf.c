@@ -38,6 +38,8 @@
 #define DOT_FN static inline __attribute__((always_inline, DOT_TARGET))
 #define DOT_NOINLINE static __attribute__((noinline, DOT_TARGET))
 #define PREFILL_MR 8 /* rows of the SDOT prefill tile */
+/* Keeps GCC from hoisting the next chunk's loads and unpacking (spills). */
+#define BARRIER __asm__ volatile("" ::: "memory")
 
 /* ------------------------------------------------------ output tiles */
 
@@ -94,7 +96,7 @@ ALWAYS_INLINE int32x4_t reduce4(const int32x4_t *acc) {
 ALWAYS_INLINE void decode_tile(const int T, const int MR, const int DOT, const armllm_ga_args *a,
                                int64_t m0, const uint8_t *panel, int64_t n0, int nv) {
   const int E = ga_elems(T), HB = ga_hb(T), UB = ga_ub(T), PB = ga_pb(T);
-  const int G16 = armllm_gguf_group_len(T) == 16, OFF = armllm_gguf_has_offsets(T);
+  const int G16 = ga_group_len(T) == 16, OFF = ga_offsets(T);
   const int64_t nblk = a->k / E;
   const int8_t *x[4];
   const float *sx[4];
@@ -128,6 +130,7 @@ ALWAYS_INLINE void decode_tile(const int T, const int MR, const int DOT, const a
             acc[j] = dot16(DOT, dot16(DOT, vdupq_n_s32(0), w[j][0], x0), w[j][1], x1);
           t[r] = vfmaq_f32(t[r], d[0], vmulq_n_f32(vcvtq_f32_s32(reduce4(acc)), s));
           if (OFF) t[r] = vfmaq_n_f32(t[r], o[0], (float)gs[r][g] * s);
+          if (MR > 1) BARRIER; /* one row at a time: no spills */
           continue;
         }
 #pragma GCC unroll 2
@@ -138,7 +141,9 @@ ALWAYS_INLINE void decode_tile(const int T, const int MR, const int DOT, const a
           t[r] = vfmaq_f32(t[r], d[h], vmulq_n_f32(vcvtq_f32_s32(reduce4(acc)), s));
           if (OFF) t[r] = vfmaq_n_f32(t[r], o[h], (float)vaddlvq_s8(xh) * s);
         }
+        if (MR > 1) BARRIER;
       }
+      BARRIER;
     }
   }
   const float *bias = NULL;
@@ -180,7 +185,7 @@ const armllm_ga_decode_set *armllm_neon_gguf_decode(int dot) {
 ALWAYS_INLINE void unpack_n4k4(const int T, const uint8_t *panel, int64_t b0, int64_t nb,
                                armllm_ga_panel_k *pk) {
   const int E = ga_elems(T), HB = ga_hb(T), UB = ga_ub(T), PB = ga_pb(T);
-  const int NG = E / armllm_gguf_group_len(T); /* weight groups per block */
+  const int NG = E / ga_group_len(T); /* weight groups per block */
   const uint8_t *blk = panel + b0 * PB;
   int8_t *dst = pk->w;
   for (int64_t b = 0; b < nb; b++, blk += PB) {

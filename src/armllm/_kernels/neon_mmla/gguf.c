@@ -33,7 +33,7 @@
 ALWAYS_INLINE void unpack_mmla(const int T, const uint8_t *panel, int64_t b0, int64_t nb,
                                armllm_ga_panel_k *pk) {
   const int E = ga_elems(T), HB = ga_hb(T), UB = ga_ub(T), PB = ga_pb(T);
-  const int NG = E / armllm_gguf_group_len(T); /* weight groups per block */
+  const int NG = E / ga_group_len(T); /* weight groups per block */
   const uint8_t *blk = panel + b0 * PB;
   int8_t *dst = pk->w;
   for (int64_t b = 0; b < nb; b++, blk += PB) {
