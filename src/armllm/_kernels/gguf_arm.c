@@ -235,6 +235,13 @@ static void ga_prepare_rows(const ga_job *job, int type, int64_t m0, int64_t kb,
   }
   if (!job->prefill->pack_x) return;
   const int mp = mr / 2;
+  for (int pr = 0; pr < mp; pr++) {
+    for (int64_t g = 0; g < ng; g++)
+      for (int e = 0; e < 4; e++) rw->sxp[g][pr][e] = rw->sx[g][2 * pr + e / 2];
+    if (offsets)
+      for (int64_t j = 0; j < (g16 ? 2 * ng : ng); j++)
+        for (int e = 0; e < 4; e++) rw->bp[j][pr][e] = rw->b[j][2 * pr + e / 2];
+  }
   for (int pr = 0; pr < mp; pr++)
     for (int64_t c = 0; c < kc / 8; c++) {
       const int64x1_t x0 = vld1_s64((const int64_t *)(const void *)(rw->x[2 * pr] + 8 * c));

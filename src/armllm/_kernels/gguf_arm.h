@@ -63,6 +63,7 @@
 #include "armllm_kernels.h"
 #include "gguf_blocks.h"
 #include "pool.h"
+#include "quant_arm.h"
 
 #define ARMLLM_GA_NR 4        /* rows of W per panel */
 #define ARMLLM_GA_KC 512      /* prefill K block: a multiple of every block (256) */
@@ -297,6 +298,20 @@ GA_AI void ga_group_scales(const int T, const uint8_t *h, int j, float32x4_t *d,
   }
 }
 
+/* The prefill tiles' group sums start at quant_arm.h's ACC_BIAS (|sum| <=
+ * 32 * 128 * 127 < 2^22), so (float)sum is one FSUB rather than SCVTF (two
+ * uops on Neoverse N2/V2's V0); the start values are loaded (load pipes),
+ * each accumulator from its own address so that GCC neither hoists nor
+ * merges the loads into register moves. */
+GA_AI const int32_t *ga_acc_start(void) {
+  const int32_t *p = armllm_qa_acc_bias;
+  __asm__("" : "+r"(p)); /* opaque: a fresh load per group */
+  return p;
+}
+GA_AI float32x4_t ga_acc_f32(int32x4_t acc) {
+  return vsubq_f32(vreinterpretq_f32_s32(acc), vdupq_n_f32(ARMLLM_QA_ACC_BIAS_F));
+}
+
 /* ------------------------------------------------------------ driver */
 
 /* The call's activations and output, as the kernels read them. */
@@ -320,11 +335,12 @@ typedef void (*armllm_ga_decode_fn)(const armllm_ga_args *a, int64_t m0, const u
 typedef armllm_ga_decode_fn armllm_ga_decode_set[ARMLLM_GA_NTYPES][4];
 
 /* A panel's K block unpacked for a prefill tile: w in the variant's operand
- * order, the weight groups' d and o as f32 [group][4 rows]. */
+ * order, the weight groups' d and o as f32 [group][8] (SDOT: the 4 rows;
+ * SMMLA: [d0, d1, d0, d1, d2, d3, d2, d3], the W pairs' operands). */
 typedef struct {
   int8_t w[ARMLLM_GA_KC * ARMLLM_GA_NR] __attribute__((aligned(64)));
-  float d[ARMLLM_GA_GROUPS][ARMLLM_GA_NR] __attribute__((aligned(16)));
-  float o[ARMLLM_GA_GROUPS][ARMLLM_GA_NR] __attribute__((aligned(16)));
+  float d[ARMLLM_GA_GROUPS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
+  float o[ARMLLM_GA_GROUPS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
 } armllm_ga_panel_k;
 
 /* Unpacks blocks [b0, b0 + nb) of a panel into pk. */
@@ -341,6 +357,9 @@ typedef struct {
       ap[((k / 8) * (MR / 2) + pair) * 16 + 8h + i] = x[2 pair + h, k + i] */
   float sx[ARMLLM_GA_AGROUPS][ARMLLM_GA_MAX_MR] __attribute__((aligned(16)));
   float b[ARMLLM_GA_GROUPS][ARMLLM_GA_MAX_MR] __attribute__((aligned(16))); /* [weight group] */
+  /* packed: the same per row pair as SMMLA's rows, [s0, s0, s1, s1] */
+  float sxp[ARMLLM_GA_AGROUPS][ARMLLM_GA_MAX_MR / 2][4] __attribute__((aligned(16)));
+  float bp[ARMLLM_GA_GROUPS][ARMLLM_GA_MAX_MR / 2][4] __attribute__((aligned(16)));
 } armllm_ga_rows;
 
 /* One prefill tile: MR rows x one panel (4 columns) over one K block of kc

@@ -46,6 +46,7 @@
 /* t of rows [0, mr) x the panel's 4 columns: +0, or what y holds (valid part). */
 ALWAYS_INLINE void t_load(const int MR, float32x4_t *t, const float *y, int64_t ldy, int first,
                           int mv, int nv) {
+#pragma GCC unroll 8
   for (int r = 0; r < MR; r++) {
     t[r] = vdupq_n_f32(0.0f);
     if (first || r >= mv) continue;
@@ -62,7 +63,9 @@ ALWAYS_INLINE void t_load(const int MR, float32x4_t *t, const float *y, int64_t 
 /* y = t (+ bias) for the valid rows and columns. */
 ALWAYS_INLINE void t_store(const int MR, const float32x4_t *t, float *y, int64_t ldy,
                            const float *bias, int mv, int nv) {
-  for (int r = 0; r < MR && r < mv; r++) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; r++) {
+    if (r >= mv) break;
     float32x4_t v = t[r];
     if (bias) v = vaddq_f32(v, vld1q_f32(bias));
     if (nv == NR) {
@@ -102,6 +105,7 @@ ALWAYS_INLINE void decode_tile(const int T, const int MR, const int DOT, const a
   const float *sx[4];
   const int32_t *gs[4];
   float32x4_t t[4];
+#pragma GCC unroll 4
   for (int r = 0; r < MR; r++) {
     x[r] = a->xq + (m0 + r) * a->ldq;
     sx[r] = a->scale + (m0 + r) * a->ldsc;
@@ -236,7 +240,9 @@ DOT_FN void sdot_tile(const int G16, const int OFF, const armllm_ga_tile *tl) {
   t_load(MR, t, tl->y, tl->ldy, tl->first, tl->mv, tl->nv);
   for (int64_t g = 0; g < tl->kc / 32; g++) {
     int32x4_t acc[PREFILL_MR];
-    for (int r = 0; r < MR; r++) acc[r] = vdupq_n_s32(0);
+    const int32_t *start = ga_acc_start();
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; r++) acc[r] = vld1q_s32(start + 4 * r);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
       int8x16_t xv[PREFILL_MR];
@@ -255,11 +261,16 @@ DOT_FN void sdot_tile(const int G16, const int OFF, const armllm_ga_tile *tl) {
       if (!G16 && h == 0) continue;
       const int64_t j = G16 ? 2 * g + h : g; /* the weight group just summed */
       const float32x4_t d = vld1q_f32(pk->d[j]), o = vld1q_f32(pk->o[j]);
+      const float32x4_t sx[2] = {vld1q_f32(rw->sx[g]), vld1q_f32(rw->sx[g] + 4)};
+      float32x4_t bv[2] = {sx[0], sx[1]};
+      if (OFF) bv[0] = vld1q_f32(rw->b[j]), bv[1] = vld1q_f32(rw->b[j] + 4);
+      const int32_t *next = ga_acc_start();
 #pragma GCC unroll 8
       for (int r = 0; r < MR; r++) {
-        t[r] = vfmaq_f32(t[r], d, vmulq_n_f32(vcvtq_f32_s32(acc[r]), rw->sx[g][r]));
-        if (OFF) t[r] = vfmaq_n_f32(t[r], o, rw->b[j][r]);
-        acc[r] = vdupq_n_s32(0);
+        const float32x4_t av = vmulq_laneq_f32(ga_acc_f32(acc[r]), sx[r / 4], r % 4);
+        t[r] = vfmaq_f32(t[r], d, av);
+        if (OFF) t[r] = vfmaq_laneq_f32(t[r], o, bv[r / 4], r % 4);
+        if (G16 && h == 0) acc[r] = vld1q_s32(next + 4 * r);
       }
     }
   }

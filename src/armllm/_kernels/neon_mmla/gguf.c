@@ -52,11 +52,14 @@ ALWAYS_INLINE void unpack_mmla(const int T, const uint8_t *panel, int64_t b0, in
         vst1q_s8(dst + 48, vreinterpretq_s8_s64(vzip2q_s64(r2, r3)));
       }
     }
-    for (int j = 0; j < NG; j++) {
+    for (int j = 0; j < NG; j++) { /* as the W pairs' operands: [d0, d1, d0, d1, d2, d3, ..] */
       float32x4_t d, o;
       ga_group_scales(T, blk, j, &d, &o);
-      vst1q_f32(pk->d[b * NG + j], d);
-      vst1q_f32(pk->o[b * NG + j], o);
+      float *dp = pk->d[b * NG + j], *op = pk->o[b * NG + j];
+      vst1q_f32(dp, vcombine_f32(vget_low_f32(d), vget_low_f32(d)));
+      vst1q_f32(dp + 4, vcombine_f32(vget_high_f32(d), vget_high_f32(d)));
+      vst1q_f32(op, vcombine_f32(vget_low_f32(o), vget_low_f32(o)));
+      vst1q_f32(op + 4, vcombine_f32(vget_high_f32(o), vget_high_f32(o)));
     }
   }
 }
@@ -67,17 +70,6 @@ ALWAYS_INLINE void unpack_mmla(const int T, const uint8_t *panel, int64_t b0, in
     unpack_mmla(ARMLLM_GGML_##T, panel, b0, nb, pk);                                          \
   }
 ARMLLM_GA_TYPES(UNPACK_MMLA)
-
-/* [v0, v1, v0, v1] of W pair s from a [4 columns] vector */
-ALWAYS_INLINE float32x4_t w_pair(float32x4_t v, int s) {
-  const float32x2_t h = s ? vget_high_f32(v) : vget_low_f32(v);
-  return vcombine_f32(h, h);
-}
-/* [e0, e0, e1, e1] of a row pair's two floats */
-ALWAYS_INLINE float32x4_t x_pair(const float *e) {
-  const float32x2_t f = vld1_f32(e);
-  return vcombine_f32(vdup_lane_f32(f, 0), vdup_lane_f32(f, 1));
-}
 
 /* The 8-row x 4-column SMMLA tile over one K block (gguf_arm.h's
  * armllm_ga_tile): weight groups of 16 (G16) or 32 columns, with offsets
@@ -92,12 +84,18 @@ ALWAYS_INLINE void mmla_tile(const int G16, const int OFF, const armllm_ga_tile 
   if (!tl->first)
     for (int r = 0; r < tl->mv; r++) memcpy(ty[r], tl->y + r * tl->ldy, (size_t)tl->nv * 4);
   float32x4_t t[MP][2];
+#pragma GCC unroll 4
   for (int pr = 0; pr < MP; pr++)
+#pragma GCC unroll 2
     for (int s = 0; s < 2; s++)
       t[pr][s] = vcombine_f32(vld1_f32(ty[2 * pr] + 2 * s), vld1_f32(ty[2 * pr + 1] + 2 * s));
   for (int64_t g = 0; g < tl->kc / 32; g++) {
     int32x4_t acc[MP][2];
-    for (int pr = 0; pr < MP; pr++) acc[pr][0] = acc[pr][1] = vdupq_n_s32(0);
+    const int32_t *start = ga_acc_start();
+#pragma GCC unroll 4
+    for (int pr = 0; pr < MP; pr++)
+#pragma GCC unroll 2
+      for (int s = 0; s < 2; s++) acc[pr][s] = vld1q_s32(start + 8 * pr + 4 * s);
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++, wp += 32, xp += 16 * MP) { /* 8 k each */
       const int8x16_t w0 = vld1q_s8(wp), w1 = vld1q_s8(wp + 16);
@@ -110,23 +108,27 @@ ALWAYS_INLINE void mmla_tile(const int G16, const int OFF, const armllm_ga_tile 
       if (!G16 && c != 3) continue;
       if (G16 && c != 1 && c != 3) continue;
       const int64_t j = G16 ? 2 * g + c / 2 : g; /* the weight group just summed */
-      const float32x4_t d = vld1q_f32(pk->d[j]), o = vld1q_f32(pk->o[j]);
-      const float32x4_t dp[2] = {w_pair(d, 0), w_pair(d, 1)}, op[2] = {w_pair(o, 0), w_pair(o, 1)};
+      const float32x4_t dp[2] = {vld1q_f32(pk->d[j]), vld1q_f32(pk->d[j] + 4)};
+      float32x4_t op[2] = {dp[0], dp[1]};
+      if (OFF) op[0] = vld1q_f32(pk->o[j]), op[1] = vld1q_f32(pk->o[j] + 4);
+      const int32_t *next = ga_acc_start();
 #pragma GCC unroll 4
       for (int pr = 0; pr < MP; pr++) {
-        const float32x4_t sxp = x_pair(&rw->sx[g][2 * pr]);
-        float32x4_t bp = vdupq_n_f32(0.0f);
-        if (OFF) bp = x_pair(&rw->b[j][2 * pr]);
+        const float32x4_t sxp = vld1q_f32(rw->sxp[g][pr]);
+        float32x4_t bp = sxp;
+        if (OFF) bp = vld1q_f32(rw->bp[j][pr]);
 #pragma GCC unroll 2
         for (int s = 0; s < 2; s++) {
-          t[pr][s] = vfmaq_f32(t[pr][s], dp[s], vmulq_f32(vcvtq_f32_s32(acc[pr][s]), sxp));
+          t[pr][s] = vfmaq_f32(t[pr][s], dp[s], vmulq_f32(ga_acc_f32(acc[pr][s]), sxp));
           if (OFF) t[pr][s] = vfmaq_f32(t[pr][s], op[s], bp);
-          acc[pr][s] = vdupq_n_s32(0);
+          if (G16 && c == 1) acc[pr][s] = vld1q_s32(next + 8 * pr + 4 * s);
         }
       }
     }
   }
+#pragma GCC unroll 4
   for (int pr = 0; pr < MP; pr++)
+#pragma GCC unroll 2
     for (int s = 0; s < 2; s++) {
       vst1_f32(ty[2 * pr] + 2 * s, vget_low_f32(t[pr][s]));
       vst1_f32(ty[2 * pr + 1] + 2 * s, vget_high_f32(t[pr][s]));
