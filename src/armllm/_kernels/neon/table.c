@@ -1,7 +1,7 @@
 /* neon/table.c: the neon (Armv8.0 NEON) variant's dispatch table. Every
- * kernel is ported; layouts are described in gemm.c and quant.c. gemm_wq
- * chooses SDOT or SMULL at run time (armllm_neon_sdot in cpu.c), which
- * `impl` shows as neon+dotprod or neon. */
+ * kernel is ported; layouts are described in gemm.c, quant.c and
+ * gguf_arm.h. gemm_wq and gemm_gguf choose SDOT or SMULL at run time
+ * (armllm_neon_sdot in cpu.c), which `impl` shows as neon+dotprod or neon. */
 #include "../armllm_kernels.h"
 
 const armllm_kernels armllm_kernels_neon = {

@@ -1,6 +1,7 @@
 /* neon_mmla/table.c: the neon_mmla (Armv8.6 BF16/I8MM) variant's dispatch
  * table: gemm_bf16 runs on BFMMLA (gemm.c), attention with a bf16 cache too
- * (attn.c), gemm_wq on SMMLA (quant.c); every other kernel is the neon one,
+ * (attn.c), gemm_wq and gemm_gguf's prefill on SMMLA (quant_gemm.c, gguf.c);
+ * every other kernel is the neon one,
  * and gemm_f32 shares the neon packed layout. */
 #include "../armllm_kernels.h"
 

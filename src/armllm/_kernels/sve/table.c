@@ -7,6 +7,9 @@ const armllm_kernels armllm_kernels_sve = {
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "sve_mmla_n16k4",
     .gemm_wq_layout = "mmla_n8k8", /* neon_mmla's layout: independent of the vector length */
+    /* neon_mmla's GGUF-block GEMM: decode is memory-bound (NEON SDOT keeps
+     * up), and SVE SMMLA has the NEON form's peak on every I8MM core (128-bit
+     * SVE on Neoverse N2/V2; V1's 2 x 256-bit pipes equal its 4 x 128) */
     .gemm_gguf_layout = "gguf-arm-p4",
     .gemm_bf16_compute = "bf16",
     .attention_bf16_compute = "f32",
