@@ -288,6 +288,7 @@ typedef struct {
 static const slot_choice choices[] = {
 #if defined(__aarch64__)
     {ARMLLM_K_gemm_wq, (any_fn)armllm_neon_gemm_wq, "dotprod", armllm_neon_sdot},
+    {ARMLLM_K_gemm_gguf, (any_fn)armllm_neon_gemm_gguf, "dotprod", armllm_neon_sdot},
 #endif
     {-1, NULL, NULL, NULL}, /* end */
 };

@@ -16,6 +16,7 @@
 
 #include "armllm_kernels.h"
 #include "cpu.h"
+#include "gguf_blocks.h"
 
 static int failures;
 
@@ -735,6 +736,175 @@ static void check_gemm_wq(const armllm_kernels *v, armllm_pool *pool, int quick)
   report_end(&r, impl_of(v, ARMLLM_K_gemm_wq));
 }
 
+/* ---------------------------------------------------------- gemm_gguf */
+
+static uint32_t rand_u32(void) {
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return (uint32_t)(rng_state >> 32);
+}
+
+/* A finite f16, its magnitude from subnormal to the largest (65504). */
+static uint16_t rand_f16_bits(void) {
+  const uint32_t r = rand_u32();
+  const uint16_t exp = (uint16_t)(r % 31); /* 31: Inf/NaN */
+  return (uint16_t)((r >> 16 & 0x8000u) | exp << 10 | (r >> 5 & 0x3ffu));
+}
+
+/* The byte offsets of a block's f16 fields: d, and the second one (m,
+ * dmin) of the types with offsets; -1: none. */
+static void f16_fields(int type, int *d, int *second) {
+  *second = -1;
+  switch (type) {
+  case ARMLLM_GGML_Q2_K: *d = 80; *second = 82; return;
+  case ARMLLM_GGML_Q3_K: *d = 108; return;
+  case ARMLLM_GGML_Q6_K: *d = 208; return;
+  case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+    *d = 0; *second = 2; return;
+  default: *d = 0; return;
+  }
+}
+
+/* rows x k of type as stored: random bytes, finite f16 scales; row 0 of a
+ * part of >= 3 rows: every byte 0xff but the scales (largest codes), row 1
+ * every byte 0. */
+static void fill_gguf_rows(uint8_t *dst, int type, int64_t rows, int64_t k) {
+  const int be = armllm_gguf_block_elems(type), bb = armllm_gguf_block_bytes(type);
+  int fd, fs;
+  f16_fields(type, &fd, &fs);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t b = 0; b < k / be; b++) {
+      uint8_t *blk = dst + (r * (k / be) + b) * bb;
+      for (int i = 0; i < bb; i++) blk[i] = (uint8_t)rand_u32();
+      if (rows >= 3 && r < 2) memset(blk, r == 0 ? 0xff : 0, (size_t)bb);
+      uint16_t h = rand_f16_bits();
+      memcpy(blk + fd, &h, 2);
+      if (fs >= 0) {
+        h = rand_f16_bits();
+        memcpy(blk + fs, &h, 2);
+      }
+    }
+}
+
+/* One GGUF-block GEMM case against ref, bit for bit (memcmp of y, row
+ * padding included): the variant on `pool`, on one thread, and on pool2
+ * when given; x quantized by ref (group 32, with gsum). */
+static void gguf_case(report *r, const armllm_kernels *v, armllm_pool *pool, armllm_pool *pool2,
+                      int64_t m, int64_t k, int nparts, const int32_t *types,
+                      const int64_t *rows, int with_bias) {
+  const armllm_kernels *ref = &armllm_kernels_ref;
+  int64_t n = 0;
+  size_t wbytes = 0;
+  for (int p = 0; p < nparts; p++) {
+    n += rows[p];
+    wbytes += armllm_gguf_row_bytes(types[p], k) * (size_t)rows[p];
+  }
+  const int64_t ng = k / 32;
+  const int64_t ldx = k + 1, ldq = k + (m & 1) * 16, ldgs = ng + (n & 1), ldy = n + (k & 1) * 3 + (m & 2);
+  const int64_t ldsc = ng + (m & 2);
+  float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
+  int8_t *xq = xmalloc((size_t)(m * ldq));
+  float *scale = xmalloc(sizeof(float) * (size_t)(m * ldsc));
+  int32_t *gsum = xmalloc(sizeof(int32_t) * (size_t)(m * ldgs));
+  uint8_t *w = xmalloc(wbytes);
+  float *bias = xmalloc(sizeof(float) * (size_t)n);
+  float *y = xmalloc(sizeof(float) * (size_t)(m * ldy)), *y1 = xmalloc(sizeof(float) * (size_t)(m * ldy));
+  float *y2 = xmalloc(sizeof(float) * (size_t)(m * ldy)), *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
+  fill_act(x, m, k, ldx, m > 3);
+  ref->quant_act(NULL, x, m, k, ldx, 32, xq, ldq, scale, ldsc, gsum, ldgs, NULL, 0);
+  uint8_t *wp = w;
+  for (int p = 0; p < nparts; p++) {
+    fill_gguf_rows(wp, types[p], rows[p], k);
+    wp += armllm_gguf_row_bytes(types[p], k) * (size_t)rows[p];
+  }
+  fill(bias, n, 1.0f);
+  const size_t len = v->gemm_gguf_packed_len(k, nparts, types, rows);
+  void *pk = xmalloc64(len);
+  void *pr = xmalloc64(ref->gemm_gguf_packed_len(k, nparts, types, rows));
+  v->gemm_gguf_pack(w, k, nparts, types, rows, pk);
+  ref->gemm_gguf_pack(w, k, nparts, types, rows, pr);
+  for (int64_t i = 0; i < m * ldy; i++) y[i] = y1[i] = y2[i] = yref[i] = -777.0f;
+  const float *b = with_bias ? bias : NULL;
+  v->gemm_gguf(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, pk, n, b, y, ldy);
+  v->gemm_gguf(NULL, xq, m, k, ldq, scale, ldsc, gsum, ldgs, pk, n, b, y1, ldy);
+  if (pool2) v->gemm_gguf(pool2, xq, m, k, ldq, scale, ldsc, gsum, ldgs, pk, n, b, y2, ldy);
+  else memcpy(y2, y1, sizeof(float) * (size_t)(m * ldy));
+  ref->gemm_gguf(NULL, xq, m, k, ldq, scale, ldsc, gsum, ldgs, pr, n, b, yref, ldy);
+  const size_t bytes = sizeof(float) * (size_t)(m * ldy);
+  if (memcmp(y, yref, bytes) || memcmp(y1, yref, bytes) || memcmp(y2, yref, bytes)) {
+    if (r->bad < 5) {
+      const float *got = memcmp(y, yref, bytes) ? y : memcmp(y1, yref, bytes) ? y1 : y2;
+      for (int64_t i = 0; i < m * ldy; i++)
+        if (memcmp(&got[i], &yref[i], sizeof(float))) {
+          printf("  gemm_gguf M=%lld K=%lld type %d (of %d parts) n=%lld: y[%lld,%lld] = %.9g, ref %.9g\n",
+                 (long long)m, (long long)k, types[0], nparts, (long long)n,
+                 (long long)(i / ldy), (long long)(i % ldy), got[i], yref[i]);
+          break;
+        }
+    }
+    r->bad++;
+  }
+  r->cases++;
+  free(x); free(xq); free(scale); free(gsum); free(w); free(bias);
+  free(y); free(y1); free(y2); free(yref); free(pk); free(pr);
+}
+
+static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quick) {
+  static const int32_t types[] = {
+      ARMLLM_GGML_Q4_0, ARMLLM_GGML_Q4_1, ARMLLM_GGML_Q5_0, ARMLLM_GGML_Q5_1,
+      ARMLLM_GGML_Q8_0, ARMLLM_GGML_Q2_K, ARMLLM_GGML_Q3_K, ARMLLM_GGML_Q4_K,
+      ARMLLM_GGML_Q5_K, ARMLLM_GGML_Q6_K, ARMLLM_GGML_IQ4_NL, ARMLLM_GGML_IQ4_XS};
+  const int ntypes = (int)(sizeof types / sizeof *types);
+  /* M: decode 1..4, the first prefill rows, tile edges (8-row tiles,
+   * 64-row chunks) */
+  static const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 67};
+  const int n_ms = (int)(sizeof ms / sizeof *ms);
+  char err[256];
+  armllm_pool *pool2 = armllm_pool_create(2, 0, err, sizeof err);
+  armllm_pool *pool4 = armllm_pool_create(4, 0, err, sizeof err);
+  report r;
+  report_start(&r, v->isa, "gemm_gguf");
+  int c = 0;
+  for (int t = 0; t < ntypes; t++) {
+    const int be = armllm_gguf_block_elems(types[t]);
+    /* K: one block; several blocks over two prefill K blocks (512) */
+    const int64_t ks[] = {be, be == 32 ? 576 : 768};
+    for (int ik = 0; ik < 2; ik++)
+      for (int j = 0; j < (quick ? 2 : 5); j++, c++) {
+        int64_t m = ms[(c * 5 + j) % n_ms];
+        if (ks[ik] > 512 && m > 17 && quick) m = 17;
+        const int64_t rows[1] = {(int64_t)(1 + (c * 7) % 13)};
+        gguf_case(&r, v, pool, c % 3 == 0 ? pool4 : pool2, m, ks[ik], 1, &types[t], rows, c & 1);
+      }
+    /* every M through decode and the first prefill tiles, at one K */
+    for (int64_t m = 1; m <= (quick ? 9 : 17); m++) {
+      const int64_t rows[1] = {6};
+      gguf_case(&r, v, pool, NULL, m, be == 32 ? 96 : 256, 1, &types[t], rows, (int)(m & 1));
+    }
+  }
+  /* mixed parts: a fused QKV (Q4_K, Q4_K, Q6_K), gate/up, 4 parts of 4
+   * types; part edges inside panels */
+  static const int32_t qkv[3] = {ARMLLM_GGML_Q4_K, ARMLLM_GGML_Q4_K, ARMLLM_GGML_Q6_K};
+  static const int32_t mix32[4] = {ARMLLM_GGML_Q4_0, ARMLLM_GGML_Q8_0, ARMLLM_GGML_IQ4_NL,
+                                   ARMLLM_GGML_Q5_1};
+  static const int32_t mixk[4] = {ARMLLM_GGML_Q2_K, ARMLLM_GGML_Q3_K, ARMLLM_GGML_Q5_K,
+                                  ARMLLM_GGML_IQ4_XS};
+  static const int32_t mixab[4] = {ARMLLM_GGML_Q5_0, ARMLLM_GGML_Q6_K, ARMLLM_GGML_Q4_1,
+                                   ARMLLM_GGML_Q2_K};
+  static const int64_t qkv_rows[3] = {9, 5, 6}, mix_rows[4] = {5, 3, 8, 2};
+  static const int64_t mixed_ms[] = {1, 3, 4, 5, 9, 20, 67};
+  for (size_t i = 0; i < sizeof mixed_ms / sizeof *mixed_ms; i++) {
+    const int64_t m = mixed_ms[i];
+    if (quick && m > 20) continue;
+    gguf_case(&r, v, pool, pool4, m, 768, 3, qkv, qkv_rows, (int)(i & 1));
+    gguf_case(&r, v, pool, pool2, m, 160, 4, mix32, mix_rows, (int)(i & 1) ^ 1);
+    gguf_case(&r, v, pool, pool4, m, 512, 4, mixk, mix_rows, (int)(i & 1));
+    gguf_case(&r, v, pool, pool2, m, 256, 4, mixab, mix_rows, (int)(i & 1) ^ 1);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_gemm_gguf));
+  if (pool2) armllm_pool_destroy(pool2);
+  if (pool4) armllm_pool_destroy(pool4);
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -805,6 +975,7 @@ int main(int argc, char **argv) {
     check_quant_act(v, pool);
     check_rmsnorm_quant(v, pool);
     check_gemm_wq(v, pool, quick);
+    check_gemm_gguf(v, pool, quick);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);

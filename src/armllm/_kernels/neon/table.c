@@ -1,7 +1,7 @@
 /* neon/table.c: the neon (Armv8.0 NEON) variant's dispatch table. Every
- * kernel is ported; layouts are described in gemm.c and quant.c. gemm_wq
- * chooses SDOT or SMULL at run time (armllm_neon_sdot in cpu.c), which
- * `impl` shows as neon+dotprod or neon. */
+ * kernel is ported; layouts are described in gemm.c, quant.c and
+ * gguf_arm.h. gemm_wq and gemm_gguf choose SDOT or SMULL at run time
+ * (armllm_neon_sdot in cpu.c), which `impl` shows as neon+dotprod or neon. */
 #include "../armllm_kernels.h"
 
 const armllm_kernels armllm_kernels_neon = {
@@ -9,7 +9,7 @@ const armllm_kernels armllm_kernels_neon = {
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr12k1",
     .gemm_wq_layout = "sdot_n8k4",
-    .gemm_gguf_layout = "gguf-nk8",
+    .gemm_gguf_layout = "gguf-arm-p4",
     .gemm_bf16_compute = "f32",
     .attention_bf16_compute = "f32",
     ARMLLM_SLOT(gemm_f32_packed_len, neon),
@@ -30,7 +30,7 @@ const armllm_kernels armllm_kernels_neon = {
     ARMLLM_SLOT(gemm_wq_packed_len, neon),
     ARMLLM_SLOT(gemm_wq_pack, neon),
     ARMLLM_SLOT(gemm_wq, neon),
-    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
-    ARMLLM_SLOT(gemm_gguf_pack, ref),
-    ARMLLM_SLOT(gemm_gguf, ref),
+    ARMLLM_SLOT(gemm_gguf_packed_len, neon),
+    ARMLLM_SLOT(gemm_gguf_pack, neon),
+    ARMLLM_SLOT(gemm_gguf, neon),
 };

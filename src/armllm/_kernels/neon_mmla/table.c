@@ -1,6 +1,7 @@
 /* neon_mmla/table.c: the neon_mmla (Armv8.6 BF16/I8MM) variant's dispatch
  * table: gemm_bf16 runs on BFMMLA (gemm.c), attention with a bf16 cache too
- * (attn.c), gemm_wq on SMMLA (quant.c); every other kernel is the neon one,
+ * (attn.c), gemm_wq and gemm_gguf's prefill on SMMLA (quant_gemm.c, gguf.c);
+ * every other kernel is the neon one,
  * and gemm_f32 shares the neon packed layout. */
 #include "../armllm_kernels.h"
 
@@ -9,7 +10,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     .gemm_f32_layout = "nr12k1",
     .gemm_bf16_layout = "nr8k4x2",
     .gemm_wq_layout = "mmla_n8k8",
-    .gemm_gguf_layout = "gguf-nk8",
+    .gemm_gguf_layout = "gguf-arm-p4",
     .gemm_bf16_compute = "bf16",
     .attention_bf16_compute = "bf16",
     ARMLLM_SLOT(gemm_f32_packed_len, neon),
@@ -30,7 +31,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     ARMLLM_SLOT(gemm_wq_packed_len, neon_mmla),
     ARMLLM_SLOT(gemm_wq_pack, neon_mmla),
     ARMLLM_SLOT(gemm_wq, neon_mmla),
-    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
-    ARMLLM_SLOT(gemm_gguf_pack, ref),
-    ARMLLM_SLOT(gemm_gguf, ref),
+    ARMLLM_SLOT(gemm_gguf_packed_len, neon_mmla),
+    ARMLLM_SLOT(gemm_gguf_pack, neon_mmla),
+    ARMLLM_SLOT(gemm_gguf, neon_mmla),
 };

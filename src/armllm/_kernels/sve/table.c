@@ -7,7 +7,10 @@ const armllm_kernels armllm_kernels_sve = {
     .gemm_f32_layout = "nr16k1",
     .gemm_bf16_layout = "sve_mmla_n16k4",
     .gemm_wq_layout = "mmla_n8k8", /* neon_mmla's layout: independent of the vector length */
-    .gemm_gguf_layout = "gguf-nk8",
+    /* neon_mmla's GGUF-block GEMM: decode is memory-bound (NEON SDOT keeps
+     * up), and SVE SMMLA has the NEON form's peak on every I8MM core (128-bit
+     * SVE on Neoverse N2/V2; V1's 2 x 256-bit pipes equal its 4 x 128) */
+    .gemm_gguf_layout = "gguf-arm-p4",
     .gemm_bf16_compute = "bf16",
     .attention_bf16_compute = "f32",
     ARMLLM_SLOT(gemm_f32_packed_len, sve),
@@ -28,7 +31,7 @@ const armllm_kernels armllm_kernels_sve = {
     ARMLLM_SLOT(gemm_wq_packed_len, neon_mmla),
     ARMLLM_SLOT(gemm_wq_pack, neon_mmla),
     ARMLLM_SLOT(gemm_wq, sve),
-    ARMLLM_SLOT(gemm_gguf_packed_len, ref),
-    ARMLLM_SLOT(gemm_gguf_pack, ref),
-    ARMLLM_SLOT(gemm_gguf, ref),
+    ARMLLM_SLOT(gemm_gguf_packed_len, neon_mmla),
+    ARMLLM_SLOT(gemm_gguf_pack, neon_mmla),
+    ARMLLM_SLOT(gemm_gguf, neon_mmla),
 };
