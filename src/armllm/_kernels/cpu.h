@@ -53,8 +53,8 @@ const char *armllm_isa_best(const armllm_cpu *cpu);
  * these predicates, and armllm_slot_impl names the path it takes, so that
  * `armllm info` shows what runs. */
 
-/* neon's quantized GEMM (armllm_neon_gemm_wq) runs SDOT (FEAT_DotProd,
- * HWCAP asimddp) rather than SMULL/SMLAL. */
+/* neon's quantized GEMMs (armllm_neon_gemm_wq, armllm_neon_gemm_gguf) run SDOT
+ * (FEAT_DotProd, HWCAP asimddp) rather than SMULL/SMLAL. */
 int armllm_neon_sdot(void);
 
 /* What runs in `slot` of table t: the variant named by its ARMLLM_SLOT, then

@@ -62,16 +62,6 @@ int armllm_gguf_block_bytes(int type) {
   }
 }
 
-int armllm_gguf_group_len(int type) {
-  return type == ARMLLM_GGML_Q2_K || type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q6_K ? 16
-                                                                                           : 32;
-}
-
-int armllm_gguf_has_offsets(int type) {
-  return type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1 || type == ARMLLM_GGML_Q2_K ||
-         type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K;
-}
-
 /* Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes. */
 static void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
   if (j < 4) {

@@ -66,10 +66,17 @@ enum {
 int armllm_gguf_block_elems(int type);
 /* Bytes per block (0: not decoded here). */
 int armllm_gguf_block_bytes(int type);
-/* Columns per weight scale group: 16 or 32. */
-int armllm_gguf_group_len(int type);
+/* Columns per weight scale group: 16 or 32 (inline: a constant in code
+ * specialized for one type). */
+static inline int armllm_gguf_group_len(int type) {
+  return type == ARMLLM_GGML_Q2_K || type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q6_K ? 16
+                                                                                           : 32;
+}
 /* 1 when the type's weights carry offsets (mins). */
-int armllm_gguf_has_offsets(int type);
+static inline int armllm_gguf_has_offsets(int type) {
+  return type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1 || type == ARMLLM_GGML_Q2_K ||
+         type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K;
+}
 /* Bytes of one row of k elements (k a multiple of the block). */
 static inline size_t armllm_gguf_row_bytes(int type, int64_t k) {
   const int e = armllm_gguf_block_elems(type);

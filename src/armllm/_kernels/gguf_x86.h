@@ -51,16 +51,6 @@ static inline int gguf_bias(int type) {
   }
 }
 
-/* armllm_gguf_group_len and armllm_gguf_has_offsets, inline: constants in
- * code specialized for a type. */
-static inline int gguf_group_len(int type) {
-  return type == ARMLLM_GGML_Q2_K || type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q6_K ? 16 : 32;
-}
-static inline int gguf_has_offsets(int type) {
-  return type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1 || type == ARMLLM_GGML_Q2_K ||
-         type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K;
-}
-
 /* Value bytes of one group of a panel, per panel row: 16 (nibbles), + 4 (a
  * bit plane), 8 (2-bit planes), 32 (bytes). */
 static inline int64_t gguf_group_row_bytes(int type) {
@@ -361,7 +351,7 @@ static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64
     col += p->rows;
     panel += p->panels;
     w += p->panels * p->pbytes;
-    job.halves |= gguf_group_len(p->type) == 16;
+    job.halves |= armllm_gguf_group_len(p->type) == 16;
   }
   job.panels = panel;
   return job;

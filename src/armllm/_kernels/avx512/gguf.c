@@ -201,7 +201,7 @@ static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_
 static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t ngr,
                                        unpacked *U) {
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
-  const int gl = gguf_group_len(type);
+  const int gl = armllm_gguf_group_len(type);
   const uint8_t *sc = w + gbytes * ngr;
   for (int64_t gi = 0; gi < ngr; gi++) {
     unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
@@ -406,7 +406,8 @@ static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64
  * t in registers throughout. */
 static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_job *job,
                                        const gguf_part *part, int64_t p, const int16_t *halves) {
-  const int gl = gguf_group_len(type), offs = gguf_has_offsets(type), bias = gguf_bias(type);
+  const int gl = armllm_gguf_group_len(type), offs = armllm_gguf_has_offsets(type);
+  const int bias = gguf_bias(type);
   const int64_t k = job->k, ldq = job->ldq, lp = p - part->panel0;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int8_t *x = job->xq;
