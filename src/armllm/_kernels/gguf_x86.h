@@ -416,4 +416,47 @@ static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, i
       out[(r - r0) * ng + g] = (int16_t)gguf_sum16(job->xq + r * job->ldq + g * GGUF_GROUP);
 }
 
+/* ------------------------------------------------------------ decode plan */
+
+/* The including file's decode kernel: panel p of `part`, all mr rows of x, over
+ * the whole of K, with the type and mr constants after inlining. */
+static inline __attribute__((always_inline)) void decode_panel(
+    const int type, const int mr, const gguf_job *job, const gguf_part *part, int64_t p,
+    const int16_t *halves);
+
+/* Panels [p0, p1) of one part, its type and M made constants. */
+static inline __attribute__((always_inline)) void gguf_decode_run(
+    const int type, const gguf_job *job, const gguf_part *part, int64_t p0, int64_t p1,
+    const int16_t *halves) {
+  switch (job->m) {
+  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p, halves); break;
+  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p, halves); break;
+  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p, halves); break;
+  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p, halves); break;
+  }
+}
+
+/* The decode task (gguf_run_decode): panels [p0, p1), a part's run at a time. */
+static void gguf_decode_task(void *ctx, int64_t p0, int64_t p1) {
+  const gguf_job *job = ctx;
+  int16_t halves[GGUF_HALVES_CAP];
+  const int16_t *hv = NULL; /* the half-group sums, once for all the run's panels */
+  if (job->halves && job->m * (job->k / GGUF_GROUP) <= GGUF_HALVES_CAP) {
+    gguf_half_sums(job, 0, job->m, halves);
+    hv = halves;
+  }
+  while (p0 < p1) {
+    const gguf_part *part = gguf_part_of(job, p0);
+    const int64_t end = part->panel0 + part->panels < p1 ? part->panel0 + part->panels : p1;
+#define GGUF_TYPE_CASE(t)                                                                          \
+  case t: gguf_decode_run(t, job, part, p0, end, hv); break;
+    switch (part->type) {
+    GGUF_TYPES(GGUF_TYPE_CASE)
+    default: break;
+    }
+#undef GGUF_TYPE_CASE
+    p0 = end;
+  }
+}
+
 #endif /* ARMLLM_GGUF_X86_H */

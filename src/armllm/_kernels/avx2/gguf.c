@@ -463,43 +463,9 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
   }
 }
 
-/* Decode items: panels [p0, p1) of one part, its type and M made constants. */
-static ALWAYS_INLINE void decode_run(const int type, const gguf_job *job, const gguf_part *part,
-                                     int64_t p0, int64_t p1, const int16_t *halves) {
-  switch (job->m) {
-  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p, halves); break;
-  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p, halves); break;
-  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p, halves); break;
-  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p, halves); break;
-  }
-}
-
 /* ------------------------------------------------------------ plans */
 
 ARMLLM_X86_GGUF_PACKING(armllm_avx2)
-
-/* Decode: panels [p0, p1), a part's run at a time. */
-static void decode_task(void *ctx, int64_t p0, int64_t p1) {
-  const gguf_job *job = ctx;
-  int16_t halves[GGUF_HALVES_CAP];
-  const int16_t *hv = NULL; /* the half-group sums, once for all the run's panels */
-  if (job->halves && job->m * (job->k / GGUF_GROUP) <= GGUF_HALVES_CAP) {
-    gguf_half_sums(job, 0, job->m, halves);
-    hv = halves;
-  }
-  while (p0 < p1) {
-    const gguf_part *part = gguf_part_of(job, p0);
-    const int64_t end = part->panel0 + part->panels < p1 ? part->panel0 + part->panels : p1;
-#define TYPE_CASE(t)                                                                               \
-  case t: decode_run(t, job, part, p0, end, hv); break;
-    switch (part->type) {
-    GGUF_TYPES(TYPE_CASE)
-    default: break;
-    }
-#undef TYPE_CASE
-    p0 = end;
-  }
-}
 
 /* Prefill item i: row block i / n_pc times panel chunk i % n_pc. */
 static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
@@ -524,7 +490,7 @@ void armllm_avx2_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, int64
   (void)n;
   gguf_job job = gguf_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, bias, y, ldy);
   if (m <= GGUF_DECODE_MAX_M) {
-    gguf_run_decode(pool, &job, decode_task);
+    gguf_run_decode(pool, &job, gguf_decode_task);
     return;
   }
   gguf_run_prefill(pool, &job, MB_MAX, MR, ITEMS_PER_THREAD, prefill_task);

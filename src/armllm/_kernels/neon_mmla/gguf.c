@@ -160,16 +160,6 @@ static const armllm_ga_prefill mmla_prefill = {
     {ARMLLM_GA_TYPES(UNPACK_MMLA_FN)},
 };
 
-size_t armllm_neon_mmla_gemm_gguf_packed_len(int64_t k, int64_t nparts, const int32_t *types,
-                                             const int64_t *rows) {
-  return armllm_ga_packed_len(k, nparts, types, rows);
-}
-
-void armllm_neon_mmla_gemm_gguf_pack(const uint8_t *blocks, int64_t k, int64_t nparts,
-                                     const int32_t *types, const int64_t *rows, void *packed) {
-  armllm_ga_pack(blocks, k, nparts, types, rows, packed);
-}
-
 void armllm_neon_mmla_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
                                 int64_t ldq, const float *scale, int64_t ldsc,
                                 const int32_t *gsum, int64_t ldgs, const void *packed_w,

@@ -31,7 +31,7 @@ const armllm_kernels armllm_kernels_sve = {
     ARMLLM_SLOT(gemm_wq_packed_len, neon_mmla),
     ARMLLM_SLOT(gemm_wq_pack, neon_mmla),
     ARMLLM_SLOT(gemm_wq, sve),
-    ARMLLM_SLOT(gemm_gguf_packed_len, neon_mmla),
-    ARMLLM_SLOT(gemm_gguf_pack, neon_mmla),
+    ARMLLM_SLOT(gemm_gguf_packed_len, neon), /* one Arm layout: neon packs it */
+    ARMLLM_SLOT(gemm_gguf_pack, neon),
     ARMLLM_SLOT(gemm_gguf, neon_mmla),
 };
