@@ -175,13 +175,15 @@ def test_gemm_gguf_model_shapes_any_thread_count(variant, pools, mix):
                           outs[0][:1].view(np.uint32))
 
 
-@pytest.mark.parametrize("m", [4, 5, 259])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 259])
 @pytest.mark.parametrize("mix,k", [(("Q6_K", "Q4_K", "Q2_K"), 768),
                                    (("Q4_1", "IQ4_NL", "Q8_0", "Q5_0"), 288),
                                    (("Q3_K", "Q5_K"), 4352)])
 def test_gemm_gguf_tile_and_plan_edges(variant, pools, m, mix, k):
-    """The decode/prefill boundary (M = 4, 5), more rows than a prefill row block
-    (259), parts whose row counts end panels and panel pairs early (17, 33, 1),
+    """Decode at M = 1 and 3, the decode/prefill boundary (M = 4, 5), more rows
+    than a prefill row block (259), parts whose row counts end panels and panel
+    pairs early (17, 33, 1) or fill enough panels for a decode thread's lockstep
+    streams and a remainder (150),
     several 256-column chunks or a 32-column tail chunk, a K long enough to
     shorten the row blocks of 16-column groups, one thread or several: all
     equal the exact model."""

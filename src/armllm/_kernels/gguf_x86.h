@@ -4,7 +4,8 @@
  * PANEL = 8 or 16 rows), the per-type constants of the kernels, the job and
  * the pool plans. Static functions, so each ISA file compiles them with its
  * own flags; the including file defines PANEL (output rows per panel: one
- * 32-bit lane each, so a vector holds 4 bytes of every row) first.
+ * 32-bit lane each, so a vector holds 4 bytes of every row) and
+ * GGUF_DECODE_STREAMS (panels a decode thread reads at once) first.
  *
  * The packed matrix: the armllm_gguf_parts header (ARMLLM_GGUF_HEADER_BYTES),
  * then each part's panels of PANEL rows (its last one padded with zero
@@ -418,21 +419,35 @@ static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, i
 
 /* ------------------------------------------------------------ decode plan */
 
-/* The including file's decode kernel: panel p of `part`, all mr rows of x, over
- * the whole of K, with the type and mr constants after inlining. */
-static inline __attribute__((always_inline)) void decode_panel(
-    const int type, const int mr, const gguf_job *job, const gguf_part *part, int64_t p,
-    const int16_t *halves);
+/* The including file's decode kernel: np panels of `part` (p, p + stride, ...,
+ * np memory streams read in lockstep), all mr rows of x, over the whole of K,
+ * with the type, mr and np constants after inlining. */
+static inline __attribute__((always_inline)) void decode_panels(
+    const int type, const int mr, const int np, const gguf_job *job, const gguf_part *part,
+    int64_t p, int64_t stride, const int16_t *halves);
+
+/* Panels [p0, p1) of one part at mr rows: GGUF_DECODE_STREAMS equal runs in
+ * lockstep (one hardware-prefetch stream each, as the read probe reads: a
+ * single stream left a core's memory pipe a fifth idle), the rest one by one. */
+static inline __attribute__((always_inline)) void gguf_decode_streams(
+    const int type, const int mr, const gguf_job *job, const gguf_part *part, int64_t p0,
+    int64_t p1, const int16_t *halves) {
+  const int64_t len = (p1 - p0) / GGUF_DECODE_STREAMS;
+  for (int64_t i = 0; i < len; i++)
+    decode_panels(type, mr, GGUF_DECODE_STREAMS, job, part, p0 + i, len, halves);
+  for (int64_t p = p0 + GGUF_DECODE_STREAMS * len; p < p1; p++)
+    decode_panels(type, mr, 1, job, part, p, 0, halves);
+}
 
 /* Panels [p0, p1) of one part, its type and M made constants. */
 static inline __attribute__((always_inline)) void gguf_decode_run(
     const int type, const gguf_job *job, const gguf_part *part, int64_t p0, int64_t p1,
     const int16_t *halves) {
   switch (job->m) {
-  case 1: for (int64_t p = p0; p < p1; p++) decode_panel(type, 1, job, part, p, halves); break;
-  case 2: for (int64_t p = p0; p < p1; p++) decode_panel(type, 2, job, part, p, halves); break;
-  case 3: for (int64_t p = p0; p < p1; p++) decode_panel(type, 3, job, part, p, halves); break;
-  default: for (int64_t p = p0; p < p1; p++) decode_panel(type, 4, job, part, p, halves); break;
+  case 1: gguf_decode_streams(type, 1, job, part, p0, p1, halves); break;
+  case 2: gguf_decode_streams(type, 2, job, part, p0, p1, halves); break;
+  case 3: gguf_decode_streams(type, 3, job, part, p0, p1, halves); break;
+  default: gguf_decode_streams(type, 4, job, part, p0, p1, halves); break;
   }
 }
 

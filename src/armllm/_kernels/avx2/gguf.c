@@ -38,7 +38,8 @@
 #define MB_MAX 256 /* rows per prefill block (a multiple of MR): its t on the stack */
 _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
-#define PF_BYTES 4096      /* decode: software prefetch distance in the panel stream */
+#define PF_BYTES 4096      /* decode: software prefetch distance in each panel stream */
+#define GGUF_DECODE_STREAMS 2 /* panels a decode thread reads at once: 2 * 4 t of the 16 ymm */
 #define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD PANEL
 
@@ -396,30 +397,28 @@ static void run_panel(const gguf_job *job, int64_t p, int64_t r0, int64_t r1, fl
 #undef TYPE_CASE
 }
 
-/* Decode: rows 0 .. mr (all M) of panel p over the whole of K, each group
- * unpacked into registers and met by every row at once (no trip through L1),
- * t in registers throughout. */
-static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_job *job,
-                                       const gguf_part *part, int64_t p, const int16_t *halves) {
+/* Decode: rows 0 .. mr (all M) of np panels (p, p + stride, ...) over the
+ * whole of K in lockstep, each group unpacked into registers and met by every
+ * row at once (no trip through L1), t in registers throughout. */
+static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int np,
+                                        const gguf_job *job, const gguf_part *part, int64_t p,
+                                        int64_t stride, const int16_t *halves) {
   const int gl = armllm_gguf_group_len(type), offs = armllm_gguf_has_offsets(type);
   const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
   const int run = chain_steps(type) < gl / 4 ? chain_steps(type) : gl / 4;
-  const int64_t k = job->k, ldq = job->ldq, lp = p - part->panel0;
+  const int64_t k = job->k, ldq = job->ldq;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int8_t *x = job->xq;
-  const uint8_t *w = part->w + lp * part->pbytes;
-  __m256 t[GGUF_DECODE_MAX_M];
-  for (int r = 0; r < mr; r++) t[r] = _mm256_setzero_ps();
+  const uint8_t *w[GGUF_DECODE_STREAMS];
+  __m256 t[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
+  for (int q = 0; q < np; q++) {
+    w[q] = part->w + (p + q * stride - part->panel0) * part->pbytes;
+    for (int r = 0; r < mr; r++) t[q][r] = _mm256_setzero_ps();
+  }
   for (int64_t c = 0; c < gguf_chunks(k); c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
-    const uint8_t *sc = w + gbytes * ngr;
     for (int64_t gi = 0; gi < ngr; gi++) {
-      const uint8_t *wg = w + gi * gbytes;
-      for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
-        _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
-      __m256i u[GGUF_STEPS];
-      unpack_group(type, wg, u);
       int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
       float sx[GGUF_DECODE_MAX_M];
       for (int r = 0; r < mr; r++) {
@@ -432,34 +431,47 @@ static ALWAYS_INLINE void decode_panel(const int type, const int mr, const gguf_
         }
         sx[r] = job->scale[r * job->ldsc + g];
       }
-      for (int h = 0; h < GGUF_GROUP / gl; h++) {
-        const int s0 = h * (gl / 4);
-        __m256 d, o = _mm256_setzero_ps();
-        group_scales(type, sc, ngr, 2 * gi + h, &d, &o);
-        for (int r = 0; r < mr; r++) {
-          const int8_t *xr = x + r * ldq + k0;
-          __m256i acc = _mm256_set1_epi32(-bias * xs[r][h]);
-          if (sgn)
-            for (int s = s0; s < s0 + gl / 4; s++)
-              acc = dot_sign(acc, u[s], _mm256_abs_epi8(u[s]), xr + 4 * s);
-          else
-            for (int s = s0; s < s0 + gl / 4; s += run) acc = dot_run(acc, &u[s], run, xr + 4 * s);
-          const __m256 av =
-              no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx[r])));
-          t[r] = _mm256_fmadd_ps(d, av, t[r]);
-          if (offs) t[r] = _mm256_fmadd_ps(o, _mm256_set1_ps((float)xs[r][h] * sx[r]), t[r]);
+      for (int q = 0; q < np; q++) {
+        const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
+        for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
+          _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
+        __m256i u[GGUF_STEPS];
+        unpack_group(type, wg, u);
+        for (int h = 0; h < GGUF_GROUP / gl; h++) {
+          const int s0 = h * (gl / 4);
+          __m256 d, o = _mm256_setzero_ps();
+          group_scales(type, sc, ngr, 2 * gi + h, &d, &o);
+          for (int r = 0; r < mr; r++) {
+            const int8_t *xr = x + r * ldq + k0;
+            __m256i acc = _mm256_set1_epi32(-bias * xs[r][h]);
+            if (sgn)
+              for (int s = s0; s < s0 + gl / 4; s++)
+                acc = dot_sign(acc, u[s], _mm256_abs_epi8(u[s]), xr + 4 * s);
+            else
+              for (int s = s0; s < s0 + gl / 4; s += run)
+                acc = dot_run(acc, &u[s], run, xr + 4 * s);
+            const __m256 av =
+                no_contract(_mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(sx[r])));
+            t[q][r] = _mm256_fmadd_ps(d, av, t[q][r]);
+            if (offs)
+              t[q][r] = _mm256_fmadd_ps(o, _mm256_set1_ps((float)xs[r][h] * sx[r]), t[q][r]);
+          }
         }
       }
     }
-    w += cbytes;
+    for (int q = 0; q < np; q++) w[q] += cbytes;
   }
-  const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
-  const __m256i mask = armllm_avx2_tail_mask(nv < PANEL ? nv : PANEL);
-  const __m256 bv = job->bias ? _mm256_maskload_ps(job->bias + col, mask) : _mm256_setzero_ps();
-  for (int r = 0; r < mr; r++) { /* y = t (+ bias), masked to N */
-    __m256 v = t[r];
-    if (job->bias) v = _mm256_add_ps(v, bv);
-    _mm256_maskstore_ps(job->y + r * job->ldy + col, mask, v);
+  for (int q = 0; q < np; q++) { /* y = t (+ bias), masked to N */
+    const int64_t lp = p + q * stride - part->panel0;
+    const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
+    const __m256i mask = armllm_avx2_tail_mask(nv < PANEL ? nv : PANEL);
+    const __m256 bv =
+        job->bias ? _mm256_maskload_ps(job->bias + col, mask) : _mm256_setzero_ps();
+    for (int r = 0; r < mr; r++) {
+      __m256 v = t[q][r];
+      if (job->bias) v = _mm256_add_ps(v, bv);
+      _mm256_maskstore_ps(job->y + r * job->ldy + col, mask, v);
+    }
   }
 }
 
