@@ -5,14 +5,18 @@ included), one file after the other, same machine, 2 threads: issue 14's table.
     python tools/bench_gguf.py FILE.gguf [FILE.gguf ...] [--llama-bin DIR]
 
 Per file, one JSON line:
-  bound        `armllm plan F --json`: bytes read per decode step at batch 1 over
-               the read bandwidth (probed before and after the runs, averaged)
-  TPOT         armllm `bench latency F --input-len 128 --output-len 128
-               --repetitions 3` (median), and llama-bench's tg128 (-n 128 -r 3)
+  bound        bytes read per decode step at batch 1 (`armllm plan F --json`) over
+               the read bandwidth (armllm bench kernels' probe)
+  TPOT         armllm, in this process: --pairs times a bandwidth probe, then
+               one batch-1 request of 128 prompt + 128 output tokens right after
+               it; tpot_over_bound is the median of each pair's TPOT / bound (the
+               box is shared: a neighbour's load moves both halves of a pair, not
+               a ratio of figures taken minutes apart); tpot_ms and read_gbs are
+               the pairs' medians. llama-bench's tg128 (-n 128 -r 3).
   pp512        armllm `bench latency F --input-len 512 --output-len 2`, 512 / TTFT
                (median of 3), and llama-bench's pp512 (-p 512 -r 3)
-llama.cpp is tools/build_llama_cpp.sh's build. The box is shared: compare the
-ratios of one run, not absolute figures across runs.
+llama.cpp is tools/build_llama_cpp.sh's build. Compare the ratios of one run,
+not absolute figures across runs.
 """
 from __future__ import annotations
 
@@ -24,6 +28,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+from armllm import LLM, ops
+from armllm.bench.kernels import probe_machine
+from armllm.bench.offline import greedy, random_prompts
+from armllm.bench.plan import PROBE_MIN_TIME
 from armllm.demo_model import cache_dir
 
 THREADS = "2"
@@ -37,13 +47,25 @@ def armllm_latency(path: Path, *flags: str) -> dict:
         return json.loads(Path(out.name).read_text())
 
 
-def armllm_bound(path: Path) -> tuple[int, float]:
-    """(bytes read per batch-1 decode step, read GB/s) from `armllm plan`."""
+def decode_bytes(path: Path) -> int:
+    """Bytes read per batch-1 decode step (weights and KV cache), from `armllm plan`."""
     r = subprocess.run([sys.executable, "-m", "armllm", "plan", str(path), "--json",
-                        "--max-model-len", "256", "--max-num-seqs", "1", "--threads", THREADS],
-                       check=True, capture_output=True, text=True)
-    decode = json.loads(r.stdout)["decode"]
-    return decode["batch_1"]["bytes"], decode["bandwidth_gbs"]
+                        "--max-model-len", "256", "--max-num-seqs", "1", "--threads", THREADS,
+                        "--bandwidth-gbs", "1"], check=True, capture_output=True, text=True)
+    return json.loads(r.stdout)["decode"]["batch_1"]["bytes"]
+
+
+def tpot_pairs(path: Path, pairs: int) -> list[tuple[float, float]]:
+    """(read GB/s, TPOT s) pairs: a probe, then a batch-1 request right after it."""
+    llm = LLM(path, threads=int(THREADS), max_model_len=256, max_num_seqs=1)
+    prompts = random_prompts(np.random.default_rng(0), llm.vocab_size, pairs + 1, 128)
+    params = greedy(128)
+    llm.generate([prompts[0]], params)   # warm-up
+    out = []
+    for prompt in prompts[1:]:
+        bw = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
+        out.append((bw, llm.generate([prompt], params)[0].outputs[0].metrics.tpot_s))
+    return out
 
 
 def llama_bench(llama_bin: Path, path: Path) -> dict[str, float]:
@@ -59,22 +81,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--llama-bin", type=Path,
                     default=cache_dir() / "llama.cpp-0.3.36" / "build" / "bin")
+    ap.add_argument("--pairs", type=int, default=5, help="probe + request pairs (default 5)")
     args = ap.parse_args(argv)
     for path in args.files:
-        nbytes, bw_before = armllm_bound(path)
-        lat = armllm_latency(path, "--input-len", "128", "--output-len", "128",
-                             "--repetitions", "3")
+        nbytes = decode_bytes(path)
+        pairs = tpot_pairs(path, args.pairs)
         peer = llama_bench(args.llama_bin, path)
         pre = armllm_latency(path, "--input-len", "512", "--output-len", "2", "--repetitions",
                              "3", "--warmup", "1")
-        bw = (bw_before + armllm_bound(path)[1]) / 2
-        tpot = statistics.median(r["tpot_s"] for r in lat["runs"]) * 1e3
+        bw = statistics.median(b for b, _ in pairs)
+        tpot = statistics.median(t for _, t in pairs) * 1e3
+        over = statistics.median(t * b * 1e9 / nbytes for b, t in pairs)
         pp = 512 / statistics.median(r["ttft_s"] for r in pre["runs"])
         bound, peer_tpot = nbytes / (bw * 1e9) * 1e3, 1e3 / peer["tg128"]
         print(json.dumps({
-            "file": path.name, "weights": lat["weights"], "bytes_per_token_mb": nbytes / 1e6,
+            "file": path.name, "weights": pre["weights"], "bytes_per_token_mb": nbytes / 1e6,
             "read_gbs": round(bw, 1), "bound_ms": round(bound, 2),
-            "tpot_ms": round(tpot, 2), "tpot_over_bound": round(tpot / bound, 2),
+            "tpot_ms": round(tpot, 2), "tpot_over_bound": round(over, 2),
             "llama_tpot_ms": round(peer_tpot, 2), "tpot_vs_llama": round(tpot / peer_tpot, 2),
             "pp512": round(pp, 1), "llama_pp512": round(peer["pp512"], 1),
             "pp512_vs_llama": round(pp / peer["pp512"], 2)}), flush=True)
