@@ -83,6 +83,7 @@ cdef struct LayerArgs:
     int cache_bf16
     int64_t num_blocks, block_size
     int first
+    int has_mlp               # 0: a sparse layer's MLP runs after run() (armllm.model.moe)
 
 
 cdef const float *_vector(object a, str name, int64_t n) except NULL:
@@ -100,7 +101,10 @@ cdef class DecoderLayer:
 
     linears: (weight, bias, scratch) for qkv, o, gate_up, down: a PackedWeight,
     a float32 [N] bias or None, and for a quantized weight the ActScratch its
-    activations go to (None for float weights). buffers: the Workspace arrays
+    activations go to (None for float weights); gate_up and down None for a
+    sparse layer, whose run() ends with the residual add and the post-attention
+    RMSNorm in `normed`, the MLP's input, for the caller to run the experts on
+    and leave their sum in `hidden`. buffers: the Workspace arrays
     residual, hidden, normed, qkv, q_normed, k_normed (None without qk_norm),
     attn, gate_up, act, attn_scratch. first: layer 0 (its input is the
     residual stream itself, no residual add)."""
@@ -129,20 +133,26 @@ cdef class DecoderLayer:
         self.a.q_size, self.a.kv_size = n_heads * head_dim, n_kv_heads * head_dim
         self.a.eps, self.a.scale, self.a.sliding_window, self.a.first = eps, scale, sliding_window, first
         qkv_w, o_w, gate_up_w, down_w = (lin[0] for lin in linears)
-        self.a.hidden, self.a.inter = qkv_w.k, gate_up_w.n // 2
+        self.a.has_mlp = gate_up_w is not None
+        if not self.a.has_mlp and down_w is not None:
+            raise ValueError("a sparse layer has neither gate_up nor down")
+        self.a.hidden = qkv_w.k
+        self.a.inter = gate_up_w.n // 2 if self.a.has_mlp else 0
         if (qkv_w.n != self.a.q_size + 2 * self.a.kv_size or o_w.k != self.a.q_size
-                or o_w.n != self.a.hidden or gate_up_w.k != self.a.hidden
-                or down_w.k != self.a.inter or down_w.n != self.a.hidden):
+                or o_w.n != self.a.hidden or (self.a.has_mlp and (
+                    gate_up_w.k != self.a.hidden or down_w.k != self.a.inter
+                    or down_w.n != self.a.hidden))):
             raise ValueError("the layer's weights do not chain: qkv "
-                             f"{qkv_w.shape}, o {o_w.shape}, gate_up {gate_up_w.shape}, down "
-                             f"{down_w.shape} for {n_heads}/{n_kv_heads} heads of {head_dim}")
+                             f"{qkv_w.shape}, o {o_w.shape}, gate_up {getattr(gate_up_w, 'shape', None)}, "
+                             f"down {getattr(down_w, 'shape', None)} for {n_heads}/{n_kv_heads} heads of {head_dim}")
         (res, x, normed, qkv, q_normed, k_normed, attn, gate_up, act, attn_scratch) = buffers
         self.a.res, self.a.x = _buf(res, "residual", self.a.hidden), _buf(x, "hidden", self.a.hidden)
         self.a.normed = _buf(normed, "normed", self.a.hidden)
         self.a.qkv = _buf(qkv, "qkv", qkv_w.n)
         self.a.attn = _buf(attn, "attn", self.a.q_size)
-        self.a.gate_up = _buf(gate_up, "gate_up", 2 * self.a.inter)
-        self.a.act = _buf(act, "act", self.a.inter)
+        if self.a.has_mlp:
+            self.a.gate_up = _buf(gate_up, "gate_up", 2 * self.a.inter)
+            self.a.act = _buf(act, "act", self.a.inter)
         self.a.max_rows = min(a.shape[0] for a in (res, x, normed, qkv, attn, gate_up, act))
         self.a.q_norm = self.a.k_norm = NULL
         if q_norm is not None:
@@ -162,7 +172,7 @@ cdef class DecoderLayer:
         if ca.shape[1] != head_dim or _ld(ca) != head_dim:
             raise ValueError(f"cos_sin must be a contiguous (max_pos, {head_dim}) array")
         self.a.cos_sin, self.a.max_pos = <const float *>cnp.PyArray_DATA(ca), ca.shape[0]
-        for i in range(4):
+        for i in range(4 if self.a.has_mlp else 2):
             weight, bias, scratch = linears[i]
             self.a.lin[i] = _bind_linear(kernels, weight, bias, scratch, self.a.max_rows)
         self.kt = kernels.t
@@ -484,6 +494,11 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     _tick(times, 1, &t0)
     _matmul(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t, d.x.p, d.x.ld)
     _tick(times, 0, &t0)
+    if not d.has_mlp:  # res += x; normed = rmsnorm(res): the experts' input
+        kt.rmsnorm(p, d.x.p, d.x.ld, d.res.p, d.res.ld, d.post_norm, t, d.hidden, d.eps,
+                   d.normed.p, d.normed.ld)
+        _tick(times, 1, &t0)
+        return -1
     _norm_linear(kt, p, &d.lin[2], d.x.p, d.x.ld, d.res.p, d.res.ld, d.post_norm, d.eps,
                  d.normed, t, d.gate_up.p, d.gate_up.ld, times, &t0)
     kt.silu_mul(p, d.gate_up.p, d.gate_up.ld, t, d.inter, d.act.p, d.act.ld)

@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     plan["config"] = {k: getattr(config, k) for k in (
         "architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
         "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings",
-        "tie_word_embeddings")}
+        "tie_word_embeddings", "moe_layers", "num_experts", "experts_per_token",
+        "moe_intermediate_size")}
     plan["decode"]["bandwidth_source"] = "given" if args.bandwidth_gbs else "measured"
     plan["decode"]["bandwidth_threads"] = threads
     plan["assumptions"] = assumptions(plan)
@@ -126,8 +127,14 @@ def print_plan(p: dict) -> None:
           f"{p['kv_cache_dtype']}")
     print(f"\nparameters {_count(pc['total']):>14}")
     print(f"  embedding  {_count(pc['embedding']):>13}  ({c['vocab_size']} x {c['hidden_size']})")
-    print(f"  layers     {_count(pc['layers']):>13}  ({c['num_layers']} x "
-          f"{pc['per_layer']:,})")
+    if c["moe_layers"]:
+        print(f"  layers     {_count(pc['layers']):>13}  ({c['num_layers']} layers, "
+              f"{len(c['moe_layers'])} of them sparse: {c['num_experts']} experts of "
+              f"{c['moe_intermediate_size']}, {c['experts_per_token']} per token)")
+        print(f"  active per token {_count(pc['active']):>7}")
+    else:
+        print(f"  layers     {_count(pc['layers']):>13}  ({c['num_layers']} x "
+              f"{pc['per_layer']:,})")
     print(f"  final norm {pc['final_norm']:>11,}")
     lm = "tied to the embedding" if pc["tied"] else _count(pc["lm_head"])
     print(f"  lm_head    {lm:>13}")

@@ -5,8 +5,9 @@ Workspace.nbytes computes it), a fixed allowance for the process, and the bytes 
 decode step reads. `armllm plan` prints it.
 
 Decode reads every weight once per step (the embedding only one row per
-sequence) plus each sequence's KV cache, so with read bandwidth B a step of
-b sequences at average context n takes at least
+sequence; of a mixture-of-experts layer only the experts its tokens route to)
+plus each sequence's KV cache, so with read bandwidth B a step of b sequences at
+average context n takes at least
     (weights + b * (embedding row + n * KV bytes per token)) / B,
 which bounds TPOT from below and tok/s from above. n = max_model_len / 2.
 """
@@ -43,14 +44,35 @@ def _layer_small_params(c: ModelConfig) -> int:
             + (2 * c.head_dim if c.qk_norm else 0))
 
 
+def _experts(c: ModelConfig, i: int, batch: int | None = None) -> float:
+    """How many copies of layer i's MLP weights there are (batch None), or how many a
+    decode step of `batch` sequences reads on average: 1 for a dense layer; for a
+    sparse one the experts, or the expected number of distinct experts that batch*k
+    uniform picks hit (E (1 - (1 - k/E)^batch))."""
+    if not c.is_moe_layer(i):
+        return 1
+    e, k = c.num_experts, c.experts_per_token
+    return e if batch is None else e * (1.0 - (1.0 - k / e) ** batch)
+
+
+def _layer_params(c: ModelConfig, i: int, batch: int | None = None) -> float:
+    """Layer i's linear parameters (batch: those a decode step reads, as _experts)."""
+    qkv, o, gate_up, down = (n * k for n, k in linear_shapes(c, i))
+    router = c.num_experts * c.hidden_size if c.is_moe_layer(i) else 0
+    return qkv + o + _experts(c, i, batch) * (gate_up + down) + router
+
+
 def param_counts(c: ModelConfig) -> dict:
     embedding = c.vocab_size * c.hidden_size
-    per_layer = sum(n * k for n, k in linear_shapes(c)) + _layer_small_params(c)
+    layers = [_layer_params(c, i) + _layer_small_params(c) for i in range(c.num_layers)]
     lm_head = 0 if c.tie_word_embeddings else embedding
-    counts = {"embedding": embedding, "per_layer": per_layer,
-              "layers": c.num_layers * per_layer, "final_norm": c.hidden_size,
+    counts = {"embedding": embedding, "per_layer": max(layers),
+              "layers": sum(layers), "final_norm": c.hidden_size,
               "lm_head": lm_head, "tied": c.tie_word_embeddings}
     counts["total"] = embedding + counts["layers"] + c.hidden_size + lm_head
+    if c.moe_layers:   # what one token runs through: its k experts in each sparse layer
+        counts["active"] = round(counts["total"] - counts["layers"] + sum(
+            _layer_params(c, i, 1) + _layer_small_params(c) for i in range(c.num_layers)))
     return counts
 
 
@@ -72,10 +94,7 @@ def linear_bytes(n: int, k: int, dense: str, fmt: QuantFormat | None) -> int:
 def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> dict:
     """Resident weight bytes. The lm_head is packed for the GEMM, so a tied lm_head is a
     second copy of the embedding; norms and biases stay f32."""
-    shapes = linear_shapes(c)
-    layers_fmt = formats.layers if formats else [(None,) * len(shapes)] * c.num_layers
-    linear = [sum(linear_bytes(n, k, dense, f) for f, (n, k) in zip(layer, shapes, strict=True))
-              for layer in layers_fmt]
+    linear = [_layer_bytes(c, dense, formats, i) for i in range(c.num_layers)]
     small = 4 * _layer_small_params(c)
     embed = c.vocab_size * c.hidden_size * ITEM_BYTES[dense]
     if formats and formats.embed_gguf:   # kept in its GGUF blocks
@@ -88,6 +107,24 @@ def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> d
                                    formats.lm_head if formats else None)}
     out["total"] = out["embedding"] + out["layers"] + out["final_norm"] + out["lm_head"]
     return out
+
+
+def _layer_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None, i: int,
+                 batch: int | None = None) -> float:
+    """Layer i's linear weight bytes (batch: those a decode step reads, as _experts)."""
+    fmts = formats.layers[i] if formats else (None,) * 4
+    qkv, o, gate_up, down = (linear_bytes(n, k, dense, f)
+                             for f, (n, k) in zip(fmts, linear_shapes(c, i), strict=True))
+    router = c.num_experts * c.hidden_size * ITEM_BYTES[dense] if c.is_moe_layer(i) else 0
+    return qkv + o + _experts(c, i, batch) * (gate_up + down) + router
+
+
+def step_layer_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
+                     batch: int) -> float:
+    """The layers' weight bytes a decode step of `batch` sequences reads: all of them
+    in a dense model; in a sparse layer only the experts its tokens route to."""
+    return sum(_layer_bytes(c, dense, formats, i, batch) for i in range(c.num_layers)) \
+        + c.num_layers * 4 * _layer_small_params(c)
 
 
 def format_name(fmt: QuantFormat | None, dense: str) -> str:
@@ -161,12 +198,14 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
             cap = int(max(0, mem_available - weights["total"]) * DEFAULT_KV_FRACTION
                       // per_block)
             plan["kv_cache"]["serve_default_cap_blocks"] = cap
-    # decode: all weights once per step, one embedding row and the KV of each sequence
+    # decode: all weights once per step (of a sparse layer, the experts routed to), one
+    # embedding row and the KV of each sequence
     row = weights["embedding"] // c.vocab_size
-    step_weights = weights["total"] - weights["embedding"]
     kv_read = kv_token * max_model_len // 2  # per sequence, at the average context
 
     def step(batch: int) -> dict:
+        step_weights = round(weights["total"] - weights["embedding"] - weights["layers"]
+                             + step_layer_bytes(c, dense, formats, batch))
         nbytes = step_weights + batch * (row + kv_read)
         d = {"batch": batch, "bytes": nbytes, "weight_bytes": step_weights + batch * row,
              "kv_bytes": batch * kv_read}

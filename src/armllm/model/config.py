@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM")
+                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,14 @@ class ModelConfig:
     sliding_window: int           # 0: full attention
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # mixture of experts (Mixtral, Qwen3-MoE): the layers whose MLP is sparse, each a
+    # router over num_experts experts of moe_intermediate_size, experts_per_token of
+    # them run per token, their softmax weights renormalized to sum 1 if norm_topk_prob
+    moe_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
 
     def __post_init__(self):
         def positive(name: str) -> None:
@@ -45,6 +54,15 @@ class ModelConfig:
                              f"of num_key_value_heads ({self.num_kv_heads})")
         if self.head_dim % 2 or self.head_dim > 256:
             raise ValueError(f"config: head_dim must be even and at most 256, got {self.head_dim}")
+        if self.moe_layers:
+            for name in ("num_experts", "experts_per_token", "moe_intermediate_size"):
+                positive(name)
+            if self.experts_per_token > self.num_experts:
+                raise ValueError(f"config: num_experts_per_tok ({self.experts_per_token}) "
+                                 f"exceeds the number of experts ({self.num_experts})")
+            if any(not 0 <= i < self.num_layers for i in self.moe_layers):
+                raise ValueError(f"config: sparse layers {list(self.moe_layers)} outside the "
+                                 f"{self.num_layers} layers")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"config: rms_norm_eps and rope_theta must be > 0, got "
                              f"{self.rms_norm_eps} and {self.rope_theta}")
@@ -56,6 +74,34 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer i's MLP is a router over experts (else a dense MLP)."""
+        return i in self.moe_layers
+
+    def mlp_size(self, i: int) -> int:
+        """The intermediate size of layer i's MLP: an expert's in a sparse layer."""
+        return self.moe_intermediate_size if self.is_moe_layer(i) else self.intermediate_size
+
+
+def _moe_fields(arch: str, cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """The mixture-of-experts fields of a Mixtral or Qwen3-MoE config.json (transformers'
+    rules: Mixtral's every layer is sparse and its top-k weights renormalized; Qwen3-MoE's
+    layer i is sparse unless listed in mlp_only_layers or (i + 1) % decoder_sparse_step)."""
+    if arch == "MixtralForCausalLM":
+        return {"moe_layers": tuple(range(num_layers)),
+                "num_experts": int(cfg["num_local_experts"]),
+                "experts_per_token": int(cfg["num_experts_per_tok"]),
+                "moe_intermediate_size": int(cfg["intermediate_size"]), "norm_topk_prob": True}
+    if arch == "Qwen3MoeForCausalLM":
+        experts, step = int(cfg["num_experts"]), int(cfg.get("decoder_sparse_step", 1))
+        dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+        return {"moe_layers": tuple(i for i in range(num_layers) if experts > 0 and step > 0
+                                    and i not in dense and (i + 1) % step == 0),
+                "num_experts": experts, "experts_per_token": int(cfg["num_experts_per_tok"]),
+                "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
+                "norm_topk_prob": bool(cfg.get("norm_topk_prob", False))}
+    return {}
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -91,10 +137,12 @@ def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            sliding_window=int(window or 0) if arch == "MistralForCausalLM" else 0,
+            qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            sliding_window=int(window or 0) if arch in ("MistralForCausalLM",
+                                                        "MixtralForCausalLM") else 0,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
+            **_moe_fields(arch, cfg, int(cfg["num_hidden_layers"])),
         )
     except KeyError as exc:
         raise ValueError(f"{source}: missing key {exc.args[0]!r}") from None
@@ -127,6 +175,10 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
             raise ValueError(f"{source}: missing GGUF key llama.{name}")
         return value
 
+    if meta.get("llama.expert_count"):
+        raise ValueError(f"{source}: a mixture-of-experts GGUF ({meta['llama.expert_count']} "
+                         f"experts); armllm runs Mixtral and Qwen3-MoE from their Hugging Face "
+                         f"directories")
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     eos = meta.get("tokenizer.ggml.eos_token_id")

@@ -16,6 +16,7 @@ import numpy as np
 
 from armllm import ops
 from armllm.model.config import ModelConfig
+from armllm.model.moe import SparseMLP
 from armllm.model.weights import (
     LAYER_LINEARS,
     LinearFormats,
@@ -87,8 +88,13 @@ class Workspace:
     q_normed: np.ndarray | None   # [max_tokens, q] per-head normed q (Qwen3)
     k_normed: np.ndarray | None   # [max_tokens, kv]
     attn: np.ndarray              # [max_tokens, q] attention output
-    gate_up: np.ndarray           # [max_tokens, 2 intermediate]
+    gate_up: np.ndarray           # [max_tokens, 2 intermediate] (of the dense layers)
     act: np.ndarray               # [max_tokens, intermediate] silu(gate) * up
+    router_logits: np.ndarray | None   # [max_tokens, experts] (mixture of experts)
+    expert_in: np.ndarray | None       # [max_tokens, hidden] one expert's input rows
+    expert_gate_up: np.ndarray | None  # [max_tokens, 2 expert intermediate]
+    expert_act: np.ndarray | None      # [max_tokens, expert intermediate]
+    expert_out: np.ndarray | None      # [max_tokens, hidden]
     selected: np.ndarray          # [max_logits, hidden] the rows that need logits
     selected_residual: np.ndarray  # [max_logits, hidden] the residual stream at those rows
     logits: np.ndarray            # [max_logits, vocab]
@@ -126,13 +132,20 @@ class Workspace:
                 max_seq_len: int | None) -> dict[str, tuple[int, ...] | None]:
         """The float32 buffers' shapes, by attribute name."""
         t, h = max_tokens, c.hidden_size
+        dense = max((c.intermediate_size for i in range(c.num_layers) if not c.is_moe_layer(i)),
+                    default=0)
+        moe, e_inter = bool(c.moe_layers), c.moe_intermediate_size
         return {
             "residual": (t, h), "hidden": (t, h), "normed": (t, h),
             "qkv": (t, c.q_size + 2 * c.kv_size),
             "q_normed": (t, c.q_size) if c.qk_norm else None,
             "k_normed": (t, c.kv_size) if c.qk_norm else None,
-            "attn": (t, c.q_size), "gate_up": (t, 2 * c.intermediate_size),
-            "act": (t, c.intermediate_size),
+            "attn": (t, c.q_size), "gate_up": (t, 2 * dense), "act": (t, dense),
+            "router_logits": (t, c.num_experts) if moe else None,
+            "expert_in": (t, h) if moe else None,
+            "expert_gate_up": (t, 2 * e_inter) if moe else None,
+            "expert_act": (t, e_inter) if moe else None,
+            "expert_out": (t, h) if moe else None,
             "selected": (max_logits, h), "selected_residual": (max_logits, h),
             "logits": (max_logits, c.vocab_size),
             "attn_scratch": (ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
@@ -164,10 +177,9 @@ class Workspace:
                 args["asym_n"] = max(args["asym_n"], n)
             return kk
 
-        shapes = linear_shapes(c)
-        layers = [tuple(key(fmt, n, k, max_tokens) for fmt, (n, k) in zip(layer, shapes,
-                                                                         strict=True))
-                  for layer in formats.layers]
+        layers = [tuple(key(fmt, n, k, max_tokens) for fmt, (n, k) in zip(
+                      layer, linear_shapes(c, i), strict=True))
+                  for i, layer in enumerate(formats.layers)]
         return scratches, layers, key(formats.lm_head, c.vocab_size, c.hidden_size, max_logits)
 
 
@@ -192,9 +204,11 @@ class LlamaModel:
         ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
         batch = ops.StepBatch(meta.positions, meta.slot_mapping, meta.block_table,
                               meta.seq_lens, meta.query_start)
-        layers, head = self._bound(kv, ws)
-        for layer in layers:
+        layers, sparse, head = self._bound(kv, ws)
+        for layer, mlp in zip(layers, sparse, strict=True):
             ops.decoder_layer(layer, batch)
+            if mlp is not None:
+                mlp.run(t)
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
         # the final norm (with the last residual add) and the lm_head, on only the rows
@@ -202,30 +216,32 @@ class LlamaModel:
         ops.norm_head(head, meta.logits_rows, t)
         return ws.logits[:r]
 
-    def _bound(self, kv: KVCache, ws: Workspace) -> tuple[list[ops.DecoderLayer], ops.NormHead]:
-        """The layers and the head bound to this cache and workspace (built on first
-        use). Each layer runs
+    def _bound(self, kv: KVCache, ws: Workspace
+               ) -> tuple[list[ops.DecoderLayer], list[SparseMLP | None], ops.NormHead]:
+        """The layers, each sparse layer's experts (None for a dense layer) and the
+        head bound to this cache and workspace (built on first use). Each layer runs
 
             res += x (the previous layer's MLP output; layer 0 starts from the embedding)
             qkv = rms_norm(res, input_norm) @ qkv.T (+ bias)    (one fused call, quantized)
             q, k = rms_norm per head (Qwen3's qk_norm); rope(q), rope(k) (neox)
             kv_write(k, v -> the cache's slots); attn = paged_attention(q, cache)
             x = attn @ o.T;  res += x;  gate_up = rms_norm(res, post_norm) @ gate_up.T
-            x = (silu(gate) * up) @ down.T
+            x = (silu(gate) * up) @ down.T   (a sparse layer: x = SparseMLP(normed rows))
 
         with the kernels and buffers armllm.ops' per-op wrappers would use; the head
         gathers the rows that need logits of x and res, then res += x, x = rms_norm(res,
         final_norm), logits = x @ lm_head.T."""
         if ws.bound is not None and ws.bound[0] is self and ws.bound[1] is kv:
-            return ws.bound[2], ws.bound[3]
+            return ws.bound[2:]
         c, w = self.config, self.weights
         buffers = (ws.residual, ws.hidden, ws.normed, ws.qkv, ws.q_normed, ws.k_normed,
                    ws.attn, ws.gate_up, ws.act, ws.attn_scratch)
-        layers = []
+        layers, sparse = [], []
         for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
             qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
             linears = [(lw.qkv, lw.qkv_bias, qkv_in), (lw.o, None, o_in),
                        (lw.gate_up, None, gate_up_in), (lw.down, None, down_in)]
+            sparse.append(SparseMLP(c, lw.moe, ws, gate_up_in, down_in) if lw.moe else None)
             qk = (lw.q_norm, lw.k_norm) if c.qk_norm else (None, None)
             layers.append(ops.bind_decoder_layer(
                 linears, lw.input_norm, lw.post_norm, *qk, c.rms_norm_eps, buffers, kv.k[i],
@@ -234,5 +250,5 @@ class LlamaModel:
         head = ops.bind_norm_head(w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps,
                                   ws.hidden, ws.residual, ws.selected, ws.selected_residual,
                                   ws.logits)
-        ws.bound = (self, kv, layers, head)
-        return layers, head
+        ws.bound = (self, kv, layers, sparse, head)
+        return layers, sparse, head

@@ -295,21 +295,52 @@ class LinearFormats:
     embed_gguf: str | None = None   # the embedding table kept as stored in this ggml type
 
 
-def _layer_tensors(c: ModelConfig, i: int) -> list[list[tuple[str, tuple[int, int]]]]:
+# the checkpoint names of a sparse layer's router and of expert e's gate, up and down
+# projections, under "model.layers.{i}.", by architecture
+_MOE_NAMES = {
+    "MixtralForCausalLM": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                           "block_sparse_moe.experts.{e}.w3.weight",
+                           "block_sparse_moe.experts.{e}.w2.weight"),
+    "Qwen3MoeForCausalLM": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                            "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+}
+
+
+def _layer_tensors(c: ModelConfig, i: int, expert: int = 0
+                   ) -> list[list[tuple[str, tuple[int, int]]]]:
     """The checkpoint tensors (name, [N, K]) of layer i's packed linear weights, in
-    LAYER_LINEARS order: q/k/v fused, o, gate/up fused, down."""
+    LAYER_LINEARS order: q/k/v fused, o, gate/up fused, down; in a sparse layer the
+    gate/up and down of expert `expert`."""
     p = f"model.layers.{i}."
-    h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.intermediate_size
+    h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.mlp_size(i)
+    gate, up, down = p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", \
+        p + "mlp.down_proj.weight"
+    if c.is_moe_layer(i):
+        gate, up, down = (p + n.format(e=expert) for n in _MOE_NAMES[c.architecture][1:])
     return [[(p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
              (p + "self_attn.v_proj.weight", (kv, h))],
             [(p + "self_attn.o_proj.weight", (h, q))],
-            [(p + "mlp.gate_proj.weight", (inter, h)), (p + "mlp.up_proj.weight", (inter, h))],
-            [(p + "mlp.down_proj.weight", (h, inter))]]
+            [(gate, (inter, h)), (up, (inter, h))],
+            [(down, (h, inter))]]
 
 
-def linear_shapes(c: ModelConfig) -> list[tuple[int, int]]:
-    """[N, K] of each layer's packed linear weights, in LAYER_LINEARS order."""
-    return [(sum(n for _, (n, _) in parts), parts[0][1][1]) for parts in _layer_tensors(c, 0)]
+def _router_tensor(c: ModelConfig, i: int) -> tuple[str, tuple[int, int]]:
+    return f"model.layers.{i}." + _MOE_NAMES[c.architecture][0], (c.num_experts, c.hidden_size)
+
+
+def linear_shapes(c: ModelConfig, i: int = 0) -> list[tuple[int, int]]:
+    """[N, K] of layer i's packed linear weights, in LAYER_LINEARS order (a sparse
+    layer's gate_up and down: one expert's)."""
+    return [(sum(n for _, (n, _) in parts), parts[0][1][1]) for parts in _layer_tensors(c, i)]
+
+
+@dataclass
+class MoEWeights:
+    """A sparse layer's MLP: the router [experts, hidden] (float, kept in the model's
+    dtype) and each expert's fused [gate; up] and down weights, one format for all."""
+    router: ops.PackedWeight
+    gate_up: list[ops.PackedWeight]
+    down: list[ops.PackedWeight]
 
 
 @dataclass
@@ -321,8 +352,22 @@ class LayerWeights:
     k_norm: np.ndarray | None
     o: ops.PackedWeight
     post_norm: np.ndarray
-    gate_up: ops.PackedWeight      # [gate; up] rows
-    down: ops.PackedWeight
+    gate_up: ops.PackedWeight | None   # [gate; up] rows (None in a sparse layer)
+    down: ops.PackedWeight | None
+    moe: MoEWeights | None = None
+
+    def mlp_weights(self) -> tuple[ops.PackedWeight, ops.PackedWeight]:
+        """The (gate_up, down) whose formats stand for the layer's MLP: expert 0's in a
+        sparse layer (every expert shares them)."""
+        if self.moe is not None:
+            return self.moe.gate_up[0], self.moe.down[0]
+        return self.gate_up, self.down
+
+    @property
+    def nbytes(self) -> int:
+        mlp = ([self.moe.router, *self.moe.gate_up, *self.moe.down] if self.moe
+               else [self.gate_up, self.down])
+        return sum(w.nbytes for w in (self.qkv, self.o, *mlp))
 
 
 @dataclass
@@ -336,8 +381,7 @@ class ModelWeights:
 
     @property
     def nbytes(self) -> int:
-        linear = sum(w.nbytes for lw in self.layers for w in (lw.qkv, lw.o, lw.gate_up, lw.down))
-        return linear + self.embed.nbytes + self.lm_head.nbytes
+        return sum(lw.nbytes for lw in self.layers) + self.embed.nbytes + self.lm_head.nbytes
 
     @cached_property
     def formats(self) -> LinearFormats | None:
@@ -351,8 +395,13 @@ class ModelWeights:
         embed = GGML_TYPES[self.embed.ggml_type][0] if isinstance(self.embed, ops.GGUFTable) \
             else None
         return _formats_or_none(
-            tuple(tuple(fmt(getattr(lw, name)) for name in LAYER_LINEARS) for lw in self.layers),
+            tuple((fmt(lw.qkv), fmt(lw.o), *map(fmt, lw.mlp_weights())) for lw in self.layers),
             fmt(self.lm_head), embed)
+
+
+def _packed_format(w: ops.PackedWeight) -> tuple:
+    """What distinguishes the formats of two packed weights."""
+    return (w.dtype, w.bits, w.group, w.gguf_types, w.zp_correction is None)
 
 
 def _formats_or_none(layers: tuple[tuple[QuantFormat | None, ...], ...],
@@ -572,10 +621,25 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                                   else embed.dequantize(), dtype)
     else:
         lm_head = matrix(head, may_quantize=False)
+
+    def experts(i: int) -> MoEWeights:
+        """Layer i's router and experts, every expert in expert 0's format."""
+        packed = [[matrix(parts) for parts in _layer_tensors(c, i, e)[2:]]
+                  for e in range(c.num_experts)]
+        first = [_packed_format(w) for w in packed[0]]
+        for e, pair in enumerate(packed[1:], 1):
+            if [_packed_format(w) for w in pair] != first:
+                raise ValueError(f"{source.where}: expert {e} of layer {i} is stored in "
+                                 f"another format than expert 0; armllm runs a layer's "
+                                 f"experts in one format")
+        return MoEWeights(matrix([_router_tensor(c, i)], may_quantize=False),
+                          [g for g, _ in packed], [d for _, d in packed])
+
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         qkv, o, gate_up, down = _layer_tensors(c, i)
+        moe = experts(i) if c.is_moe_layer(i) else None
         bias = None
         if c.attention_bias:
             bias = np.concatenate([_as_f32(tensor(p + f"self_attn.{n}_proj.bias", (size,)))
@@ -590,8 +654,9 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             else None,
             o=matrix(o),
             post_norm=_as_f32(tensor(p + "post_attention_layernorm.weight", (h,))),
-            gate_up=matrix(gate_up),
-            down=matrix(down),
+            gate_up=None if moe else matrix(gate_up),
+            down=None if moe else matrix(down),
+            moe=moe,
         ))
         if progress:
             progress(i + 1, c.num_layers)
