@@ -94,7 +94,9 @@ def _moe_fields(arch: str, cfg: dict[str, Any], num_layers: int) -> dict[str, An
                 "experts_per_token": int(cfg["num_experts_per_tok"]),
                 "moe_intermediate_size": int(cfg["intermediate_size"]), "norm_topk_prob": True}
     if arch == "Qwen3MoeForCausalLM":
-        experts, step = int(cfg["num_experts"]), int(cfg.get("decoder_sparse_step", 1))
+        # the Hub's config.json says num_experts, transformers 5 writes num_local_experts
+        experts = int(cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"])
+        step = int(cfg.get("decoder_sparse_step", 1))
         dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
         return {"moe_layers": tuple(i for i in range(num_layers) if experts > 0 and step > 0
                                     and i not in dense and (i + 1) % step == 0),
