@@ -120,3 +120,27 @@ def test_route_is_transformers_topk_softmax():
         np.testing.assert_array_equal(ids, top_i.numpy())
         np.testing.assert_allclose(w, top_w.numpy(), rtol=1e-6, atol=1e-7)
     assert list(route(logits, 2, True)[0][3]) == [2, 9]
+
+
+def test_plan_counts_total_and_active_parameters(moe_model, capsys):
+    """`armllm plan`: every parameter transformers' model holds; per token, all but
+    the unrouted experts' (E - k of each sparse layer); the weight bytes the loader
+    really allocates; a batch-1 decode step reads only the routed experts."""
+    import json
+
+    from armllm.cli import main
+    _, path, hf = moe_model
+    assert main(["plan", str(path), "--json", "--bandwidth-gbs", "10", "--max-model-len",
+                 "64", "--max-num-seqs", "1"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    c = load_model(path, "bf16").config
+    expert = 3 * c.hidden_size * c.moe_intermediate_size
+    assert p["params"]["total"] == hf.num_parameters()
+    unrouted = len(c.moe_layers) * (c.num_experts - c.experts_per_token) * expert
+    assert p["params"]["active"] == hf.num_parameters() - unrouted
+    # bf16 matrices as the plan sizes them (n * k, panel padding aside), f32 norms
+    norms = c.num_layers * (2 * c.hidden_size + 2 * c.head_dim * c.qk_norm) + c.hidden_size
+    weights = 2 * hf.num_parameters() + 2 * norms
+    assert p["weight_bytes"]["total"] == weights
+    embed, row = 2 * c.vocab_size * c.hidden_size, 2 * c.hidden_size
+    assert p["decode"]["batch_1"]["weight_bytes"] == weights - embed + row - 2 * unrouted
