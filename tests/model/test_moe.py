@@ -144,3 +144,122 @@ def test_plan_counts_total_and_active_parameters(moe_model, capsys):
     assert p["weight_bytes"]["total"] == weights
     embed, row = 2 * c.vocab_size * c.hidden_size, 2 * c.hidden_size
     assert p["decode"]["batch_1"]["weight_bytes"] == weights - embed + row - 2 * unrouted
+
+
+# ------------------------------------------------------------------ Mixtral GGUF
+
+def write_mixtral_gguf(path, hf_dir, hf, types: dict[str, str] | None = None):
+    """A GGUF laid out as llama.cpp's converter writes Mixtral ("llama" with experts:
+    Q/K rows permuted for its RoPE, each layer's experts stacked into [E, N, K]
+    tensors) from the checkpoint transformers saved in hf_dir; `types` quantizes
+    tensors by GGUF name (gguf's quantizer, or random blocks for the K-quants it lacks)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    from tests.gguf_blocks import BLOCKS, RANDOM_ONLY, TYPICAL, random_blocks
+    c, sd = hf.config, load_file(str(hf_dir / "model.safetensors"))
+    rng = np.random.default_rng(0)
+
+    def permute(w, heads):
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]) \
+            .swapaxes(1, 2).reshape(w.shape)
+
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
+               "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}
+    for i in range(c.num_hidden_layers):
+        p, moe = f"model.layers.{i}.", f"model.layers.{i}.block_sparse_moe."
+        experts = range(c.num_local_experts)
+        tensors.update({
+            f"blk.{i}.attn_norm.weight": sd[p + "input_layernorm.weight"],
+            f"blk.{i}.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
+            f"blk.{i}.attn_q.weight": permute(sd[p + "self_attn.q_proj.weight"],
+                                              c.num_attention_heads),
+            f"blk.{i}.attn_k.weight": permute(sd[p + "self_attn.k_proj.weight"],
+                                              c.num_key_value_heads),
+            f"blk.{i}.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
+            f"blk.{i}.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
+            f"blk.{i}.ffn_gate_inp.weight": sd[moe + "gate.weight"],
+            **{f"blk.{i}.ffn_{name}_exps.weight": np.stack(
+                [sd[moe + f"experts.{e}.{w}.weight"] for e in experts])
+               for name, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}})
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", c.hidden_size),
+                       ("feed_forward_length", c.intermediate_size),
+                       ("block_count", c.num_hidden_layers),
+                       ("attention.head_count", c.num_attention_heads),
+                       ("attention.head_count_kv", c.num_key_value_heads),
+                       ("context_length", 256), ("vocab_size", c.vocab_size),
+                       ("expert_count", c.num_local_experts),
+                       ("expert_used_count", c.num_experts_per_tok)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
+    writer.add_float32("llama.rope.freq_base", c.rope_parameters["rope_theta"])
+    for name, data in tensors.items():
+        qtype = getattr(gguf.GGMLQuantizationType, (types or {}).get(name, "F32"))
+        if qtype == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(name, np.ascontiguousarray(data, np.float32))
+        elif qtype.name in RANDOM_ONLY:
+            blocks = random_blocks(rng, qtype.name, data.size // BLOCKS[qtype.name][0],
+                                   data.shape[-1] ** -0.5 / TYPICAL[qtype.name])
+            writer.add_tensor(name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def gguf_lm(path, quantization="auto"):
+    """The model of a GGUF without tokenizer metadata (config, weights, graph)."""
+    from types import SimpleNamespace
+
+    from armllm.model.gguf import GGUFFile
+    from armllm.model.llama import LlamaModel
+    from armllm.model.loader import gguf_model_config
+    from armllm.model.weights import GGUFSource, load_weights
+    g = GGUFFile(path)
+    c = gguf_model_config(g)
+    return SimpleNamespace(config=c, model=LlamaModel(c, load_weights(
+        GGUFSource(g, c), c, "f32", quantization=quantization)))
+
+
+@pytest.fixture(scope="module")
+def mixtral_full_attention(tmp_path_factory):
+    """A tiny Mixtral without a sliding window (GGUF's llama keys have none)."""
+    path = tmp_path_factory.mktemp("mixtral-full")
+    extra = {**MOE["mixtral"][2], "sliding_window": None}
+    return path, make_tiny(path, "MixtralConfig", "MixtralForCausalLM", extra)
+
+
+def test_mixtral_gguf_matches_transformers(mixtral_full_attention, tmp_path):
+    hf_dir, hf = mixtral_full_attention
+    lm = gguf_lm(write_mixtral_gguf(tmp_path / "m.gguf", hf_dir, hf))
+    assert lm.config.architecture == "MixtralForCausalLM"
+    assert lm.config.moe_layers == (0, 1) and lm.config.experts_per_token == 2
+    ids = list(np.random.default_rng(4).integers(0, 97, 37))
+    ours, theirs = prefill_logits(lm, ids, block_size=8), hf_logits(hf, ids)
+    assert np.max(np.abs(ours - theirs)) <= 1e-4 * max(1.0, np.abs(theirs).max())
+
+
+def test_mixtral_gguf_quantized_experts_run_as_stored(tmp_path):
+    """Q8_0 experts on the int8 GEMM, Q4_K / Q6_K ones (a K-quant mix across a layer's
+    gate, up and down) on the GGUF-block GEMM, each as stored: logits within int8
+    activations' rounding of the same file dequantized to f32 (K-quants need rows of
+    256: a wider tiny model)."""
+    extra = {**MOE["mixtral"][2], "sliding_window": None, "hidden_size": 256,
+             "intermediate_size": 256, "num_local_experts": 4}
+    hf = make_tiny(tmp_path / "hf", "MixtralConfig", "MixtralForCausalLM", extra)
+    types = {"blk.0.ffn_gate_exps.weight": "Q8_0", "blk.0.ffn_up_exps.weight": "Q8_0",
+             "blk.0.ffn_down_exps.weight": "Q8_0", "blk.1.ffn_gate_exps.weight": "Q4_K",
+             "blk.1.ffn_up_exps.weight": "Q4_K", "blk.1.ffn_down_exps.weight": "Q6_K"}
+    path = write_mixtral_gguf(tmp_path / "q.gguf", tmp_path / "hf", hf, types)
+    stored, dequantized = gguf_lm(path), gguf_lm(path, "none")
+    layers = stored.model.weights.layers
+    assert layers[0].moe.gate_up[0].dtype == "w8" and layers[1].moe.down[3].dtype == "gguf"
+    assert layers[1].moe.gate_up[2].gguf_types == (12, 12)   # Q4_K gate and up, fused
+    ids = list(np.random.default_rng(6).integers(0, 97, 25))
+    ours, ref = prefill_logits(stored, ids), prefill_logits(dequantized, ids)
+    assert np.max(np.abs(ours - ref)) <= 0.05 * max(1.0, np.abs(ref).max())

@@ -177,19 +177,21 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
             raise ValueError(f"{source}: missing GGUF key llama.{name}")
         return value
 
-    if meta.get("llama.expert_count"):
-        raise ValueError(f"{source}: a mixture-of-experts GGUF ({meta['llama.expert_count']} "
-                         f"experts); armllm runs Mixtral and Qwen3-MoE from their Hugging Face "
-                         f"directories")
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     eos = meta.get("tokenizer.ggml.eos_token_id")
+    layers, experts = int(key("block_count")), int(meta.get("llama.expert_count") or 0)
+    moe = {}
+    if experts:   # Mixtral: llama.cpp's "llama" with experts in every layer
+        moe = {"moe_layers": tuple(range(layers)), "num_experts": experts,
+               "experts_per_token": int(key("expert_used_count")),
+               "moe_intermediate_size": int(key("feed_forward_length")), "norm_topk_prob": True}
     return ModelConfig(
-        architecture="LlamaForCausalLM",
+        architecture="MixtralForCausalLM" if experts else "LlamaForCausalLM",
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(key("attention.head_count_kv", heads)),
         head_dim=int(meta.get("llama.attention.key_length") or hidden // heads),
@@ -203,4 +205,5 @@ def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
         sliding_window=0,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=_eos_ids(eos),
+        **moe,
     )

@@ -211,14 +211,21 @@ class GGUFFile:
         t = self._info(name)
         return np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    @staticmethod
+    def _rows(t: GGUFTensor) -> int:
+        """Rows of a tensor: a matrix's, a 3-D tensor's [A, B, K] as [A * B, K] (a
+        mixture of experts' stacked matrices), a vector's elements."""
+        return int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else t.shape[0]
+
     def _row_bytes(self, t: GGUFTensor) -> int:
-        return t.nbytes // t.shape[0] if t.shape[0] else 0
+        return t.nbytes // self._rows(t) if self._rows(t) else 0
 
     def raw_rows(self, name: str, row0: int, row1: int) -> np.ndarray:
-        """The bytes of rows [row0, row1) (outermost dimension) as a uint8 view."""
+        """The bytes of rows [row0, row1) (_rows: a 3-D tensor's rows run across its
+        matrices) as a uint8 view."""
         t = self._info(name)
         row_bytes = self._row_bytes(t)
-        row1 = min(row1, t.shape[0])
+        row1 = min(row1, self._rows(t))
         return np.frombuffer(self._buf, dtype=np.uint8, count=(row1 - row0) * row_bytes,
                              offset=t.offset + row0 * row_bytes)
 
@@ -227,7 +234,7 @@ class GGUFFile:
         uint16 bits (no copy), quantized types dequantized to a new float32 array."""
         t = self._info(name)
         raw = self.raw_rows(name, row0, row1)
-        rows = (min(row1, t.shape[0]) - row0, *t.shape[1:])
+        rows = (min(row1, self._rows(t)) - row0, *t.shape[-1:])
         dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}.get(t.type_name)
         if dtype is not None:
             return raw.view(np.dtype(dtype).newbyteorder("<")).reshape(rows)
@@ -243,7 +250,7 @@ class GGUFFile:
             return
         row_bytes = self._row_bytes(t)
         release(self._mmap, t.offset + row0 * row_bytes,
-                t.offset + min(row1, t.shape[0]) * row_bytes)
+                t.offset + min(row1, self._rows(t)) * row_bytes)
 
     def array(self, name: str) -> np.ndarray:
         """F32/F16 tensors as float32/float16 views, BF16 as uint16 bits (no copy)."""

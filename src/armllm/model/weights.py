@@ -9,6 +9,7 @@ metadata alone what format each linear weight will load in (what `armllm plan`
 and the Workspace size memory by)."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -139,10 +140,30 @@ class GGUFSource:
               "post_attention_layernorm.weight": "ffn_norm.weight",
               "mlp.gate_proj.weight": "ffn_gate.weight",
               "mlp.up_proj.weight": "ffn_up.weight",
-              "mlp.down_proj.weight": "ffn_down.weight"}
+              "mlp.down_proj.weight": "ffn_down.weight",
+              "block_sparse_moe.gate.weight": "ffn_gate_inp.weight"}
+    # a Mixtral expert's matrix: rows of the layer's stacked [experts, N, K] tensor
+    _EXPERT = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\."
+                         r"(w1|w2|w3)\.weight")
+    _EXPERT_GGUF = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig):
         self.gguf, self.config, self.where = gguf, config, str(gguf.path)
+
+    def _locate(self, name: str) -> tuple[str, int, tuple[int, ...] | None]:
+        """(GGUF tensor, its first row, shape) of an HF-named tensor; an expert's is a
+        slice of its layer's stacked tensor (shape None: no such tensor or expert)."""
+        m = self._EXPERT.fullmatch(name)
+        if m is None:
+            gname = self._gguf_name(name)
+            t = self.gguf.tensors.get(gname)
+            return gname, 0, None if t is None else tuple(t.shape)
+        layer, expert, which = int(m[1]), int(m[2]), m[3]
+        gname = f"blk.{layer}.{self._EXPERT_GGUF[which]}.weight"
+        t = self.gguf.tensors.get(gname)
+        if t is None or len(t.shape) != 3 or expert >= t.shape[0]:
+            return gname, 0, None
+        return gname, expert * t.shape[1], tuple(t.shape[1:])
 
     def _gguf_name(self, name: str) -> str:
         if name == "model.embed_tokens.weight":
@@ -157,10 +178,10 @@ class GGUFSource:
         return name
 
     def has(self, name: str) -> bool:
-        return self._gguf_name(name) in self.gguf.tensors
+        return self._locate(name)[2] is not None
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.gguf.tensors[self._gguf_name(name)].shape)
+        return self._locate(name)[2]
 
     def _rope_heads(self, name: str) -> int | None:
         if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
@@ -173,8 +194,9 @@ class GGUFSource:
         return w if heads is None else unpermute_rope_rows(w, heads)
 
     def _quantized_tensor(self, name: str, shape: tuple[int, int], types=GGUF_QUANTIZED):
-        t = self.gguf.tensors.get(self._gguf_name(name))
-        if t is None or t.type_name not in types or tuple(t.shape) != tuple(shape):
+        gname, _, found = self._locate(name)
+        t = self.gguf.tensors.get(gname)
+        if t is None or t.type_name not in types or found != tuple(shape):
             return None
         return t
 
@@ -192,11 +214,11 @@ class GGUFSource:
         """(first row, uint8 [rows, row bytes]) of a quantized tensor as stored, up to
         about `rows` rows at a time (Q/K rows back in HF order); a chunk's file pages are
         released when the next one is asked for."""
-        gname = self._gguf_name(name)
+        gname, first, _ = self._locate(name)
         for row0, row1, unit in self._row_ranges(name, shape[0], rows):
-            raw = self.gguf.raw_rows(gname, row0, row1).reshape(row1 - row0, -1)
+            raw = self.gguf.raw_rows(gname, first + row0, first + row1).reshape(row1 - row0, -1)
             yield row0, raw if unit is None else unpermute_rope_rows(raw, (row1 - row0) // unit)
-            self.gguf.release(gname, row0, row1)
+            self.gguf.release(gname, first + row0, first + row1)
 
     def embedding_table(self, name: str, shape: tuple[int, int]) -> ops.GGUFTable | None:
         """A quantized embedding table as stored (a private copy; the file's pages are
@@ -223,11 +245,11 @@ class GGUFSource:
         """(first row, float rows) of a matrix, up to about `rows` rows at a time: views
         of F32/F16/BF16 data (BF16 as uint16 bits), quantized types dequantized to
         float32; a chunk's file pages are released when the next one is asked for."""
-        gname = self._gguf_name(name)
-        for row0, row1, unit in self._row_ranges(name, self.gguf.tensors[gname].shape[0], rows):
-            w = self.gguf.float_rows(gname, row0, row1)
+        gname, first, shape = self._locate(name)
+        for row0, row1, unit in self._row_ranges(name, shape[0], rows):
+            w = self.gguf.float_rows(gname, first + row0, first + row1)
             yield row0, w if unit is None else unpermute_rope_rows(w, (row1 - row0) // unit)
-            self.gguf.release(gname, row0, row1)
+            self.gguf.release(gname, first + row0, first + row1)
 
     def quantized_rows(self, name: str, shape: tuple[int, int], rows: int):
         """(first row, QuantizedMatrix of up to about `rows` rows) of a Q8_0 / Q4_0 / Q4_1
@@ -237,15 +259,16 @@ class GGUFSource:
         if t is None:
             raise ValueError(f"{self.where}: tensor {name} is not stored quantized as "
                              f"{list(shape)}")
-        gname = self._gguf_name(name)
+        gname, first, _ = self._locate(name)
         for row0, row1, unit in self._row_ranges(name, shape[0], rows):
-            blocks = self.gguf.raw_rows(gname, row0, row1).reshape(-1, GGML_TYPES[t.ggml_type][2])
+            blocks = self.gguf.raw_rows(gname, first + row0, first + row1).reshape(
+                -1, GGML_TYPES[t.ggml_type][2])
             count = row1 - row0
             qm = from_gguf_blocks(t.type_name, blocks, count, shape[1])
             if unit is not None:
                 qm = qm.take_rows(unpermute_rope_rows(np.arange(count), count // unit))
             yield row0, qm
-            self.gguf.release(gname, row0, row1)
+            self.gguf.release(gname, first + row0, first + row1)
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
