@@ -14,24 +14,36 @@ BLOCKS = {
     "Q3_K": (256, 110, (108,), 16), "Q4_K": (256, 144, (0, 2), 32),
     "Q5_K": (256, 176, (0, 2), 32), "Q6_K": (256, 210, (208,), 16),
     "IQ4_NL": (32, 18, (0,), 32), "IQ4_XS": (256, 136, (0,), 32),
+    "MXFP4": (32, 17, (), 32),   # its scale: the e8m0 byte 0
 }
 # typical |v * sub-scale| of random blocks: their f16 scale of s / TYPICAL[type] gives
 # weights of about s in magnitude
 TYPICAL = {"Q4_0": 4, "Q4_1": 8, "Q5_0": 8, "Q5_1": 16, "Q8_0": 64, "Q2_K": 12, "Q3_K": 32,
-           "Q4_K": 240, "Q5_K": 480, "Q6_K": 1024, "IQ4_NL": 60, "IQ4_XS": 960}
+           "Q4_K": 240, "Q5_K": 480, "Q6_K": 1024, "IQ4_NL": 60, "IQ4_XS": 960, "MXFP4": 5}
 RANDOM_ONLY = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # gguf can't quantize
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
-            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23}
+            "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "MXFP4": 39}
 OFFSET_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K")
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
                        113], np.int8)
+# the OCP MX spec's FP4 (e2m1) values of the 16 codes: sign bit 3, exponent bits 2-1,
+# mantissa bit 0; subnormal 0.5 at exponent 0
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def e8m0(e: np.ndarray) -> np.ndarray:
+    """The OCP MX spec's E8M0 scale: 2^(e - 127) as float64 (exact down to 2^-127),
+    NaN for 0xFF."""
+    return np.where(e == 255, np.nan, np.ldexp(1.0, e.astype(np.int64) - 127))
 
 
 def random_blocks(rng: np.random.Generator, type_name: str, n_blocks: int,
                   scale: float = 1e-3, extremes: bool = False) -> np.ndarray:
     """[n_blocks, bytes] uint8: random bits everywhere (every code point and
     sub-scale), the f16 scale fields finite: |N(0, scale)|-sized values, or with
-    extremes also zeros, subnormals, the largest f16 and negative ones."""
+    extremes also zeros, subnormals, the largest f16 and negative ones (MXFP4's e8m0
+    exponent: near scale's, or with extremes also 0, 1, 2, 253, 254 and NaN's 255)."""
     _, nbytes, f16_at, _ = BLOCKS[type_name]
     blocks = rng.integers(0, 256, (n_blocks, nbytes), dtype=np.uint8)
     for off in f16_at:
@@ -41,6 +53,13 @@ def random_blocks(rng: np.random.Generator, type_name: str, n_blocks: int,
             special = np.array([0.0, 6e-8, -3e-5, 65504.0, -65504.0, 1.0], np.float16)
             vals = np.where(pick < 3, special[rng.integers(0, 6, n_blocks)], vals)
         blocks[:, off:off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)
+    if type_name == "MXFP4":   # e8m0 exponents around `scale`'s; with extremes the ends too
+        e = np.clip(np.round(np.log2(scale)) + 128 + rng.integers(-4, 5, n_blocks), 0, 254)
+        if extremes:
+            pick = rng.integers(0, 6, n_blocks)
+            ends = np.array([0, 1, 2, 253, 254, 255])[rng.integers(0, 6, n_blocks)]
+            e = np.where(pick < 3, ends, e)
+        blocks[:, 0] = e.astype(np.uint8)
     return blocks
 
 
@@ -117,6 +136,12 @@ def decode(type_name: str, blocks: np.ndarray):
         hi = (b[:, 128 + (e // 128) * 32 + e % 32] >> (2 * ((e % 128) // 32))) & 3
         sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
         return (lo | hi << 4) - 32, dd[:, None] * sc, np.zeros((nb, 16), np.float32)
+    if type_name == "MXFP4":   # v = twice the code's value (integral), d = half the scale
+        qs = b[:, 1:17]
+        q = np.where(e32 < 16, qs[:, e32 % 16] & 15, qs[:, e32 % 16] >> 4)
+        d = (e8m0(b[:, 0]) / 2).astype(np.float32)
+        return (2 * E2M1[q]).astype(np.int32), np.repeat(d[:, None], 2, 1), \
+            np.zeros((nb, 2), np.float32)
     if type_name == "IQ4_XS":
         dd = _f16(blocks, 0)
         sh = b[:, 2] | b[:, 3] << 8

@@ -28,9 +28,16 @@ ACT_GROUP = _ext.GGUF_ACT_GROUP
 
 
 def gguf_dequantize(type_name, raw, rows, k):
+    """The gguf package's dequantization; MXFP4's blocks of e = 255 NaN, as the OCP MX
+    spec reads the scale (gguf, like ggml, reads 2^127)."""
     qtype = getattr(gguf.GGMLQuantizationType, type_name)
+    raw = np.asarray(raw).reshape(rows, -1)
     with np.errstate(all="ignore"):
-        return gguf.quants.dequantize(np.asarray(raw).reshape(rows, -1), qtype).reshape(rows, k)
+        out = gguf.quants.dequantize(raw, qtype).reshape(rows, k)
+    if type_name == "MXFP4":
+        nan = np.repeat(raw.reshape(rows, -1, 17)[:, :, 0] == 255, 32, axis=1)
+        out[nan] = np.nan
+    return out
 
 
 def raw_rows(rng, type_name, rows, k, **kw):
@@ -72,7 +79,27 @@ def test_decoder_on_any_bits(type_name):
     np.testing.assert_array_equal(_ext.gguf_dequantize(TYPE_IDS[type_name], raw, rows, k), want)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "Q5_0"])
+def test_mxfp4_decodes_as_the_ocp_mx_spec_says():
+    """Every FP4 (e2m1) code under every E8M0 scale, 2^-127 .. 2^127 and NaN (0xFF):
+    code value * 2^(e - 127), computed in float64 from the spec's tables, rounded
+    once to float32 (exact: at most 2 significant bits), or NaN."""
+    from tests.gguf_blocks import E2M1, e8m0
+    e = np.arange(256, dtype=np.uint8)
+    codes = np.arange(16, dtype=np.uint8)
+    raw = np.zeros((256, 17), np.uint8)
+    raw[:, 0] = e
+    raw[:, 1:] = (codes | ((15 - codes) << 4))[None, :]   # codes 0..15, then 15..0
+    ours = _ext.gguf_dequantize(TYPE_IDS["MXFP4"], raw, 256, 32)
+    values = np.concatenate([E2M1, E2M1[::-1]])
+    with np.errstate(all="ignore"):
+        want = (values[None, :] * e8m0(e.astype(np.int64))[:, None]).astype(np.float32)
+    assert np.array_equal(np.isnan(ours), np.isnan(want)) and np.isnan(ours[255]).all()
+    finite = ~np.isnan(want)
+    assert np.array_equal(ours[finite].view(np.uint32), want[finite].view(np.uint32))
+    assert ours[0, 1] == np.float32(2.0 ** -128) and ours[254, 2] == np.float32(2.0 ** 127)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "Q5_0", "MXFP4"])
 def test_embed_gathers_dequantized_rows(type_name):
     rng = np.random.default_rng(7)
     vocab, d = 40, 2 * BLOCKS[type_name][0]
@@ -137,7 +164,8 @@ def run_gguf(kern, x, blocks, types, rows, bias=None, pool=None, pad=0):
 # K-quants need K % 256 == 0; the 32-element types mix with them there
 MIXES = [("Q4_K",), ("Q5_K",), ("Q6_K",), ("Q2_K",), ("Q3_K",), ("IQ4_XS",), ("Q4_0",),
          ("Q4_1",), ("Q5_0",), ("Q5_1",), ("Q8_0",), ("IQ4_NL",), ("Q4_K", "Q4_K", "Q6_K"),
-         ("Q5_0", "Q8_0"), ("Q2_K", "Q3_K", "Q4_K", "Q6_K"), ("IQ4_NL", "Q5_1", "Q4_0")]
+         ("Q5_0", "Q8_0"), ("Q2_K", "Q3_K", "Q4_K", "Q6_K"), ("IQ4_NL", "Q5_1", "Q4_0"),
+         ("MXFP4",), ("MXFP4", "Q8_0", "MXFP4")]
 
 
 @settings(max_examples=examples(40), deadline=None)

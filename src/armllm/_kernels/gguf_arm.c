@@ -61,6 +61,9 @@ static void pack_header(int type, const uint8_t *blk, int r, uint8_t *h) {
   case ARMLLM_GGML_Q4_0: case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL:
     memcpy(h + 2 * r, blk, 2); /* d f16 */
     return;
+  case ARMLLM_GGML_MXFP4:
+    h[r] = blk[0]; /* e8m0 e */
+    return;
   case ARMLLM_GGML_Q2_K:
     d[r] = f16_bits_to_f32(u16_at(blk + 80));
     dmin[r] = f16_bits_to_f32(u16_at(blk + 82));
@@ -114,6 +117,10 @@ static uint8_t stored_q(int type, int8_t v) {
   case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
     for (uint8_t i = 0; i < 16; i++)
       if (armllm_ga_iq4_values[i] == v) return i;
+    return 0;
+  case ARMLLM_GGML_MXFP4: /* 0 has two codes: either reads 0 */
+    for (uint8_t i = 0; i < 16; i++)
+      if (armllm_ga_mxfp4_values[i] == v) return i;
     return 0;
   default: return (uint8_t)v;
   }

@@ -27,6 +27,7 @@
  *   Q5_K    as Q4_K                                   96        nib[128], h1[32]     160
  *   Q6_K    d f32[4], sc s8[16][4]                    80        nib[128], h2[64]     192
  *   IQ4_XS  d f32[4], ls-32 s8[8][4]                  48        nib[128] (indices)   128
+ *   MXFP4   e u8[4] (e8m0)                             4        nib[16] (codes)       16
  *
  * f16 fields are GGUF's bits (converted exactly by FCVTL); f32 ones are
  * GGUF's f16 super-block scales widened; sub-scales are GGUF's small
@@ -76,8 +77,8 @@
 /* The ggml types in one list, for instantiating per-type code. */
 #define ARMLLM_GA_TYPES(X)                                                                 \
   X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL) \
-  X(IQ4_XS)
-#define ARMLLM_GA_NTYPES 12
+  X(IQ4_XS) X(MXFP4)
+#define ARMLLM_GA_NTYPES 13
 
 #define GA_AI static inline __attribute__((always_inline))
 
@@ -119,6 +120,7 @@ GA_AI int ga_hb(int t) {
   case ARMLLM_GGML_Q2_K: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: return 96;
   case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: return 80;
   case ARMLLM_GGML_IQ4_XS: return 48;
+  case ARMLLM_GGML_MXFP4: return 4; /* e u8[4] */
   default: return 8; /* Q4_0, Q5_0, Q8_0, IQ4_NL: d f16[4] */
   }
 }
@@ -132,7 +134,7 @@ GA_AI int ga_ub(int t) {
   case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_IQ4_XS: return 128;
   case ARMLLM_GGML_Q5_K: return 160;
   case ARMLLM_GGML_Q6_K: return 192;
-  default: return 16; /* Q4_0, Q4_1, IQ4_NL */
+  default: return 16; /* Q4_0, Q4_1, IQ4_NL, MXFP4 */
   }
 }
 /* Bytes of a panel block. */
@@ -145,6 +147,9 @@ GA_AI int ga_f32_supers(int t) { return ga_elems(t) == 256; }
 /* IQ4_NL / IQ4_XS code book (gguf_blocks.c's), for TBL. */
 static const int8_t armllm_ga_iq4_values[16] __attribute__((aligned(16))) = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+/* MXFP4's: e2m1 codes doubled, sign in bit 3 (gguf_blocks.c's). */
+static const int8_t armllm_ga_mxfp4_values[16] __attribute__((aligned(16))) = {
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* x << s for s >= 0, x >> -s otherwise (USHL by a register: any direction) */
 GA_AI uint8x16_t ga_shift(uint8x16_t x, int s) { return vshlq_u8(x, vdupq_n_s8((int8_t)s)); }
@@ -199,9 +204,10 @@ GA_AI void ga_unpack_chunk(const int T, const uint8_t *rv, int c, int8x16_t *w0,
     *w1 = vreinterpretq_s8_u8(hi);
     return;
   }
-  case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS: {
+  case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS: case ARMLLM_GGML_MXFP4: {
     const uint8x16_t raw = vld1q_u8(rv + 16 * c);
-    const int8x16_t book = vld1q_s8(armllm_ga_iq4_values);
+    const int8x16_t book =
+        vld1q_s8(T == ARMLLM_GGML_MXFP4 ? armllm_ga_mxfp4_values : armllm_ga_iq4_values);
     *w0 = vqtbl1q_s8(book, vandq_u8(raw, m15));
     *w1 = vqtbl1q_s8(book, vshrq_n_u8(raw, 4));
     return;
@@ -291,6 +297,18 @@ GA_AI void ga_group_scales(const int T, const uint8_t *h, int j, float32x4_t *d,
     *d = vmulq_f32(ga_s8x4_f32(h + 16 + 4 * j), vld1q_f32((const float *)(const void *)h));
     *o = vdupq_n_f32(0.0f);
     return;
+  case ARMLLM_GGML_MXFP4: { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
+    uint32_t w;
+    memcpy(&w, h, sizeof w);
+    const uint32x4_t e = vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8((uint64_t)w))));
+    uint32x4_t bits = vshlq_n_u32(vsubq_u32(e, vdupq_n_u32(1)), 23);
+    bits = vbslq_u32(vcltq_u32(e, vdupq_n_u32(2)),
+                     vshlq_u32(vdupq_n_u32(0x00200000), vreinterpretq_s32_u32(e)), bits);
+    bits = vbslq_u32(vceqq_u32(e, vdupq_n_u32(255)), vdupq_n_u32(0x7fc00000), bits);
+    *d = vreinterpretq_f32_u32(bits);
+    *o = vdupq_n_f32(0.0f);
+    return;
+  }
   default: /* Q4_0, Q5_0, Q8_0, IQ4_NL */
     *d = ga_f16x4_f32(h);
     *o = vdupq_n_f32(0.0f);

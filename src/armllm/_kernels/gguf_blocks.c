@@ -8,6 +8,8 @@
 /* IQ4_NL / IQ4_XS code book: the int8 value of each 4-bit index. */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};
+/* MXFP4: e2m1 codes doubled (0.5 -> 1, 6 -> 12), sign in bit 3. */
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 /* IEEE half -> float, exact (subnormals, infinities and NaNs included). */
 static float f16_to_f32(uint16_t h) {
@@ -34,7 +36,7 @@ static float f16_at(const uint8_t *p) { return f16_to_f32((uint16_t)(p[0] | p[1]
 int armllm_gguf_block_elems(int type) {
   switch (type) {
   case ARMLLM_GGML_Q4_0: case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_0: case ARMLLM_GGML_Q5_1:
-  case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL:
+  case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_MXFP4:
     return 32;
   case ARMLLM_GGML_Q2_K: case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
   case ARMLLM_GGML_Q6_K: case ARMLLM_GGML_IQ4_XS:
@@ -58,6 +60,7 @@ int armllm_gguf_block_bytes(int type) {
   case ARMLLM_GGML_Q6_K: return 210;  /* ql[128], qh[64], scales[16], d */
   case ARMLLM_GGML_IQ4_NL: return 18; /* d, qs[16] */
   case ARMLLM_GGML_IQ4_XS: return 136; /* d, scales_h (u16), scales_l[4], qs[128] */
+  case ARMLLM_GGML_MXFP4: return 17;   /* e, qs[16] */
   default: return 0;
   }
 }
@@ -176,6 +179,18 @@ void armllm_gguf_decode_block(int type, const uint8_t *b, int8_t *v, float *d, f
       v[e] = (int8_t)((lo | hi << 4) - 32);
     }
     for (int j = 0; j < 16; j++) d[j] = dd * (float)sc[j], o[j] = 0.0f;
+    return;
+  }
+  case ARMLLM_GGML_MXFP4: {
+    /* low nibbles are elements 0..15, high nibbles 16..31 (as Q4_0) */
+    for (int i = 0; i < 16; i++) {
+      v[i] = MXFP4_VALUES[b[1 + i] & 15];
+      v[i + 16] = MXFP4_VALUES[b[1 + i] >> 4];
+    }
+    const uint32_t bits = armllm_mxfp4_d_bits(b[0]);
+    float dv;
+    memcpy(&dv, &bits, sizeof dv);
+    put32(d, o, 0, dv, 0.0f);
     return;
   }
   case ARMLLM_GGML_IQ4_XS: {

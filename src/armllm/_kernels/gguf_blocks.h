@@ -27,6 +27,12 @@
  *   Q6_K    [-32, 31]      16   -      ql, qh, int8 sc, d        d*sc*(q - 32)
  *   IQ4_NL  [-127, 113]    32   -      d, 16 nibble indices      d*kvalues[i]
  *   IQ4_XS  [-127, 113]    32   -      d, 6-bit sc - 32, idx     d*(sc-32)*kvalues[i]
+ *   MXFP4   [-12, 12]      32   -      e8m0 e, 16 nibble codes   2^(e-128)*2*e2m1[i]
+ *
+ * MXFP4 (OCP MX, ggml's block_mxfp4): v is the e2m1 code's value doubled,
+ * {0, 1, 2, 3, 4, 6, 8, 12} and their negatives, and d = 2^(e - 128) (half
+ * the shared scale 2^(e - 127)), exact in f32 down to e = 0 (a subnormal);
+ * e = 255 is NaN (the spec's; ggml reads it as 2^127).
  */
 #ifndef ARMLLM_GGUF_BLOCKS_H
 #define ARMLLM_GGUF_BLOCKS_H
@@ -54,7 +60,15 @@ enum {
   ARMLLM_GGML_Q6_K = 14,
   ARMLLM_GGML_IQ4_NL = 20,
   ARMLLM_GGML_IQ4_XS = 23,
+  ARMLLM_GGML_MXFP4 = 39,
 };
+
+/* MXFP4's d of a shared e8m0 exponent e: the bits of 2^(e - 128) (a
+ * subnormal for e < 2), NaN for e = 255; every variant forms d this way. */
+static inline uint32_t armllm_mxfp4_d_bits(uint8_t e) {
+  if (e == 255) return 0x7fc00000u;
+  return e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+}
 
 #define ARMLLM_GGUF_SCALE_COLS 16  /* decoded scales come one per 16 columns */
 #define ARMLLM_GGUF_MAX_BLOCK 256  /* elements in the largest block (QK_K) */

@@ -37,7 +37,8 @@
 #define GGUF_TYPES(X)                                                                              \
   X(ARMLLM_GGML_Q4_0) X(ARMLLM_GGML_Q4_1) X(ARMLLM_GGML_Q5_0) X(ARMLLM_GGML_Q5_1)                  \
   X(ARMLLM_GGML_Q8_0) X(ARMLLM_GGML_Q2_K) X(ARMLLM_GGML_Q3_K) X(ARMLLM_GGML_Q4_K)                  \
-  X(ARMLLM_GGML_Q5_K) X(ARMLLM_GGML_Q6_K) X(ARMLLM_GGML_IQ4_NL) X(ARMLLM_GGML_IQ4_XS)
+  X(ARMLLM_GGML_Q5_K) X(ARMLLM_GGML_Q6_K) X(ARMLLM_GGML_IQ4_NL) X(ARMLLM_GGML_IQ4_XS)          \
+  X(ARMLLM_GGML_MXFP4)
 
 /* The unsigned operand u = v + bias (u >= 0): the bias each type adds to its
  * values v (gguf_blocks.h's ranges), corrected as -bias * sum(x) in int32. */
@@ -47,7 +48,9 @@ static inline int gguf_bias(int type) {
   case ARMLLM_GGML_Q5_0: return 16;
   case ARMLLM_GGML_Q3_K: return 4;
   case ARMLLM_GGML_Q6_K: return 32;
-  case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS: return 128;
+  case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
+  case ARMLLM_GGML_MXFP4:
+    return 128;
   default: return 0; /* Q4_1, Q5_1, Q2_K, Q4_K, Q5_K: v >= 0 already */
   }
 }
@@ -75,6 +78,7 @@ static inline int64_t gguf_scale_row_bytes(int type, int64_t ngr) {
   case ARMLLM_GGML_Q2_K: return 4 + 16;                           /* d, -dmin, scm[16] */
   case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: return 2 + 16;    /* d, sc[16] */
   case ARMLLM_GGML_IQ4_XS: return 2 + 8;                          /* d, sc[8] */
+  case ARMLLM_GGML_MXFP4: return ngr;                             /* e8m0 e */
   default: return 2 * ngr; /* Q4_0, Q5_0, Q8_0, IQ4_NL: d */
   }
 }
@@ -126,10 +130,13 @@ static inline void gguf_k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8
   }
 }
 
-/* The 4-bit index of each IQ4 code book value (v + 128 -> index). */
-static inline int gguf_iq4_index(int8_t v) {
-  static const int8_t values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                    1,    13,   25,  38,  53,  69,  89,  113};
+/* The 4-bit index of a code book value: IQ4's, or MXFP4's (whose 0 has two
+ * codes: either reads 0). */
+static inline int gguf_book_index(int type, int8_t v) {
+  static const int8_t iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+  static const int8_t mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const int8_t *values = type == ARMLLM_GGML_MXFP4 ? mxfp4 : iq4;
   for (int i = 0; i < 16; i++)
     if (values[i] == v) return i;
   return 0;
@@ -175,7 +182,8 @@ static inline void gguf_put_plane2(uint8_t *dst, uint8_t u[][GGUF_CHUNK_COLS], i
 static void gguf_pack_panel(const uint8_t *src, int64_t nrows, int type, int64_t k, uint8_t *dst) {
   const int be = armllm_gguf_block_elems(type), bb = armllm_gguf_block_bytes(type);
   const size_t row_bytes = armllm_gguf_row_bytes(type, k);
-  const int bias = gguf_bias(type), iq4 = type == ARMLLM_GGML_IQ4_NL || type == ARMLLM_GGML_IQ4_XS;
+  const int bias = gguf_bias(type), book = type == ARMLLM_GGML_IQ4_NL ||
+                                           type == ARMLLM_GGML_IQ4_XS || type == ARMLLM_GGML_MXFP4;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   for (int64_t c = 0; c < gguf_chunks(k); c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), k0 = c * GGUF_CHUNK_COLS;
@@ -193,7 +201,7 @@ static void gguf_pack_panel(const uint8_t *src, int64_t nrows, int type, int64_t
         const uint8_t *b = row + (k0 + e0) / be * bb;
         armllm_gguf_decode_block(type, b, v, d, o);
         for (int e = 0; e < be; e++)
-          u[r][e0 + e] = (uint8_t)(iq4 ? gguf_iq4_index(v[e]) : v[e] + bias);
+          u[r][e0 + e] = (uint8_t)(book ? gguf_book_index(type, v[e]) : v[e] + bias);
       }
       /* scales, row r (the variants' layout), from the block's fields at the
        * byte offsets of gguf_blocks.c's decoder */
@@ -231,6 +239,9 @@ static void gguf_pack_panel(const uint8_t *src, int64_t nrows, int type, int64_t
         }
         break;
       }
+      case ARMLLM_GGML_MXFP4: /* the e8m0 byte of each group */
+        for (int64_t g = 0; g < ngr; g++) sc[g * PANEL + r] = row[(k0 / be + g) * bb];
+        break;
       default: /* 32-element blocks: d of each group, then m of each */
         for (int64_t g = 0; g < ngr; g++) {
           const uint8_t *bg = row + (k0 / be + g) * bb;

@@ -3,7 +3,7 @@ memory-mapped (never read twice), whole or by rows, dequantized to float32
 on request; the pages of rows a loader is done with can be released.
 
 Loads F32, F16, BF16 and the quantized types the kernels decode (LOADED_TYPES:
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS); the other ggml types
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4); the other ggml types
 are known by name and size (a file holding them parses) and fail with one line
 naming the tensor and its type when read.
 Shapes are reported in numpy/Hugging Face order (outermost first), i.e.
@@ -43,7 +43,7 @@ GGML_TYPES = {
 FLOAT_TYPES = ("F32", "F16", "BF16")
 # the quantized types the kernels decode exactly and run as stored (gguf_blocks.h)
 QUANTIZED_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                   "Q6_K", "IQ4_NL", "IQ4_XS")
+                   "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 LOADED_TYPES = FLOAT_TYPES + QUANTIZED_TYPES
 TYPE_IDS = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
 

@@ -764,9 +764,17 @@ static void f16_fields(int type, int *d, int *second) {
   }
 }
 
-/* rows x k of type as stored: random bytes, finite f16 scales; row 0 of a
- * part of >= 3 rows: every byte 0xff but the scales (largest codes), row 1
- * every byte 0. */
+/* An MXFP4 e8m0 exponent: mostly around 2^-10, one in 8 an end of the range
+ * (2^-128, 2^-127, 2^-126, 2^126, 2^127) or NaN (255). */
+static uint8_t rand_e8m0(void) {
+  static const uint8_t ends[6] = {0, 1, 2, 253, 254, 255};
+  const uint32_t r = rand_u32();
+  return r % 8 ? (uint8_t)(108 + (r >> 3) % 24) : ends[(r >> 3) % 6];
+}
+
+/* rows x k of type as stored: random bytes, finite f16 scales (MXFP4: its
+ * e8m0 byte, rand_e8m0); row 0 of a part of >= 3 rows: every byte 0xff but
+ * the scales (largest codes), row 1 every byte 0. */
 static void fill_gguf_rows(uint8_t *dst, int type, int64_t rows, int64_t k) {
   const int be = armllm_gguf_block_elems(type), bb = armllm_gguf_block_bytes(type);
   int fd, fs;
@@ -776,6 +784,10 @@ static void fill_gguf_rows(uint8_t *dst, int type, int64_t rows, int64_t k) {
       uint8_t *blk = dst + (r * (k / be) + b) * bb;
       for (int i = 0; i < bb; i++) blk[i] = (uint8_t)rand_u32();
       if (rows >= 3 && r < 2) memset(blk, r == 0 ? 0xff : 0, (size_t)bb);
+      if (type == ARMLLM_GGML_MXFP4) {
+        blk[0] = rand_e8m0();
+        continue;
+      }
       uint16_t h = rand_f16_bits();
       memcpy(blk + fd, &h, 2);
       if (fs >= 0) {
@@ -852,7 +864,8 @@ static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quic
   static const int32_t types[] = {
       ARMLLM_GGML_Q4_0, ARMLLM_GGML_Q4_1, ARMLLM_GGML_Q5_0, ARMLLM_GGML_Q5_1,
       ARMLLM_GGML_Q8_0, ARMLLM_GGML_Q2_K, ARMLLM_GGML_Q3_K, ARMLLM_GGML_Q4_K,
-      ARMLLM_GGML_Q5_K, ARMLLM_GGML_Q6_K, ARMLLM_GGML_IQ4_NL, ARMLLM_GGML_IQ4_XS};
+      ARMLLM_GGML_Q5_K, ARMLLM_GGML_Q6_K, ARMLLM_GGML_IQ4_NL, ARMLLM_GGML_IQ4_XS,
+      ARMLLM_GGML_MXFP4};
   const int ntypes = (int)(sizeof types / sizeof *types);
   /* M: decode 1..4, the first prefill rows, tile edges (8-row tiles,
    * 64-row chunks) */
@@ -884,7 +897,7 @@ static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quic
   /* mixed parts: a fused QKV (Q4_K, Q4_K, Q6_K), gate/up, 4 parts of 4
    * types; part edges inside panels */
   static const int32_t qkv[3] = {ARMLLM_GGML_Q4_K, ARMLLM_GGML_Q4_K, ARMLLM_GGML_Q6_K};
-  static const int32_t mix32[4] = {ARMLLM_GGML_Q4_0, ARMLLM_GGML_Q8_0, ARMLLM_GGML_IQ4_NL,
+  static const int32_t mix32[4] = {ARMLLM_GGML_Q4_0, ARMLLM_GGML_MXFP4, ARMLLM_GGML_IQ4_NL,
                                    ARMLLM_GGML_Q5_1};
   static const int32_t mixk[4] = {ARMLLM_GGML_Q2_K, ARMLLM_GGML_Q3_K, ARMLLM_GGML_Q5_K,
                                   ARMLLM_GGML_IQ4_XS};

@@ -13,12 +13,12 @@
  * Inner products: maddubs multiplies unsigned weight bytes by the signed
  * activation word x[k..k+4) broadcast to the 8 rows and adds pairs in int16;
  * madd with ones widens to int32.
- *   Types whose u = v + bias is at most 63 (all but Q8_0 and IQ4): the
+ *   Types whose u = v + bias is at most 63 (all but Q8_0, IQ4, MXFP4): the
  *   products of a run of steps add up in int16 before one madd (runs of
  *   chain_steps: 8 steps of u <= 15, 4 of u <= 31, 2 of u <= 63, so that
  *   |sum| <= steps * 2 * umax * 127 < 2^15), and each group starts from
  *   -bias * sum(x), as on avx512.
- *   Q8_0 and IQ4 (|v| <= 128): the sign trick, maddubs(|v|, sign(x, v))
+ *   Q8_0, IQ4 and MXFP4 (|v| <= 128): the sign trick, maddubs(|v|, sign(x, v))
  *   (|pair| <= 2 * 128 * 127 < 2^15), on v itself: no bias.
  * Each group's int32 sum is exact and the float epilogue is the header's,
  * lane-wise: every result is ref's, whatever the tile, plan or thread count.
@@ -62,9 +62,11 @@ typedef struct {
   float o[2 * GGUF_CHUNK_GROUPS][PANEL];
 } unpacked;
 
-/* Q8_0 and IQ4: values up to 128 in magnitude, multiplied with the sign trick. */
+/* Q8_0, IQ4 and MXFP4: signed values (up to 128 in magnitude), multiplied with
+ * the sign trick. */
 static inline int signed_type(int type) {
-  return type == ARMLLM_GGML_Q8_0 || type == ARMLLM_GGML_IQ4_NL || type == ARMLLM_GGML_IQ4_XS;
+  return type == ARMLLM_GGML_Q8_0 || type == ARMLLM_GGML_IQ4_NL || type == ARMLLM_GGML_IQ4_XS ||
+         type == ARMLLM_GGML_MXFP4;
 }
 
 static ALWAYS_INLINE __m256i load(const uint8_t *p) {
@@ -153,6 +155,13 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m256i
     nibbles(p, u);
     for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_shuffle_epi8(iq4, u[s]);
     break;
+  case ARMLLM_GGML_MXFP4: {
+    const __m256i book = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+    nibbles(p, u);
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_shuffle_epi8(book, u[s]);
+    break;
+  }
   default:
     nibbles(p, u);
   }
@@ -181,6 +190,16 @@ static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_
   case ARMLLM_GGML_IQ4_XS:
     *d = _mm256_mul_ps(i8x8(sc + (2 + j / 2) * PANEL), f16x8(sc));
     break;
+  case ARMLLM_GGML_MXFP4: { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
+    const __m256i e = u8x8(sc + PANEL * (j / 2));
+    __m256i bits = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    bits = _mm256_blendv_epi8(bits, _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e),
+                              _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e));
+    bits = _mm256_blendv_epi8(bits, _mm256_set1_epi32(0x7fc00000),
+                              _mm256_cmpeq_epi32(e, _mm256_set1_epi32(255)));
+    *d = _mm256_castsi256_ps(bits);
+    break;
+  }
   default: /* 32-element blocks: f16 d per group (and m) */
     *d = f16x8(sc + 2 * PANEL * (j / 2));
     if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
@@ -347,7 +366,7 @@ ROWS_FN(rows_q4, 32, 0, 0, 8)  /* Q4_0 */
 ROWS_FN(rows_q5, 32, 0, 0, 4)  /* Q5_0 */
 ROWS_FN(rows_q4o, 32, 1, 0, 8) /* Q4_1, Q4_K */
 ROWS_FN(rows_q5o, 32, 1, 0, 4) /* Q5_1, Q5_K */
-ROWS_FN(rows_sgn, 32, 0, 1, 1) /* Q8_0, IQ4_NL, IQ4_XS */
+ROWS_FN(rows_sgn, 32, 0, 1, 1) /* Q8_0, IQ4_NL, IQ4_XS, MXFP4 */
 #undef ROWS_FN
 
 /* Rows [r0, r1) of panel p, the whole of K: chunk by chunk, each unpacked
@@ -377,6 +396,7 @@ static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const 
     case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q4_K: rows_q4o(&a, r0, r1, tbuf); break;
     case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q5_K: rows_q5o(&a, r0, r1, tbuf); break;
     case ARMLLM_GGML_Q8_0: case ARMLLM_GGML_IQ4_NL: case ARMLLM_GGML_IQ4_XS:
+    case ARMLLM_GGML_MXFP4:
       rows_sgn(&a, r0, r1, tbuf);
       break;
     default: rows_q4(&a, r0, r1, tbuf);

@@ -10,9 +10,9 @@
  * have fewer 32-column groups: ngr <= 8), each chunk padded to 64 bytes:
  *   values, group after group (a "vector" is 64 bytes: byte 4r + j belongs
  *   to row r of the panel; "column c" is column c of the 32-column group;
- *   u = v + bias, bias 8 for Q4_0, 16 Q5_0, 4 Q3_K, 32 Q6_K, 128 Q8_0 and
- *   IQ4 (whose u is the code book index here), else 0):
- *     nibbles (Q4_*, IQ4_*, low 4 bits of Q5_*, Q6_K): 4 vectors, vector i
+ *   u = v + bias, bias 8 for Q4_0, 16 Q5_0, 4 Q3_K, 32 Q6_K, 128 Q8_0,
+ *   IQ4 and MXFP4 (whose u is the code book index here), else 0):
+ *     nibbles (Q4_*, IQ4_*, MXFP4, low 4 bits of Q5_*, Q6_K): 4 vectors, vector i
  *       byte 4r + j: u of column 8i + j in the low nibble, 8i + 4 + j high;
  *     Q5_*: the nibbles, then 1 vector: byte 4r + j bit s = bit 4 of u at
  *       column 4s + j;
@@ -27,7 +27,7 @@
  *     Q4_K, Q5_K: d f16[16], -dmin f16[16], sc u8[8][16], m u8[8][16];
  *     Q2_K: d f16[16], -dmin f16[16], the file's scale bytes u8[16][16];
  *     Q3_K: d f16[16], sc - 32 i8[16][16];  Q6_K: d f16[16], sc i8[16][16];
- *     IQ4_XS: d f16[16], ls - 32 i8[8][16].
+ *     IQ4_XS: d f16[16], ls - 32 i8[8][16];  MXFP4: e8m0 e u8[ngr][16].
  * Per row that is the file's bytes or within 6% (Q2_K, Q4_0, Q4_1, Q5_0,
  * Q5_1, Q8_0, IQ4_NL: the same; Q4_K 148/144, Q5_K 180/176, Q3_K 116/110,
  * Q6_K 212/210, IQ4_XS 140/136 bytes per 256 columns).
@@ -164,6 +164,15 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m512i
     nibbles(p, u);
     for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_shuffle_epi8(iq4, u[s]);
     break;
+  case ARMLLM_GGML_MXFP4: {
+    /* MXFP4's doubled e2m1 values + 128 */
+    const __m512i book = _mm512_broadcast_i32x4(
+        _mm_setr_epi8((char)128, (char)129, (char)130, (char)131, (char)132, (char)134,
+                      (char)136, (char)140, (char)128, 127, 126, 125, 124, 122, 120, 116));
+    nibbles(p, u);
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_shuffle_epi8(book, u[s]);
+    break;
+  }
   default:
     nibbles(p, u);
   }
@@ -193,6 +202,16 @@ static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_
   case ARMLLM_GGML_IQ4_XS:
     *d = _mm512_mul_ps(i8x16(sc + (2 + j / 2) * PANEL), f16x16(sc));
     break;
+  case ARMLLM_GGML_MXFP4: { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
+    const __m512i e = u8x16(sc + PANEL * (j / 2)), one = _mm512_set1_epi32(1);
+    __m512i bits = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)),
+                                 _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e));
+    bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                                 _mm512_set1_epi32(0x7fc00000));
+    *d = _mm512_castsi512_ps(bits);
+    break;
+  }
   default: /* 32-element blocks: f16 d per group (and m) */
     *d = f16x16(sc + 2 * PANEL * (j / 2));
     if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
