@@ -37,6 +37,9 @@ MIXES = {
     "IQ4_XS": (mix("IQ4_XS", "IQ4_XS", attn_v="IQ4_NL", ffn_down="Q5_1"), 256, 512),
     # SmolLM2's Q4_K_M: its 576-wide rows fall back to Q5_0 (Q8_0 where Q6_K was asked)
     "Q4_K_M-narrow": (mix("Q5_0", "Q8_0", attn_v="Q8_0", ffn_down="Q6_K"), 96, 256),
+    # MXFP4 (what gpt-oss keeps its experts in) beside Q8_0, the gguf package's quantizer
+    "MXFP4": (mix("Q8_0", "Q8_0", ffn_gate="MXFP4", ffn_up="MXFP4", ffn_down="MXFP4"), 96,
+              256),
 }
 
 
