@@ -178,29 +178,48 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m512i
   }
 }
 
+/* A chunk's super-block scales as f32 (K-quants, IQ4_XS: d, and -dmin for the
+ * types with mins), converted once for its groups. */
+typedef struct {
+  __m512 d, m;
+} supers;
+
+static ALWAYS_INLINE supers chunk_supers(const int type, const uint8_t *sc) {
+  supers s = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  switch (type) {
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: case ARMLLM_GGML_Q2_K:
+    s.m = f16x16(sc + 2 * PANEL);
+    /* fall through */
+  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: case ARMLLM_GGML_IQ4_XS:
+    s.d = f16x16(sc);
+    break;
+  default:
+    break;
+  }
+  return s;
+}
+
 /* d and o (offsets' types) of weight group j (16 columns: j = 2 gi + half;
  * a 32-column group is j = 2 gi) of a chunk of ngr groups whose scales are
- * at sc: (float)sc * d and (float)m * -dmin, exact. */
+ * at sc (its supers: sup): (float)sc * d and (float)m * -dmin, exact. */
 static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_t ngr, int64_t j,
-                                       __m512 *d, __m512 *o) {
+                                       supers sup, __m512 *d, __m512 *o) {
   switch (type) {
   case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
-    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (4 + j / 2) * PANEL)), f16x16(sc));
-    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (12 + j / 2) * PANEL)),
-                       f16x16(sc + 2 * PANEL));
+    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (4 + j / 2) * PANEL)), sup.d);
+    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (12 + j / 2) * PANEL)), sup.m);
     break;
   case ARMLLM_GGML_Q2_K: {
     const __m512i s = u8x16(sc + (4 + j) * PANEL); /* scale low nibble, min high */
-    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))),
-                       f16x16(sc));
-    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), f16x16(sc + 2 * PANEL));
+    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))), sup.d);
+    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), sup.m);
     break;
   }
   case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K:
-    *d = _mm512_mul_ps(i8x16(sc + (2 + j) * PANEL), f16x16(sc));
+    *d = _mm512_mul_ps(i8x16(sc + (2 + j) * PANEL), sup.d);
     break;
   case ARMLLM_GGML_IQ4_XS:
-    *d = _mm512_mul_ps(i8x16(sc + (2 + j / 2) * PANEL), f16x16(sc));
+    *d = _mm512_mul_ps(i8x16(sc + (2 + j / 2) * PANEL), sup.d);
     break;
   case ARMLLM_GGML_MXFP4: { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
     const __m512i e = u8x16(sc + PANEL * (j / 2)), one = _mm512_set1_epi32(1);
@@ -225,11 +244,12 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int gl = armllm_gguf_group_len(type);
   const uint8_t *sc = w + gbytes * ngr;
+  const supers sup = chunk_supers(type, sc);
   for (int64_t gi = 0; gi < ngr; gi++) {
     unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
     for (int64_t j = 2 * gi; j < 2 * gi + GGUF_GROUP / gl; j++) {
       __m512 d, o = _mm512_setzero_ps();
-      group_scales(type, sc, ngr, j, &d, &o);
+      group_scales(type, sc, ngr, j, sup, &d, &o);
       _mm512_store_ps(U->d[j], d);
       _mm512_store_ps(U->o[j], o);
     }
@@ -442,6 +462,8 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
   }
   for (int64_t c = 0; c < gguf_chunks(k); c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    supers sup[GGUF_DECODE_STREAMS];
+    for (int q = 0; q < np; q++) sup[q] = chunk_supers(type, w[q] + gbytes * ngr);
     for (int64_t gi = 0; gi < ngr; gi++) {
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
       int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
@@ -465,7 +487,7 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
         for (int h = 0; h < GGUF_GROUP / gl; h++) {
           const int s0 = h * (gl / 4);
           __m512 d, o = _mm512_setzero_ps();
-          group_scales(type, sc, ngr, 2 * gi + h, &d, &o);
+          group_scales(type, sc, ngr, 2 * gi + h, sup[q], &d, &o);
           for (int r = 0; r < mr; r++) {
             const int8_t *xr = x + r * ldq + k0;
             /* two chains of vpdpbusd (even and odd steps): half the latency */
