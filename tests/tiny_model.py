@@ -94,20 +94,29 @@ def write_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: in
         add = {str: writer.add_string, bool: writer.add_bool, int: writer.add_uint32,
                float: writer.add_float32, list: writer.add_array}[type(value)]
         add(key, value)
-    for name, shape in shapes.items():
-        data = (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+    tensors = {name: (rng.standard_normal(shape) * shape[-1] ** -0.5).astype(np.float32)
+               for name, shape in shapes.items()}
+    write_gguf_tensors(writer, tensors, types, rng)
+    return path
+
+
+def write_gguf_tensors(writer, tensors: dict[str, np.ndarray], types: dict[str, str],
+                       rng: np.random.Generator) -> None:
+    """Adds float tensors to a gguf.GGUFWriter in the ggml type `types` names for each
+    (default F32): quantized by the gguf package, or for the types it cannot quantize
+    (K-quants, IQ4) random blocks of about the same magnitude; then writes the file."""
+    import gguf
+    for name, data in tensors.items():
         qtype = getattr(gguf.GGMLQuantizationType, types.get(name, "F32"))
         if qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, data)
+            writer.add_tensor(name, np.ascontiguousarray(data, np.float32))
         elif qtype.name in RANDOM_ONLY:
-            elems = BLOCKS[qtype.name][0]
-            blocks = random_blocks(rng, qtype.name, data.size // elems,
-                                   shape[-1] ** -0.5 / TYPICAL[qtype.name])
-            writer.add_tensor(name, blocks.reshape(shape[0], -1), raw_dtype=qtype)
+            blocks = random_blocks(rng, qtype.name, data.size // BLOCKS[qtype.name][0],
+                                   data.shape[-1] ** -0.5 / TYPICAL[qtype.name])
+            writer.add_tensor(name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=qtype)
         else:
             writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path

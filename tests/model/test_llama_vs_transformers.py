@@ -42,6 +42,17 @@ def hf_logits(model, ids):
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
+def greedy_pair(llm, hf, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
+    """n greedy tokens after prompt from armllm's LLM and from transformers' generate."""
+    from armllm import SamplingParams
+    ours = llm.generate(prompt, SamplingParams(max_tokens=n, temperature=0.0,
+                                               ignore_eos=True))[0].token_ids
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return list(ours), theirs[0, len(prompt):].tolist()
+
+
 @pytest.fixture(scope="module")
 def smollm2(smollm2_gguf):
     hf = transformers.AutoModelForCausalLM.from_pretrained(
@@ -141,16 +152,12 @@ def test_incremental_paged_decode_equals_full_recompute(tmp_path, extra, kv_dtyp
 
 def test_smollm2_greedy_continuation_matches_transformers(smollm2):
     """64 greedy tokens through armllm's engine (paged decode) equal transformers' greedy."""
-    from armllm import LLM, SamplingParams
+    from armllm import LLM
     path, hf = smollm2
     llm = LLM(path, dtype="float32", kv_cache_gib=0.1, max_num_seqs=2, quantization="none")
     prompt = llm.chat_prompt([{"role": "user", "content": "Tell me about the Moon."}])
-    ours = llm.generate(prompt, SamplingParams(max_tokens=64, temperature=0.0,
-                                               ignore_eos=True))[0].token_ids
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert ours == theirs[0, len(prompt):].tolist()
+    ours, theirs = greedy_pair(llm, hf, prompt, 64)
+    assert ours == theirs
 
 
 def test_thread_count_does_not_change_tokens(tmp_path):

@@ -12,7 +12,12 @@ import pytest
 
 from armllm.model.loader import load_model
 from armllm.model.moe import route
-from tests.model.test_llama_vs_transformers import hf_logits, make_tiny, prefill_logits
+from tests.model.test_llama_vs_transformers import (
+    greedy_pair,
+    hf_logits,
+    make_tiny,
+    prefill_logits,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -60,16 +65,12 @@ def test_greedy_decode_matches_transformers(moe_model):
     """32 greedy tokens through the engine (paged decode, one row per step, where each
     expert runs on whatever rows route to it) equal transformers' greedy. An f32 KV
     cache: top-k routing turns bf16's rounding into another expert on near ties."""
-    from armllm import LLM, SamplingParams
+    from armllm import LLM
     _, path, hf = moe_model
     llm = LLM(path, dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.01, max_num_seqs=4)
     prompt = [int(i) for i in np.random.default_rng(5).integers(0, 97, 12)]
-    ours = llm.generate(prompt, SamplingParams(max_tokens=32, temperature=0.0,
-                                               ignore_eos=True))[0].token_ids
-    with torch.no_grad():
-        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert ours == theirs[0, len(prompt):].tolist()
+    ours, theirs = greedy_pair(llm, hf, prompt, 32)
+    assert ours == theirs
 
 
 @pytest.mark.parametrize("budget", [1, 7, 64])
@@ -156,9 +157,8 @@ def write_mixtral_gguf(path, hf_dir, hf, types: dict[str, str] | None = None):
     import gguf
     from safetensors.numpy import load_file
 
-    from tests.gguf_blocks import BLOCKS, RANDOM_ONLY, TYPICAL, random_blocks
+    from tests.tiny_model import write_gguf_tensors
     c, sd = hf.config, load_file(str(hf_dir / "model.safetensors"))
-    rng = np.random.default_rng(0)
 
     def permute(w, heads):
         return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]) \
@@ -195,20 +195,7 @@ def write_mixtral_gguf(path, hf_dir, hf, types: dict[str, str] | None = None):
         writer.add_uint32(f"llama.{key}", value)
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
     writer.add_float32("llama.rope.freq_base", c.rope_parameters["rope_theta"])
-    for name, data in tensors.items():
-        qtype = getattr(gguf.GGMLQuantizationType, (types or {}).get(name, "F32"))
-        if qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(name, np.ascontiguousarray(data, np.float32))
-        elif qtype.name in RANDOM_ONLY:
-            blocks = random_blocks(rng, qtype.name, data.size // BLOCKS[qtype.name][0],
-                                   data.shape[-1] ** -0.5 / TYPICAL[qtype.name])
-            writer.add_tensor(name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_gguf_tensors(writer, tensors, types or {}, np.random.default_rng(0))
     return path
 
 
