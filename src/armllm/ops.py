@@ -285,9 +285,13 @@ def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
     """The (max_pos, rot_dim) cos|sin table the RoPE kernel reads.
 
     scaling follows Hugging Face's rope_scaling: None, {"rope_type": "linear",
-    "factor"} or {"rope_type": "llama3", "factor", "low_freq_factor",
-    "high_freq_factor", "original_max_position_embeddings"}; or GGUF's
-    {"rope_type": "freq_factors", "factors": [...]} (rot_dim/2 divisors).
+    "factor"}, {"rope_type": "llama3", "factor", "low_freq_factor",
+    "high_freq_factor", "original_max_position_embeddings"} or {"rope_type":
+    "yarn", "factor", "original_max_position_embeddings", optional "beta_fast",
+    "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"}
+    (YaRN also scales the table by its attention factor, as transformers scales
+    cos and sin); or GGUF's {"rope_type": "freq_factors", "factors": [...]}
+    (rot_dim/2 divisors).
     """
     if max_pos < 1:
         raise ValueError(f"max_pos must be >= 1, got {max_pos}")
@@ -296,22 +300,66 @@ def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
     if not theta > 0:
         raise ValueError(f"theta must be > 0, got {theta}")
     inv_freq = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
-    inv_freq = _scaled_inv_freq(inv_freq, scaling)
+    inv_freq = _scaled_inv_freq(inv_freq, scaling, theta)
+    gain = _yarn_attention_factor(scaling)
     table = np.empty((max_pos, rot_dim), np.float32)
     # positions a chunk at a time: a 128K-position table's float64 temporaries would be
     # several times the table, at the end of loading a model
     for p0 in range(0, max_pos, ROPE_CHUNK):
         angles = np.arange(p0, min(p0 + ROPE_CHUNK, max_pos), dtype=np.float64)[:, None] \
             * inv_freq[None, :]
-        table[p0:p0 + ROPE_CHUNK, :rot_dim // 2] = np.cos(angles)
-        table[p0:p0 + ROPE_CHUNK, rot_dim // 2:] = np.sin(angles)
+        table[p0:p0 + ROPE_CHUNK, :rot_dim // 2] = np.cos(angles) * gain
+        table[p0:p0 + ROPE_CHUNK, rot_dim // 2:] = np.sin(angles) * gain
     return table
 
 
-def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
-    if not scaling:
-        return inv_freq
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+def _rope_kind(scaling: dict | None) -> str:
+    return scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_attention_factor(scaling: dict | None) -> float:
+    """The factor YaRN scales cos and sin by (1 for other kinds): the config's
+    attention_factor, else 0.1 ln(factor) + 1 (with DeepSeek's mscale ratio)."""
+    if _rope_kind(scaling) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all:
+        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all))
+    return _yarn_mscale(factor)
+
+
+def _yarn_inv_freq(inv_freq: np.ndarray, scaling: dict, theta: float, factor: float
+                   ) -> np.ndarray:
+    """YaRN (transformers' _compute_yarn_parameters): frequencies that turn fewer than
+    beta_slow times over the original context are interpolated (/ factor), those
+    turning more than beta_fast times kept, a linear ramp over the dimensions between."""
+    dim = 2 * len(inv_freq)
+    old_len = float(scaling["original_max_position_embeddings"])
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001   # as transformers: no division by zero
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None, theta: float) -> np.ndarray:
+    kind = _rope_kind(scaling)
     if kind == "default":
         return inv_freq
     factor = float(scaling.get("factor", 1.0))
@@ -325,6 +373,8 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
             raise ValueError(f"rope freq_factors must be {inv_freq.shape[0]} positive values, "
                              f"got shape {factors.shape}")
         return inv_freq / factors
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, scaling, theta, factor)
     if kind == "llama3":
         low = float(scaling["low_freq_factor"])
         high = float(scaling["high_freq_factor"])
@@ -338,7 +388,7 @@ def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None) -> np.ndarray:
         return np.where(wavelen < old_len / high, inv_freq,
                         np.where(wavelen > old_len / low, inv_freq / factor, medium))
     raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, "
-                     f"llama3, freq_factors)")
+                     f"llama3, yarn, freq_factors)")
 
 
 # ------------------------------------------------------------------- kernels
@@ -556,13 +606,16 @@ def kv_write(k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray, k_cache: np
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     block_table: np.ndarray, seq_lens: np.ndarray, query_start: np.ndarray,
                     n_heads: int, scale: float, out: np.ndarray | None = None,
-                    sliding_window: int = 0, scratch: np.ndarray | None = None) -> np.ndarray:
-    """Causal varlen attention of q [T, n_heads*head_dim] over the paged cache."""
+                    sliding_window: int = 0, scratch: np.ndarray | None = None,
+                    sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal varlen attention of q [T, n_heads*head_dim] over the paged cache; sinks:
+    float32 [n_heads] logits each head's softmax denominator also holds (GPT-OSS)."""
     head_dim = k_cache.shape[-1] if isinstance(k_cache, np.ndarray) and k_cache.ndim == 4 else 0
     shape = (q.shape[0], n_heads * head_dim) if isinstance(q, np.ndarray) and q.ndim == 2 \
         else (0, 0)
     return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
-                              scale, _out(out, shape), sliding_window, scratch, get_pool())
+                              scale, _out(out, shape), sliding_window, scratch, get_pool(),
+                              sinks)
 
 
 def bind_decoder_layer(linears: list[tuple[PackedWeight, np.ndarray | None, ActScratch | None]],
@@ -570,13 +623,14 @@ def bind_decoder_layer(linears: list[tuple[PackedWeight, np.ndarray | None, ActS
                        q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float,
                        buffers: tuple, k_cache: np.ndarray, v_cache: np.ndarray,
                        cos_sin: np.ndarray, n_heads: int, n_kv_heads: int, head_dim: int,
-                       scale: float, sliding_window: int, first: bool) -> DecoderLayer:
+                       scale: float, sliding_window: int, first: bool,
+                       sinks: np.ndarray | None = None) -> DecoderLayer:
     """A Llama-family decoder layer bound to its weights ((weight, bias, act_scratch)
     for qkv, o, gate_up, down), its workspace buffers and KV cache layer, checked
     once, for decoder_layer() (see DecoderLayer)."""
     return DecoderLayer(Kernels(_ISA), linears, input_norm, post_norm, q_norm, k_norm, eps,
                         buffers, k_cache, v_cache, cos_sin, n_heads, n_kv_heads, head_dim,
-                        scale, sliding_window, first)
+                        scale, sliding_window, first, sinks)
 
 
 def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:

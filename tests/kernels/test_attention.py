@@ -51,7 +51,8 @@ def make_case(rng, seqs, n_heads, n_kv, head_dim, block_size, bf16):
     return q, k_cache, v_cache, table, seq_lens, query_start, dense
 
 
-def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window):
+def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window, sinks=None):
+    """Softmax attention in float64; sinks: each head's logit in the denominator."""
     out = np.zeros((q.shape[0], n_heads * head_dim))
     group = n_heads // dense[0][0].shape[1]
     row = 0
@@ -64,9 +65,14 @@ def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window):
             qh = q[row:row + q_len, h * head_dim:(h + 1) * head_dim].astype(np.float64)
             kh, vh = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
             s = np.where(visible, qh @ kh.T * scale, -np.inf)
-            p = np.exp(s - s.max(axis=1, keepdims=True))
-            out[row:row + q_len, h * head_dim:(h + 1) * head_dim] = p @ vh / p.sum(axis=1,
-                                                                                  keepdims=True)
+            m = s.max(axis=1, keepdims=True)
+            if sinks is not None:   # as transformers' GPT-OSS: the max over scores and sink
+                m = np.maximum(m, float(sinks[h]))
+            p = np.exp(s - m)
+            denom = p.sum(axis=1, keepdims=True)
+            if sinks is not None:
+                denom += np.exp(float(sinks[h]) - m)
+            out[row:row + q_len, h * head_dim:(h + 1) * head_dim] = p @ vh / denom
         row += q_len
     return out
 
@@ -85,18 +91,21 @@ ATTN_DIMS = [(2, 2, 8), (6, 2, 64), (3, 1, 80), (4, 4, 36), (9, 3, 64), (8, 2, 1
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(raw=seq_lists, dims=st.sampled_from(ATTN_DIMS),
        block_size=st.sampled_from([1, 5, 16, 32]), bf16=st.booleans(),
-       window=st.sampled_from([0, 7, 100]), seed=st.integers(0, 2**32 - 1))
-def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, window, seed):
+       window=st.sampled_from([0, 7, 100]), sinks=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, window, sinks,
+                                 seed):
     seqs = [(q_len, q_len + ctx) for q_len, ctx in raw]  # prefill chunks after ctx cached tokens
     n_heads, n_kv, head_dim = dims
     rng = np.random.default_rng(seed)
     q, kc, vc, table, lens, qs, dense = make_case(rng, seqs, n_heads, n_kv, head_dim,
                                                   block_size, bf16)
     scale = head_dim ** -0.5
+    # sink logits around the scores' range, so that they move the weights
+    sink = (rng.standard_normal(n_heads) * 2).astype(np.float32) if sinks else None
     out = np.full((q.shape[0], n_heads * head_dim + 2), 9.0, np.float32)
     variant.attention(q, kc, vc, table, lens, qs, n_heads, scale, out[:, :n_heads * head_dim],
-                      window, None, pool)
-    want = exact_attention(q, dense, seqs, n_heads, head_dim, scale, window)
+                      window, None, pool, sink)
+    want = exact_attention(q, dense, seqs, n_heads, head_dim, scale, window, sink)
     vmax = max(np.abs(v).max() for _, v in dense)
     tol = BF16_COMPUTE_TOL if bf16 and variant.attention_bf16_compute == "bf16" else TOL
     assert np.max(np.abs(out[:, :n_heads * head_dim] - want)) <= tol * vmax
@@ -173,15 +182,34 @@ def test_split_kv_is_bit_identical_for_any_thread_count(variant, pools, bf16, di
     q, kc, vc, table, lens, qs, _ = make_case(rng, seqs, n_heads, n_kv, hd, 16, bf16)
     rows, max_len = int(qs[-1]), max(s for _, s in seqs)
     scratch = np.empty(ops.attn_scratch_len(rows, n_heads, hd, max_len), np.float32)
+    # GPT-OSS's layout: sinks with the sliding window (the denominator after the merge)
+    sinks = rng.standard_normal(n_heads).astype(np.float32) if window else None
     outs = []
     for pool in [None, *pools.values()]:
         for use_scratch in (False, True):
             out = np.empty((rows, n_heads * hd), np.float32)
             variant.attention(q, kc, vc, table, lens, qs, n_heads, hd ** -0.5, out, window,
-                              scratch if use_scratch else None, pool)
+                              scratch if use_scratch else None, pool, sinks)
             outs.append(out)
     for out in outs[1:]:
         assert np.array_equal(out, outs[0])
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_sinks_out_of_exp_range(variant, pool, bf16):
+    """A sink far above every score takes all the weight (the row is 0, no NaN); one far
+    below takes none (the row is attention without it)."""
+    seqs, (n_heads, n_kv, hd) = [(3, 40), (1, 300)], (4, 2, 64)
+    q, kc, vc, table, lens, qs, dense = make_case(np.random.default_rng(8), seqs, n_heads,
+                                                  n_kv, hd, 16, bf16)
+    plain, out = (np.empty((int(qs[-1]), n_heads * hd), np.float32) for _ in range(2))
+    variant.attention(q, kc, vc, table, lens, qs, n_heads, hd ** -0.5, plain, 0, None, pool)
+    sinks = np.array([200.0, -200.0, 1e30, -1e30], np.float32)
+    variant.attention(q, kc, vc, table, lens, qs, n_heads, hd ** -0.5, out, 0, None, pool, sinks)
+    for h, gone in enumerate((True, False, True, False)):
+        cols = slice(h * hd, (h + 1) * hd)
+        assert np.array_equal(out[:, cols], np.zeros_like(out[:, cols]) if gone
+                              else plain[:, cols])
 
 
 @pytest.mark.parametrize("bf16", [False, True])

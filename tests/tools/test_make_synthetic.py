@@ -74,7 +74,7 @@ def test_gguf_config_and_tensor_shapes_follow_the_table(llama):
     # llama.cpp's rope_freqs divisors give the HF llama3 scaling armllm computes
     base = 1.0 / 500000.0 ** (np.arange(0, 64, 2) / 64)
     np.testing.assert_allclose(base / gguf.dequantize("rope_freqs.weight"),
-                               _scaled_inv_freq(base, shape.rope_scaling), rtol=1e-6)
+                               _scaled_inv_freq(base, shape.rope_scaling, 500000.0), rtol=1e-6)
     hf = load_hf_config(paths["hf-bf16"])
     assert np.float32(hf.rms_norm_eps) == np.float32(config.rms_norm_eps)  # GGUF: float32
     same = {"rope_scaling": None, "rms_norm_eps": config.rms_norm_eps}

@@ -843,8 +843,9 @@ cdef class Kernels:
 
     def attention(self, q, k_cache, v_cache, block_table, seq_lens, query_start,
                   int64_t n_heads, float scale, out, int64_t sliding_window=0, scratch=None,
-                  ThreadPool pool=None):
-        """Varlen paged attention of q [T, n_heads*head_dim] into out (see the C header)."""
+                  ThreadPool pool=None, sinks=None):
+        """Varlen paged attention of q [T, n_heads*head_dim] into out (see the C header);
+        sinks: None or float32 [n_heads], each head's logit in the softmax denominator."""
         cdef cnp.ndarray qa = _array(q, "q", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
@@ -894,6 +895,7 @@ cdef class Kernels:
         args.out = <float *>cnp.PyArray_DATA(oa)
         args.ldo = _ld(oa)
         args.scratch, args.scratch_len = NULL, 0
+        args.sinks = NULL if sinks is None else _vector(sinks, "sinks", n_heads)
         if scratch is not None:
             sc = _array(scratch, "scratch", np.float32, 1)
             _writable(sc, "scratch")

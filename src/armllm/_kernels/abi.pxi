@@ -37,6 +37,7 @@ cdef extern from "armllm_kernels.h" nogil:
         int64_t ldo
         float *scratch
         size_t scratch_len
+        const float *sinks
     enum:
         ARMLLM_ATTN_MAX_HEAD_DIM
     size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim,

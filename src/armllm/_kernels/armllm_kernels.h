@@ -114,7 +114,9 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  *   pos = seq_len - q_len + i and attends keys [lo, pos] with
  *   lo = sliding_window ? max(0, pos - sliding_window + 1) : 0 (causal).
  *   Query head h reads KV head h / (n_heads / n_kv_heads) (GQA).
- *   out = softmax(scale * q.K^T) V, written at out + row*ldo.
+ *   out = softmax(scale * q.K^T) V, written at out + row*ldo. With sinks
+ *   (GPT-OSS), head h's softmax denominator also holds exp(sinks[h]): a
+ *   logit with no value, out = sum_j e^(s_j) V_j / (sum_j e^(s_j) + e^sinks[h]).
  *
  *   Keys are taken in partitions of ARMLLM_ATTN_PARTITION absolute positions;
  *   each partition's (max, sum, weighted V) is merged into the running one in
@@ -148,6 +150,7 @@ typedef struct {
   int64_t ldo;
   float *scratch; /* split-KV partials, may be NULL */
   size_t scratch_len;
+  const float *sinks; /* [n_heads] logits in every row's softmax denominator, NULL: none */
 } armllm_attn_args;
 
 /* Floats of scratch that let a variant split every row's keys over threads. */

@@ -80,7 +80,8 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
         if (in_part(&t, i, p)) armllm_attn_merge(&st[i], acc[i], m[i], l[i], accp + i * hd, hd);
     }
     for (int i = 0; i < t.nq; i++)
-      finish(a->out + (t.row0 + i / t.nh) * a->ldo + (t.h0 + i % t.nh) * hd, acc[i], st[i].l, hd);
+      finish(a->out + (t.row0 + i / t.nh) * a->ldo + (t.h0 + i % t.nh) * hd, acc[i],
+             armllm_attn_denominator(a, &st[i], t.h0 + i % t.nh), hd);
   }
 }
 
@@ -123,7 +124,7 @@ static void attn_merge_items(void *ctx, int64_t i0, int64_t i1) {
       const float *src = a->scratch + ((row * a->n_heads + h) * j->nparts + p) * (hd + 2);
       armllm_attn_merge(&st, acc, src[0], src[1], src + 2, hd);
     }
-    finish(a->out + row * a->ldo + h * hd, acc, st.l, hd);
+    finish(a->out + row * a->ldo + h * hd, acc, armllm_attn_denominator(a, &st, h), hd);
   }
 }
 

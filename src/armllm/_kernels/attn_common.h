@@ -174,4 +174,12 @@ static inline void armllm_attn_merge(armllm_softmax_state *st, float *acc, float
   for (int64_t d = 0; d < head_dim; d++) acc[d] = acc[d] * ca + accp[d] * cb;
 }
 
+/* The softmax denominator of head h's row once every partition is merged:
+ * the sum of its weights, plus the sink's exp(sinks[h] - m) (0 past exp's
+ * range; a sink far above every score makes it inf and the row 0, its limit). */
+static inline float armllm_attn_denominator(const armllm_attn_args *a,
+                                            const armllm_softmax_state *st, int64_t h) {
+  return a->sinks ? st->l + armllm_exp_scalar(a->sinks[h] - st->m) : st->l;
+}
+
 #endif /* ARMLLM_ATTN_COMMON_H */

@@ -167,7 +167,8 @@ static void subtile_full(const attn_job *job, tile_ctx *t, int64_t p_unused) {
   }
   for (int64_t i = 0; i < t->nq; i++) {
     const int64_t row = t->r0 + i / t->nh, h = t->h0 + i % t->nh;
-    finish(a->out + row * a->ldo + h * t->hd, acc[i], st[i].l, t->hd);
+    finish(a->out + row * a->ldo + h * t->hd, acc[i], armllm_attn_denominator(a, &st[i], h),
+           t->hd);
   }
 }
 
@@ -215,7 +216,7 @@ static void merge_rows(void *ctx, int64_t i0, int64_t i1) {
       const float *part = src + p * stride;
       merge_partial(&st, acc, part[0], part[1], part + 2, hd);
     }
-    finish(a->out + row * a->ldo + h * hd, acc, st.l, hd);
+    finish(a->out + row * a->ldo + h * hd, acc, armllm_attn_denominator(a, &st, h), hd);
   }
 }
 

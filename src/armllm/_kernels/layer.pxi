@@ -71,6 +71,7 @@ cdef struct LayerArgs:
     const float *post_norm
     const float *q_norm
     const float *k_norm
+    const float *sinks        # [n_heads] attention sinks (GPT-OSS), NULL: none
     float eps, scale
     int64_t hidden, q_size, kv_size, inter, n_heads, n_kv_heads, head_dim
     int64_t sliding_window, max_rows, max_pos
@@ -107,7 +108,8 @@ cdef class DecoderLayer:
     and leave their sum in `hidden`. buffers: the Workspace arrays
     residual, hidden, normed, qkv, q_normed, k_normed (None without qk_norm),
     attn, gate_up, act, attn_scratch. first: layer 0 (its input is the
-    residual stream itself, no residual add)."""
+    residual stream itself, no residual add). sinks: None or each query head's
+    attention sink logit, float32 [n_heads] (GPT-OSS)."""
     cdef LayerArgs a
     cdef const armllm_kernels *kt
     cdef list keep
@@ -115,9 +117,9 @@ cdef class DecoderLayer:
     def __init__(self, Kernels kernels, linears, input_norm, post_norm, q_norm, k_norm,
                  float eps, buffers, k_cache, v_cache, cos_sin, int64_t n_heads,
                  int64_t n_kv_heads, int64_t head_dim, float scale, int64_t sliding_window,
-                 bint first):
+                 bint first, sinks=None):
         self.keep = [linears, input_norm, post_norm, q_norm, k_norm, buffers, k_cache,
-                     v_cache, cos_sin]
+                     v_cache, cos_sin, sinks]
         cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
         cdef cnp.ndarray vc = _kv_cache(v_cache, "v_cache")
         _same_cache(kc, vc)
@@ -163,6 +165,7 @@ cdef class DecoderLayer:
             self.a.max_rows = min(self.a.max_rows, q_normed.shape[0], k_normed.shape[0])
             self.a.q_norm = _vector(q_norm, "q_norm", head_dim)
             self.a.k_norm = _vector(k_norm, "k_norm", head_dim)
+        self.a.sinks = NULL if sinks is None else _vector(sinks, "sinks", n_heads)
         self.a.input_norm = _vector(input_norm, "input_norm", self.a.hidden)
         self.a.post_norm = _vector(post_norm, "post_norm", self.a.hidden)
         cdef cnp.ndarray sa = _array(attn_scratch, "attn_scratch", np.float32, 1)
@@ -483,6 +486,7 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     args.scale, args.sliding_window = d.scale, d.sliding_window
     args.out, args.ldo = d.attn.p, d.attn.ld
     args.scratch, args.scratch_len = d.attn_scratch, d.attn_scratch_len
+    args.sinks = d.sinks
     _tick(times, 1, &t0)
     bad = kt.attention(p, &args)
     _tick(times, 2, &t0)

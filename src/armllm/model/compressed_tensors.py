@@ -63,9 +63,11 @@ def parse_config(cfg: dict, source: str) -> CTConfig | None:
     if qc is None:
         return None
     method = qc.get("quant_method")
+    if method == "mxfp4":   # GPT-OSS's experts: *_blocks/*_scales, read by stacked_experts
+        return None
     if method != "compressed-tensors":
         raise ValueError(f"{source}: quantization_config.quant_method {method!r} is not "
-                         "supported (supported: compressed-tensors)")
+                         "supported (supported: compressed-tensors, mxfp4)")
     top_format = qc.get("format", "int-quantized")
     groups = []
     for gname, group in (qc.get("config_groups") or {}).items():

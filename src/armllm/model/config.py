@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM")
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
+                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                           "GptOssForCausalLM")
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,9 @@ class ModelConfig:
     rope_scaling: dict | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    attention_bias: bool          # q/k/v projections carry a bias (Qwen2)
+    attention_bias: bool          # q/k/v projections carry a bias (Qwen2, GPT-OSS)
     qk_norm: bool                 # RMSNorm on each q/k head before RoPE (Qwen3)
-    sliding_window: int           # 0: full attention
+    sliding_window: int           # tokens a sliding layer attends (0: none)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     # mixture of experts (Mixtral, Qwen3-MoE): the layers whose MLP is sparse, each a
@@ -40,6 +41,16 @@ class ModelConfig:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
+    # the layers that attend only their last sliding_window tokens (Mistral, Mixtral: all;
+    # GPT-OSS: every other one); the others attend the whole context
+    sliding_layers: tuple[int, ...] = ()
+    # GPT-OSS: o_proj and the router and experts carry biases, each attention head a sink
+    # logit in its softmax denominator, and the experts' activation is the clamped
+    # SwiGLU (up + 1) * g * sigmoid(alpha * g), g = min(gate, limit), up in [-limit, limit]
+    o_bias: bool = False
+    attention_sinks: bool = False
+    moe_bias: bool = False
+    clamped_swiglu: tuple[float, float] | None = None   # (alpha, limit)
 
     def __post_init__(self):
         def positive(name: str) -> None:
@@ -63,6 +74,12 @@ class ModelConfig:
             if any(not 0 <= i < self.num_layers for i in self.moe_layers):
                 raise ValueError(f"config: sparse layers {list(self.moe_layers)} outside the "
                                  f"{self.num_layers} layers")
+        if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
+            raise ValueError(f"config: sliding layers {list(self.sliding_layers)} outside the "
+                             f"{self.num_layers} layers")
+        if self.sliding_layers and self.sliding_window < 1:
+            raise ValueError(f"config: sliding layers need a sliding_window >= 1, got "
+                             f"{self.sliding_window!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"config: rms_norm_eps and rope_theta must be > 0, got "
                              f"{self.rms_norm_eps} and {self.rope_theta}")
@@ -78,6 +95,10 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         """Layer i's MLP is a router over experts (else a dense MLP)."""
         return i in self.moe_layers
+
+    def window(self, i: int) -> int:
+        """The tokens layer i attends back (0: all of them)."""
+        return self.sliding_window if i in self.sliding_layers else 0
 
     def mlp_size(self, i: int) -> int:
         """The intermediate size of layer i's MLP: an expert's in a sparse layer."""
@@ -103,7 +124,37 @@ def _moe_fields(arch: str, cfg: dict[str, Any], num_layers: int) -> dict[str, An
                 "num_experts": experts, "experts_per_token": int(cfg["num_experts_per_tok"]),
                 "moe_intermediate_size": int(cfg["moe_intermediate_size"]),
                 "norm_topk_prob": bool(cfg.get("norm_topk_prob", False))}
+    if arch == "GptOssForCausalLM":   # top-k of the logits, then their softmax: renormalized
+        return {"moe_layers": tuple(range(num_layers)),
+                "num_experts": int(cfg["num_local_experts"]),
+                "experts_per_token": int(cfg["num_experts_per_tok"]),
+                "moe_intermediate_size": int(cfg["intermediate_size"]), "norm_topk_prob": True,
+                "o_bias": bool(cfg.get("attention_bias", True)), "attention_sinks": True,
+                "moe_bias": True,
+                "clamped_swiglu": (float(cfg.get("swiglu_alpha", 1.702)),
+                                   float(cfg.get("swiglu_limit", 7.0)))}
     return {}
+
+
+def _sliding_fields(arch: str, cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """sliding_window and sliding_layers: Mistral's and Mixtral's window in every layer,
+    GPT-OSS's in the layers layer_types calls "sliding_attention" (by default every
+    other one, from layer 0)."""
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if not window or arch not in ("MistralForCausalLM", "MixtralForCausalLM",
+                                  "GptOssForCausalLM"):
+        return {"sliding_window": 0}
+    types = cfg.get("layer_types")
+    if arch != "GptOssForCausalLM":
+        layers = range(num_layers)
+    elif types is None:
+        layers = range(0, num_layers, 2)
+    else:
+        if len(types) != num_layers:
+            raise ValueError(f"config: layer_types has {len(types)} entries for "
+                             f"{num_layers} layers")
+        layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    return {"sliding_window": int(window), "sliding_layers": tuple(layers)}
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -123,13 +174,13 @@ def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
         rope = cfg.get("rope_parameters") or {}
         scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default")
                                               != "default" else None)
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+        layers = int(cfg["num_hidden_layers"])
         return ModelConfig(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=int(cfg.get("head_dim") or hidden // heads),
@@ -138,13 +189,13 @@ def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
             rope_scaling=scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            attention_bias=bool(cfg.get("attention_bias", arch in ("Qwen2ForCausalLM",
+                                                                 "GptOssForCausalLM"))),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-            sliding_window=int(window or 0) if arch in ("MistralForCausalLM",
-                                                        "MixtralForCausalLM") else 0,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=_eos_ids(cfg.get("eos_token_id")),
-            **_moe_fields(arch, cfg, int(cfg["num_hidden_layers"])),
+            **_sliding_fields(arch, cfg, layers),
+            **_moe_fields(arch, cfg, layers),
         )
     except KeyError as exc:
         raise ValueError(f"{source}: missing key {exc.args[0]!r}") from None

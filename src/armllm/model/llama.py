@@ -1,6 +1,8 @@
 """llama: the Llama-family decoder as one flat graph over armllm.ops:
 Llama 2/3/3.1/3.2 and SmolLM2, Mistral (sliding window), Qwen2 (q/k/v
-bias) and Qwen3 (RMSNorm on each q/k head).
+bias) and Qwen3 (RMSNorm on each q/k head); their mixture-of-experts kin
+(Mixtral, Qwen3-MoE, GPT-OSS: attention sinks, biases, sliding and full layers
+alternating) with the sparse MLP of model/moe.py.
 
 `forward` runs one flattened varlen batch (prefill chunks and decodes
 together) against the paged KV cache and returns logits only for the rows
@@ -224,8 +226,9 @@ class LlamaModel:
             res += x (the previous layer's MLP output; layer 0 starts from the embedding)
             qkv = rms_norm(res, input_norm) @ qkv.T (+ bias)    (one fused call, quantized)
             q, k = rms_norm per head (Qwen3's qk_norm); rope(q), rope(k) (neox)
-            kv_write(k, v -> the cache's slots); attn = paged_attention(q, cache)
-            x = attn @ o.T;  res += x;  gate_up = rms_norm(res, post_norm) @ gate_up.T
+            kv_write(k, v -> the cache's slots)
+            attn = paged_attention(q, cache, the layer's window, sinks (GPT-OSS))
+            x = attn @ o.T (+ bias);  res += x;  gate_up = rms_norm(res, post_norm) @ gate_up.T
             x = (silu(gate) * up) @ down.T   (a sparse layer: x = SparseMLP(normed rows))
 
         with the kernels and buffers armllm.ops' per-op wrappers would use; the head
@@ -239,14 +242,14 @@ class LlamaModel:
         layers, sparse = [], []
         for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
             qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
-            linears = [(lw.qkv, lw.qkv_bias, qkv_in), (lw.o, None, o_in),
+            linears = [(lw.qkv, lw.qkv_bias, qkv_in), (lw.o, lw.o_bias, o_in),
                        (lw.gate_up, None, gate_up_in), (lw.down, None, down_in)]
             sparse.append(SparseMLP(c, lw.moe, ws, gate_up_in, down_in) if lw.moe else None)
             qk = (lw.q_norm, lw.k_norm) if c.qk_norm else (None, None)
             layers.append(ops.bind_decoder_layer(
                 linears, lw.input_norm, lw.post_norm, *qk, c.rms_norm_eps, buffers, kv.k[i],
                 kv.v[i], self.cos_sin, c.num_heads, c.num_kv_heads, c.head_dim, self.scale,
-                c.sliding_window, first=i == 0))
+                c.window(i), first=i == 0, sinks=lw.sinks))
         head = ops.bind_norm_head(w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps,
                                   ws.hidden, ws.residual, ws.selected, ws.selected_residual,
                                   ws.logits)

@@ -1,14 +1,18 @@
-"""moe: the sparse MLP of a mixture-of-experts layer (Mixtral, Qwen3-MoE).
+"""moe: the sparse MLP of a mixture-of-experts layer (Mixtral, Qwen3-MoE, GPT-OSS).
 
 A sparse layer's DecoderLayer.run ends with the MLP's input in the workspace's
 `normed` rows; SparseMLP.run then routes every row to its top-k experts and
 leaves the weighted sum of their outputs in `hidden`, where the next layer's
 residual add picks it up:
 
-    logits = normed @ router.T;  p = softmax(logits)
+    logits = normed @ router.T (+ bias);  p = softmax(logits)
     ids = the k largest p (ties: the lower expert id, as torch.topk on CPU)
-    w = p[ids] (/ their sum when the model renormalizes: Mixtral, norm_topk_prob)
-    hidden[r] = sum over e in ids[r], in ascending e: w * down_e(silu(gate_e) * up_e)
+    w = p[ids] (/ their sum when the model renormalizes: Mixtral, norm_topk_prob,
+        GPT-OSS, whose softmax over the top-k logits is the same weights)
+    hidden[r] = sum over e in ids[r], in ascending e: w * down_e(act(gate_e, up_e))
+
+with act = silu(gate) * up, or GPT-OSS's clamped SwiGLU (see ModelConfig), and the
+experts' biases (GPT-OSS) added to gate_up and down.
 
 Rows are grouped by expert with one stable sort of the (row, slot) pairs, so
 each active expert runs its two GEMMs once over all of its rows, in the
@@ -47,12 +51,30 @@ class SparseMLP:
                  gate_up_in: ops.ActScratch | None, down_in: ops.ActScratch | None):
         self.weights, self.ws = weights, ws
         self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
+        self.clamped_swiglu = config.clamped_swiglu
         self.gate_up_in, self.down_in = gate_up_in, down_in
+
+    def _act(self, gate_up: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if self.clamped_swiglu is None:
+            return ops.silu_mul(gate_up, out=out)
+        alpha, limit = self.clamped_swiglu
+        inter = out.shape[1]
+        gate, up = gate_up[:, :inter], gate_up[:, inter:]   # scratch: clamped in place
+        np.minimum(gate, limit, out=gate)
+        np.clip(up, -limit, limit, out=up)
+        up += 1.0
+        with np.errstate(over="ignore"):   # exp(-alpha g) -> inf: g * sigmoid = -0
+            np.multiply(gate, -alpha, out=out)
+            np.exp(out, out=out)
+        out += 1.0
+        np.divide(gate, out, out=out)
+        out *= up
+        return out
 
     def run(self, rows: int) -> None:
         ws, w, k = self.ws, self.weights, self.top_k
         x, out = ws.normed[:rows], ws.hidden[:rows]
-        logits = ops.linear(x, w.router, out=ws.router_logits[:rows])
+        logits = ops.linear(x, w.router, w.router_bias, out=ws.router_logits[:rows])
         ids, weights = route(logits, k, self.renormalize)
         # (row, slot) pairs in expert order, rows ascending within an expert
         order = np.argsort(ids, axis=None, kind="stable")
@@ -66,9 +88,14 @@ class SparseMLP:
             start += n
             sel = pairs // k
             xin = np.take(x, sel, axis=0, out=ws.expert_in[:n])
-            gate_up = ops.linear(xin, w.gate_up[e], out=ws.expert_gate_up[:n],
-                                 act_scratch=self.gate_up_in)
-            act = ops.silu_mul(gate_up, out=ws.expert_act[:n])
-            y = ops.linear(act, w.down[e], out=ws.expert_out[:n], act_scratch=self.down_in)
+            gate_up = ops.linear(xin, w.gate_up[e], _row(w.gate_up_bias, e),
+                                 out=ws.expert_gate_up[:n], act_scratch=self.gate_up_in)
+            act = self._act(gate_up, ws.expert_act[:n])
+            y = ops.linear(act, w.down[e], _row(w.down_bias, e), out=ws.expert_out[:n],
+                           act_scratch=self.down_in)
             y *= flat_w[pairs][:, None]
             out[sel] += y
+
+
+def _row(biases: np.ndarray | None, e: int) -> np.ndarray | None:
+    return None if biases is None else biases[e]

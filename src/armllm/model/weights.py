@@ -31,6 +31,7 @@ from armllm.model.quantize import (
     quantize_rtn,
 )
 from armllm.model.safetensors_file import SafetensorsCheckpoint
+from armllm.model.stacked_experts import StackedExperts
 
 WeightDtype = Literal["f32", "bf16"]
 
@@ -38,12 +39,14 @@ WeightDtype = Literal["f32", "bf16"]
 class HFSource:
     """Tensors of a Hugging Face safetensors checkpoint, by HF name; the Linear
     layers of a compressed-tensors checkpoint come quantized (get_quantized) or
-    dequantized (get)."""
+    dequantized (get); GPT-OSS's stacked experts under per-expert names, MXFP4 ones
+    as stored (native_format, raw_rows: see stacked_experts)."""
 
     def __init__(self, model_dir: str | Path, ct: CTConfig | None = None):
         self.ckpt = SafetensorsCheckpoint(model_dir)
         self.where = str(model_dir)
         self.ct = ct
+        self.stacked = StackedExperts(self.ckpt)
 
     def _quantized_module(self, name: str):
         if self.ct is None or not name.endswith(".weight"):
@@ -54,10 +57,12 @@ class HFSource:
         return module, self.ct.weight_args(module)
 
     def has(self, name: str) -> bool:
-        return name in self.ckpt or (self._quantized_module(name) is not None
-                                     and f"{name}_packed" in self.ckpt)
+        return name in self.ckpt or self.stacked.find(name) is not None or (
+            self._quantized_module(name) is not None and f"{name}_packed" in self.ckpt)
 
     def get(self, name: str) -> np.ndarray:
+        if self.stacked.find(name) is not None:
+            return np.concatenate([rows for _, rows in self.float_rows(name, 1 << 30)])
         if self._quantized_module(name) is not None:
             return self.get_quantized(name, None).dequantize()
         return self.ckpt.array(name)
@@ -74,7 +79,13 @@ class HFSource:
         return module, scheme
 
     def native_format(self, name: str, shape: tuple[int, int]) -> QuantFormat | None:
-        """The format get_quantized gives `name` in, from the config and headers alone."""
+        """The format get_quantized gives `name` in (or raw_rows, for MXFP4 experts: the
+        GGUF-block GEMM's), from the config and headers alone."""
+        stacked = self.stacked.find(name)
+        if stacked is not None:
+            if not stacked.mxfp4 or self.stacked.shape(stacked) != tuple(shape):
+                return None
+            return QuantFormat(0, ops.GGUF_ACT_GROUP, gguf=(("MXFP4", shape[0]),))
         found = self._scheme(name)
         if found is None:
             return None
@@ -100,6 +111,10 @@ class HFSource:
         """(first row, float rows) of a matrix, up to `rows` rows at a time: views of the
         file (bf16 as uint16 bits), or a compressed-tensors layer dequantized; a chunk's
         file pages are released when the next chunk is asked for."""
+        stacked = self.stacked.find(name)
+        if stacked is not None:
+            yield from self.stacked.float_rows(stacked, rows)
+            return
         if self._quantized_module(name) is None:
             yield from self.ckpt.row_chunks(name, rows)
             return
@@ -115,8 +130,15 @@ class HFSource:
         self._release_module(name)
         yield 0, qm
 
+    def raw_rows(self, name: str, shape: tuple[int, int], rows: int):
+        """(first row, uint8 GGUF MXFP4 blocks of up to `rows` rows) of an MXFP4 expert."""
+        yield from self.stacked.raw_rows(self.stacked.find(name), rows)
+
     def shape(self, name: str) -> tuple[int, ...]:
         """A tensor's shape from the headers (a compressed-tensors layer's unpacked)."""
+        stacked = self.stacked.find(name)
+        if stacked is not None:
+            return self.stacked.shape(stacked)
         if self._quantized_module(name) is not None:
             return self._shape(name[:-len(".weight")])
         return tuple(self.ckpt.array(name).shape)
@@ -326,6 +348,9 @@ _MOE_NAMES = {
                            "block_sparse_moe.experts.{e}.w2.weight"),
     "Qwen3MoeForCausalLM": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
                             "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    # slices of the layer's stacked tensors (stacked_experts)
+    "GptOssForCausalLM": ("mlp.router.weight", "mlp.experts.{e}.gate_proj.weight",
+                          "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
 }
 
 
@@ -360,10 +385,15 @@ def linear_shapes(c: ModelConfig, i: int = 0) -> list[tuple[int, int]]:
 @dataclass
 class MoEWeights:
     """A sparse layer's MLP: the router [experts, hidden] (float, kept in the model's
-    dtype) and each expert's fused [gate; up] and down weights, one format for all."""
+    dtype) and each expert's fused [gate; up] and down weights, one format for all;
+    GPT-OSS's biases: the router's [experts], the experts' [experts, 2 inter] ([gate;
+    up] as the weights) and [experts, hidden], float32."""
     router: ops.PackedWeight
     gate_up: list[ops.PackedWeight]
     down: list[ops.PackedWeight]
+    router_bias: np.ndarray | None = None
+    gate_up_bias: np.ndarray | None = None
+    down_bias: np.ndarray | None = None
 
 
 @dataclass
@@ -378,6 +408,8 @@ class LayerWeights:
     gate_up: ops.PackedWeight | None   # [gate; up] rows (None in a sparse layer)
     down: ops.PackedWeight | None
     moe: MoEWeights | None = None
+    o_bias: np.ndarray | None = None   # GPT-OSS
+    sinks: np.ndarray | None = None    # [heads] attention sink logits (GPT-OSS)
 
     def mlp_weights(self) -> tuple[ops.PackedWeight, ops.PackedWeight]:
         """The (gate_up, down) whose formats stand for the layer's MLP: expert 0's in a
@@ -611,7 +643,8 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                 used.add(dtype)
             return ops.pack_weight(float_matrix(names_shapes, dtype), dtype)
         if fmt.runs_gguf:
-            used.update(f"{t} (GGUF, as stored)" for t, _ in fmt.gguf)
+            origin = "GGUF" if isinstance(source, GGUFSource) else "checkpoint"
+            used.update(f"{t} ({origin}, as stored)" for t, _ in fmt.gguf)
             return gguf_matrix(names_shapes, fmt)
         if quantization == "auto":
             acts = "" if fmt.act_symmetric else ", asymmetric activations"
@@ -655,8 +688,17 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                 raise ValueError(f"{source.where}: expert {e} of layer {i} is stored in "
                                  f"another format than expert 0; armllm runs a layer's "
                                  f"experts in one format")
-        return MoEWeights(matrix([_router_tensor(c, i)], may_quantize=False),
-                          [g for g, _ in packed], [d for _, d in packed])
+        router, biases = _router_tensor(c, i), (None, None, None)
+        if c.moe_bias:   # GPT-OSS: stacked per layer, gate_up's rows interleaved
+            stem = f"model.layers.{i}.mlp.experts."
+            e, inter = c.num_experts, c.moe_intermediate_size
+            gate_up = _as_f32(tensor(stem + "gate_up_proj_bias", (e, 2 * inter)))
+            biases = (_as_f32(tensor(router[0][:-len("weight")] + "bias", (e,))),
+                      np.ascontiguousarray(np.concatenate([gate_up[:, 0::2], gate_up[:, 1::2]],
+                                                          axis=1)),
+                      _as_f32(tensor(stem + "down_proj_bias", (e, h))))
+        return MoEWeights(matrix([router], may_quantize=False), [g for g, _ in packed],
+                          [d for _, d in packed], *biases)
 
     layers = []
     for i in range(c.num_layers):
@@ -680,6 +722,9 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             gate_up=None if moe else matrix(gate_up),
             down=None if moe else matrix(down),
             moe=moe,
+            o_bias=_as_f32(tensor(p + "self_attn.o_proj.bias", (h,))) if c.o_bias else None,
+            sinks=_as_f32(tensor(p + "self_attn.sinks", (c.num_heads,))) if c.attention_sinks
+            else None,
         ))
         if progress:
             progress(i + 1, c.num_layers)

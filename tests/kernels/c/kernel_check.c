@@ -429,7 +429,10 @@ static void check_attention(const armllm_kernels *v, armllm_pool *pool) {
         armllm_attn_args a = {q, ldq, bf16 ? (const void *)kb : kc, bf16 ? (const void *)vb : vc,
                               bf16, table, max_blocks, lens, qs, ATTN_NSEQ, nh, nkv, hd, bs,
                               num_blocks, 1.0f / sqrtf((float)hd), window ? 37 : 0, out, ldo,
-                              scratch, scratch_len};
+                              scratch, scratch_len, NULL};
+        /* GPT-OSS's layers: attention sinks with the window (every head's own logit) */
+        static const float sinks[] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.5f};
+        if (window) a.sinks = sinks;
         /* |V| <= 1; bf16-compute variants round q and the weights (header) */
         const double tol = bf16 && !strcmp(v->attention_bf16_compute, "bf16") ? 1.0 / 32 : 4e-6;
         armllm_attn_args a1 = a, ar = a;

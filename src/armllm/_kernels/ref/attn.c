@@ -48,7 +48,8 @@ static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
       armllm_attn_merge(&st, acc, mp, lp, accp, hd);
     }
     float *out = a->out + row * a->ldo + h * hd;
-    for (int64_t d = 0; d < hd; d++) out[d] = acc[d] / st.l;
+    const float l = armllm_attn_denominator(a, &st, h);
+    for (int64_t d = 0; d < hd; d++) out[d] = acc[d] / l;
   }
 }
 

@@ -1,0 +1,180 @@
+"""GPT-OSS against HF transformers: tiny random checkpoints written by transformers
+(biased q/k/v/o, router and experts, attention sinks, sliding and full layers
+alternating, YaRN RoPE, the clamped SwiGLU), in the float layout transformers
+saves and in the Hub's MXFP4 layout (experts as *_blocks/*_scales, decoded for the
+oracle by transformers' own converter): f32 logits within 1e-4 of the largest
+logit, greedy tokens identical over 32 steps, the engine's batching, chunking and
+prefix caching change no token, the MXFP4 experts run as stored.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from armllm.model.loader import load_model
+from tests.model.test_llama_vs_transformers import (
+    greedy_pair,
+    hf_logits,
+    make_tiny,
+    prefill_logits,
+)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# 3 layers: sliding, full, sliding; a window of 5 under prompts of 12-37 tokens; YaRN
+# with a short original context, so that its ramp and attention factor both matter
+GPT_OSS = {"num_local_experts": 6, "num_experts_per_tok": 2, "intermediate_size": 64,
+           "num_hidden_layers": 3, "head_dim": 16, "sliding_window": 5,
+           "rope_parameters": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                               "beta_slow": 1.0, "truncate": False, "rope_theta": 10000.0,
+                               "original_max_position_embeddings": 32}}
+
+
+def randomize_sinks(hf):
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.sinks.copy_(torch.randn_like(layer.self_attn.sinks))
+
+
+def write_mxfp4_checkpoint(path, hf, rng):
+    """Gives hf random MXFP4 experts and writes its checkpoint in the Hub's layout:
+    transformers' float experts replaced by *_blocks [E, N, K/32, 16] and *_scales
+    [E, N, K/32] (scales 2^-9..2^-5, so that expert outputs stay near the float
+    init's), quantization_config mxfp4. The oracle's experts are transformers'
+    convert_moe_packed_tensors of the same bytes."""
+    from safetensors.torch import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    c = hf.config
+    e, h, inter = c.num_local_experts, c.hidden_size, c.intermediate_size
+    tensors = {k: v.contiguous() for k, v in hf.state_dict().items()
+               if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    for i, layer in enumerate(hf.model.layers):
+        for name, n, k in (("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)):
+            blocks = torch.from_numpy(rng.integers(0, 256, (e, n, k // 32, 16), np.uint8))
+            scales = torch.from_numpy(rng.integers(118, 123, (e, n, k // 32), np.uint8))
+            with torch.no_grad():
+                getattr(layer.mlp.experts, name).copy_(
+                    convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            stem = f"model.layers.{i}.mlp.experts.{name}"
+            tensors[f"{stem}_blocks"], tensors[f"{stem}_scales"] = blocks, scales
+    path.mkdir(exist_ok=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    cfg = hf.config.to_dict()
+    cfg["quantization_config"] = {"quant_method": "mxfp4",
+                                  "modules_to_not_convert": ["model.layers.*.self_attn",
+                                                             "model.layers.*.mlp.router",
+                                                             "model.embed_tokens", "lm_head"]}
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.fixture(scope="module", params=["float", "mxfp4"])
+def gpt_oss(request, tmp_path_factory):
+    """(layout, checkpoint dir, transformers model of the same weights)."""
+    path = tmp_path_factory.mktemp(f"gpt-oss-{request.param}")
+    hf = make_tiny(path, "GptOssConfig", "GptOssForCausalLM", GPT_OSS)
+    randomize_sinks(hf)
+    if request.param == "float":
+        hf.save_pretrained(path, safe_serialization=True)
+    else:
+        (path / "model.safetensors").unlink()
+        write_mxfp4_checkpoint(path, hf, np.random.default_rng(7))
+    return request.param, path, hf
+
+
+def test_config(gpt_oss):
+    _, path, hf = gpt_oss
+    c = load_model(path, "f32").config
+    assert c.architecture == "GptOssForCausalLM" and c.moe_layers == (0, 1, 2)
+    assert c.sliding_layers == (0, 2) and [c.window(i) for i in range(3)] == [5, 0, 5]
+    assert hf.config.layer_types == ["sliding_attention", "full_attention",
+                                     "sliding_attention"]
+    assert c.attention_sinks and c.o_bias and c.moe_bias and c.clamped_swiglu == (1.702, 7.0)
+
+
+def test_mxfp4_experts_run_as_stored(gpt_oss):
+    layout, path, _ = gpt_oss
+    lm = load_model(path, "f32")
+    experts = lm.model.weights.layers[1].moe
+    if layout == "mxfp4":
+        assert {w.dtype for w in experts.gate_up + experts.down} == {"gguf"}
+        assert experts.gate_up[0].gguf_types == (39, 39)   # MXFP4 gate and up, fused
+        assert "MXFP4 (checkpoint, as stored)" in lm.model.weights.quantization
+    else:
+        assert {w.dtype for w in experts.gate_up + experts.down} == {"f32"}
+
+
+def test_logits_match_transformers(gpt_oss):
+    """Float experts: 1e-4 of the largest logit. MXFP4 experts run on int8 activations
+    (the GGUF-block GEMM's): within their rounding of transformers' f32 experts, and
+    the same file with the experts decoded to f32 (--quantization none) within 1e-4."""
+    layout, path, hf = gpt_oss
+    lm = load_model(path, "f32")
+    exact = lm if layout == "float" else load_model(path, "f32", quantization="none")
+    for seed in (1, 2):
+        ids = list(np.random.default_rng(seed).integers(0, 97, 37))
+        theirs = hf_logits(hf, ids)
+        scale = max(1.0, np.abs(theirs).max())
+        ours = prefill_logits(exact, ids, block_size=8)
+        assert np.max(np.abs(ours - theirs)) <= 1e-4 * scale
+        if layout == "mxfp4":
+            ours = prefill_logits(lm, ids, block_size=8)
+            assert np.max(np.abs(ours - theirs)) <= 0.05 * scale
+
+
+def test_greedy_decode_matches_transformers(gpt_oss):
+    """32 greedy tokens through the engine (paged decode past the window) equal
+    transformers' greedy, experts decoded to f32 for the MXFP4 layout."""
+    from armllm import LLM
+    layout, path, hf = gpt_oss
+    llm = LLM(path, dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.01, max_num_seqs=4,
+              quantization="none")
+    prompt = [int(i) for i in np.random.default_rng(5).integers(0, 97, 12)]
+    ours, theirs = greedy_pair(llm, hf, prompt, 32)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64])
+def test_batching_chunking_and_prefix_cache_change_no_token(gpt_oss, budget):
+    """Requests alone equal the same requests batched, under prefill chunk budgets of 1,
+    7 and 64 tokens, prefix cache on and off (a shared prefix longer than the window)."""
+    from armllm import LLM, SamplingParams
+    _, path, _ = gpt_oss
+    rng = np.random.default_rng(budget)
+    shared = [int(i) for i in rng.integers(0, 97, 16)]
+    prompts = [shared + [int(i) for i in rng.integers(0, 97, n)] for n in (3, 9, 1)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    alone = LLM(path, dtype="float32", kv_cache_gib=0.01, max_num_seqs=1,
+                enable_prefix_caching=False)
+    want = [alone.generate(p, params)[0].token_ids for p in prompts]
+    for caching in (True, False):
+        llm = LLM(path, dtype="float32", kv_cache_gib=0.01, max_num_seqs=3,
+                  max_num_batched_tokens=max(budget, 3), enable_prefix_caching=caching)
+        got = [o.token_ids for o in llm.generate(prompts, params)]
+        assert got == want, (budget, caching)
+
+
+def test_yarn_table_matches_transformers():
+    """GPT-OSS's real YaRN parameters (theta 150000, factor 32 over 4096, untruncated):
+    the frequencies and attention factor equal transformers' rotary embedding's, and
+    the cos|sin table its output where float32 angles are exact enough to compare
+    (transformers multiplies positions in float32: at 100K its angles are 1e-2 off)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
+
+    from armllm import ops
+    cfg = transformers.GptOssConfig(head_dim=64, hidden_size=64, num_attention_heads=1,
+                                    max_position_embeddings=131072)
+    cfg.rope_parameters["rope_theta"] = theta = 150000.0
+    scaling = dict(cfg.rope_parameters)
+    rope = GptOssRotaryEmbedding(cfg)
+    base = 1.0 / theta ** (np.arange(0, 64, 2, dtype=np.float64) / 64)
+    np.testing.assert_allclose(ops._scaled_inv_freq(base, scaling, theta),
+                               rope.inv_freq.numpy(), rtol=1e-6)
+    assert abs(ops._yarn_attention_factor(scaling) - rope.attention_scaling) < 1e-12
+    pos = torch.tensor([[0, 1, 7, 100, 1000]])
+    cos, sin = rope(torch.zeros(1, dtype=torch.float32), pos)
+    table = ops.rope_cos_sin(2048, 64, theta, scaling)
+    np.testing.assert_allclose(table[pos[0].numpy(), :32], cos[0].numpy(), atol=1e-4)
+    np.testing.assert_allclose(table[pos[0].numpy(), 32:], sin[0].numpy(), atol=1e-4)
