@@ -22,9 +22,11 @@ from armllm._kernels._ext import (
     Kernels,
     NormHead,
     PackedWeight,
+    SparseLayer,
     StepBatch,
     ThreadPool,
     attn_scratch_len,
+    moe_route,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
     sample_scratch_bytes,
@@ -35,9 +37,10 @@ from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "StepBatch", "ThreadPool",
+    "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "SparseLayer",
+    "StepBatch", "ThreadPool",
     "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
-    "cpu_info",
+    "bind_sparse_layer", "cpu_info", "moe_route", "sparse_layer",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "GGUFTable", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf",
     "pack_quantized", "pack_weight", "paged_attention",
@@ -637,6 +640,26 @@ def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:
     """Runs a bound decoder layer on one step's batch: the kernel calls rms_norm_linear,
     rope, kv_write, paged_attention, linear, silu_mul make, in one call."""
     layer.run(batch, get_pool())
+
+
+def bind_sparse_layer(router: PackedWeight, router_bias: np.ndarray | None,
+                      gate_up: list[PackedWeight], gate_up_bias: np.ndarray | None,
+                      down: list[PackedWeight], down_bias: np.ndarray | None,
+                      gate_up_scratch: ActScratch | None, down_scratch: ActScratch | None,
+                      top_k: int, renormalize: bool,
+                      clamped_swiglu: tuple[float, float] | None, buffers: tuple
+                      ) -> SparseLayer:
+    """A sparse layer's router and experts bound to a workspace's buffers (normed,
+    hidden, router_logits, expert_in, expert_gate_up, expert_act, expert_out), for
+    sparse_layer() (see SparseLayer)."""
+    return SparseLayer(Kernels(_ISA), router, router_bias, gate_up, gate_up_bias, down,
+                       down_bias, gate_up_scratch, down_scratch, top_k, renormalize,
+                       clamped_swiglu, buffers)
+
+
+def sparse_layer(layer: SparseLayer, rows: int) -> None:
+    """Runs a bound sparse layer's MLP on the first `rows` rows."""
+    layer.run(rows, get_pool())
 
 
 def bind_norm_head(weight: PackedWeight, act_scratch: ActScratch | None, norm_weight: np.ndarray,

@@ -178,3 +178,19 @@ def test_yarn_table_matches_transformers():
     table = ops.rope_cos_sin(2048, 64, theta, scaling)
     np.testing.assert_allclose(table[pos[0].numpy(), :32], cos[0].numpy(), atol=1e-4)
     np.testing.assert_allclose(table[pos[0].numpy(), 32:], sin[0].numpy(), atol=1e-4)
+
+
+def test_plan_counts_total_and_active_parameters(gpt_oss, capsys):
+    """`armllm plan`: every parameter transformers' model holds (biases and sinks
+    included), and per token all but the unrouted experts' (with their biases)."""
+    from armllm.cli import main
+    layout, path, hf = gpt_oss
+    assert main(["plan", str(path), "--json", "--bandwidth-gbs", "10", "--max-model-len",
+                 "64", "--max-num-seqs", "1"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    c = load_model(path, "bf16").config
+    expert = 3 * c.hidden_size * c.moe_intermediate_size + 2 * c.moe_intermediate_size \
+        + c.hidden_size
+    assert p["params"]["total"] == hf.num_parameters()
+    unrouted = c.num_layers * (c.num_experts - c.experts_per_token) * expert
+    assert p["params"]["active"] == hf.num_parameters() - unrouted

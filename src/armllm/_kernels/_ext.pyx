@@ -1126,3 +1126,4 @@ def probe_fma(int64_t iters, ThreadPool pool=None):
     with nogil:
         flops = armllm_probe_fma(p, iters)
     return flops
+include "moe.pxi"

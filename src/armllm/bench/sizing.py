@@ -39,9 +39,11 @@ ITEM_BYTES = {"bf16": 2, "f32": 4}
 
 
 def _layer_small_params(c: ModelConfig) -> int:
-    """Per layer: the two RMSNorm weights, q/k/v biases, per-head q/k norms (kept f32)."""
+    """Per layer: the two RMSNorm weights, q/k/v (and o) biases, per-head q/k norms,
+    attention sinks (kept f32)."""
     return (2 * c.hidden_size + (c.q_size + 2 * c.kv_size if c.attention_bias else 0)
-            + (2 * c.head_dim if c.qk_norm else 0))
+            + (c.hidden_size if c.o_bias else 0) + (2 * c.head_dim if c.qk_norm else 0)
+            + (c.num_heads if c.attention_sinks else 0))
 
 
 def _experts(c: ModelConfig, i: int, batch: int | None = None) -> float:
@@ -56,9 +58,14 @@ def _experts(c: ModelConfig, i: int, batch: int | None = None) -> float:
 
 
 def _layer_params(c: ModelConfig, i: int, batch: int | None = None) -> float:
-    """Layer i's linear parameters (batch: those a decode step reads, as _experts)."""
-    qkv, o, gate_up, down = (n * k for n, k in linear_shapes(c, i))
+    """Layer i's linear parameters (batch: those a decode step reads, as _experts), with
+    the router's and experts' biases (GPT-OSS)."""
+    shapes = linear_shapes(c, i)
+    qkv, o, gate_up, down = (n * k for n, k in shapes)
     router = c.num_experts * c.hidden_size if c.is_moe_layer(i) else 0
+    if c.moe_bias and c.is_moe_layer(i):
+        router += c.num_experts
+        gate_up, down = gate_up + shapes[2][0], down + shapes[3][0]
     return qkv + o + _experts(c, i, batch) * (gate_up + down) + router
 
 
