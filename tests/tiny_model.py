@@ -120,3 +120,21 @@ def write_gguf_tensors(writer, tensors: dict[str, np.ndarray], types: dict[str, 
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_gguf_model(path: Path, arch: str, keys: dict, tensors: dict[str, np.ndarray],
+                     types: dict[str, str] | None = None, seed: int = 0) -> Path:
+    """A GGUF of general.architecture `arch` without a tokenizer: `keys` (without the
+    "arch." prefix; ints as uint32, floats as float32, strings) and the tensors (as
+    write_gguf_tensors, in `types`)."""
+    import gguf
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in keys.items():
+        if isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
+    write_gguf_tensors(writer, tensors, types or {}, np.random.default_rng(seed))
+    return path

@@ -194,3 +194,78 @@ def test_plan_counts_total_and_active_parameters(gpt_oss, capsys):
     assert p["params"]["total"] == hf.num_parameters()
     unrouted = c.num_layers * (c.num_experts - c.experts_per_token) * expert
     assert p["params"]["active"] == hf.num_parameters() - unrouted
+
+
+def test_gguf_with_mxfp4_experts_matches_transformers(tmp_path):
+    """A GPT-OSS GGUF as llama.cpp's converter writes it ("gpt-oss": gate and up
+    de-interleaved into their own stacked tensors and biases, post_attention_norm,
+    attn_sinks, YaRN keys), its experts MXFP4 by the gguf package's quantizer; the
+    oracle's experts are the gguf package's decoding of the same blocks. Decoded
+    to f32 (--quantization none): 1e-4; as stored (int8 activations): 0.05."""
+    import gguf
+
+    from tests.model.test_moe import gguf_lm
+    from tests.tiny_model import write_gguf_model
+    hf = make_tiny(tmp_path / "hf", "GptOssConfig", "GptOssForCausalLM", GPT_OSS)
+    randomize_sinks(hf)
+    c = hf.config
+    sd = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
+               "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        tensors.update({f"blk.{i}.{g}": sd[p + h] for g, h in (
+            ("attn_norm.weight", "input_layernorm.weight"),
+            ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+            ("attn_sinks.weight", "self_attn.sinks"),
+            ("ffn_gate_inp.weight", "mlp.router.weight"),
+            ("ffn_gate_inp.bias", "mlp.router.bias"),
+            ("ffn_down_exps.bias", "mlp.experts.down_proj_bias"),
+            *((f"attn_{g}.{t}", f"self_attn.{h}_proj.{t}") for g, h in (
+                ("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))
+              for t in ("weight", "bias")))})
+        gate_up = sd[p + "mlp.experts.gate_up_proj"].transpose(0, 2, 1)   # [E, 2I, H]
+        bias = sd[p + "mlp.experts.gate_up_proj_bias"]
+        tensors.update({f"blk.{i}.ffn_gate_exps.weight": gate_up[:, 0::2],
+                        f"blk.{i}.ffn_up_exps.weight": gate_up[:, 1::2],
+                        f"blk.{i}.ffn_down_exps.weight":
+                            sd[p + "mlp.experts.down_proj"].transpose(0, 2, 1),
+                        f"blk.{i}.ffn_gate_exps.bias": bias[:, 0::2],
+                        f"blk.{i}.ffn_up_exps.bias": bias[:, 1::2]})
+    mxfp4 = {n: "MXFP4" for n in tensors if n.endswith("_exps.weight")}
+    keys = {"embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+            "expert_feed_forward_length": c.intermediate_size,
+            "block_count": c.num_hidden_layers, "attention.head_count": c.num_attention_heads,
+            "attention.head_count_kv": c.num_key_value_heads,
+            "attention.key_length": c.head_dim, "context_length": 256,
+            "vocab_size": c.vocab_size, "expert_count": c.num_local_experts,
+            "expert_used_count": c.num_experts_per_tok,
+            "attention.sliding_window": c.sliding_window,
+            "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+            "rope.freq_base": float(c.rope_parameters["rope_theta"]),
+            "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0,
+            "rope.scaling.original_context_length": 32}
+    path = write_gguf_model(tmp_path / "m.gguf", "gpt-oss", keys, tensors, mxfp4)
+    stored = gguf.GGUFReader(str(path))
+    with torch.no_grad():   # the oracle runs on the values the file holds
+        for t in stored.tensors:
+            if t.name.endswith("_exps.weight"):
+                i, kind = int(t.name.split(".")[1]), t.name.split(".")[2]
+                w = gguf.quants.dequantize(t.data, t.tensor_type)   # [E, N, K]
+                experts = hf.model.layers[i].mlp.experts
+                if kind == "ffn_down_exps":
+                    experts.down_proj.copy_(torch.from_numpy(w.transpose(0, 2, 1).copy()))
+                else:
+                    cols = slice(0, None, 2) if kind == "ffn_gate_exps" else slice(1, None, 2)
+                    experts.gate_up_proj[:, :, cols] = torch.from_numpy(
+                        w.transpose(0, 2, 1).copy())
+    lm, exact = gguf_lm(path), gguf_lm(path, "none")
+    assert lm.config.architecture == "GptOssForCausalLM" and lm.config.sliding_layers == (0, 2)
+    assert lm.config.rope_scaling["rope_type"] == "yarn"
+    assert lm.model.weights.layers[0].moe.gate_up[0].gguf_types == (39, 39)
+    ids = list(np.random.default_rng(3).integers(0, 97, 37))
+    theirs = hf_logits(hf, ids)
+    scale = max(1.0, np.abs(theirs).max())
+    assert np.max(np.abs(prefill_logits(exact, ids, block_size=8) - theirs)) <= 1e-4 * scale
+    assert np.max(np.abs(prefill_logits(lm, ids, block_size=8) - theirs)) <= 0.05 * scale

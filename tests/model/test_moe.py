@@ -154,10 +154,9 @@ def write_mixtral_gguf(path, hf_dir, hf, types: dict[str, str] | None = None):
     Q/K rows permuted for its RoPE, each layer's experts stacked into [E, N, K]
     tensors) from the checkpoint transformers saved in hf_dir; `types` quantizes
     tensors by GGUF name (gguf's quantizer, or random blocks for the K-quants it lacks)."""
-    import gguf
     from safetensors.numpy import load_file
 
-    from tests.tiny_model import write_gguf_tensors
+    from tests.tiny_model import write_gguf_model
     c, sd = hf.config, load_file(str(hf_dir / "model.safetensors"))
 
     def permute(w, heads):
@@ -183,20 +182,14 @@ def write_mixtral_gguf(path, hf_dir, hf, types: dict[str, str] | None = None):
             **{f"blk.{i}.ffn_{name}_exps.weight": np.stack(
                 [sd[moe + f"experts.{e}.{w}.weight"] for e in experts])
                for name, w in (("gate", "w1"), ("up", "w3"), ("down", "w2"))}})
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("embedding_length", c.hidden_size),
-                       ("feed_forward_length", c.intermediate_size),
-                       ("block_count", c.num_hidden_layers),
-                       ("attention.head_count", c.num_attention_heads),
-                       ("attention.head_count_kv", c.num_key_value_heads),
-                       ("context_length", 256), ("vocab_size", c.vocab_size),
-                       ("expert_count", c.num_local_experts),
-                       ("expert_used_count", c.num_experts_per_tok)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps)
-    writer.add_float32("llama.rope.freq_base", c.rope_parameters["rope_theta"])
-    write_gguf_tensors(writer, tensors, types or {}, np.random.default_rng(0))
-    return path
+    keys = {"embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+            "block_count": c.num_hidden_layers, "attention.head_count": c.num_attention_heads,
+            "attention.head_count_kv": c.num_key_value_heads, "context_length": 256,
+            "vocab_size": c.vocab_size, "expert_count": c.num_local_experts,
+            "expert_used_count": c.num_experts_per_tok,
+            "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+            "rope.freq_base": float(c.rope_parameters["rope_theta"])}
+    return write_gguf_model(path, "llama", keys, tensors, types)
 
 
 def gguf_lm(path, quantization="auto"):
@@ -250,3 +243,52 @@ def test_mixtral_gguf_quantized_experts_run_as_stored(tmp_path):
     ids = list(np.random.default_rng(6).integers(0, 97, 25))
     ours, ref = prefill_logits(stored, ids), prefill_logits(dequantized, ids)
     assert np.max(np.abs(ours - ref)) <= 0.05 * max(1.0, np.abs(ref).max())
+
+
+def test_qwen3_moe_gguf_matches_transformers(tmp_path):
+    """A Qwen3-MoE GGUF as llama.cpp's converter writes it ("qwen3moe": rows as in HF,
+    since its RoPE is neox-style; q/k norms; each layer's experts stacked), F32 and
+    with Q8_0 expert gate/up (run as stored)."""
+    from safetensors.numpy import load_file
+
+    from tests.tiny_model import write_gguf_model
+    extra = {k: v for k, v in MOE["qwen3-moe"][2].items() if k != "mlp_only_layers"}
+    hf = make_tiny(tmp_path / "hf", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", extra)
+    c, sd = hf.config, load_file(str(tmp_path / "hf" / "model.safetensors"))
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
+               "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        tensors.update({f"blk.{i}.{g}": sd[p + h] for g, h in (
+            ("attn_norm.weight", "input_layernorm.weight"),
+            ("ffn_norm.weight", "post_attention_layernorm.weight"),
+            ("attn_q.weight", "self_attn.q_proj.weight"),
+            ("attn_k.weight", "self_attn.k_proj.weight"),
+            ("attn_v.weight", "self_attn.v_proj.weight"),
+            ("attn_output.weight", "self_attn.o_proj.weight"),
+            ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+            ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+            ("ffn_gate_inp.weight", "mlp.gate.weight"))})
+        tensors.update({f"blk.{i}.ffn_{w}_exps.weight": np.stack(
+            [sd[p + f"mlp.experts.{e}.{w}_proj.weight"] for e in range(c.num_experts)])
+            for w in ("gate", "up", "down")})
+    keys = {"embedding_length": c.hidden_size, "feed_forward_length": c.intermediate_size,
+            "expert_feed_forward_length": c.moe_intermediate_size,
+            "block_count": c.num_hidden_layers, "attention.head_count": c.num_attention_heads,
+            "attention.head_count_kv": c.num_key_value_heads,
+            "attention.key_length": c.head_dim, "context_length": 256,
+            "vocab_size": c.vocab_size, "expert_count": c.num_experts,
+            "expert_used_count": c.num_experts_per_tok,
+            "attention.layer_norm_rms_epsilon": float(c.rms_norm_eps),
+            "rope.freq_base": float(c.rope_parameters["rope_theta"])}
+    ids = list(np.random.default_rng(4).integers(0, 97, 37))
+    theirs = hf_logits(hf, ids)
+    scale = max(1.0, np.abs(theirs).max())
+    lm = gguf_lm(write_gguf_model(tmp_path / "f.gguf", "qwen3moe", keys, tensors))
+    assert lm.config.architecture == "Qwen3MoeForCausalLM" and lm.config.qk_norm
+    assert np.max(np.abs(prefill_logits(lm, ids, block_size=8) - theirs)) <= 1e-4 * scale
+    q8 = {n: "Q8_0" for n in tensors if "gate_exps" in n or "up_exps" in n}   # K = 64
+    lm = gguf_lm(write_gguf_model(tmp_path / "q.gguf", "qwen3moe", keys, tensors, q8))
+    assert lm.model.weights.layers[0].moe.gate_up[0].dtype == "w8"
+    assert np.max(np.abs(prefill_logits(lm, ids, block_size=8) - theirs)) <= 0.05 * scale

@@ -217,44 +217,68 @@ def load_hf_config(model_dir: str | Path) -> ModelConfig:
     return config_from_hf(cfg, str(path))
 
 
+# GGUF's general.architecture -> the architecture armllm runs it as (llama with
+# llama.expert_count is Mixtral)
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+                      "gpt-oss": "GptOssForCausalLM"}
+# llama.cpp's GPT-OSS graph (openai-moe.cpp): the SwiGLU constants it hard-codes, its
+# sliding layers (swa pattern 2: the even ones) and YaRN as the checkpoint defines it
+GPT_OSS_SWIGLU = (1.702, 7.0)
+
+
 def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{source}: unsupported GGUF architecture {arch!r} (supported: llama)")
+    gguf_arch = meta.get("general.architecture")
+    if gguf_arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{source}: unsupported GGUF architecture {gguf_arch!r} (supported: "
+                         f"{', '.join(GGUF_ARCHITECTURES)})")
 
     def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"llama.{name}", default)
+        value = meta.get(f"{gguf_arch}.{name}", default)
         if value is None:
-            raise ValueError(f"{source}: missing GGUF key llama.{name}")
+            raise ValueError(f"{source}: missing GGUF key {gguf_arch}.{name}")
         return value
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    vocab = meta.get(f"{gguf_arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    layers, experts = int(key("block_count")), int(meta.get("llama.expert_count") or 0)
-    moe = {}
-    if experts:   # Mixtral: llama.cpp's "llama" with experts in every layer
-        moe = {"moe_layers": tuple(range(layers)), "num_experts": experts,
-               "experts_per_token": int(key("expert_used_count")),
-               "moe_intermediate_size": int(key("feed_forward_length")), "norm_topk_prob": True}
+    layers, experts = int(key("block_count")), int(meta.get(f"{gguf_arch}.expert_count") or 0)
+    arch = GGUF_ARCHITECTURES[gguf_arch]
+    extra: dict[str, Any] = {}
+    if experts:   # Mixtral (llama.cpp's "llama" with experts), Qwen3-MoE, GPT-OSS: all sparse
+        arch = "MixtralForCausalLM" if gguf_arch == "llama" else arch
+        extra = {"moe_layers": tuple(range(layers)), "num_experts": experts,
+                 "experts_per_token": int(key("expert_used_count")),
+                 "moe_intermediate_size": int(meta.get(f"{gguf_arch}.expert_feed_forward_length")
+                                              or key("feed_forward_length")),
+                 "norm_topk_prob": True}
+    scaling = None
+    if gguf_arch == "gpt-oss":
+        window = int(key("attention.sliding_window"))
+        extra.update(o_bias=True, attention_sinks=True, moe_bias=True,
+                     clamped_swiglu=GPT_OSS_SWIGLU, sliding_window=window,
+                     sliding_layers=tuple(range(0, layers, 2)))
+        if meta.get(f"{gguf_arch}.rope.scaling.type") == "yarn":
+            scaling = {"rope_type": "yarn", "factor": float(key("rope.scaling.factor")),
+                       "original_max_position_embeddings":
+                           int(key("rope.scaling.original_context_length")),
+                       "truncate": False}
     return ModelConfig(
-        architecture="MixtralForCausalLM" if experts else "LlamaForCausalLM",
+        architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=int(meta.get("llama.attention.key_length") or hidden // heads),
+        head_dim=int(meta.get(f"{gguf_arch}.attention.key_length") or hidden // heads),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=None,
+        rope_scaling=scaling,
         max_position_embeddings=int(key("context_length", 4096)),
         tie_word_embeddings=False,  # decided by the loader: no output.weight means tied
-        attention_bias=False,
-        qk_norm=False,
-        sliding_window=0,
+        attention_bias=gguf_arch == "gpt-oss",
+        qk_norm=gguf_arch == "qwen3moe",
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=_eos_ids(eos),
-        **moe,
+        **({"sliding_window": 0} | extra),
     )

@@ -18,6 +18,11 @@ TOKEN_USER_DEFINED = 4
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (GPT-OSS, llama.cpp's "gpt-4o"): the split of its tokenizer.json
+_GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+                r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -44,8 +49,10 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
         return _byte_level_after(_LLAMA3_SPLIT)
     if pre in ("qwen2", "deepseek-r1-qwen"):
         return _byte_level_after(_QWEN2_SPLIT)
+    if pre in ("gpt-4o", "llama4"):
+        return _byte_level_after(_GPT4O_SPLIT)
     raise ValueError(f"unsupported GGUF pre-tokenizer tokenizer.ggml.pre = {pre!r} "
-                     f"(supported: default, gpt2, smollm, llama-bpe/llama3, qwen2)")
+                     f"(supported: default, gpt2, smollm, llama-bpe/llama3, qwen2, gpt-4o)")
 
 
 def tokenizer_from_gguf(meta: dict[str, Any], source: str = "GGUF file") -> tuple[Tokenizer, dict]:

@@ -50,7 +50,7 @@ def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
     """The config a GGUF file implies, its tensors included: tied embeddings when
     there is no output.weight, RoPE frequency factors from rope_freqs.weight."""
     config = config_from_gguf(gguf.metadata, str(gguf.path))
-    scaling = None
+    scaling = config.rope_scaling
     if "rope_freqs.weight" in gguf.tensors:
         factors = gguf.dequantize("rope_freqs.weight")
         if factors.shape != (config.head_dim // 2,):

@@ -152,25 +152,46 @@ class HFSource:
 
 class GGUFSource:
     """Tensors of a GGUF file under their HF names, as stored or dequantized, with
-    the Q/K row permutation of llama.cpp's converter undone."""
+    the Q/K row permutation of llama.cpp's converter undone (its "llama" files only:
+    the others keep HF's rows, as their RoPE is neox-style)."""
 
     _LAYER = {"input_layernorm.weight": "attn_norm.weight",
               "self_attn.q_proj.weight": "attn_q.weight",
               "self_attn.k_proj.weight": "attn_k.weight",
               "self_attn.v_proj.weight": "attn_v.weight",
               "self_attn.o_proj.weight": "attn_output.weight",
+              "self_attn.q_proj.bias": "attn_q.bias",
+              "self_attn.k_proj.bias": "attn_k.bias",
+              "self_attn.v_proj.bias": "attn_v.bias",
+              "self_attn.o_proj.bias": "attn_output.bias",
+              "self_attn.q_norm.weight": "attn_q_norm.weight",
+              "self_attn.k_norm.weight": "attn_k_norm.weight",
+              "self_attn.sinks": "attn_sinks.weight",
               "post_attention_layernorm.weight": "ffn_norm.weight",
               "mlp.gate_proj.weight": "ffn_gate.weight",
               "mlp.up_proj.weight": "ffn_up.weight",
               "mlp.down_proj.weight": "ffn_down.weight",
-              "block_sparse_moe.gate.weight": "ffn_gate_inp.weight"}
-    # a Mixtral expert's matrix: rows of the layer's stacked [experts, N, K] tensor
-    _EXPERT = re.compile(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\."
-                         r"(w1|w2|w3)\.weight")
-    _EXPERT_GGUF = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
+              "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+              "mlp.gate.weight": "ffn_gate_inp.weight",
+              "mlp.router.weight": "ffn_gate_inp.weight",
+              "mlp.router.bias": "ffn_gate_inp.bias",
+              "mlp.experts.down_proj_bias": "ffn_down_exps.bias"}
+    # GPT-OSS's post-attention norm has its own GGUF name
+    _LAYER_GPT_OSS = {"post_attention_layernorm.weight": "post_attention_norm.weight"}
+    # an expert's matrix: rows of the layer's stacked [experts, N, K] tensor (Mixtral's
+    # names, Qwen3-MoE's and GPT-OSS's)
+    _EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\."
+                         r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight")
+    _EXPERT_GGUF = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
+                    "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                    "down_proj": "ffn_down_exps"}
+    # GPT-OSS's [E, 2 inter] expert gate/up bias, rows interleaved as in its checkpoint,
+    # from the GGUF's separate gate and up biases
+    _GATE_UP_BIAS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj_bias")
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig):
         self.gguf, self.config, self.where = gguf, config, str(gguf.path)
+        self.permuted_rope = config.architecture in ("LlamaForCausalLM", "MixtralForCausalLM")
 
     def _locate(self, name: str) -> tuple[str, int, tuple[int, ...] | None]:
         """(GGUF tensor, its first row, shape) of an HF-named tensor; an expert's is a
@@ -195,22 +216,43 @@ class GGUFSource:
         if name == "lm_head.weight":
             return "output.weight"
         parts = name.split(".", 3)  # model.layers.N.rest
-        if len(parts) == 4 and parts[1] == "layers" and parts[3] in self._LAYER:
-            return f"blk.{parts[2]}.{self._LAYER[parts[3]]}"
+        if len(parts) == 4 and parts[1] == "layers":
+            if self.config.architecture == "GptOssForCausalLM" and \
+                    parts[3] in self._LAYER_GPT_OSS:
+                return f"blk.{parts[2]}.{self._LAYER_GPT_OSS[parts[3]]}"
+            if parts[3] in self._LAYER:
+                return f"blk.{parts[2]}.{self._LAYER[parts[3]]}"
         return name
 
+    def _gate_up_bias(self, name: str) -> tuple[str, str] | None:
+        m = self._GATE_UP_BIAS.fullmatch(name)
+        return None if m is None else (f"blk.{m[1]}.ffn_gate_exps.bias",
+                                       f"blk.{m[1]}.ffn_up_exps.bias")
+
     def has(self, name: str) -> bool:
+        pair = self._gate_up_bias(name)
+        if pair is not None:
+            return all(n in self.gguf.tensors for n in pair)
         return self._locate(name)[2] is not None
 
     def shape(self, name: str) -> tuple[int, ...]:
+        pair = self._gate_up_bias(name)
+        if pair is not None:
+            experts, inter = self.gguf.tensors[pair[0]].shape
+            return (experts, 2 * inter)
         return self._locate(name)[2]
 
     def _rope_heads(self, name: str) -> int | None:
-        if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+        if self.permuted_rope and name.endswith(("self_attn.q_proj.weight",
+                                                 "self_attn.k_proj.weight")):
             return self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
         return None
 
     def get(self, name: str) -> np.ndarray:
+        pair = self._gate_up_bias(name)
+        if pair is not None:   # interleaved: row 2j is gate j, 2j + 1 up j
+            gate, up = (self.gguf.dequantize(n) for n in pair)
+            return np.stack([gate, up], axis=2).reshape(gate.shape[0], -1)
         w = self.gguf.dequantize(self._gguf_name(name))
         heads = self._rope_heads(name)
         return w if heads is None else unpermute_rope_rows(w, heads)
