@@ -68,6 +68,14 @@ def tpot_pairs(path: Path, pairs: int) -> list[tuple[float, float]]:
     return out
 
 
+def tpot_pairs_apart(path: Path, pairs: int) -> list[tuple[float, float]]:
+    """tpot_pairs in a child process, so that its model's memory is the system's again
+    before llama.cpp loads the same weights (a 13 GB model twice does not fit)."""
+    r = subprocess.run([sys.executable, __file__, str(path), "--pairs", str(pairs),
+                        "--tpot-pairs-only"], check=True, capture_output=True, text=True)
+    return [tuple(p) for p in json.loads(r.stdout.splitlines()[-1])]
+
+
 def llama_bench(llama_bin: Path, path: Path) -> dict[str, float]:
     r = subprocess.run([str(llama_bin / "llama-bench"), "-m", str(path), "-p", "512", "-n", "128",
                         "-t", THREADS, "-r", "3", "-o", "json"], check=True, capture_output=True,
@@ -82,10 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-bin", type=Path,
                     default=cache_dir() / "llama.cpp-0.3.36" / "build" / "bin")
     ap.add_argument("--pairs", type=int, default=5, help="probe + request pairs (default 5)")
+    ap.add_argument("--tpot-pairs-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.tpot_pairs_only:   # the child of tpot_pairs_apart
+        print(json.dumps(tpot_pairs(args.files[0], args.pairs)))
+        return 0
     for path in args.files:
         nbytes = decode_bytes(path)
-        pairs = tpot_pairs(path, args.pairs)
+        pairs = tpot_pairs_apart(path, args.pairs)
         peer = llama_bench(args.llama_bin, path)
         pre = armllm_latency(path, "--input-len", "512", "--output-len", "2", "--repetitions",
                              "3", "--warmup", "1")
