@@ -8,6 +8,7 @@ belong to detokenization: text that may be the start of a stop string is held
 back until it is decided, so emitted text never holds a whole stop string."""
 from __future__ import annotations
 
+from armllm.model.harmony import HarmonyChannels
 from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SamplingParams
 
@@ -44,13 +45,18 @@ class CompletionState:
     A token in the stop ids (EOS unless ignore_eos, and stop_token_ids) ends the
     completion with "stop" and adds no text; a stop string ends it with "stop" and
     is cut from the text with whatever follows; the max_tokens-th token, or the
-    one that fills the context (max_model_len), ends it with "length"."""
+    one that fills the context (max_model_len), ends it with "length". With
+    `channels` (a harmony model's completion: GPT-OSS) only the final channel's
+    tokens add text (see model/harmony.py)."""
 
-    __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending")
+    __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending",
+                 "_channels")
 
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
-                 params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int):
+                 params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int,
+                 channels: HarmonyChannels | None = None):
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens)
+        self._channels = channels
         stop_ids = frozenset(params.stop_token_ids)
         self._stop_ids = stop_ids if params.ignore_eos else stop_ids | eos_token_ids
         self._stop = tuple(params.stop)
@@ -65,7 +71,8 @@ class CompletionState:
         self._tokens_left -= 1
         if token in self._stop_ids:
             return self._release(self._pending), "stop"
-        text = self._pending + self._detok.add(token)
+        shown = self._channels is None or self._channels.visible(token)
+        text = self._pending + (self._detok.add(token) if shown else "")
         if self._stop:
             cut = min((at for at in map(text.find, self._stop) if at >= 0), default=-1)
             if cut >= 0:

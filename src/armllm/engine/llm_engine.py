@@ -20,6 +20,7 @@ from armllm.engine.completion import CompletionState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
+from armllm.model.harmony import HarmonyChannels, harmony_tokens
 from armllm.model.loader import LoadedModel
 from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SampleResult, SamplingParams
@@ -73,6 +74,7 @@ class LLMEngine:
         eos = set(c.eos_token_ids) | set([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
         eos_tok = self.tokenizer.token_id(self.tokenizer.eos_token)
         self.eos_token_ids = frozenset(eos | ({eos_tok} if eos_tok is not None else set()))
+        self.harmony = harmony_tokens(self.tokenizer)   # GPT-OSS: output in channels
         self._requests: dict[str, _Request] = {}
         self._deferred: list[StepOutput] = []   # aborts, reported by the next step
         self._num_prompt_tokens = self._num_generation_tokens = 0
@@ -135,8 +137,11 @@ class LLMEngine:
                                   else "max_tokens") from None
 
     def _completion_state(self, seq: Sequence) -> CompletionState:
+        # a harmony model's text is its final channel unless special tokens are asked for
+        channels = (HarmonyChannels(self.harmony, self.tokenizer)
+                    if self.harmony is not None and seq.params.skip_special_tokens else None)
         return CompletionState(self.tokenizer, seq.prompt_ids, seq.params, self.eos_token_ids,
-                               self.max_model_len)
+                               self.max_model_len, channels)
 
     def abort(self, request_id: str) -> bool:
         """Stops a request and frees its KV blocks now; the next step reports it
