@@ -53,7 +53,7 @@ def run(tok: TextTokenizer, text: str, skip_special_tokens: bool = True) -> tupl
 def test_only_the_final_channel_is_text(tok):
     text, deltas = run(tok, "<|channel|> analysis <|message|> think more <|end|> <|start|> "
                             "assistant <|channel|> final <|message|> Paris is nice <|return|>")
-    assert text == "Paris is nice"
+    assert text.split() == ["Paris", "is", "nice"]   # (a word-level decoder: spaced words)
     assert not any("think" in d or "analysis" in d or "assistant" in d for d in deltas)
 
 
@@ -62,11 +62,11 @@ def test_commentary_and_constrained_messages_are_hidden(tok):
                        "<|channel|> commentary to=functions.get_weather <|constrain|> json "
                        "<|message|> {} <|call|> <|start|> assistant <|channel|> final "
                        "<|message|> nice <|return|>")
-    assert text == "nice"
+    assert text.split() == ["nice"]
 
 
 def test_text_before_any_channel_stays(tok):
-    assert run(tok, "Paris is nice")[0] == "Paris is nice"
+    assert run(tok, "Paris is nice")[0].split() == ["Paris", "is", "nice"]
 
 
 def test_special_tokens_asked_for_show_everything(tok):
