@@ -238,6 +238,23 @@ def smollm2_metadata(vocab: int) -> dict:
     return tok_meta
 
 
+def add_model_keys(w: gguf.GGUFWriter, shape, feed_forward: int) -> None:
+    """The architecture keys llama.cpp reads for a transformer of `shape` (a Shape, or
+    make_synthetic_moe's MoEShape: the same field names)."""
+    w.add_context_length(shape.max_position)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.layers)
+    w.add_feed_forward_length(feed_forward)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_dimension_count(shape.head_dim)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.rms_norm_eps)
+    w.add_vocab_size(shape.vocab)
+
+
 def add_tokenizer(writer: gguf.GGUFWriter, meta: dict) -> None:
     writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
@@ -347,18 +364,7 @@ class GGUFOutput:
         arch = shape.model_type
         self.writer = w = gguf.GGUFWriter(str(path), arch)
         w.add_name(f"synthetic {name}")
-        w.add_context_length(shape.max_position)
-        w.add_embedding_length(shape.hidden)
-        w.add_block_count(shape.layers)
-        w.add_feed_forward_length(shape.intermediate)
-        w.add_head_count(shape.heads)
-        w.add_head_count_kv(shape.kv_heads)
-        w.add_key_length(shape.head_dim)
-        w.add_value_length(shape.head_dim)
-        w.add_rope_dimension_count(shape.head_dim)
-        w.add_rope_freq_base(shape.rope_theta)
-        w.add_layer_norm_rms_eps(shape.rms_norm_eps)
-        w.add_vocab_size(shape.vocab)
+        add_model_keys(w, shape, shape.intermediate)
         w.add_file_type(FILE_TYPES[qtype])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         add_tokenizer(w, tok_meta)

@@ -32,7 +32,7 @@ import gguf
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_synthetic import add_tokenizer, smollm2_metadata  # noqa: E402
+from make_synthetic import add_model_keys, add_tokenizer, smollm2_metadata  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 E2M1_MEAN_ABS = 2.625    # mean |value| of the 16 e2m1 codes (0, 0.5 .. 6, doubled sign)
@@ -153,21 +153,10 @@ def write_moe_gguf(shape: MoEShape, path: Path, seed: int = 0, log=print) -> Pat
     tensors = tensor_list(shape)
     w = gguf.GGUFWriter(str(path), shape.arch)
     w.add_name(f"synthetic {path.stem}")
-    w.add_context_length(shape.max_position)
-    w.add_embedding_length(shape.hidden)
-    w.add_block_count(shape.layers)
-    w.add_feed_forward_length(shape.dense_inter)
+    add_model_keys(w, shape, shape.dense_inter)
     w.add_expert_feed_forward_length(shape.expert_inter)
     w.add_expert_count(shape.experts)
     w.add_expert_used_count(shape.top_k)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
-    w.add_rope_dimension_count(shape.head_dim)
-    w.add_rope_freq_base(shape.rope_theta)
-    w.add_layer_norm_rms_eps(shape.rms_norm_eps)
-    w.add_vocab_size(shape.vocab)
     if shape.sliding_window:
         w.add_sliding_window(shape.sliding_window)
     if shape.yarn:

@@ -140,20 +140,8 @@ def test_greedy_decode_matches_transformers(gpt_oss):
 def test_batching_chunking_and_prefix_cache_change_no_token(gpt_oss, budget):
     """Requests alone equal the same requests batched, under prefill chunk budgets of 1,
     7 and 64 tokens, prefix cache on and off (a shared prefix longer than the window)."""
-    from armllm import LLM, SamplingParams
-    _, path, _ = gpt_oss
-    rng = np.random.default_rng(budget)
-    shared = [int(i) for i in rng.integers(0, 97, 16)]
-    prompts = [shared + [int(i) for i in rng.integers(0, 97, n)] for n in (3, 9, 1)]
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    alone = LLM(path, dtype="float32", kv_cache_gib=0.01, max_num_seqs=1,
-                enable_prefix_caching=False)
-    want = [alone.generate(p, params)[0].token_ids for p in prompts]
-    for caching in (True, False):
-        llm = LLM(path, dtype="float32", kv_cache_gib=0.01, max_num_seqs=3,
-                  max_num_batched_tokens=max(budget, 3), enable_prefix_caching=caching)
-        got = [o.token_ids for o in llm.generate(prompts, params)]
-        assert got == want, (budget, caching)
+    from tests.model.test_moe import assert_batching_changes_no_token
+    assert_batching_changes_no_token(gpt_oss[1], budget)
 
 
 def test_yarn_table_matches_transformers():

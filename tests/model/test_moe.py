@@ -73,12 +73,10 @@ def test_greedy_decode_matches_transformers(moe_model):
     assert ours == theirs
 
 
-@pytest.mark.parametrize("budget", [1, 7, 64])
-def test_batching_chunking_and_prefix_cache_change_no_token(moe_model, budget):
-    """Requests alone equal the same requests batched, under prefill chunk budgets of
-    1, 7 and 64 tokens, with the prefix cache on and off (a shared prompt prefix)."""
+def assert_batching_changes_no_token(path, budget: int) -> None:
+    """Requests alone equal the same requests batched, under a prefill chunk budget of
+    `budget` tokens, with the prefix cache on and off (a shared prompt prefix)."""
     from armllm import LLM, SamplingParams
-    _, path, _ = moe_model
     rng = np.random.default_rng(budget)
     shared = [int(i) for i in rng.integers(0, 97, 16)]
     prompts = [shared + [int(i) for i in rng.integers(0, 97, n)] for n in (3, 9, 1)]
@@ -91,6 +89,13 @@ def test_batching_chunking_and_prefix_cache_change_no_token(moe_model, budget):
                   max_num_batched_tokens=max(budget, 3), enable_prefix_caching=caching)
         got = [o.token_ids for o in llm.generate(prompts, params)]
         assert got == want, (budget, caching)
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64])
+def test_batching_chunking_and_prefix_cache_change_no_token(moe_model, budget):
+    """Requests alone equal the same requests batched, under prefill chunk budgets of
+    1, 7 and 64 tokens, with the prefix cache on and off (a shared prompt prefix)."""
+    assert_batching_changes_no_token(moe_model[1], budget)
 
 
 def test_quantized_experts_close_to_float(moe_model):
