@@ -331,7 +331,7 @@ def _yarn_attention_factor(scaling: dict | None) -> float:
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
-    factor = float(scaling["factor"])
+    factor = float(scaling.get("factor", 1.0))
     mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
     if mscale and mscale_all:
         return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all))
@@ -344,6 +344,9 @@ def _yarn_inv_freq(inv_freq: np.ndarray, scaling: dict, theta: float, factor: fl
     beta_slow times over the original context are interpolated (/ factor), those
     turning more than beta_fast times kept, a linear ramp over the dimensions between."""
     dim = 2 * len(inv_freq)
+    if "original_max_position_embeddings" not in scaling:
+        raise ValueError("yarn rope_scaling needs original_max_position_embeddings, got "
+                         f"{sorted(scaling)}")
     old_len = float(scaling["original_max_position_embeddings"])
     beta_fast = float(scaling.get("beta_fast") or 32)
     beta_slow = float(scaling.get("beta_slow") or 1)

@@ -149,8 +149,10 @@ def test_rope_linear_scaling_and_bad_scaling():
     plain = ops.rope_cos_sin(10, 8)
     # linear scaling by 2 at position 2p is no scaling at position p
     np.testing.assert_allclose(linear[[0, 2, 4, 6, 8]], plain[[0, 1, 2, 3, 4]], atol=1e-7)
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match="yarn rope_scaling needs original_max_position"):
         ops.rope_cos_sin(10, 8, scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="longrope"):
+        ops.rope_cos_sin(10, 8, scaling={"rope_type": "longrope", "factor": 2.0})
     with pytest.raises(ValueError, match="rot_dim"):
         ops.rope_cos_sin(10, 7)
 
