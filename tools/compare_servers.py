@@ -44,7 +44,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+# a cold load of a 13 GB GGUF reads at ~40 MB/s on this machine: minutes
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 1200) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -138,8 +138,10 @@ def test_latency_profile_splits_each_decode_token(tiny, tmp_path, capsys):
     prof = r["profile"]
     assert prof["decode_tokens"] == reps * (n_out - 1)   # the first token comes with the prefill
     ms = prof["per_token_ms"]
-    parts = ("gemm", "attention", "other_kernels", "glue", "sampling", "postprocess")
+    parts = ("gemm", "sparse_mlp", "attention", "other_kernels", "glue", "sampling",
+             "postprocess")
     assert all(ms[p] >= 0 for p in parts) and ms["gemm"] > 0 and ms["sampling"] > 0
+    assert ms["sparse_mlp"] == 0    # a dense model
     assert ms["attention"] > 0
     assert sum(ms[p] for p in parts) == pytest.approx(ms["total"])
     # one decode token is about one TPOT (the profile's timers add a little)

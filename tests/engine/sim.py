@@ -43,34 +43,42 @@ def fake_model() -> LoadedModel:
 
 
 class FakeRunner:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, pool_blocks: list[int], block_size: int):
         self.block_size = block_size
-        self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
+        # per pool, per block (the null block of a window pool included)
+        self.kv: list[list[list[int | None]]] = [
+            [[None] * block_size for _ in range(n + 1)] for n in pool_blocks]
         self.last = SchedulerOutput([], [])           # the step run last
         self.sampled: dict[str, dict[int, Sequence]] = {}  # every completion that sampled
         self.fail_run = False                         # the next forward raises
         self.fail_sample: set[str] = set()            # requests whose next sample raises
 
-    def slot(self, seq: Sequence, pos: int) -> tuple[list[int | None], int]:
-        return self.kv[seq.block_table[pos // self.block_size]], pos % self.block_size
+    def slot(self, seq: Sequence, pos: int, pool: int = 0) -> tuple[list[int | None], int]:
+        block = seq.block_tables[pool][pos // self.block_size]
+        return self.kv[pool][block], pos % self.block_size
 
     def run(self, out: SchedulerOutput) -> tuple[list[Sequence], list[list[int]]]:
         self.last = out
         if self.fail_run:
             self.fail_run = False
             raise RuntimeError("injected forward failure")
-        for src, dst in out.copies:
-            self.kv[dst] = list(self.kv[src])
+        for pool, src, dst in out.copies:
+            self.kv[pool][dst] = list(self.kv[pool][src])
         sampling, logits = [], []
         for item in out.scheduled:
             seq, ids = item.seq, item.seq.all_ids
             start, stop = seq.num_computed, seq.num_computed + item.num_new_tokens
-            for pos in range(start, stop):
-                block, offset = self.slot(seq, pos)
-                block[offset] = ids[pos]
+            for pool in range(len(self.kv)):
+                for pos in range(start, stop):
+                    block, offset = self.slot(seq, pos, pool)
+                    block[offset] = ids[pos]
             if stop == seq.num_tokens:  # the prompt is complete: this row samples
-                context = [self.slot(seq, pos) for pos in range(max(0, stop - CONTEXT), stop)]
-                logits.append([sum(block[offset] for block, offset in context) * 7])
+                # every pool must give the same context (a window pool's window >= CONTEXT)
+                read = [[block[offset] for block, offset in
+                         (self.slot(seq, pos, pool) for pos in range(max(0, stop - CONTEXT),
+                                                                     stop))]
+                        for pool in range(len(self.kv))]
+                logits.append([sum(read[0]) * 7 if all(r == read[0] for r in read) else -1])
                 sampling.append(seq)
         return sampling, logits
 
@@ -99,10 +107,12 @@ class SimEngine:
     end per completion, and the sequences of each request."""
 
     def __init__(self, num_blocks=16, block_size=4, max_num_seqs=4, max_tokens=16,
-                 max_model_len=64, caching=True):
-        self.blocks = BlockManager(num_blocks, block_size, caching)
+                 max_model_len=64, caching=True, window=0, num_window_blocks=0):
+        """window, num_window_blocks: a second pool, for sliding-window layers."""
+        layout = [(0, num_blocks)] + ([(window, num_window_blocks)] if window else [])
+        self.blocks = BlockManager(layout, block_size, caching)
         self.sched = Scheduler(self.blocks, max_num_seqs, max_tokens, max_model_len)
-        self.runner = FakeRunner(num_blocks, block_size)
+        self.runner = FakeRunner([n for _, n in layout], block_size)
         self.engine = LLMEngine(fake_model(), self.sched, self.runner)
         self.params: dict[str, SamplingParams] = {}
         self.first: dict[str, Sequence] = {}
@@ -153,25 +163,36 @@ class SimEngine:
     def check(self) -> None:
         """Every invariant of the block manager and scheduler, and of what the engine
         has reported."""
-        bm, bs = self.blocks, self.blocks.block_size
-        holders = Counter()
-        for s in self.sched.running:
-            assert len(set(s.block_table)) == len(s.block_table), "a block listed twice"
-            assert len(s.block_table) * bs >= s.num_computed
-            holders.update(s.block_table)
-            ids = s.all_ids
-            for pos in range(s.num_computed):  # the cache holds this sequence's tokens
-                block, offset = self.runner.slot(s, pos)
-                assert block[offset] == ids[pos], f"{s.key} reads a wrong token at {pos}"
+        bs = self.blocks.block_size
+        for i, pool in enumerate(self.blocks.pools):
+            holders = Counter()
+            for s in self.sched.running:
+                table = s.block_tables[i]
+                # a window pool's table: null entries, then the blocks it holds, from
+                # the window of the first token the last step computed on (the next
+                # allocate drops the ones before the next token's window)
+                held = [b for b in table if b != pool.null]
+                assert table[len(table) - len(held):] == held, f"{s.key}: a null inside"
+                live = pool.first_live(s.num_computed, bs)
+                assert len(table) - len(held) <= live, f"{s.key}: a live block dropped"
+                assert len(set(held)) == len(held), "a block listed twice"
+                most = self.blocks.most_blocks(s.num_tokens, self.sched.max_tokens)[i]
+                assert len(held) <= most, f"{s.key} holds {len(held)} blocks, at most {most}"
+                assert len(table) * bs >= s.num_computed
+                holders.update(held)
+                ids = s.all_ids
+                for pos in range(live * bs, s.num_computed):  # the cache holds its tokens
+                    block, offset = self.runner.slot(s, pos, i)
+                    assert block[offset] == ids[pos], f"{s.key} reads a wrong token at {pos}"
+            for b in range(pool.num_blocks):
+                assert pool.ref_count[b] == holders[b], f"block {b}: ref {pool.ref_count[b]}"
+                assert (b in pool.free) == (holders[b] == 0), f"block {b} both free and used"
+            for h, b in pool.cached.items():
+                assert pool.hash_of[b] == h
+            for b, h in enumerate(pool.hash_of):
+                assert h is None or pool.cached[h] == b
         for s in self.sched.waiting:
-            assert s.block_table == [] and s.num_computed == 0
-        for b in range(bm.num_blocks):
-            assert bm.ref_count[b] == holders[b], f"block {b}: ref {bm.ref_count[b]}"
-            assert (b in bm.free) == (holders[b] == 0), f"block {b} both free and used"
-        for h, b in bm.cached.items():
-            assert bm.hash_of[b] == h
-        for b, h in enumerate(bm.hash_of):
-            assert h is None or bm.cached[h] == b
+            assert s.block_tables == [] and s.num_computed == 0
         assert len(self.sched.running) <= self.sched.max_num_seqs
         # every completion ends once, and its tokens are those it read from the cache
         open_ids = set()

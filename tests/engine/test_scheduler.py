@@ -83,9 +83,9 @@ def test_parallel_sampling_forks_after_the_prompt():
     assert [s.num_new_tokens for s in out.scheduled] == [6]
     seqs = sim.requests("r")
     assert [s.index for s in seqs] == [0, 1, 2]
-    assert seqs[1].block_table == seqs[0].block_table and sim.blocks.ref_count[1] == 3
+    assert seqs[1].block_table == seqs[0].block_table and sim.blocks.pools[0].ref_count[1] == 3
     out = sim.step()                                     # each writes into shared block 1
-    assert sorted(out.copies) == [(1, 2), (1, 3)]
+    assert sorted(out.copies) == [(0, 1, 2), (0, 1, 3)]
     sim.check()
     sim.drain()
     assert [len(s.output_ids) for s in seqs] == [4, 4, 4]
@@ -179,15 +179,28 @@ class RandomOperations(RuleBasedStateMachine):
                 assert self.sim.ends[(rid, index)] == 1, f"{rid}/{index} not ended once"
         assert set(self.sim.reasons) <= {"length", "abort", "error"}
         bm = self.sim.blocks
-        assert bm.num_free == bm.num_blocks and sum(bm.ref_count) == 0
+        assert bm.num_free == bm.num_blocks
+        assert all(sum(pool.ref_count) == 0 for pool in bm.pools)
         stats = self.sim.engine.stats()
         assert stats.finished == {r: k for r, k in self.sim.reasons.items() if k}
         assert stats.num_generation_tokens == sum(map(len, self.sim.tokens.values()))
 
 
-RandomOperations.TestCase.settings = settings(max_examples=examples(150), deadline=None,
-                                              stateful_step_count=30)
+class RandomOperationsWithAWindowPool(RandomOperations):
+    """The same beside a pool for sliding-window layers (window 6 tokens, ten blocks:
+    fewer than the 40-token context needs), which trims each table to the window."""
+
+    def __init__(self):
+        super().__init__()
+        self.sim = SimEngine(num_blocks=12, block_size=4, max_num_seqs=4, max_tokens=9,
+                             max_model_len=40, window=6, num_window_blocks=10)
+
+
+for machine in (RandomOperations, RandomOperationsWithAWindowPool):
+    machine.TestCase.settings = settings(max_examples=examples(150), deadline=None,
+                                         stateful_step_count=30)
 test_random_operations = RandomOperations.TestCase
+test_random_operations_with_a_window_pool = RandomOperationsWithAWindowPool.TestCase
 
 
 def test_scheduler_block_manager_and_sequence_import_neither_numpy_nor_kernels():

@@ -126,14 +126,25 @@ def test_logits_match_transformers(gpt_oss):
 
 def test_greedy_decode_matches_transformers(gpt_oss):
     """32 greedy tokens through the engine (paged decode past the window) equal
-    transformers' greedy, experts decoded to f32 for the MXFP4 layout."""
+    transformers' greedy, experts decoded to f32 for the MXFP4 layout. The sliding
+    layers' KV lives in a pool of its own sized to the window, whose null block (where
+    tables point out of the window) holds NaN here: no kernel may read it."""
     from armllm import LLM
+    from armllm.model.kv_cache import window_pool_blocks
     layout, path, hf = gpt_oss
     llm = LLM(path, dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.01, max_num_seqs=4,
-              quantization="none")
+              quantization="none", block_size=2, max_num_batched_tokens=16)
+    kv, pools = llm.engine.runner.kv, llm.engine.scheduler.blocks.pools
+    full, window = kv.groups
+    assert (full.window, full.layers, window.window, window.layers) == (0, (1,), 5, (0, 2))
+    assert window.num_blocks == window_pool_blocks(llm.loaded.config, 2, 4, 16) == 2 * (4 * 4 + 8)
+    assert [(p.window, p.num_blocks) for p in pools] == kv.pool_layout
+    for i in window.layers:
+        kv.k[i][window.num_blocks] = kv.v[i][window.num_blocks] = np.nan
     prompt = [int(i) for i in np.random.default_rng(5).integers(0, 97, 12)]
     ours, theirs = greedy_pair(llm, hf, prompt, 32)
     assert ours == theirs
+    assert pools[1].num_blocks - len(pools[1].free) == 0   # every block back
 
 
 @pytest.mark.parametrize("budget", [1, 7, 64])
@@ -182,6 +193,25 @@ def test_plan_counts_total_and_active_parameters(gpt_oss, capsys):
     assert p["params"]["total"] == hf.num_parameters()
     unrouted = c.num_layers * (c.num_experts - c.experts_per_token) * expert
     assert p["params"]["active"] == hf.num_parameters() - unrouted
+
+
+def test_plan_sizes_the_sliding_layers_pool_as_the_engine_does(gpt_oss, capsys):
+    """The plan's KV cache is the engine's, byte for byte: the full layer at full
+    length for every sequence, the two sliding layers in a pool sized to the window."""
+    from armllm import LLM
+    from armllm.cli import main
+    path = gpt_oss[1]
+    flags = {"max_model_len": 256, "max_num_seqs": 4, "max_num_batched_tokens": 16,
+             "block_size": 2}
+    argv = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    assert main(["plan", str(path), "--json", "--bandwidth-gbs", "10", *argv]) == 0
+    kv = json.loads(capsys.readouterr().out)["kv_cache"]
+    pool = kv["window_pool"]
+    assert (pool["layers"], pool["window"], pool["blocks"]) == (2, 5, 2 * (4 * 4 + 8))
+    llm = LLM(path, **flags)
+    assert llm.engine.runner.kv.nbytes == kv["bytes"]
+    per_layer_block = 2 * 2 * 2 * 16 * 2   # K and V, 2 KV heads, 2 tokens, head_dim 16, bf16
+    assert pool["saved_bytes"] == (4 * 256 // 2 - pool["blocks"]) * 2 * per_layer_block
 
 
 def test_gguf_with_mxfp4_experts_matches_transformers(tmp_path):

@@ -98,6 +98,19 @@ def test_batching_chunking_and_prefix_cache_change_no_token(moe_model, budget):
     assert_batching_changes_no_token(moe_model[1], budget)
 
 
+def test_profile_books_the_sparse_mlps_apart(moe_model):
+    """`bench latency --profile`'s StepProfile times each sparse layer's one C call as
+    the sparse MLPs' share, not as glue; the parts still add up to the step."""
+    from armllm import LLM, SamplingParams
+    from armllm.bench.step_profile import PARTS, StepProfile
+    llm = LLM(moe_model[1], dtype="float32", kv_cache_gib=0.01, max_num_seqs=1)
+    with StepProfile(llm.engine) as profile:
+        llm.generate([5, 6, 7], SamplingParams(max_tokens=6, ignore_eos=True))
+    ms = profile.per_token_ms()
+    assert profile.decode_tokens == 5 and ms["sparse_mlp"] > 0 and ms["gemm"] > 0
+    assert sum(ms[p] for p in PARTS) == pytest.approx(ms["total"])
+
+
 def test_quantized_experts_close_to_float(moe_model):
     """--quantization w8a8 quantizes every expert (and the dense layers) at load; the
     router stays float. Logits stay within int8's error of the float model's."""

@@ -292,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
                             results["gemm"].append(row)
                             _print_row(row)
     print("%bw/%pk: decode rows (M <= 8; weights cycled through copies of 4x the "
-          "last-level cache, at least 1 GiB, so they come from DRAM) as a fraction of read bandwidth, prefill rows of FMA peak; "
+          "last-level cache, at least 1 GiB, so they come from DRAM) as a fraction of read "
+          "bandwidth, prefill rows of FMA peak; "
           "ratio = the first --isa variant's time / this variant's (interleaved runs); "
           "speedup = numpy f32 time / armllm time. w8/w4 rows include the activation "
           "quantization; their GFLOP/s are GOP/s of int8 MACs (x2), compared with the same "

@@ -134,11 +134,9 @@ def _setup(llm: LLM, args: argparse.Namespace) -> dict:
 def _memory(llm: LLM, args: argparse.Namespace, load_peak: int) -> dict:
     """Peak RSS while loading (measured right after it), steady RSS now, and what the
     model holds: packed weights and the KV cache."""
-    from armllm.model.llama import KVCache
-    per_block = KVCache.bytes_per_block(llm.loaded.config, args.block_size, args.kv_cache_dtype)
     return {"load_peak_rss_bytes": load_peak, "steady_rss_bytes": rss_bytes(),
             "weights_bytes": llm.loaded.model.weights.nbytes,
-            "kv_cache_bytes": per_block * llm.stats().num_blocks}
+            "kv_cache_bytes": llm.engine.runner.kv.nbytes}
 
 
 def _print_memory(m: dict) -> None:

@@ -145,6 +145,11 @@ def print_plan(p: dict) -> None:
     print(f"  KV cache   {_size(kv['bytes']):>13}  {kv['blocks']} blocks x {kv['block_size']} "
           f"tokens x {kv['bytes_per_token']:,} B/token ({kv['sequences_at_full_length']:g} "
           f"sequences at full length; {kv['sized_by']})")
+    if kv["window_pool"]:
+        w = kv["window_pool"]
+        print(f"             {'':>13}  of which {_size(w['bytes'])} for the {w['layers']} "
+              f"sliding-window layers ({w['window']} tokens): a pool of {w['blocks']} blocks "
+              f"of their own, {_size(w['saved_bytes'])} less than at full length")
     print(f"  overhead   {_size(ov['bytes']):>13}  workspace {_size(ov['workspace_bytes'])}, "
           f"RoPE table {_size(ov['rope_table_bytes'])}, process {_size(ov['process_bytes'])}")
     print(f"  total      {_size(p['total_bytes']):>13}")

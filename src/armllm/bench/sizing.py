@@ -22,7 +22,8 @@ from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
 from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, load_hf_config
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
-from armllm.model.llama import KVCache, Workspace
+from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
+from armllm.model.llama import Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
 from armllm.model.weights import (
@@ -165,12 +166,30 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     dense, seqs, block = WEIGHT_DTYPES[engine.dtype], engine.max_num_seqs, engine.block_size
     params = param_counts(c)
     weights = weight_bytes(c, dense, formats)
-    per_block = KVCache.bytes_per_block(c, block, engine.kv_cache_dtype)
-    kv_token = per_block // block
+    dtype = engine.kv_cache_dtype
     blocks_per_seq = -(-max_model_len // block)
+    # sliding-window layers in a pool of their own, as build_engine sizes it
+    sliding = sum(1 for i in range(c.num_layers) if c.window(i))
+    window_blocks = window_pool_blocks(c, block, seqs, engine.max_num_batched_tokens) \
+        if sliding else 0
+    if window_blocks >= seqs * blocks_per_seq:
+        window_blocks = 0     # the windows span the context: one pool for every layer
+    window_block_bytes = bytes_per_block(c, sliding, block, dtype)
+    window_pool = None
+    if window_blocks and sliding < c.num_layers:
+        window_pool = {"layers": sliding, "window": c.sliding_window, "blocks": window_blocks,
+                       "bytes": (window_blocks + 1) * window_block_bytes,  # + the null block
+                       "saved_bytes": (seqs * blocks_per_seq - window_blocks)
+                       * window_block_bytes}
+    main_layers = c.num_layers - (sliding if window_pool else 0)
+    per_block = bytes_per_block(c, main_layers, block, dtype)
+    kv_token = per_block // block
+    if window_blocks and not window_pool:  # every layer slides: a sequence holds its window
+        blocks_per_seq = window_blocks // seqs
     kv_seq = blocks_per_seq * per_block
+    fixed = window_pool["bytes"] if window_pool else 0
     if engine.kv_cache_gib is not None:   # as build_engine sizes it
-        kv_blocks = int(engine.kv_cache_gib * 2**30 // per_block)
+        kv_blocks = int((engine.kv_cache_gib * 2**30 - fixed) // per_block)
         kv_source = "--kv-cache-gib"
     else:
         kv_blocks = seqs * blocks_per_seq
@@ -178,7 +197,7 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     workspace = Workspace.nbytes(c, engine.max_num_batched_tokens, seqs, formats,
                                  max_seq_len=max_model_len)
     overhead = workspace + rope_table_bytes(c) + PROCESS_BYTES
-    total = weights["total"] + kv_blocks * per_block + overhead
+    total = weights["total"] + kv_blocks * per_block + fixed + overhead
     plan = {
         "kernel_variant": ops.selected_isa(), "max_model_len": max_model_len, "max_num_seqs": seqs,
         "weight_dtype": dense, "quantization": engine.quantization,
@@ -189,9 +208,10 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
         "kv_cache": {"bytes_per_token": kv_token, "block_size": block,
                      "blocks_per_sequence": blocks_per_seq, "bytes_per_sequence": kv_seq,
                      "sized_by": kv_source, "blocks": kv_blocks, "tokens": kv_blocks * block,
-                     "bytes": kv_blocks * per_block,
+                     "bytes": kv_blocks * per_block + fixed,
                      "sequences_at_full_length": kv_blocks / blocks_per_seq,
-                     "kv_cache_gib_flag": -(-seqs * kv_seq * 100 // 2**30) / 100},
+                     "window_pool": window_pool,
+                     "kv_cache_gib_flag": -(-(seqs * kv_seq + fixed) * 100 // 2**30) / 100},
         "overhead": {"max_num_batched_tokens": engine.max_num_batched_tokens,
                      "workspace_bytes": workspace, "rope_table_bytes": rope_table_bytes(c),
                      "process_bytes": PROCESS_BYTES, "bytes": overhead},
@@ -199,16 +219,19 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     }
     if mem_available is not None:
         plan["fits"] = total <= mem_available
-        room = mem_available - weights["total"] - overhead
+        room = mem_available - weights["total"] - overhead - fixed
         plan["max_concurrency_that_fits"] = max(0, room // kv_seq)
         if engine.kv_cache_gib is None:   # serve caps its default KV cache (build_engine)
-            cap = int(max(0, mem_available - weights["total"]) * DEFAULT_KV_FRACTION
+            cap = int(max(0, (mem_available - weights["total"]) * DEFAULT_KV_FRACTION - fixed)
                       // per_block)
             plan["kv_cache"]["serve_default_cap_blocks"] = cap
     # decode: all weights once per step (of a sparse layer, the experts routed to), one
     # embedding row and the KV of each sequence
     row = weights["embedding"] // c.vocab_size
-    kv_read = kv_token * max_model_len // 2  # per sequence, at the average context
+    # per sequence, at the average context (a sliding layer reads at most its window)
+    context = max_model_len // 2
+    kv_read = kv_token * context + (
+        window_block_bytes // block * min(c.sliding_window, context) if window_pool else 0)
 
     def step(batch: int) -> dict:
         step_weights = round(weights["total"] - weights["embedding"] - weights["layers"]

@@ -4,8 +4,10 @@ While a StepProfile is installed, the kernel table armllm.ops calls through,
 the runner's sampler and the engine's postprocessing run behind timers (the
 engine itself knows nothing of it: with --profile off nothing is wrapped and
 nothing costs). Each decode-only step's wall time (`engine.step()`) is split
-into GEMMs (the kernel calls that read weights), attention, other kernels
-(norms, RoPE, KV writes, activations, quantization of activations, embedding),
+into GEMMs (the kernel calls that read weights), the sparse MLPs of
+mixture-of-experts layers (routing, the experts' GEMMs and activations: one C
+call per layer), attention, other kernels (norms, RoPE, KV writes,
+activations, quantization of activations, embedding),
 sampling, detokenize/postprocess, and the rest: Python and engine glue
 (scheduling, building the batch, the model's Python graph, the Cython
 wrappers' argument checks outside the kernel calls, the timers themselves).
@@ -31,8 +33,10 @@ if TYPE_CHECKING:
 # whose work is a GEMM with a small epilogue or prologue on its rows.
 GEMM_METHODS = frozenset({"gemm", "gemm_wq"})
 # What a decode token's time splits into, in report order.
-PARTS = ("gemm", "attention", "other_kernels", "glue", "sampling", "postprocess")
-LABELS = {"total": "total", "gemm": "GEMMs", "attention": "attention",
+PARTS = ("gemm", "sparse_mlp", "attention", "other_kernels", "glue", "sampling",
+         "postprocess")
+LABELS = {"total": "total", "gemm": "GEMMs", "sparse_mlp": "sparse MLPs (experts)",
+          "attention": "attention",
           "other_kernels": "other kernels",
           "glue": "Python/engine glue", "sampling": "sampling",
           "postprocess": "detokenize/postprocess"}
@@ -96,6 +100,7 @@ class StepProfile:
         self._patch(ops, "_KERNELS", _TimedKernels(ops._KERNELS, totals))
         self._patch(ops, "decoder_layer", _timed_bound(self._bound_times, "layer"))
         self._patch(ops, "norm_head", _timed_bound(self._bound_times, "head"))
+        self._patch(ops, "sparse_layer", _timed(ops.sparse_layer, totals, "sparse_mlp"))
         self._patch(engine.runner, "sample", _timed(engine.runner.sample, totals, "sampling"))
         self._patch(engine, "_postprocess", _timed(engine._postprocess, totals, "postprocess"))
         self._patch(engine, "step", self._step)

@@ -1,22 +1,33 @@
 """block_manager: which KV-cache blocks each sequence holds, and the prefix
 cache (plain Python).
 
+The blocks live in pools, one per KV group (model/kv_cache.py): the layers
+that attend the whole sequence share one pool, sliding-window layers another.
+A sequence has one block table per pool, all indexed by token block. A
+window pool's table keeps only the blocks a query of this step or a later one
+can read; an entry before that points at the pool's null block (an id no
+sequence holds, which the kernels never read), and the block it held goes
+back to the free list at the next allocate.
+
 Every block has a reference count (the sequences whose block table lists
 it). A full block of computed tokens is keyed by a chained hash of (the
-previous block's hash, its token ids), so equal prefixes map to equal keys.
-A new sequence takes the longest run of cached blocks that matches its
-tokens, always leaving at least one token to compute (the last one produces
-the logits). Blocks whose count drops to zero go to the free list but keep
-their contents and hash: blocks without a hash are reused first, then hashed
-ones from the least recently freed; a hashed block is evicted from the cache
-only when it is handed out again. Sequences forked for parallel sampling
-share their parent's blocks; a shared block is copied before it is written
-(copy on write). Block ids index the KV cache's first dimension."""
+previous block's hash, its token ids), so equal prefixes map to equal keys;
+each pool caches its own blocks under those keys. A new sequence takes the
+longest run of blocks that every pool can serve: all of them in a full pool,
+those inside the first computed token's window in a window pool, always
+leaving at least one token to compute (the last one produces the logits).
+Blocks whose count drops to zero go to the free list but keep their contents
+and hash: blocks without a hash are reused first, then hashed ones from the
+least recently freed; a hashed block is evicted from the cache only when it
+is handed out again. Sequences forked for parallel sampling share their
+parent's blocks; a shared block is copied before it is written (copy on
+write). Block ids index the KV cache's first dimension."""
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence as Seq
 
 from armllm.engine.sequence import Sequence
 
@@ -30,20 +41,91 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
 
 
-class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, "
-                             f"{block_size}")
-        self.num_blocks, self.block_size = num_blocks, block_size
-        self.enable_prefix_caching = enable_prefix_caching
+class BlockPool:
+    """The blocks of one KV group: reference counts, the free list (in reuse order)
+    and the prefix cache's entries."""
+
+    def __init__(self, num_blocks: int, window: int):
+        self.num_blocks, self.window = num_blocks, window
+        self.null = num_blocks      # table entry of a block out of every query's window
         self.ref_count = [0] * num_blocks
         self.hash_of: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}          # hash -> block holding those tokens
         # free blocks in reuse order: unhashed ones first, then hashed, least recently freed
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    def first_live(self, pos: int, block_size: int) -> int:
+        """The first block a query at `pos` or later reads."""
+        return max(0, pos - self.window + 1) // block_size if self.window else 0
+
+    def take_free(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        h = self.hash_of[block]
+        if h is not None:  # evict: the block is about to hold other tokens
+            if self.cached.get(h) == block:
+                del self.cached[h]
+            self.hash_of[block] = None
+        self.ref_count[block] = 1
+        return block
+
+    def hold(self, block: int) -> None:
+        if self.ref_count[block] == 0:
+            del self.free[block]
+        self.ref_count[block] += 1
+
+    def drop(self, block: int) -> None:
+        """One holder less; the last one frees the block: an unhashed block is reused
+        first, a hashed one last (it may serve a prefix again)."""
+        self.ref_count[block] -= 1
+        if self.ref_count[block] == 0:
+            self.free[block] = None
+            if self.hash_of[block] is None:
+                self.free.move_to_end(block, last=False)
+
+    def cow_needed(self, table: list[int], num_computed: int, block_size: int) -> bool:
+        """Whether the block written next is shared and must be copied first."""
+        i = num_computed // block_size
+        return i < len(table) and table[i] != self.null and self.ref_count[table[i]] > 1
+
+    def dead_held_alone(self, table: list[int], live: int) -> int:
+        """Blocks before index `live` that only this table holds: what trimming the
+        table to the window frees."""
+        count, j = 0, min(live, len(table)) - 1
+        while j >= 0 and table[j] != self.null:
+            count += self.ref_count[table[j]] == 1
+            j -= 1
+        return count
+
+    def trim(self, table: list[int], live: int) -> None:
+        """Drops the table's blocks before index `live`, newest first (so the older
+        ones stay longer in the prefix cache)."""
+        j = min(live, len(table)) - 1
+        while j >= 0 and table[j] != self.null:
+            self.drop(table[j])
+            table[j] = self.null
+            j -= 1
+
+
+class BlockManager:
+    """num_blocks: one pool of that many blocks for layers that attend the whole
+    sequence, or each pool's (window, num_blocks) in KV-group order (window 0: the
+    whole sequence)."""
+
+    def __init__(self, num_blocks: int | Seq[tuple[int, int]], block_size: int,
+                 enable_prefix_caching: bool = True):
+        layout = [(0, num_blocks)] if isinstance(num_blocks, int) else list(num_blocks)
+        if not layout or block_size < 1 or any(n < 1 or w < 0 for w, n in layout):
+            raise ValueError(f"num_blocks and block_size must be >= 1 (and windows >= 0), got "
+                             f"{num_blocks}, {block_size}")
+        self.pools = [BlockPool(n, w) for w, n in layout]
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0                     # prompt tokens looked up
         self.prefix_hits = 0                        # of which were found in the cache
+
+    def _tables(self, seq: Sequence) -> list[list[int]]:
+        """seq's block tables, empty ones for a sequence that holds no block."""
+        return seq.block_tables or [[]] * len(self.pools)
 
     # -- hashing --------------------------------------------------------------------------
 
@@ -58,88 +140,121 @@ class BlockManager:
             hashes.append(block_hash(hashes[-1] if hashes else _ROOT_HASH,
                                      ids[i * bs:(i + 1) * bs]))
 
-    def cached_prefix(self, seq: Sequence) -> list[int]:
-        """Blocks of the longest cached prefix of seq's tokens, leaving at least one
-        token to compute. Takes nothing."""
-        if not self.enable_prefix_caching or seq.block_table:
-            return []
-        limit = (seq.num_tokens - 1) // self.block_size
-        self._extend_hashes(seq, limit * self.block_size)
-        hits = []
-        for h in seq.block_hashes[:limit]:
-            block = self.cached.get(h)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+    def cached_prefix(self, seq: Sequence) -> list[list[int]]:
+        """Per pool, the table of the longest prefix of seq's tokens that every pool
+        serves from its cache (window pools: the blocks in the window of the first
+        token left to compute; null before), leaving at least one token to compute.
+        The tables are equally long, empty on a miss. Takes nothing."""
+        empty = [[] for _ in self.pools]
+        if not self.enable_prefix_caching or seq.block_tables:
+            return empty
+        bs = self.block_size
+        limit = (seq.num_tokens - 1) // bs
+        self._extend_hashes(seq, limit * bs)
+        hashes = seq.block_hashes[:limit]
+        found = [[p.cached.get(h) for h in hashes] for p in self.pools]
+        for pool, hits in zip(self.pools, found, strict=True):
+            if not pool.window and None in hits:
+                del hashes[hits.index(None):]
+        # run[i]: cached blocks in a row ending at block i, per window pool
+        runs = []
+        for pool, hits in zip(self.pools, found, strict=True):
+            run, n = [], 0
+            for i in range(len(hashes) if pool.window else 0):
+                n = n + 1 if hits[i] is not None else 0
+                run.append(n)
+            runs.append(run)
+        k = len(hashes)
+        while k and not all(not p.window or runs[i][k - 1] >= k - p.first_live(k * bs, bs)
+                            for i, p in enumerate(self.pools)):
+            k -= 1
+        if not k:
+            return empty
+        tables = []
+        for pool, hits in zip(self.pools, found, strict=True):
+            live = pool.first_live(k * bs, bs)
+            tables.append([pool.null] * live + hits[live:k])
+        return tables
 
     # -- accounting -----------------------------------------------------------------------
 
-    def _cow_needed(self, seq: Sequence) -> bool:
-        """Whether the block seq writes next is shared and must be copied first."""
-        i = seq.num_computed // self.block_size
-        return i < len(seq.block_table) and self.ref_count[seq.block_table[i]] > 1
+    def blocks_needed(self, seq: Sequence, num_tokens: int,
+                      prefix: list[list[int]] | None = None) -> list[int]:
+        """Per pool, the free blocks that taking `prefix` and growing seq to num_tokens
+        tokens uses (less what trimming a window pool's table frees)."""
+        bs, want = self.block_size, -(-num_tokens // self.block_size)
+        needed = []
+        for i, pool in enumerate(self.pools):
+            table = prefix[i] if prefix and prefix[i] else \
+                (seq.block_tables[i] if seq.block_tables else [])
+            fresh = max(0, want - len(table))
+            if prefix and prefix[i]:  # cached blocks on the free list come back from it
+                fresh += sum(1 for b in prefix[i] if b != pool.null and pool.ref_count[b] == 0)
+            else:
+                fresh += pool.cow_needed(table, seq.num_computed, bs)
+                if pool.window:
+                    fresh -= pool.dead_held_alone(table, pool.first_live(seq.num_computed, bs))
+            needed.append(fresh)
+        return needed
 
-    def blocks_needed(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> int:
-        """Free blocks that taking `prefix` and growing seq to num_tokens tokens uses."""
-        want = -(-num_tokens // self.block_size)
-        fresh = max(0, want - len(seq.block_table) - len(prefix))
-        revived = sum(1 for b in prefix if self.ref_count[b] == 0)  # cached but on the free list
-        return fresh + revived + self._cow_needed(seq)
+    def can_allocate(self, seq: Sequence, num_tokens: int,
+                     prefix: list[list[int]] | None = None) -> bool:
+        return all(n <= len(p.free) for n, p in
+                   zip(self.blocks_needed(seq, num_tokens, prefix), self.pools, strict=True))
 
-    def can_allocate(self, seq: Sequence, num_tokens: int, prefix: list[int] = ()) -> bool:
-        return self.blocks_needed(seq, num_tokens, prefix) <= len(self.free)
+    def most_blocks(self, num_tokens: int, chunk: int) -> list[int]:
+        """Per pool, the most blocks one sequence of num_tokens tokens holds when it
+        computes up to `chunk` tokens a step."""
+        bs, whole = self.block_size, -(-num_tokens // self.block_size)
+        return [min(whole, -(-(p.window - 1 + chunk) // bs) + 1) if p.window else whole
+                for p in self.pools]
 
-    def _take_free(self) -> int:
-        block, _ = self.free.popitem(last=False)
-        h = self.hash_of[block]
-        if h is not None:  # evict: the block is about to hold other tokens
-            if self.cached.get(h) == block:
-                del self.cached[h]
-            self.hash_of[block] = None
-        self.ref_count[block] = 1
-        return block
-
-    def _hold(self, block: int) -> None:
-        if self.ref_count[block] == 0:
-            del self.free[block]
-        self.ref_count[block] += 1
-
-    def take_prefix(self, seq: Sequence, prefix: list[int]) -> None:
+    def take_prefix(self, seq: Sequence, prefix: list[list[int]]) -> None:
         """Gives a newly admitted seq the cached blocks `prefix` (from cached_prefix)
         and counts the lookup."""
-        for block in prefix:
-            self._hold(block)
-        seq.block_table = list(prefix)
-        seq.num_computed = len(prefix) * self.block_size
-        seq.num_committed_blocks = len(prefix)
+        for pool, table in zip(self.pools, prefix, strict=True):
+            for block in table:
+                if block != pool.null:
+                    pool.hold(block)
+        seq.block_tables = [list(t) for t in prefix]
+        n = len(prefix[0])
+        seq.num_computed = n * self.block_size
+        seq.num_committed_blocks = n
         if self.enable_prefix_caching:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += seq.num_computed
 
-    def allocate(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int]]:
-        """Grows seq's table to hold num_tokens tokens. Returns the block copies
-        (src, dst) to make before the step writes: copy on write of a shared block."""
+    def allocate(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int, int]]:
+        """Grows seq's tables to hold num_tokens tokens (and trims window pools' to
+        the window). Returns the block copies (pool, src, dst) to make before the step
+        writes: copy on write of a shared block."""
         if not self.can_allocate(seq, num_tokens):
             raise RuntimeError(f"out of KV blocks: need {self.blocks_needed(seq, num_tokens)}, "
-                               f"{len(self.free)} free")
+                               f"{[len(p.free) for p in self.pools]} free")
+        bs = self.block_size
+        if not seq.block_tables:
+            seq.block_tables = [[] for _ in self.pools]
+        want = -(-num_tokens // bs)
         copies = []
-        if self._cow_needed(seq):
-            i = seq.num_computed // self.block_size
-            src = seq.block_table[i]
-            dst = self._take_free()
-            self.ref_count[src] -= 1  # still held by others: > 0
-            seq.block_table[i] = dst
-            copies.append((src, dst))
-        want = -(-num_tokens // self.block_size)
-        seq.block_table.extend(self._take_free() for _ in range(want - len(seq.block_table)))
+        for i, (pool, table) in enumerate(zip(self.pools, self._tables(seq), strict=True)):
+            if pool.window:
+                pool.trim(table, pool.first_live(seq.num_computed, bs))
+            if pool.cow_needed(table, seq.num_computed, bs):
+                j = seq.num_computed // bs
+                src, dst = table[j], pool.take_free()
+                pool.ref_count[src] -= 1  # still held by others: > 0
+                table[j] = dst
+                copies.append((i, src, dst))
+            table.extend(pool.take_free() for _ in range(want - len(table)))
         return copies
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares every block of parent."""
-        for block in parent.block_table:
-            self.ref_count[block] += 1
-        child.block_table = list(parent.block_table)
+        for pool, table in zip(self.pools, self._tables(parent), strict=True):
+            for block in table:
+                if block != pool.null:
+                    pool.ref_count[block] += 1
+        child.block_tables = [list(t) for t in parent.block_tables]
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)
         child.num_committed_blocks = parent.num_committed_blocks
@@ -150,39 +265,42 @@ class BlockManager:
             return
         full = seq.num_computed // self.block_size
         self._extend_hashes(seq, full * self.block_size)
-        for i in range(seq.num_committed_blocks, full):
-            block = seq.block_table[i]
-            if self.hash_of[block] is not None:
-                continue  # already cached (a prefix hit, or committed last step)
-            h = seq.block_hashes[i]
-            if h not in self.cached:  # else another block holds the same tokens: keep that one
-                self.cached[h] = block
-                self.hash_of[block] = h
+        for pool, table in zip(self.pools, self._tables(seq), strict=True):
+            for i in range(seq.num_committed_blocks, full):
+                block = table[i]
+                if pool.hash_of[block] is not None:
+                    continue  # already cached (a prefix hit, or committed last step)
+                h = seq.block_hashes[i]
+                if h not in pool.cached:  # else another block holds the same tokens: keep that
+                    pool.cached[h] = block
+                    pool.hash_of[block] = h
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
     def release(self, seq: Sequence) -> None:
         """Drops seq's hold on its blocks; the last holder frees them, tail first so a
         prefix outlives its continuations in the cache."""
-        for block in reversed(seq.block_table):
-            self.ref_count[block] -= 1
-            if self.ref_count[block] == 0:
-                self.free[block] = None
-                if self.hash_of[block] is None:
-                    self.free.move_to_end(block, last=False)
-        seq.block_table = []
+        for pool, table in zip(self.pools, self._tables(seq), strict=True):
+            for block in reversed(table):
+                if block != pool.null:
+                    pool.drop(block)
+        seq.block_tables = []
         seq.num_computed = seq.num_committed_blocks = 0
 
-    # -- counters -------------------------------------------------------------------------
+    # -- counters (over all pools) --------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(p.num_blocks for p in self.pools)
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return sum(len(p.free) for p in self.pools)
 
     @property
     def usage(self) -> float:
-        """Fraction of blocks held by sequences."""
-        return 1.0 - len(self.free) / self.num_blocks
+        """Fraction of blocks held by sequences, in the fullest pool."""
+        return max(1.0 - len(p.free) / p.num_blocks for p in self.pools)
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self.cached)
+        return sum(len(p.cached) for p in self.pools)

@@ -24,10 +24,13 @@ class ModelRunner:
         self._sample_scratch = sample_scratch(model.config.vocab_size)
         # the batch arrays, filled in place every step (BatchMeta holds views of them)
         t, b = max_num_batched_tokens, max_num_seqs
-        self._ids, self._positions, self._slots = (np.empty(t, np.int32) for _ in range(3))
+        groups = len(kv.groups)
+        self._ids, self._positions = np.empty(t, np.int32), np.empty(t, np.int32)
         self._query_start = np.zeros(b + 1, np.int32)
         self._seq_lens = np.empty(b, np.int32)
-        self._block_table = np.zeros((b, self.max_blocks), np.int32)
+        # per KV group, each row's slot and each sequence's block table
+        self._slots = [np.empty(t, np.int32) for _ in range(groups)]
+        self._block_tables = [np.zeros((b, self.max_blocks), np.int32) for _ in range(groups)]
         self._logits_rows = np.empty(b, np.int64)
 
     def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
@@ -35,34 +38,40 @@ class ModelRunner:
         sequences (in logits-row order) that sample a token."""
         bs = self.kv.block_size
         n = len(out.scheduled)
-        ids, positions, slots = self._ids, self._positions, self._slots
-        query_start, seq_lens, block_table = self._query_start, self._seq_lens, self._block_table
+        ids, positions = self._ids, self._positions
+        query_start, seq_lens = self._query_start, self._seq_lens
+        tables = list(zip(self._slots, self._block_tables, strict=True))
         sampling = []
         row = 0
         for b, item in enumerate(out.scheduled):
             seq, count = item.seq, item.num_new_tokens
-            start, blocks = seq.num_computed, seq.block_table
+            start = seq.num_computed
             stop, end = start + count, row + count
-            block_table[b, :len(blocks)] = blocks
             n_prompt = len(seq.prompt_ids)
             if count == 1:  # a decode (or a prompt's last token): no arrays to build
                 ids[row] = seq.output_ids[start - n_prompt] if start >= n_prompt \
                     else seq.prompt_ids[start]
                 positions[row] = start
-                slots[row] = blocks[start // bs] * bs + start % bs
+                for (slots, block_table), blocks in zip(tables, seq.block_tables, strict=True):
+                    block_table[b, :len(blocks)] = blocks
+                    slots[row] = blocks[start // bs] * bs + start % bs
             else:
                 ids[row:end] = (seq.prompt_ids if stop <= n_prompt else seq.all_ids)[start:stop]
                 pos = positions[row:end]
                 pos[:] = np.arange(start, stop)
-                np.add(block_table[b, pos // bs] * bs, pos % bs, out=slots[row:end])
+                for (slots, block_table), blocks in zip(tables, seq.block_tables, strict=True):
+                    block_table[b, :len(blocks)] = blocks
+                    np.add(block_table[b, pos // bs] * bs, pos % bs, out=slots[row:end])
             row = end
             query_start[b + 1] = row
             seq_lens[b] = stop
             if stop == seq.num_tokens:  # the prompt is complete: this row samples
                 self._logits_rows[len(sampling)] = row - 1
                 sampling.append(seq)
+        (slots, block_table), *others = tables
         meta = BatchMeta(ids[:row], positions[:row], slots[:row], query_start[:n + 1],
-                         seq_lens[:n], block_table[:n], self._logits_rows[:len(sampling)])
+                         seq_lens[:n], block_table[:n], self._logits_rows[:len(sampling)],
+                         tuple((sl[:row], bt[:n]) for sl, bt in others))
         return meta, sampling
 
     def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:

@@ -38,7 +38,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
-    copies: list[tuple[int, int]] = field(default_factory=list)  # KV blocks (src, dst)
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (pool, src, dst)
 
     @property
     def num_tokens(self) -> int:
@@ -77,10 +77,13 @@ class Scheduler:
         if total > self.max_model_len:
             raise ValueError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) "
                              f"= {total} exceeds max_model_len {self.max_model_len}")
-        capacity = self.blocks.num_blocks * self.blocks.block_size
-        if -(-total // self.blocks.block_size) > self.blocks.num_blocks:
-            raise ValueError(f"prompt + max_tokens = {total} tokens cannot fit the KV cache "
-                             f"({capacity} tokens)")
+        pools = self.blocks.pools
+        for pool, need in zip(pools, self.blocks.most_blocks(total, self.max_tokens), strict=True):
+            if need > pool.num_blocks:
+                what = f"its {pool.window}-token window layers' pool" if pool.window else "it"
+                raise ValueError(f"prompt + max_tokens = {total} tokens cannot fit the KV cache "
+                                 f"({what} holds {pool.num_blocks * self.blocks.block_size} "
+                                 f"tokens)")
         if n > self.max_num_seqs:
             raise ValueError(f"n = {n} completions exceeds max_num_seqs {self.max_num_seqs}")
 
@@ -156,7 +159,7 @@ class Scheduler:
             if slots + seq.num_forks_pending + 1 > self.max_num_seqs:
                 break
             prefix = self.blocks.cached_prefix(seq)
-            start = len(prefix) * self.blocks.block_size
+            start = len(prefix[0]) * self.blocks.block_size
             n = min(seq.num_tokens - start, budget)
             if not self.blocks.can_allocate(seq, start + n, prefix):
                 break

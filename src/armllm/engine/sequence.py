@@ -37,7 +37,7 @@ class Sequence:
     priority: int = 0                # lower runs first; FCFS among equals
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)  # one per KV block pool
     num_computed: int = 0            # tokens whose K/V are in the cache
     num_cached_prompt: int = 0       # prompt tokens found in the prefix cache at admission
     num_committed_blocks: int = 0    # leading blocks already entered in the prefix cache
@@ -47,6 +47,12 @@ class Sequence:
     rng: Any = None                  # the sampler's random generator (runner-owned)
     completion: Any = None           # stop checks and text so far (engine-owned)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first pool's block table (the only one of a model without sliding
+        layers)."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def all_ids(self) -> list[int]:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from armllm import ops
 from armllm.model.config import ModelConfig
+from armllm.model.kv_cache import KVCache
 from armllm.model.moe import SparseMLP
 from armllm.model.weights import (
     LAYER_LINEARS,
@@ -38,41 +38,9 @@ class BatchMeta:
     seq_lens: np.ndarray      # [B] int32, tokens in the cache after this step
     block_table: np.ndarray   # [B, max_blocks] int32
     logits_rows: np.ndarray   # [R] int64, rows that need logits
-
-
-class KVCache:
-    """Per layer K and V of [num_blocks, n_kv_heads, block_size, head_dim]."""
-
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
-                 dtype: Literal["bf16", "f32"] = "bf16"):
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, "
-                             f"{block_size}")
-        if dtype not in ("bf16", "f32"):
-            raise ValueError(f"KV cache dtype must be 'bf16' or 'f32', got {dtype!r}")
-        np_dtype = np.uint16 if dtype == "bf16" else np.float32
-        shape = (num_blocks, config.num_kv_heads, block_size, config.head_dim)
-        # Written through once here (numpy backs large arrays with huge pages): pages a
-        # decode step touched for the first time cost it a fault each, ~0.5 ms a token
-        # on SmolLM2, and the memory is committed up front as llama.cpp and vLLM do.
-        self._k = np.empty((config.num_layers, *shape), np_dtype)
-        self._v = np.empty((config.num_layers, *shape), np_dtype)
-        self._k.fill(0)
-        self._v.fill(0)
-        self.k, self.v = list(self._k), list(self._v)
-        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
-
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copies whole blocks (src, dst) in every layer: copy on write of shared blocks."""
-        src = np.fromiter((c[0] for c in copies), np.intp, len(copies))
-        dst = np.fromiter((c[1] for c in copies), np.intp, len(copies))
-        for cache in (*self.k, *self.v):
-            cache[dst] = cache[src]
-
-    @staticmethod
-    def bytes_per_block(config: ModelConfig, block_size: int, dtype: str) -> int:
-        item = 2 if dtype == "bf16" else 4
-        return 2 * config.num_layers * config.num_kv_heads * block_size * config.head_dim * item
+    # (slot_mapping, block_table) of KV groups 1.. (model/kv_cache.py); the fields above
+    # are group 0's
+    other_groups: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
 
 
 class Workspace:
@@ -204,11 +172,15 @@ class LlamaModel:
             raise ValueError("the workspace was built for other linear weight formats than "
                              "this model's: build it with Workspace(..., model.formats)")
         ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
-        batch = ops.StepBatch(meta.positions, meta.slot_mapping, meta.block_table,
-                              meta.seq_lens, meta.query_start)
+        if len(meta.other_groups) + 1 != len(kv.groups):
+            raise ValueError(f"the batch has block tables for {len(meta.other_groups) + 1} KV "
+                             f"groups, the cache {len(kv.groups)}")
+        batches = [ops.StepBatch(meta.positions, slots, table, meta.seq_lens, meta.query_start)
+                   for slots, table in ((meta.slot_mapping, meta.block_table),
+                                        *meta.other_groups)]
         layers, sparse, head = self._bound(kv, ws)
-        for layer, mlp in zip(layers, sparse, strict=True):
-            ops.decoder_layer(layer, batch)
+        for layer, mlp, group in zip(layers, sparse, kv.group_of, strict=True):
+            ops.decoder_layer(layer, batches[group])
             if mlp is not None:
                 mlp.run(t)
         if r == 0:  # a step of prompt chunks only: nothing samples

@@ -486,7 +486,7 @@ class ModelWeights:
         def fmt(w: ops.PackedWeight) -> QuantFormat | None:
             if w.dtype == "gguf":
                 return QuantFormat(0, w.group, gguf=tuple(
-                    (GGML_TYPES[t][0], r) for t, r in zip(w.gguf_types, w.gguf_rows)))
+                    (GGML_TYPES[t][0], r) for t, r in zip(w.gguf_types, w.gguf_rows, strict=True)))
             return QuantFormat(w.bits, w.group, w.zp_correction is None) if w.quantized \
                 else None
         embed = GGML_TYPES[self.embed.ggml_type][0] if isinstance(self.embed, ops.GGUFTable) \

@@ -1,0 +1,124 @@
+"""kv_cache: the paged K/V cache of a model's layers, in KV groups.
+
+A group is the layers whose K/V share one pool of blocks, and so one block
+table per sequence (engine/block_manager.py). Layers that attend the whole
+sequence form one group; sliding-window layers (Mistral, Mixtral, GPT-OSS's
+every other layer) can form a second one whose pool only needs each
+sequence's window and the chunk it computes, not its whole length: for
+GPT-OSS at 128K context that halves the cache. A window group's arrays hold
+one block more than its pool hands out, the null block that table entries
+out of every query's window point at (the kernels never read it)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from armllm.model.config import ModelConfig
+
+KV_DTYPE_BYTES = {"bf16": 2, "f32": 4}
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    window: int               # tokens a query attends back (0: the whole sequence)
+    layers: tuple[int, ...]
+    num_blocks: int           # blocks the group's pool hands out
+
+
+def kv_groups(config: ModelConfig, num_blocks: int,
+              num_window_blocks: int | None = None) -> tuple[KVGroup, ...]:
+    """The model's KV groups: with num_window_blocks, the sliding layers in a window
+    group of that many blocks and the others (if any) in a full group of num_blocks
+    (unused when every layer slides); without, every layer in one full group of
+    num_blocks."""
+    layers = range(config.num_layers)
+    sliding = tuple(i for i in layers if config.window(i))
+    if num_window_blocks is None or not sliding:
+        return (KVGroup(0, tuple(layers), num_blocks),)
+    full = tuple(i for i in layers if not config.window(i))
+    window = (KVGroup(config.sliding_window, sliding, num_window_blocks),)
+    return ((KVGroup(0, full, num_blocks),) if full else ()) + window
+
+
+def bytes_per_block(config: ModelConfig, num_layers: int, block_size: int, dtype: str) -> int:
+    """K and V of one block of num_layers layers."""
+    return (2 * num_layers * config.num_kv_heads * block_size * config.head_dim
+            * KV_DTYPE_BYTES[dtype])
+
+
+def window_pool_blocks(config: ModelConfig, block_size: int, max_num_seqs: int,
+                       max_num_batched_tokens: int) -> int:
+    """Blocks a window group needs so that it never runs out before the full one:
+    each running sequence's window plus a partial block at either end, and the
+    blocks of one step's new tokens; doubled so that the prefix cache keeps the
+    windows of recent prefixes (a hit needs the window before its last token)."""
+    per_seq = -(-(config.sliding_window - 1) // block_size) + 2
+    return 2 * (max_num_seqs * per_seq + -(-max_num_batched_tokens // block_size))
+
+
+class KVCache:
+    """Per layer K and V of [blocks, n_kv_heads, block_size, head_dim], each layer's
+    blocks from its KV group's pool (see kv_groups)."""
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
+                 dtype: Literal["bf16", "f32"] = "bf16", num_window_blocks: int | None = None):
+        if num_blocks < 1 or block_size < 1 or (num_window_blocks is not None
+                                                 and num_window_blocks < 1):
+            raise ValueError(f"num_blocks, num_window_blocks and block_size must be >= 1, got "
+                             f"{num_blocks}, {num_window_blocks}, {block_size}")
+        if dtype not in KV_DTYPE_BYTES:
+            raise ValueError(f"KV cache dtype must be 'bf16' or 'f32', got {dtype!r}")
+        np_dtype = np.uint16 if dtype == "bf16" else np.float32
+        self.groups = kv_groups(config, num_blocks, num_window_blocks)
+        self.group_of = [0] * config.num_layers     # each layer's group
+        self.k: list[np.ndarray] = [None] * config.num_layers
+        self.v: list[np.ndarray] = [None] * config.num_layers
+        self._arrays = []
+        for g, group in enumerate(self.groups):
+            blocks = group.num_blocks + (1 if group.window else 0)  # + the null block
+            shape = (len(group.layers), blocks, config.num_kv_heads, block_size,
+                     config.head_dim)
+            # Written through once here (numpy backs large arrays with huge pages): pages
+            # a decode step touched for the first time cost it a fault each, ~0.5 ms a
+            # token on SmolLM2, and the memory is committed up front as llama.cpp and
+            # vLLM do.
+            k, v = np.empty(shape, np_dtype), np.empty(shape, np_dtype)
+            k.fill(0)
+            v.fill(0)
+            self._arrays.append((k, v))
+            for j, layer in enumerate(group.layers):
+                self.group_of[layer] = g
+                self.k[layer], self.v[layer] = k[j], v[j]
+        self.block_size, self.dtype = block_size, dtype
+
+    @property
+    def num_blocks(self) -> int:
+        """The first group's blocks (every layer's, for a model without a window group)."""
+        return self.groups[0].num_blocks
+
+    @property
+    def pool_layout(self) -> list[tuple[int, int]]:
+        """Each group's (window, num_blocks): the BlockManager's pools for this cache."""
+        return [(g.window, g.num_blocks) for g in self.groups]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self._arrays)
+
+    def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copies whole blocks (group, src, dst) in every layer of the group: copy on
+        write of shared blocks."""
+        for g, (k, v) in enumerate(self._arrays):
+            pairs = [(src, dst) for group, src, dst in copies if group == g]
+            if pairs:
+                src = np.fromiter((p[0] for p in pairs), np.intp, len(pairs))
+                dst = np.fromiter((p[1] for p in pairs), np.intp, len(pairs))
+                k[:, dst] = k[:, src]
+                v[:, dst] = v[:, src]
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: str) -> int:
+        """K and V of one block in every layer."""
+        return bytes_per_block(config, config.num_layers, block_size, dtype)
