@@ -306,7 +306,8 @@ def test_plan_sizes_what_serve_loads_from_a_gguf(tmp_path, capsys, quantization)
     from armllm.model.gguf import GGUFFile
     from armllm.model.loader import gguf_model_config
     from armllm.model.quantize import parse_scheme
-    from armllm.model.weights import GGUFSource, load_weights
+    from armllm.model.sources import GGUFSource
+    from armllm.model.weights import load_weights
     from tests.tiny_model import write_tiny_gguf
     types = {"blk.0.attn_q.weight": "Q8_0", "blk.0.attn_k.weight": "Q8_0",
              "blk.0.attn_v.weight": "Q8_0", "blk.0.attn_output.weight": "Q4_0",
@@ -339,7 +340,8 @@ def test_plan_sizes_a_k_quant_mix(tmp_path, capsys):
     pytest.importorskip("gguf")
     from armllm.model.gguf import GGUFFile
     from armllm.model.loader import gguf_model_config
-    from armllm.model.weights import GGUFSource, load_weights
+    from armllm.model.sources import GGUFSource
+    from armllm.model.weights import load_weights
     from tests.model.test_gguf_kquants import MIXES
     from tests.tiny_model import write_tiny_gguf
     types, hidden, inter = MIXES["Q4_K_M"]

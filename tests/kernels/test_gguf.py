@@ -19,7 +19,7 @@ from armllm import ops
 from armllm._kernels import _ext
 from tests.conftest import examples, rand
 from tests.gguf_blocks import BLOCKS, OFFSET_TYPES, TYPE_IDS, decode_rows, random_blocks
-from tests.kernels.test_quant import fma32, np_quant_act
+from tests.kernels.test_quant import fma32
 
 gguf = pytest.importorskip("gguf")
 
@@ -239,7 +239,7 @@ def test_gemm_gguf_close_to_dequantized_float_gemm(pool):
     x = rand(rng, (9, k))
     out, xq, scale = run_gguf(kern, x, blocks, mix, rows, pool=pool)
     w = np.concatenate([gguf_dequantize(t, b, n, k) for t, b, n in zip(
-        mix, np.split(blocks, [rows[0] * k // 256 * BLOCKS["Q4_K"][1]]), rows)])
+        mix, np.split(blocks, [rows[0] * k // 256 * BLOCKS["Q4_K"][1]]), rows, strict=True)])
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     # |x - sx*xq| <= sx/2 per element
     bound = (np.repeat(scale, ACT_GROUP, axis=1)[:, :k].astype(np.float64) / 2) @ np.abs(w).T

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from armllm._kernels._ext import SparseLayer
 
 from armllm import ops
-from armllm._kernels._ext import SparseLayer
 from tests.conftest import rand
 from tests.gguf_blocks import random_blocks
 
@@ -96,7 +96,7 @@ class Experts:
         ids, w = route_ref(logits.astype(np.float64), k, renormalize)
         out = np.zeros((len(x), H))
         for r in range(len(x)):
-            for e, we in sorted(zip(ids[r], w[r])):
+            for e, we in sorted(zip(ids[r], w[r], strict=True)):
                 gu = x[r:r + 1].astype(np.float64) @ self.float["gate_up", e].T
                 if self.gu_bias is not None:
                     gu += self.gu_bias[e]

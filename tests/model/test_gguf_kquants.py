@@ -11,7 +11,8 @@ import pytest
 from armllm.model.gguf import GGUFFile
 from armllm.model.llama import BatchMeta, KVCache, LlamaModel, Workspace
 from armllm.model.loader import gguf_model_config
-from armllm.model.weights import GGUFSource, linear_formats, load_weights
+from armllm.model.sources import GGUFSource
+from armllm.model.weights import linear_formats, load_weights
 from tests.tiny_model import write_tiny_gguf
 
 pytest.importorskip("gguf")

@@ -15,7 +15,7 @@ import pytest
 
 from armllm import ops
 from armllm.model.convert import save_tensors
-from armllm.model.weights import CHUNK_BYTES
+from armllm.model.sources import CHUNK_BYTES
 from tests.tiny_model import write_tiny_gguf
 
 HIDDEN, HEADS, KV_HEADS, INTER, LAYERS, VOCAB = 512, 8, 2, 2048, 4, 16384
@@ -36,7 +36,8 @@ from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config
 from armllm.model.quantize import parse_scheme
-from armllm.model.weights import GGUFSource, HFSource, load_weights
+from armllm.model.sources import GGUFSource, HFSource
+    from armllm.model.weights import load_weights
 
 path, quantization = sys.argv[1], sys.argv[2]
 quantization = quantization if quantization in ("auto", "none") else parse_scheme(quantization)

@@ -217,7 +217,8 @@ def gguf_lm(path, quantization="auto"):
     from armllm.model.gguf import GGUFFile
     from armllm.model.llama import LlamaModel
     from armllm.model.loader import gguf_model_config
-    from armllm.model.weights import GGUFSource, load_weights
+    from armllm.model.sources import GGUFSource
+    from armllm.model.weights import load_weights
     g = GGUFFile(path)
     c = gguf_model_config(g)
     return SimpleNamespace(config=c, model=LlamaModel(c, load_weights(

@@ -68,7 +68,7 @@ def test_compressed_tensors_library_reads_our_checkpoint(tiny, tmp_path, scheme)
     from safetensors.torch import load_file
 
     from armllm.cli import main
-    from armllm.model.weights import HFSource
+    from armllm.model.sources import HFSource
     out = tmp_path / scheme
     assert main(["quantize", str(tiny), "--scheme", scheme, "--out", str(out)]) == 0
     qc = json.loads((out / "config.json").read_text())["quantization_config"]

@@ -16,9 +16,8 @@ from armllm.model.gguf import GGUFFile
 from armllm.model.llama import BatchMeta, KVCache, Workspace
 from armllm.model.loader import gguf_model_config, load_model
 from armllm.model.quantize import parse_scheme
+from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.weights import (
-    GGUFSource,
-    HFSource,
     LinearFormats,
     QuantFormat,
     linear_formats,

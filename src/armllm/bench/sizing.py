@@ -26,9 +26,8 @@ from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
 from armllm.model.llama import Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
+from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.weights import (
-    GGUFSource,
-    HFSource,
     LinearFormats,
     QuantFormat,
     linear_formats,

@@ -20,7 +20,7 @@ from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import Scheme, quantize_rtn
-from armllm.model.weights import GGUFSource, HFSource
+from armllm.model.sources import GGUFSource, HFSource
 
 LAYER_TENSORS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
                  "self_attn.v_proj.weight", "self_attn.o_proj.weight",

@@ -14,8 +14,9 @@ from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.llama import LlamaModel
+from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
-from armllm.model.weights import GGUFSource, HFSource, Quantization, WeightDtype, load_weights
+from armllm.model.weights import Quantization, WeightDtype, load_weights
 
 # llama.cpp's recommended-sampler metadata (gguf-py's Keys.General.SAMPLING_*) -> the
 # generation_config.json field it sets
