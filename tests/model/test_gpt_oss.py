@@ -155,6 +155,28 @@ def test_batching_chunking_and_prefix_cache_change_no_token(gpt_oss, budget):
     assert_batching_changes_no_token(gpt_oss[1], budget)
 
 
+def test_prefix_hits_past_the_window_change_no_token(gpt_oss):
+    """A request whose 23-token prefix another one computed before starts after it:
+    the full layer's blocks of the whole prefix and the sliding layers' blocks of the
+    window before its first new token come from the prefix cache, and its tokens are
+    those it gets with no cache at all."""
+    from armllm import LLM, SamplingParams
+    path = gpt_oss[1]
+    rng = np.random.default_rng(9)
+    shared = [int(i) for i in rng.integers(0, 97, 23)]
+    first, second = shared + [1, 2, 3], shared + [4, 5, 6, 7, 8]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    args = {"dtype": "float32", "kv_cache_dtype": "f32", "kv_cache_gib": 0.01,
+            "max_num_seqs": 2, "block_size": 4, "quantization": "none"}
+    cold = LLM(path, enable_prefix_caching=False, **args)
+    want = cold.generate(second, params)[0].token_ids
+    llm = LLM(path, **args)
+    llm.generate(first, params)
+    got = llm.generate(second, params)[0]
+    assert got.metrics["num_cached_prompt_tokens"] == 20      # five whole blocks
+    assert got.token_ids == want
+
+
 def test_yarn_table_matches_transformers():
     """GPT-OSS's real YaRN parameters (theta 150000, factor 32 over 4096, untruncated):
     the frequencies and attention factor equal transformers' rotary embedding's, and

@@ -37,7 +37,7 @@ from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config
 from armllm.model.quantize import parse_scheme
 from armllm.model.sources import GGUFSource, HFSource
-    from armllm.model.weights import load_weights
+from armllm.model.weights import load_weights
 
 path, quantization = sys.argv[1], sys.argv[2]
 quantization = quantization if quantization in ("auto", "none") else parse_scheme(quantization)

@@ -16,7 +16,7 @@ from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config, load_tokenizer
 from armllm.model.safetensors_file import SafetensorsFile
-from armllm.model.weights import unpermute_rope_rows
+from armllm.model.sources import unpermute_rope_rows
 from armllm.ops import _scaled_inv_freq
 from armllm.sampling import SamplingParams
 
