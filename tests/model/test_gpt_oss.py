@@ -137,7 +137,8 @@ def test_greedy_decode_matches_transformers(gpt_oss):
     kv, pools = llm.engine.runner.kv, llm.engine.scheduler.blocks.pools
     full, window = kv.groups
     assert (full.window, full.layers, window.window, window.layers) == (0, (1,), 5, (0, 2))
-    assert window.num_blocks == window_pool_blocks(llm.loaded.config, 2, 4, 16) == 2 * (4 * 4 + 8)
+    assert window.num_blocks == 2 * (4 * 4 + 8) == window_pool_blocks(
+        llm.loaded.config, 2, 4, 16, llm.max_model_len)
     assert [(p.window, p.num_blocks) for p in pools] == kv.pool_layout
     for i in window.layers:
         kv.k[i][window.num_blocks] = kv.v[i][window.num_blocks] = np.nan

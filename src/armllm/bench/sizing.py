@@ -169,10 +169,8 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     blocks_per_seq = -(-max_model_len // block)
     # sliding-window layers in a pool of their own, as build_engine sizes it
     sliding = sum(1 for i in range(c.num_layers) if c.window(i))
-    window_blocks = window_pool_blocks(c, block, seqs, engine.max_num_batched_tokens) \
-        if sliding else 0
-    if window_blocks >= seqs * blocks_per_seq:
-        window_blocks = 0     # the windows span the context: one pool for every layer
+    window_blocks = window_pool_blocks(c, block, seqs, engine.max_num_batched_tokens,
+                                       max_model_len) or 0
     window_block_bytes = bytes_per_block(c, sliding, block, dtype)
     window_pool = None
     if window_blocks and sliding < c.num_layers:

@@ -152,21 +152,17 @@ class BlockManager:
         limit = (seq.num_tokens - 1) // bs
         self._extend_hashes(seq, limit * bs)
         hashes = seq.block_hashes[:limit]
+        for pool in self.pools:  # a full pool serves a run from the first block
+            if not pool.window:
+                miss = next((i for i, h in enumerate(hashes) if h not in pool.cached), None)
+                del hashes[len(hashes) if miss is None else miss:]
         found = [[p.cached.get(h) for h in hashes] for p in self.pools]
-        for pool, hits in zip(self.pools, found, strict=True):
-            if not pool.window and None in hits:
-                del hashes[hits.index(None):]
-        # run[i]: cached blocks in a row ending at block i, per window pool
-        runs = []
-        for pool, hits in zip(self.pools, found, strict=True):
-            run, n = [], 0
-            for i in range(len(hashes) if pool.window else 0):
-                n = n + 1 if hits[i] is not None else 0
-                run.append(n)
-            runs.append(run)
+
+        def window_pools_serve(k: int) -> bool:
+            return all(found[i][j] is not None for i, p in enumerate(self.pools) if p.window
+                       for j in range(p.first_live(k * bs, bs), k))
         k = len(hashes)
-        while k and not all(not p.window or runs[i][k - 1] >= k - p.first_live(k * bs, bs)
-                            for i, p in enumerate(self.pools)):
+        while k and not window_pools_serve(k):
             k -= 1
         if not k:
             return empty

@@ -52,10 +52,8 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int
     bs, dtype = args.block_size, args.kv_cache_dtype
     sliding = sum(1 for i in range(c.num_layers) if c.window(i))
     want = args.max_num_seqs * -(-model_len // bs)   # every sequence at full length
-    window_blocks = window_pool_blocks(c, bs, args.max_num_seqs,
-                                       args.max_num_batched_tokens) if sliding else None
-    if window_blocks is not None and window_blocks >= want:
-        window_blocks = None  # the windows span the context: nothing to save
+    window_blocks = window_pool_blocks(c, bs, args.max_num_seqs, args.max_num_batched_tokens,
+                                       model_len)
     full_layers = c.num_layers - (sliding if window_blocks is not None else 0)
     window_block_bytes = bytes_per_block(c, sliding, bs, dtype)
     budget = args.kv_cache_gib * 2**30 if args.kv_cache_gib is not None else \

@@ -49,13 +49,19 @@ def bytes_per_block(config: ModelConfig, num_layers: int, block_size: int, dtype
 
 
 def window_pool_blocks(config: ModelConfig, block_size: int, max_num_seqs: int,
-                       max_num_batched_tokens: int) -> int:
-    """Blocks a window group needs so that it never runs out before the full one:
-    each running sequence's window plus a partial block at either end, and the
-    blocks of one step's new tokens; doubled so that the prefix cache keeps the
-    windows of recent prefixes (a hit needs the window before its last token)."""
+                       max_num_batched_tokens: int, max_model_len: int) -> int | None:
+    """Blocks of the sliding-window layers' own pool, or None when they need none (no
+    sliding layers, or windows that span the context anyway): enough that it never
+    runs out before the full one, each running sequence's window plus a partial
+    block at either end and the blocks of one step's new tokens, doubled so that
+    the prefix cache keeps the windows of recent prefixes (a hit needs the window
+    before its first computed token)."""
+    if not any(config.window(i) for i in range(config.num_layers)):
+        return None
     per_seq = -(-(config.sliding_window - 1) // block_size) + 2
-    return 2 * (max_num_seqs * per_seq + -(-max_num_batched_tokens // block_size))
+    blocks = 2 * (max_num_seqs * per_seq + -(-max_num_batched_tokens // block_size))
+    whole = max_num_seqs * -(-max_model_len // block_size)  # every sequence at full length
+    return blocks if blocks < whole else None
 
 
 class KVCache:
