@@ -17,8 +17,56 @@ SPECIALS = ["<s>", "</s>"]
 
 def write_tiny_llama(path: Path, seed: int = 0, hidden: int = 64, layers: int = 2,
                      heads: int = 4, kv_heads: int = 2, inter: int = 96) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
     vocab = len(SPECIALS) + len(WORDS)
+    _write_weights(path, vocab, seed, hidden, layers, heads, kv_heads, inter)
+    vocab_map = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab_map, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False,
+         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}))
+    return path
+
+
+# the special tokens of write_tiny_chat_llama's tokenizer, after its 256 byte tokens
+CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # not special (Qwen's)
+CHAT_MERGES = [("\"", ":"), ("Ġ", "Ġ"), ("e", "r"), ("i", "n"), ("a", "n"), ("o", "n")]
+# Qwen2.5's chat template, tools included (as transformers renders it)
+QWEN_TEMPLATE = (Path(__file__).parent / "qwen_template.jinja")
+
+
+def write_tiny_chat_llama(path: Path, seed: int = 0) -> Path:
+    """A tiny random Llama with a byte-level BPE tokenizer (any text, JSON included,
+    has tokens), ChatML special tokens, Qwen's <think>/<tool_call> tokens and Qwen's
+    chat template with tools: for structured outputs, tool calls and reasoning."""
+    byte_tokens = list(pre_tokenizers.ByteLevel.alphabet())
+    byte_tokens.sort(key=lambda c: ord(c))
+    merged = ["".join(m) for m in CHAT_MERGES]
+    vocab_list = byte_tokens + merged
+    vocab_map = {t: i for i, t in enumerate(vocab_list)}
+    tok = Tokenizer(models.BPE(vocab_map, [tuple(m) for m in CHAT_MERGES]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(CHAT_SPECIALS)
+    tok.add_tokens(CHAT_ADDED)
+    vocab = tok.get_vocab_size()
+    _write_weights(path, vocab, seed, 64, 2, 4, 2, 96,
+                   eos=tok.token_to_id("<|im_end|>"), bos=tok.token_to_id("<|endoftext|>"))
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+         "add_bos_token": False, "chat_template": QWEN_TEMPLATE.read_text()}))
+    return path
+
+
+def _write_weights(path: Path, vocab: int, seed: int, hidden: int, layers: int, heads: int,
+                   kv_heads: int, inter: int, eos: int = 1, bos: int = 0) -> None:
+    path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     hd = hidden // heads
 
@@ -47,19 +95,8 @@ def write_tiny_llama(path: Path, seed: int = 0, hidden: int = 64, layers: int = 
               "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "max_position_embeddings": 512,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
-              "bos_token_id": 0, "eos_token_id": 1}
+              "bos_token_id": bos, "eos_token_id": eos}
     (path / "config.json").write_text(json.dumps(config))
-    vocab_map = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-    tok = Tokenizer(models.WordLevel(vocab_map, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": False,
-         "chat_template": "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
-                          "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}))
-    return path
 
 
 def write_tiny_gguf(path: Path, types: dict[str, str], seed: int = 0, hidden: int = 64,

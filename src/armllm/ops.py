@@ -26,6 +26,7 @@ from armllm._kernels._ext import (
     StepBatch,
     ThreadPool,
     attn_scratch_len,
+    mask_logits,
     moe_route,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
@@ -40,7 +41,7 @@ __all__ = [
     "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "SparseLayer",
     "StepBatch", "ThreadPool",
     "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
-    "bind_sparse_layer", "cpu_info", "moe_route", "sparse_layer",
+    "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "sparse_layer",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "GGUFTable", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf",
     "pack_quantized", "pack_weight", "paged_attention",

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from armllm.structured_output import StructuredOutput
+
 # what a model's generation_config.json (or a GGUF's general.sampling.* keys) may set
 MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # the defaults of a model that sets none of them: at SamplingParams' own (temperature 1,
@@ -35,6 +37,9 @@ class SamplingParams:
     logprobs: int | None = None       # None: none; k >= 0: the sampled token's and the top k
     skip_special_tokens: bool = True
     n: int = 1                        # completions of the prompt (sharing its KV blocks)
+    # what the output must match (a StructuredOutput or a dict of its fields):
+    # the grammar's token mask applies before penalties, temperature, top-k/p
+    structured_output: StructuredOutput | dict | None = None
 
     def __post_init__(self):
         def bad(name: str, why: str) -> ValueError:
@@ -67,6 +72,7 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
+        self.structured_output = StructuredOutput.coerce(self.structured_output)
 
     @property
     def greedy(self) -> bool:

@@ -1105,6 +1105,23 @@ def sample_token(row, double temperature, int64_t top_k, double top_p, double mi
     return token
 
 
+def mask_logits(row, words):
+    """Sets row[i] (float32) to -inf where bit i % 32 of words[i // 32] (int32 or
+    uint32, llguidance's token bitmask) is 0 (sample.h)."""
+    cdef cnp.ndarray ra = _array(row, "row", np.float32, 1)
+    _writable(ra, "row")
+    cdef cnp.ndarray wa = _array(words, "words", np.uint32 if getattr(words, "dtype", None) == np.uint32
+                                 else np.int32, 1)
+    cdef int64_t n = ra.shape[0]
+    if wa.shape[0] != (n + 31) // 32:
+        raise ValueError(f"words must hold {(n + 31) // 32} entries for a row of {n}, "
+                         f"got {wa.shape[0]}")
+    cdef float *rp = <float *>cnp.PyArray_DATA(ra)
+    cdef const uint32_t *wp = <const uint32_t *>cnp.PyArray_DATA(wa)
+    with nogil:
+        armllm_mask_logits(rp, n, wp)
+
+
 def probe_read(buf, ThreadPool pool=None):
     """Reads a uint8 buffer (length a multiple of 1 MiB) across the pool's threads."""
     cdef cnp.ndarray arr = _array(buf, "buf", np.uint8, 1)

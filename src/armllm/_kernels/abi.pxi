@@ -181,5 +181,6 @@ cdef extern from "fused.h" nogil:
 
 cdef extern from "sample.h" nogil:
     size_t armllm_sample_scratch_bytes(int64_t n)
+    void armllm_mask_logits(float *row, int64_t n, const uint32_t *words)
     int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                           double top_p, double min_p, double u, void *scratch)

@@ -6,6 +6,7 @@
  * few dozen pops, never a sort of the vocabulary. */
 #include "sample.h"
 
+#include <math.h>
 #include <string.h>
 
 size_t armllm_sample_scratch_bytes(int64_t n) {
@@ -194,4 +195,29 @@ int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t t
     if (cdf > target) return ids[j];
   }
   return ids[c - 1];
+}
+
+/* bit j of a mask word, as a lane constant the select below vectorizes over */
+static const uint32_t MASK_BIT[32] = {
+    1u << 0,  1u << 1,  1u << 2,  1u << 3,  1u << 4,  1u << 5,  1u << 6,  1u << 7,
+    1u << 8,  1u << 9,  1u << 10, 1u << 11, 1u << 12, 1u << 13, 1u << 14, 1u << 15,
+    1u << 16, 1u << 17, 1u << 18, 1u << 19, 1u << 20, 1u << 21, 1u << 22, 1u << 23,
+    1u << 24, 1u << 25, 1u << 26, 1u << 27, 1u << 28, 1u << 29, 1u << 30, 1u << 31};
+#define NEG_INF_BITS UINT32_C(0xff800000) /* -inf, IEEE-754 single */
+
+void armllm_mask_logits(float *row, int64_t n, const uint32_t *words) {
+  const int64_t full = n / 32;
+  for (int64_t w = 0; w < full; w++) {
+    const uint32_t bits = words[w];
+    if (bits == UINT32_MAX) continue; /* a structured mask is mostly whole words */
+    uint32_t r[32];
+    memcpy(r, row + 32 * w, sizeof r);
+    for (int j = 0; j < 32; j++) { /* a blend per lane on the bits: vectorizes */
+      const uint32_t keep = 0u - (uint32_t)((bits & MASK_BIT[j]) != 0);
+      r[j] = (r[j] & keep) | (NEG_INF_BITS & ~keep);
+    }
+    memcpy(row + 32 * w, r, sizeof r);
+  }
+  for (int64_t i = 32 * full; i < n; i++)
+    if (!(words[full] >> (i - 32 * full) & 1u)) row[i] = -INFINITY;
 }

@@ -28,6 +28,12 @@
 
 size_t armllm_sample_scratch_bytes(int64_t n);
 
+/* armllm_mask_logits: a structured output's token mask applied to one logits
+ *   row: row[i] = -inf where bit i % 32 of words[i / 32] is 0 (llguidance's
+ *   bitmask layout: bit j of word w is token 32 w + j); the other entries are
+ *   untouched. words holds ceil(n / 32) entries. */
+void armllm_mask_logits(float *row, int64_t n, const uint32_t *words);
+
 int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                       double top_p, double min_p, double u, void *scratch);
 

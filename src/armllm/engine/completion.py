@@ -85,6 +85,11 @@ class CompletionState:
         self._pending = text[emit:]
         return text[:emit], None
 
+    def flush(self) -> str:
+        """The text held back, for a completion that ends for another reason (its
+        structured output is complete)."""
+        return self._release(self._pending)
+
     def _release(self, text: str) -> str:
         self._pending = ""
         return text

@@ -20,6 +20,7 @@ from armllm.engine.completion import CompletionState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
+from armllm.engine.structured import StructuredOutputs
 from armllm.model.harmony import HarmonyChannels, harmony_tokens
 from armllm.model.loader import LoadedModel
 from armllm.model.tokenizer import TextTokenizer
@@ -75,6 +76,8 @@ class LLMEngine:
         eos_tok = self.tokenizer.token_id(self.tokenizer.eos_token)
         self.eos_token_ids = frozenset(eos | ({eos_tok} if eos_tok is not None else set()))
         self.harmony = harmony_tokens(self.tokenizer)   # GPT-OSS: output in channels
+        self.structured = StructuredOutputs(self.tokenizer, c.vocab_size, self.eos_token_ids,
+                                            scheduler.max_num_seqs)
         self._requests: dict[str, _Request] = {}
         self._deferred: list[StepOutput] = []   # aborts, reported by the next step
         self._num_prompt_tokens = self._num_generation_tokens = 0
@@ -97,6 +100,8 @@ class LLMEngine:
                        num_forks_pending=params.n - 1,
                        timings=Timings(arrival_time or time.monotonic()))
         seq.completion = self._completion_state(seq)
+        if params.structured_output is not None:
+            seq.grammar = self.structured.new_state(params.structured_output)
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, params.n)
         self._num_prompt_tokens += len(prompt_ids)
@@ -106,8 +111,9 @@ class LLMEngine:
         to change) if this request could never be served: a prompt that is empty or
         holds ids outside the vocabulary, a prompt (+ max_tokens) longer than
         max_model_len (which build_engine already capped to what the KV cache holds),
-        more KV blocks than the cache has, or more completions (n) than max_num_seqs.
-        Reads only fixed limits: safe from any thread."""
+        more KV blocks than the cache has, more completions (n) than max_num_seqs, or
+        a structured output whose grammar cannot run with this model's tokenizer.
+        Reads only fixed limits and the grammar: safe from any thread."""
         if not isinstance(prompt_ids, list):
             raise RequestRejected(f"the prompt must be a list of token ids, got "
                                   f"{type(prompt_ids).__name__}", "prompt")
@@ -135,6 +141,11 @@ class LLMEngine:
         except ValueError as exc:
             raise RequestRejected(str(exc), "n" if params.n > self.scheduler.max_num_seqs
                                   else "max_tokens") from None
+        if params.structured_output is not None:
+            try:
+                self.structured.new_state(params.structured_output)
+            except ValueError as exc:
+                raise RequestRejected(str(exc), "structured_output") from None
 
     def _completion_state(self, seq: Sequence) -> CompletionState:
         # a harmony model's text is its final channel unless special tokens are asked for
@@ -189,6 +200,9 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return outputs
+        # the constrained completions that sample: their masks compute during the forward
+        self.structured.start([s.seq for s in out.scheduled if s.seq.grammar is not None
+                               and s.seq.num_computed + s.num_new_tokens == s.seq.num_tokens])
         try:
             sampling, logits = self.runner.run(out)
         except Exception as exc:  # fail this step's requests, keep serving the others
@@ -196,6 +210,8 @@ class LLMEngine:
         forks = self.scheduler.update(out)  # computed tokens, prefix cache, n > 1 forks
         for seq, row in self._sampling_rows(sampling, logits, forks):
             try:
+                if seq.grammar is not None:
+                    self.structured.apply(seq, row)
                 outputs.append(self._postprocess(seq, self.runner.sample(seq, row)))
             except Exception as exc:  # this request ends alone
                 outputs += self._fail([seq.request_id], exc)
@@ -210,8 +226,12 @@ class LLMEngine:
         for seq, row in zip(sampling, logits, strict=True):
             children = forks.get(seq) if forks else None
             if children:
+                if seq.grammar is not None:
+                    self.structured.wait()  # the parent's matcher is the worker's until then
                 for child in children:
                     child.completion = self._completion_state(child)
+                    if seq.grammar is not None:
+                        child.grammar = seq.grammar.fork()
                 copies = [row.copy() for _ in children]
             if not seq.finished:
                 yield seq, row
@@ -225,6 +245,9 @@ class LLMEngine:
         seq.append(sample.token)
         self._num_generation_tokens += 1
         delta, reason = seq.completion.add(sample.token)
+        if seq.grammar is not None and reason != "stop" and seq.grammar.accept(sample.token):
+            delta += seq.completion.flush()  # the structured output is complete
+            reason = "stop"
         logprobs = [] if sample.logprob is None else [
             (sample.token, sample.logprob, sample.top_logprobs)]
         if reason is None:
@@ -257,4 +280,5 @@ class LLMEngine:
                            b.num_cached_blocks, s.num_preemptions, b.prefix_queries,
                            b.prefix_hits, self._num_prompt_tokens, self._num_generation_tokens,
                            s.num_scheduled_tokens, s.num_decode_tokens, s.num_steps,
-                           dict(self._finished))
+                           dict(self._finished), self.structured.num_masks,
+                           self.structured.mask_seconds)

@@ -159,6 +159,8 @@ class EngineStats:
     num_decode_tokens: int              # of which decodes (one new row past the prompt)
     num_steps: int
     finished: dict[str, int]            # completions by finish reason
+    grammar_masks: int = 0              # structured-output token masks computed
+    grammar_mask_seconds: float = 0.0   # the worker thread's time computing them
 
     @property
     def prefix_hit_rate(self) -> float:

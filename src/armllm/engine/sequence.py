@@ -46,6 +46,7 @@ class Sequence:
     finish_reason: str | None = None
     rng: Any = None                  # the sampler's random generator (runner-owned)
     completion: Any = None           # stop checks and text so far (engine-owned)
+    grammar: Any = None              # a structured output's matcher (engine-owned)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 
     @property

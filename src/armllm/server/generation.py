@@ -51,8 +51,8 @@ def prepare_jobs(llm: AsyncLLM, prompts: list[list[int]], opts: P.Options, promp
         try:
             llm.check_request(ids, params)
         except RequestRejected as exc:
-            param = {"prompt": prompt_param, "max_tokens": max_tokens_param}.get(exc.field,
-                                                                                  exc.field)
+            param = {"prompt": prompt_param, "max_tokens": max_tokens_param,
+                     "structured_output": "response_format"}.get(exc.field, exc.field)
             code = ("context_length_exceeded" if isinstance(exc, ContextLengthExceeded)
                     else "invalid_value")
             raise P.APIError(str(exc), 400, param, code) from None

@@ -5,7 +5,7 @@ A body is read within a size limit and a deadline, and must be JSON nested at
 most MAX_DEPTH levels whose strings are valid Unicode (no lone surrogates, which
 the tokenizer cannot take). Each endpoint has a table of the fields it knows.
 A known field of the wrong type or range is a 400 naming it; a known field
-armllm cannot honour (tools, a JSON response format, echo, ...) is a 400 saying
+armllm cannot honour (tools, echo, logit_bias, ...) is a 400 saying
 so rather than a silently wrong answer; an unknown field is ignored and logged."""
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 from starlette.requests import Request
 
 from armllm.sampling import SamplingParams
+from armllm.structured_output import StructuredOutput
 
 log = logging.getLogger("armllm.server")
 
@@ -163,14 +164,15 @@ _SAMPLING_FIELDS = {
     "ignore_eos": "bool", "n": "int", "stream": "bool", "stream_options": "obj",
     "user": "str", "skip_special_tokens": "bool", "priority": "int", "best_of": "int",
     "logit_bias": "obj", "metadata": "obj", "store": "bool", "service_tier": "str",
-    "safety_identifier": "str", "prompt_cache_key": "str",
+    "safety_identifier": "str", "prompt_cache_key": "str", "response_format": "obj",
+    "structured_outputs": "obj",
 }
 COMPLETION_FIELDS = {**_SAMPLING_FIELDS, "prompt": "any", "logprobs": "int", "echo": "bool",
                      "suffix": "str"}
 CHAT_FIELDS = {**_SAMPLING_FIELDS, "messages": "list", "max_completion_tokens": "int",
                "logprobs": "bool", "top_logprobs": "int", "tools": "list",
                "tool_choice": "any", "functions": "list", "function_call": "any",
-               "parallel_tool_calls": "bool", "response_format": "obj",
+               "parallel_tool_calls": "bool",
                "add_generation_prompt": "bool", "continue_final_message": "bool",
                "chat_template_kwargs": "obj", "modalities": "list", "audio": "obj",
                "prediction": "obj", "reasoning_effort": "str", "web_search_options": "obj"}
@@ -207,10 +209,6 @@ def refuse_unsupported(req: dict) -> None:
         raise no("tool_choice", "forcing a tool call")
     if req.get("function_call") not in (None, "none", "auto"):
         raise no("function_call", "forcing a function call")
-    fmt = req.get("response_format")
-    if fmt is not None and fmt.get("type") != "text":
-        raise no("response_format", f"response_format type {fmt.get('type')!r} "
-                                    "(structured output)")
     if req.get("echo"):
         raise no("echo", "echoing the prompt")
     if req.get("suffix"):
@@ -285,6 +283,46 @@ def chat_messages(messages: Any) -> list[dict]:
     return out
 
 
+# -- structured output ----------------------------------------------------------------------
+
+def structured_output(req: dict) -> StructuredOutput | None:
+    """What the output must match: OpenAI's response_format (text, json_object, or
+    json_schema with its schema), or vLLM's structured_outputs (one of json, regex,
+    choice, grammar, json_object); a 400 naming the field and the problem."""
+    fmt, vllm = req.get("response_format"), req.get("structured_outputs")
+    if fmt is not None and fmt.get("type", "text") != "text" and vllm:
+        raise bad("structured_outputs", "cannot be combined with a response_format")
+    if vllm:
+        try:
+            return StructuredOutput.coerce(vllm)
+        except (ValueError, TypeError) as exc:
+            raise bad("structured_outputs", str(exc).removeprefix("structured_output")
+                      .lstrip(".: ") or str(exc)) from None
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    try:
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutput(json_object=True)
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict):
+                raise bad("response_format.json_schema", "must be an object with name and "
+                                                         "schema")
+            if not isinstance(spec.get("name"), str) or not spec["name"]:
+                raise bad("response_format.json_schema.name", "must be a non-empty string")
+            schema = spec.get("schema", True)
+            if not isinstance(schema, dict):
+                raise bad("response_format.json_schema.schema", "must be a JSON schema object")
+            return StructuredOutput(json=schema or True)
+    except ValueError as exc:
+        raise bad("response_format", str(exc).removeprefix("structured_output.json")
+                  .lstrip(": ")) from None
+    raise bad("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
+
+
 # -- sampling -------------------------------------------------------------------------------
 
 @dataclass
@@ -336,7 +374,8 @@ def sampling_options(req: dict, chat: bool, default_params) -> Options:
                                          "presence_penalty", "frequency_penalty",
                                          "repetition_penalty", "seed", "stop_token_ids",
                                          "ignore_eos", "skip_special_tokens")}
-    overrides.update(max_tokens=max_tokens or 1, stop=stop, n=n, logprobs=logprobs)
+    overrides.update(max_tokens=max_tokens or 1, stop=stop, n=n, logprobs=logprobs,
+                     structured_output=structured_output(req))
     try:
         params = default_params(**overrides)
     except ValueError as exc:  # SamplingParams names the field first

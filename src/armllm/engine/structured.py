@@ -1,0 +1,146 @@
+"""structured: structured outputs in the engine: each constrained completion's
+grammar state (an llguidance matcher that follows its tokens), and the step's
+token masks, computed on a worker thread while the model's forward runs (the
+kernels release the GIL) and applied to the logits rows before sampling.
+
+The llguidance tokenizer is built once per engine, on first use, from the
+model's `tokenizers` JSON (a GGUF's rebuilt tokenizer included), with the
+model's vocabulary size (masks are as wide as the logits rows) and its EOS
+ids, which a grammar allows only where its output is complete."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from armllm import ops
+from armllm.engine.sequence import Sequence
+from armllm.model.tokenizer import TextTokenizer
+from armllm.structured_output import StructuredOutput
+
+MASK_BITS = 32  # tokens per mask word (llguidance's int32 bitmask)
+
+
+class GrammarDeadEnd(RuntimeError):
+    """A constrained completion reached a state its grammar allows no token from."""
+
+
+class GrammarState:
+    """One completion's place in its grammar. `row` is its mask's row this step."""
+
+    __slots__ = ("matcher", "row")
+
+    def __init__(self, matcher: Any):
+        self.matcher, self.row = matcher, -1
+
+    def accept(self, token: int) -> bool:
+        """Advances past a sampled token; True once the grammar's output is complete
+        (nothing may follow but EOS)."""
+        if not self.matcher.consume_token(token):
+            raise GrammarDeadEnd(f"structured output: the grammar refused token {token}: "
+                                 f"{self.matcher.get_error()}")
+        return self.matcher.is_stopped()
+
+    def fork(self) -> GrammarState:
+        """The same place, for a completion forked before its first token."""
+        twin = GrammarState(self.matcher.deep_copy())
+        twin.row = self.row
+        return twin
+
+
+class StructuredOutputs:
+    """The engine's grammar machinery: new_state() per constrained completion, then
+    per step start() (before the forward) and apply() (per sampling row, after)."""
+
+    def __init__(self, tokenizer: TextTokenizer, vocab_size: int, eos_token_ids: frozenset[int],
+                 max_num_seqs: int):
+        self._text_tokenizer, self.vocab_size = tokenizer, vocab_size
+        self._eos = sorted(eos_token_ids)
+        self._ll_tokenizer: Any = None
+        self._lock = threading.Lock()      # check_request builds it from any thread
+        self._masks = np.full((max_num_seqs, -(-vocab_size // MASK_BITS)), -1, np.int32)
+        self._worker: ThreadPoolExecutor | None = None
+        self._executor: Any = None
+        self._pending: Future | None = None
+        self.mask_seconds = 0.0            # worker time spent computing masks
+        self.num_masks = 0
+
+    def _tokenizer(self) -> Any:
+        """llguidance's view of the model's tokenizer; a ValueError (kept for later
+        calls) if llguidance cannot read it."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                import llguidance
+                try:
+                    self._ll_tokenizer = llguidance.LLTokenizer(
+                        self._text_tokenizer.tokenizer.to_str(), n_vocab=self.vocab_size,
+                        eos_token=self._eos or None)
+                except Exception as exc:  # noqa: BLE001 - llguidance's reasons, as text
+                    self._ll_tokenizer = (f"structured outputs are not available for this "
+                                          f"model's tokenizer: {exc}")
+            if isinstance(self._ll_tokenizer, str):
+                raise ValueError(self._ll_tokenizer)
+            return self._ll_tokenizer
+
+    def new_state(self, spec: StructuredOutput) -> GrammarState:
+        """A matcher at the grammar's start; a ValueError if the grammar cannot run
+        with this model's tokenizer. Safe from any thread."""
+        import llguidance
+        matcher = llguidance.LLMatcher(self._tokenizer(), spec.spec, log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"structured_output.{spec.kind}: {matcher.get_error()}")
+        return GrammarState(matcher)
+
+    # -- per step --------------------------------------------------------------------------
+
+    def start(self, sampling: list[Sequence]) -> None:
+        """Starts computing the masks of the constrained sequences among those that
+        sample this step (in logits-row order) on the worker thread."""
+        states = [seq.grammar for seq in sampling if seq.grammar is not None]
+        if not states:
+            return
+        for i, state in enumerate(states):
+            state.row = i
+        if self._worker is None:
+            import llguidance
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="armllm-grammar")
+            self._executor = llguidance.LLExecutor()
+        self._pending = self._worker.submit(self._compute, states)
+
+    def _compute(self, states: list[GrammarState]) -> None:
+        began = time.perf_counter()
+        masks = self._masks
+        words = masks.shape[1]
+        if len(states) == 1:
+            states[0].matcher.unsafe_compute_mask_ptr(masks.ctypes.data, words * 4)
+        else:
+            self._executor.unsafe_compute_mask_ptr([(s.matcher, s.row) for s in states],
+                                                   masks.ctypes.data, words * 4, len(states))
+        self.mask_seconds += time.perf_counter() - began
+        self.num_masks += len(states)
+
+    def wait(self) -> None:
+        """Until the step's masks are computed (the matchers are the worker's until
+        then)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def apply(self, seq: Sequence, row: np.ndarray) -> None:
+        """Sets the tokens seq's grammar forbids to -inf in its logits row (waiting for
+        the step's masks the first time); GrammarDeadEnd if it allows none."""
+        self.wait()
+        state = seq.grammar
+        mask = self._masks[state.row]
+        if state.matcher.is_error() or not mask.any():
+            raise GrammarDeadEnd("structured output: the grammar allows no token here"
+                                 + (f": {state.matcher.get_error()}"
+                                    if state.matcher.is_error() else ""))
+        ops.mask_logits(row, mask)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
