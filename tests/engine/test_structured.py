@@ -181,3 +181,20 @@ def test_masks_equal_llguidance_stepping_alone(llm):
         assert np.unpackbits(mask.view(np.uint8), bitorder="little")[t]
         assert matcher.consume_token(t)
     assert llm.stats().grammar_masks > 0 and llm.stats().grammar_mask_seconds > 0
+
+
+def test_masks_on_a_worker_during_the_forward_give_the_inline_tokens(llm):
+    """With a CPU the kernel pool leaves free, the masks compute on a worker thread
+    during the forward; the tokens are the same as computing them inline."""
+    params = SamplingParams(max_tokens=60, temperature=1.0, seed=4, n=2,
+                            structured_output={"json": SCHEMA})
+    structured = llm.engine.structured
+    inline = [c.token_ids for o in llm.generate(["a", "b", "c"], params) for c in o.outputs]
+    structured.overlap = True
+    try:
+        overlapped = [c.token_ids for o in llm.generate(["a", "b", "c"], params)
+                      for c in o.outputs]
+        assert structured._worker is not None  # the worker ran them
+    finally:
+        structured.overlap = False
+    assert overlapped == inline

@@ -127,8 +127,9 @@ def test_tokenizer_is_smollm2s_padded(llama, smollm2_gguf):
         tok = load_tokenizer(path)
         assert tok.encode(SENTENCE) == smollm2.encode(SENTENCE)
         assert tok.vocab_size == shape.vocab
-        assert tok.decode([shape.vocab - 1], skip_special_tokens=False) == \
-            f"<unused_{shape.vocab - smollm2.vocab_size - 1}>"
+        padding = [tok.decode([i]) for i in range(smollm2.vocab_size, shape.vocab, 997)]
+        assert all(len(p) >= 2 for p in padding)  # two of SmolLM2's tokens joined
+        assert len(set(padding)) == len(padding)
 
 
 @pytest.mark.parametrize("model", ["llama", "qwen3"])

@@ -281,4 +281,4 @@ class LLMEngine:
                            b.prefix_hits, self._num_prompt_tokens, self._num_generation_tokens,
                            s.num_scheduled_tokens, s.num_decode_tokens, s.num_steps,
                            dict(self._finished), self.structured.num_masks,
-                           self.structured.mask_seconds)
+                           self.structured.mask_seconds, self.structured.wait_seconds)

@@ -161,6 +161,7 @@ class EngineStats:
     finished: dict[str, int]            # completions by finish reason
     grammar_masks: int = 0              # structured-output token masks computed
     grammar_mask_seconds: float = 0.0   # the worker thread's time computing them
+    grammar_wait_seconds: float = 0.0   # the engine's time waiting for them after a forward
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -1,7 +1,16 @@
 """structured: structured outputs in the engine: each constrained completion's
 grammar state (an llguidance matcher that follows its tokens), and the step's
-token masks, computed on a worker thread while the model's forward runs (the
-kernels release the GIL) and applied to the logits rows before sampling.
+token masks, applied to the logits rows before sampling.
+
+Where the masks are computed depends on whether the machine has a CPU the
+kernel thread pool leaves free. If it has, they are computed there, on a
+worker thread, while the model's forward runs (the kernels release the GIL),
+and are ready when the logits are. If the pool has every CPU (the default),
+a mask thread could only run by preempting a pool thread, and a pool thread
+preempted in the middle of its chunk stalls the whole kernel for a scheduler
+time slice (measured: +8% TPOT at 32 sequences for ~1% of mask work); the
+masks are then computed on the engine's thread right after the forward,
+while the pool is idle, which costs exactly their own time.
 
 The llguidance tokenizer is built once per engine, on first use, from the
 model's `tokenizers` JSON (a GGUF's rebuilt tokenizer included), with the
@@ -9,6 +18,7 @@ model's vocabulary size (masks are as wide as the logits rows) and its EOS
 ids, which a grammar allows only where its output is complete."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,16 +66,20 @@ class StructuredOutputs:
     per step start() (before the forward) and apply() (per sampling row, after)."""
 
     def __init__(self, tokenizer: TextTokenizer, vocab_size: int, eos_token_ids: frozenset[int],
-                 max_num_seqs: int):
+                 max_num_seqs: int, overlap: bool | None = None):
         self._text_tokenizer, self.vocab_size = tokenizer, vocab_size
+        # a CPU the kernel pool does not use: masks compute there during the forward
+        self.spare_cpus = len(os.sched_getaffinity(0)) - ops.num_threads()
+        self.overlap = self.spare_cpus > 0 if overlap is None else overlap
         self._eos = sorted(eos_token_ids)
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()      # check_request builds it from any thread
         self._masks = np.full((max_num_seqs, -(-vocab_size // MASK_BITS)), -1, np.int32)
         self._worker: ThreadPoolExecutor | None = None
         self._executor: Any = None
-        self._pending: Future | None = None
+        self._pending: Future | list[GrammarState] | None = None  # a list: to compute inline
         self.mask_seconds = 0.0            # worker time spent computing masks
+        self.wait_seconds = 0.0            # engine time spent waiting for them
         self.num_masks = 0
 
     def _tokenizer(self) -> Any:
@@ -98,27 +112,34 @@ class StructuredOutputs:
 
     def start(self, sampling: list[Sequence]) -> None:
         """Starts computing the masks of the constrained sequences among those that
-        sample this step (in logits-row order) on the worker thread."""
+        sample this step (on the worker thread, or marks them to compute inline at
+        the first wait())."""
         states = [seq.grammar for seq in sampling if seq.grammar is not None]
         if not states:
             return
         for i, state in enumerate(states):
             state.row = i
+        if not self.overlap:
+            self._pending = states
+            return
         if self._worker is None:
             import llguidance
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="armllm-grammar")
-            self._executor = llguidance.LLExecutor()
+            self._executor = llguidance.LLExecutor(self.spare_cpus)
         self._pending = self._worker.submit(self._compute, states)
 
     def _compute(self, states: list[GrammarState]) -> None:
         began = time.perf_counter()
         masks = self._masks
-        words = masks.shape[1]
-        if len(states) == 1:
-            states[0].matcher.unsafe_compute_mask_ptr(masks.ctypes.data, words * 4)
-        else:
+        row_bytes = masks.shape[1] * 4
+        # on the spare CPUs in parallel; inline one by one (measured: llguidance's
+        # threads contend with the pool's spinning ones and lose more than they gain)
+        if len(states) > 1 and self._executor is not None:
             self._executor.unsafe_compute_mask_ptr([(s.matcher, s.row) for s in states],
-                                                   masks.ctypes.data, words * 4, len(states))
+                                                   masks.ctypes.data, row_bytes, len(states))
+        else:
+            for s in states:
+                s.matcher.unsafe_compute_mask_ptr(masks[s.row].ctypes.data, row_bytes)
         self.mask_seconds += time.perf_counter() - began
         self.num_masks += len(states)
 
@@ -127,7 +148,12 @@ class StructuredOutputs:
         then)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
+            began = time.perf_counter()
+            if isinstance(pending, list):
+                self._compute(pending)
+            else:
+                pending.result()
+            self.wait_seconds += time.perf_counter() - began
 
     def apply(self, seq: Sequence, row: np.ndarray) -> None:
         """Sets the tokens seq's grammar forbids to -inf in its logits row (waiting for
