@@ -64,6 +64,52 @@ def write_tiny_chat_llama(path: Path, seed: int = 0) -> Path:
     return path
 
 
+THINKING_MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+def write_tiny_thinking_llama(path: Path, seed: int = 0, think_at: int = 0,
+                              end_at: int = 6) -> dict:
+    """write_tiny_chat_llama's model made to think: its greedy answer to
+    THINKING_MESSAGES (chat template, thinking on) starts with <think> (output
+    position think_at) and closes it at position end_at, because the rows of the
+    embedding and lm_head of the tokens it greedily writes there are swapped with
+    those of <think> and </think> (swapping two tokens' rows swaps them wherever the
+    model reads or writes them, and changes nothing else). Returns the greedy
+    output ids (max 24 tokens) and the swapped pairs."""
+    from safetensors.numpy import load_file
+
+    from armllm import LLM
+    from armllm.sampling import SamplingParams
+    write_tiny_chat_llama(path, seed)
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    def run() -> tuple[list[int], list[int]]:
+        llm = LLM(path, dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.01,
+                  max_num_seqs=2)
+        prompt = llm.chat_prompt(THINKING_MESSAGES)
+        return prompt, llm.generate(prompt, greedy)[0].outputs[0].token_ids
+
+    prompt, out = run()
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    start, end = tok.token_to_id("<think>"), tok.token_to_id("</think>")
+    first_seen = {}
+    for i, t in enumerate(out):
+        first_seen.setdefault(t, i)
+    a, b = out[think_at], out[end_at]
+    assert first_seen[a] == think_at and first_seen[b] == end_at, out
+    assert not {a, b, start, end} & set(prompt), prompt
+    tensors = load_file(str(path / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        w = tensors[name]
+        w[[a, start]] = w[[start, a]]
+        w[[b, end]] = w[[end, b]]
+    save_file(tensors, str(path / "model.safetensors"))
+    swap = {a: start, start: a, b: end, end: b}
+    prompt_after, out_after = run()
+    assert prompt_after == prompt and out_after == [swap.get(t, t) for t in out]
+    return {"output_ids": out_after, "start": start, "end": end}
+
+
 def _write_weights(path: Path, vocab: int, seed: int, hidden: int, layers: int, heads: int,
                    kv_heads: int, inter: int, eos: int = 1, bos: int = 0) -> None:
     path.mkdir(parents=True, exist_ok=True)

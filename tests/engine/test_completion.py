@@ -51,7 +51,7 @@ def stream(tokens: list[int], params: SamplingParams, max_model_len: int
     state = CompletionState(TOKENIZER, PROMPT, params, EOS, max_model_len)
     deltas = []
     for token in tokens:
-        delta, reason = state.add(token)
+        delta, _, reason = state.add(token)
         deltas.append(delta)
         if reason is not None:
             return deltas, reason

@@ -1,5 +1,6 @@
 """GPT-OSS's harmony output: a completion's text is its final channel only (the
-analysis channel, commentary and every header stripped), streamed token by token
+analysis channel is its reasoning; commentary and every header are stripped),
+streamed token by token
 as the whole final message decoded; plain text before any harmony token stays;
 tokenizers without the harmony tokens are untouched; the engine turns it on for
 a harmony tokenizer unless special tokens are asked for."""
@@ -11,7 +12,7 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from armllm.engine.completion import CompletionState
-from armllm.model.harmony import HarmonyChannels, harmony_tokens
+from armllm.model.harmony import HarmonyRouter, harmony_tokens
 from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SamplingParams
 
@@ -33,36 +34,41 @@ def ids(tok: TextTokenizer, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def run(tok: TextTokenizer, text: str, skip_special_tokens: bool = True) -> tuple[str, list]:
-    """(the completion's text, its deltas) for the completion `text` after a chat
-    prompt ending "<|start|>assistant", <|return|> as EOS."""
+def run(tok: TextTokenizer, text: str, skip_special_tokens: bool = True
+        ) -> tuple[str, list, str]:
+    """(the completion's text, its deltas, its reasoning) for the completion `text`
+    after a chat prompt ending "<|start|>assistant", <|return|> as EOS."""
     prompt = ids(tok, "<|start|> assistant")
     eos = frozenset({tok.token_id("<|return|>")})
     params = SamplingParams(max_tokens=100, skip_special_tokens=skip_special_tokens)
-    channels = HarmonyChannels(harmony_tokens(tok), tok) if skip_special_tokens else None
-    state = CompletionState(tok, prompt, params, eos, 1000, channels)
-    deltas = []
+    router = HarmonyRouter(harmony_tokens(tok), tok) if skip_special_tokens else None
+    state = CompletionState(tok, prompt, params, eos, 1000, router)
+    deltas, reasoning = [], []
     for token in ids(tok, text):
-        delta, reason = state.add(token)
+        delta, thought, reason = state.add(token)
         deltas.append(delta)
+        reasoning.append(thought)
         if reason:
             break
-    return "".join(deltas), deltas
+    return "".join(deltas), deltas, "".join(reasoning)
 
 
 def test_only_the_final_channel_is_text(tok):
-    text, deltas = run(tok, "<|channel|> analysis <|message|> think more <|end|> <|start|> "
-                            "assistant <|channel|> final <|message|> Paris is nice <|return|>")
+    text, deltas, reasoning = run(tok, "<|channel|> analysis <|message|> think more <|end|> "
+                                       "<|start|> assistant <|channel|> final <|message|> "
+                                       "Paris is nice <|return|>")
+    assert reasoning.split() == ["think", "more"]   # the analysis channel
     assert text.split() == ["Paris", "is", "nice"]   # (a word-level decoder: spaced words)
     assert not any("think" in d or "analysis" in d or "assistant" in d for d in deltas)
 
 
 def test_commentary_and_constrained_messages_are_hidden(tok):
-    text, _ = run(tok, "<|channel|> analysis <|message|> think <|end|> <|start|> assistant "
+    text, _, reasoning = run(tok, "<|channel|> analysis <|message|> think <|end|> <|start|> "
+                                  "assistant "
                        "<|channel|> commentary to=functions.get_weather <|constrain|> json "
                        "<|message|> {} <|call|> <|start|> assistant <|channel|> final "
                        "<|message|> nice <|return|>")
-    assert text.split() == ["nice"]
+    assert text.split() == ["nice"] and reasoning.split() == ["think"]
 
 
 def test_text_before_any_channel_stays(tok):
@@ -70,7 +76,8 @@ def test_text_before_any_channel_stays(tok):
 
 
 def test_special_tokens_asked_for_show_everything(tok):
-    text, _ = run(tok, "<|channel|> analysis <|message|> think <|end|>", False)
+    text, _, reasoning = run(tok, "<|channel|> analysis <|message|> think <|end|>", False)
+    assert not reasoning
     assert "analysis" in text and "think" in text and "<|channel|>" in text
 
 

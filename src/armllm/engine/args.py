@@ -12,6 +12,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from armllm.model.quantize import SCHEME_NAMES, parse_scheme
+from armllm.model.reasoning import REASONING_PARSERS
 
 WEIGHT_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32",
                  "f32": "f32"}
@@ -62,6 +63,11 @@ class EngineArgs:
     threads: int | None = _flag(
         None, "kernel threads, one count per process", metavar="N",
         unset="$ARMLLM_NUM_THREADS, else the CPUs this process may run on")
+    reasoning_parser: str | None = _flag(
+        None, "a reasoning model's thinking goes to reasoning_content, its answer to content "
+        "(qwen3: <think>...</think>; deepseek_r1: the template opens <think>; harmony: "
+        "GPT-OSS's analysis channel); structured outputs constrain the answer only",
+        choices=REASONING_PARSERS, unset="harmony for GPT-OSS tokenizers, else none")
 
     def __post_init__(self):
         if self.dtype not in WEIGHT_DTYPES:
@@ -82,6 +88,9 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be 'bf16' or 'f32', got "
                              f"{self.kv_cache_dtype!r}")
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
         if self.threads is not None and (not _is_int(self.threads)
                                          or not 1 <= self.threads <= MAX_THREADS):
             raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got "

@@ -8,7 +8,9 @@ belong to detokenization: text that may be the start of a stop string is held
 back until it is decided, so emitted text never holds a whole stop string."""
 from __future__ import annotations
 
-from armllm.model.harmony import HarmonyChannels
+from typing import Any
+
+from armllm.model.reasoning import CONTENT, HIDDEN, REASONING
 from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SamplingParams
 
@@ -38,6 +40,14 @@ class IncrementalDetokenizer:
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return full[len(prefix):]
 
+    def flush(self) -> str:
+        """The text held back, as it decodes now (an incomplete character as U+FFFD),
+        for a token run that has ended."""
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
+        full = self.tok.decode(self.ids[self.prefix_offset:], self.skip)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix):]
+
 
 class CompletionState:
     """One completion's stop conditions and the text not yet emitted.
@@ -45,18 +55,23 @@ class CompletionState:
     A token in the stop ids (EOS unless ignore_eos, and stop_token_ids) ends the
     completion with "stop" and adds no text; a stop string ends it with "stop" and
     is cut from the text with whatever follows; the max_tokens-th token, or the
-    one that fills the context (max_model_len), ends it with "length". With
-    `channels` (a harmony model's completion: GPT-OSS) only the final channel's
-    tokens add text (see model/harmony.py)."""
+    one that fills the context (max_model_len), ends it with "length". With a
+    `router` (a reasoning model's completion: model/reasoning.py, GPT-OSS's
+    harmony) only its CONTENT tokens add text; its REASONING tokens add
+    reasoning text, decoded on their own; markers add neither. `last_route` is
+    where the last token went."""
 
     __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending",
-                 "_channels")
+                 "_router", "_reasoning", "last_route")
 
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
                  params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int,
-                 channels: HarmonyChannels | None = None):
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens)
-        self._channels = channels
+                 router: Any = None):
+        skip = params.skip_special_tokens
+        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, skip)
+        self._router = router
+        self._reasoning = IncrementalDetokenizer(tokenizer, [], skip) if router else None
+        self.last_route = CONTENT
         stop_ids = frozenset(params.stop_token_ids)
         self._stop_ids = stop_ids if params.ignore_eos else stop_ids | eos_token_ids
         self._stop = tuple(params.stop)
@@ -65,30 +80,51 @@ class CompletionState:
         self._tokens_left = min(params.max_tokens, max_model_len - len(prompt_ids))
         self._pending = ""  # decoded text held back for stop strings
 
-    def add(self, token: int) -> tuple[str, str | None]:
-        """The text the next sampled token releases, and the finish reason it causes
-        (None: the completion goes on)."""
+    @property
+    def phase(self) -> str:
+        """Where the completion stands: "content" (its answer), "reasoning", or
+        "undecided" (the router's `opener` token would start reasoning)."""
+        return CONTENT if self._router is None else self._router.phase
+
+    @property
+    def opener(self) -> int | None:
+        return None if self._router is None else self._router.opener
+
+    def add(self, token: int) -> tuple[str, str, str | None]:
+        """The text and the reasoning text the next sampled token releases, and the
+        finish reason it causes (None: the completion goes on)."""
         self._tokens_left -= 1
         if token in self._stop_ids:
-            return self._release(self._pending), "stop"
-        shown = self._channels is None or self._channels.visible(token)
-        text = self._pending + (self._detok.add(token) if shown else "")
+            return self._release(self._pending + self._detok.flush()), self._end_reasoning(), \
+                "stop"
+        route = CONTENT if self._router is None else self._router.route(token)
+        reasoning = self._reasoning.add(token) if route == REASONING else self._end_reasoning()
+        self.last_route = route
+        text = self._pending + (self._detok.add(token) if route == CONTENT else "")
         if self._stop:
             cut = min((at for at in map(text.find, self._stop) if at >= 0), default=-1)
             if cut >= 0:
-                return self._release(text[:cut]), "stop"
-        if self._tokens_left <= 0:
-            return self._release(text), "length"
+                return self._release(text[:cut]), reasoning, "stop"
+        if self._tokens_left <= 0:  # what is held back decodes as it is
+            return (self._release(text + self._detok.flush()),
+                    reasoning + self._end_reasoning(), "length")
         if not self._hold:
-            return text, None
+            return text, reasoning, None
         emit = max(len(text) - self._hold, 0)
         self._pending = text[emit:]
-        return text[:emit], None
+        return text[:emit], reasoning, None
 
     def flush(self) -> str:
         """The text held back, for a completion that ends for another reason (its
         structured output is complete)."""
-        return self._release(self._pending)
+        return self._release(self._pending + self._detok.flush())
+
+    def _end_reasoning(self) -> str:
+        """The reasoning text held back, once the reasoning has ended."""
+        if self.last_route != REASONING:
+            return ""
+        self.last_route = HIDDEN
+        return self._reasoning.flush()
 
     def _release(self, text: str) -> str:
         self._pending = ""

@@ -21,7 +21,8 @@ from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
 from armllm.engine.structured import StructuredOutputs
-from armllm.model.harmony import HarmonyChannels, harmony_tokens
+from armllm.model.harmony import HarmonyRouter, harmony_tokens
+from armllm.model.reasoning import CONTENT, REASONING, THINK_PARSERS, ThinkRouter, think_tags
 from armllm.model.loader import LoadedModel
 from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SampleResult, SamplingParams
@@ -63,9 +64,12 @@ class _Request:
 class LLMEngine:
     """Serves requests for one model: `loaded` gives its config and tokenizer, the
     scheduler (with its block manager) decides what runs, the runner runs it
-    (engine/setup.py's build_engine puts them together)."""
+    (engine/setup.py's build_engine puts them together). `reasoning_parser` (see
+    model/reasoning.py) splits a reasoning model's output into reasoning and
+    answer; a harmony tokenizer (GPT-OSS) always has its channels split."""
 
-    def __init__(self, loaded: LoadedModel, scheduler: Scheduler, runner: Runner):
+    def __init__(self, loaded: LoadedModel, scheduler: Scheduler, runner: Runner,
+                 reasoning_parser: str | None = None):
         c = loaded.config
         self.loaded, self.scheduler, self.runner = loaded, scheduler, runner
         self.blocks = scheduler.blocks
@@ -76,6 +80,15 @@ class LLMEngine:
         eos_tok = self.tokenizer.token_id(self.tokenizer.eos_token)
         self.eos_token_ids = frozenset(eos | ({eos_tok} if eos_tok is not None else set()))
         self.harmony = harmony_tokens(self.tokenizer)   # GPT-OSS: output in channels
+        self.think = None
+        if reasoning_parser == "harmony" and self.harmony is None:
+            raise ValueError("reasoning_parser 'harmony' needs a tokenizer with the harmony "
+                             "tokens (<|channel|>, <|message|>, ...), which this model lacks")
+        if reasoning_parser in THINK_PARSERS:
+            if self.harmony is not None:
+                raise ValueError(f"reasoning_parser {reasoning_parser!r} does not apply to a "
+                                 "harmony model (GPT-OSS): its channels are split already")
+            self.think = think_tags(self.tokenizer, reasoning_parser)
         self.structured = StructuredOutputs(self.tokenizer, c.vocab_size, self.eos_token_ids,
                                             scheduler.max_num_seqs)
         self._requests: dict[str, _Request] = {}
@@ -148,11 +161,15 @@ class LLMEngine:
                 raise RequestRejected(str(exc), "structured_output") from None
 
     def _completion_state(self, seq: Sequence) -> CompletionState:
-        # a harmony model's text is its final channel unless special tokens are asked for
-        channels = (HarmonyChannels(self.harmony, self.tokenizer)
-                    if self.harmony is not None and seq.params.skip_special_tokens else None)
+        # reasoning and answer apart, unless special tokens are asked for (the raw output)
+        router = None
+        if seq.params.skip_special_tokens:
+            if self.harmony is not None:
+                router = HarmonyRouter(self.harmony, self.tokenizer)
+            elif self.think is not None:
+                router = ThinkRouter(self.think, self.tokenizer, seq.prompt_ids)
         return CompletionState(self.tokenizer, seq.prompt_ids, seq.params, self.eos_token_ids,
-                               self.max_model_len, channels)
+                               self.max_model_len, router)
 
     def abort(self, request_id: str) -> bool:
         """Stops a request and frees its KV blocks now; the next step reports it
@@ -200,9 +217,10 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return outputs
-        # the constrained completions that sample: their masks compute during the forward
+        # the constrained completions that sample an answer token: their masks
         self.structured.start([s.seq for s in out.scheduled if s.seq.grammar is not None
-                               and s.seq.num_computed + s.num_new_tokens == s.seq.num_tokens])
+                               and s.seq.num_computed + s.num_new_tokens == s.seq.num_tokens
+                               and s.seq.completion.phase != REASONING])
         try:
             sampling, logits = self.runner.run(out)
         except Exception as exc:  # fail this step's requests, keep serving the others
@@ -210,7 +228,7 @@ class LLMEngine:
         forks = self.scheduler.update(out)  # computed tokens, prefix cache, n > 1 forks
         for seq, row in self._sampling_rows(sampling, logits, forks):
             try:
-                if seq.grammar is not None:
+                if seq.grammar is not None and seq.completion.phase != REASONING:
                     self.structured.apply(seq, row)
                 outputs.append(self._postprocess(seq, self.runner.sample(seq, row)))
             except Exception as exc:  # this request ends alone
@@ -244,26 +262,30 @@ class LLMEngine:
         and whether it ends the completion."""
         seq.append(sample.token)
         self._num_generation_tokens += 1
-        delta, reason = seq.completion.add(sample.token)
-        if seq.grammar is not None and reason != "stop" and seq.grammar.accept(sample.token):
+        delta, reasoning, reason = seq.completion.add(sample.token)
+        # a grammar constrains the answer: it follows the tokens routed to it
+        if (seq.grammar is not None and reason != "stop"
+                and seq.completion.last_route == CONTENT and seq.grammar.accept(sample.token)):
             delta += seq.completion.flush()  # the structured output is complete
             reason = "stop"
         logprobs = [] if sample.logprob is None else [
             (sample.token, sample.logprob, sample.top_logprobs)]
         if reason is None:
-            return StepOutput(seq.request_id, seq.index, [sample.token], delta, None, logprobs)
+            return StepOutput(seq.request_id, seq.index, [sample.token], delta, None, logprobs,
+                              reasoning_delta=reasoning)
         self.scheduler.finish(seq, reason)
         request = self._requests[seq.request_id]
         request.num_open -= 1
         if not request.num_open:
             del self._requests[seq.request_id]
-        return self._final(seq, [sample.token], delta, reason, None, logprobs)
+        return self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning)
 
     def _final(self, seq: Sequence, tokens: list[int], delta: str, reason: str,
-               error: str | None, logprobs: list | None = None) -> StepOutput:
+               error: str | None, logprobs: list | None = None,
+               reasoning: str = "") -> StepOutput:
         self._finished[reason] += 1
         return StepOutput(seq.request_id, seq.index, tokens, delta, reason, logprobs or [],
-                          error, self._metrics(seq))
+                          error, self._metrics(seq), reasoning)
 
     @staticmethod
     def _metrics(seq: Sequence) -> RequestMetrics:

@@ -61,18 +61,21 @@ class StepOutput:
     logprobs: list = field(default_factory=list)   # (token, logprob, top) per new token
     error: str | None = None            # why, when finish_reason is "error"
     metrics: RequestMetrics | None = None           # when this completion finished
+    reasoning_delta: str = ""           # a reasoning model's thinking (model/reasoning.py)
 
 
 @dataclass
 class CompletionOutput:
     index: int
     text: str = ""
+    reasoning: str = ""                 # the thinking of a reasoning model, apart from text
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     logprobs: list | None = None
     metrics: RequestMetrics | None = None
     # this update's part, for streaming consumers
     text_delta: str = ""
+    reasoning_delta: str = ""
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list = field(default_factory=list)
 
@@ -89,6 +92,10 @@ class RequestOutput:
     @property
     def text(self) -> str:
         return self.outputs[0].text
+
+    @property
+    def reasoning(self) -> str:
+        return self.outputs[0].reasoning
 
     @property
     def token_ids(self) -> list[int]:
@@ -125,6 +132,7 @@ class OutputCollector:
         out = self.output
         c = out.outputs[step.index]
         c.text += step.text_delta
+        c.reasoning += step.reasoning_delta
         c.token_ids.extend(step.new_token_ids)
         if c.logprobs is not None:
             c.logprobs.extend(step.logprobs)
@@ -134,9 +142,10 @@ class OutputCollector:
             if step.error is not None:
                 out.error = step.error
         out.finished = self._open == 0
-        view = [replace(x, text_delta="", new_token_ids=[], new_logprobs=[])
+        view = [replace(x, text_delta="", reasoning_delta="", new_token_ids=[], new_logprobs=[])
                 for x in out.outputs]
         view[step.index] = replace(c, text_delta=step.text_delta,
+                                   reasoning_delta=step.reasoning_delta,
                                    new_token_ids=step.new_token_ids, new_logprobs=step.logprobs)
         return replace(out, outputs=view)
 

@@ -98,4 +98,4 @@ def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngin
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_num_batched_tokens, model_len)
     runner = ModelRunner(loaded.model, kv, args.max_num_batched_tokens, args.max_num_seqs,
                          model_len)
-    return LLMEngine(loaded, scheduler, runner)
+    return LLMEngine(loaded, scheduler, runner, args.reasoning_parser)

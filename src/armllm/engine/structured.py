@@ -165,6 +165,10 @@ class StructuredOutputs:
             raise GrammarDeadEnd("structured output: the grammar allows no token here"
                                  + (f": {state.matcher.get_error()}"
                                     if state.matcher.is_error() else ""))
+        if seq.completion.phase == "undecided":  # the answer, or a reasoning block first
+            opener = seq.completion.opener
+            mask[opener // MASK_BITS] |= np.int32(np.uint32(1 << opener % MASK_BITS)
+                                                  .view(np.int32))
         ops.mask_logits(row, mask)
 
     def close(self) -> None:

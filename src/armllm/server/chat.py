@@ -1,7 +1,8 @@
 """chat: /v1/chat/completions: a conversation rendered with the model's chat
 template (chat_template_kwargs become template variables, except the names the
 template call sets itself), n completions as JSON or server-sent events (the
-first chunk carries the role), logprobs in the chat format. Without
+first chunk carries the role), logprobs in the chat format, a reasoning
+model's thinking as reasoning_content beside the answer's content. Without
 max_tokens / max_completion_tokens a completion may fill the rest of the
 context, as vLLM's."""
 from __future__ import annotations
@@ -79,15 +80,21 @@ class ChatChoices:
 
     def delta(self, index: int, c: CompletionOutput, finish_reason: str | None) -> dict:
         # a token whose text is held back (a possible stop string) still gets its chunk
-        delta = {"content": c.text_delta} if c.new_token_ids else {}
+        delta = ({"content": c.text_delta}
+                 if c.new_token_ids and (c.text_delta or not c.reasoning_delta) else {})
+        if c.reasoning_delta:
+            delta["reasoning_content"] = c.reasoning_delta
         lp = (self._logprobs(c.new_logprobs)
               if self.logprobs is not None and c.new_logprobs else None)
         return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
 
     def final(self, index: int, c: CompletionOutput) -> dict:
         lp = self._logprobs(c.logprobs) if self.logprobs is not None else None
-        return {"index": index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": lp, "finish_reason": c.finish_reason}
+        message = {"role": "assistant", "content": c.text}
+        if c.reasoning:
+            message["reasoning_content"] = c.reasoning
+        return {"index": index, "message": message, "logprobs": lp,
+                "finish_reason": c.finish_reason}
 
     def _logprobs(self, entries: list) -> dict:
         def item(token: int, lp: float) -> dict:
