@@ -56,7 +56,8 @@ def write_tiny_chat_llama(path: Path, seed: int = 0) -> Path:
     tok.add_tokens(CHAT_ADDED)
     vocab = tok.get_vocab_size()
     _write_weights(path, vocab, seed, 64, 2, 4, 2, 96,
-                   eos=tok.token_to_id("<|im_end|>"), bos=tok.token_to_id("<|endoftext|>"))
+                   eos=tok.token_to_id("<|im_end|>"), bos=tok.token_to_id("<|endoftext|>"),
+                   max_position=4096)  # byte-level tokens: tool prompts are long
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
@@ -111,7 +112,8 @@ def write_tiny_thinking_llama(path: Path, seed: int = 0, think_at: int = 0,
 
 
 def _write_weights(path: Path, vocab: int, seed: int, hidden: int, layers: int, heads: int,
-                   kv_heads: int, inter: int, eos: int = 1, bos: int = 0) -> None:
+                   kv_heads: int, inter: int, eos: int = 1, bos: int = 0,
+                   max_position: int = 512) -> None:
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     hd = hidden // heads
@@ -139,7 +141,7 @@ def _write_weights(path: Path, vocab: int, seed: int, hidden: int, layers: int, 
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
               "num_hidden_layers": layers, "num_attention_heads": heads,
-              "num_key_value_heads": kv_heads, "max_position_embeddings": 512,
+              "num_key_value_heads": kv_heads, "max_position_embeddings": max_position,
               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
               "bos_token_id": bos, "eos_token_id": eos}
     (path / "config.json").write_text(json.dumps(config))

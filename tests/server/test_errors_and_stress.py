@@ -66,14 +66,15 @@ def test_completion_validation_names_the_field(server, body, param):
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+     "tools[0].function"),
     ({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_schema", "json_schema": {}}},
      "response_format.json_schema.name"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
      "continue_final_message"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
 ])
 def test_chat_validation_names_the_field(server, body, param):
     err = error_of(post(server.url + CHAT, body))
@@ -82,7 +83,7 @@ def test_chat_validation_names_the_field(server, body, param):
 
 def test_unsupported_fields_say_so_and_unknown_ones_are_ignored(server):
     err = error_of(post(server.url + CHAT, {"messages": [{"role": "user", "content": "x"}],
-                                            "tools": [{"type": "function"}]}))
+                                            "functions": [{"name": "f"}]}))
     assert "not supported" in err["message"] and err["code"] == "unsupported_parameter"
     ok = post(server.url + CMPL, {"prompt": "w1", "max_tokens": 2, "frobnicate": 3})
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"]

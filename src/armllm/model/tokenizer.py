@@ -3,6 +3,7 @@ chat templates (Jinja, sandboxed). Turning a growing completion into text
 deltas is engine/completion.py's IncrementalDetokenizer."""
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +14,14 @@ from tokenizers import Tokenizer
 
 def _raise(message: str) -> None:
     raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' tojson for chat templates: plain JSON (Jinja's own escapes HTML
+    characters and sorts keys), as the model saw its tools and tool calls in training."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 # what apply_chat_template passes to the template itself (its arguments and the
@@ -76,6 +85,7 @@ class TextTokenizer:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=["jinja2.ext.loopcontrols"])
             env.globals["raise_exception"] = _raise
+            env.filters["tojson"] = _tojson
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             self._template = env.from_string(self.chat_template)
         try:

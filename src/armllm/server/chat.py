@@ -8,6 +8,7 @@ context, as vLLM's."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,6 +19,8 @@ from armllm.model.tokenizer import TEMPLATE_OWN_NAMES
 from armllm.server import protocol as P
 from armllm.server.generation import Generation, prepare_jobs, respond, token_text
 from armllm.server.state import ServerState
+from armllm.server.tool_parsers import ToolParser
+from armllm.server.tools import ToolRequest, required_calls, template_messages, tool_request
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -31,26 +34,54 @@ def routes(state: ServerState) -> list[Route]:
         if cont and messages[-1]["role"] != "assistant":
             raise P.bad("continue_final_message", "needs the last message to be the "
                                                   "assistant's")
+        tools = tool_request(req, state.tool_parser(llm))
         opts = P.sampling_options(req, True, llm.default_sampling_params)
+        if tools is not None:
+            opts = _with_tools(llm, opts, tools)
         state.check_capacity(llm, 1, opts.params.n)
-        ids = render_chat(llm, messages, add_gen, cont, req.get("chat_template_kwargs") or {})
+        ids = render_chat(llm, template_messages(messages), add_gen, cont,
+                          req.get("chat_template_kwargs") or {},
+                          tools.template_tools if tools else None)
         max_tokens_param = ("max_completion_tokens" if "max_completion_tokens" in req
                             else "max_tokens")
         jobs = prepare_jobs(llm, [ids], opts, "messages", max_tokens_param, None)
         gen = Generation(state, llm, jobs, f"chatcmpl-{uuid.uuid4().hex}", opts.priority)
-        return await respond(state, request, gen, ChatChoices(llm, opts.logprobs), opts)
+        return await respond(state, request, gen,
+                             ChatChoices(llm, opts.logprobs,
+                                         tools if tools is not None and tools.parses else None),
+                             opts)
 
     return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 
 
+def _with_tools(llm: AsyncLLM, opts: P.Options, tools: ToolRequest) -> P.Options:
+    """The sampling options of a request with tools: a required call's grammar (which a
+    response_format cannot join), and special tokens kept in the text of a format whose
+    call marker is one (Mistral's [TOOL_CALLS])."""
+    forced = required_calls(tools, llm.tokenizer.token_id)
+    params = opts.params
+    if forced is not None:
+        if params.structured_output is not None:
+            raise P.bad("tool_choice", "a required tool call cannot be combined with a "
+                                       "response_format or structured_outputs")
+        params = replace(params, structured_output=forced)
+    if tools.parses and tools.parser == "mistral":
+        params = replace(params, skip_special_tokens=False)
+    return replace(opts, params=params)
+
+
 def render_chat(llm: AsyncLLM, messages: list[dict], add_generation_prompt: bool,
-                continue_final: bool, template_kwargs: dict) -> list[int]:
-    """The conversation's prompt token ids; a 400 naming messages or
-    chat_template_kwargs when the template cannot render them."""
+                continue_final: bool, template_kwargs: dict,
+                tools: list[dict] | None = None) -> list[int]:
+    """The conversation's prompt token ids (the tools, if any, in the template's
+    `tools` variable); a 400 naming messages or chat_template_kwargs when the
+    template cannot render them."""
     clash = sorted(TEMPLATE_OWN_NAMES & template_kwargs.keys())
     if clash:
         raise P.bad("chat_template_kwargs", f"{', '.join(clash)} cannot be set here: the "
                                             "chat template call sets it itself")
+    if tools is not None:
+        template_kwargs = {**template_kwargs, "tools": tools}
     try:
         text = llm.tokenizer.apply_chat_template(messages, add_generation_prompt,
                                                  continue_final, **template_kwargs)
@@ -66,12 +97,15 @@ def render_chat(llm: AsyncLLM, messages: list[dict], add_generation_prompt: bool
 
 class ChatChoices:
     """Choices with a message (a delta when streamed); logprobs as content entries
-    with token, logprob, bytes and top_logprobs."""
+    with token, logprob, bytes and top_logprobs; with tools, the completion read by
+    the model's tool parser into content and tool_calls (finish_reason "tool_calls"
+    when it made any; one at most without parallel_tool_calls)."""
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, llm: AsyncLLM, logprobs: int | None):
-        self.llm, self.logprobs = llm, logprobs
+    def __init__(self, llm: AsyncLLM, logprobs: int | None, tools: ToolRequest | None = None):
+        self.llm, self.logprobs, self.tools = llm, logprobs, tools
+        self._parsers: dict[int, ToolParser] = {}   # choice index -> its stream's parser
 
     def opening(self, count: int) -> list[dict]:
         """The role first, for every choice."""
@@ -79,11 +113,22 @@ class ChatChoices:
                  "finish_reason": None} for i in range(count)]
 
     def delta(self, index: int, c: CompletionOutput, finish_reason: str | None) -> dict:
+        text, calls = c.text_delta, []
+        if self.tools is not None:
+            parser = self._parsers.setdefault(index, self.tools.new_parser())
+            text, calls = parser.feed(text)
+            if finish_reason is not None:
+                rest, more = parser.finish()
+                text, calls = text + rest, calls + more
+                finish_reason = self._finish_reason(finish_reason, parser.calls)
+            calls = [d for d in calls if self.tools.parallel or d["index"] == 0]
         # a token whose text is held back (a possible stop string) still gets its chunk
-        delta = ({"content": c.text_delta}
-                 if c.new_token_ids and (c.text_delta or not c.reasoning_delta) else {})
+        delta = ({"content": text}
+                 if c.new_token_ids and (text or not (c.reasoning_delta or calls)) else {})
         if c.reasoning_delta:
             delta["reasoning_content"] = c.reasoning_delta
+        if calls:
+            delta["tool_calls"] = calls
         lp = (self._logprobs(c.new_logprobs)
               if self.logprobs is not None and c.new_logprobs else None)
         return {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
@@ -91,10 +136,23 @@ class ChatChoices:
     def final(self, index: int, c: CompletionOutput) -> dict:
         lp = self._logprobs(c.logprobs) if self.logprobs is not None else None
         message = {"role": "assistant", "content": c.text}
+        finish_reason = c.finish_reason
+        if self.tools is not None:
+            content, calls = self.tools.new_parser().parse(c.text)
+            calls = calls if self.tools.parallel else calls[:1]
+            if calls:
+                message["content"] = content if content.strip() else None
+                message["tool_calls"] = [call.as_dict() for call in calls]
+                finish_reason = self._finish_reason(finish_reason, calls)
         if c.reasoning:
             message["reasoning_content"] = c.reasoning
         return {"index": index, "message": message, "logprobs": lp,
-                "finish_reason": c.finish_reason}
+                "finish_reason": finish_reason}
+
+    @staticmethod
+    def _finish_reason(reason: str, calls: list) -> str:
+        """A completion that ended with its calls made ends with "tool_calls"."""
+        return "tool_calls" if calls and reason == "stop" else reason
 
     def _logprobs(self, entries: list) -> dict:
         def item(token: int, lp: float) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from armllm.cmdline import UsageError, add_model_argument, resolve_model
 from armllm.engine.args import EngineArgs
+from armllm.server.tool_parsers import TOOL_CALL_PARSERS
 
 # connections beyond the completions the server admits: /health, /metrics, requests
 # refused with 503 and idle keep-alive connections of the clients' pools
@@ -46,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a client gets to send a request's headers (from connecting "
                         "or its previous response), and again its body; slower clients are "
                         "disconnected (headers) or answered 408 (body) (default 30)")
+    p.add_argument("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSERS,
+                   help="how the model writes tool calls: hermes (Qwen2.5/3, Hermes), "
+                        "llama3_json (Llama 3.1/3.2), mistral (default auto: the one its chat "
+                        "template names)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     EngineArgs.add_cli_args(p)
@@ -79,7 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     name = args.served_model_name or Path(model).name.removesuffix(".gguf")
     config = ServerConfig(model, name, engine_args, args.api_key, args.max_waiting_requests,
                           args.max_request_bytes, args.log_interval, args.shutdown_grace,
-                          args.timeout_request_read)
+                          args.timeout_request_read, args.tool_call_parser)
     limits = Limits(args.limit_concurrency or engine_args["max_num_seqs"]
                     + args.max_waiting_requests + _SPARE_CONNECTIONS,
                     args.timeout_keep_alive, args.timeout_request_read)

@@ -203,12 +203,6 @@ def refuse_unsupported(req: dict) -> None:
     def no(param: str, what: str) -> APIError:
         return APIError(f"{param}: {what} is not supported by this server", 400, param,
                         "unsupported_parameter")
-    if req.get("tools") or req.get("functions"):
-        raise no("tools" if req.get("tools") else "functions", "tool and function calling")
-    if req.get("tool_choice") not in (None, "none", "auto"):
-        raise no("tool_choice", "forcing a tool call")
-    if req.get("function_call") not in (None, "none", "auto"):
-        raise no("function_call", "forcing a function call")
     if req.get("echo"):
         raise no("echo", "echoing the prompt")
     if req.get("suffix"):
@@ -243,11 +237,12 @@ def completion_prompts(prompt: Any) -> list[str | list[int]]:
                         "or a list of non-empty token-id lists")
 
 
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def chat_messages(messages: Any) -> list[dict]:
-    """Messages with string content (text parts joined), for the chat template."""
+    """Messages with string content (text parts joined), for the chat template; an
+    assistant's tool_calls and a tool result's tool_call_id kept."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "must be a non-empty array of messages")
     out = []
@@ -256,9 +251,6 @@ def chat_messages(messages: Any) -> list[dict]:
         if not isinstance(m, dict):
             raise bad(where, "must be an object with role and content")
         role = m.get("role")
-        if role == "tool" or m.get("tool_calls"):
-            raise APIError(f"{where}: tool messages and tool calls are not supported by this "
-                           "server", 400, where, "unsupported_parameter")
         if role not in _ROLES:
             raise bad(f"{where}.role", f"must be one of {', '.join(_ROLES)}, got {role!r}")
         content = m.get("content")
@@ -279,7 +271,31 @@ def chat_messages(messages: Any) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": content}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        if role == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise bad(f"{where}.tool_call_id", "must be the id of the call this answers")
+            msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise bad(f"{where}.tool_calls", "only an assistant message has tool calls")
+            msg["tool_calls"] = _tool_calls(where, m["tool_calls"])
         out.append(msg)
+    return out
+
+
+def _tool_calls(where: str, calls: Any) -> list[dict]:
+    if not isinstance(calls, list):
+        raise bad(f"{where}.tool_calls", "must be an array of calls")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                or not isinstance(fn.get("arguments", ""), str):
+            raise bad(f"{where}.tool_calls[{j}]", 'must be {"id": ..., "type": "function", '
+                                                  '"function": {"name": ..., "arguments": '
+                                                  '"<JSON>"}}')
+        out.append({"id": call.get("id") or "", "type": "function",
+                    "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
     return out
 
 

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from armllm.api import AsyncLLM
 from armllm.server import protocol as P
 from armllm.server.metrics import ServerMetrics
+from armllm.server.tool_parsers import detect_parser
 
 
 @dataclass
@@ -27,6 +28,7 @@ class ServerConfig:
     log_interval_s: float = 10.0         # 0: no periodic stats line
     shutdown_grace_s: float = 10.0
     body_timeout_s: float = 30.0         # to receive a request body, once its headers are in
+    tool_call_parser: str = "auto"       # a name in tool_parsers.PARSERS, or auto (template)
 
 
 class Admission:
@@ -53,6 +55,13 @@ class ServerState:
         self.created = int(time.time())
         self.live: set[str] = set()      # engine request ids being generated
         self.stopping = False            # the shutdown grace period is over
+
+    def tool_parser(self, llm: AsyncLLM) -> str | None:
+        """The tool-call format of the served model: --tool-call-parser, or the one its
+        chat template names."""
+        if self.config.tool_call_parser != "auto":
+            return self.config.tool_call_parser
+        return detect_parser(llm.tokenizer.chat_template)
 
     def ready_llm(self) -> AsyncLLM:
         if self.llm is None:

@@ -1,0 +1,394 @@
+"""tool_parsers: a chat completion's text split into content and tool calls, in
+the formats models write them, whole or as it streams.
+
+    hermes       Qwen2.5/Qwen3, Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    llama3_json  Llama 3.1/3.2: the answer is {"name": ..., "parameters": {...}} (calls
+                 separated by ";"), else it is content
+    mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (the marker is a
+                 special token: its requests keep special tokens in their text)
+
+A parser is fed the completion's text deltas and answers, for each, the content
+to emit and OpenAI's tool-call deltas: the first for a call carries its index,
+id, type and name (once the name is read), the next ones the fragments of its
+arguments as they arrive. A call's arguments are the JSON text the model wrote
+for them, so the fragments of a stream join to the arguments of the same
+completion parsed whole, however the text was cut. Text that might still begin
+a call marker is held back until it is decided. Markup the parser cannot read
+as a call (no name, not a JSON object) stays content.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from dataclasses import dataclass
+
+ARGUMENT_KEYS = ("arguments", "parameters")
+WHITESPACE = " \t\r\n"
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str = ""
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def openai_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def mistral_call_id() -> str:
+    """Mistral's templates accept tool call ids of exactly 9 letters and digits."""
+    alphabet = string.ascii_letters + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(9))
+
+
+class CallObject:
+    """One call object {"name": "...", "arguments": ...} read as it arrives: where
+    its name and its arguments' JSON text are, and where it ends. `bad` once the
+    text cannot be such an object."""
+
+    def __init__(self):
+        self.text = ""
+        self.name: str | None = None
+        self.args_start = self.args_end = -1    # the arguments value's span in text
+        self.end = -1                           # just past the closing brace
+        self.bad = False
+        self._i = 0
+        self._depth = 0
+        self._in_string = self._escape = False
+        self._state = "open"                    # open, key, colon, value, next
+        self._key = ""
+        self._token_start = -1                  # the current key or value
+        self._literal = False                   # a number/true/false/null value
+
+    def feed(self, text: str) -> None:
+        self.text += text
+        while self._i < len(self.text) and self.end < 0 and not self.bad:
+            self._step(self.text[self._i])
+            self._i += 1
+
+    @property
+    def args_so_far(self) -> str:
+        """The arguments' JSON text read so far (all of it once args_end is set)."""
+        if self.args_start < 0:
+            return ""
+        return self.text[self.args_start:self.args_end if self.args_end >= 0 else self._i]
+
+    def _step(self, ch: str) -> None:
+        i = self._i
+        if self._in_string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._in_string = False
+                if self._depth == 1:
+                    self._string_ended(i)
+            return
+        if self._state == "open":
+            if ch == "{":
+                self._depth, self._state = 1, "key"
+            elif ch not in WHITESPACE:
+                self.bad = True
+            return
+        if self._literal and (ch in ",}" or ch in WHITESPACE):
+            self._literal = False
+            self._value_ended(i)
+        if ch == '"':
+            self._in_string = True
+            if self._depth == 1:
+                if self._state == "key":
+                    self._token_start = i
+                elif self._state == "value":
+                    self._value_started(i)
+        elif ch in "{[":
+            if self._depth == 1 and self._state == "value":
+                self._value_started(i)
+            self._depth += 1
+        elif ch in "}]":
+            self._depth -= 1
+            if self._depth == 1 and self._state == "value" and self._token_start >= 0:
+                self._value_ended(i + 1)
+            elif self._depth == 0:
+                if self._state not in ("next", "key"):
+                    self.bad = True
+                self.end = i + 1
+        elif self._depth == 1:
+            if ch == ":" and self._state == "colon":
+                self._state, self._token_start = "value", -1
+            elif ch == "," and self._state == "next":
+                self._state = "key"
+            elif ch not in WHITESPACE:
+                if self._state == "value" and self._token_start < 0:
+                    self._value_started(i)
+                    self._literal = True
+                elif self._state != "value":
+                    self.bad = True
+
+    def _string_ended(self, i: int) -> None:
+        if self._state == "key":
+            self._key = json.loads(self.text[self._token_start:i + 1])
+            self._state = "colon"
+        elif self._state == "value":
+            self._value_ended(i + 1)
+
+    def _value_started(self, i: int) -> None:
+        self._token_start = i
+        if self._key in ARGUMENT_KEYS and self.args_start < 0:
+            self.args_start = i
+
+    def _value_ended(self, end: int) -> None:
+        if self._key == "name" and self.name is None:
+            value = json.loads(self.text[self._token_start:end])
+            if isinstance(value, str):
+                self.name = value
+        if self._key in ARGUMENT_KEYS and self.args_start == self._token_start:
+            self.args_end = end
+        self._state, self._token_start = "next", -1
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of text that begins marker."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+class ToolParser:
+    """One completion's text, split into content and tool calls (see the module
+    docstring); subclasses say where calls start and how they follow each other."""
+
+    new_id = staticmethod(openai_call_id)
+
+    def __init__(self):
+        self.calls: list[ToolCall] = []
+        self._buf = ""              # text not yet decided
+        self._call: CallObject | None = None
+        self._announced = False     # the current call's first delta is out
+        self._sent = 0              # the current call's argument characters sent
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        """The content and tool-call deltas that `text` (the next delta) releases."""
+        self._buf += text
+        content, deltas = [], []
+        self._advance(content, deltas, final=False)
+        return "".join(content), deltas
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """What is left once the completion has ended: held-back text as content, an
+        unfinished call as far as it got (when its name was read)."""
+        content, deltas = [], []
+        self._advance(content, deltas, final=True)
+        if self._call is not None:
+            self._end_call(content, deltas)
+        content.append(self._buf)
+        self._buf = ""
+        return "".join(content), deltas
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """A whole completion's content and calls."""
+        content, _ = self.feed(text)
+        rest, _ = self.finish()
+        return content + rest, self.calls
+
+    # -- a call --------------------------------------------------------------------------
+
+    def _start_call(self) -> None:
+        self._call, self._announced, self._sent = CallObject(), False, 0
+
+    def _feed_call(self, deltas: list[dict]) -> str | None:
+        """Feeds the buffer to the current call; returns the text after the call once
+        it has ended (None while it goes on)."""
+        call = self._call
+        call.feed(self._buf)
+        self._buf = ""
+        if call.name is not None and not call.bad:
+            if not self._announced:
+                self.calls.append(ToolCall(self.new_id(), call.name))
+                deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1].id,
+                               "type": "function",
+                               "function": {"name": call.name, "arguments": ""}})
+                self._announced = True
+            args = call.args_so_far
+            if len(args) > self._sent:
+                deltas.append({"index": len(self.calls) - 1,
+                               "function": {"arguments": args[self._sent:]}})
+                self.calls[-1].arguments = args
+                self._sent = len(args)
+        if call.bad or call.end >= 0:
+            return call.text[call.end:] if call.end >= 0 else ""
+        return None
+
+    def _end_call(self, content: list[str], deltas: list[dict]) -> None:
+        """Closes the current call: without a name it was not one, and its text is
+        content; without arguments they are {}."""
+        call, self._call = self._call, None
+        if not self._announced:
+            content.append(self._marker_text + (call.text[:call.end] if call.end >= 0
+                                                else call.text))
+            return
+        if call.args_start < 0:
+            deltas.append({"index": len(self.calls) - 1, "function": {"arguments": "{}"}})
+            self.calls[-1].arguments = "{}"
+
+    _marker_text = ""   # the text that opened the current call, for content if it was not one
+
+    def _advance(self, content: list[str], deltas: list[dict], final: bool) -> None:
+        raise NotImplementedError
+
+
+class HermesParser(ToolParser):
+    """<tool_call>{...}</tool_call> blocks anywhere in the text."""
+
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    _marker_text = OPEN
+
+    def __init__(self):
+        super().__init__()
+        self._closing = False       # a call has ended: its </tool_call> may follow
+
+    def _advance(self, content, deltas, final):
+        while True:
+            if self._closing:
+                stripped = self._buf.lstrip(WHITESPACE)
+                if stripped.startswith(self.CLOSE):
+                    self._buf, self._closing = stripped[len(self.CLOSE):], False
+                elif self.CLOSE.startswith(stripped) and not final:
+                    return              # the closing tag may still come
+                else:
+                    self._closing = False
+            if self._call is not None:
+                rest = self._feed_call(deltas)
+                if rest is None:
+                    return
+                ended = self._call.end >= 0
+                self._end_call(content, deltas)
+                self._buf, self._closing = rest, ended
+                continue
+            at = self._buf.find(self.OPEN)
+            if at < 0:
+                keep = 0 if final else _partial_suffix(self._buf, self.OPEN)
+                content.append(self._buf[:len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep:]
+                return
+            content.append(self._buf[:at])
+            self._buf = self._buf[at + len(self.OPEN):]
+            self._start_call()
+
+
+class Llama3JsonParser(ToolParser):
+    """An answer that is a JSON object with a name (calls separated by ";"); any
+    other answer is content."""
+
+    def __init__(self):
+        super().__init__()
+        self._mode = "start"        # start, calls, content
+
+    def _advance(self, content, deltas, final):
+        while True:
+            if self._mode == "content":
+                content.append(self._buf)
+                self._buf = ""
+                return
+            if self._call is not None:
+                rest = self._feed_call(deltas)
+                if rest is None:
+                    return
+                announced = self._announced
+                self._end_call(content, deltas)
+                if not announced:
+                    self._mode = "content"
+                    content.append(rest)
+                    self._buf = ""
+                    return
+                self._buf, self._mode = rest, "between"
+                continue
+            stripped = self._buf.lstrip(WHITESPACE)
+            if not stripped:
+                if final:
+                    content.append(self._buf)
+                    self._buf = ""
+                return
+            if self._mode == "between":
+                if stripped[0] == ";":
+                    self._buf, self._mode = stripped[1:], "calls"
+                    continue
+                self._buf, self._mode = stripped, "content"
+                continue
+            if stripped[0] != "{":
+                self._mode = "content"
+                continue
+            self._marker_text = self._buf[:len(self._buf) - len(stripped)]
+            self._buf = stripped
+            self._start_call()
+
+
+class MistralParser(ToolParser):
+    """[TOOL_CALLS] followed by a JSON array of call objects."""
+
+    MARKER = "[TOOL_CALLS]"
+    new_id = staticmethod(mistral_call_id)
+
+    def __init__(self):
+        super().__init__()
+        self._mode = "text"         # text, array, between, rest
+
+    def _advance(self, content, deltas, final):
+        while True:
+            if self._mode == "rest":    # after the array: nothing more is a call
+                content.append(self._buf)
+                self._buf = ""
+                return
+            if self._call is not None:
+                rest = self._feed_call(deltas)
+                if rest is None:
+                    return
+                self._end_call(content, deltas)
+                self._buf, self._mode = rest, "between"
+                continue
+            if self._mode == "text":
+                at = self._buf.find(self.MARKER)
+                if at < 0:
+                    keep = 0 if final else _partial_suffix(self._buf, self.MARKER)
+                    content.append(self._buf[:len(self._buf) - keep])
+                    self._buf = self._buf[len(self._buf) - keep:]
+                    return
+                content.append(self._buf[:at])
+                self._buf, self._mode = self._buf[at + len(self.MARKER):], "array"
+                continue
+            stripped = self._buf.lstrip(WHITESPACE)
+            if not stripped:
+                return
+            expected = "[" if self._mode == "array" else ","
+            if stripped[0] == expected:
+                self._buf = stripped[1:]
+                self._marker_text = ""
+                self._start_call()
+            else:           # "]" or anything else ends the calls
+                self._buf = stripped[1:] if stripped[0] == "]" else stripped
+                self._mode = "rest"
+
+
+PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser,
+                                        "llama3_json": Llama3JsonParser,
+                                        "mistral": MistralParser}
+TOOL_CALL_PARSERS = ("auto", *PARSERS)
+
+
+def detect_parser(chat_template: str | None) -> str | None:
+    """The parser a chat template's tool markup names, when it names one only."""
+    if not chat_template:
+        return None
+    found = [name for name, marks in (("hermes", ("<tool_call>",)),
+                                      ("mistral", ("[TOOL_CALLS]",)),
+                                      ("llama3_json", ("<|python_tag|>", "ipython")))
+             if any(m in chat_template for m in marks)]
+    return found[0] if len(found) == 1 else None

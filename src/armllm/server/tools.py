@@ -1,0 +1,164 @@
+"""tools: a chat request's OpenAI tools: checked where they enter (tools,
+tool_choice, parallel_tool_calls), handed to the chat template as transformers'
+apply_chat_template(tools=...) does, enforced by a grammar when a call is
+required (tool_choice "required" or a named function: the output must be
+calls, in the model's format, to those functions with arguments that match
+their parameters' JSON schemas), and read back from the completion by the
+model's tool parser (server/tool_parsers.py)."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from armllm.server.protocol import APIError, bad
+from armllm.server.tool_parsers import PARSERS, ToolParser
+from armllm.structured_output import StructuredOutput
+
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # what OpenAI accepts
+NO_PARAMETERS = {"type": "object", "properties": {}}
+# the JSON of a forced call, as models write it (json.dumps' separators)
+CALL_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ",
+                     "key_separator": ": "}
+
+
+@dataclass
+class ToolRequest:
+    tools: list[dict]           # OpenAI's [{"type": "function", "function": {...}}]
+    choice: str                 # none, auto, required, or named
+    named: str | None           # the function a named tool_choice forces
+    parallel: bool              # more than one call allowed
+    parser: str | None          # the model's tool-call format
+
+    @property
+    def parses(self) -> bool:
+        """Whether the completion is read for calls."""
+        return self.choice != "none" and bool(self.tools)
+
+    def new_parser(self) -> ToolParser:
+        return PARSERS[self.parser]()
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """What the chat template's `tools` variable holds (none when calls are off)."""
+        return self.tools if self.parses else None
+
+
+def tool_request(req: dict, parser: str | None) -> ToolRequest | None:
+    """The request's tools checked (a 400 naming the field otherwise), or None when it
+    has none. `parser` is the server's tool-call format for this model."""
+    tools, choice = req.get("tools"), req.get("tool_choice")
+    if req.get("functions") or req.get("function_call") not in (None, "none", "auto"):
+        raise APIError("functions and function_call (deprecated by OpenAI) are not supported "
+                       "by this server: use tools and tool_choice", 400,
+                       "functions" if req.get("functions") else "function_call",
+                       "unsupported_parameter")
+    if not tools and choice in (None, "none", "auto"):
+        return None
+    checked = [_tool(i, t) for i, t in enumerate(tools or [])]
+    names = [t["function"]["name"] for t in checked]
+    if len(set(names)) != len(names):
+        raise bad("tools", f"function names must be distinct, got {names}")
+    named = None
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise bad("tool_choice", 'must be "none", "auto", "required" or {"type": '
+                                     '"function", "function": {"name": ...}}')
+        named, choice = fn["name"], "named"
+        if named not in names:
+            raise bad("tool_choice", f"names function {named!r}, which is not among the "
+                                     f"tools ({', '.join(names) or 'none'})")
+    elif choice not in ("none", "auto", "required"):
+        raise bad("tool_choice", f'must be "none", "auto", "required" or a named function, '
+                                 f"got {choice!r}")
+    if choice == "required" and not checked:
+        raise bad("tool_choice", '"required" needs tools')
+    if choice != "none" and parser is None:
+        raise APIError("tools: this model's tool-call format is not known (its chat template "
+                       "names none armllm reads); start the server with --tool-call-parser",
+                       400, "tools", "unsupported_parameter")
+    return ToolRequest(checked, choice, named, req.get("parallel_tool_calls", True), parser)
+
+
+def _tool(i: int, tool: Any) -> dict:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise bad(where, 'must be {"type": "function", "function": {...}}')
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        raise bad(f"{where}.function", "must be an object with a name")
+    name = fn.get("name")
+    if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name):
+        raise bad(f"{where}.function.name", "must be 1-64 letters, digits, _ . or -, got "
+                                            f"{name!r}")
+    params = fn.get("parameters", NO_PARAMETERS)
+    if not isinstance(params, dict):
+        raise bad(f"{where}.function.parameters", "must be a JSON schema object")
+    if not isinstance(fn.get("description", ""), str):
+        raise bad(f"{where}.function.description", "must be a string")
+    return {"type": "function", "function": {**fn, "parameters": params}}
+
+
+def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
+    """The grammar that makes the output calls to the allowed functions (for
+    tool_choice required or named), in the parser's format; None otherwise.
+    token_id(text) is the model's id of a token, or None: a marker that is one token
+    of its own (Qwen's <tool_call>, Mistral's [TOOL_CALLS]) is that token in the
+    grammar (llguidance reads added tokens as tokens, not as their text)."""
+    if tools.choice not in ("required", "named"):
+        return None
+    allowed = [t["function"] for t in tools.tools
+               if tools.named is None or t["function"]["name"] == tools.named]
+    args_key = "parameters" if tools.parser == "llama3_json" else "arguments"
+    body = {"anyOf": [{"type": "object",
+                       "properties": {"name": {"const": fn["name"]},
+                                      args_key: fn["parameters"]},
+                       "required": ["name", args_key], "additionalProperties": False}
+                      for fn in allowed],
+            "x-guidance": CALL_JSON_OPTIONS}
+    many = tools.parallel and tools.named is None
+    def marker(text: str) -> str:
+        tid = token_id(text)
+        return f"<[{tid}]>" if tid is not None else json.dumps(text)
+
+    if tools.parser == "hermes":
+        lark = ('start: call ("\\n" call)*\n' if many else "start: call\n") + \
+            f'call: {marker("<tool_call>")} "\\n" body "\\n" {marker("</tool_call>")}\n'
+    elif tools.parser == "llama3_json":
+        lark = 'start: body ("; " body)*\n' if many else "start: body\n"
+    else:
+        lark = f'start: {marker("[TOOL_CALLS]")} "[" body' + \
+            (' (", " body)*' if many else "") + ' "]"\n'
+    lark += "body: %json " + json.dumps(body)
+    try:
+        return StructuredOutput(grammar=lark)
+    except ValueError as exc:
+        raise bad("tools", "the functions' parameters do not compile to a grammar: "
+                  + str(exc).removeprefix("structured_output.grammar: ")) from None
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Assistant tool calls as chat templates read them: each call's arguments as an
+    object (the request carries them as a JSON string), as vLLM passes them."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [_template_call(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _template_call(call: dict) -> dict:
+    fn = dict(call["function"])
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"])
+        except ValueError:
+            pass  # not JSON: the template gets the text
+    return {**call, "function": fn}

@@ -1,0 +1,79 @@
+"""`armllm serve --reasoning-parser qwen3` through the openai client: the thinking
+of a tiny model made to think (tests/tiny_model.py) comes back as
+reasoning_content, the answer as content, streamed as reasoning_content and
+content deltas that reassemble to the same; chat_template_kwargs
+enable_thinking=false reaches the template; a response_format constrains the
+answer only."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from armllm.model.loader import load_tokenizer
+from tests.server.conftest import running_server
+from tests.tiny_model import THINKING_MESSAGES, write_tiny_thinking_llama
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    path = tmp_path_factory.mktemp("thinking-server") / "m"
+    return path, write_tiny_thinking_llama(path)
+
+
+@pytest.fixture(scope="module")
+def server(thinking, tmp_path_factory):
+    path, _ = thinking
+    with running_server(path, tmp_path_factory, "reasoning", "--dtype", "float32",
+                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.02",
+                        "--reasoning-parser", "qwen3", "--served-model-name", "tiny") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_reasoning_content_apart_from_content(client, thinking):
+    path, info = thinking
+    out_ids, end = info["output_ids"], info["end"]
+    tok = load_tokenizer(path)
+    cut = out_ids.index(end)
+    kw = dict(model="tiny", messages=THINKING_MESSAGES, max_tokens=24, temperature=0.0,
+              extra_body={"ignore_eos": True})
+    message = client.chat.completions.create(**kw).choices[0].message
+    assert message.reasoning_content == tok.decode(out_ids[1:cut])
+    assert message.content == tok.decode(out_ids[cut + 1:])
+    reasoning, content = [], []
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            reasoning.append(getattr(delta, "reasoning_content", None) or "")
+            content.append(delta.content or "")
+    assert "".join(reasoning) == message.reasoning_content
+    assert "".join(content) == message.content
+    # completions (no chat) have no reasoning field: their text is the answer
+    text = client.completions.create(model="tiny", prompt=tok.decode(
+        tok.encode(tok.apply_chat_template(THINKING_MESSAGES, True), add_special_tokens=False),
+        skip_special_tokens=False), max_tokens=24, temperature=0.0,
+        extra_body={"ignore_eos": True}).choices[0].text
+    assert text == message.content
+
+
+def test_enable_thinking_false_and_a_constrained_answer(client):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    thought = client.chat.completions.create(model="tiny", messages=THINKING_MESSAGES,
+                                             max_tokens=80, temperature=0.0,
+                                             response_format=fmt).choices[0]
+    assert thought.message.reasoning_content and set(json.loads(thought.message.content)) \
+        == {"n"}
+    plain = client.chat.completions.create(
+        model="tiny", messages=THINKING_MESSAGES, max_tokens=80, temperature=0.0,
+        response_format=fmt, extra_body={"chat_template_kwargs": {"enable_thinking": False}}
+    ).choices[0]
+    assert not getattr(plain.message, "reasoning_content", None)
+    assert set(json.loads(plain.message.content)) == {"n"}
