@@ -79,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     med = statistics.median
     print(f"{args.model}: {len(weights)} matrices, {total / 1e6:.0f} MB packed, "
           f"{ops.num_threads()} threads ({ops.selected_isa()})")
+    by_reads = med(g / r for g, r in zip(gemms, reads, strict=True))
+    by_probe = med(g / p for g, p in zip(gemms, probe, strict=True))
     print(f"probe {med(probe):.1f} GB/s, reads {med(reads):.1f} GB/s, gemms {med(gemms):.1f} "
-          f"GB/s; gemms / reads {med(g / r for g, r in zip(gemms, reads)):.2f}, gemms / probe "
-          f"{med(g / p for g, p in zip(gemms, probe)):.2f} (medians of {args.reps})")
+          f"GB/s; gemms / reads {by_reads:.2f}, gemms / probe {by_probe:.2f} "
+          f"(medians of {args.reps})")
     return 0
 
 

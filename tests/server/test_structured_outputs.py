@@ -124,7 +124,7 @@ def test_regex_choice_and_grammars_always_match(client):
     grammar = 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'
     gbnf = 'root ::= "<" [a-c]+ ">"'
     for seed in range(6):
-        def run(so):
+        def run(so, seed=seed):
             r = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=seed,
                                                max_tokens=60, temperature=1.0,
                                                extra_body={"structured_outputs": so})

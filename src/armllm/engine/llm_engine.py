@@ -22,8 +22,8 @@ from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
 from armllm.engine.structured import StructuredOutputs
 from armllm.model.harmony import HarmonyRouter, harmony_tokens
-from armllm.model.reasoning import CONTENT, REASONING, THINK_PARSERS, ThinkRouter, think_tags
 from armllm.model.loader import LoadedModel
+from armllm.model.reasoning import CONTENT, REASONING, THINK_PARSERS, ThinkRouter, think_tags
 from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SampleResult, SamplingParams
 

@@ -57,7 +57,7 @@ def routes(state: ServerState) -> list[Route]:
 def _with_tools(llm: AsyncLLM, opts: P.Options, tools: ToolRequest) -> P.Options:
     """The sampling options of a request with tools: a required call's grammar (which a
     response_format cannot join), and special tokens kept in the text of a format whose
-    call marker is one (Mistral's [TOOL_CALLS])."""
+    markers are such tokens (Mistral's [TOOL_CALLS], GPT-OSS's harmony headers)."""
     forced = required_calls(tools, llm.tokenizer.token_id)
     params = opts.params
     if forced is not None:
@@ -65,7 +65,7 @@ def _with_tools(llm: AsyncLLM, opts: P.Options, tools: ToolRequest) -> P.Options
             raise P.bad("tool_choice", "a required tool call cannot be combined with a "
                                        "response_format or structured_outputs")
         params = replace(params, structured_output=forced)
-    if tools.parses and tools.parser == "mistral":
+    if tools.parses and tools.parser in ("mistral", "harmony"):   # markers are special tokens
         params = replace(params, skip_special_tokens=False)
     return replace(opts, params=params)
 
@@ -113,7 +113,7 @@ class ChatChoices:
                  "finish_reason": None} for i in range(count)]
 
     def delta(self, index: int, c: CompletionOutput, finish_reason: str | None) -> dict:
-        text, calls = c.text_delta, []
+        text, calls, reasoning = c.text_delta, [], c.reasoning_delta
         if self.tools is not None:
             parser = self._parsers.setdefault(index, self.tools.new_parser())
             text, calls = parser.feed(text)
@@ -122,11 +122,12 @@ class ChatChoices:
                 text, calls = text + rest, calls + more
                 finish_reason = self._finish_reason(finish_reason, parser.calls)
             calls = [d for d in calls if self.tools.parallel or d["index"] == 0]
+            reasoning += _parser_reasoning(parser)
         # a token whose text is held back (a possible stop string) still gets its chunk
         delta = ({"content": text}
-                 if c.new_token_ids and (text or not (c.reasoning_delta or calls)) else {})
-        if c.reasoning_delta:
-            delta["reasoning_content"] = c.reasoning_delta
+                 if c.new_token_ids and (text or not (reasoning or calls)) else {})
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if calls:
             delta["tool_calls"] = calls
         lp = (self._logprobs(c.new_logprobs)
@@ -136,16 +137,19 @@ class ChatChoices:
     def final(self, index: int, c: CompletionOutput) -> dict:
         lp = self._logprobs(c.logprobs) if self.logprobs is not None else None
         message = {"role": "assistant", "content": c.text}
-        finish_reason = c.finish_reason
+        finish_reason, reasoning = c.finish_reason, c.reasoning
         if self.tools is not None:
-            content, calls = self.tools.new_parser().parse(c.text)
+            parser = self.tools.new_parser()
+            content, calls = parser.parse(c.text)
+            reasoning += _parser_reasoning(parser)
+            message["content"] = content
             calls = calls if self.tools.parallel else calls[:1]
             if calls:
                 message["content"] = content if content.strip() else None
                 message["tool_calls"] = [call.as_dict() for call in calls]
                 finish_reason = self._finish_reason(finish_reason, calls)
-        if c.reasoning:
-            message["reasoning_content"] = c.reasoning
+        if reasoning:
+            message["reasoning_content"] = reasoning
         return {"index": index, "message": message, "logprobs": lp,
                 "finish_reason": finish_reason}
 
@@ -160,3 +164,9 @@ class ChatChoices:
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
         return {"content": [{**item(token, lp), "top_logprobs": [item(t, v) for t, v in top or []]}
                             for token, lp, top in entries]}
+
+
+def _parser_reasoning(parser: ToolParser) -> str:
+    """The reasoning a parser that reads it (harmony's) split off since last asked."""
+    take = getattr(parser, "take_reasoning", None)
+    return take() if take is not None else ""

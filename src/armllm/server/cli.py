@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "disconnected (headers) or answered 408 (body) (default 30)")
     p.add_argument("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSERS,
                    help="how the model writes tool calls: hermes (Qwen2.5/3, Hermes), "
-                        "llama3_json (Llama 3.1/3.2), mistral (default auto: the one its chat "
+                        "llama3_json (Llama 3.1/3.2), mistral, harmony (GPT-OSS) (default "
+                        "auto: harmony for a harmony tokenizer, else the one its chat "
                         "template names)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])

@@ -61,6 +61,8 @@ class ServerState:
         chat template names."""
         if self.config.tool_call_parser != "auto":
             return self.config.tool_call_parser
+        if llm.engine.harmony is not None:
+            return "harmony"
         return detect_parser(llm.tokenizer.chat_template)
 
     def ready_llm(self) -> AsyncLLM:

@@ -6,6 +6,8 @@ the formats models write them, whole or as it streams.
                  separated by ";"), else it is content
     mistral      [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...] (the marker is a
                  special token: its requests keep special tokens in their text)
+    harmony      GPT-OSS: a message "to=functions.NAME" whose body is the arguments
+                 (special tokens kept too; the parser also splits off the reasoning)
 
 A parser is fed the completion's text deltas and answers, for each, the content
 to emit and OpenAI's tool-call deltas: the first for a call carries its index,
@@ -19,6 +21,7 @@ as a call (no name, not a JSON object) stays content.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from dataclasses import dataclass
@@ -269,7 +272,7 @@ class HermesParser(ToolParser):
                 rest = self._feed_call(deltas)
                 if rest is None:
                     return
-                ended = self._call.end >= 0
+                ended = self._call.end >= 0 and self._announced  # a call: its tag may follow
                 self._end_call(content, deltas)
                 self._buf, self._closing = rest, ended
                 continue
@@ -377,9 +380,88 @@ class MistralParser(ToolParser):
                 self._mode = "rest"
 
 
+class HarmonyParser(ToolParser):
+    """GPT-OSS's harmony output, read from its text with the special tokens kept:
+    a message to a function (a header "to=functions.NAME") is a call whose body is
+    its arguments, the analysis channel is reasoning (`take_reasoning`), the final
+    channel and messages to no one are content, headers are dropped."""
+
+    MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>",
+               "<|call|>", "<|return|>")
+    RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
+
+    def __init__(self):
+        super().__init__()
+        self._state = "body"        # header or body
+        self._kind = "content"      # the body's: content, reasoning, call, hidden
+        self._header = ""
+        self._reasoning: list[str] = []
+
+    def take_reasoning(self) -> str:
+        """The reasoning text read since the last call."""
+        text, self._reasoning = "".join(self._reasoning), []
+        return text
+
+    def _advance(self, content, deltas, final):
+        while self._buf:
+            at = self._buf.find("<|")
+            end = self._buf.find("|>", at) if at >= 0 else -1
+            if at < 0 or end < 0:   # no whole marker: all text, less a marker's start
+                keep = 0 if final or at < 0 else len(self._buf) - at
+                if at < 0 and not final and self._buf.endswith("<"):
+                    keep = 1
+                self._text(self._buf[:len(self._buf) - keep], content, deltas)
+                self._buf = self._buf[len(self._buf) - keep:]
+                return
+            self._text(self._buf[:at], content, deltas)
+            marker, self._buf = self._buf[at:end + 2], self._buf[end + 2:]
+            if marker not in self.MARKERS:
+                self._text(marker, content, deltas)
+            elif marker == "<|message|>":
+                self._open_body()
+                if self._kind == "call":
+                    self.calls.append(ToolCall(self.new_id(), self._name))
+                    deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1].id,
+                                   "type": "function",
+                                   "function": {"name": self._name, "arguments": ""}})
+            elif marker == "<|constrain|>" and self._state == "header":
+                self._header += " "
+            else:           # <|start|>, <|channel|>, <|end|>: a header (re)starts
+                if marker != "<|channel|>" or self._state != "header":
+                    self._header = ""
+                self._state = "header"
+                self._header += "<|channel|>" if marker == "<|channel|>" else ""
+
+    def _open_body(self) -> None:
+        header, self._state = self._header, "body"
+        recipient = self.RECIPIENT.search(header)
+        channel = header.split("<|channel|>", 1)[1].split()[:1] if "<|channel|>" in header \
+            else []
+        if recipient:
+            self._kind, self._name = "call", recipient.group(1)
+        elif channel == ["analysis"]:
+            self._kind = "reasoning"
+        else:               # final, or commentary to no one (a preamble): the answer
+            self._kind = "content"
+
+    def _text(self, text: str, content: list[str], deltas: list[dict]) -> None:
+        if not text:
+            return
+        if self._state == "header":
+            self._header += text
+        elif self._kind == "content":
+            content.append(text)
+        elif self._kind == "reasoning":
+            self._reasoning.append(text)
+        elif self._kind == "call":
+            self.calls[-1].arguments += text
+            deltas.append({"index": len(self.calls) - 1, "function": {"arguments": text}})
+
+
 PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser,
                                         "llama3_json": Llama3JsonParser,
-                                        "mistral": MistralParser}
+                                        "mistral": MistralParser,
+                                        "harmony": HarmonyParser}
 TOOL_CALL_PARSERS = ("auto", *PARSERS)
 
 

@@ -126,6 +126,14 @@ def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
         tid = token_id(text)
         return f"<[{tid}]>" if tid is not None else json.dumps(text)
 
+    if tools.parser == "harmony":   # one call per turn: the model stops at <|call|>
+        calls = [f"call_{i}" for i in range(len(allowed))]
+        lark = f"start: {' | '.join(calls)}\n" + "".join(
+            f'{c}: {marker("<|channel|>")} "commentary to=functions.{fn["name"]} " '
+            f'{marker("<|constrain|>")} "json" {marker("<|message|>")} args_{i}\n'
+            f"args_{i}: %json {json.dumps({**fn['parameters'], 'x-guidance': CALL_JSON_OPTIONS})}\n"
+            for i, (c, fn) in enumerate(zip(calls, allowed, strict=True)))
+        return _grammar(lark)
     if tools.parser == "hermes":
         lark = ('start: call ("\\n" call)*\n' if many else "start: call\n") + \
             f'call: {marker("<tool_call>")} "\\n" body "\\n" {marker("</tool_call>")}\n'
@@ -134,7 +142,10 @@ def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
     else:
         lark = f'start: {marker("[TOOL_CALLS]")} "[" body' + \
             (' (", " body)*' if many else "") + ' "]"\n'
-    lark += "body: %json " + json.dumps(body)
+    return _grammar(lark + "body: %json " + json.dumps(body))
+
+
+def _grammar(lark: str) -> StructuredOutput:
     try:
         return StructuredOutput(grammar=lark)
     except ValueError as exc:

@@ -1,0 +1,179 @@
+"""Tool calling through a real `armllm serve` and the openai client, on a tiny
+random model with Qwen's chat template (hermes format, auto-detected): tools
+rendered as transformers renders them, a required or named call always made
+and its arguments valid for the function's schema (jsonschema), streamed
+deltas that reassemble to the non-streamed call, the tool round trip, and a
+400 for each bad input."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.server.conftest import running_server
+from tests.tiny_model import write_tiny_chat_llama
+
+CHAT = "/v1/chat/completions"
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 12},
+                          "unit": {"enum": ["celsius", "fahrenheit"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+SEARCH = {"type": "object", "properties": {"query": {"type": "string", "maxLength": 20},
+                                           "limit": {"type": "integer", "minimum": 1}},
+          "required": ["query"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "search", "description": "Search the web",
+                                           "parameters": SEARCH}}]
+SCHEMAS = {"get_weather": WEATHER, "search": SEARCH}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    return write_tiny_chat_llama(tmp_path_factory.mktemp("tools-model"))
+
+
+@pytest.fixture(scope="module")
+def server(chat_model, tmp_path_factory):
+    with running_server(chat_model, tmp_path_factory, "tools", "--dtype", "float32",
+                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.05",
+                        "--served-model-name", "tiny") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_required_calls_are_valid_calls(client):
+    for seed in range(12):
+        choice = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+            parallel_tool_calls=False, max_tokens=300, temperature=1.0, seed=seed).choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_a_named_function_is_the_one_called(client):
+    for seed in range(4):
+        choice = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, max_tokens=300, seed=seed,
+            tool_choice={"type": "function", "function": {"name": "search"}}).choices[0]
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "search" and choice.finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(call.function.arguments), SEARCH)
+
+
+def test_parallel_required_calls(client):
+    choice = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60,
+        seed=3).choices[0]
+    calls = choice.message.tool_calls
+    assert calls and all(c.function.name in SCHEMAS for c in calls)
+
+
+def test_streamed_deltas_reassemble_to_the_whole(client):
+    for seed in range(4):
+        kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                  parallel_tool_calls=False, max_tokens=300, seed=seed)
+        whole = client.chat.completions.create(**kw).choices[0]
+        calls, order, finish, content = {}, [], None, ""
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            content += delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+            for d in delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"name": None, "arguments": ""})
+                if d.id:
+                    order.append("head")
+                    call["name"] = d.function.name
+                else:
+                    order.append("fragment")
+                call["arguments"] += d.function.arguments or ""
+        assert order[0] == "head" and "<tool_call>" not in content
+        assert finish == whole.finish_reason == "tool_calls"
+        (w,) = whole.message.tool_calls
+        assert calls == {0: {"name": w.function.name, "arguments": w.function.arguments}}
+
+
+def test_auto_lets_the_model_answer(client):
+    choice = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                            max_tokens=30, seed=1).choices[0]
+    # a random model writes no <tool_call> block in 30 tokens: its text is the answer
+    assert choice.message.tool_calls is None and choice.message.content
+    none = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                          tool_choice="none", max_tokens=5, seed=1).choices[0]
+    assert none.message.tool_calls is None
+
+
+def test_tools_render_as_transformers_renders_them(client, chat_model):
+    """The prompt of a whole tool round trip (tools, an assistant call with its
+    arguments as a JSON string, the tool's result) has as many tokens as
+    transformers' apply_chat_template(tools=...) gives with the same template."""
+    from transformers import AutoTokenizer
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather",
+                         "arguments": json.dumps({"city": "Paris", "days": 2})}}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    r = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+                                       max_tokens=1)
+    hf = AutoTokenizer.from_pretrained(chat_model)
+    hf_messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {**call, "function": {"name": "get_weather", "arguments": {"city": "Paris",
+                                                                   "days": 2}}}]},
+        messages[2]]
+    want = hf.apply_chat_template(hf_messages, tools=TOOLS, add_generation_prompt=True,
+                                  tokenize=True)
+    want = want if isinstance(want, list) else want["input_ids"]
+    assert r.usage.prompt_tokens == len(want)
+    text = hf.apply_chat_template(hf_messages, tools=TOOLS, add_generation_prompt=True,
+                                  tokenize=False)
+    assert '"name": "get_weather"' in text and "<tool_response>\n18 C, sunny" in text
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "not among the tools"),
+    ({"tools": [{"type": "function", "function": {"description": "x"}}]},
+     "tools[0].function.name", "letters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "str"}}]},
+     "tools[0].function.parameters", "JSON schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"if": {}}}}],
+      "tool_choice": "required"}, "tools", "Unimplemented keys"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tool_choice": "always"}, "tool_choice", "must be"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot be combined"),
+    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id", "id"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls", "assistant"),
+])
+def test_bad_tool_requests_are_400s(server, extra, param, words):
+    body = {"model": "tiny", "messages": ASK, "tools": TOOLS, "max_tokens": 5, **extra}
+    r = httpx.post(server.url + CHAT, json={k: v for k, v in body.items() if v is not None},
+                   timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+
+
+def test_a_model_whose_template_names_no_format(tmp_path_factory):
+    """The words model's template has no tool markup: tools need --tool-call-parser."""
+    from tests.tiny_model import write_tiny_llama
+    model = write_tiny_llama(tmp_path_factory.mktemp("plain"))
+    with running_server(model, tmp_path_factory, "plain-tools", "--kv-cache-gib", "0.01",
+                        "--served-model-name", "tiny") as srv:
+        r = httpx.post(srv.url + CHAT, json={"messages": ASK, "tools": TOOLS}, timeout=30)
+        assert r.status_code == 400 and "--tool-call-parser" in r.json()["error"]["message"]
