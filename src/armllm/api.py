@@ -67,9 +67,12 @@ class _EngineClient:
         raise ValueError(f"a prompt is a string or a list of token ids, got "
                          f"{type(prompt).__name__}")
 
-    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a conversation rendered with the model's chat template."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+    def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
+                    **template_kwargs) -> list[int]:
+        """Token ids of a conversation rendered with the model's chat template;
+        template_kwargs are its extra variables (tools=[...], enable_thinking=False)."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt,
+                                                  **template_kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @property
@@ -154,8 +157,9 @@ class LLM(_EngineClient):
         return collector.output
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
-             add_generation_prompt: bool = True) -> RequestOutput:
-        return self.generate(self.chat_prompt(messages, add_generation_prompt), params)[0]
+             add_generation_prompt: bool = True, **template_kwargs) -> RequestOutput:
+        return self.generate(self.chat_prompt(messages, add_generation_prompt,
+                                              **template_kwargs), params)[0]
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

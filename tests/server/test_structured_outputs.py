@@ -201,3 +201,36 @@ def test_a_constrained_request_leaves_its_batch_neighbours_unchanged(server, cli
         mixed = list(pool.map(plain, prompts))
         assert all(c.result().startswith("{") for c in cons)
     assert mixed == alone
+
+
+def test_smollm2_parse_regex_and_choice(tmp_path_factory, smollm2_gguf):
+    """The real SmolLM2 (vocabulary 49k, a GGUF-rebuilt tokenizer) under constraints:
+    parse() returns a valid object of a nested Pydantic model; regex and choice match."""
+
+    class Address(BaseModel):
+        city: str = Field(max_length=20)
+        zip_code: str = Field(pattern=r"^[0-9]{5}$")
+
+    class Person(BaseModel):
+        name: str = Field(max_length=30)
+        age: int = Field(ge=0, le=120)
+        address: Address
+        hobbies: list[str] = Field(max_length=3)
+
+    with running_server(smollm2_gguf, tmp_path_factory, "smollm2-structured",
+                        "--kv-cache-gib", "0.05", "--served-model-name", "smol") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        msgs = [{"role": "user", "content": "Invent a person living in Paris, as JSON."}]
+        for seed in range(3):
+            r = client.chat.completions.parse(model="smol", messages=msgs, seed=seed,
+                                              response_format=Person, max_tokens=200)
+            assert isinstance(r.choices[0].message.parsed, Person), r.choices[0].message
+        r = client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "Is Paris in France?"}],
+            max_tokens=10, temperature=0.0,
+            extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+        assert r.choices[0].message.content in ("yes", "no")
+        r = client.completions.create(model="smol", prompt="The year the Eiffel Tower opened:",
+                                      max_tokens=10, temperature=0.0,
+                                      extra_body={"structured_outputs": {"regex": r"1[89]\d\d"}})
+        assert re.fullmatch(r"1[89]\d\d", r.choices[0].text)
