@@ -12,10 +12,10 @@ then walks the vocabulary's token trie at most string positions, its costliest
 JSON case). The two alternate for
 --rounds rounds in one process; TPOT is the mean decode-only step time (one
 token per running request), and the ratio is constrained / unconstrained per
-round, reported as the median over rounds. Mask time per token is the worker
-thread's llguidance time per mask; wait per step is how long the engine
-blocked on the masks after the forward (the part of the mask time the forward
-did not hide).
+round, reported as the median over rounds. Mask time per token is llguidance's
+time per mask; wait per step is the engine thread's time on masks per step
+(all of it when they are computed inline, before the forward; when a spare
+CPU computes them during the forward, the part the forward did not hide).
 
     python tools/bench_structured.py [MODEL ...] [--batches 1 32] [--output-len 128]
         [--rounds 3] [--schemas typical bounded] [--json FILE]

@@ -169,8 +169,8 @@ class EngineStats:
     num_steps: int
     finished: dict[str, int]            # completions by finish reason
     grammar_masks: int = 0              # structured-output token masks computed
-    grammar_mask_seconds: float = 0.0   # the worker thread's time computing them
-    grammar_wait_seconds: float = 0.0   # the engine's time waiting for them after a forward
+    grammar_mask_seconds: float = 0.0   # time computing them
+    grammar_wait_seconds: float = 0.0   # of the engine thread's: computing or waiting for them
 
     @property
     def prefix_hit_rate(self) -> float:
