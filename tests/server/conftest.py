@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.tiny_model import write_tiny_llama
+from tests.tiny_model import write_tiny_chat_llama, write_tiny_llama
 
 
 def free_port() -> int:
@@ -99,3 +99,24 @@ def metric(url: str, name: str, headers: dict | None = None) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise KeyError(name)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    """The tiny random model with a byte-level tokenizer and Qwen's chat template
+    (tools, <think>): for structured outputs and tool calls."""
+    return write_tiny_chat_llama(tmp_path_factory.mktemp("tiny-chat"))
+
+
+@pytest.fixture(scope="module")
+def chat_server(chat_model, tmp_path_factory):
+    with running_server(chat_model, tmp_path_factory, "chat", "--dtype", "float32",
+                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.05",
+                        "--max-num-seqs", "16", "--served-model-name", "tiny") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def chat_client(chat_server):
+    import openai
+    return openai.OpenAI(base_url=chat_server.url + "/v1", api_key="none", max_retries=0)

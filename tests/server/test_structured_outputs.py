@@ -19,30 +19,10 @@ import pytest
 from pydantic import BaseModel, Field, create_model
 
 from tests.server.conftest import running_server
-from tests.tiny_model import write_tiny_chat_llama
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory):
-    return write_tiny_chat_llama(tmp_path_factory.mktemp("tiny-chat"))
-
-
-@pytest.fixture(scope="module")
-def server(chat_model, tmp_path_factory):
-    with running_server(chat_model, tmp_path_factory, "structured", "--dtype", "float32",
-                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.05",
-                        "--max-num-seqs", "16", "--max-model-len", "1024",
-                        "--served-model-name", "tiny") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
 # -- 20 random schemas through parse() -------------------------------------------------------
@@ -76,12 +56,12 @@ def random_model(rng: random.Random, name: str, depth: int = 0) -> type[BaseMode
     return create_model(name, **fields)
 
 
-def test_parse_returns_valid_objects_for_random_schemas(client):
+def test_parse_returns_valid_objects_for_random_schemas(chat_client):
     rng = random.Random(7)
     models = [random_model(rng, f"M{k}") for k in range(20)]
 
     def one(k: int):
-        return client.chat.completions.parse(
+        return chat_client.chat.completions.parse(
             model="tiny", messages=MESSAGES, response_format=models[k], max_tokens=400,
             temperature=1.0, seed=k)
 
@@ -94,7 +74,7 @@ def test_parse_returns_valid_objects_for_random_schemas(client):
         jsonschema.validate(json.loads(choice.message.content), model.model_json_schema())
 
 
-def test_json_object_and_json_schema_on_both_endpoints(server, client):
+def test_json_object_and_json_schema_on_both_endpoints(chat_server, chat_client):
     schema = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 3,
                                                       "maximum": 9},
                                                "tags": {"type": "array", "maxItems": 2,
@@ -103,13 +83,13 @@ def test_json_object_and_json_schema_on_both_endpoints(server, client):
     fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema,
                                                   "strict": True}}
     for seed in range(3):
-        chat = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=seed,
+        chat = chat_client.chat.completions.create(model="tiny", messages=MESSAGES, seed=seed,
                                               response_format=fmt, max_tokens=200)
         jsonschema.validate(json.loads(chat.choices[0].message.content), schema)
-        text = client.completions.create(model="tiny", prompt="Data:", seed=seed,
+        text = chat_client.completions.create(model="tiny", prompt="Data:", seed=seed,
                                          max_tokens=200, extra_body={"response_format": fmt})
         jsonschema.validate(json.loads(text.choices[0].text), schema)
-        any_object = client.chat.completions.create(
+        any_object = chat_client.chat.completions.create(
             model="tiny", messages=MESSAGES, seed=seed, max_tokens=300,
             response_format={"type": "json_object"})
         c = any_object.choices[0]
@@ -119,13 +99,13 @@ def test_json_object_and_json_schema_on_both_endpoints(server, client):
             assert c.finish_reason == "length" and c.message.content.startswith("{")
 
 
-def test_regex_choice_and_grammars_always_match(client):
+def test_regex_choice_and_grammars_always_match(chat_client):
     pattern = r"[A-Z][a-z]{2,5}-\d{3}"
     grammar = 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'
     gbnf = 'root ::= "<" [a-c]+ ">"'
     for seed in range(6):
         def run(so, seed=seed):
-            r = client.chat.completions.create(model="tiny", messages=MESSAGES, seed=seed,
+            r = chat_client.chat.completions.create(model="tiny", messages=MESSAGES, seed=seed,
                                                max_tokens=60, temperature=1.0,
                                                extra_body={"structured_outputs": so})
             return r.choices[0]
@@ -139,12 +119,12 @@ def test_regex_choice_and_grammars_always_match(client):
         assert re.fullmatch(r"<[a-c]+>", c.message.content), c.message.content
 
 
-def test_streamed_constrained_output_equals_the_whole(client):
+def test_streamed_constrained_output_equals_the_whole(chat_client):
     kw = dict(model="tiny", messages=MESSAGES, seed=3, max_tokens=80,
               extra_body={"structured_outputs": {"regex": r"[a-z ]{5,40}\."}})
-    whole = client.chat.completions.create(**kw).choices[0].message.content
+    whole = chat_client.chat.completions.create(**kw).choices[0].message.content
     parts = [c.choices[0].delta.content or "" for c in
-             client.chat.completions.create(stream=True, **kw) if c.choices]
+             chat_client.chat.completions.create(stream=True, **kw) if c.choices]
     assert "".join(parts) == whole and re.fullmatch(r"[a-z ]{5,40}\.", whole)
 
 
@@ -168,31 +148,31 @@ def test_streamed_constrained_output_equals_the_whole(client):
     (CMPL, {"structured_outputs": {"json": "{not json"}}, "structured_outputs",
      "not valid JSON"),
 ])
-def test_bad_grammars_are_400s_naming_the_problem(server, path, extra, param, words):
+def test_bad_grammars_are_400s_naming_the_problem(chat_server, path, extra, param, words):
     body = {"model": "tiny", "max_tokens": 5, **extra,
             **({"messages": MESSAGES} if path == CHAT else {"prompt": "x"})}
-    r = httpx.post(server.url + path, json=body, timeout=30)
+    r = httpx.post(chat_server.url + path, json=body, timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
     # nothing was queued: the server still answers at once
-    ok = httpx.post(server.url + CMPL, json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    ok = httpx.post(chat_server.url + CMPL, json={"model": "tiny", "prompt": "x", "max_tokens": 2})
     assert ok.status_code == 200
 
 
-def test_a_constrained_request_leaves_its_batch_neighbours_unchanged(server, client):
+def test_a_constrained_request_leaves_its_batch_neighbours_unchanged(chat_server, chat_client):
     """Greedy unconstrained requests give the same tokens alone and beside
     constrained ones in the same steps."""
     prompts = [f"Story {i}:" for i in range(4)]
 
     def plain(p: str):
-        return client.completions.create(model="tiny", prompt=p, max_tokens=24,
+        return chat_client.completions.create(model="tiny", prompt=p, max_tokens=24,
                                          temperature=0.0).choices[0].text
 
     alone = [plain(p) for p in prompts]
 
     def constrained(k: int):
-        return client.completions.create(
+        return chat_client.completions.create(
             model="tiny", prompt="JSON:", max_tokens=24, temperature=1.0, seed=k,
             extra_body={"response_format": {"type": "json_object"}}).choices[0].text
 

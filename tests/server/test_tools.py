@@ -10,11 +10,9 @@ import json
 
 import httpx
 import jsonschema
-import openai
 import pytest
 
 from tests.server.conftest import running_server
-from tests.tiny_model import write_tiny_chat_llama
 
 CHAT = "/v1/chat/completions"
 WEATHER = {"type": "object",
@@ -33,27 +31,9 @@ SCHEMAS = {"get_weather": WEATHER, "search": SEARCH}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory):
-    return write_tiny_chat_llama(tmp_path_factory.mktemp("tools-model"))
-
-
-@pytest.fixture(scope="module")
-def server(chat_model, tmp_path_factory):
-    with running_server(chat_model, tmp_path_factory, "tools", "--dtype", "float32",
-                        "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.05",
-                        "--served-model-name", "tiny") as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-
-
-def test_required_calls_are_valid_calls(client):
+def test_required_calls_are_valid_calls(chat_client):
     for seed in range(12):
-        choice = client.chat.completions.create(
+        choice = chat_client.chat.completions.create(
             model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
             parallel_tool_calls=False, max_tokens=300, temperature=1.0, seed=seed).choices[0]
         assert choice.finish_reason == "tool_calls", choice
@@ -62,9 +42,9 @@ def test_required_calls_are_valid_calls(client):
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
-def test_a_named_function_is_the_one_called(client):
+def test_a_named_function_is_the_one_called(chat_client):
     for seed in range(4):
-        choice = client.chat.completions.create(
+        choice = chat_client.chat.completions.create(
             model="tiny", messages=ASK, tools=TOOLS, max_tokens=300, seed=seed,
             tool_choice={"type": "function", "function": {"name": "search"}}).choices[0]
         (call,) = choice.message.tool_calls
@@ -72,21 +52,21 @@ def test_a_named_function_is_the_one_called(client):
         jsonschema.validate(json.loads(call.function.arguments), SEARCH)
 
 
-def test_parallel_required_calls(client):
-    choice = client.chat.completions.create(
+def test_parallel_required_calls(chat_client):
+    choice = chat_client.chat.completions.create(
         model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60,
         seed=3).choices[0]
     calls = choice.message.tool_calls
     assert calls and all(c.function.name in SCHEMAS for c in calls)
 
 
-def test_streamed_deltas_reassemble_to_the_whole(client):
+def test_streamed_deltas_reassemble_to_the_whole(chat_client):
     for seed in range(4):
         kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
                   parallel_tool_calls=False, max_tokens=300, seed=seed)
-        whole = client.chat.completions.create(**kw).choices[0]
+        whole = chat_client.chat.completions.create(**kw).choices[0]
         calls, order, finish, content = {}, [], None, ""
-        for chunk in client.chat.completions.create(stream=True, **kw):
+        for chunk in chat_client.chat.completions.create(stream=True, **kw):
             if not chunk.choices:
                 continue
             delta = chunk.choices[0].delta
@@ -106,17 +86,17 @@ def test_streamed_deltas_reassemble_to_the_whole(client):
         assert calls == {0: {"name": w.function.name, "arguments": w.function.arguments}}
 
 
-def test_auto_lets_the_model_answer(client):
-    choice = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+def test_auto_lets_the_model_answer(chat_client):
+    choice = chat_client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
                                             max_tokens=30, seed=1).choices[0]
     # a random model writes no <tool_call> block in 30 tokens: its text is the answer
     assert choice.message.tool_calls is None and choice.message.content
-    none = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+    none = chat_client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
                                           tool_choice="none", max_tokens=5, seed=1).choices[0]
     assert none.message.tool_calls is None
 
 
-def test_tools_render_as_transformers_renders_them(client, chat_model):
+def test_tools_render_as_transformers_renders_them(chat_client, chat_model):
     """The prompt of a whole tool round trip (tools, an assistant call with its
     arguments as a JSON string, the tool's result) has as many tokens as
     transformers' apply_chat_template(tools=...) gives with the same template."""
@@ -126,7 +106,7 @@ def test_tools_render_as_transformers_renders_them(client, chat_model):
                          "arguments": json.dumps({"city": "Paris", "days": 2})}}
     messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
-    r = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
+    r = chat_client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS,
                                        max_tokens=1)
     hf = AutoTokenizer.from_pretrained(chat_model)
     hf_messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
@@ -160,9 +140,9 @@ def test_tools_render_as_transformers_renders_them(client, chat_model):
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
      "messages[0].tool_calls", "assistant"),
 ])
-def test_bad_tool_requests_are_400s(server, extra, param, words):
+def test_bad_tool_requests_are_400s(chat_server, extra, param, words):
     body = {"model": "tiny", "messages": ASK, "tools": TOOLS, "max_tokens": 5, **extra}
-    r = httpx.post(server.url + CHAT, json={k: v for k, v in body.items() if v is not None},
+    r = httpx.post(chat_server.url + CHAT, json={k: v for k, v in body.items() if v is not None},
                    timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]

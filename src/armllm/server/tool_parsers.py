@@ -244,6 +244,24 @@ class ToolParser:
 
     _marker_text = ""   # the text that opened the current call, for content if it was not one
 
+    def _all_content(self, content: list[str]) -> None:
+        """What is buffered is content (nothing after it can be a call)."""
+        content.append(self._buf)
+        self._buf = ""
+
+    def _past_marker(self, marker: str, content: list[str], final: bool) -> bool:
+        """Moves the text before `marker` to content and drops the marker (True); with
+        no marker, moves all the text but an end that may begin one (False)."""
+        at = self._buf.find(marker)
+        if at < 0:
+            keep = 0 if final else _partial_suffix(self._buf, marker)
+            content.append(self._buf[:len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep:]
+            return False
+        content.append(self._buf[:at])
+        self._buf = self._buf[at + len(marker):]
+        return True
+
     def _advance(self, content: list[str], deltas: list[dict], final: bool) -> None:
         raise NotImplementedError
 
@@ -276,14 +294,8 @@ class HermesParser(ToolParser):
                 self._end_call(content, deltas)
                 self._buf, self._closing = rest, ended
                 continue
-            at = self._buf.find(self.OPEN)
-            if at < 0:
-                keep = 0 if final else _partial_suffix(self._buf, self.OPEN)
-                content.append(self._buf[:len(self._buf) - keep])
-                self._buf = self._buf[len(self._buf) - keep:]
+            if not self._past_marker(self.OPEN, content, final):
                 return
-            content.append(self._buf[:at])
-            self._buf = self._buf[at + len(self.OPEN):]
             self._start_call()
 
 
@@ -298,8 +310,7 @@ class Llama3JsonParser(ToolParser):
     def _advance(self, content, deltas, final):
         while True:
             if self._mode == "content":
-                content.append(self._buf)
-                self._buf = ""
+                self._all_content(content)
                 return
             if self._call is not None:
                 rest = self._feed_call(deltas)
@@ -347,8 +358,7 @@ class MistralParser(ToolParser):
     def _advance(self, content, deltas, final):
         while True:
             if self._mode == "rest":    # after the array: nothing more is a call
-                content.append(self._buf)
-                self._buf = ""
+                self._all_content(content)
                 return
             if self._call is not None:
                 rest = self._feed_call(deltas)
@@ -358,14 +368,9 @@ class MistralParser(ToolParser):
                 self._buf, self._mode = rest, "between"
                 continue
             if self._mode == "text":
-                at = self._buf.find(self.MARKER)
-                if at < 0:
-                    keep = 0 if final else _partial_suffix(self._buf, self.MARKER)
-                    content.append(self._buf[:len(self._buf) - keep])
-                    self._buf = self._buf[len(self._buf) - keep:]
+                if not self._past_marker(self.MARKER, content, final):
                     return
-                content.append(self._buf[:at])
-                self._buf, self._mode = self._buf[at + len(self.MARKER):], "array"
+                self._mode = "array"
                 continue
             stripped = self._buf.lstrip(WHITESPACE)
             if not stripped:
