@@ -8,7 +8,7 @@
 # --install  apt-installs the cross compiler and qemu-user-static if missing.
 # Levels: cortex-a72 (Armv8.0 NEON, no LSE: the LL/SC fetch-add), neoverse-n1
 # (dotprod + LSE), max,sve=off (BF16/I8MM, no SVE), max at SVE 128/256/384/512.
-# Also checks that the pool object contains LDADDAL.
+# Also checks that the pool and all-reduce objects contain LDADDAL.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,12 +64,14 @@ fi
 exe=$build/src/armllm/_kernels/kernel_check
 
 status=0
-pool_obj=$(find "$build" -name 'pool.c.o' | head -1)
-if aarch64-linux-gnu-objdump -d "$pool_obj" | grep ldaddal >/dev/null; then
-  echo "pool.c.o contains ldaddal: yes"
-else
-  echo "pool.c.o contains ldaddal: NO"; status=1
-fi
+for obj in pool comm; do
+  path=$(find "$build" -name "$obj.c.o" | head -1)
+  if aarch64-linux-gnu-objdump -d "$path" | grep ldaddal >/dev/null; then
+    echo "$obj.c.o contains ldaddal: yes"
+  else
+    echo "$obj.c.o contains ldaddal: NO"; status=1
+  fi
+done
 
 summary=()
 run_level() {

@@ -15,7 +15,7 @@ import json
 import sys
 
 from armllm import generate_cli
-from armllm.bench import kernels, offline, perplexity, plan
+from armllm.bench import comm, kernels, offline, perplexity, plan
 from armllm.bench import serve as bench_serve
 from armllm.cmdline import UsageError
 from armllm.server import cli as server_cli
@@ -87,6 +87,8 @@ def _build_parser() -> argparse.ArgumentParser:
     benchmarks = [
         ("kernels", "GEMM speed vs machine limits and numpy",
          kernels.add_arguments, kernels.run),
+        ("comm", "the tensor-parallel all-reduce over shared memory: latency and bandwidth",
+         comm.add_arguments, comm.run),
         ("throughput", "offline throughput: many requests at once, in-process",
          offline.add_throughput_arguments, offline.run_throughput),
         ("latency", "batch-1 TTFT, TPOT and end-to-end latency, in-process",

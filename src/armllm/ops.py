@@ -26,6 +26,10 @@ from armllm._kernels._ext import (
     StepBatch,
     ThreadPool,
     attn_scratch_len,
+    comm_allreduce,
+    comm_atomic_impl,
+    comm_init,
+    comm_segment_bytes,
     mask_logits,
     moe_route,
     probe_fma,  # machine limits, for bench kernels and plan
@@ -40,7 +44,8 @@ from armllm._kernels._ext import q_kpad as quant_kpad
 __all__ = [
     "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "SparseLayer",
     "StepBatch", "ThreadPool",
-    "attn_scratch_len", "available_isas", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
+    "attn_scratch_len", "available_isas", "comm_allreduce", "comm_atomic_impl",
+    "comm_init", "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "sparse_layer",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "GGUFTable", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf",

@@ -27,6 +27,10 @@ def test_arm_kernels_under_qemu(tmp_path):
     print(r.stdout[-20000:])
     assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
     assert "pool.c.o contains ldaddal: yes" in r.stdout
+    assert "comm.c.o contains ldaddal: yes" in r.stdout
+    # the all-reduce between forked processes: LL/SC on cortex-a72, LSE on neoverse-n1
+    assert re.search(r"^comm +allreduce +ldaxr/stlxr .* PASS$", r.stdout, re.M)
+    assert re.search(r"^comm +allreduce +ldaddal .* PASS$", r.stdout, re.M)
     summary = r.stdout.split("=== summary")[1]
     for level in LEVELS:
         assert f"{level}" in summary and "FAIL" not in summary

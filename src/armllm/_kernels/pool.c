@@ -17,23 +17,18 @@
  */
 #define _GNU_SOURCE
 #include "pool.h"
+#include "sync.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__aarch64__)
-#include <sys/auxv.h>
-#define HWCAP_ATOMICS_ (1UL << 8)
-#endif
 
 #define CACHE_LINE 64
 /* How long an idle thread spins before it sleeps: long enough to catch the
@@ -41,97 +36,12 @@
  * enough that an idle engine burns no CPU. */
 #define SPIN_NS 200000
 
-/* ---------------------------------------------------------- fetch-add */
+const char *armllm_pool_atomic_impl(void) { return sync_atomic_impl(); }
 
-#if defined(__aarch64__)
-static int has_lse = -1;
-
-static inline int64_t fetch_add_lse(int64_t *p, int64_t v) {
-  int64_t old;
-  __asm__ volatile(".arch_extension lse\n\t"
-                   "ldaddal %x[v], %x[old], %[mem]"
-                   : [old] "=r"(old), [mem] "+Q"(*p)
-                   : [v] "r"(v)
-                   : "memory");
-  return old;
-}
-
-static inline int64_t fetch_add_llsc(int64_t *p, int64_t v) {
-  int64_t old, sum;
-  uint32_t failed;
-  __asm__ volatile("1: ldaxr %x[old], %[mem]\n\t"
-                   "add %x[sum], %x[old], %x[v]\n\t"
-                   "stlxr %w[failed], %x[sum], %[mem]\n\t"
-                   "cbnz %w[failed], 1b"
-                   : [old] "=&r"(old), [sum] "=&r"(sum), [failed] "=&r"(failed),
-                     [mem] "+Q"(*p)
-                   : [v] "r"(v)
-                   : "memory");
-  return old;
-}
-
-static inline int64_t claim(int64_t *p, int64_t v) {
-  /* has_lse is set once before any worker starts; the branch predicts well */
-  return has_lse ? fetch_add_lse(p, v) : fetch_add_llsc(p, v);
-}
-
-static void detect_atomics(void) {
-  if (has_lse < 0) has_lse = (getauxval(AT_HWCAP) & HWCAP_ATOMICS_) != 0;
-}
-
-const char *armllm_pool_atomic_impl(void) {
-  detect_atomics();
-  return has_lse ? "ldaddal" : "ldaxr/stlxr";
-}
-
-static inline void cpu_relax(void) { __asm__ volatile("yield" ::: "memory"); }
-#else
-static inline int64_t claim(int64_t *p, int64_t v) {
-  return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); /* lock xadd on x86-64 */
-}
-static void detect_atomics(void) {}
-const char *armllm_pool_atomic_impl(void) {
-#if defined(__x86_64__)
-  return "lock xadd";
-#else
-  return "compiler builtin";
-#endif
-}
-#if defined(__x86_64__)
-static inline void cpu_relax(void) { __asm__ volatile("pause" ::: "memory"); }
-#else
-static inline void cpu_relax(void) {}
-#endif
-#endif
-
-/* ---------------------------------------------------------------- futex */
-
-static void futex_wait(uint32_t *addr, uint32_t expected) {
-  syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
-}
-
-static void futex_wake(uint32_t *addr, int count) {
-  syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
-}
-
-static int64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* Spins until *addr != value or SPIN_NS pass; returns the last value seen. */
-static uint32_t spin_while_equal(uint32_t *addr, uint32_t value) {
-  uint32_t seen = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
-  if (seen != value) return seen;
-  int64_t deadline = now_ns() + SPIN_NS;
-  for (unsigned i = 1;; i++) {
-    cpu_relax();
-    seen = __atomic_load_n(addr, __ATOMIC_ACQUIRE);
-    if (seen != value) return seen;
-    if ((i & 255) == 0 && now_ns() > deadline) return seen;
-  }
-}
+static inline int64_t claim(int64_t *p, int64_t v) { return sync_fetch_add(p, v); }
+static void detect_atomics(void) { sync_detect_atomics(); }
+static void futex_wait(uint32_t *addr, uint32_t expected) { futex_wait_on(addr, expected, 0); }
+static void futex_wake(uint32_t *addr, int count) { futex_wake_on(addr, count, 0); }
 
 /* ----------------------------------------------------------------- pool */
 
@@ -207,7 +117,7 @@ static void *worker_main(void *arg) {
   in_pool_task = 1;
   uint32_t seen = 0;
   for (;;) {
-    uint32_t g = spin_while_equal(&pool->generation, seen);
+    uint32_t g = spin_while_equal(&pool->generation, seen, SPIN_NS);
     while (g == seen) {
       __atomic_fetch_add(&pool->sleepers, 1, __ATOMIC_SEQ_CST);
       if (__atomic_load_n(&pool->generation, __ATOMIC_SEQ_CST) == seen)
@@ -249,7 +159,7 @@ static void publish_and_wake(armllm_pool *pool) {
 static void wait_for_chunks(armllm_pool *pool, uint32_t chunks) {
   uint32_t done = __atomic_load_n(&pool->chunks_done, __ATOMIC_ACQUIRE);
   while (done != chunks) {
-    done = spin_while_equal(&pool->chunks_done, done);
+    done = spin_while_equal(&pool->chunks_done, done, SPIN_NS);
     if (done == chunks) break;
     __atomic_store_n(&pool->caller_sleeping, 1, __ATOMIC_SEQ_CST);
     done = __atomic_load_n(&pool->chunks_done, __ATOMIC_SEQ_CST);

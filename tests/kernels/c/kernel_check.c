@@ -4,17 +4,24 @@
  * tools/arm_kernel_check.sh runs it under qemu-user at several CPU levels
  * (NEON only, dotprod+LSE, BF16/I8MM, SVE at 128/256/512 bits). Prints one
  * line per (variant, kernel) with the worst error as a fraction of the
- * tolerance, checks the thread pool, and exits non-zero on any failure.
+ * tolerance, checks the thread pool and the all-reduce between processes
+ * (fork), and exits non-zero on any failure.
  *
  *   kernel_check [--isa NAME ...] [--quick]
  */
+#define _GNU_SOURCE /* MAP_ANONYMOUS */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "armllm_kernels.h"
+#include "comm.h"
 #include "cpu.h"
 #include "gguf_blocks.h"
 
@@ -946,6 +953,79 @@ static void check_pool(void) {
   report_end(&r, armllm_pool_atomic_impl());
 }
 
+/* --------------------------------------------------------------- comm */
+
+/* Rank r's value at element i of all-reduce k: a few distinct bits per rank. */
+static float comm_value(int k, int r, int64_t i) {
+  return (float)((i * 7 + k * 13 + r * 5) % 101) * 0.37f - 11.0f + (float)r * 1e-3f;
+}
+
+/* N processes (fork) sum arrays of several lengths, in slices of 1,000 floats, then
+ * 2,000 small back-to-back all-reduces; every rank's result must equal the sum in
+ * rank order, bit for bit. */
+static void check_comm(void) {
+  report r;
+  report_start(&r, "comm", "allreduce");
+  static const int64_t sizes[] = {1, 5, 999, 1000, 1001, 4321};
+  enum { NSIZES = sizeof sizes / sizeof *sizes, MAXN = 4321, BACK_TO_BACK = 2000 };
+  const int64_t max_floats = 1000;
+  for (int ranks = 2; ranks <= 4; ranks++) {
+    size_t seg_bytes = armllm_comm_segment_bytes(ranks, max_floats);
+    size_t res_bytes = (size_t)ranks * NSIZES * MAXN * sizeof(float);
+    char *shared = mmap(NULL, seg_bytes + res_bytes, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) { r.bad++; break; }
+    armllm_comm_init(shared, ranks, max_floats);
+    float *results = (float *)(shared + seg_bytes);
+    pid_t kids[4];
+    for (int rank = 1; rank < ranks; rank++) {
+      kids[rank] = fork();
+      if (kids[rank] == 0) { /* a child rank: its part, then exit */
+        for (int k = 0; k < NSIZES; k++) {
+          float *x = results + ((size_t)rank * NSIZES + k) * MAXN;
+          for (int64_t i = 0; i < sizes[k]; i++) x[i] = comm_value(k, rank, i);
+          armllm_comm_allreduce(shared, rank, x, sizes[k]);
+        }
+        float y[16];
+        for (int rep = 0; rep < BACK_TO_BACK; rep++) {
+          for (int i = 0; i < 16; i++) y[i] = (float)(rank + i);
+          armllm_comm_allreduce(shared, rank, y, 16);
+        }
+        _exit(0);
+      }
+    }
+    for (int k = 0; k < NSIZES; k++) {
+      float *x = results + (size_t)k * MAXN;
+      for (int64_t i = 0; i < sizes[k]; i++) x[i] = comm_value(k, 0, i);
+      armllm_comm_allreduce(shared, 0, x, sizes[k]);
+    }
+    float y[16];
+    for (int rep = 0; rep < BACK_TO_BACK; rep++) {
+      for (int i = 0; i < 16; i++) y[i] = (float)i;
+      armllm_comm_allreduce(shared, 0, y, 16);
+      for (int i = 0; i < 16; i++) /* sum over ranks of (rank + i) */
+        if (y[i] != (float)(ranks * i + ranks * (ranks - 1) / 2)) { r.bad++; break; }
+    }
+    for (int rank = 1; rank < ranks; rank++) {
+      int st = 0;
+      if (waitpid(kids[rank], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) r.bad++;
+    }
+    for (int k = 0; k < NSIZES; k++)
+      for (int64_t i = 0; i < sizes[k]; i++) {
+        float want = comm_value(k, 0, i);
+        for (int q = 1; q < ranks; q++) want += comm_value(k, q, i);
+        for (int q = 0; q < ranks; q++)
+          if (memcmp(&results[((size_t)q * NSIZES + k) * MAXN + i], &want, sizeof want)) {
+            r.bad++;
+            break;
+          }
+      }
+    r.cases += NSIZES + 1;
+    munmap(shared, seg_bytes + res_bytes);
+  }
+  report_end(&r, armllm_comm_atomic_impl());
+}
+
 int main(int argc, char **argv) {
   const char *only[16];
   int n_only = 0, quick = 0;
@@ -963,6 +1043,7 @@ int main(int argc, char **argv) {
   printf("%-10s %-10s %-12s %6s  %9s  %s\n", "variant", "kernel", "impl", "cases", "err/tol", "result");
 
   check_pool();
+  check_comm();
   char err[256];
   armllm_pool *pool = armllm_pool_create(3, 0, err, sizeof err);
   if (!pool) { printf("pool: %s\n", err); return 1; }

@@ -1,0 +1,41 @@
+/* comm.h: the all-reduce of tensor-parallel ranks, through one shared memory
+ * segment that every rank (a process) maps.
+ *
+ * Layout: a header, two barriers, then one input buffer per rank and one
+ * output buffer, each of max_floats floats. armllm_comm_allreduce(rank, data,
+ * n) sums `data` over the ranks in place, in slices of at most max_floats:
+ *   1. each rank copies its slice into its input buffer; barrier;
+ *   2. reduce-scatter: rank r sums its 1/N of the slice over the ranks' inputs
+ *      in rank order 0, 1, ..., N-1 (so every element has one fixed summation
+ *      order) into the output buffer; barrier;
+ *   3. all-gather: each rank copies the output buffer back into `data`.
+ * Every rank therefore ends with the same bits, and runs are deterministic.
+ * A barrier is a count taken with fetch-add (LSE ldaddal on Arm where the CPU
+ * has it, else LL/SC; lock xadd on x86) and a generation word the last rank
+ * bumps; the others spin briefly, then sleep on the generation with a shared
+ * futex. The buffers are reused only after the next call's first barrier,
+ * when every rank has finished reading them. */
+#ifndef ARMLLM_COMM_H
+#define ARMLLM_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ARMLLM_COMM_MAX_RANKS 64
+
+/* Bytes of a segment for `ranks` ranks and slices of `max_floats` floats. */
+size_t armllm_comm_segment_bytes(int ranks, int64_t max_floats);
+
+/* Lays out a zeroed segment (done once, by its creator, before the ranks use it). */
+void armllm_comm_init(void *segment, int ranks, int64_t max_floats);
+
+/* 0 if `segment` was laid out for `ranks` and `max_floats`, else -1. */
+int armllm_comm_check(const void *segment, int ranks, int64_t max_floats);
+
+/* Sums data[0..n) over the ranks, in place; every rank calls it with the same n. */
+void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n);
+
+/* The fetch-add the barriers use ("ldaddal", "ldaxr/stlxr", "lock xadd"). */
+const char *armllm_comm_atomic_impl(void);
+
+#endif /* ARMLLM_COMM_H */

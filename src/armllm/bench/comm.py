@@ -1,0 +1,79 @@
+"""`armllm bench comm`: the shared-memory all-reduce of tensor-parallel ranks
+(engine/comm.py), alone: --ranks processes on this machine sum float32 arrays
+of 1 KB to 16 MB; per size, the median time of one all-reduce on rank 0 and
+its bandwidth (bytes / time, and NCCL's bus bandwidth: bytes x 2(N-1)/N /
+time). More ranks than CPUs time the scheduler (ranks sleep at the barriers)
+rather than the copies."""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import time
+import uuid
+
+import numpy as np
+
+from armllm.cmdline import UsageError
+
+SIZES_BYTES = [1 << k for k in range(10, 25, 2)]   # 1 KB .. 16 MB
+WARMUP = 100  # untimed all-reduces per size
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=2, help="processes (default 2)")
+    p.add_argument("--reps", type=int, default=200, help="timed all-reduces per size")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def _rank(name: str, rank: int, ranks: int, max_floats: int, reps: int, out) -> None:
+    """One rank: every size, WARMUP and `reps` timed all-reduces."""
+    from armllm.engine.comm import AllReduce
+    with AllReduce(name, rank, ranks, max_floats) as comm:
+        times = []
+        for size in SIZES_BYTES:
+            data = np.ones(size // 4, np.float32)
+            for _ in range(WARMUP):  # the first also waits for the other ranks to start
+                comm.allreduce(data)
+            per_call = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                comm.allreduce(data)
+                per_call.append(time.perf_counter() - t0)
+            times.append(statistics.median(per_call))
+        if out is not None:
+            out.put(times)
+
+
+def run(args: argparse.Namespace) -> int:
+    from armllm.engine.comm import AllReduce
+    if not 2 <= args.ranks <= 64:
+        raise UsageError(f"--ranks must be in [2, 64], got {args.ranks}")
+    if args.reps < 1:
+        raise UsageError(f"--reps must be >= 1, got {args.reps}")
+    max_floats = SIZES_BYTES[-1] // 4
+    name = f"armllm-bench-comm-{uuid.uuid4().hex}"
+    ctx = multiprocessing.get_context("spawn")
+    with AllReduce(name, 0, args.ranks, max_floats, create=True):
+        others = [ctx.Process(target=_rank, args=(name, r, args.ranks, max_floats, args.reps,
+                                                  None)) for r in range(1, args.ranks)]
+        for p in others:
+            p.start()
+        results = ctx.SimpleQueue()
+        _rank(name, 0, args.ranks, max_floats, args.reps, results)
+        times = results.get()
+        for p in others:
+            p.join()
+    n = args.ranks
+    rows = [{"bytes": size, "us": t * 1e6, "algbw_gb_s": size / t / 1e9,
+             "busbw_gb_s": size * 2 * (n - 1) / n / t / 1e9}
+            for size, t in zip(SIZES_BYTES, times, strict=True)]
+    print(f"all-reduce over shared memory, {n} ranks, median of {args.reps}")
+    print(f"{'bytes':>10} {'us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+    for r in rows:
+        print(f"{r['bytes']:>10} {r['us']:10.1f} {r['algbw_gb_s']:11.2f} {r['busbw_gb_s']:11.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ranks": n, "reps": args.reps, "rows": rows}, f, indent=2)
+    return 0
