@@ -22,7 +22,9 @@ from armllm.server import cli as server_cli
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    from armllm.engine.topology import format_cpulist, numa_nodes
     info = _kernels().cpu_info()
+    info["numa_nodes"] = {n.id: format_cpulist(n.cpus) for n in numa_nodes()}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -33,6 +35,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"amx:         not runnable: {info['amx_denied']}")
     print(f"threads:     {info['num_threads']} (allowed CPUs: {info['allowed_cpus']}; "
           f"fetch-add: {info['fetch_add']})")
+    print("numa nodes:  " + "; ".join(f"node {n}: CPUs {cpus}"
+                                       for n, cpus in info["numa_nodes"].items()))
     source = "forced by ARMLLM_ISA" if info["isa_source"] != "auto" else "auto"
     print(f"variant:     {info['isa']} ({source}; "
           f"runnable: {', '.join(info['isa_available'])})")
