@@ -34,7 +34,9 @@ def run_rank(name: str, rank: int, ranks: int, sizes: list[int], seed: int,
         for i in range(back_to_back):
             y[:] = rank + i
             comm.allreduce(y)
-        out.put((rank, results, y.copy()))
+        batch = np.arange(3 * MAX_FLOATS + 5, dtype=np.int32) * (7 if rank == 0 else 0)
+        comm.broadcast(batch)    # several slices of the segment
+        out.put((rank, results, y.copy(), batch))
 
 
 def run_ranks(ranks: int, sizes: list[int], seed: int = 0, back_to_back: int = 0):
@@ -65,6 +67,8 @@ def test_sums_equal_numpy_in_rank_order_on_every_rank(ranks):
             want += rank_data(ranks, k, r, n)    # ((x0 + x1) + x2) + ...
         for r in range(ranks):
             assert np.array_equal(got[r][1][k], want), (ranks, n, r)
+    for r in range(ranks):   # rank 0's batch reached every rank
+        assert np.array_equal(got[r][3], np.arange(3 * MAX_FLOATS + 5, dtype=np.int32) * 7)
 
 
 def test_back_to_back():

@@ -1167,6 +1167,26 @@ def comm_allreduce(segment, int rank, int ranks, int64_t max_floats, data):
         armllm_comm_allreduce(seg, rank, dp, n)
 
 
+def comm_broadcast(segment, int rank, int ranks, int64_t max_floats, data):
+    """Copies rank 0's array `data` (any dtype, contiguous) into every other rank's
+    array of the same size (comm.h); every rank calls it with the same byte size."""
+    cdef void *seg = _segment(segment, ranks, max_floats)
+    if armllm_comm_check(seg, ranks, max_floats) != 0:
+        raise ValueError(f"segment is not an all-reduce segment for {ranks} ranks and "
+                         f"{max_floats} floats")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
+    if not isinstance(data, cnp.ndarray) or not data.flags.c_contiguous:
+        raise ValueError("data must be a C-contiguous numpy array")
+    cdef cnp.ndarray da = <cnp.ndarray>data
+    if rank != 0:
+        _writable(da, "data")
+    cdef void *dp = cnp.PyArray_DATA(da)
+    cdef int64_t nbytes = da.nbytes
+    with nogil:
+        armllm_comm_broadcast(seg, rank, dp, nbytes)
+
+
 def comm_atomic_impl():
     """The fetch-add the all-reduce's barriers use on this CPU."""
     return armllm_comm_atomic_impl().decode()

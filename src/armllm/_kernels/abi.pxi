@@ -188,6 +188,7 @@ cdef extern from "comm.h" nogil:
     void armllm_comm_init(void *segment, int ranks, int64_t max_floats)
     int armllm_comm_check(const void *segment, int ranks, int64_t max_floats)
     void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n)
+    void armllm_comm_broadcast(void *segment, int rank, void *data, int64_t nbytes)
     const char *armllm_comm_atomic_impl()
     int ARMLLM_COMM_MAX_RANKS
     int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,

@@ -92,3 +92,18 @@ void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n) {
     memcpy(data + off, out, (size_t)m * sizeof(float));
   }
 }
+
+void armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes) {
+  struct comm_header *h = segment;
+  const int64_t ranks = h->ranks, max = h->max_floats * (int64_t)sizeof(float);
+  char *out = (char *)segment + sizeof *h + (size_t)ranks * buffer_bytes(h->max_floats);
+  sync_detect_atomics();
+  for (int64_t off = 0; off < bytes; off += max) {
+    const size_t m = (size_t)(bytes - off < max ? bytes - off : max);
+    /* the first barrier: every rank has read the output buffer's last contents */
+    barrier_wait(&h->barrier[0], ranks);
+    if (rank == 0) memcpy(out, (char *)data + off, m);
+    barrier_wait(&h->barrier[1], ranks);
+    if (rank != 0) memcpy((char *)data + off, out, m);
+  }
+}

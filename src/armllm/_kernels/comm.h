@@ -35,6 +35,12 @@ int armllm_comm_check(const void *segment, int ranks, int64_t max_floats);
 /* Sums data[0..n) over the ranks, in place; every rank calls it with the same n. */
 void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n);
 
+/* Copies `bytes` bytes of rank 0's `data` into every other rank's `data`, in
+ * slices of the output buffer (barrier: the buffer's last readers are done;
+ * rank 0 writes a slice; barrier; the others read it): how rank 0 hands each
+ * step's batch to the other ranks. */
+void armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes);
+
 /* The fetch-add the barriers use ("ldaddal", "ldaxr/stlxr", "lock xadd"). */
 const char *armllm_comm_atomic_impl(void);
 

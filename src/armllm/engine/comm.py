@@ -1,8 +1,9 @@
-"""comm: the all-reduce between tensor-parallel ranks, processes on one machine
-that map one shared memory segment (a file in /dev/shm, created by rank 0 and
-opened by the others). The C kernel (_kernels/comm.h) sums in a fixed rank
-order, so every rank holds the same bits; this module owns the segment's
-life: creation, mapping, and removal when the engine ends."""
+"""comm: the all-reduce (and rank 0's broadcast) between tensor-parallel ranks,
+processes on one machine that map one shared memory segment (a file in
+/dev/shm, created by rank 0 and opened by the others). The C kernel
+(_kernels/comm.h) sums in a fixed rank order, so every rank holds the same
+bits; this module owns the segment's life: creation, mapping, and removal
+when the engine ends."""
 from __future__ import annotations
 
 import mmap
@@ -52,6 +53,11 @@ class AllReduce:
 
     def allreduce(self, data: np.ndarray) -> None:
         ops.comm_allreduce(self._segment, self.rank, self.ranks, self.max_floats, data)
+
+    def broadcast(self, data: np.ndarray) -> None:
+        """Rank 0's `data` into every rank's `data` (same dtype and size on every
+        rank): the step's batch, from the scheduler's rank to the others."""
+        ops.comm_broadcast(self._segment, self.rank, self.ranks, self.max_floats, data)
 
     def close(self) -> None:
         """Unmaps the segment (the file stays until unlink)."""

@@ -960,9 +960,20 @@ static float comm_value(int k, int r, int64_t i) {
   return (float)((i * 7 + k * 13 + r * 5) % 101) * 0.37f - 11.0f + (float)r * 1e-3f;
 }
 
+/* Rank 0's broadcast of 9,001 bytes (three slices) straight after an
+ * all-reduce; the number of wrong bytes this rank received. */
+static int comm_broadcast_errors(void *segment, int rank) {
+  unsigned char b[9001];
+  for (int i = 0; i < 9001; i++) b[i] = rank == 0 ? (unsigned char)(i * 7 % 251) : 0;
+  armllm_comm_broadcast(segment, rank, b, sizeof b);
+  int bad = 0;
+  for (int i = 0; i < 9001; i++) bad += b[i] != (unsigned char)(i * 7 % 251);
+  return bad;
+}
+
 /* N processes (fork) sum arrays of several lengths, in slices of 1,000 floats, then
- * 2,000 small back-to-back all-reduces; every rank's result must equal the sum in
- * rank order, bit for bit. */
+ * 2,000 small back-to-back all-reduces and a broadcast; every rank's result must
+ * equal the sum in rank order, bit for bit, and rank 0's bytes. */
 static void check_comm(void) {
   report r;
   report_start(&r, "comm", "allreduce");
@@ -991,7 +1002,7 @@ static void check_comm(void) {
           for (int i = 0; i < 16; i++) y[i] = (float)(rank + i);
           armllm_comm_allreduce(shared, rank, y, 16);
         }
-        _exit(0);
+        _exit(comm_broadcast_errors(shared, rank) ? 1 : 0);
       }
     }
     for (int k = 0; k < NSIZES; k++) {
@@ -1006,6 +1017,7 @@ static void check_comm(void) {
       for (int i = 0; i < 16; i++) /* sum over ranks of (rank + i) */
         if (y[i] != (float)(ranks * i + ranks * (ranks - 1) / 2)) { r.bad++; break; }
     }
+    r.bad += comm_broadcast_errors(shared, 0);
     for (int rank = 1; rank < ranks; rank++) {
       int st = 0;
       if (waitpid(kids[rank], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) r.bad++;
