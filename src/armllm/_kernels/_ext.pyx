@@ -1144,6 +1144,17 @@ cdef void *_segment(object segment, int ranks, int64_t max_floats) except NULL:
     return cnp.PyArray_DATA(sa)
 
 
+cdef void *_rank_segment(object segment, int rank, int ranks, int64_t max_floats) except NULL:
+    """A segment comm_init laid out for ranks and max_floats, used by rank `rank`."""
+    cdef void *seg = _segment(segment, ranks, max_floats)
+    if armllm_comm_check(seg, ranks, max_floats) != 0:
+        raise ValueError(f"segment is not an all-reduce segment for {ranks} ranks and "
+                         f"{max_floats} floats")
+    if not 0 <= rank < ranks:
+        raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
+    return seg
+
+
 def comm_init(segment, int ranks, int64_t max_floats):
     """Lays out a zeroed shared segment (a uint8 array over it) for the all-reduce."""
     armllm_comm_init(_segment(segment, ranks, max_floats), ranks, max_floats)
@@ -1153,12 +1164,7 @@ def comm_allreduce(segment, int rank, int ranks, int64_t max_floats, data):
     """Sums the float32 array `data` over the ranks in place (comm.h); every rank calls
     it with arrays of the same length. The segment must have been laid out by
     comm_init for the same ranks and max_floats."""
-    cdef void *seg = _segment(segment, ranks, max_floats)
-    if armllm_comm_check(seg, ranks, max_floats) != 0:
-        raise ValueError(f"segment is not an all-reduce segment for {ranks} ranks and "
-                         f"{max_floats} floats")
-    if not 0 <= rank < ranks:
-        raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
+    cdef void *seg = _rank_segment(segment, rank, ranks, max_floats)
     cdef cnp.ndarray da = _array(data, "data", np.float32, 1)
     _writable(da, "data")
     cdef float *dp = <float *>cnp.PyArray_DATA(da)
@@ -1170,12 +1176,7 @@ def comm_allreduce(segment, int rank, int ranks, int64_t max_floats, data):
 def comm_broadcast(segment, int rank, int ranks, int64_t max_floats, data):
     """Copies rank 0's array `data` (any dtype, contiguous) into every other rank's
     array of the same size (comm.h); every rank calls it with the same byte size."""
-    cdef void *seg = _segment(segment, ranks, max_floats)
-    if armllm_comm_check(seg, ranks, max_floats) != 0:
-        raise ValueError(f"segment is not an all-reduce segment for {ranks} ranks and "
-                         f"{max_floats} floats")
-    if not 0 <= rank < ranks:
-        raise ValueError(f"rank must be in [0, {ranks}), got {rank}")
+    cdef void *seg = _rank_segment(segment, rank, ranks, max_floats)
     if not isinstance(data, cnp.ndarray) or not data.flags.c_contiguous:
         raise ValueError("data must be a C-contiguous numpy array")
     cdef cnp.ndarray da = <cnp.ndarray>data
