@@ -182,14 +182,5 @@ cdef extern from "fused.h" nogil:
 cdef extern from "sample.h" nogil:
     size_t armllm_sample_scratch_bytes(int64_t n)
     void armllm_mask_logits(float *row, int64_t n, const uint32_t *words)
-
-cdef extern from "comm.h" nogil:
-    size_t armllm_comm_segment_bytes(int ranks, int64_t max_floats)
-    void armllm_comm_init(void *segment, int ranks, int64_t max_floats)
-    int armllm_comm_check(const void *segment, int ranks, int64_t max_floats)
-    void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n)
-    void armllm_comm_broadcast(void *segment, int rank, void *data, int64_t nbytes)
-    const char *armllm_comm_atomic_impl()
-    int ARMLLM_COMM_MAX_RANKS
     int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                           double top_p, double min_p, double u, void *scratch)

@@ -24,6 +24,7 @@ import json
 import re
 import secrets
 import string
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 ARGUMENT_KEYS = ("arguments", "parameters")
@@ -165,7 +166,7 @@ def _partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-class ToolParser:
+class ToolParser(ABC):
     """One completion's text, split into content and tool calls (see the module
     docstring); subclasses say where calls start and how they follow each other."""
 
@@ -262,8 +263,10 @@ class ToolParser:
         self._buf = self._buf[at + len(marker):]
         return True
 
+    @abstractmethod
     def _advance(self, content: list[str], deltas: list[dict], final: bool) -> None:
-        raise NotImplementedError
+        """Moves what the buffer decides into content and deltas (final: the text has
+        ended, nothing is held back)."""
 
 
 class HermesParser(ToolParser):
