@@ -164,6 +164,17 @@ class LLM(_EngineClient):
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def shutdown(self) -> None:
+        """Stops the engine's rank processes (tensor parallel; otherwise nothing to
+        stop); the LLM is unusable afterwards."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
 
 class AsyncLLM(_EngineClient):
     """A model served from its own engine thread to asyncio code:
@@ -223,14 +234,23 @@ class AsyncLLM(_EngineClient):
         return self._engine_thread.stats()
 
     @property
+    def failure(self) -> str | None:
+        """Why the engine thread stopped on its own (a tensor-parallel rank died: every
+        request in flight ended with this error), or None."""
+        if self._engine_thread.alive or self._engine_thread.closed_by_shutdown:
+            return None
+        return self.engine.failure
+
+    @property
     def is_running(self) -> bool:
         """False once the engine thread has stopped (shut down, or died of a bug)."""
         return self._engine_thread.alive
 
     def shutdown(self) -> None:
-        """Aborts what is in flight and stops the engine thread; generate() then
-        raises EngineClosed."""
+        """Aborts what is in flight and stops the engine thread (and the rank processes
+        of a tensor-parallel engine); generate() then raises EngineClosed."""
         self._engine_thread.shutdown()
+        self.engine.close()
 
     async def __aenter__(self) -> AsyncLLM:
         return self

@@ -18,6 +18,8 @@ import numpy as np
 
 from armllm._kernels import _ext
 from armllm._kernels._ext import (
+    Comm,
+    CommAborted,
     DecoderLayer,
     Kernels,
     NormHead,
@@ -26,9 +28,7 @@ from armllm._kernels._ext import (
     StepBatch,
     ThreadPool,
     attn_scratch_len,
-    comm_allreduce,
     comm_atomic_impl,
-    comm_broadcast,
     comm_init,
     comm_segment_bytes,
     mask_logits,
@@ -43,18 +43,17 @@ from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "DecoderLayer", "Kernels", "NormHead", "PackedWeight", "SparseLayer",
-    "StepBatch", "ThreadPool",
-    "attn_scratch_len", "available_isas", "comm_allreduce", "comm_atomic_impl",
-    "comm_broadcast", "comm_init", "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer",
-    "bind_norm_head",
+    "ActScratch", "Comm", "CommAborted", "DecoderLayer", "Kernels", "NormHead", "PackedWeight",
+    "SparseLayer", "StepBatch", "ThreadPool",
+    "attn_scratch_len", "available_isas", "comm_atomic_impl", "comm_init",
+    "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "sparse_layer",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "GGUFTable", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf",
     "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
-    "selected_isa", "set_num_threads", "silu_mul",
+    "restart_pool", "selected_isa", "set_num_threads", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
@@ -131,6 +130,17 @@ def set_num_threads(n: int) -> None:
             raise ValueError(f"threads={n}, but this process's kernel thread pool already runs "
                              f"{_pool.num_threads} threads")
         _NUM_THREADS = n
+
+
+def restart_pool(n: int) -> None:
+    """Sets the pool's thread count and lets the next kernel call start a new pool
+    under the calling thread's CPU affinity (a tensor-parallel rank, once bound to its
+    CPUs); the old pool's workers stop once no call uses it."""
+    global _NUM_THREADS, _pool
+    if not 1 <= n <= 4096:
+        raise ValueError(f"threads must be an integer from 1 to 4096, got {n!r}")
+    with _pool_lock:
+        _NUM_THREADS, _pool = n, None
 
 
 def get_pool() -> ThreadPool:
@@ -638,13 +648,14 @@ def bind_decoder_layer(linears: list[tuple[PackedWeight, np.ndarray | None, ActS
                        buffers: tuple, k_cache: np.ndarray, v_cache: np.ndarray,
                        cos_sin: np.ndarray, n_heads: int, n_kv_heads: int, head_dim: int,
                        scale: float, sliding_window: int, first: bool,
-                       sinks: np.ndarray | None = None) -> DecoderLayer:
+                       sinks: np.ndarray | None = None, comm: Comm | None = None
+                       ) -> DecoderLayer:
     """A Llama-family decoder layer bound to its weights ((weight, bias, act_scratch)
     for qkv, o, gate_up, down), its workspace buffers and KV cache layer, checked
-    once, for decoder_layer() (see DecoderLayer)."""
+    once, for decoder_layer() (see DecoderLayer; comm: a tensor-parallel rank's)."""
     return DecoderLayer(Kernels(_ISA), linears, input_norm, post_norm, q_norm, k_norm, eps,
                         buffers, k_cache, v_cache, cos_sin, n_heads, n_kv_heads, head_dim,
-                        scale, sliding_window, first, sinks)
+                        scale, sliding_window, first, sinks, comm)
 
 
 def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:

@@ -443,3 +443,23 @@ def test_the_cli_imports_no_engine_or_kernels():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_plan_tensor_parallel_gives_rank0s_share(tiny, capsys):
+    """-tp 2: rank 0 holds half the heads, MLP columns and vocabulary rows of the
+    tiny model (its layers' and lm_head's bytes halve, the replicated embedding does
+    not), caches half the KV heads, and reads at half the bandwidth."""
+    one = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--max-num-seqs", "2",
+                             "--bandwidth-gbs", "10"])
+    two = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--max-num-seqs", "2",
+                             "--bandwidth-gbs", "10", "-tp", "2"])
+    w1, w2 = one["weight_bytes"], two["weight_bytes"]
+    assert w2["embedding"] == w1["embedding"]
+    assert w2["layers"] < w1["layers"] and w2["lm_head"] * 2 == w1["lm_head"]
+    assert two["kv_cache"]["bytes_per_token"] * 2 == one["kv_cache"]["bytes_per_token"]
+    tp = two["tensor_parallel"]
+    assert tp["ranks"] == 2 and tp["allreduces_per_step"] == 2 * two["config"]["num_layers"]
+    assert two["total_bytes"] == 2 * tp["rank_bytes"]
+    step1, step2 = one["decode"]["batch_1"], two["decode"]["batch_1"]
+    assert step2["min_step_s"] == pytest.approx(step2["bytes"] / 5e9)
+    assert step1["min_step_s"] == pytest.approx(step1["bytes"] / 10e9)

@@ -126,3 +126,16 @@ def test_flags_it_cannot_honour_are_refused(capsys, tiny, text):
         with pytest.raises(SystemExit) as exc:
             main(["eval", "perplexity", str(tiny), "--text", str(text), *flag])
         assert exc.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_tensor_parallel_gives_the_same_number(capsys, tiny, text):
+    """Two ranks score the same windows: the same perplexity within f32 summation
+    order (the all-reduce's), and no worker left behind."""
+    from tests.engine.test_tensor_parallel import tp_workers
+    flags = ("--context", str(CONTEXT), "--stride", str(STRIDE), "--kv-cache-dtype", "f32",
+             "--max-num-batched-tokens", "16")
+    one = run(capsys, tiny, text, *flags)
+    two = run(capsys, tiny, text, *flags, "-tp", "2")
+    assert two["scored"] == one["scored"] and two["windows"] == one["windows"]
+    assert abs(two["nll"] - one["nll"]) <= 1e-5 * one["nll"]
+    assert not tp_workers(__import__("os").getpid())

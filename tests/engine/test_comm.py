@@ -87,7 +87,7 @@ def test_bad_arguments(tmp_path):
         with pytest.raises(ValueError, match="holds .* bytes; an all-reduce for 3 ranks"):
             AllReduce(name, 1, 3, 1 << 20)
         with pytest.raises(ValueError, match="not an all-reduce segment for 2 ranks and 32"):
-            ops.comm_allreduce(comm._segment, 0, 2, 32, np.zeros(4, np.float32))
+            ops.Comm(np.frombuffer(comm._map, np.uint8), 0, 2, 32)
         with pytest.raises(FileExistsError):
             AllReduce(name, 0, 2, 64, create=True)
     with pytest.raises(ValueError, match="rank must be in"):

@@ -930,6 +930,7 @@ cdef class Kernels:
         return out
 
 
+include "comm.pxi"
 include "layer.pxi"
 
 
@@ -1144,4 +1145,3 @@ def probe_fma(int64_t iters, ThreadPool pool=None):
         flops = armllm_probe_fma(p, iters)
     return flops
 include "moe.pxi"
-include "comm.pxi"

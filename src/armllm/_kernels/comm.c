@@ -22,6 +22,7 @@ struct comm_barrier {
 struct comm_header {
   _Alignas(CACHE_LINE) uint64_t magic;
   int64_t ranks, max_floats;
+  uint32_t aborted;  /* set once by armllm_comm_abort */
   struct comm_barrier barrier[2];
 };
 
@@ -53,57 +54,112 @@ int armllm_comm_check(const void *segment, int ranks, int64_t max_floats) {
 
 const char *armllm_comm_atomic_impl(void) { return sync_atomic_impl(); }
 
-static void barrier_wait(struct comm_barrier *b, int64_t ranks) {
+static int aborted(const struct comm_header *h) {
+  return __atomic_load_n(&h->aborted, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* 0 once every rank has arrived, -1 if the segment is aborted first. */
+static int barrier_wait(struct comm_header *h, struct comm_barrier *b) {
+  const int64_t ranks = h->ranks;
   uint32_t gen = __atomic_load_n(&b->generation, __ATOMIC_ACQUIRE);
+  if (aborted(h)) return -1;
   if (sync_fetch_add(&b->count, 1) == ranks - 1) {
     /* the last arrival: reset the count for the next round, then release the others */
     __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
     __atomic_fetch_add(&b->generation, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&b->sleepers, __ATOMIC_SEQ_CST))
       futex_wake_on(&b->generation, INT_MAX, 1);
-    return;
+    return aborted(h) ? -1 : 0;
   }
-  if (spin_while_equal(&b->generation, gen, COMM_SPIN_NS) != gen) return;
-  /* Dekker with the last arrival: count ourselves asleep, then look again */
-  __atomic_fetch_add(&b->sleepers, 1, __ATOMIC_SEQ_CST);
-  while (__atomic_load_n(&b->generation, __ATOMIC_SEQ_CST) == gen)
-    futex_wait_on(&b->generation, gen, 1);
-  __atomic_fetch_sub(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+  if (spin_while_equal(&b->generation, gen, COMM_SPIN_NS) == gen) {
+    /* Dekker with the last arrival (and with abort): count ourselves asleep, then look
+     * again */
+    __atomic_fetch_add(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&b->generation, __ATOMIC_SEQ_CST) == gen && !aborted(h))
+      futex_wait_on(&b->generation, gen, 1);
+    __atomic_fetch_sub(&b->sleepers, 1, __ATOMIC_SEQ_CST);
+  }
+  return aborted(h) ? -1 : 0;
 }
 
-void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n) {
+void armllm_comm_abort(void *segment) {
+  struct comm_header *h = segment;
+  __atomic_store_n(&h->aborted, 1, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < 2; i++) { /* a new generation wakes the spinners and the sleepers */
+    __atomic_fetch_add(&h->barrier[i].generation, 1, __ATOMIC_SEQ_CST);
+    futex_wake_on(&h->barrier[i].generation, INT_MAX, 1);
+  }
+}
+
+static float *input_buffer(struct comm_header *h, int64_t r) {
+  return (float *)((char *)h + sizeof *h + (size_t)r * buffer_bytes(h->max_floats));
+}
+
+int armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n) {
   struct comm_header *h = segment;
   const int64_t ranks = h->ranks, max = h->max_floats;
-  const size_t stride = buffer_bytes(max) / sizeof(float);
-  float *bufs = (float *)((char *)segment + sizeof *h);
-  float *out = bufs + ranks * stride;
+  float *out = input_buffer(h, ranks);
   sync_detect_atomics();
   for (int64_t off = 0; off < n; off += max) {
     const int64_t m = n - off < max ? n - off : max;
-    memcpy(bufs + rank * stride, data + off, (size_t)m * sizeof(float));
-    barrier_wait(&h->barrier[0], ranks);
+    memcpy(input_buffer(h, rank), data + off, (size_t)m * sizeof(float));
+    if (barrier_wait(h, &h->barrier[0])) return -1;
     const int64_t lo = m * rank / ranks, hi = m * (rank + 1) / ranks;
-    memcpy(out + lo, bufs + lo, (size_t)(hi - lo) * sizeof(float));
+    memcpy(out + lo, input_buffer(h, 0) + lo, (size_t)(hi - lo) * sizeof(float));
     for (int64_t r = 1; r < ranks; r++) { /* rank order: ((in0 + in1) + in2) + ... */
-      const float *in = bufs + r * stride;
+      const float *in = input_buffer(h, r);
       for (int64_t i = lo; i < hi; i++) out[i] += in[i];
     }
-    barrier_wait(&h->barrier[1], ranks);
+    if (barrier_wait(h, &h->barrier[1])) return -1;
     memcpy(data + off, out, (size_t)m * sizeof(float));
   }
+  return 0;
 }
 
-void armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes) {
+int armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes) {
   struct comm_header *h = segment;
-  const int64_t ranks = h->ranks, max = h->max_floats * (int64_t)sizeof(float);
-  char *out = (char *)segment + sizeof *h + (size_t)ranks * buffer_bytes(h->max_floats);
+  const int64_t max = h->max_floats * (int64_t)sizeof(float);
+  char *out = (char *)input_buffer(h, h->ranks);
   sync_detect_atomics();
   for (int64_t off = 0; off < bytes; off += max) {
     const size_t m = (size_t)(bytes - off < max ? bytes - off : max);
     /* the first barrier: every rank has read the output buffer's last contents */
-    barrier_wait(&h->barrier[0], ranks);
+    if (barrier_wait(h, &h->barrier[0])) return -1;
     if (rank == 0) memcpy(out, (char *)data + off, m);
-    barrier_wait(&h->barrier[1], ranks);
+    if (barrier_wait(h, &h->barrier[1])) return -1;
     if (rank != 0) memcpy((char *)data + off, out, m);
   }
+  return 0;
+}
+
+int armllm_comm_gather_cols(void *segment, int rank, float *data, int64_t rows, int64_t ld,
+                            const int64_t *col_start) {
+  struct comm_header *h = segment;
+  const int64_t ranks = h->ranks;
+  int64_t widest = 1;
+  for (int64_t r = 1; r < ranks; r++)
+    if (col_start[r + 1] - col_start[r] > widest) widest = col_start[r + 1] - col_start[r];
+  const int64_t step = h->max_floats / widest; /* whole rows per slice */
+  if (step < 1) return -1;                     /* the caller checks widths against max_floats */
+  sync_detect_atomics();
+  for (int64_t row0 = 0; row0 < rows; row0 += step) {
+    const int64_t m = rows - row0 < step ? rows - row0 : step;
+    if (rank != 0) {
+      const int64_t w = col_start[rank + 1] - col_start[rank];
+      float *buf = input_buffer(h, rank);
+      for (int64_t i = 0; i < m; i++)
+        memcpy(buf + i * w, data + (row0 + i) * ld, (size_t)w * sizeof(float));
+    }
+    if (barrier_wait(h, &h->barrier[0])) return -1;
+    if (rank == 0) {
+      for (int64_t r = 1; r < ranks; r++) {
+        const int64_t w = col_start[r + 1] - col_start[r];
+        const float *buf = input_buffer(h, r);
+        for (int64_t i = 0; i < m; i++)
+          memcpy(data + (row0 + i) * ld + col_start[r], buf + i * w, (size_t)w * sizeof(float));
+      }
+    }
+    if (barrier_wait(h, &h->barrier[1])) return -1;
+  }
+  return 0;
 }

@@ -32,14 +32,31 @@ void armllm_comm_init(void *segment, int ranks, int64_t max_floats);
 /* 0 if `segment` was laid out for `ranks` and `max_floats`, else -1. */
 int armllm_comm_check(const void *segment, int ranks, int64_t max_floats);
 
+/* Every call below returns 0, or -1 once the segment is aborted (then what it
+ * was writing is undefined). */
+
 /* Sums data[0..n) over the ranks, in place; every rank calls it with the same n. */
-void armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n);
+int armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n);
 
 /* Copies `bytes` bytes of rank 0's `data` into every other rank's `data`, in
  * slices of the output buffer (barrier: the buffer's last readers are done;
  * rank 0 writes a slice; barrier; the others read it): how rank 0 hands each
  * step's batch to the other ranks. */
-void armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes);
+int armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes);
+
+/* Gathers column blocks onto rank 0: rank r holds columns [col_start[r],
+ * col_start[r + 1]) of a [rows, col_start[ranks]] matrix (how the lm_head's
+ * vocabulary shards leave their logits); `data` points at its first column and
+ * `ld` is its row stride. Rank 0's `data` is the whole matrix (its own columns
+ * come first), into which every other rank's block is copied, in slices of
+ * whole rows that fit one input buffer (each rank packs its block into its
+ * buffer; barrier; rank 0 copies them out; barrier: the buffers are free). */
+int armllm_comm_gather_cols(void *segment, int rank, float *data, int64_t rows, int64_t ld,
+                            const int64_t *col_start);
+
+/* Marks the segment aborted and wakes every rank waiting in it: their calls, and
+ * every later call, return -1 (a rank died; any process may call it). */
+void armllm_comm_abort(void *segment);
 
 /* The fetch-add the barriers use ("ldaddal", "ldaxr/stlxr", "lock xadd"). */
 const char *armllm_comm_atomic_impl(void);

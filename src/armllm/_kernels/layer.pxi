@@ -21,6 +21,7 @@ DEF LIN_GGUF = 3
 DEF ERR_ROPE = 1
 DEF ERR_KV_WRITE = 2
 DEF ERR_ATTENTION = 3
+DEF ERR_COMM = 4       # a tensor-parallel all-reduce was aborted (a rank failed)
 
 
 cdef struct LinearArgs:
@@ -85,6 +86,8 @@ cdef struct LayerArgs:
     int64_t num_blocks, block_size
     int first
     int has_mlp               # 0: a sparse layer's MLP runs after run() (armllm.model.moe)
+    void *comm                # tensor parallel: the all-reduce segment (NULL: one rank)
+    int rank
 
 
 cdef const float *_vector(object a, str name, int64_t n) except NULL:
@@ -109,7 +112,11 @@ cdef class DecoderLayer:
     residual, hidden, normed, qkv, q_normed, k_normed (None without qk_norm),
     attn, gate_up, act, attn_scratch. first: layer 0 (its input is the
     residual stream itself, no residual add). sinks: None or each query head's
-    attention sink logit, float32 [n_heads] (GPT-OSS)."""
+    attention sink logit, float32 [n_heads] (GPT-OSS). comm: a tensor-parallel
+    rank's Comm (None: one rank): the layer holds this rank's heads and MLP columns,
+    and the o and down projections' partial outputs are all-reduced before each
+    residual add (a sparse layer: the o projection's; the experts' sum is the
+    caller's to all-reduce)."""
     cdef LayerArgs a
     cdef const armllm_kernels *kt
     cdef list keep
@@ -117,9 +124,12 @@ cdef class DecoderLayer:
     def __init__(self, Kernels kernels, linears, input_norm, post_norm, q_norm, k_norm,
                  float eps, buffers, k_cache, v_cache, cos_sin, int64_t n_heads,
                  int64_t n_kv_heads, int64_t head_dim, float scale, int64_t sliding_window,
-                 bint first, sinks=None):
+                 bint first, sinks=None, Comm comm=None):
         self.keep = [linears, input_norm, post_norm, q_norm, k_norm, buffers, k_cache,
-                     v_cache, cos_sin, sinks]
+                     v_cache, cos_sin, sinks, comm]
+        self.a.comm, self.a.rank = NULL, 0
+        if comm is not None:
+            self.a.comm, self.a.rank = comm.seg, comm.rank
         cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
         cdef cnp.ndarray vc = _kv_cache(v_cache, "v_cache")
         _same_cache(kc, vc)
@@ -149,6 +159,8 @@ cdef class DecoderLayer:
                              f"down {getattr(down_w, 'shape', None)} for {n_heads}/{n_kv_heads} heads of {head_dim}")
         (res, x, normed, qkv, q_normed, k_normed, attn, gate_up, act, attn_scratch) = buffers
         self.a.res, self.a.x = _buf(res, "residual", self.a.hidden), _buf(x, "hidden", self.a.hidden)
+        if comm is not None and self.a.x.ld != self.a.hidden:
+            raise ValueError("a tensor-parallel layer's hidden buffer must be C-contiguous")
         self.a.normed = _buf(normed, "normed", self.a.hidden)
         self.a.qkv = _buf(qkv, "qkv", qkv_w.n)
         self.a.attn = _buf(attn, "attn", self.a.q_size)
@@ -199,6 +211,8 @@ cdef class DecoderLayer:
             bad = _run_layer(self.kt, p, &self.a, b, tp, &err)
         if bad < 0:
             return
+        if err == ERR_COMM:
+            _comm_ok(-1)
         if err == ERR_ROPE:
             raise ValueError(f"positions[{bad}] = {b.positions[bad]} is outside the cos/sin "
                              f"cache [0, {self.a.max_pos})")
@@ -498,6 +512,9 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     _tick(times, 1, &t0)
     _matmul(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t, d.x.p, d.x.ld)
     _tick(times, 0, &t0)
+    if d.comm != NULL and armllm_comm_allreduce(d.comm, d.rank, d.x.p, t * d.hidden):
+        err[0] = ERR_COMM
+        return 0
     if not d.has_mlp:  # res += x; normed = rmsnorm(res): the experts' input
         kt.rmsnorm(p, d.x.p, d.x.ld, d.res.p, d.res.ld, d.post_norm, t, d.hidden, d.eps,
                    d.normed.p, d.normed.ld)
@@ -511,4 +528,7 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     _tick(times, 1, &t0)
     _matmul(kt, p, &d.lin[3], d.act.p, d.act.ld, t, d.x.p, d.x.ld)
     _tick(times, 0, &t0)
+    if d.comm != NULL and armllm_comm_allreduce(d.comm, d.rank, d.x.p, t * d.hidden):
+        err[0] = ERR_COMM
+        return 0
     return -1

@@ -61,11 +61,13 @@ class _WindowScorer:
     """Scores windows of one sequence on a loaded model: the KV cache and workspace for
     windows of up to `context` tokens (capped to the model's context,
     settings.max_model_len and the KV cache), each prefilled in chunks of at most
-    settings.max_num_batched_tokens rows with logits for the rows it scores."""
+    settings.max_num_batched_tokens rows with logits for the rows it scores. With a
+    tensor-parallel `group`, the other ranks get the same cache and workspace sizes.
+    """
 
-    def __init__(self, loaded: LoadedModel, context: int, settings: EngineArgs):
+    def __init__(self, loaded: LoadedModel, context: int, settings: EngineArgs, group=None):
         from armllm.model.llama import KVCache, Workspace
-        self.model, c = loaded.model, loaded.config
+        self.model, c = loaded.model, loaded.model.config
         context = min(context, settings.max_model_len or context, c.max_position_embeddings)
         block_size = settings.block_size
         if settings.kv_cache_gib is None:
@@ -84,6 +86,8 @@ class _WindowScorer:
         self.ws = Workspace(c, self.chunk, self.chunk, self.model.formats,
                             max_seq_len=self.context)
         self.table = np.arange(self.kv.num_blocks, dtype=np.int32).reshape(1, -1)
+        if group is not None:
+            group.configure(num_blocks, None, self.context, self.chunk, self.chunk)
 
     def nll(self, window: np.ndarray, first: int) -> tuple[float, int]:
         """Summed negative log-likelihood of window[r + 1] given window[:r + 1] over rows r
@@ -107,15 +111,15 @@ class _WindowScorer:
 
 
 def perplexity(loaded: LoadedModel, ids: list[int], context: int, stride: int,
-               settings: EngineArgs | None = None) -> dict:
+               settings: EngineArgs | None = None, group=None) -> dict:
     """Sliding-window perplexity of token ids under a loaded model (the Hugging Face
     recipe). Windows are capped to the model's context, settings.max_model_len and the
     KV cache (`context` tokens, unless settings.kv_cache_gib says); each is prefilled in
     chunks of at most settings.max_num_batched_tokens rows, with logits for the rows it
-    scores."""
+    scores (group: a tensor-parallel model's other ranks, engine/setup.start_ranks)."""
     if len(ids) < 2:
         raise ValueError("the text has fewer than 2 tokens")
-    scorer = _WindowScorer(loaded, context, settings or EngineArgs())
+    scorer = _WindowScorer(loaded, context, settings or EngineArgs(), group)
     context = scorer.context
     stride = min(stride, context)
     nll, scored, prev_end, windows = 0.0, 0, 0, 0
@@ -133,12 +137,12 @@ def perplexity(loaded: LoadedModel, ids: list[int], context: int, stride: int,
 
 def chunk_perplexity(loaded: LoadedModel, ids: list[int], context: int,
                      settings: EngineArgs | None = None, bos_id: int | None = None,
-                     max_chunks: int | None = None) -> dict:
+                     max_chunks: int | None = None, group=None) -> dict:
     """llama.cpp's recipe (llama-perplexity): the ids cut into chunks of `context` tokens,
     each run alone with its first token replaced by bos_id (when the model adds one),
     scoring the tokens of its second half: every chunk predicts context - context // 2 - 1
     tokens from at least context // 2 of history. Needs 2 * context ids."""
-    scorer = _WindowScorer(loaded, context, settings or EngineArgs())
+    scorer = _WindowScorer(loaded, context, settings or EngineArgs(), group)
     if scorer.context != context:
         raise ValueError(f"a chunk of {context} tokens does not fit: at most {scorer.context} "
                          f"(the model's context, --max-model-len and the KV cache)")
@@ -159,7 +163,8 @@ def chunk_perplexity(loaded: LoadedModel, ids: list[int], context: int,
 
 
 def run(args: argparse.Namespace) -> int:
-    from armllm.engine.setup import load
+    from armllm.engine.setup import load, start_ranks
+    from armllm.engine.tensor_parallel import stop_ranks
     from armllm.model.tokenizer import TextTokenizer
     for name in ("context", "stride", "max_tokens"):
         value = getattr(args, name)
@@ -178,18 +183,26 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{args.text}: {exc}") from None
     t0 = time.perf_counter()
+    group = restore = None
     try:
-        loaded = load(model, settings)
+        if settings.tensor_parallel_size > 1:
+            loaded, group, restore = start_ranks(model, settings)
+        else:
+            loaded = load(model, settings)
         tokenizer = TextTokenizer(loaded.tokenizer, loaded.tokenizer_config)
         ids = tokenizer.encode(text)
         ids = ids[:args.max_tokens] if args.max_tokens else ids
         if args.llama_cpp:
             bos = tokenizer.token_id(tokenizer.bos_token) if tokenizer.add_bos else None
-            result = chunk_perplexity(loaded, ids, args.context, settings, bos, args.chunks)
+            result = chunk_perplexity(loaded, ids, args.context, settings, bos, args.chunks,
+                                      group)
         else:
-            result = perplexity(loaded, ids, args.context, args.stride, settings)
+            result = perplexity(loaded, ids, args.context, args.stride, settings, group)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    finally:
+        if restore is not None:
+            stop_ranks(group, restore)
     w = loaded.model.weights
     result.update(model=str(model), weights=w.quantization or w.dtype, text=str(args.text),
                   seconds=time.perf_counter() - t0)

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--bandwidth-gbs must be > 0, got {args.bandwidth_gbs}")
     model = resolve_model(args.model)
     try:
-        config, formats, tensor_types = read_model(model, engine)
+        config, formats, tensor_types, shard = read_model(model, engine)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     max_len = engine.max_model_len or config.max_position_embeddings
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         # read GB/s over the default thread pool, with `armllm bench kernels`' probe
         bandwidth = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
         threads = ops.num_threads()
-    plan = make_plan(config, formats, engine, max_len, bandwidth, available_bytes())
+    plan = make_plan(config, formats, engine, max_len, bandwidth, available_bytes(), shard)
     plan["model"] = str(model)
     plan["gguf_tensor_types"] = tensor_types
     plan["config"] = {k: getattr(config, k) for k in (
@@ -125,6 +125,15 @@ def print_plan(p: dict) -> None:
     print(f"for {seqs} of {p['max_model_len']} tokens, --quantization {p['quantization']}: "
           f"linear weights {layers}, lm_head {formats['lm_head']}; KV cache "
           f"{p['kv_cache_dtype']}")
+    tp = p["tensor_parallel"]
+    if tp:
+        r0 = tp["rank0"]
+        print(f"tensor parallel over {tp['ranks']} ranks: memory and decode figures are rank "
+              f"0's, the largest shard ({r0['q_heads']}/{r0['kv_heads']} heads, "
+              f"intermediate {r0['intermediate']}, {r0['vocab_rows']} vocabulary rows; "
+              f"embedding replicated), each rank reading at 1/{tp['ranks']} of the "
+              f"bandwidth; {tp['allreduces_per_step']} all-reduces a step of "
+              f"{tp['allreduce_bytes_per_token']:,} B per token")
     print(f"\nparameters {_count(pc['total']):>14}")
     print(f"  embedding  {_count(pc['embedding']):>13}  ({c['vocab_size']} x {c['hidden_size']})")
     if c["moe_layers"]:
@@ -152,7 +161,11 @@ def print_plan(p: dict) -> None:
               f"of their own, {_size(w['saved_bytes'])} less than at full length")
     print(f"  overhead   {_size(ov['bytes']):>13}  workspace {_size(ov['workspace_bytes'])}, "
           f"RoPE table {_size(ov['rope_table_bytes'])}, process {_size(ov['process_bytes'])}")
-    print(f"  total      {_size(p['total_bytes']):>13}")
+    if tp:
+        print(f"  per rank   {_size(tp['rank_bytes']):>13}  (the sum of the above)")
+        print(f"  total      {_size(p['total_bytes']):>13}  ({tp['ranks']} ranks, at most)")
+    else:
+        print(f"  total      {_size(p['total_bytes']):>13}")
     avail = p["mem_available_bytes"]
     verdict = "fits" if p["fits"] else "DOES NOT FIT"
     print(f"  MemAvailable {_size(avail):>11}  -> {verdict}; room for "

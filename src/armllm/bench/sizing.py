@@ -26,10 +26,12 @@ from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
 from armllm.model.llama import Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
+from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.weights import (
     LinearFormats,
     QuantFormat,
+    head_tensor_name,
     linear_formats,
     linear_shapes,
 )
@@ -98,9 +100,11 @@ def linear_bytes(n: int, k: int, dense: str, fmt: QuantFormat | None) -> int:
     return packed
 
 
-def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> dict:
+def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
+                 head_rows: int | None = None) -> dict:
     """Resident weight bytes. The lm_head is packed for the GEMM, so a tied lm_head is a
-    second copy of the embedding; norms and biases stay f32."""
+    second copy of the embedding; norms and biases stay f32. head_rows: the lm_head's
+    rows (a tensor-parallel rank's vocabulary shard; default the vocabulary)."""
     linear = [_layer_bytes(c, dense, formats, i) for i in range(c.num_layers)]
     small = 4 * _layer_small_params(c)
     embed = c.vocab_size * c.hidden_size * ITEM_BYTES[dense]
@@ -110,7 +114,7 @@ def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> d
     out = {"embedding": embed,
            "per_layer": max(linear) + small, "layers": sum(linear) + c.num_layers * small,
            "final_norm": 4 * c.hidden_size,
-           "lm_head": linear_bytes(c.vocab_size, c.hidden_size, dense,
+           "lm_head": linear_bytes(head_rows or c.vocab_size, c.hidden_size, dense,
                                    formats.lm_head if formats else None)}
     out["total"] = out["embedding"] + out["layers"] + out["final_norm"] + out["lm_head"]
     return out
@@ -160,11 +164,18 @@ def rope_table_bytes(c: ModelConfig) -> int:
 
 def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
               max_model_len: int, bandwidth_gbs: float | None = None,
-              mem_available: int | None = None) -> dict:
-    """Every figure of the plan, in bytes, seconds and tokens."""
+              mem_available: int | None = None, shard: ShardPlan | None = None) -> dict:
+    """Every figure of the plan, in bytes, seconds and tokens. With tensor parallel,
+    `shard` is rank 0's ShardPlan (the largest shard) and `formats` its weights': the
+    memory and decode figures are that rank's (its KV heads, its --kv-cache-gib, its
+    node's share of the bandwidth), the totals the ranks' together."""
+    ranks = shard.ranks if shard else 1
+    full = c
+    c = shard.config(c) if shard else c
     dense, seqs, block = WEIGHT_DTYPES[engine.dtype], engine.max_num_seqs, engine.block_size
-    params = param_counts(c)
-    weights = weight_bytes(c, dense, formats)
+    params = param_counts(full)
+    weights = weight_bytes(c, dense, formats,
+                           shard.vocab[1] - shard.vocab[0] if shard else None)
     dtype = engine.kv_cache_dtype
     blocks_per_seq = -(-max_model_len // block)
     # sliding-window layers in a pool of their own, as build_engine sizes it
@@ -194,7 +205,8 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     workspace = Workspace.nbytes(c, engine.max_num_batched_tokens, seqs, formats,
                                  max_seq_len=max_model_len)
     overhead = workspace + rope_table_bytes(c) + PROCESS_BYTES
-    total = weights["total"] + kv_blocks * per_block + fixed + overhead
+    rank_total = weights["total"] + kv_blocks * per_block + fixed + overhead
+    total = ranks * rank_total   # an upper bound: rank 0's shard is the largest
     plan = {
         "kernel_variant": ops.selected_isa(), "max_model_len": max_model_len, "max_num_seqs": seqs,
         "weight_dtype": dense, "quantization": engine.quantization,
@@ -213,14 +225,21 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
                      "workspace_bytes": workspace, "rope_table_bytes": rope_table_bytes(c),
                      "process_bytes": PROCESS_BYTES, "bytes": overhead},
         "total_bytes": total, "mem_available_bytes": mem_available,
+        "tensor_parallel": None if shard is None else {
+            "ranks": ranks, "rank_bytes": rank_total,
+            "rank0": {"q_heads": c.num_heads, "kv_heads": c.num_kv_heads,
+                      "intermediate": c.intermediate_size,
+                      "vocab_rows": shard.vocab[1] - shard.vocab[0]},
+            "allreduces_per_step": 2 * full.num_layers + len(full.moe_layers),
+            "allreduce_bytes_per_token": 4 * full.hidden_size},
     }
     if mem_available is not None:
         plan["fits"] = total <= mem_available
-        room = mem_available - weights["total"] - overhead - fixed
+        room = mem_available // ranks - weights["total"] - overhead - fixed
         plan["max_concurrency_that_fits"] = max(0, room // kv_seq)
         if engine.kv_cache_gib is None:   # serve caps its default KV cache (build_engine)
-            cap = int(max(0, (mem_available - weights["total"]) * DEFAULT_KV_FRACTION - fixed)
-                      // per_block)
+            cap = int(max(0, (mem_available - weights["total"]) * DEFAULT_KV_FRACTION / ranks
+                          - fixed) // per_block)
             plan["kv_cache"]["serve_default_cap_blocks"] = cap
     # decode: all weights once per step (of a sparse layer, the experts routed to), one
     # embedding row and the KV of each sequence
@@ -236,8 +255,8 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
         nbytes = step_weights + batch * (row + kv_read)
         d = {"batch": batch, "bytes": nbytes, "weight_bytes": step_weights + batch * row,
              "kv_bytes": batch * kv_read}
-        if bandwidth_gbs:
-            t = nbytes / (bandwidth_gbs * 1e9)
+        if bandwidth_gbs:   # each rank reads its shard at its node's share
+            t = nbytes / (bandwidth_gbs / ranks * 1e9)
             d.update(min_step_s=t, max_tokens_per_s=batch / t)
         return d
 
@@ -249,26 +268,36 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
 # -- reading the model -------------------------------------------------------------------
 
 def read_model(model: str | Path, engine: EngineArgs
-               ) -> tuple[ModelConfig, LinearFormats | None, str | None]:
+               ) -> tuple[ModelConfig, LinearFormats | None, str | None, ShardPlan | None]:
     """The ModelConfig of a model directory (config.json) or GGUF file (its metadata
     and tensor list), the formats its linear weights load in under `engine`'s
-    quantization, and a GGUF's tensor count per ggml type (GGUFFile.type_summary);
-    only headers are read."""
+    quantization (with tensor parallel, rank 0's shard's), a GGUF's tensor count per
+    ggml type (GGUFFile.type_summary) and rank 0's ShardPlan (None: one rank); only
+    headers are read."""
     path = model_path(model)
     quantization = engine.quantization if engine.quantization in ("auto", "none") else \
         parse_scheme(engine.quantization)
-    if path.is_dir():
-        config = load_hf_config(path)
-        ct = parse_config(json.loads((path / "config.json").read_text()),
-                          str(path / "config.json"))
-        # a float checkpoint stores no quantized layer: config.json alone answers
-        source = HFSource(path, ct) if ct is not None else None
-        return config, linear_formats(source, config, quantization,
-                                      engine.quantize_lm_head), None
-    gguf = GGUFFile(path)
+    gguf = None
     try:
-        config = gguf_model_config(gguf)
-        return config, linear_formats(GGUFSource(gguf, config), config, quantization,
-                                      engine.quantize_lm_head), gguf.type_summary()
+        if path.is_dir():
+            config = load_hf_config(path)
+            ct = parse_config(json.loads((path / "config.json").read_text()),
+                              str(path / "config.json"))
+            # a float checkpoint stores no quantized layer: config.json alone answers
+            source = HFSource(path, ct) if ct is not None else None
+        else:
+            gguf = GGUFFile(path)
+            config = gguf_model_config(gguf)
+            source = GGUFSource(gguf, config)
+        shard = None
+        if engine.tensor_parallel_size > 1:
+            shard = plan_shards(config, engine.tensor_parallel_size,
+                                k_unit(source, config, quantization))[0]
+            if source is not None:
+                source = ShardedSource(source, shard, config, head_tensor_name(config))
+        formats = linear_formats(source, shard.config(config) if shard else config,
+                                 quantization, engine.quantize_lm_head)
+        return config, formats, gguf.type_summary() if gguf else None, shard
     finally:
-        gguf.close()
+        if gguf is not None:
+            gguf.close()

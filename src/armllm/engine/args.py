@@ -11,6 +11,7 @@ import argparse
 import typing
 from dataclasses import dataclass, field, fields
 
+from armllm.engine.topology import rank_cpus
 from armllm.model.quantize import SCHEME_NAMES, parse_scheme
 from armllm.model.reasoning import REASONING_PARSERS
 
@@ -19,6 +20,7 @@ WEIGHT_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": 
 KV_CACHE_DTYPES = ("bf16", "f32")
 QUANTIZATION_CHOICES = ("auto", "none", *SCHEME_NAMES)
 MAX_THREADS = 4096  # what the kernel thread pool accepts
+MAX_RANKS = 64     # tensor-parallel ranks the all-reduce segment holds (comm.h)
 DEFAULT_KV_FRACTION = 0.4  # of available memory after the weights, when kv_cache_gib is unset
 
 
@@ -61,8 +63,17 @@ class EngineArgs:
         True, "do not reuse the KV cache of earlier prompts' shared prefixes",
         flag="--no-prefix-caching")
     threads: int | None = _flag(
-        None, "kernel threads, one count per process", metavar="N",
-        unset="$ARMLLM_NUM_THREADS, else the CPUs this process may run on")
+        None, "kernel threads, one count per process (per rank with tensor parallel)",
+        metavar="N", unset="$ARMLLM_NUM_THREADS, else the CPUs this process (rank) may "
+        "run on")
+    tensor_parallel_size: int = _flag(
+        1, "ranks (processes) the model is split over by heads and MLP columns, one per "
+        "NUMA node by default, communicating through shared memory", metavar="N",
+        aliases=("-tp",))
+    cpus: str | None = _flag(
+        None, "each tensor-parallel rank's CPUs, ranks separated by |, e.g. '0-47|48-95'",
+        metavar="LISTS", unset="one NUMA node's CPUs per rank (a node shared by several "
+        "ranks is split between them)")
     reasoning_parser: str | None = _flag(
         None, "a reasoning model's thinking goes to reasoning_content, its answer to content "
         "(qwen3: <think>...</think>; deepseek_r1: the template opens <think>; harmony: "
@@ -91,6 +102,15 @@ class EngineArgs:
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")
+        if not _is_int(self.tensor_parallel_size) or not \
+                1 <= self.tensor_parallel_size <= MAX_RANKS:
+            raise ValueError(f"tensor_parallel_size must be an integer from 1 to {MAX_RANKS}, "
+                             f"got {self.tensor_parallel_size!r}")
+        if self.cpus is not None:
+            if not isinstance(self.cpus, str):
+                raise ValueError(f"cpus must be a string such as '0-47|48-95', got "
+                                 f"{self.cpus!r}")
+            rank_cpus(self.tensor_parallel_size, self.cpus, [])   # raises naming the value
         if self.threads is not None and (not _is_int(self.threads)
                                          or not 1 <= self.threads <= MAX_THREADS):
             raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got "
@@ -111,6 +131,7 @@ class EngineArgs:
             meta = dict(f.metadata)
             help_text = meta.pop("help")
             flag = meta.pop("flag", "--" + f.name.replace("_", "-"))
+            aliases = meta.pop("aliases", ())
             unset_note = meta.pop("unset", None)
             if unset and f.name in unset:
                 unset_note = unset[f.name]
@@ -121,7 +142,7 @@ class EngineArgs:
                                    help=help_text)
                 continue
             note = "%(default)s" if f.default is not None else unset_note.replace("%", "%%")
-            group.add_argument(flag, dest=f.name, type=kind, default=f.default,
+            group.add_argument(flag, *aliases, dest=f.name, type=kind, default=f.default,
                                help=f"{help_text} (default: {note})", **meta)
 
     @classmethod

@@ -47,23 +47,35 @@ class AllReduce:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        self._segment = np.frombuffer(self._map, np.uint8)
+        segment = np.frombuffer(self._map, np.uint8)
         if create:
-            ops.comm_init(self._segment, ranks, max_floats)
+            ops.comm_init(segment, ranks, max_floats)
+        # the collectives (ops.Comm: allreduce, broadcast, gather_cols, abort), which a
+        # tensor-parallel model's layers also call
+        self.comm = ops.Comm(segment, rank, ranks, max_floats)
 
     def allreduce(self, data: np.ndarray) -> None:
-        ops.comm_allreduce(self._segment, self.rank, self.ranks, self.max_floats, data)
+        self.comm.allreduce(data)
 
     def broadcast(self, data: np.ndarray) -> None:
         """Rank 0's `data` into every rank's `data` (same dtype and size on every
         rank): the step's batch, from the scheduler's rank to the others."""
-        ops.comm_broadcast(self._segment, self.rank, self.ranks, self.max_floats, data)
+        self.comm.broadcast(data)
+
+    def abort(self) -> None:
+        """Every rank's collective, now and later, raises ops.CommAborted."""
+        if self.comm is not None:
+            self.comm.abort()
 
     def close(self) -> None:
-        """Unmaps the segment (the file stays until unlink)."""
+        """Unmaps the segment (the file stays until unlink); the caller must hold no
+        other reference to `comm` (a bound model's layers do)."""
         if self._map is not None:
-            self._segment = None
-            self._map.close()
+            self.comm = None
+            try:
+                self._map.close()
+            except BufferError:  # still exported (a live layer): unmapped when freed
+                pass
             self._map = None
 
     def unlink(self) -> None:

@@ -2,7 +2,9 @@
 other threads (an asyncio event loop, the server) reach it only through a
 command queue and receive each completion's StepOutputs through a callback
 called on the engine thread. The kernels release the GIL, so the caller's
-thread keeps running during a forward pass."""
+thread keeps running during a forward pass. An engine that cannot go on (a
+tensor-parallel rank died: LLMEngine.failure, looked at every HEALTH_POLL_S
+while idle) ends every request with the reason and stops the thread."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +20,7 @@ from armllm.sampling import SamplingParams
 log = logging.getLogger("armllm")
 
 Sink = Callable[[StepOutput], None]
+HEALTH_POLL_S = 1.0   # an idle engine thread looks at the engine's failure this often
 
 
 class EngineClosed(RuntimeError):
@@ -34,6 +37,8 @@ class EngineThread:
         self._sinks: dict[str, tuple[Sink, list[int]]] = {}  # request -> (sink, [open count])
         self._stats = engine.stats()
         self._closed = False
+        self._closed_why = "the engine is shut down"
+        self._shut_down = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -45,7 +50,7 @@ class EngineThread:
         (or fails with the engine's ValueError). sink gets its StepOutputs."""
         fut: Future = Future()
         if self._closed:
-            fut.set_exception(EngineClosed("the engine is shut down"))
+            fut.set_exception(EngineClosed(self._closed_why))
             return fut
         self._commands.put(("add", (request_id, prompt_ids, params, sink, priority), fut))
         return fut
@@ -61,10 +66,16 @@ class EngineThread:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Aborts what is in flight and stops the thread."""
+        self._shut_down = True
         if not self._closed:
             self._closed = True
             self._commands.put(("stop", None, None))
         self._thread.join(timeout)
+
+    @property
+    def closed_by_shutdown(self) -> bool:
+        """shutdown() was called (rather than the engine failing)."""
+        return self._shut_down
 
     @property
     def alive(self) -> bool:
@@ -74,17 +85,25 @@ class EngineThread:
 
     def _loop(self) -> None:
         while True:
-            block = not self.engine.has_unfinished()
+            if self.engine.failure is not None:
+                self._die()
+                return
+            idle = not self.engine.has_unfinished()
             while True:  # every queued command, waiting for one when idle
                 try:
-                    cmd = self._commands.get(block=block)
+                    cmd = self._commands.get(timeout=HEALTH_POLL_S) if idle \
+                        else self._commands.get_nowait()
                 except queue.Empty:
+                    if idle and self.engine.failure is None:
+                        continue
                     break
-                block = False
+                idle = False
                 if cmd[0] == "stop":
                     self._stop()
                     return
                 self._handle(*cmd)
+            if self.engine.failure is not None:
+                continue
             try:
                 outputs = self.engine.step()
             except Exception:  # the engine isolates request failures; this is a bug
@@ -129,15 +148,28 @@ class EngineThread:
                 self._sinks.pop(out.request_id, None)
                 self.engine.abort(out.request_id)
 
-    def _stop(self) -> None:
-        for rid in list(self._sinks):
-            self.engine.abort(rid)
-        self._deliver(self.engine.step() if self.engine.has_unfinished() else [])
-        while True:  # commands that raced with the stop
+    def _die(self) -> None:
+        """The engine cannot go on: every request ends with its failure, and so does
+        every later one."""
+        failure = self.engine.failure
+        log.error("the engine stopped: %s", failure)
+        self._closed, self._closed_why = True, f"the engine stopped: {failure}"
+        self._deliver(self.engine.fail_all())
+        self._refuse_queued()
+        self._stats = self.engine.stats()
+
+    def _refuse_queued(self) -> None:
+        while True:  # commands that raced with the end
             try:
                 kind, _, fut = self._commands.get_nowait()
             except queue.Empty:
                 break
             if fut is not None and fut.set_running_or_notify_cancel():
-                fut.set_exception(EngineClosed("the engine is shut down"))
+                fut.set_exception(EngineClosed(self._closed_why))
+
+    def _stop(self) -> None:
+        for rid in list(self._sinks):
+            self.engine.abort(rid)
+        self._deliver(self.engine.step() if self.engine.has_unfinished() else [])
+        self._refuse_queued()
         self._stats = self.engine.stats()

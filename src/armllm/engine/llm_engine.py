@@ -39,6 +39,11 @@ class RequestRejected(ValueError):
         self.field = field
 
 
+class EngineDead(RuntimeError):
+    """The engine cannot run another step (a tensor-parallel rank died): every request
+    in flight ended with this error, and new ones are refused with it."""
+
+
 class ContextLengthExceeded(RequestRejected):
     """The prompt, or the prompt with max_tokens, is longer than the model's context
     (max_model_len) or the KV cache can hold."""
@@ -53,6 +58,10 @@ class Runner(Protocol):
 
     def sample(self, seq: Sequence, row: Any) -> SampleResult:
         """seq's next token from its logits row (which it may modify)."""
+
+    def close(self) -> None:
+        """Releases what the runner holds beyond memory (a tensor-parallel group's
+        processes)."""
 
 
 @dataclass
@@ -95,6 +104,7 @@ class LLMEngine:
         self._deferred: list[StepOutput] = []   # aborts, reported by the next step
         self._num_prompt_tokens = self._num_generation_tokens = 0
         self._finished: Counter[str] = Counter()
+        self._dead: str | None = None   # why the engine cannot go on (EngineDead)
 
     # -- requests ------------------------------------------------------------------------
 
@@ -102,6 +112,8 @@ class LLMEngine:
                     priority: int = 0, arrival_time: float | None = None) -> None:
         """Queues a request; raises ValueError (and queues nothing) if it is invalid or
         could never fit."""
+        if self._dead is not None:
+            raise EngineDead(self._dead)
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self._requests:
@@ -197,9 +209,32 @@ class LLMEngine:
     def _fail(self, request_ids: Iterable[str], exc: Exception) -> list[StepOutput]:
         """Ends these requests with finish reason "error"; the others go on."""
         open_ids = [rid for rid in dict.fromkeys(request_ids) if rid in self._requests]
-        log.exception("request(s) %s failed", ", ".join(open_ids))
         error = f"{type(exc).__name__}: {exc}"
+        if open_ids:
+            log.error("request(s) %s failed: %s", ", ".join(open_ids), error,
+                      exc_info=exc if exc.__traceback__ is not None else None)
         return [out for rid in open_ids for out in self._end_request(rid, "error", error)]
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine cannot run another step (its runner's failure, e.g. a dead
+        tensor-parallel rank, seen even while idle), or None."""
+        return self._dead or getattr(self.runner, "failure", None)
+
+    def fail_all(self) -> list[StepOutput]:
+        """Ends every request in flight with the engine's failure (an idle engine found
+        dead); new requests are refused with it."""
+        self._dead = self.failure
+        outputs, self._deferred = self._deferred, []
+        return outputs + self._fail(list(self._requests), EngineDead(self._dead))
+
+    def close(self) -> None:
+        """Releases the runner's processes (tensor parallel); the engine is unusable
+        afterwards."""
+        self._dead = self._dead or "the engine is shut down"
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
 
     def has_unfinished(self) -> bool:
         return bool(self._requests or self._deferred)
@@ -223,6 +258,9 @@ class LLMEngine:
                                and s.seq.completion.phase != REASONING])
         try:
             sampling, logits = self.runner.run(out)
+        except EngineDead as exc:  # nothing can run: every request ends with the reason
+            self._dead = str(exc)
+            return outputs + self._fail(list(self._requests), exc)
         except Exception as exc:  # fail this step's requests, keep serving the others
             return outputs + self._fail((item.seq.request_id for item in out.scheduled), exc)
         forks = self.scheduler.update(out)  # computed tokens, prefix cache, n > 1 forks

@@ -1,8 +1,8 @@
 """runner: turns a SchedulerOutput into one model forward and sampled tokens.
 
 Owns the KV cache and the workspace; builds the flattened BatchMeta (numpy)
-the model reads, makes the copy-on-write block copies first, and samples each
-sequence's token with its own random generator."""
+the model reads (the forward makes the copy-on-write block copies first), and
+samples each sequence's token with its own random generator."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,10 +77,8 @@ class ModelRunner:
     def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
         """Runs the step; returns the sequences that sample and their logits rows
         (a view of the workspace, valid until the next step)."""
-        if out.copies:
-            self.kv.copy_blocks(out.copies)
         meta, sampling = self.build_meta(out)
-        return sampling, self.model.forward(meta, self.kv, self.workspace)
+        return sampling, self.model.forward(meta, self.kv, self.workspace, out.copies)
 
     def sample(self, seq: Sequence, row: np.ndarray) -> SampleResult:
         """seq's next token from its logits row (modified in place)."""

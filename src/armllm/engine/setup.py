@@ -1,22 +1,29 @@
 """setup: building an LLMEngine from a model path and its EngineArgs: set the
 kernel threads, load the weights, then size the KV cache from what memory is
 left and log the result, and put the engine's parts together (block manager,
-scheduler, model runner)."""
+scheduler, model runner). With tensor_parallel_size N > 1 the calling thread
+becomes rank 0 (bound to its CPUs and node before anything loads) and the
+other ranks start as processes (engine/tensor_parallel.py), loading their
+shards while rank 0 loads its own."""
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 from armllm import ops
+from armllm.engine import topology
 from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
 from armllm.engine.block_manager import BlockManager
+from armllm.engine.comm import DEFAULT_MAX_FLOATS
 from armllm.engine.llm_engine import LLMEngine
 from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import Scheduler
+from armllm.engine.tensor_parallel import RankGroup, TPModelRunner, stop_ranks
 from armllm.model.config import ModelConfig
 from armllm.model.kv_cache import KVCache, bytes_per_block, window_pool_blocks
-from armllm.model.loader import LoadedModel, load_model
+from armllm.model.loader import LoadedModel, load_model, model_path, tensor_parallel_plans
 from armllm.model.quantize import parse_scheme
 
 log = logging.getLogger("armllm")
@@ -33,22 +40,31 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def load(model: str | Path, args: EngineArgs, progress=None) -> LoadedModel:
-    """The model as `args` say (kernel threads, weight dtype, quantization): what
-    build_engine runs, and `armllm eval perplexity` too."""
-    if args.threads is not None:
-        ops.set_num_threads(args.threads)
-    quant = args.quantization if args.quantization in ("auto", "none") else \
+def _quantization(args: EngineArgs):
+    return args.quantization if args.quantization in ("auto", "none") else \
         parse_scheme(args.quantization)
-    return load_model(model, WEIGHT_DTYPES[args.dtype], progress, quant, args.quantize_lm_head)
 
 
-def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int
+def load(model: str | Path, args: EngineArgs, progress=None, comm: ops.Comm | None = None
+         ) -> LoadedModel:
+    """The model as `args` say (kernel threads, weight dtype, quantization): what
+    build_engine runs, and `armllm eval perplexity` too (comm: a tensor-parallel
+    rank's, whose threads are set already)."""
+    if args.threads is not None and comm is None:
+        ops.set_num_threads(args.threads)
+    return load_model(model, WEIGHT_DTYPES[args.dtype], progress, _quantization(args),
+                      args.quantize_lm_head, comm)
+
+
+def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int = 1
                   ) -> tuple[int, int | None, int]:
     """(blocks of the layers that attend the whole sequence, blocks of the
     sliding-window layers' own pool or None when they share the first, max_model_len
     within what the cache holds), from --kv-cache-gib or a share of free memory; logs
-    them, and what the window pool saves."""
+    them, and what the window pool saves. With tensor parallel, `c` is rank 0's
+    shard (the most KV heads of any rank) and --kv-cache-gib each rank's budget (by
+    default each rank's share of free memory), so the cache holds more tokens as
+    ranks are added."""
     bs, dtype = args.block_size, args.kv_cache_dtype
     sliding = sum(1 for i in range(c.num_layers) if c.window(i))
     want = args.max_num_seqs * -(-model_len // bs)   # every sequence at full length
@@ -57,7 +73,7 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int
     full_layers = c.num_layers - (sliding if window_blocks is not None else 0)
     window_block_bytes = bytes_per_block(c, sliding, bs, dtype)
     budget = args.kv_cache_gib * 2**30 if args.kv_cache_gib is not None else \
-        available_bytes() * DEFAULT_KV_FRACTION
+        available_bytes() * DEFAULT_KV_FRACTION / ranks
     if not full_layers:  # every layer slides: the window pool is the cache
         num_blocks = window_blocks = max(window_blocks, int(budget // window_block_bytes)) \
             if args.kv_cache_gib is not None else window_blocks
@@ -72,9 +88,10 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int
                              + (f" beside the sliding-window layers' pool of {window_blocks}"
                                 if window_blocks else ""))
         model_len = min(model_len, num_blocks * bs)
-        log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s), max_model_len %d, "
+        log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s%s), max_model_len %d, "
                  "%.1f sequences at full length", num_blocks, bs, num_blocks * per_block / 2**30,
-                 dtype, model_len, num_blocks * bs / model_len)
+                 dtype, f"; per rank, each of the {ranks} ranks caching its {c.num_kv_heads} "
+                 "KV heads" if ranks > 1 else "", model_len, num_blocks * bs / model_len)
     if window_blocks is not None:
         shared = num_blocks if full_layers else want  # what sharing one pool would hold
         log.info("sliding-window layers (%d of %d, window %d): their own pool of %d blocks "
@@ -85,17 +102,82 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int
 
 
 def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
+    if args.tensor_parallel_size > 1:
+        return _build_tensor_parallel(model, args, progress)
     loaded = load(model, args, progress)
+    kv, model_len, _ = _kv_cache(loaded, args)
+    runner = ModelRunner(loaded.model, kv, args.max_num_batched_tokens, args.max_num_seqs,
+                         model_len)
+    return _engine(loaded, kv, model_len, runner, args)
+
+
+def _kv_cache(loaded: LoadedModel, args: EngineArgs, ranks: int = 1
+              ) -> tuple[KVCache, int, dict]:
+    """The KV cache of the loaded model (a rank's shard's), max_model_len, and the
+    sizes the other ranks build theirs with."""
     if loaded.tensor_types:
         log.info("GGUF tensor types: %s", loaded.tensor_types)
     if loaded.model.weights.quantization:
         log.info("linear layers: %s", loaded.model.weights.quantization)
-    c = loaded.config
+    c = loaded.model.config
     model_len = min(args.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
-    num_blocks, num_window_blocks, model_len = size_kv_cache(c, args, model_len)
-    kv = KVCache(c, num_blocks, args.block_size, args.kv_cache_dtype, num_window_blocks)
+    num_blocks, num_window_blocks, model_len = size_kv_cache(c, args, model_len, ranks)
+    sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
+             "max_model_len": model_len}
+    return KVCache(c, num_blocks, args.block_size, args.kv_cache_dtype,
+                   num_window_blocks), model_len, sizes
+
+
+def _engine(loaded: LoadedModel, kv: KVCache, model_len: int, runner, args: EngineArgs
+            ) -> LLMEngine:
     blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching)
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_num_batched_tokens, model_len)
-    runner = ModelRunner(loaded.model, kv, args.max_num_batched_tokens, args.max_num_seqs,
-                         model_len)
     return LLMEngine(loaded, scheduler, runner, args.reasoning_parser)
+
+
+def _build_tensor_parallel(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
+    loaded, group, restore = start_ranks(model, args, progress)
+    try:
+        kv, model_len, sizes = _kv_cache(loaded, args, args.tensor_parallel_size)
+        group.configure(**sizes, max_tokens=args.max_num_batched_tokens,
+                        max_logits=args.max_num_seqs)
+        runner = TPModelRunner(loaded.model, kv, args.max_num_batched_tokens,
+                               args.max_num_seqs, model_len, group, restore)
+        return _engine(loaded, kv, model_len, runner, args)
+    except BaseException:
+        stop_ranks(group, restore)
+        raise
+
+
+def start_ranks(model: str | Path, args: EngineArgs, progress=None
+                ) -> tuple[LoadedModel, RankGroup, tuple[int, tuple[int, ...]]]:
+    """A tensor-parallel model: rank 0 here (this thread bound to its CPUs and node, its
+    kernel pool restarted there, its model's forward driving the others), ranks 1..
+    as processes that have loaded their shards; a model that does not split is
+    refused before anything starts. The caller sizes the KV cache and workspace and
+    gives them to group.configure(), and ends with stop_ranks(group, restore)."""
+    ranks, path = args.tensor_parallel_size, model_path(model)
+    tensor_parallel_plans(path, ranks, _quantization(args))
+    places = topology.placements(ranks, args.cpus)
+    for r, (cpus, nodes) in enumerate(places):
+        log.info("tensor-parallel rank %d: CPUs %s, memory of NUMA node(s) %s", r,
+                 topology.format_cpulist(cpus), ",".join(map(str, nodes)) or "unbound")
+    fields = {"dtype": WEIGHT_DTYPES[args.dtype], "quantization": args.quantization,
+              "quantize_lm_head": args.quantize_lm_head,
+              "kv_cache_dtype": args.kv_cache_dtype, "block_size": args.block_size}
+    restore = (threading.get_ident(), tuple(os.sched_getaffinity(0)))
+    topology.bind(places[0][0], list(places[0][1]))
+    ops.restart_pool(args.threads or len(places[0][0]))
+    group = None
+    try:
+        group = RankGroup.start(str(path), ranks, [p[0] for p in places],
+                                [p[1] for p in places], args.threads, fields,
+                                DEFAULT_MAX_FLOATS)
+        loaded = load(path, args, progress, group.comm)
+        loaded.model.channel = group.channel
+        group.wait("loaded")
+        return loaded, group, restore
+    except BaseException:
+        stop_ranks(group, restore)
+        raise
+

@@ -19,7 +19,7 @@ from pathlib import Path
 
 SYSFS = Path("/sys")
 NODE_DIR = "devices/system/node"
-MPOL_BIND = 2  # linux/mempolicy.h
+MPOL_DEFAULT, MPOL_BIND = 0, 2  # linux/mempolicy.h
 SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}   # the system call's number
 
 
@@ -115,11 +115,33 @@ def nodes_of(cpus: tuple[int, ...], nodes: list[Node] | None = None) -> list[int
     return [n.id for n in nodes if set(n.cpus) & set(cpus)]
 
 
+def placements(ranks: int, cpus: str | None = None
+               ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each rank's (CPU set, memory nodes) (see rank_cpus). Under a faked topology
+    ($ARMLLM_SYSFS) the memory nodes are empty: its nodes need not exist, so only the
+    CPUs are bound."""
+    nodes = numa_nodes()
+    sets = rank_cpus(ranks, cpus, nodes)
+    faked = "ARMLLM_SYSFS" in os.environ
+    return [(s, () if faked else tuple(nodes_of(s, nodes))) for s in sets]
+
+
 def bind(cpus: tuple[int, ...], node_ids: list[int]) -> None:
-    """Runs this process on `cpus` and allocates its memory from `node_ids` from now
-    on (call it before the kernel pool starts and before loading weights)."""
+    """Runs the calling thread, and the threads it starts afterwards (the kernel pool
+    must start after this), on `cpus`, and allocates their memory from `node_ids`
+    (none: the policy is left as it is)."""
     os.sched_setaffinity(0, cpus)
-    set_memory_nodes(node_ids)
+    if node_ids:
+        set_memory_nodes(node_ids)
+
+
+def unbind(cpus: tuple[int, ...]) -> None:
+    """Undoes bind() on the calling thread: runs it on `cpus` again (what
+    os.sched_getaffinity(0) gave before), memory from any node."""
+    os.sched_setaffinity(0, cpus)
+    number = SET_MEMPOLICY.get(platform.machine())
+    if number is not None:
+        ctypes.CDLL(None, use_errno=True).syscall(number, MPOL_DEFAULT, None, ctypes.c_ulong(0))
 
 
 def set_memory_nodes(node_ids: list[int]) -> None:

@@ -49,7 +49,9 @@ class Workspace:
     max_seq_len tokens (default: the model's context), and for quantized linear
     weights (`formats`, as ModelWeights.formats gives them) the int8 activations: one
     ActScratch per distinct input (K and group length) of the layers, one for the
-    lm_head. `Workspace.nbytes` is what this allocates, from the same arguments."""
+    lm_head. logits_cols: the logits rows' width (default the vocabulary; a
+    tensor-parallel rank other than 0 holds only its vocabulary shard's).
+    `Workspace.nbytes` is what this allocates, from the same arguments."""
 
     residual: np.ndarray          # [max_tokens, hidden] the residual stream
     hidden: np.ndarray            # [max_tokens, hidden] attention / MLP output
@@ -72,10 +74,10 @@ class Workspace:
 
     def __init__(self, config: ModelConfig, max_tokens: int, max_logits: int,
                  formats: LinearFormats | None = None, max_split_rows: int = 16,
-                 max_seq_len: int | None = None):
+                 max_seq_len: int | None = None, logits_cols: int | None = None):
         self.max_tokens, self.max_logits, self.formats = max_tokens, max_logits, formats
         for name, shape in self._arrays(config, max_tokens, max_logits, max_split_rows,
-                                        max_seq_len).items():
+                                        max_seq_len, logits_cols).items():
             setattr(self, name, None if shape is None else np.empty(shape, np.float32))
         scratch_args, layer_keys, head_key = self._scratch_plan(config, max_tokens, max_logits,
                                                                 formats)
@@ -90,16 +92,18 @@ class Workspace:
     @classmethod
     def nbytes(cls, config: ModelConfig, max_tokens: int, max_logits: int,
                formats: LinearFormats | None = None, max_split_rows: int = 16,
-               max_seq_len: int | None = None) -> int:
+               max_seq_len: int | None = None, logits_cols: int | None = None) -> int:
         """Bytes a Workspace of these arguments allocates: the engine's working memory."""
-        arrays = cls._arrays(config, max_tokens, max_logits, max_split_rows, max_seq_len)
+        arrays = cls._arrays(config, max_tokens, max_logits, max_split_rows, max_seq_len,
+                             logits_cols)
         scratches = cls._scratch_plan(config, max_tokens, max_logits, formats)[0]
         return (sum(4 * math.prod(shape) for shape in arrays.values() if shape is not None)
                 + sum(ops.ActScratch.nbytes_for(**args) for args in scratches.values()))
 
     @staticmethod
     def _arrays(c: ModelConfig, max_tokens: int, max_logits: int, max_split_rows: int,
-                max_seq_len: int | None) -> dict[str, tuple[int, ...] | None]:
+                max_seq_len: int | None, logits_cols: int | None = None
+                ) -> dict[str, tuple[int, ...] | None]:
         """The float32 buffers' shapes, by attribute name."""
         t, h = max_tokens, c.hidden_size
         dense = max((c.intermediate_size for i in range(c.num_layers) if not c.is_moe_layer(i)),
@@ -117,7 +121,7 @@ class Workspace:
             "expert_act": (t, e_inter) if moe else None,
             "expert_out": (t, h) if moe else None,
             "selected": (max_logits, h), "selected_residual": (max_logits, h),
-            "logits": (max_logits, c.vocab_size),
+            "logits": (max_logits, logits_cols or c.vocab_size),
             "attn_scratch": (ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
                                                   max_seq_len or c.max_position_embeddings),),
         }
@@ -154,16 +158,30 @@ class Workspace:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: ModelWeights):
+    """The decoder over its weights. A tensor-parallel rank's holds its shards
+    (model/sharding.py; `config` is its ShardPlan's) and `comm`, its ops.Comm: its
+    layers all-reduce after o and down (and the experts), and its lm_head's logits,
+    vocabulary columns vocab_bounds[rank]..vocab_bounds[rank + 1], are gathered onto
+    rank 0, whose forward returns the whole rows. Rank 0's also has `channel`
+    (engine/tensor_parallel.StepChannel): its forward first hands the batch to the
+    other ranks, whose forwards run in lockstep with it."""
+
+    def __init__(self, config: ModelConfig, weights: ModelWeights,
+                 comm: ops.Comm | None = None, vocab_bounds: tuple[int, ...] | None = None):
         self.config, self.weights = config, weights
+        self.comm = comm
+        self.channel = None   # rank 0 of several: set by engine/setup.py
+        self.vocab_bounds = None if vocab_bounds is None else np.asarray(vocab_bounds, np.int64)
         self.formats = weights.formats   # what a Workspace for these weights is built with
         c = config
         self.cos_sin = ops.rope_cos_sin(c.max_position_embeddings, c.head_dim, c.rope_theta,
                                         c.rope_scaling)
         self.scale = c.head_dim ** -0.5
 
-    def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.ndarray:
-        """Logits [len(meta.logits_rows), vocab] (a view of the workspace)."""
+    def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace,
+                copies: list[tuple[int, int, int]] | tuple = ()) -> np.ndarray:
+        """Logits [len(meta.logits_rows), vocab] (a view of the workspace), after the KV
+        block copies (group, src, dst: copy on write) `copies`."""
         t, r = len(meta.input_ids), len(meta.logits_rows)
         if t > ws.max_tokens or r > ws.max_logits:
             raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
@@ -171,10 +189,14 @@ class LlamaModel:
         if ws.formats is not self.formats and ws.formats != self.formats:
             raise ValueError("the workspace was built for other linear weight formats than "
                              "this model's: build it with Workspace(..., model.formats)")
-        ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
         if len(meta.other_groups) + 1 != len(kv.groups):
             raise ValueError(f"the batch has block tables for {len(meta.other_groups) + 1} KV "
                              f"groups, the cache {len(kv.groups)}")
+        if self.channel is not None:
+            self.channel.send(meta, copies)
+        if copies:
+            kv.copy_blocks(copies)
+        ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
         batches = [ops.StepBatch(meta.positions, slots, table, meta.seq_lens, meta.query_start)
                    for slots, table in ((meta.slot_mapping, meta.block_table),
                                         *meta.other_groups)]
@@ -183,11 +205,15 @@ class LlamaModel:
             ops.decoder_layer(layer, batches[group])
             if mlp is not None:
                 mlp.run(t)
+                if self.comm is not None:   # each rank's experts' share of the sum
+                    self.comm.allreduce(ws.hidden[:t].reshape(-1))
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
         # the final norm (with the last residual add) and the lm_head, on only the rows
         # that sample
         ops.norm_head(head, meta.logits_rows, t)
+        if self.comm is not None:
+            self.comm.gather_cols(ws.logits[:r], self.vocab_bounds)
         return ws.logits[:r]
 
     def _bound(self, kv: KVCache, ws: Workspace
@@ -221,9 +247,10 @@ class LlamaModel:
             layers.append(ops.bind_decoder_layer(
                 linears, lw.input_norm, lw.post_norm, *qk, c.rms_norm_eps, buffers, kv.k[i],
                 kv.v[i], self.cos_sin, c.num_heads, c.num_kv_heads, c.head_dim, self.scale,
-                c.window(i), first=i == 0, sinks=lw.sinks))
+                c.window(i), first=i == 0, sinks=lw.sinks, comm=self.comm))
+        # rank 0 of several: its vocabulary shard's columns come first in the whole rows
         head = ops.bind_norm_head(w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps,
                                   ws.hidden, ws.residual, ws.selected, ws.selected_residual,
-                                  ws.logits)
+                                  ws.logits[:, :w.lm_head.n])
         ws.bound = (self, kv, layers, sparse, head)
         return layers, sparse, head

@@ -9,14 +9,16 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from armllm import ops
 from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.llama import LlamaModel
+from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
-from armllm.model.weights import Quantization, WeightDtype, load_weights
+from armllm.model.weights import Quantization, WeightDtype, head_tensor_name, load_weights
 
 # llama.cpp's recommended-sampler metadata (gguf-py's Keys.General.SAMPLING_*) -> the
 # generation_config.json field it sets
@@ -85,25 +87,52 @@ def model_path(path: str | Path) -> Path:
     return path
 
 
-def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
-               quantization: Quantization = "auto", quantize_lm_head: bool = False
-               ) -> LoadedModel:
-    """Loads a Hugging Face model directory or a GGUF file (see load_weights for
-    `quantization`)."""
-    path = model_path(path)
+def _open(path: Path) -> tuple[ModelConfig, HFSource | GGUFSource, GGUFFile | None]:
+    """The config and tensor source of a checked model path (and its GGUFFile)."""
     if path.is_file():
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
-        weights = load_weights(GGUFSource(gguf, config), config, dtype, progress, quantization,
-                               quantize_lm_head)
-        tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
-        return LoadedModel(path, config, LlamaModel(config, weights), tokenizer, tok_config,
-                           gguf_generation_config(gguf, config), gguf.type_summary())
+        return config, GGUFSource(gguf, config), gguf
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
-    weights = load_weights(HFSource(path, ct), config, dtype, progress, quantization,
+    return config, HFSource(path, ct), None
+
+
+def _shard_plans(config: ModelConfig, source, ranks: int, quantization: Quantization
+                 ) -> list[ShardPlan]:
+    return plan_shards(config, ranks, k_unit(source, config, quantization))
+
+
+def tensor_parallel_plans(path: str | Path, ranks: int, quantization: Quantization = "auto"
+                          ) -> list[ShardPlan]:
+    """Each rank's ShardPlan for the model at `path` (headers only; no weights are
+    read), or a ValueError saying why it does not split over `ranks`."""
+    config, source, _ = _open(model_path(path))
+    return _shard_plans(config, source, ranks, quantization)
+
+
+def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
+               quantization: Quantization = "auto", quantize_lm_head: bool = False,
+               comm: ops.Comm | None = None) -> LoadedModel:
+    """Loads a Hugging Face model directory or a GGUF file (see load_weights for
+    `quantization`). With `comm`, a tensor-parallel rank's: the model holds rank
+    comm.rank's shards (model/sharding.py) and communicates through comm; the
+    LoadedModel's config stays the whole model's."""
+    path = model_path(path)
+    config, source, gguf = _open(path)
+    shard_config, vocab_bounds = config, None
+    if comm is not None:
+        plan = _shard_plans(config, source, comm.ranks, quantization)[comm.rank]
+        source = ShardedSource(source, plan, config, head_tensor_name(config))
+        shard_config, vocab_bounds = plan.config(config), plan.vocab_bounds
+    weights = load_weights(source, shard_config, dtype, progress, quantization,
                            quantize_lm_head)
-    return LoadedModel(path, config, LlamaModel(config, weights), _hf_tokenizer(path),
+    model = LlamaModel(shard_config, weights, comm, vocab_bounds)
+    if gguf is not None:
+        tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
+        return LoadedModel(path, config, model, tokenizer, tok_config,
+                           gguf_generation_config(gguf, config), gguf.type_summary())
+    return LoadedModel(path, config, model, _hf_tokenizer(path),
                        _read_json(path / "tokenizer_config.json"),
                        _read_json(path / "generation_config.json"))
 

@@ -191,9 +191,13 @@ def _quantizes_head(quantization: Quantization, quantize_lm_head: bool) -> bool:
     return quantization == "auto" or (quantize_lm_head and quantization != "none")
 
 
+def head_tensor_name(c: ModelConfig) -> str:
+    """The checkpoint tensor the lm_head is read from (the embedding when tied)."""
+    return "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+
+
 def _head_tensor(c: ModelConfig) -> tuple[str, tuple[int, int]]:
-    name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
-    return name, (c.vocab_size, c.hidden_size)
+    return head_tensor_name(c), (c.vocab_size, c.hidden_size)
 
 
 def linear_formats(source, config: ModelConfig, quantization: Quantization = "auto",
@@ -210,9 +214,13 @@ def linear_formats(source, config: ModelConfig, quantization: Quantization = "au
 
     layers = tuple(tuple(fmt(parts) for parts in _layer_tensors(config, i))
                    for i in range(config.num_layers))
-    head = fmt([_head_tensor(config)]) if _quantizes_head(quantization, quantize_lm_head) \
+    plan = getattr(source, "plan", None)   # a tensor-parallel rank's: its vocabulary rows
+    rows = plan.vocab[1] - plan.vocab[0] if plan else config.vocab_size
+    head = fmt([(head_tensor_name(config), (rows, config.hidden_size))]) \
+        if _quantizes_head(quantization, quantize_lm_head) else None
+    full = getattr(source, "full", source)
+    embed = full.native_format(*_embed_tensor(config)) if getter and quantization == "auto" \
         else None
-    embed = getter(*_embed_tensor(config)) if getter and quantization == "auto" else None
     return _formats_or_none(layers, head, embed.gguf[0][0] if embed and embed.gguf else None)
 
 
@@ -241,15 +249,21 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
     chunk) into one buffer in the pack's input form, and each chunk's file pages are
     released once it is copied, so the file's pages do not stay resident; the buffer (one
     matrix's pack input) is the only transient. The embeddings and lm_head, the largest
-    matrices, come first, while the least is resident."""
+    matrices, come first, while the least is resident.
+
+    A tensor-parallel rank loads with `source` its model/sharding.ShardedSource and
+    `config` its plan's: its shards, and the whole embedding table (from source.full)."""
     if dtype not in ("f32", "bf16"):
         raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
     if not (isinstance(quantization, Scheme) or quantization in ("auto", "none")):
         raise ValueError(f"quantization must be auto, none or a Scheme, got {quantization!r}")
     c = config
     used: set[str] = set()   # what the linear layers ended up as
+    full = getattr(source, "full", source)   # the replicated embedding's source
+    plan = getattr(source, "plan", None)     # a tensor-parallel rank's ShardPlan
+    v0, v1 = plan.vocab if plan else (0, c.vocab_size)   # the lm_head's rows
 
-    def check(name: str, shape: tuple[int, ...]) -> None:
+    def check(name: str, shape: tuple[int, ...], source=source) -> None:
         if not source.has(name):
             raise ValueError(f"{source.where}: missing tensor {name}")
         found = source.shape(name)
@@ -261,7 +275,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         check(name, shape)
         return source.get(name)
 
-    def float_matrix(names_shapes, out_dtype: WeightDtype) -> np.ndarray:
+    def float_matrix(names_shapes, out_dtype: WeightDtype, source=source) -> np.ndarray:
         """The parts' rows stacked into one new [N, K] array in `out_dtype` (bf16 as
         uint16 bits), converted a chunk at a time."""
         conv = as_bf16 if out_dtype == "bf16" else as_f32
@@ -270,7 +284,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                        np.uint16 if out_dtype == "bf16" else np.float32)
         first = 0
         for name, shape in names_shapes:
-            check(name, shape)
+            check(name, shape, source)
             for row0, rows in source.float_rows(name, chunk_rows(k)):
                 out[first + row0:first + row0 + len(rows)] = conv(rows)
             first += shape[0]
@@ -328,12 +342,12 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                 used.add(dtype)
             return ops.pack_weight(float_matrix(names_shapes, dtype), dtype)
         if fmt.runs_gguf:
-            origin = "GGUF" if isinstance(source, GGUFSource) else "checkpoint"
+            origin = "GGUF" if isinstance(full, GGUFSource) else "checkpoint"
             used.update(f"{t} ({origin}, as stored)" for t, _ in fmt.gguf)
             return gguf_matrix(names_shapes, fmt)
         if quantization == "auto":
             acts = "" if fmt.act_symmetric else ", asymmetric activations"
-            used.add(f"w{fmt.bits}a8-{_group_name(fmt.group)} ({_origin(source)}{acts})")
+            used.add(f"w{fmt.bits}a8-{_group_name(fmt.group)} ({_origin(full)}{acts})")
         else:
             used.add(quantization.name)
         q, d, o = quantized_matrix(names_shapes, natives, fmt)
@@ -341,12 +355,12 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
 
     h, q, kv = c.hidden_size, c.q_size, c.kv_size
     embed = None
-    if quantization == "auto" and hasattr(source, "embedding_table"):
-        check(*_embed_tensor(c))
-        embed = source.embedding_table(*_embed_tensor(c))
+    if quantization == "auto" and hasattr(full, "embedding_table"):
+        check(*_embed_tensor(c), full)
+        embed = full.embedding_table(*_embed_tensor(c))
     if embed is None:
-        embed = float_matrix([_embed_tensor(c)], dtype)
-    head = [_head_tensor(c)]
+        embed = float_matrix([_embed_tensor(c)], dtype, full)
+    head = [(_head_tensor(c)[0], (v1 - v0, h))]
     head_fmt = None
     if _quantizes_head(quantization, quantize_lm_head) and quantization != "none":
         check(*head[0])
@@ -356,10 +370,10 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         head_label = ", ".join(sorted(used))
         used.clear()
     elif c.tie_word_embeddings and isinstance(embed, np.ndarray):
-        lm_head = ops.pack_weight(embed, dtype)
+        lm_head = ops.pack_weight(np.ascontiguousarray(embed[v0:v1]), dtype)
     elif c.tie_word_embeddings:   # a quantized table under a float head
-        lm_head = ops.pack_weight(as_bf16(embed.dequantize()) if dtype == "bf16"
-                                  else embed.dequantize(), dtype)
+        table = embed.dequantize()[v0:v1]
+        lm_head = ops.pack_weight(as_bf16(table) if dtype == "bf16" else table, dtype)
     else:
         lm_head = matrix(head, may_quantize=False)
 

@@ -151,6 +151,12 @@ class ServerApp:
         key = state.config.api_key
         self._key = f"Bearer {key}".encode() if key else None
 
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine stopped on its own (a tensor-parallel rank died), or None."""
+        llm = self._state.llm
+        return None if llm is None else llm.failure
+
     def end_generations(self) -> None:
         """Ends every generation still running, each response with an error saying the
         server is shutting down (the process calls this when its grace period is over)."""

@@ -11,10 +11,14 @@ graceful stop.
   restarts with every byte), so a small subclass of its HTTP protocol adds it.
 - SIGINT/SIGTERM: stop accepting, let in-flight requests finish within the
   grace period, then end the generations still running (each response ends
-  with an error saying so) and exit 0."""
+  with an error saying so) and exit 0.
+- An engine that stops on its own (a tensor-parallel rank died; its requests
+  have ended with the reason, and /health answers 503) ends the server too,
+  with exit status 1, within a tick (0.1 s), so that a supervisor restarts it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from dataclasses import dataclass
 
@@ -22,6 +26,8 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from armllm.server.app import ServerApp
+
+log = logging.getLogger("armllm.server")
 
 # after the grace period, the time responses get to send their closing error before
 # uvicorn cancels what is left
@@ -37,7 +43,8 @@ class Limits:
 
 def serve(app: ServerApp, host: str, port: int, limits: Limits, shutdown_grace_s: float,
           log_level: str) -> int:
-    """Runs until SIGINT/SIGTERM; the exit status (1 if the server could not start)."""
+    """Runs until SIGINT/SIGTERM; the exit status (1 if the server could not start or
+    its engine stopped on its own)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             http=_header_deadline_protocol(limits.timeout_request_read),
                             limit_concurrency=limits.limit_concurrency,
@@ -45,6 +52,8 @@ def serve(app: ServerApp, host: str, port: int, limits: Limits, shutdown_grace_s
                             timeout_graceful_shutdown=shutdown_grace_s + _CLOSING_S)
     server = _Server(config, app, shutdown_grace_s)
     server.run()
+    if server.engine_failure is not None:
+        return 1
     return 0 if server.started or server.should_exit else 1
 
 
@@ -55,6 +64,14 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: ServerApp, grace_s: float):
         super().__init__(config)
         self.app, self.grace_s = app, grace_s
+        self.engine_failure: str | None = None
+
+    async def on_tick(self, counter: int) -> bool:
+        failure = self.app.engine_failure
+        if failure is not None and not self.should_exit:
+            log.error("the engine stopped (%s): shutting the server down", failure)
+            self.engine_failure, self.should_exit = failure, True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig, frame):
         if self.should_exit and sig == signal.SIGINT:

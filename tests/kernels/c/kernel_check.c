@@ -774,6 +774,14 @@ static void f16_fields(int type, int *d, int *second) {
   }
 }
 
+/* a and b hold the same bits, or NaNs at the same places (a NaN's sign and payload
+ * depend on which of two NaN operands an add returns: not part of the result). */
+static int same_floats(const float *a, const float *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (isnan(a[i]) ? !isnan(b[i]) : memcmp(&a[i], &b[i], sizeof(float))) return 0;
+  return 1;
+}
+
 /* An MXFP4 e8m0 exponent: mostly around 2^-10, one in 8 an end of the range
  * (2^-128, 2^-127, 2^-126, 2^126, 2^127) or NaN (255). */
 static uint8_t rand_e8m0(void) {
@@ -851,12 +859,13 @@ static void gguf_case(report *r, const armllm_kernels *v, armllm_pool *pool, arm
   if (pool2) v->gemm_gguf(pool2, xq, m, k, ldq, scale, ldsc, gsum, ldgs, pk, n, b, y2, ldy);
   else memcpy(y2, y1, sizeof(float) * (size_t)(m * ldy));
   ref->gemm_gguf(NULL, xq, m, k, ldq, scale, ldsc, gsum, ldgs, pr, n, b, yref, ldy);
-  const size_t bytes = sizeof(float) * (size_t)(m * ldy);
-  if (memcmp(y, yref, bytes) || memcmp(y1, yref, bytes) || memcmp(y2, yref, bytes)) {
+  const int64_t count = m * ldy;
+  if (!same_floats(y, yref, count) || !same_floats(y1, yref, count) ||
+      !same_floats(y2, yref, count)) {
     if (r->bad < 5) {
-      const float *got = memcmp(y, yref, bytes) ? y : memcmp(y1, yref, bytes) ? y1 : y2;
-      for (int64_t i = 0; i < m * ldy; i++)
-        if (memcmp(&got[i], &yref[i], sizeof(float))) {
+      const float *got = !same_floats(y, yref, count) ? y : !same_floats(y1, yref, count) ? y1 : y2;
+      for (int64_t i = 0; i < count; i++)
+        if (!same_floats(&got[i], &yref[i], 1)) {
           printf("  gemm_gguf M=%lld K=%lld type %d (of %d parts) n=%lld: y[%lld,%lld] = %.9g, ref %.9g\n",
                  (long long)m, (long long)k, types[0], nparts, (long long)n,
                  (long long)(i / ldy), (long long)(i % ldy), got[i], yref[i]);
@@ -971,9 +980,44 @@ static int comm_broadcast_errors(void *segment, int rank) {
   return bad;
 }
 
+/* A gather of column blocks of 5 + 3r columns from rank r onto rank 0, 300 rows (in
+ * slices of whole rows: 1,000 floats hold 76 rows of the widest block); the number
+ * of wrong values rank 0 holds afterwards (0 on the other ranks), or 1 if the call
+ * failed. */
+static int comm_gather_errors(void *segment, int rank, int ranks) {
+  enum { ROWS = 300 };
+  int64_t col_start[5] = {0};
+  for (int q = 0; q < ranks; q++) col_start[q + 1] = col_start[q] + 5 + 3 * q;
+  const int64_t total = col_start[ranks], ld = rank == 0 ? total : col_start[rank + 1] - col_start[rank];
+  static float m[ROWS * 40]; /* the widest: rank 0 of 4 ranks, 38 columns */
+  for (int64_t i = 0; i < ROWS; i++)
+    for (int64_t j = 0; j < ld; j++)
+      m[i * ld + j] = rank == 0 && j >= col_start[1] ? -1.0f : (float)(i * 1000 + col_start[rank] + j);
+  if (armllm_comm_gather_cols(segment, rank, m, ROWS, ld, col_start)) return 1;
+  int bad = 0;
+  if (rank == 0)
+    for (int64_t i = 0; i < ROWS; i++)
+      for (int64_t j = 0; j < total; j++) bad += m[i * total + j] != (float)(i * 1000 + j);
+  return bad;
+}
+
+/* After the last rank aborts the segment instead of joining an all-reduce, every
+ * other rank's all-reduce returns -1, and so does the next one; 1 if not. */
+static int comm_abort_errors(void *segment, int rank, int ranks) {
+  float z[8] = {0};
+  if (rank == ranks - 1) {
+    usleep(20000); /* the others are waiting by now (spinning or asleep) */
+    armllm_comm_abort(segment);
+    return 0;
+  }
+  return armllm_comm_allreduce(segment, rank, z, 8) != -1 ||
+         armllm_comm_allreduce(segment, rank, z, 8) != -1;
+}
+
 /* N processes (fork) sum arrays of several lengths, in slices of 1,000 floats, then
- * 2,000 small back-to-back all-reduces and a broadcast; every rank's result must
- * equal the sum in rank order, bit for bit, and rank 0's bytes. */
+ * 2,000 small back-to-back all-reduces, a broadcast, a column gather and an abort;
+ * every rank's result must equal the sum in rank order, bit for bit, and rank 0's
+ * bytes; the abort must release every waiting rank with an error. */
 static void check_comm(void) {
   report r;
   report_start(&r, "comm", "allreduce");
@@ -1002,7 +1046,9 @@ static void check_comm(void) {
           for (int i = 0; i < 16; i++) y[i] = (float)(rank + i);
           armllm_comm_allreduce(shared, rank, y, 16);
         }
-        _exit(comm_broadcast_errors(shared, rank) ? 1 : 0);
+        int bad = comm_broadcast_errors(shared, rank) + comm_gather_errors(shared, rank, ranks);
+        bad += comm_abort_errors(shared, rank, ranks);
+        _exit(bad ? 1 : 0);
       }
     }
     for (int k = 0; k < NSIZES; k++) {
@@ -1018,6 +1064,8 @@ static void check_comm(void) {
         if (y[i] != (float)(ranks * i + ranks * (ranks - 1) / 2)) { r.bad++; break; }
     }
     r.bad += comm_broadcast_errors(shared, 0);
+    r.bad += comm_gather_errors(shared, 0, ranks);
+    r.bad += comm_abort_errors(shared, 0, ranks);
     for (int rank = 1; rank < ranks; rank++) {
       int st = 0;
       if (waitpid(kids[rank], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) r.bad++;
@@ -1032,7 +1080,7 @@ static void check_comm(void) {
             break;
           }
       }
-    r.cases += NSIZES + 1;
+    r.cases += NSIZES + 3;
     munmap(shared, seg_bytes + res_bytes);
   }
   report_end(&r, armllm_comm_atomic_impl());
