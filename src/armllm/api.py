@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from armllm.engine.data_parallel import ReplicaRouter, start_replicas
 from armllm.engine.engine_thread import EngineClosed, EngineThread
 from armllm.engine.llm_engine import ContextLengthExceeded, RequestRejected
 from armllm.engine.outputs import (
@@ -37,7 +38,24 @@ class _EngineClient:
     """What LLM and AsyncLLM share: the engine, prompts, defaults, chat."""
 
     def __init__(self, model: str | Path, progress=None, **engine_args):
-        self.engine = build_engine(model, EngineArgs(**engine_args), progress)
+        args = EngineArgs(**engine_args)
+        self._replicas = []   # data-parallel replicas 1.. (AsyncLLM)
+        if args.data_parallel_size > 1:
+            if not isinstance(self, AsyncLLM):
+                raise ValueError(f"data_parallel_size={args.data_parallel_size}: replicas "
+                                 "serve concurrent requests; use AsyncLLM (armllm serve)")
+            args, self._replicas = start_replicas(model, args)
+        try:
+            self.engine = build_engine(model, args, progress)
+            for replica in self._replicas:
+                replica.wait_ready()
+        except BaseException:
+            for replica in self._replicas:
+                replica.shutdown()
+            if hasattr(self, "engine"):
+                self.engine.close()
+            raise
+        self.block_size = args.block_size
         self.loaded = self.engine.loaded
         self.tokenizer = self.engine.tokenizer
 
@@ -188,7 +206,9 @@ class AsyncLLM(_EngineClient):
 
     def __init__(self, model: str | Path, progress=None, **engine_args):
         super().__init__(model, progress, **engine_args)
-        self._engine_thread = EngineThread(self.engine)
+        local = EngineThread(self.engine)
+        self._engine_thread = ReplicaRouter([local, *self._replicas], self.block_size) \
+            if self._replicas else local
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0
@@ -230,8 +250,15 @@ class AsyncLLM(_EngineClient):
         self._engine_thread.abort(request_id)
 
     def stats(self) -> EngineStats:
-        """The engine's gauges and counters as of its last step or command."""
+        """The engine's gauges and counters as of its last step or command (data
+        parallel: every replica's summed)."""
         return self._engine_thread.stats()
+
+    def replica_stats(self) -> list[tuple[int, bool, EngineStats | None]] | None:
+        """Data parallel: (index, alive, stats) of each replica; None for one engine."""
+        if not self._replicas:
+            return None
+        return self._engine_thread.replica_stats()
 
     @property
     def failure(self) -> str | None:
@@ -239,6 +266,9 @@ class AsyncLLM(_EngineClient):
         request in flight ended with this error), or None."""
         if self._engine_thread.alive or self._engine_thread.closed_by_shutdown:
             return None
+        if self._replicas:
+            return "; ".join(filter(None, [self.engine.failure,
+                                           *self._engine_thread.failures]))
         return self.engine.failure
 
     @property

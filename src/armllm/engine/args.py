@@ -70,10 +70,16 @@ class EngineArgs:
         1, "ranks (processes) the model is split over by heads and MLP columns, one per "
         "NUMA node by default, communicating through shared memory", metavar="N",
         aliases=("-tp",))
+    data_parallel_size: int = _flag(
+        1, "independent engine replicas (processes, each of --tensor-parallel-size ranks) "
+        "behind one server, one per NUMA node by default; each request goes to the least "
+        "loaded, or to one whose prefix cache holds its first blocks (AsyncLLM and serve)",
+        metavar="N", aliases=("-dp",))
     cpus: str | None = _flag(
-        None, "each tensor-parallel rank's CPUs, ranks separated by |, e.g. '0-47|48-95'",
-        metavar="LISTS", unset="one NUMA node's CPUs per rank (a node shared by several "
-        "ranks is split between them)")
+        None, "each rank's CPUs (tensor-parallel ranks of each data-parallel replica in "
+        "turn), separated by |, e.g. '0-47|48-95'", metavar="LISTS",
+        unset="one NUMA node's CPUs per rank (a node shared by several ranks is split "
+        "between them)")
     reasoning_parser: str | None = _flag(
         None, "a reasoning model's thinking goes to reasoning_content, its answer to content "
         "(qwen3: <think>...</think>; deepseek_r1: the template opens <think>; harmony: "
@@ -106,11 +112,16 @@ class EngineArgs:
                 1 <= self.tensor_parallel_size <= MAX_RANKS:
             raise ValueError(f"tensor_parallel_size must be an integer from 1 to {MAX_RANKS}, "
                              f"got {self.tensor_parallel_size!r}")
+        if not _is_int(self.data_parallel_size) or not \
+                1 <= self.data_parallel_size <= MAX_RANKS:
+            raise ValueError(f"data_parallel_size must be an integer from 1 to {MAX_RANKS}, "
+                             f"got {self.data_parallel_size!r}")
         if self.cpus is not None:
             if not isinstance(self.cpus, str):
                 raise ValueError(f"cpus must be a string such as '0-47|48-95', got "
                                  f"{self.cpus!r}")
-            rank_cpus(self.tensor_parallel_size, self.cpus, [])   # raises naming the value
+            # raises naming the value
+            rank_cpus(self.tensor_parallel_size * self.data_parallel_size, self.cpus, [])
         if self.threads is not None and (not _is_int(self.threads)
                                          or not 1 <= self.threads <= MAX_THREADS):
             raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got "

@@ -102,8 +102,15 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
 
 
 def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
+    if args.data_parallel_size > 1:
+        raise ValueError(f"data_parallel_size={args.data_parallel_size}: replicas run behind "
+                         "AsyncLLM (armllm serve); build one engine per replica")
     if args.tensor_parallel_size > 1:
         return _build_tensor_parallel(model, args, progress)
+    if args.cpus is not None:   # one rank on the CPUs given (a data-parallel replica's)
+        (cpus, nodes), = topology.placements(1, args.cpus)
+        topology.bind(cpus, list(nodes))
+        ops.restart_pool(args.threads or len(cpus))
     loaded = load(model, args, progress)
     kv, model_len, _ = _kv_cache(loaded, args)
     runner = ModelRunner(loaded.model, kv, args.max_num_batched_tokens, args.max_num_seqs,

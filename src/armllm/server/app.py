@@ -67,10 +67,15 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
 
     async def health(request: Request) -> Response:
         try:
-            state.ready_llm()
+            llm = state.ready_llm()
         except P.APIError as exc:
             return JSONResponse(exc.body(), status_code=503)
-        return JSONResponse({"status": "ok"})
+        replicas = llm.replica_stats()
+        if replicas is None:
+            return JSONResponse({"status": "ok"})
+        # data parallel: serving while any replica serves; the dead ones named
+        return JSONResponse({"status": "ok", "replicas": len(replicas),
+                             "replicas_down": [i for i, alive, _ in replicas if not alive]})
 
     async def version(request: Request) -> Response:
         return JSONResponse({"version": armllm.__version__})
@@ -84,7 +89,7 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
 
     async def metrics(request: Request) -> Response:
         text = "" if state.llm is None else \
-            state.metrics.render(state.llm.stats(), state.in_flight)
+            state.metrics.render(state.llm.stats(), state.in_flight, state.llm.replica_stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     routes = [Route("/health", health), Route("/version", version),

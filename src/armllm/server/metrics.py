@@ -41,6 +41,29 @@ class Histogram:
         return lines
 
 
+# the engine's metrics: (name, type, help, EngineStats field)
+ENGINE_METRICS = (
+    ("armllm:num_requests_running", "gauge", "Sequences in the running batch.", "num_running"),
+    ("armllm:num_requests_waiting", "gauge", "Sequences waiting to be scheduled.",
+     "num_waiting"),
+    ("armllm:kv_cache_usage_perc", "gauge",
+     "Fraction of KV-cache blocks held by sequences (1 = full).", "kv_usage"),
+    ("armllm:kv_cache_blocks", "gauge", "KV-cache blocks in all.", "num_blocks"),
+    ("armllm:kv_cache_free_blocks", "gauge", "KV-cache blocks free.", "num_free_blocks"),
+    ("armllm:prefix_cache_cached_blocks", "gauge", "Blocks the prefix cache can serve.",
+     "num_cached_blocks"),
+    ("armllm:prefix_cache_queries_total", "counter",
+     "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+    ("armllm:prefix_cache_hits_total", "counter",
+     "Prompt tokens served from the prefix cache.", "prefix_cache_hits"),
+    ("armllm:num_preemptions_total", "counter", "Sequences preempted.", "num_preemptions"),
+    ("armllm:prompt_tokens_total", "counter", "Prompt tokens received.", "num_prompt_tokens"),
+    ("armllm:generation_tokens_total", "counter", "Tokens generated.",
+     "num_generation_tokens"),
+    ("armllm:engine_steps_total", "counter", "Engine steps run.", "num_steps"),
+)
+
+
 class ServerMetrics:
     """Observed on the event loop; rendered from any thread."""
 
@@ -92,7 +115,11 @@ class ServerMetrics:
         with self._lock:
             self.http[(route, status)] += 1
 
-    def render(self, stats: EngineStats, in_flight: int) -> str:
+    def render(self, stats: EngineStats, in_flight: int,
+               replicas: list[tuple[int, bool, EngineStats | None]] | None = None) -> str:
+        """The exposition text. With data-parallel `replicas` ((index, alive, stats)),
+        every engine metric is given per replica (label replica="i"), with
+        armllm:replica_up saying which serve."""
         lb = self.labels
         out: list[str] = []
 
@@ -100,35 +127,24 @@ class ServerMetrics:
             out.extend([f"# HELP {name} {help}", f"# TYPE {name} {kind}",
                         f"{name}{{{labels}}} {value}"])
 
-        metric("armllm:num_requests_running", "gauge", "Sequences in the running batch.",
-               stats.num_running)
-        metric("armllm:num_requests_waiting", "gauge", "Sequences waiting to be scheduled.",
-               stats.num_waiting)
-        metric("armllm:num_requests_in_flight", "gauge",
-               "Completions admitted (n per prompt) and not yet answered.", in_flight)
-        metric("armllm:kv_cache_usage_perc", "gauge",
-               "Fraction of KV-cache blocks held by sequences (1 = full).", stats.kv_usage)
-        metric("armllm:kv_cache_blocks", "gauge", "KV-cache blocks in all.", stats.num_blocks)
-        metric("armllm:kv_cache_free_blocks", "gauge", "KV-cache blocks free.",
-               stats.num_free_blocks)
-        metric("armllm:prefix_cache_cached_blocks", "gauge",
-               "Blocks the prefix cache can serve.", stats.num_cached_blocks)
-        metric("armllm:prefix_cache_queries_total", "counter",
-               "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries)
-        metric("armllm:prefix_cache_hits_total", "counter",
-               "Prompt tokens served from the prefix cache.", stats.prefix_cache_hits)
-        metric("armllm:num_preemptions_total", "counter", "Sequences preempted.",
-               stats.num_preemptions)
-        metric("armllm:prompt_tokens_total", "counter", "Prompt tokens received.",
-               stats.num_prompt_tokens)
-        metric("armllm:generation_tokens_total", "counter", "Tokens generated.",
-               stats.num_generation_tokens)
-        metric("armllm:engine_steps_total", "counter", "Engine steps run.", stats.num_steps)
+        sources = [(lb, stats)] if replicas is None else [
+            (f'{lb},replica="{i}"', s) for i, _, s in replicas if s is not None]
+        for name, kind, help, field in ENGINE_METRICS:
+            out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
+            out += [f"{name}{{{labels}}} {getattr(s, field)}" for labels, s in sources]
         name = "armllm:request_success_total"
         out += [f"# HELP {name} Completions ended, by finish reason.", f"# TYPE {name} counter"]
-        for reason in sorted({"stop", "length", "abort", "error", *stats.finished}):
-            out.append(f'{name}{{{lb},finished_reason="{reason}"}} '
-                       f"{stats.finished.get(reason, 0)}")
+        for labels, s in sources:
+            for reason in sorted({"stop", "length", "abort", "error", *s.finished}):
+                out.append(f'{name}{{{labels},finished_reason="{reason}"}} '
+                           f"{s.finished.get(reason, 0)}")
+        if replicas is not None:
+            name = "armllm:replica_up"
+            out += [f"# HELP {name} 1 while a data-parallel replica serves, 0 once it died.",
+                    f"# TYPE {name} gauge"]
+            out += [f'{name}{{{lb},replica="{i}"}} {int(alive)}' for i, alive, _ in replicas]
+        metric("armllm:num_requests_in_flight", "gauge",
+               "Completions admitted (n per prompt) and not yet answered.", in_flight)
         with self._lock:
             metric("armllm:requests_rejected_overload_total", "counter",
                    "Requests answered 503 because the server was at capacity.",
