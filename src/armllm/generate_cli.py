@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from armllm.cmdline import UsageError, add_model_argument, resolve_model
-from armllm.engine.args import EngineArgs
+from armllm.engine.args import SERVER_ONLY, EngineArgs
 from armllm.model.quantize import SCHEME_NAMES, parse_scheme
 from armllm.sampling import SamplingParams
 
@@ -190,7 +190,7 @@ def add_commands(sub) -> None:
     add_model_argument(chat)
     add_sampling_arguments(chat)
     for p, command in ((gen, cmd_generate), (chat, cmd_chat)):
-        EngineArgs.add_cli_args(p)
+        EngineArgs.add_cli_args(p, exclude=SERVER_ONLY)
         # one prompt at a time: a KV cache for one sequence, not the server's 32 (the cache
         # is committed when the model loads)
         p.set_defaults(func=command, max_num_seqs=1)

@@ -38,7 +38,7 @@ import numpy as np
 
 from armllm.bench.rss import peak_rss_bytes, rss_bytes
 from armllm.cmdline import UsageError, add_model_argument
-from armllm.engine.args import EngineArgs
+from armllm.engine.args import SERVER_ONLY, EngineArgs
 from armllm.generate_cli import load_llm
 from armllm.sampling import SamplingParams
 
@@ -58,7 +58,8 @@ def _add_common_arguments(p: argparse.ArgumentParser, input_len: int, output_len
                    help=f"generated tokens per request (default {output_len})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    EngineArgs.add_cli_args(p, unset={"max_model_len": "--input-len + --output-len"})
+    EngineArgs.add_cli_args(p, exclude=SERVER_ONLY,
+                            unset={"max_model_len": "--input-len + --output-len"})
 
 
 def add_throughput_arguments(p: argparse.ArgumentParser) -> None:

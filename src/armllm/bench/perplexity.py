@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from armllm.cmdline import UsageError, add_model_argument, resolve_model
-from armllm.engine.args import EngineArgs
+from armllm.engine.args import SERVER_ONLY, EngineArgs
 from armllm.generate_cli import engine_args
 
 if TYPE_CHECKING:
     from armllm.model.loader import LoadedModel
 
 # one window runs at a time, and windows at shifted positions share no KV prefix
-NOT_HONOURED = ("max_num_seqs", "enable_prefix_caching")
+NOT_HONOURED = ("max_num_seqs", "enable_prefix_caching", *SERVER_ONLY)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,11 +12,11 @@ import json
 from pathlib import Path
 
 from armllm.cmdline import UsageError, add_model_argument, resolve_model
-from armllm.engine.args import DEFAULT_KV_FRACTION, EngineArgs
+from armllm.engine.args import DEFAULT_KV_FRACTION, SERVER_ONLY, EngineArgs
 
 PROBE_MIN_TIME = 0.3             # seconds per bandwidth measurement
 # what plan cannot honour: prefix caching changes no memory figure
-EXCLUDED_ENGINE_FLAGS = ("enable_prefix_caching",)
+EXCLUDED_ENGINE_FLAGS = ("enable_prefix_caching", *SERVER_ONLY)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,8 @@ KV_CACHE_DTYPES = ("bf16", "f32")
 QUANTIZATION_CHOICES = ("auto", "none", *SCHEME_NAMES)
 MAX_THREADS = 4096  # what the kernel thread pool accepts
 MAX_RANKS = 64     # tensor-parallel ranks the all-reduce segment holds (comm.h)
+# what only a server honours: replicas serve concurrent requests (AsyncLLM)
+SERVER_ONLY = ("data_parallel_size",)
 DEFAULT_KV_FRACTION = 0.4  # of available memory after the weights, when kv_cache_gib is unset
 
 
