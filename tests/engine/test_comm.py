@@ -1,8 +1,10 @@
 """The tensor-parallel all-reduce (engine/comm.py over _kernels/comm.c) between
 real processes: random sizes up to 10^6 floats at 2, 3 and 4 ranks (more than
 this machine's CPUs: ranks sleep at the barriers) equal numpy's sum in rank
-order on every rank, bit for bit; 10^4 back-to-back calls; bad arguments; the
-segment is gone from /dev/shm afterwards. The same kernel runs between forked
+order on every rank, bit for bit; rank 0's broadcast and the gather of every
+rank's logits columns onto rank 0; 10^4 back-to-back calls; an abort releasing a
+rank that waits for a dead one; bad arguments; the segment is gone from /dev/shm
+afterwards. The same kernel runs between forked
 processes under qemu aarch64 (LL/SC and LSE) in tests/kernels/c/kernel_check.c."""
 from __future__ import annotations
 
@@ -36,7 +38,24 @@ def run_rank(name: str, rank: int, ranks: int, sizes: list[int], seed: int,
             comm.allreduce(y)
         batch = np.arange(3 * MAX_FLOATS + 5, dtype=np.int32) * (7 if rank == 0 else 0)
         comm.broadcast(batch)    # several slices of the segment
-        out.put((rank, results, y.copy(), batch))
+        bounds = np.cumsum([0, *(gather_width(q) for q in range(ranks))])
+        block = np.zeros((GATHER_ROWS, bounds[-1] if rank == 0 else gather_width(rank)),
+                         np.float32)
+        block[:, :gather_width(rank)] = gather_block(rank)
+        comm.comm.gather_cols(block, bounds)   # logits' columns, in slices of whole rows
+        out.put((rank, results, y.copy(), batch, block))
+
+
+GATHER_ROWS = 70
+
+
+def gather_width(rank: int) -> int:
+    return 1000 + 37 * rank
+
+
+def gather_block(rank: int) -> np.ndarray:
+    return np.random.default_rng([99, rank]).standard_normal(
+        (GATHER_ROWS, gather_width(rank))).astype(np.float32)
 
 
 def run_ranks(ranks: int, sizes: list[int], seed: int = 0, back_to_back: int = 0):
@@ -69,6 +88,33 @@ def test_sums_equal_numpy_in_rank_order_on_every_rank(ranks):
             assert np.array_equal(got[r][1][k], want), (ranks, n, r)
     for r in range(ranks):   # rank 0's batch reached every rank
         assert np.array_equal(got[r][3], np.arange(3 * MAX_FLOATS + 5, dtype=np.int32) * 7)
+    # every rank's columns on rank 0, in rank order
+    assert np.array_equal(got[0][4], np.concatenate([gather_block(r) for r in range(ranks)],
+                                                    axis=1))
+
+
+def test_abort_releases_a_waiting_rank():
+    """A rank waiting in an all-reduce for a rank that will never come (it died)
+    raises CommAborted once the segment is aborted, and so does every later call."""
+    import threading
+    import time
+    name = f"armllm-test-{uuid.uuid4().hex}"
+    with AllReduce(name, 0, 2, 64, create=True) as comm:
+        raised = []
+
+        def wait() -> None:
+            try:
+                comm.allreduce(np.zeros(8, np.float32))
+            except ops.CommAborted as exc:
+                raised.append(exc)
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.2)   # asleep on the futex by now
+        comm.abort()
+        t.join(5)
+        assert not t.is_alive() and len(raised) == 1
+        with pytest.raises(ops.CommAborted, match="a rank failed"):
+            comm.broadcast(np.zeros(4, np.int32))
 
 
 def test_back_to_back():

@@ -241,3 +241,40 @@ def test_workers_exit_when_rank0_is_killed(tmp_path):
     stat = Path(f"/proc/{workers[0]}/stat")
     assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z"
     assert not any(s.startswith(f"armllm-tp-{proc.pid}-") for s in segments())
+
+
+@pytest.mark.parametrize("layout", ["float", "mxfp4"])
+def test_gpt_oss_sinks_biases_and_mxfp4_experts(tmp_path, layout):
+    """GPT-OSS: each rank's attention sinks, o's and the experts' down biases counted
+    once (rank 0's), gate/up biases split with their columns, MXFP4 experts cut at
+    their 32-column blocks, sliding and full layers."""
+    from tests.model.test_gpt_oss import GPT_OSS, randomize_sinks, write_mxfp4_checkpoint
+    hf = make_tiny(tmp_path, "GptOssConfig", "GptOssForCausalLM", GPT_OSS)
+    randomize_sinks(hf)
+    if layout == "float":
+        hf.save_pretrained(tmp_path, safe_serialization=True)
+    else:
+        (tmp_path / "model.safetensors").unlink()
+        write_mxfp4_checkpoint(tmp_path, hf, np.random.default_rng(7))
+    assert_tp_matches(tmp_path, 2, steps=32, rtol=1e-4 if layout == "float" else 1e-2,
+                      dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.01)
+
+
+def test_pretended_topology_places_the_ranks(tmp_path, monkeypatch):
+    """A faked two-node topology ($ARMLLM_SYSFS): rank 0 (this thread) runs on node 0's
+    CPU and rank 1 on node 1's while the engine lives; the thread's CPUs come back
+    after shutdown."""
+    for node, cpu in ((0, 0), (1, 1)):
+        d = tmp_path / "sys" / "devices/system/node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(f"{cpu}\n")
+    monkeypatch.setenv("ARMLLM_SYSFS", str(tmp_path / "sys"))
+    model = write_tiny_llama(tmp_path / "m", hidden=64, heads=4, kv_heads=2, inter=96)
+    before = os.sched_getaffinity(0)
+    with LLM(model, tensor_parallel_size=2, kv_cache_gib=0.01) as tp:
+        (worker,) = tp_workers(os.getpid())
+        status = Path(f"/proc/{worker}/status").read_text()
+        assert "Cpus_allowed_list:\t1\n" in status
+        assert os.sched_getaffinity(0) == {0}
+        assert tp.generate("w1 w2", SamplingParams(max_tokens=4))[0].token_ids
+    assert os.sched_getaffinity(0) == before

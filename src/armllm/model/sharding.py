@@ -74,12 +74,13 @@ class ShardPlan:
 
     def config(self, c: ModelConfig) -> ModelConfig:
         """The model's config as this rank's layers see it (the vocabulary stays whole:
-        the embedding is replicated)."""
+        the embedding is replicated; a size no layer uses stays as it was)."""
         return dataclasses.replace(
             c, num_heads=self.q_heads[1] - self.q_heads[0],
             num_kv_heads=self.kv_heads[1] - self.kv_heads[0],
-            intermediate_size=self.inter[1] - self.inter[0],
-            moe_intermediate_size=self.moe_inter[1] - self.moe_inter[0])
+            intermediate_size=self.inter[1] - self.inter[0] or c.intermediate_size,
+            moe_intermediate_size=self.moe_inter[1] - self.moe_inter[0]
+            or c.moe_intermediate_size)
 
 
 def plan_shards(c: ModelConfig, ranks: int, k_unit: int = 1) -> list[ShardPlan]:
