@@ -131,7 +131,7 @@ def test_flags_it_cannot_honour_are_refused(capsys, tiny, text):
 def test_tensor_parallel_gives_the_same_number(capsys, tiny, text):
     """Two ranks score the same windows: the same perplexity within f32 summation
     order (the all-reduce's), and no worker left behind."""
-    from tests.engine.test_tensor_parallel import tp_workers
+    from tests.processes import tp_workers
     flags = ("--context", str(CONTEXT), "--stride", str(STRIDE), "--kv-cache-dtype", "f32",
              "--max-num-batched-tokens", "16")
     one = run(capsys, tiny, text, *flags)

@@ -29,6 +29,7 @@ import pytest
 from armllm import LLM, SamplingParams
 from armllm.model.config import load_hf_config
 from armllm.model.sharding import plan_shards
+from tests.processes import segments, tp_workers
 from tests.test_sampling_defaults import tokenizer_metadata
 from tests.tiny_model import write_tiny_gguf, write_tiny_llama
 
@@ -37,27 +38,6 @@ transformers = pytest.importorskip("transformers")
 from tests.model.test_llama_vs_transformers import VARIANTS, make_tiny  # noqa: E402
 
 PROMPTS = [[5, 17, 33, 2, 71, 9], [40, 41, 42], [88, 3, 60, 61, 62, 63, 64, 12, 1]]
-
-
-def tp_workers(parent: int) -> list[int]:
-    """Live tensor-parallel worker processes whose parent is `parent`."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == parent and fields[0] != "Z" and b"tp_worker" in cmd:
-            pids.append(int(d.name))
-    return pids
-
-
-def segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").glob("armllm-tp-*")}
 
 
 def run_logged(llm: LLM, prompts, params: SamplingParams) -> tuple[list, list[np.ndarray]]:

@@ -12,11 +12,11 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.processes import tp_workers
 from tests.server.conftest import running_server
 
 ENGINE = ("--dtype", "float32", "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.02",
@@ -24,17 +24,7 @@ ENGINE = ("--dtype", "float32", "--kv-cache-dtype", "f32", "--kv-cache-gib", "0.
 
 
 def replica_workers(parent: int) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat, cmd = (d / "stat").read_text(), (d / "cmdline").read_bytes()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[1]) == parent and fields[0] != "Z" and b"replica_worker" in cmd:
-                pids.append(int(d.name))
-    return pids
+    return tp_workers(parent, b"replica_worker")
 
 
 def per_replica(url: str, name: str) -> dict[int, float]:

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from tests.engine.test_tensor_parallel import segments, tp_workers
+from tests.processes import segments, tp_workers
 from tests.server.conftest import running_server
 
 

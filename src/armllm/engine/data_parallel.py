@@ -28,7 +28,7 @@ from multiprocessing.connection import Pipe
 
 from armllm.engine import topology
 from armllm.engine.args import EngineArgs
-from armllm.engine.engine_thread import EngineClosed
+from armllm.engine.engine_thread import EngineClosed, take_sink
 from armllm.engine.llm_engine import RequestRejected
 from armllm.engine.outputs import EngineStats, StepOutput
 from armllm.sampling import SamplingParams
@@ -118,15 +118,9 @@ class RemoteReplica:
         self._fail(error)
 
     def _deliver(self, out: StepOutput) -> None:
-        entry = self._sinks.get(out.request_id)
-        if entry is None:
-            return
-        sink, open_count = entry
-        if out.finish_reason is not None:
-            open_count[0] -= 1
-            if open_count[0] == 0:
-                del self._sinks[out.request_id]
-        sink(out)
+        sink = take_sink(self._sinks, out)
+        if sink is not None:
+            sink(out)
 
     def _fail(self, error: str | None) -> None:
         """The replica is gone: its requests end with an error naming it."""

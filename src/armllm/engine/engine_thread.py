@@ -23,6 +23,20 @@ Sink = Callable[[StepOutput], None]
 HEALTH_POLL_S = 1.0   # an idle engine thread looks at the engine's failure this often
 
 
+def take_sink(sinks: dict[str, tuple[Sink, list[int]]], out: StepOutput) -> Sink | None:
+    """The sink of out's request in `sinks` (request -> (sink, [completions open])),
+    dropped from it with the request's last completion; None for an unknown request."""
+    entry = sinks.get(out.request_id)
+    if entry is None:
+        return None
+    sink, open_count = entry
+    if out.finish_reason is not None:
+        open_count[0] -= 1
+        if open_count[0] == 0:
+            del sinks[out.request_id]
+    return sink
+
+
 class EngineClosed(RuntimeError):
     """A request was sent after the engine shut down."""
 
@@ -132,14 +146,9 @@ class EngineThread:
 
     def _deliver(self, outputs: list[StepOutput]) -> None:
         for out in outputs:
-            entry = self._sinks.get(out.request_id)
-            if entry is None:
+            sink = take_sink(self._sinks, out)
+            if sink is None:
                 continue
-            sink, open_count = entry
-            if out.finish_reason is not None:
-                open_count[0] -= 1
-                if open_count[0] == 0:
-                    del self._sinks[out.request_id]
             try:
                 sink(out)
             except Exception:  # the consumer is gone (closed event loop): stop its request
