@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 import armllm
 from armllm.api import AsyncLLM
-from armllm.server import chat, completions, tokenize
+from armllm.server import chat, completions, openapi, tokenize
 from armllm.server import protocol as P
 from armllm.server.state import ServerConfig, ServerState
 
@@ -36,6 +36,7 @@ __all__ = ["ServerApp", "ServerConfig", "create_app"]
 def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
     """The application; without `llm` the model is loaded in a thread at startup."""
     state = ServerState(config, llm)
+    openapi_document = openapi.document(config.served_model_name)
 
     def load() -> None:
         try:
@@ -92,7 +93,11 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
             state.metrics.render(state.llm.stats(), state.in_flight, state.llm.replica_stats())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(openapi_document)
+
     routes = [Route("/health", health), Route("/version", version),
+              Route("/openapi.json", openapi_json),
               Route("/metrics", metrics), Route("/v1/models", models),
               *completions.routes(state), *chat.routes(state), *tokenize.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,

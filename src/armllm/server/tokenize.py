@@ -10,13 +10,14 @@ from armllm.server import protocol as P
 from armllm.server.chat import render_chat
 from armllm.server.state import ServerState
 
+TOKENIZE_FIELDS = {"model": "str", "prompt": "str", "messages": "list",
+                   "add_special_tokens": "bool", "add_generation_prompt": "bool"}
+DETOKENIZE_FIELDS = {"model": "str", "tokens": "list"}
+
 
 def routes(state: ServerState) -> list[Route]:
     async def tokenize(request: Request) -> Response:
-        llm, req = await state.read_request(
-            request, {"model": "str", "prompt": "str", "messages": "list",
-                      "add_special_tokens": "bool", "add_generation_prompt": "bool"},
-            "/tokenize")
+        llm, req = await state.read_request(request, TOKENIZE_FIELDS, "/tokenize")
         if ("prompt" in req) == ("messages" in req):
             raise P.bad("prompt", "give exactly one of prompt and messages")
         if "prompt" in req:
@@ -28,8 +29,7 @@ def routes(state: ServerState) -> list[Route]:
                              "tokens": ids})
 
     async def detokenize(request: Request) -> Response:
-        llm, req = await state.read_request(request, {"model": "str", "tokens": "list"},
-                                            "/detokenize")
+        llm, req = await state.read_request(request, DETOKENIZE_FIELDS, "/detokenize")
         tokens, vocab = req.get("tokens"), llm.vocab_size
         if tokens is None or not all(P.is_int(t) and 0 <= t < vocab for t in tokens):
             raise P.bad("tokens", f"must be a list of token ids in [0, {vocab})")

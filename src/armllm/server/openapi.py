@@ -1,0 +1,108 @@
+"""openapi: the server's OpenAPI 3.1 document (GET /openapi.json), built from
+the same field tables the routes check their bodies against
+(protocol.COMPLETION_FIELDS, CHAT_FIELDS, tokenize's), so that it cannot drift
+from what the server accepts. Every error response is OpenAI's error object."""
+from __future__ import annotations
+
+import armllm
+from armllm.server import protocol as P
+from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
+
+# a field table's kinds (protocol._CHECKS) as JSON Schema; null is always allowed (the
+# field's default)
+_KINDS = {"int": {"type": ["integer", "null"]}, "num": {"type": ["number", "null"]},
+          "bool": {"type": ["boolean", "null"]}, "str": {"type": ["string", "null"]},
+          "obj": {"type": ["object", "null"]}, "list": {"type": ["array", "null"]},
+          "any": {}}
+# the fields whose values have more shape than their kind says
+_SHAPES = {
+    "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
+                         {"type": "array", "items": {"type": "integer"}},
+                         {"type": "array", "items": {"type": "array",
+                                                     "items": {"type": "integer"}}}]},
+    "messages": {"type": "array", "items": {
+        "type": "object", "required": ["role"],
+        "properties": {"role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+                       "content": {"type": ["string", "array", "null"]},
+                       "name": {"type": "string"}, "tool_calls": {"type": "array"},
+                       "tool_call_id": {"type": "string"}}}},
+    "tokens": {"type": "array", "items": {"type": "integer"}},
+    "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer"}},
+}
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_JSON_OBJECT = {"type": "object"}
+
+
+def _body(fields: dict[str, str], required: tuple[str, ...], model: str) -> dict:
+    shapes = {**_SHAPES, "model": {"enum": [model, None]}}   # the one model served
+    schema = {"type": "object",
+              "properties": {k: shapes.get(k, _KINDS[v]) for k, v in fields.items()}}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+def _responses(ok: dict, *, media: str = "application/json") -> dict:
+    """The success response (`ok`, a schema, under `media`) and OpenAI's error object
+    for every other status."""
+    return {"200": {"description": "success", "content": {media: {"schema": ok}}},
+            "default": {"description": "an error (4xx: the request; 503: not ready, "
+                        "overloaded or stopped)",
+                        "content": {"application/json": {"schema": _ERROR}}}}
+
+
+def _post(summary: str, fields: dict[str, str], required: tuple[str, ...], ok: dict,
+          model: str, stream: bool = False) -> dict:
+    responses = _responses(ok)
+    if stream:   # "stream": true answers with server-sent events
+        responses["200"]["content"]["text/event-stream"] = {"schema": {
+            "type": "object", "properties": {"data": {"type": "string"}}}}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
+        "application/json": {"schema": _body(fields, required, model)}}},
+        "responses": responses}}
+
+
+def _get(summary: str, ok: dict, media: str = "application/json") -> dict:
+    return {"get": {"summary": summary, "responses": _responses(ok, media=media)}}
+
+
+def document(model: str) -> dict:
+    """The OpenAPI document of every route the server answers, serving `model` (the
+    name requests may give)."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "armllm", "version": armllm.__version__,
+                 "description": "OpenAI-compatible completions and chat, with vLLM's "
+                                "extensions (sampling fields, structured outputs, "
+                                "/tokenize)."},
+        "paths": {
+            "/health": _get("200 once the model serves, else 503", _JSON_OBJECT),
+            "/version": _get("the armllm version", {
+                "type": "object", "properties": {"version": {"type": "string"}},
+                "required": ["version"]}),
+            "/metrics": _get("Prometheus metrics", {"type": "string"},
+                             "text/plain"),
+            "/openapi.json": _get("this document", _JSON_OBJECT),
+            "/v1/models": _get("the served model", {
+                "type": "object", "properties": {"object": {"const": "list"},
+                                                 "data": {"type": "array"}},
+                "required": ["object", "data"]}),
+            "/v1/completions": _post("a completion of a prompt (or of each of a list)",
+                                     P.COMPLETION_FIELDS, ("prompt",), _JSON_OBJECT, model,
+                                     stream=True),
+            "/v1/chat/completions": _post("the assistant's reply to a conversation",
+                                          P.CHAT_FIELDS, ("messages",), _JSON_OBJECT,
+                                          model, stream=True),
+            "/tokenize": _post("a prompt, or messages through the chat template, to token "
+                               "ids", TOKENIZE_FIELDS, (), _JSON_OBJECT, model),
+            "/detokenize": _post("token ids to text", DETOKENIZE_FIELDS, ("tokens",),
+                                 _JSON_OBJECT, model),
+        },
+        "components": {"schemas": {"Error": {
+            "type": "object", "required": ["error"],
+            "properties": {"error": {
+                "type": "object", "required": ["message", "type"],
+                "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                               "param": {"type": ["string", "null"]},
+                               "code": {"type": ["string", "integer", "null"]}}}}}}},
+    }
