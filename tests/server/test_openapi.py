@@ -61,6 +61,7 @@ def test_fuzzed_server_stays_healthy(tiny_model, tmp_path_factory, tmp_path):
             assert requests[op] >= 200, (op, requests)
             assert not any(s is None or s >= 500 for s in statuses[op]), statuses[op]
         assert httpx.get(srv.url + "/health").status_code == 200
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "w1 w2", "max_tokens": 4},
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "w1 w2", "max_tokens": 4,
+                                                           "ignore_eos": True},
                        timeout=30)
         assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
