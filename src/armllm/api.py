@@ -16,20 +16,23 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from armllm.engine.data_parallel import ReplicaRouter, start_replicas
+from armllm.engine.embedding import PoolingParams
 from armllm.engine.engine_thread import EngineClosed, EngineThread
 from armllm.engine.llm_engine import ContextLengthExceeded, RequestRejected
 from armllm.engine.outputs import (
     CompletionOutput,
+    EmbeddingOutput,
     EngineStats,
     OutputCollector,
     RequestOutput,
     StepOutput,
+    embedding_result,
 )
 from armllm.engine.setup import EngineArgs, build_engine
 from armllm.sampling import FALLBACK_DEFAULTS, MODEL_DEFAULT_FIELDS, SamplingParams
 
-__all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EngineArgs",
-           "RequestRejected", "ContextLengthExceeded", "EngineClosed"]
+__all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOutput",
+           "EngineArgs", "RequestRejected", "ContextLengthExceeded", "EngineClosed"]
 
 Prompt = str | list[int]
 
@@ -76,6 +79,16 @@ class _EngineClient:
         merged = {**defaults.__dict__, **{k: v for k, v in overrides.items() if v is not None}}
         return SamplingParams(**merged)
 
+    @staticmethod
+    def _prompt_list(prompts) -> list[Prompt]:
+        """One prompt (a string or token ids) as a list of one; a list of them as is."""
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
+                                              and all(isinstance(t, int) for t in prompts))
+        batch = [prompts] if single else list(prompts)
+        if not batch:
+            raise ValueError("no prompts given")
+        return batch
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
@@ -109,7 +122,8 @@ class _EngineClient:
         """Token ids run from 0 to vocab_size - 1."""
         return self.loaded.config.vocab_size
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams
+                      ) -> None:
         """Raises RequestRejected (a ValueError naming the value and, in `field`, what
         to change) if this request could never be served, whatever the load (see
         LLMEngine.check_request). Reads only the engine's fixed limits, so any thread
@@ -129,12 +143,7 @@ class LLM(_EngineClient):
         without params, the model's generation_config.json defaults apply. Every
         prompt is checked before any runs."""
         params = params or self.default_sampling_params()
-        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
-                                              and all(isinstance(t, int) for t in prompts))
-        batch = [prompts] if single else list(prompts)
-        if not batch:
-            raise ValueError("no prompts given")
-        ids = [self.prompt_ids(p) for p in batch]
+        ids = [self.prompt_ids(p) for p in self._prompt_list(prompts)]
         for p in ids:
             self.check_request(p, params)
         collectors = {}
@@ -147,6 +156,27 @@ class LLM(_EngineClient):
                 if out.request_id in collectors:
                     collectors[out.request_id].add(out)
         return [c.output for c in collectors.values()]
+
+    def embed(self, prompts, dimensions: int | None = None,
+              priority: int = 0) -> list[EmbeddingOutput]:
+        """The embedding of every prompt (a string, token ids, or a list of either),
+        pooled as the model's pooling config says (model/pooling.py), truncated to
+        `dimensions` where the model allows it. The prompts run batched through the
+        engine; every one is checked before any runs."""
+        params = PoolingParams(dimensions)
+        ids = [self.prompt_ids(p) for p in self._prompt_list(prompts)]
+        for p in ids:
+            self.check_request(p, params)
+        done: dict[str, StepOutput | None] = {}
+        for p in ids:
+            rid = f"req-{next(self._ids)}"
+            self.engine.add_request(rid, p, params, priority)
+            done[rid] = None
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.request_id in done:
+                    done[out.request_id] = out
+        return [embedding_result(p, out) for p, out in zip(ids, done.values(), strict=True)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None
                ) -> Iterator[StepOutput]:
@@ -242,6 +272,30 @@ class AsyncLLM(_EngineClient):
         finally:
             if not collector.output.finished:  # the consumer stopped or was cancelled
                 self._engine_thread.abort(request_id)
+
+    async def embed(self, prompt: Prompt, dimensions: int | None = None,
+                    request_id: str | None = None, priority: int = 0) -> EmbeddingOutput:
+        """The prompt's embedding (see LLM.embed), batched with whatever else the engine
+        runs. Raises ValueError (RequestRejected) for a bad request before anything is
+        queued; cancelling the awaiting task aborts the request."""
+        params = PoolingParams(dimensions)
+        request_id = request_id or f"embd-{uuid.uuid4().hex}"
+        ids = self.prompt_ids(prompt)
+        self.check_request(ids, params)
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[StepOutput] = loop.create_future()
+
+        def sink(out: StepOutput) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(lambda: result.done() or result.set_result(out))
+
+        try:
+            await asyncio.wrap_future(self._engine_thread.add(request_id, ids, params, sink,
+                                                              priority))
+            out = await result
+        except asyncio.CancelledError:
+            self._engine_thread.abort(request_id)
+            raise
+        return embedding_result(ids, out)
 
     def abort(self, request_id: str) -> None:
         """Aborts a request at the engine's next step: its blocks are freed and its

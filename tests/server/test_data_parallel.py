@@ -141,3 +141,26 @@ def test_killed_replica_leaves_rotation(tiny_model, tmp_path_factory):
                               timeout=60).status_code == 200
     assert srv.proc.returncode == 0
     assert not replica_workers(srv.proc.pid)
+
+
+def test_embeddings_through_the_replicas(dp_server, tiny_model):
+    """Embedding requests ride to both replicas like completions (the causal model's
+    default pooling: its last token's state, normalized) and equal one engine's."""
+    from armllm import LLM
+    texts = [prompt(i) for i in range(8)]
+
+    async def run() -> list[list[float]]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            rs = await asyncio.gather(*(client.post(dp_server.url + "/v1/embeddings",
+                                                    json={"input": t}) for t in texts))
+        assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+        return [r.json()["data"][0]["embedding"] for r in rs]
+
+    before = finished(dp_server.url)
+    got = asyncio.run(run())
+    after = finished(dp_server.url, sum(before.values()) + len(texts))
+    with LLM(tiny_model, dtype="float32", kv_cache_dtype="f32", kv_cache_gib=0.02) as one:
+        want = [o.embedding for o in one.embed(texts)]
+    for g, w in zip(got, want, strict=True):
+        assert max(abs(a - b) for a, b in zip(g, w, strict=True)) < 1e-5
+    assert all(after[i] > before.get(i, 0) for i in (0, 1)), (before, after)

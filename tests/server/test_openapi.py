@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from armllm.server import protocol as P
+from armllm.server.embeddings import EMBEDDING_FIELDS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from tests.server.conftest import running_server
 
@@ -24,10 +25,11 @@ def test_document_lists_every_route_and_field(server):
     assert doc["openapi"] == "3.1.0"
     assert set(doc["paths"]) == {"/health", "/version", "/metrics", "/openapi.json",
                                  "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                 "/tokenize", "/detokenize"}
+                                 "/v1/embeddings", "/tokenize", "/detokenize"}
     for path, fields in (("/v1/completions", P.COMPLETION_FIELDS),
                          ("/v1/chat/completions", P.CHAT_FIELDS),
-                         ("/tokenize", TOKENIZE_FIELDS), ("/detokenize", DETOKENIZE_FIELDS)):
+                         ("/tokenize", TOKENIZE_FIELDS), ("/detokenize", DETOKENIZE_FIELDS),
+                         ("/v1/embeddings", EMBEDDING_FIELDS)):
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         assert set(body["schema"]["properties"]) == set(fields), path
     # undocumented paths answer 404 in the error shape
@@ -57,7 +59,7 @@ def test_fuzzed_server_stays_healthy(tiny_model, tmp_path_factory, tmp_path):
                 statuses[label][(it.get("response") or {}).get("status_code")] += 1
         print({k: (requests[k], dict(statuses[k])) for k in requests})
         for op in ("POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize",
-                   "POST /detokenize"):
+                   "POST /detokenize", "POST /v1/embeddings"):
             assert requests[op] >= 200, (op, requests)
             assert not any(s is None or s >= 500 for s in statuses[op]), statuses[op]
         assert httpx.get(srv.url + "/health").status_code == 200

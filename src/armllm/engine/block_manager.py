@@ -146,7 +146,7 @@ class BlockManager:
         token left to compute; null before), leaving at least one token to compute.
         The tables are equally long, empty on a miss. Takes nothing."""
         empty = [[] for _ in self.pools]
-        if not self.enable_prefix_caching or seq.block_tables:
+        if not self.enable_prefix_caching or seq.block_tables or not seq.reuse_prefix:
             return empty
         bs = self.block_size
         limit = (seq.num_tokens - 1) // bs

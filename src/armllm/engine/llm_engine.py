@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from armllm.engine.completion import CompletionState
+from armllm.engine.embedding import PoolingParams, PoolState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
@@ -108,10 +109,11 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                    priority: int = 0, arrival_time: float | None = None) -> None:
-        """Queues a request; raises ValueError (and queues nothing) if it is invalid or
-        could never fit."""
+    def add_request(self, request_id: str, prompt_ids: list[int],
+                    params: SamplingParams | PoolingParams, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
+        """Queues a request, a generation or (PoolingParams) an embedding; raises
+        ValueError (and queues nothing) if it is invalid or could never fit."""
         if self._dead is not None:
             raise EngineDead(self._dead)
         if not isinstance(request_id, str) or not request_id:
@@ -124,21 +126,41 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_ids), params, priority=priority,
                        num_forks_pending=params.n - 1,
                        timings=Timings(arrival_time or time.monotonic()))
-        seq.completion = self._completion_state(seq)
+        if isinstance(params, PoolingParams):
+            seq.pool = PoolState(self.loaded.pooling, params)
+            seq.reuse_prefix = not self.loaded.pooling.reads_every_row
+        else:
+            seq.completion = self._completion_state(seq)
         if params.structured_output is not None:
             seq.grammar = self.structured.new_state(params.structured_output)
         self.scheduler.add(seq)
         self._requests[request_id] = _Request(seq, params.n)
         self._num_prompt_tokens += len(prompt_ids)
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams
+                      ) -> None:
         """Raises RequestRejected (a ValueError naming the value and, in `field`, what
         to change) if this request could never be served: a prompt that is empty or
         holds ids outside the vocabulary, a prompt (+ max_tokens) longer than
         max_model_len (which build_engine already capped to what the KV cache holds),
         more KV blocks than the cache has, more completions (n) than max_num_seqs, or
-        a structured output whose grammar cannot run with this model's tokenizer.
+        a structured output whose grammar cannot run with this model's tokenizer; a
+        generation on an embedding model (no lm_head), an embedding of a model whose
+        pooling armllm does not run, or `dimensions` the model does not allow.
         Reads only fixed limits and the grammar: safe from any thread."""
+        embedding = isinstance(params, PoolingParams)
+        if embedding:
+            pooling = self.loaded.pooling
+            if pooling.unsupported:
+                raise RequestRejected(f"this model's embeddings cannot be computed: "
+                                      f"{pooling.unsupported}", "model")
+            try:
+                pooling.check_dimensions(params.dimensions, self.loaded.config.hidden_size)
+            except ValueError as exc:
+                raise RequestRejected(str(exc), "dimensions") from None
+        elif not self.loaded.config.has_lm_head:
+            raise RequestRejected("this model has no lm_head (an embedding model): it serves "
+                                  "embeddings only", "model")
         if not isinstance(prompt_ids, list):
             raise RequestRejected(f"the prompt must be a list of token ids, got "
                                   f"{type(prompt_ids).__name__}", "prompt")
@@ -152,7 +174,11 @@ class LLMEngine:
                                   f"the prompt must be a list of token ids, it holds {bad!r}",
                                   "prompt")
         max_len, prompt_len = self.max_model_len, len(prompt_ids)
-        if prompt_len >= max_len:  # at least one token must fit after the prompt
+        if embedding and prompt_len > max_len:
+            raise ContextLengthExceeded(
+                f"the input has {prompt_len} tokens; this model's maximum context length "
+                f"(max_model_len) is {max_len}", "prompt")
+        if not embedding and prompt_len >= max_len:  # a token must fit after the prompt
             raise ContextLengthExceeded(
                 f"the prompt has {prompt_len} tokens; this model's maximum context length "
                 f"(max_model_len) is {max_len}, prompt and output together", "prompt")
@@ -264,6 +290,10 @@ class LLMEngine:
         except Exception as exc:  # fail this step's requests, keep serving the others
             return outputs + self._fail((item.seq.request_id for item in out.scheduled), exc)
         forks = self.scheduler.update(out)  # computed tokens, prefix cache, n > 1 forks
+        for item in out.scheduled:   # embeddings whose prompt is done
+            seq = item.seq
+            if seq.pool is not None and seq.num_computed == seq.num_tokens:
+                outputs.append(self._embedded(seq))
         for seq, row in self._sampling_rows(sampling, logits, forks):
             try:
                 if seq.grammar is not None and seq.completion.phase != REASONING:
@@ -317,6 +347,19 @@ class LLMEngine:
         if not request.num_open:
             del self._requests[seq.request_id]
         return self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning)
+
+    def _embedded(self, seq: Sequence) -> StepOutput:
+        """An embedding request's one output: its vector; its blocks are freed."""
+        try:
+            vector = seq.pool.result()
+        except Exception as exc:  # noqa: BLE001 - this request ends alone
+            return self._fail([seq.request_id], exc)[0]
+        seq.timings.first_token = time.monotonic()
+        self.scheduler.finish(seq, "stop")
+        del self._requests[seq.request_id]
+        out = self._final(seq, [], "", "stop", None)
+        out.embedding = vector
+        return out
 
     def _final(self, seq: Sequence, tokens: list[int], delta: str, reason: str,
                error: str | None, logprobs: list | None = None,

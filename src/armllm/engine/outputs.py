@@ -5,6 +5,7 @@ counters (EngineStats)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 @dataclass
@@ -62,6 +63,7 @@ class StepOutput:
     error: str | None = None            # why, when finish_reason is "error"
     metrics: RequestMetrics | None = None           # when this completion finished
     reasoning_delta: str = ""           # a reasoning model's thinking (model/reasoning.py)
+    embedding: Any = None               # an embedding request's vector (float32), when done
 
 
 @dataclass
@@ -113,6 +115,23 @@ class RequestOutput:
     def metrics(self) -> dict:
         m = self.outputs[0].metrics
         return m.as_dict() if m is not None else {}
+
+
+@dataclass
+class EmbeddingOutput:
+    """An embedding request's result."""
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: Any                      # float32 numpy vector
+    metrics: RequestMetrics | None = None
+
+
+def embedding_result(prompt_ids: list[int], step: StepOutput) -> EmbeddingOutput:
+    """The EmbeddingOutput of an embedding request's one StepOutput; raises
+    RuntimeError with the engine's reason if the request ended without a vector."""
+    if step.embedding is None:
+        raise RuntimeError(step.error or f"the embedding request ended: {step.finish_reason}")
+    return EmbeddingOutput(step.request_id, list(prompt_ids), step.embedding, step.metrics)
 
 
 class OutputCollector:

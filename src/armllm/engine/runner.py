@@ -2,7 +2,9 @@
 
 Owns the KV cache and the workspace; builds the flattened BatchMeta (numpy)
 the model reads (the forward makes the copy-on-write block copies first), and
-samples each sequence's token with its own random generator."""
+samples each sequence's token with its own random generator. An embedding
+request's prompt rows sample nothing: after the forward, the rows its pooling
+reads go to its PoolState (engine/embedding.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,16 +34,20 @@ class ModelRunner:
         self._slots = [np.empty(t, np.int32) for _ in range(groups)]
         self._block_tables = [np.zeros((b, self.max_blocks), np.int32) for _ in range(groups)]
         self._logits_rows = np.empty(b, np.int64)
+        self._pool_reads: list[tuple[Sequence, int, int, int, bool]] = []
 
     def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
         """The batch (views of the runner's arrays, valid until the next step), and the
-        sequences (in logits-row order) that sample a token."""
+        sequences (in logits-row order) that sample a token. The embedding requests'
+        rows to pool are left in self._pool_reads: (seq, first row, end row, prompt
+        position of the first, whether they end the prompt)."""
         bs = self.kv.block_size
         n = len(out.scheduled)
         ids, positions = self._ids, self._positions
         query_start, seq_lens = self._query_start, self._seq_lens
         tables = list(zip(self._slots, self._block_tables, strict=True))
         sampling = []
+        self._pool_reads.clear()
         row = 0
         for b, item in enumerate(out.scheduled):
             seq, count = item.seq, item.num_new_tokens
@@ -62,10 +68,15 @@ class ModelRunner:
                 for (slots, block_table), blocks in zip(tables, seq.block_tables, strict=True):
                     block_table[b, :len(blocks)] = blocks
                     np.add(block_table[b, pos // bs] * bs, pos % bs, out=slots[row:end])
+            if seq.pool is not None:   # an embedding: its pooled rows, if any, this step
+                first, last = seq.pool.rows_to_read(start, count, n_prompt)
+                if first < last:
+                    self._pool_reads.append((seq, row + first, row + last, start + first,
+                                             stop == n_prompt))
             row = end
             query_start[b + 1] = row
             seq_lens[b] = stop
-            if stop == seq.num_tokens:  # the prompt is complete: this row samples
+            if stop == seq.num_tokens and seq.pool is None:  # the prompt is complete: samples
                 self._logits_rows[len(sampling)] = row - 1
                 sampling.append(seq)
         (slots, block_table), *others = tables
@@ -78,7 +89,15 @@ class ModelRunner:
         """Runs the step; returns the sequences that sample and their logits rows
         (a view of the workspace, valid until the next step)."""
         meta, sampling = self.build_meta(out)
-        return sampling, self.model.forward(meta, self.kv, self.workspace, out.copies)
+        logits = self.model.forward(meta, self.kv, self.workspace, out.copies)
+        if self._pool_reads:
+            rows = np.concatenate([np.arange(a, b) for _, a, b, _, _ in self._pool_reads])
+            hidden = self.model.final_hidden(self.workspace, rows)
+            at = 0
+            for seq, a, b, position, last in self._pool_reads:
+                seq.pool.add(hidden[at:at + b - a], position, last)
+                at += b - a
+        return sampling, logits
 
     def sample(self, seq: Sequence, row: np.ndarray) -> SampleResult:
         """seq's next token from its logits row (modified in place)."""

@@ -47,6 +47,8 @@ class Sequence:
     rng: Any = None                  # the sampler's random generator (runner-owned)
     completion: Any = None           # stop checks and text so far (engine-owned)
     grammar: Any = None              # a structured output's matcher (engine-owned)
+    pool: Any = None                 # an embedding's PoolState (engine-owned): samples nothing
+    reuse_prefix: bool = True        # False: every prompt row must run (not from the cache)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 
     @property

@@ -7,9 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
-                           "GptOssForCausalLM")
+CAUSAL_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                        "Qwen3ForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM",
+                        "GptOssForCausalLM")
+# the bare decoders (no lm_head) that embedding checkpoints declare, e.g. Qwen3-Embedding,
+# gte-Qwen2, e5-mistral: run as their causal kin, serving embeddings only
+BASE_ARCHITECTURES = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
+                      "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
+SUPPORTED_ARCHITECTURES = CAUSAL_ARCHITECTURES + tuple(BASE_ARCHITECTURES)
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM")
 
 
@@ -51,6 +56,8 @@ class ModelConfig:
     attention_sinks: bool = False
     moe_bias: bool = False
     clamped_swiglu: tuple[float, float] | None = None   # (alpha, limit)
+    # False: the checkpoint holds no lm_head (an embedding model): it serves embeddings only
+    has_lm_head: bool = True
 
     def __post_init__(self):
         def positive(name: str) -> None:
@@ -169,6 +176,8 @@ def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
     if arch is None:
         raise ValueError(f"{source}: unsupported architecture {archs or cfg.get('model_type')!r} "
                          f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    has_lm_head = arch not in BASE_ARCHITECTURES
+    arch = BASE_ARCHITECTURES.get(arch, arch)
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         rope = cfg.get("rope_parameters") or {}
@@ -188,7 +197,8 @@ def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
             rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
             rope_scaling=scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=has_lm_head and bool(cfg.get("tie_word_embeddings", False)),
+            has_lm_head=has_lm_head,
             attention_bias=bool(cfg.get("attention_bias", arch in ("Qwen2ForCausalLM",
                                                                  "GptOssForCausalLM"))),
             qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),

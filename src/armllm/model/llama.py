@@ -121,7 +121,8 @@ class Workspace:
             "expert_act": (t, e_inter) if moe else None,
             "expert_out": (t, h) if moe else None,
             "selected": (max_logits, h), "selected_residual": (max_logits, h),
-            "logits": (max_logits, logits_cols or c.vocab_size),
+            # an embedding model has no lm_head: no logits
+            "logits": (max_logits, (logits_cols or c.vocab_size) if c.has_lm_head else 0),
             "attn_scratch": (ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
                                                   max_seq_len or c.max_position_embeddings),),
         }
@@ -209,6 +210,9 @@ class LlamaModel:
                     self.comm.allreduce(ws.hidden[:t].reshape(-1))
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
+        if head is None:
+            raise ValueError("this model has no lm_head (an embedding model): it computes "
+                             "no logits")
         # the final norm (with the last residual add) and the lm_head, on only the rows
         # that sample
         ops.norm_head(head, meta.logits_rows, t)
@@ -216,8 +220,15 @@ class LlamaModel:
             self.comm.gather_cols(ws.logits[:r], self.vocab_bounds)
         return ws.logits[:r]
 
+    def final_hidden(self, ws: Workspace, rows: np.ndarray) -> np.ndarray:
+        """The last hidden states (after the final norm) of these rows of the forward
+        that just ran: what an embedding pools. Rank 0's are whole: every layer's output
+        is all-reduced before it is added."""
+        x = ws.residual[rows] + ws.hidden[rows]   # the last layer's residual add
+        return ops.rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps, out=x)
+
     def _bound(self, kv: KVCache, ws: Workspace
-               ) -> tuple[list[ops.DecoderLayer], list[SparseMLP | None], ops.NormHead]:
+               ) -> tuple[list[ops.DecoderLayer], list[SparseMLP | None], ops.NormHead | None]:
         """The layers, each sparse layer's experts (None for a dense layer) and the
         head bound to this cache and workspace (built on first use). Each layer runs
 
@@ -249,8 +260,8 @@ class LlamaModel:
                 kv.v[i], self.cos_sin, c.num_heads, c.num_kv_heads, c.head_dim, self.scale,
                 c.window(i), first=i == 0, sinks=lw.sinks, comm=self.comm))
         # rank 0 of several: its vocabulary shard's columns come first in the whole rows
-        head = ops.bind_norm_head(w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps,
-                                  ws.hidden, ws.residual, ws.selected, ws.selected_residual,
-                                  ws.logits[:, :w.lm_head.n])
+        head = None if w.lm_head is None else ops.bind_norm_head(
+            w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps, ws.hidden, ws.residual,
+            ws.selected, ws.selected_residual, ws.logits[:, :w.lm_head.n])
         ws.bound = (self, kv, layers, sparse, head)
         return layers, sparse, head

@@ -15,6 +15,7 @@ from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.llama import LlamaModel
+from armllm.model.pooling import PoolingConfig, pooling_from_dir, pooling_from_gguf
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
@@ -38,6 +39,7 @@ class LoadedModel:
     tokenizer_config: dict
     generation_config: dict   # generation_config.json, or what a GGUF's metadata implies
     tensor_types: str | None = None   # a GGUF's tensors per ggml type: "Q4_K: 112, F32: 33"
+    pooling: PoolingConfig = PoolingConfig()   # how its embeddings are pooled
 
 
 def _read_json(path: Path) -> dict:
@@ -95,7 +97,11 @@ def _open(path: Path) -> tuple[ModelConfig, HFSource | GGUFSource, GGUFFile | No
         return config, GGUFSource(gguf, config), gguf
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
-    return config, HFSource(path, ct), None
+    source = HFSource(path, ct)
+    if config.has_lm_head and not config.tie_word_embeddings and \
+            not source.has("lm_head.weight"):   # a causal LM's config over an embedding model
+        config = dataclasses.replace(config, has_lm_head=False)
+    return config, source, None
 
 
 def _shard_plans(config: ModelConfig, source, ranks: int, quantization: Quantization
@@ -131,10 +137,12 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
     if gguf is not None:
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         return LoadedModel(path, config, model, tokenizer, tok_config,
-                           gguf_generation_config(gguf, config), gguf.type_summary())
+                           gguf_generation_config(gguf, config), gguf.type_summary(),
+                           pooling_from_gguf(gguf.metadata))
     return LoadedModel(path, config, model, _hf_tokenizer(path),
                        _read_json(path / "tokenizer_config.json"),
-                       _read_json(path / "generation_config.json"))
+                       _read_json(path / "generation_config.json"),
+                       pooling=pooling_from_dir(path))
 
 
 def _hf_tokenizer(path: Path) -> Tokenizer:

@@ -75,9 +75,16 @@ class SafetensorsFile:
         release(self._mmap, start, end)
 
 
+# the top-level modules of a bare decoder's checkpoint (an embedding model saved from
+# e.g. Qwen3Model), whose tensors lack the "model." prefix of the causal LM's names
+_BARE_MODULES = ("embed_tokens", "layers", "norm")
+
+
 class SafetensorsCheckpoint:
     """All tensors of a model directory: model.safetensors, or shards listed in
-    model.safetensors.index.json."""
+    model.safetensors.index.json. A bare decoder's tensors (embed_tokens.weight,
+    layers.0..., norm.weight) answer to the causal LM's names (model.embed_tokens.weight,
+    ...) as well."""
 
     def __init__(self, model_dir: str | Path):
         self.dir = Path(model_dir)
@@ -101,6 +108,11 @@ class SafetensorsCheckpoint:
                 f = SafetensorsFile(path)
                 for name in f.tensors:
                     self._where[name] = f
+        self._real: dict[str, str] = {}   # a bare decoder's tensors: causal LM name -> own
+        if not any(name.startswith("model.") for name in self._where):
+            self._real = {f"model.{name}": name for name in self._where
+                          if name.split(".", 1)[0] in _BARE_MODULES}
+            self._where.update({alias: self._where[name] for alias, name in self._real.items()})
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -113,7 +125,7 @@ class SafetensorsCheckpoint:
             f = self._where[name]
         except KeyError:
             raise ValueError(f"{self.dir}: checkpoint has no tensor {name!r}") from None
-        return f.array(name)
+        return f.array(self._real.get(name, name))
 
     def row_chunks(self, name: str, rows: int):
         """(first row, view of up to `rows` rows) of `name`, chunk after chunk; the pages
@@ -121,8 +133,8 @@ class SafetensorsCheckpoint:
         a = self.array(name)
         for row0 in range(0, a.shape[0], rows):
             yield row0, a[row0:row0 + rows]
-            self._where[name].release(name, row0, row0 + rows)
+            self._where[name].release(self._real.get(name, name), row0, row0 + rows)
 
     def release(self, name: str) -> None:
         """Drops the resident pages of the whole of `name`."""
-        self._where[name].release(name)
+        self._where[name].release(self._real.get(name, name))

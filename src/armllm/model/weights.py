@@ -127,17 +127,20 @@ class ModelWeights:
     embed: np.ndarray | ops.GGUFTable  # [vocab, hidden] float32, uint16 bf16 bits, or GGUF blocks
     layers: list[LayerWeights]
     final_norm: np.ndarray
-    lm_head: ops.PackedWeight
+    lm_head: ops.PackedWeight | None   # None: an embedding model (config.has_lm_head False)
     quantization: str | None = None   # what the linear layers run as, e.g. "w4a8-g32 (GGUF Q4_1)"
 
     @property
     def nbytes(self) -> int:
-        return sum(lw.nbytes for lw in self.layers) + self.embed.nbytes + self.lm_head.nbytes
+        head = 0 if self.lm_head is None else self.lm_head.nbytes
+        return sum(lw.nbytes for lw in self.layers) + self.embed.nbytes + head
 
     @cached_property
     def formats(self) -> LinearFormats | None:
         """The formats of the packed linear weights (None: all float)."""
-        def fmt(w: ops.PackedWeight) -> QuantFormat | None:
+        def fmt(w: ops.PackedWeight | None) -> QuantFormat | None:
+            if w is None:
+                return None
             if w.dtype == "gguf":
                 return QuantFormat(0, w.group, gguf=tuple(
                     (GGML_TYPES[t][0], r) for t, r in zip(w.gguf_types, w.gguf_rows, strict=True)))
@@ -217,7 +220,7 @@ def linear_formats(source, config: ModelConfig, quantization: Quantization = "au
     plan = getattr(source, "plan", None)   # a tensor-parallel rank's: its vocabulary rows
     rows = plan.vocab[1] - plan.vocab[0] if plan else config.vocab_size
     head = fmt([(head_tensor_name(config), (rows, config.hidden_size))]) \
-        if _quantizes_head(quantization, quantize_lm_head) else None
+        if config.has_lm_head and _quantizes_head(quantization, quantize_lm_head) else None
     full = getattr(source, "full", source)
     embed = full.native_format(*_embed_tensor(config)) if getter and quantization == "auto" \
         else None
@@ -362,10 +365,13 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         embed = float_matrix([_embed_tensor(c)], dtype, full)
     head = [(_head_tensor(c)[0], (v1 - v0, h))]
     head_fmt = None
-    if _quantizes_head(quantization, quantize_lm_head) and quantization != "none":
+    if c.has_lm_head and _quantizes_head(quantization, quantize_lm_head) and \
+            quantization != "none":
         check(*head[0])
         head_fmt = _fused_format([source.native_format(*head[0])], quantization)
-    if head_fmt is not None:
+    if not c.has_lm_head:
+        lm_head = None
+    elif head_fmt is not None:
         lm_head = matrix(head)
         head_label = ", ".join(sorted(used))
         used.clear()
@@ -428,7 +434,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         if progress:
             progress(i + 1, c.num_layers)
     label = ", ".join(sorted(used)) or None
-    if lm_head.quantized:
+    if lm_head is not None and lm_head.quantized:
         label = f"{label}; lm_head {head_label}"
     return ModelWeights(dtype, embed, layers, as_f32(tensor("model.norm.weight", (h,))), lm_head,
                         label)

@@ -1,11 +1,12 @@
 """openapi: the server's OpenAPI 3.1 document (GET /openapi.json), built from
 the same field tables the routes check their bodies against
-(protocol.COMPLETION_FIELDS, CHAT_FIELDS, tokenize's), so that it cannot drift
+(protocol.COMPLETION_FIELDS, CHAT_FIELDS, tokenize's, embeddings'), so that it cannot drift
 from what the server accepts. Every error response is OpenAI's error object."""
 from __future__ import annotations
 
 import armllm
 from armllm.server import protocol as P
+from armllm.server.embeddings import EMBEDDING_FIELDS, ENCODING_FORMATS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
 # a field table's kinds (protocol._CHECKS) as JSON Schema; null is always allowed (the
@@ -14,12 +15,15 @@ _KINDS = {"int": {"type": ["integer", "null"]}, "num": {"type": ["number", "null
           "bool": {"type": ["boolean", "null"]}, "str": {"type": ["string", "null"]},
           "obj": {"type": ["object", "null"]}, "list": {"type": ["array", "null"]},
           "any": {}}
+# a completion's prompt, an embedding's input: text, texts, token ids, token-id lists
+_PROMPTS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
+                      {"type": "array", "items": {"type": "integer"}},
+                      {"type": "array", "items": {"type": "array",
+                                                  "items": {"type": "integer"}}}]}
 # the fields whose values have more shape than their kind says
 _SHAPES = {
-    "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
-                         {"type": "array", "items": {"type": "integer"}},
-                         {"type": "array", "items": {"type": "array",
-                                                     "items": {"type": "integer"}}}]},
+    "prompt": _PROMPTS,
+    "input": _PROMPTS,
     "messages": {"type": "array", "items": {
         "type": "object", "required": ["role"],
         "properties": {"role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
@@ -27,6 +31,7 @@ _SHAPES = {
                        "name": {"type": "string"}, "tool_calls": {"type": "array"},
                        "tool_call_id": {"type": "string"}}}},
     "tokens": {"type": "array", "items": {"type": "integer"}},
+    "encoding_format": {"enum": [*ENCODING_FORMATS, None]},
     "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer"}},
 }
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -93,6 +98,12 @@ def document(model: str) -> dict:
             "/v1/chat/completions": _post("the assistant's reply to a conversation",
                                           P.CHAT_FIELDS, ("messages",), _JSON_OBJECT,
                                           model, stream=True),
+            "/v1/embeddings": _post("the embedding of an input (or of each of a list)",
+                                    EMBEDDING_FIELDS, ("input",), {
+                                        "type": "object", "required": ["data", "usage"],
+                                        "properties": {"object": {"const": "list"},
+                                                       "data": {"type": "array"},
+                                                       "usage": {"type": "object"}}}, model),
             "/tokenize": _post("a prompt, or messages through the chat template, to token "
                                "ids", TOKENIZE_FIELDS, (), _JSON_OBJECT, model),
             "/detokenize": _post("token ids to text", DETOKENIZE_FIELDS, ("tokens",),
