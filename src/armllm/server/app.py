@@ -3,10 +3,11 @@ lifecycle.
 
 The model loads in a background thread after the server starts (/health answers
 503 until it is ready); the engine shuts down with the app. The routes are the
-endpoint families' (completions, chat, tokenize) and the small ones here:
-/health, /version, /v1/models, /metrics. ServerApp wraps them with the API key
-check and the per-route HTTP counters, and gives the process its one call for
-shutdown: end_generations(). Errors use OpenAI's error body."""
+endpoint families' (completions, chat, tokenize, embeddings) and the small ones here:
+/health, /version, /v1/models, /metrics, and the web chat page (/ and /static/, the
+files in static/). ServerApp wraps them with the API key check (which spares the
+page: it asks for the key itself) and the per-route HTTP counters, and gives the
+process its one call for shutdown: end_generations(). Errors use OpenAI's error body."""
 from __future__ import annotations
 
 import asyncio
@@ -15,22 +16,33 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
 import armllm
 from armllm.api import AsyncLLM
-from armllm.server import chat, completions, openapi, tokenize
+from armllm.server import chat, completions, embeddings, openapi, tokenize
 from armllm.server import protocol as P
 from armllm.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("armllm.server")
 
 __all__ = ["ServerApp", "ServerConfig", "create_app"]
+
+# the web chat page and its scripts and styles (installed with the package)
+STATIC_DIR = Path(__file__).parent / "static"
+STATIC_PREFIX = "/static"
+# the page runs only its own files; its Markdown output can carry no script
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                           "object-src 'none'; base-uri 'none'; "
+                                           "frame-ancestors 'none'",
+                "Cache-Control": "no-cache"}
 
 
 def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
@@ -96,10 +108,15 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
     async def openapi_json(request: Request) -> Response:
         return JSONResponse(openapi_document)
 
+    async def chat_page(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)
+
     routes = [Route("/health", health), Route("/version", version),
               Route("/openapi.json", openapi_json),
+              Route("/", chat_page), Mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR)),
               Route("/metrics", metrics), Route("/v1/models", models),
-              *completions.routes(state), *chat.routes(state), *tokenize.routes(state)]
+              *completions.routes(state), *chat.routes(state), *tokenize.routes(state),
+              *embeddings.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={P.APIError: _api_error, HTTPException: _http_error,
                                         ClientDisconnect: _client_gone,
@@ -153,8 +170,8 @@ async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
 
 
 class ServerApp:
-    """The ASGI application: the API key check (every route but /health) and the
-    per-route HTTP counters around the Starlette routes."""
+    """The ASGI application: the API key check (every route but /health and the chat
+    page's) and the per-route HTTP counters around the Starlette routes."""
 
     def __init__(self, app: Starlette, state: ServerState, known_paths: set[str]):
         self._app, self._state, self._known = app, state, known_paths
@@ -184,7 +201,7 @@ class ServerApp:
             await send(message)
 
         try:
-            if self._key is not None and scope["path"] != "/health":
+            if self._key is not None and not _without_key(scope["path"]):
                 given = dict(scope["headers"]).get(b"authorization", b"")
                 if not hmac.compare_digest(given, self._key):
                     err = P.APIError("missing or wrong API key (Authorization: Bearer ...)",
@@ -195,3 +212,9 @@ class ServerApp:
             await self._app(scope, receive, counting_send)
         finally:
             self._state.metrics.observe_http(route, status_seen[0] if status_seen else 499)
+
+
+def _without_key(path: str) -> bool:
+    """Whether a path answers without the API key: /health, and the chat page and its
+    files (public, and the page asks for the key before calling the API)."""
+    return path in ("/health", "/") or path.startswith(STATIC_PREFIX + "/")
