@@ -74,7 +74,7 @@ def _layer_params(c: ModelConfig, i: int, batch: int | None = None) -> float:
 def param_counts(c: ModelConfig) -> dict:
     embedding = c.vocab_size * c.hidden_size
     layers = [_layer_params(c, i) + _layer_small_params(c) for i in range(c.num_layers)]
-    lm_head = 0 if c.tie_word_embeddings else embedding
+    lm_head = embedding if c.has_lm_head and not c.tie_word_embeddings else 0
     counts = {"embedding": embedding, "per_layer": max(layers),
               "layers": sum(layers), "final_norm": c.hidden_size,
               "lm_head": lm_head, "tied": c.tie_word_embeddings}
@@ -115,7 +115,8 @@ def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
            "per_layer": max(linear) + small, "layers": sum(linear) + c.num_layers * small,
            "final_norm": 4 * c.hidden_size,
            "lm_head": linear_bytes(head_rows or c.vocab_size, c.hidden_size, dense,
-                                   formats.lm_head if formats else None)}
+                                   formats.lm_head if formats else None)
+           if c.has_lm_head else 0}   # an embedding model has none
     out["total"] = out["embedding"] + out["layers"] + out["final_norm"] + out["lm_head"]
     return out
 
