@@ -29,6 +29,7 @@ from armllm.engine.outputs import (
     embedding_result,
 )
 from armllm.engine.setup import EngineArgs, build_engine
+from armllm.model.loader import model_path
 from armllm.sampling import FALLBACK_DEFAULTS, MODEL_DEFAULT_FIELDS, SamplingParams
 
 __all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOutput",
@@ -42,6 +43,9 @@ class _EngineClient:
 
     def __init__(self, model: str | Path, progress=None, **engine_args):
         args = EngineArgs(**engine_args)
+        # a Hub name (ORG/NAME...) becomes a local path here, once, before any replica
+        # or tensor-parallel rank starts: they all load that path
+        model = model_path(model)
         self._replicas = []   # data-parallel replicas 1.. (AsyncLLM)
         if args.data_parallel_size > 1:
             if not isinstance(self, AsyncLLM):

@@ -9,8 +9,11 @@ import sys
 
 from armllm import demo_model
 
-MODEL_HELP = ("a Hugging Face model directory or a .gguf file (default: "
-              f"{demo_model.DESCRIPTION}, downloaded on first use unless installed)")
+MODEL_HELP = ("a Hugging Face model directory, a .gguf file, or a Hugging Face Hub model "
+              "downloaded on first use: ORG/NAME[@REVISION] (safetensors), "
+              "ORG/NAME[@REVISION]:QUANT or ORG/NAME/FILE.gguf (one GGUF file); a local "
+              f"path wins (default: {demo_model.DESCRIPTION}, downloaded on first use unless "
+              "installed)")
 
 
 class UsageError(Exception):
@@ -23,7 +26,8 @@ def add_model_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_model(model: str | None) -> str:
-    """MODEL as given, else the demo model: installed, fetched before, or fetched now."""
+    """MODEL as given (a Hub name downloads where the model layer reads it: see
+    loader.model_path), else the demo model: installed, fetched before, or fetched now."""
     if model:
         return model
     path = demo_model.locate()

@@ -80,7 +80,12 @@ def gguf_generation_config(gguf: GGUFFile, config: ModelConfig) -> dict:
 
 
 def model_path(path: str | Path) -> Path:
-    """A model's path, checked: an existing directory or .gguf file."""
+    """A model's local path, checked: an existing directory or .gguf file. A Hugging
+    Face Hub name (ORG/NAME, ORG/NAME:QUANT...; model/hub.py) that is not a local path
+    is downloaded first, or found in the Hugging Face cache."""
+    if not Path(path).exists():
+        from armllm.model import hub  # huggingface_hub loads only for a model by name
+        path = hub.resolve(path)
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such model file or directory")
