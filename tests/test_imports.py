@@ -162,3 +162,24 @@ def test_only_ops_imports_the_kernels():
                        if layer_of(m) != "armllm._kernels"
                        and any(layer_of(t) == "armllm._kernels" for t in targets))
     assert importers == ["armllm.ops"]
+
+
+def test_only_armllm_ray_imports_ray():
+    """Ray is an optional extra (armllm[ray]): armllm.ray alone imports it (and only
+    `armllm serve --ray` imports armllm.ray), so that `import armllm` and `armllm serve`
+    neither need nor load Ray."""
+    def imports_ray(source: str) -> bool:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] == "ray" for name in names):
+                return True
+        return False
+
+    importers = sorted(m for m, path in all_modules().items()
+                       if path.suffix == ".py" and imports_ray(path.read_text()))
+    assert importers == ["armllm.ray"]

@@ -54,7 +54,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "template names)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    ray = p.add_argument_group("ray (pip install \"armllm[ray]\"; see armllm/ray.py)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve with Ray Serve: --num-replicas engines over the cluster, each "
+                          "reserving --threads CPUs, behind Ray's HTTP proxy on --host/--port")
+    ray.add_argument("--ray-address", default=None,
+                     help="the Ray cluster (default: $RAY_ADDRESS, else the cluster started "
+                          "last on this machine, else a new local one)")
+    ray.add_argument("--num-replicas", type=int, default=1, help="Ray Serve replicas")
     EngineArgs.add_cli_args(p)
+
+
+# flags of the uvicorn front end and of in-process parallelism, which Ray Serve replaces
+# (its HTTP proxy, and replicas it places: one engine process each)
+_NOT_UNDER_RAY = ("limit_concurrency", "timeout_keep_alive", "timeout_request_read",
+                  "data_parallel_size", "tensor_parallel_size", "cpus")
+_RAY_ONLY = ("ray_address", "num_replicas")
+
+
+def _check_ray_flags(args: argparse.Namespace) -> None:
+    """Refuses flags given (set to other than their default) that --ray excludes, or
+    that need it."""
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    names = _NOT_UNDER_RAY if args.ray else _RAY_ONLY
+    for name in names:
+        if getattr(args, name) != defaults.get_default(name):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} does not apply under --ray" if args.ray
+                             else f"{flag} needs --ray")
 
 
 def _positive(name: str, value, minimum=1) -> None:
@@ -64,9 +92,11 @@ def _positive(name: str, value, minimum=1) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     # the server and the engine load when the command runs (see armllm/cli.py)
+    from armllm.model.loader import model_path
     from armllm.server.app import ServerConfig, create_app
     from armllm.server.serving import Limits, serve
-    for name in ("port", "max_request_bytes", "limit_concurrency"):
+    _check_ray_flags(args)
+    for name in ("port", "max_request_bytes", "limit_concurrency", "num_replicas"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _positive("--max-waiting-requests", args.max_waiting_requests, 0)
     for name in ("timeout_keep_alive", "timeout_request_read"):
@@ -80,9 +110,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     model = resolve_model(args.model)
-    if not Path(model).exists():
-        raise UsageError(f"{model}: no such file or directory")
-    name = args.served_model_name or Path(model).name.removesuffix(".gguf")
+    try:   # a Hub name downloads now, before the server starts
+        model = str(model_path(model))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    by_name = args.model is not None and not Path(args.model).exists()   # from the Hub
+    # served as the user named it (ORG/NAME, as vLLM does), else as the file or directory
+    name = args.served_model_name or (args.model if by_name
+                                      else Path(model).name.removesuffix(".gguf"))
     config = ServerConfig(model, name, engine_args, args.api_key, args.max_waiting_requests,
                           args.max_request_bytes, args.log_interval, args.shutdown_grace,
                           args.timeout_request_read, args.tool_call_parser)
@@ -91,5 +126,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     args.timeout_keep_alive, args.timeout_request_read)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.ray:
+        return _serve_on_ray(args, config)
     return serve(create_app(config), args.host, args.port, limits, args.shutdown_grace,
                  args.log_level)
+
+
+def _serve_on_ray(args: argparse.Namespace, config) -> int:
+    """`armllm serve --ray`: the same app as --num-replicas Ray Serve replicas."""
+    try:  # Ray loads only here: the default install neither needs nor imports it
+        from armllm.ray import app_from_config, run_server
+    except ImportError as exc:
+        raise UsageError(f"--ray needs Ray ({exc}): pip install \"armllm[ray]\"") from None
+    try:
+        app = app_from_config(config, args.num_replicas)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return run_server(app, args.ray_address, args.host, args.port)
+    except ConnectionError as exc:
+        raise UsageError(f"--ray-address: {exc}") from None

@@ -67,8 +67,10 @@ ENGINE_METRICS = (
 class ServerMetrics:
     """Observed on the event loop; rendered from any thread."""
 
-    def __init__(self, model_name: str):
-        self.labels = f'model_name="{_escape(model_name)}"'
+    def __init__(self, model_name: str, extra_labels: dict[str, str] | None = None):
+        # extra_labels go on every sample (under Ray Serve: replica="<replica id>")
+        self.labels = ",".join([f'model_name="{_escape(model_name)}"',
+                                *(f'{k}="{_escape(v)}"' for k, v in (extra_labels or {}).items())])
         self._lock = threading.Lock()
         self.http: Counter[tuple[str, int]] = Counter()   # (route, status)
         self.rejected_overload = 0

@@ -29,6 +29,7 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0
     body_timeout_s: float = 30.0         # to receive a request body, once its headers are in
     tool_call_parser: str = "auto"       # a name in tool_parsers.PARSERS, or auto (template)
+    metrics_labels: dict[str, str] = field(default_factory=dict)  # on every /metrics sample
 
 
 class Admission:
@@ -50,7 +51,7 @@ class ServerState:
         self.config = config
         self.llm = llm
         self.load_error: str | None = None
-        self.metrics = ServerMetrics(config.served_model_name)
+        self.metrics = ServerMetrics(config.served_model_name, config.metrics_labels)
         self.in_flight = 0               # completions admitted and not yet answered
         self.created = int(time.time())
         self.live: set[str] = set()      # engine request ids being generated
