@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from tests.tiny_model import write_tiny_llama
+
 LFS_SUFFIXES = (".safetensors", ".gguf", ".bin")   # what the Hub stores in LFS/Xet
 
 
@@ -235,3 +237,16 @@ def _range_start(header: str | None) -> int:
     if not header or not header.startswith("bytes="):
         return 0
     return int(header.removeprefix("bytes=").split("-", 1)[0] or 0)
+
+
+def tiny_repo(server: FakeHub, repo_id: str = "org/tiny", revision: str = "main",
+              seed: int = 0) -> Path:
+    """A tiny Llama as a Hub repo holds it: with files armllm must never fetch."""
+    folder = write_tiny_llama(server.repo_dir(repo_id, revision), seed=seed)
+    (folder / "generation_config.json").write_text('{"temperature": 0.7}')
+    (folder / "pytorch_model.bin").write_bytes(b"a pickle")
+    (folder / "onnx").mkdir()
+    (folder / "onnx" / "model.onnx").write_bytes(b"onnx")
+    (folder / "README.md").write_text("# tiny")
+    (folder / ".gitattributes").write_text("*.safetensors filter=lfs")
+    return folder

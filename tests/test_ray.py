@@ -23,7 +23,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server.conftest import free_port, running_server
+from tests.fake_hub import FakeHub, tiny_repo
+from tests.server.conftest import ServerProcess, free_port, running_server
 from tests.tiny_model import write_tiny_llama
 
 try:
@@ -98,33 +99,44 @@ def _stop_cluster(root: Path, port: int) -> None:
         time.sleep(0.2)
 
 
+NODES = ("head", "worker")
+
+
 @pytest.fixture(scope="module")
-def cluster():
-    """A head node and a worker node of one CPU each, with their own temp dirs and
-    ports (nothing of another cluster on this machine is reached); this process is
-    its driver. Yields the GCS address."""
+def cluster_root():
+    """A head node and a worker node of one CPU each, with their own temp dirs,
+    ports and Hugging Face caches (ROOT/NODE/hf; nothing of another cluster on this
+    machine is reached); this process is its driver. Yields ROOT."""
     # short: Ray's unix sockets live under it (108-byte path limit)
     root = Path(tempfile.mkdtemp(prefix="armllm-ray-", dir="/tmp"))
     port = free_port()
-    address = f"127.0.0.1:{port}"
     with pytest.MonkeyPatch.context() as env:  # for the nodes, this driver, the CLIs run
         env.delenv("RAY_ADDRESS", raising=False)
         env.setenv("RAY_USAGE_STATS_ENABLED", "0")
         # no token authentication (on by default where ~/.ray/auth_token exists, which
         # a local ray.init() writes; the worker node would need the token too)
         env.setenv("RAY_AUTH_MODE", "disabled")
-        with _running_cluster(root, port, address):
-            yield address
+        with _running_cluster(root, port, f"127.0.0.1:{port}"):
+            yield root
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_root) -> str:
+    """The cluster's GCS address."""
+    return (cluster_root / "address").read_text()
 
 
 @contextmanager
 def _running_cluster(root: Path, port: int, address: str):
-    env = dict(os.environ)
+    # each node's own Hugging Face cache, as on two machines
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    env = {node: {**base, "HF_HOME": str(root / node / "hf")} for node in NODES}
+    (root / "address").write_text(address)
     try:
         _ray_start(["--head", "--port", str(port), "--include-dashboard=false",
                     "--dashboard-port", str(free_port()),
-                    "--ray-client-server-port", str(free_port())], root / "head", env)
-        _ray_start(["--address", address], root / "worker", env)
+                    "--ray-client-server-port", str(free_port())], root / "head", env["head"])
+        _ray_start(["--address", address], root / "worker", env["worker"])
         ray.init(address=address)
         deadline = time.monotonic() + STARTUP_S
         while sum(n["Alive"] for n in ray.nodes()) < 2:
@@ -234,6 +246,51 @@ def test_armllm_serve_ray_answers_as_armllm_serve(cluster, model, tmp_path_facto
                 if a["name"].startswith("SERVE_")], "Serve is still running"
 
 
+def test_a_hub_model_is_pinned_and_downloaded_by_each_replica_where_it_runs(
+        cluster_root, cluster, tmp_path, monkeypatch):
+    """`armllm serve --ray ORG/NAME`: the driver checks the name (config.json is all
+    it fetches); each replica downloads the checkpoint into its own node's cache at
+    the commit the driver saw, with the driver's HF_ENDPOINT; the model is served
+    under the name typed and answers as the same checkpoint loaded in process."""
+    fake_hub = FakeHub(tmp_path / "hub")
+    try:
+        source = tiny_repo(fake_hub)
+        commit = fake_hub.commit("org/tiny", "main")
+        for key in [k for k in os.environ if k.startswith(("HF_", "HUGGING_FACE_"))]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("HF_ENDPOINT", fake_hub.url)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "driver-hf"))
+        flags = [f for f in ENGINE_FLAGS if f not in ("--served-model-name", "tiny")]
+        srv = ServerProcess("org/tiny", *flags, "--ray", "--ray-address", cluster,
+                            "--num-replicas", "2", log=tmp_path / "serve.log")
+        try:
+            srv.wait_ready(STARTUP_S)
+            models = httpx.get(srv.url + "/v1/models", timeout=10).json()
+            assert [m["id"] for m in models["data"]] == ["org/tiny"]
+            answer = httpx.post(srv.url + "/v1/completions", timeout=30, json={
+                "model": "org/tiny", "prompt": "w7 w8", "max_tokens": 6, "temperature": 0,
+                "ignore_eos": True}).json()
+        finally:
+            srv.stop()
+        with LLM(source, **ENGINE) as local:
+            expected = local.generate("w7 w8", SamplingParams(temperature=0, max_tokens=6,
+                                                               ignore_eos=True))[0]
+        assert answer["choices"][0]["text"] == expected.text
+        snapshot = Path("hub") / "models--org--tiny" / "snapshots" / commit
+        for node in NODES:   # both replicas ran, one on each node
+            weights = cluster_root / node / "hf" / snapshot / "model.safetensors"
+            assert weights.read_bytes() == (source / "model.safetensors").read_bytes(), node
+        driver = tmp_path / "driver-hf" / snapshot
+        assert (driver / "config.json").is_file()
+        assert not (driver / "model.safetensors").exists()
+        weight_gets = [r for r in fake_hub.requests
+                       if r.method == "GET" and r.path.endswith("/model.safetensors")]
+        assert [r.path for r in weight_gets] == \
+            [f"/org/tiny/resolve/{commit}/model.safetensors"] * 2
+    finally:
+        fake_hub.stop()
+
+
 def test_serve_run_app_builder(cluster, model, reference, serve_port):
     """Ray's own command line runs the application builder, key=value arguments
     converted to their types."""
@@ -305,6 +362,8 @@ def test_build_app_refuses_what_a_replica_cannot_honour(model):
                        ({"bogus": 1}, "bogus")]:
         with pytest.raises(ValueError, match=match):
             build_app(model, **bad)
+    with pytest.raises(ValueError, match="/no/such/model: no such model file or directory"):
+        build_app("/no/such/model")
     with pytest.raises(ValueError, match="threads must be int"):
         app_builder({"model": str(model), "threads": "two"})
     deployment = app_builder({"model": str(model), "threads": "2", "num_replicas": "3",

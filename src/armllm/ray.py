@@ -9,6 +9,11 @@ serve`), with Ray Serve's HTTP proxy in front and its router spreading requests
 over the replicas. `armllm serve --ray` runs it (run_server), and so does Ray's
 own command line: `serve run armllm.ray:app_builder model=PATH num_replicas=2`.
 
+- The model: a path every node has, or a Hugging Face Hub name, which is checked
+  where the app is built (no weight fetched there) and pinned to its current
+  commit; each replica downloads it into its own machine's Hugging Face cache
+  (HF_HOME there), with the builder's HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE
+  passed on in the replica's runtime environment.
 - Placement: a replica reserves num_cpus = its engine's kernel threads (the
   `threads` engine argument; default: what armllm would use on the machine that
   builds the app) and runs exactly that many, so Ray puts at most
@@ -45,6 +50,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import signal
 import threading
 import types
@@ -64,6 +70,7 @@ except ImportError as exc:
 from armllm import ops
 from armllm.api import LLM, AsyncLLM
 from armllm.engine.args import EngineArgs
+from armllm.model import hub
 from armllm.sampling import SamplingParams
 from armllm.server.app import ServerApp, create_app
 from armllm.server.state import ServerConfig
@@ -80,6 +87,9 @@ SERVER_OPTIONS = ("max_waiting_requests", "max_request_bytes", "log_interval_s",
                   "shutdown_grace_s", "body_timeout_s", "tool_call_parser")
 # engine arguments a replica cannot honour: it is one engine process, placed by Ray
 NOT_UNDER_RAY = ("data_parallel_size", "tensor_parallel_size", "cpus")
+# what huggingface_hub reads that a replica needs as the driver has it: the token for
+# gated and private repos, a mirror, offline mode (the cache folder is each machine's own)
+HUB_ENV = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
 # requests a replica takes beyond its engine's batch (max_num_seqs), so that /health and
 # /metrics get through to a busy replica (generations that take them wait in its engine)
 _SPARE_REQUESTS = 4
@@ -114,8 +124,10 @@ class OpenAIServer:
 def build_app(model: str | Path, num_replicas: int | None = None,
               autoscaling_config: dict | None = None, served_model_name: str | None = None,
               api_key: str | None = None, **options) -> Application:
-    """The Ray Serve application serving `model` (a path that exists on every node)
-    with `num_replicas` replicas (default 1), or as many as Ray Serve's
+    """The Ray Serve application serving `model` (a path that exists on every node,
+    or a Hugging Face Hub name: checked here, then downloaded by each replica on its
+    own node, pinned to the commit the Hub lists now; see `hub.pin`) with
+    `num_replicas` replicas (default 1), or as many as Ray Serve's
     `autoscaling_config` says. `options`: EngineArgs fields (threads, max_num_seqs,
     dtype, ...) and the server's own (SERVER_OPTIONS: max_waiting_requests, ...).
     Run it with serve.run(app, route_prefix="/")."""
@@ -124,8 +136,10 @@ def build_app(model: str | Path, num_replicas: int | None = None,
         if name not in ENGINE_FIELDS:
             raise ValueError(f"{name}: not an engine argument (EngineArgs) nor a server "
                              f"option ({', '.join(SERVER_OPTIONS)})")
-    # named as armllm serve names it
-    name = served_model_name or Path(model).name.removesuffix(".gguf")
+    # named as armllm serve names it: a Hub name as typed, else the file or directory
+    by_name = not Path(model).exists() and hub.parse_name(str(model)) is not None
+    name = served_model_name or (str(model) if by_name
+                                 else Path(model).name.removesuffix(".gguf"))
     config = ServerConfig(str(model), name, options, api_key, **server)
     return app_from_config(config, num_replicas, autoscaling_config)
 
@@ -141,6 +155,15 @@ def app_from_config(config: ServerConfig, num_replicas: int | None = None,
                              "scale with num_replicas (Ray places each replica)")
     engine_args["threads"] = engine_args.get("threads") or ops.num_threads()
     args = EngineArgs(**engine_args)  # raises ValueError naming a bad value
+    model = hub.pin(config.model)   # a HubError (ValueError) for a bad Hub name
+    if model == config.model and not Path(model).exists():
+        raise ValueError(f"{model}: no such model file or directory (Ray replicas serve a "
+                         "path every node has, or a Hugging Face Hub name)")
+    actor_options: dict[str, Any] = {"num_cpus": args.threads}
+    if model != config.model:   # a Hub name: each replica downloads it where it runs
+        hub_env = {k: os.environ[k] for k in HUB_ENV if k in os.environ}
+        if hub_env:
+            actor_options["runtime_env"] = {"env_vars": hub_env}
     if autoscaling_config is not None and num_replicas is not None:
         raise ValueError("num_replicas and autoscaling_config exclude each other")
     if num_replicas is not None and (isinstance(num_replicas, bool)
@@ -152,11 +175,11 @@ def app_from_config(config: ServerConfig, num_replicas: int | None = None,
     # hands each to the first replica with room (up to max_waiting_requests per proxy;
     # beyond, Ray answers 503)
     deployment = OpenAIServer.options(
-        ray_actor_options={"num_cpus": args.threads},
+        ray_actor_options=actor_options,
         max_ongoing_requests=args.max_num_seqs + _SPARE_REQUESTS,
         max_queued_requests=max(1, config.max_waiting_requests),  # Ray's least is 1
         graceful_shutdown_timeout_s=config.shutdown_grace_s, **scaling)
-    return deployment.bind(dataclasses.replace(config, engine_args=engine_args))
+    return deployment.bind(dataclasses.replace(config, model=model, engine_args=engine_args))
 
 
 def app_builder(args: dict[str, Any]) -> Application:

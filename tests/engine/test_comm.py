@@ -1,7 +1,8 @@
 """The tensor-parallel all-reduce (engine/comm.py over _kernels/comm.c) between
 real processes: random sizes up to 10^6 floats at 2, 3 and 4 ranks (more than
 this machine's CPUs: ranks sleep at the barriers) equal numpy's sum in rank
-order on every rank, bit for bit; rank 0's broadcast and the gather of every
+order on every rank, bit for bit, also where a rank wrote its values straight
+into its staging buffer as the layers do; rank 0's broadcast and the gather of every
 rank's logits columns onto rank 0; 10^4 back-to-back calls; an abort releasing a
 rank that waits for a dead one; bad arguments; the segment is gone from /dev/shm
 afterwards. The same kernel runs between forked
@@ -18,6 +19,7 @@ from armllm import ops
 from armllm.engine.comm import SHM_DIR, AllReduce
 
 MAX_FLOATS = 1 << 16     # slices: sizes above it take several
+SMALL_FLOATS = 16384     # comm.c: at most this many take the one-barrier path
 
 
 def rank_data(seed: int, k: int, rank: int, n: int) -> np.ndarray:
@@ -30,7 +32,13 @@ def run_rank(name: str, rank: int, ranks: int, sizes: list[int], seed: int,
         results = []
         for k, n in enumerate(sizes):
             x = rank_data(seed, k, rank, n)
-            comm.allreduce(x)
+            staging = comm.comm.staging(n)
+            if k % 2 and staging is not None:   # as the layers do: written in place
+                staging[:] = x
+                x[:] = np.nan
+                comm.comm.allreduce_staged(x)
+            else:
+                comm.allreduce(x)
             results.append(x)
         y = np.empty(64, np.float32)
         for i in range(back_to_back):
@@ -78,7 +86,9 @@ def run_ranks(ranks: int, sizes: list[int], seed: int = 0, back_to_back: int = 0
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_sums_equal_numpy_in_rank_order_on_every_rank(ranks):
     rng = np.random.default_rng(ranks)
-    sizes = [1, 2, 31, MAX_FLOATS, MAX_FLOATS + 1, *map(int, rng.integers(1, 10**6, 3)), 10**6]
+    # the one-barrier path up to SMALL_FLOATS, staged and copied in alternately
+    sizes = [1, 2, 31, 2048, 8192, 8192, SMALL_FLOATS, SMALL_FLOATS, SMALL_FLOATS + 1,
+             MAX_FLOATS, MAX_FLOATS + 1, *map(int, rng.integers(1, 10**6, 3)), 10**6]
     got = run_ranks(ranks, sizes, seed=ranks)
     for k, n in enumerate(sizes):
         want = rank_data(ranks, k, 0, n)
@@ -142,4 +152,11 @@ def test_bad_arguments(tmp_path):
         AllReduce("a/b", 0, 2, 64)
     with pytest.raises(ValueError, match="ranks must be in"):
         ops.comm_segment_bytes(0, 64)
+    with AllReduce(name, 0, 2, 1 << 20, create=True) as comm:
+        assert comm.comm.staging(SMALL_FLOATS).shape == (SMALL_FLOATS,)
+        assert comm.comm.staging(SMALL_FLOATS + 1) is None
+        with pytest.raises(ValueError, match="all-reduce of 16385 floats has no staging"):
+            comm.comm.allreduce_staged(np.zeros(SMALL_FLOATS + 1, np.float32))
+        with pytest.raises(ValueError, match="n must be >= 1, got 0"):
+            comm.comm.staging(0)
     assert not (SHM_DIR / name).exists()

@@ -20,7 +20,7 @@ from huggingface_hub import constants
 from safetensors.numpy import load_file, save_file
 
 from armllm.model import hub
-from tests.fake_hub import FakeHub
+from tests.fake_hub import FakeHub, tiny_repo
 from tests.tiny_model import write_tiny_llama
 
 CHECKPOINT = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -52,19 +52,6 @@ def hf(fake_hub, tmp_path, monkeypatch) -> FakeHub:
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
         monkeypatch.delenv(name, raising=False)
     return fake_hub
-
-
-def tiny_repo(server: FakeHub, repo_id: str = "org/tiny", revision: str = "main",
-              seed: int = 0) -> Path:
-    """A tiny Llama as a Hub repo holds it: with files armllm must never fetch."""
-    folder = write_tiny_llama(server.repo_dir(repo_id, revision), seed=seed)
-    (folder / "generation_config.json").write_text('{"temperature": 0.7}')
-    (folder / "pytorch_model.bin").write_bytes(b"a pickle")
-    (folder / "onnx").mkdir()
-    (folder / "onnx" / "model.onnx").write_bytes(b"onnx")
-    (folder / "README.md").write_text("# tiny")
-    (folder / ".gitattributes").write_text("*.safetensors filter=lfs")
-    return folder
 
 
 def gguf_repo(server: FakeHub, repo_id: str = "org/tiny-gguf", files=GGUFS) -> Path:
@@ -184,6 +171,30 @@ def test_a_revision_by_branch_or_commit(hf):
     assert hub.resolve(f"org/tiny@{path.name}") == path
     with pytest.raises(hub.HubError, match=r"^org/tiny: no revision 'v9' on the Hub"):
         hub.resolve("org/tiny@v9")
+
+
+def test_pin_checks_a_name_and_fixes_its_commit_without_any_weight(hf, tmp_path):
+    """What `armllm serve --ray` does on the driver: the name checked (a
+    checkpoint's config.json is all it fetches), pinned to the listed commit; the
+    pinned names resolve to the same files."""
+    tiny_repo(hf)
+    gguf_repo(hf)
+    commit = hf.commit("org/tiny", "main")
+    assert hub.pin("org/tiny") == f"org/tiny@{commit}"
+    assert hf.files_asked() == {"config.json"}
+    gguf_commit = hf.commit("org/tiny-gguf", "main")
+    assert hub.pin("org/tiny-gguf:q8_0") == f"org/tiny-gguf/Tiny-Q8_0.gguf@{gguf_commit}"
+    assert hub.pin("org/tiny-gguf") == f"org/tiny-gguf/Tiny-Q4_K_M.gguf@{gguf_commit}"
+    assert hf.files_asked() == {"config.json"}
+    assert hub.resolve(hub.pin("org/tiny")) == hub.resolve("org/tiny")
+    assert hub.resolve(hub.pin("org/tiny-gguf")) == hub.resolve("org/tiny-gguf")
+    assert hub.pin(str(tmp_path)) == str(tmp_path)   # a local path: as it is
+    assert hub.pin("no-such-dir") == "no-such-dir"   # not a Hub name: the loader's to report
+    with pytest.raises(hub.HubError, match="org/nope: no such local path, and no such "
+                                           "model on the Hub"):
+        hub.pin("org/nope")
+    with pytest.raises(hub.HubError, match="no GGUF file has the quant Q5_K_M"):
+        hub.pin("org/tiny-gguf:Q5_K_M")
 
 
 def test_an_unsupported_architecture_is_refused_before_any_weight(hf):

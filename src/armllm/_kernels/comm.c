@@ -19,21 +19,42 @@ struct comm_barrier {
   uint32_t sleepers;                         /* ranks in futex_wait(generation) */
 };
 
+/* All-reduces of at most this many floats take the one-barrier path (comm.h):
+ * 64 KB covers a decode step's hidden vectors (2,048-8,192 floats a token) for a
+ * few tokens, past which the reduce-scatter's 1/N share of the adds pays for its
+ * second barrier. */
+#define COMM_SMALL_FLOATS 16384
+#define LINE_FLOATS (CACHE_LINE / 4)
+#ifndef PREFETCH_FLOATS
+#define PREFETCH_FLOATS 1024
+#endif
+
 struct comm_header {
   _Alignas(CACHE_LINE) uint64_t magic;
   int64_t ranks, max_floats;
   uint32_t aborted;  /* set once by armllm_comm_abort */
   struct comm_barrier barrier[2];
+  /* one-barrier all-reduces each rank has made: their parity picks the buffer set,
+   * a line per rank so that no two ranks write one line */
+  struct {
+    _Alignas(CACHE_LINE) uint64_t n;
+  } small_calls[ARMLLM_COMM_MAX_RANKS];
 };
 
-static size_t buffer_bytes(int64_t max_floats) {
-  size_t b = (size_t)max_floats * sizeof(float);
+static size_t buffer_bytes(int64_t floats) {
+  size_t b = (size_t)floats * sizeof(float);
   return (b + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE;
 }
 
+static int64_t small_floats(int64_t max_floats) {
+  return max_floats < COMM_SMALL_FLOATS ? max_floats : COMM_SMALL_FLOATS;
+}
+
 size_t armllm_comm_segment_bytes(int ranks, int64_t max_floats) {
-  /* the ranks' input buffers, then the output buffer */
-  return sizeof(struct comm_header) + ((size_t)ranks + 1) * buffer_bytes(max_floats);
+  /* the ranks' input buffers, the output buffer, then two sets of the ranks'
+   * small buffers */
+  return sizeof(struct comm_header) + ((size_t)ranks + 1) * buffer_bytes(max_floats) +
+         2 * (size_t)ranks * buffer_bytes(small_floats(max_floats));
 }
 
 void armllm_comm_init(void *segment, int ranks, int64_t max_floats) {
@@ -95,11 +116,42 @@ static float *input_buffer(struct comm_header *h, int64_t r) {
   return (float *)((char *)h + sizeof *h + (size_t)r * buffer_bytes(h->max_floats));
 }
 
+static float *small_buffer(struct comm_header *h, uint64_t set, int64_t r) {
+  const size_t bytes = buffer_bytes(small_floats(h->max_floats));
+  return (float *)((char *)input_buffer(h, h->ranks + 1) + (set * h->ranks + r) * bytes);
+}
+
+/* The one-barrier all-reduce of n <= small_floats(max_floats) floats: each rank
+ * copies data into its buffer of this call's set; barrier; each rank sums every
+ * buffer in rank order into its own data. A set is written again two calls later,
+ * after the next call's barrier, which every rank reaches only once it has read
+ * this call's buffers. */
+static int allreduce_small(struct comm_header *h, int rank, float *data, int64_t n,
+                           int staged) {
+  const int64_t ranks = h->ranks;
+  const uint64_t set = h->small_calls[rank].n++ & 1;
+  if (!staged) memcpy(small_buffer(h, set, rank), data, (size_t)n * sizeof(float));
+  if (barrier_wait(h, &h->barrier[0])) return -1;
+  const float *in0 = small_buffer(h, set, 0), *in1 = small_buffer(h, set, 1);
+  for (int64_t i0 = 0; i0 < n; i0 += LINE_FLOATS) {
+    const int64_t i1 = i0 + LINE_FLOATS < n ? i0 + LINE_FLOATS : n;
+    __builtin_prefetch(in0 + i0 + PREFETCH_FLOATS);
+    __builtin_prefetch(in1 + i0 + PREFETCH_FLOATS);
+    for (int64_t i = i0; i < i1; i++) data[i] = in0[i] + in1[i];
+  }
+  for (int64_t r = 2; r < ranks; r++) { /* rank order: ((in0 + in1) + in2) + ... */
+    const float *in = small_buffer(h, set, r);
+    for (int64_t i = 0; i < n; i++) data[i] += in[i];
+  }
+  return 0;
+}
+
 int armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n) {
   struct comm_header *h = segment;
   const int64_t ranks = h->ranks, max = h->max_floats;
   float *out = input_buffer(h, ranks);
   sync_detect_atomics();
+  if (ranks > 1 && n <= small_floats(max)) return allreduce_small(h, rank, data, n, 0);
   for (int64_t off = 0; off < n; off += max) {
     const int64_t m = n - off < max ? n - off : max;
     memcpy(input_buffer(h, rank), data + off, (size_t)m * sizeof(float));
@@ -114,6 +166,17 @@ int armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n) {
     memcpy(data + off, out, (size_t)m * sizeof(float));
   }
   return 0;
+}
+
+float *armllm_comm_staging(void *segment, int rank, int64_t n) {
+  struct comm_header *h = segment;
+  if (h->ranks < 2 || n > small_floats(h->max_floats)) return NULL;
+  return small_buffer(h, h->small_calls[rank].n & 1, rank);
+}
+
+int armllm_comm_allreduce_staged(void *segment, int rank, float *data, int64_t n) {
+  sync_detect_atomics();
+  return allreduce_small(segment, rank, data, n, 1);
 }
 
 int armllm_comm_broadcast(void *segment, int rank, void *data, int64_t bytes) {

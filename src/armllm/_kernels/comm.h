@@ -2,7 +2,8 @@
  * segment that every rank (a process) maps.
  *
  * Layout: a header, two barriers, then one input buffer per rank and one
- * output buffer, each of max_floats floats. armllm_comm_allreduce(rank, data,
+ * output buffer, each of max_floats floats, then two sets of one small buffer
+ * per rank. armllm_comm_allreduce(rank, data,
  * n) sums `data` over the ranks in place, in slices of at most max_floats:
  *   1. each rank copies its slice into its input buffer; barrier;
  *   2. reduce-scatter: rank r sums its 1/N of the slice over the ranks' inputs
@@ -10,6 +11,13 @@
  *      order) into the output buffer; barrier;
  *   3. all-gather: each rank copies the output buffer back into `data`.
  * Every rank therefore ends with the same bits, and runs are deterministic.
+ * An all-reduce of at most 16,384 floats (a decode step's hidden vectors) takes
+ * one barrier instead: each rank copies data into its own small buffer; barrier;
+ * every rank sums all the small buffers in the same rank order into its data.
+ * That is N-1 adds of the whole vector on every rank instead of 1/N of them, and
+ * saves a barrier and the output buffer's round trip, which cost more at these
+ * sizes. Two sets of small buffers alternate, so a fast rank's next call never
+ * overwrites a buffer a slow rank is still reading.
  * A barrier is a count taken with fetch-add (LSE ldaddal on Arm where the CPU
  * has it, else LL/SC; lock xadd on x86) and a generation word the last rank
  * bumps; the others spin briefly, then sleep on the generation with a shared
@@ -37,6 +45,18 @@ int armllm_comm_check(const void *segment, int ranks, int64_t max_floats);
 
 /* Sums data[0..n) over the ranks, in place; every rank calls it with the same n. */
 int armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n);
+
+/* Where this rank's values for its next all-reduce of n floats go when that
+ * takes the one-barrier path, else NULL (n too large, or one rank). A producer
+ * that writes its output there (the o and down projections of a tensor-parallel
+ * layer) and then calls armllm_comm_allreduce_staged saves the copy in: the
+ * stores into lines the other ranks last read happen inside its own work. */
+float *armllm_comm_staging(void *segment, int rank, int64_t n);
+
+/* armllm_comm_allreduce of values already written to
+ * armllm_comm_staging(segment, rank, n), which must not have returned NULL: the
+ * sum lands in data[0..n). */
+int armllm_comm_allreduce_staged(void *segment, int rank, float *data, int64_t n);
 
 /* Copies `bytes` bytes of rank 0's `data` into every other rank's `data`, in
  * slices of the output buffer (barrier: the buffer's last readers are done;

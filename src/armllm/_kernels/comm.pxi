@@ -7,6 +7,8 @@ cdef extern from "comm.h" nogil:
     void armllm_comm_init(void *segment, int ranks, int64_t max_floats)
     int armllm_comm_check(const void *segment, int ranks, int64_t max_floats)
     int armllm_comm_allreduce(void *segment, int rank, float *data, int64_t n)
+    float *armllm_comm_staging(void *segment, int rank, int64_t n)
+    int armllm_comm_allreduce_staged(void *segment, int rank, float *data, int64_t n)
     int armllm_comm_broadcast(void *segment, int rank, void *data, int64_t nbytes)
     int armllm_comm_gather_cols(void *segment, int rank, float *data, int64_t rows,
                                 int64_t ld, const int64_t *col_start)
@@ -79,6 +81,33 @@ cdef class Comm:
         cdef int rc
         with nogil:
             rc = armllm_comm_allreduce(self.seg, self.rank, dp, n)
+        _comm_ok(rc)
+
+    def staging(self, int64_t n):
+        """A float32 [n] view of where this rank's values for its next all-reduce of
+        n floats go to skip the copy in (allreduce_staged), or None where that
+        all-reduce does not take the one-barrier path (comm.h)."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        cdef float *sp = armllm_comm_staging(self.seg, self.rank, n)
+        if sp == NULL:
+            return None
+        base = np.asarray(self.keep)
+        offset = <char *>sp - <char *>cnp.PyArray_DATA(base)
+        return base[offset:offset + 4 * n].view(np.float32)
+
+    def allreduce_staged(self, data):
+        """allreduce of the values this rank wrote into staging(len(data)): the sum
+        lands in the float32 array `data`."""
+        cdef cnp.ndarray da = _array(data, "data", np.float32, 1)
+        _writable(da, "data")
+        cdef int64_t n = da.shape[0]
+        if n < 1 or armllm_comm_staging(self.seg, self.rank, n) == NULL:
+            raise ValueError(f"an all-reduce of {n} floats has no staging buffer")
+        cdef float *dp = <float *>cnp.PyArray_DATA(da)
+        cdef int rc
+        with nogil:
+            rc = armllm_comm_allreduce_staged(self.seg, self.rank, dp, n)
         _comm_ok(rc)
 
     def broadcast(self, data):

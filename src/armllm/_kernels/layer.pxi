@@ -457,6 +457,23 @@ cdef void _norm_linear(const armllm_kernels *kt, armllm_pool *p, LinearArgs *L, 
     _tick(times, 0, t0)
 
 
+cdef inline float *_staging(LayerArgs *d, int64_t t) noexcept nogil:
+    """Where a tensor-parallel rank's o or down projection writes its output so
+    that the all-reduce skips the copy in (comm.h), or NULL: write to x."""
+    if d.comm == NULL:
+        return NULL
+    return armllm_comm_staging(d.comm, d.rank, t * d.hidden)
+
+
+cdef inline int _allreduce(LayerArgs *d, int64_t t, float *staged) noexcept nogil:
+    """Sums the projection's output over the ranks into x: 0, or -1 if aborted."""
+    if d.comm == NULL:
+        return 0
+    if staged != NULL:
+        return armllm_comm_allreduce_staged(d.comm, d.rank, d.x.p, t * d.hidden)
+    return armllm_comm_allreduce(d.comm, d.rank, d.x.p, t * d.hidden)
+
+
 cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, BatchArgs *b,
                         int64_t *times, int *err) noexcept nogil:
     """The layer's kernel calls; returns -1, or the bad index of the failing kernel
@@ -464,6 +481,7 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     cdef int64_t t = b.rows, r, bad, t0 = 0
     cdef float *q
     cdef float *k
+    cdef float *staged
     cdef float *v = d.qkv.p + d.q_size + d.kv_size
     cdef int64_t ldq = d.qkv.ld, ldk = d.qkv.ld
     cdef armllm_attn_args args
@@ -510,9 +528,10 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     if d.lin[1].kind >= LIN_WQ:
         _quant(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t)
     _tick(times, 1, &t0)
-    _matmul(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t, d.x.p, d.x.ld)
+    staged = _staging(d, t)
+    _matmul(kt, p, &d.lin[1], d.attn.p, d.attn.ld, t, staged if staged != NULL else d.x.p, d.x.ld)
     _tick(times, 0, &t0)
-    if d.comm != NULL and armllm_comm_allreduce(d.comm, d.rank, d.x.p, t * d.hidden):
+    if _allreduce(d, t, staged):
         err[0] = ERR_COMM
         return 0
     if not d.has_mlp:  # res += x; normed = rmsnorm(res): the experts' input
@@ -526,9 +545,10 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     if d.lin[3].kind >= LIN_WQ:
         _quant(kt, p, &d.lin[3], d.act.p, d.act.ld, t)
     _tick(times, 1, &t0)
-    _matmul(kt, p, &d.lin[3], d.act.p, d.act.ld, t, d.x.p, d.x.ld)
+    staged = _staging(d, t)
+    _matmul(kt, p, &d.lin[3], d.act.p, d.act.ld, t, staged if staged != NULL else d.x.p, d.x.ld)
     _tick(times, 0, &t0)
-    if d.comm != NULL and armllm_comm_allreduce(d.comm, d.rank, d.x.p, t * d.hidden):
+    if _allreduce(d, t, staged):
         err[0] = ERR_COMM
         return 0
     return -1

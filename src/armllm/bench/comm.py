@@ -1,9 +1,10 @@
 """`armllm bench comm`: the shared-memory all-reduce of tensor-parallel ranks
-(engine/comm.py), alone: --ranks processes on this machine sum float32 arrays
-of 1 KB to 16 MB; per size, the median time of one all-reduce on rank 0 and
-its bandwidth (bytes / time, and NCCL's bus bandwidth: bytes x 2(N-1)/N /
-time). More ranks than CPUs time the scheduler (ranks sleep at the barriers)
-rather than the copies."""
+(engine/comm.py), alone: --ranks processes on this machine sum float32 arrays of 1
+KB to 16 MB; per size, the median time of one all-reduce on rank 0 and its bandwidth
+(bytes / time, and NCCL's bus bandwidth: bytes x 2(N-1)/N / time), and for the sizes
+that take the one-barrier path, the time of a staged all-reduce (the values already
+in place, as the layers leave them). More ranks than CPUs time the scheduler (ranks
+sleep at the barriers) rather than the copies."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,8 @@ import numpy as np
 
 from armllm.cmdline import UsageError
 
-SIZES_BYTES = [1 << k for k in range(10, 25, 2)]   # 1 KB .. 16 MB
+# 1 KB .. 16 MB, with 8 KB and 32 KB: one hidden vector of 2,048 and 8,192 floats
+SIZES_BYTES = sorted({1 << k for k in range(10, 25, 2)} | {1 << 13, 1 << 15})
 WARMUP = 100  # untimed all-reduces per size
 
 
@@ -28,10 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _rank(name: str, rank: int, ranks: int, max_floats: int, reps: int, out) -> None:
-    """One rank: every size, WARMUP and `reps` timed all-reduces."""
+    """One rank: every size, WARMUP and `reps` timed all-reduces, copied in; then,
+    for the sizes that have a staging buffer, staged ones, whose values are written
+    into it before the clock starts (in the layers, by the projection itself)."""
     from armllm.engine.comm import AllReduce
     with AllReduce(name, rank, ranks, max_floats) as comm:
-        times = []
+        times, staged_times = [], []
         for size in SIZES_BYTES:
             data = np.ones(size // 4, np.float32)
             for _ in range(WARMUP):  # the first also waits for the other ranks to start
@@ -42,8 +46,18 @@ def _rank(name: str, rank: int, ranks: int, max_floats: int, reps: int, out) -> 
                 comm.allreduce(data)
                 per_call.append(time.perf_counter() - t0)
             times.append(statistics.median(per_call))
+            if comm.comm.staging(data.size) is None:
+                staged_times.append(None)
+                continue
+            per_call = []
+            for _ in range(WARMUP + reps):
+                comm.comm.staging(data.size)[:] = 1.0
+                t0 = time.perf_counter()
+                comm.comm.allreduce_staged(data)
+                per_call.append(time.perf_counter() - t0)
+            staged_times.append(statistics.median(per_call[WARMUP:]))
         if out is not None:
-            out.put(times)
+            out.put((times, staged_times))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,17 +76,21 @@ def run(args: argparse.Namespace) -> int:
             p.start()
         results = ctx.SimpleQueue()
         _rank(name, 0, args.ranks, max_floats, args.reps, results)
-        times = results.get()
+        times, staged_times = results.get()
         for p in others:
             p.join()
     n = args.ranks
     rows = [{"bytes": size, "us": t * 1e6, "algbw_gb_s": size / t / 1e9,
-             "busbw_gb_s": size * 2 * (n - 1) / n / t / 1e9}
-            for size, t in zip(SIZES_BYTES, times, strict=True)]
-    print(f"all-reduce over shared memory, {n} ranks, median of {args.reps}")
-    print(f"{'bytes':>10} {'us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+             "busbw_gb_s": size * 2 * (n - 1) / n / t / 1e9,
+             "staged_us": None if st is None else st * 1e6}
+            for size, t, st in zip(SIZES_BYTES, times, staged_times, strict=True)]
+    print(f"all-reduce over shared memory, {n} ranks, median of {args.reps}; staged: the "
+          "values already in the rank's staging buffer, as a layer's projection leaves them")
+    print(f"{'bytes':>10} {'us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} {'staged us':>10}")
     for r in rows:
-        print(f"{r['bytes']:>10} {r['us']:10.1f} {r['algbw_gb_s']:11.2f} {r['busbw_gb_s']:11.2f}")
+        staged = "-" if r["staged_us"] is None else f"{r['staged_us']:.1f}"
+        print(f"{r['bytes']:>10} {r['us']:10.1f} {r['algbw_gb_s']:11.2f} {r['busbw_gb_s']:11.2f}"
+              f" {staged:>10}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ranks": n, "reps": args.reps, "rows": rows}, f, indent=2)

@@ -151,6 +151,27 @@ def resolve(model: str | Path) -> Path:
     return local
 
 
+def pin(model: str) -> str:
+    """For replicas that each download `model` on their own machine (armllm serve
+    --ray): a Hub name checked as resolve checks it (the repo, the revision, the
+    GGUF file the name picks, a checkpoint's config.json and architecture) without
+    fetching any weight, and pinned: the name of the same files at the commit the
+    Hub lists now (ORG/NAME@COMMIT, ORG/NAME/FILE.gguf@COMMIT), so that every
+    replica serves the same revision even if the branch moves meanwhile. Anything
+    else (a local path, a name that is not a Hub name) comes back as it is."""
+    if Path(model).exists():
+        return model
+    name = parse_name(model)
+    if name is None:
+        return model
+    listing = _listing(name)
+    gguf = _gguf_file(name, listing)
+    if gguf is not None:
+        return f"{name.repo_id}/{gguf}@{listing.commit}"
+    _checked_config(name, listing)
+    return f"{name.repo_id}@{listing.commit}"
+
+
 def _listing(name: HubName) -> _Listing:
     """The repo's commit and files at the revision: from the Hub, or (offline, or
     the Hub unreachable or refusing) from the cached snapshot."""
@@ -225,10 +246,22 @@ def _fetch_checkpoint(name: HubName, listing: _Listing) -> Path:
     """A Hugging Face checkpoint's files (config.json first, checked) -> its snapshot
     directory."""
     files = set(listing.files)
-    where = _where(listing)
-    if CONFIG not in files:
-        raise HubError(f"{name.label}: {where} has *.safetensors but no config.json "
-                       "(armllm loads Hugging Face transformers checkpoints)")
+    config_path = _checked_config(name, listing)
+    for filename in SIDE_FILES:
+        if filename in files:
+            _fetch(name, listing, filename)
+    for filename in _module_configs(config_path.parent, files):
+        _fetch(name, listing, filename)
+    for filename in _weight_files(name, listing, config_path.parent):
+        _fetch(name, listing, filename)
+    return config_path.parent
+
+
+def _checked_config(name: HubName, listing: _Listing) -> Path:
+    """A checkpoint's config.json, fetched and checked as the loader checks it."""
+    if CONFIG not in listing.files:
+        raise HubError(f"{name.label}: {_where(listing)} has *.safetensors but no "
+                       "config.json (armllm loads Hugging Face transformers checkpoints)")
     config_path = _fetch(name, listing, CONFIG)
     try:
         config = json.loads(config_path.read_text())
@@ -238,14 +271,7 @@ def _fetch_checkpoint(name: HubName, listing: _Listing) -> Path:
         config_from_hf(config if isinstance(config, dict) else {}, CONFIG)
     except ValueError as exc:
         raise HubError(f"{name.label}: {exc}") from None
-    for filename in SIDE_FILES:
-        if filename in files:
-            _fetch(name, listing, filename)
-    for filename in _module_configs(config_path.parent, files):
-        _fetch(name, listing, filename)
-    for filename in _weight_files(name, listing, config_path.parent):
-        _fetch(name, listing, filename)
-    return config_path.parent
+    return config_path
 
 
 def _module_configs(snapshot: Path, files: set[str]) -> list[str]:

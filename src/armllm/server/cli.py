@@ -110,8 +110,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     model = resolve_model(args.model)
-    try:   # a Hub name downloads now, before the server starts
-        model = str(model_path(model))
+    try:   # a Hub name downloads now, before the server starts (under --ray, each
+        # replica downloads it where it runs: app_from_config checks and pins it)
+        model = str(model if args.ray else model_path(model))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     by_name = args.model is not None and not Path(args.model).exists()   # from the Hub

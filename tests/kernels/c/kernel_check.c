@@ -1015,9 +1015,20 @@ static int comm_abort_errors(void *segment, int rank, int ranks) {
 }
 
 /* N processes (fork) sum arrays of several lengths, in slices of 1,000 floats, then
- * 2,000 small back-to-back all-reduces, a broadcast, a column gather and an abort;
+ * 2,000 small back-to-back all-reduces (a third of them staged), a broadcast, a
+ * column gather and an abort;
  * every rank's result must equal the sum in rank order, bit for bit, and rank 0's
  * bytes; the abort must release every waiting rank with an error. */
+/* One of the back-to-back all-reduces of 16 floats rank + i: every third one
+ * written into the staging buffer first, as the layers do. */
+static void comm_back_to_back(void *shared, int rank, int rep, float *y) {
+  float *staging = rep % 3 == 1 ? armllm_comm_staging(shared, rank, 16) : NULL;
+  float *src = staging ? staging : y;
+  for (int i = 0; i < 16; i++) src[i] = (float)(rank + i);
+  if (staging) armllm_comm_allreduce_staged(shared, rank, y, 16);
+  else armllm_comm_allreduce(shared, rank, y, 16);
+}
+
 static void check_comm(void) {
   report r;
   report_start(&r, "comm", "allreduce");
@@ -1042,10 +1053,8 @@ static void check_comm(void) {
           armllm_comm_allreduce(shared, rank, x, sizes[k]);
         }
         float y[16];
-        for (int rep = 0; rep < BACK_TO_BACK; rep++) {
-          for (int i = 0; i < 16; i++) y[i] = (float)(rank + i);
-          armllm_comm_allreduce(shared, rank, y, 16);
-        }
+        for (int rep = 0; rep < BACK_TO_BACK; rep++)
+          comm_back_to_back(shared, rank, rep, y);
         int bad = comm_broadcast_errors(shared, rank) + comm_gather_errors(shared, rank, ranks);
         bad += comm_abort_errors(shared, rank, ranks);
         _exit(bad ? 1 : 0);
@@ -1058,8 +1067,7 @@ static void check_comm(void) {
     }
     float y[16];
     for (int rep = 0; rep < BACK_TO_BACK; rep++) {
-      for (int i = 0; i < 16; i++) y[i] = (float)i;
-      armllm_comm_allreduce(shared, 0, y, 16);
+      comm_back_to_back(shared, 0, rep, y);
       for (int i = 0; i < 16; i++) /* sum over ranks of (rank + i) */
         if (y[i] != (float)(ranks * i + ranks * (ranks - 1) / 2)) { r.bad++; break; }
     }
