@@ -452,7 +452,7 @@ def test_plan_tensor_parallel_gives_rank0s_share(tiny, capsys):
     one = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--max-num-seqs", "2",
                              "--bandwidth-gbs", "10"])
     two = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--max-num-seqs", "2",
-                             "--bandwidth-gbs", "10", "-tp", "2"])
+                             "--bandwidth-gbs", "10", "-tp", "2", "--allreduce-us", "7"])
     w1, w2 = one["weight_bytes"], two["weight_bytes"]
     assert w2["embedding"] == w1["embedding"]
     assert w2["layers"] < w1["layers"] and w2["lm_head"] * 2 == w1["lm_head"]
@@ -461,5 +461,25 @@ def test_plan_tensor_parallel_gives_rank0s_share(tiny, capsys):
     assert tp["ranks"] == 2 and tp["allreduces_per_step"] == 2 * two["config"]["num_layers"]
     assert two["total_bytes"] == 2 * tp["rank_bytes"]
     step1, step2 = one["decode"]["batch_1"], two["decode"]["batch_1"]
-    assert step2["min_step_s"] == pytest.approx(step2["bytes"] / 5e9)
+    layers, hidden = two["config"]["num_layers"], two["config"]["hidden_size"]
+    # 2 all-reduces a layer of 7 us at batch 1; batch 2 moves one more vector each,
+    # 2(N-1)/N = 1 of its 4 * hidden bytes per rank, at the node's 5 GB/s
+    assert step2["min_step_s"] == pytest.approx(step2["bytes"] / 5e9 + 2 * layers * 7e-6)
     assert step1["min_step_s"] == pytest.approx(step1["bytes"] / 10e9)
+    batch2 = two["decode"]["batch_c"]
+    assert batch2["min_step_s"] == pytest.approx(
+        batch2["bytes"] / 5e9 + 2 * layers * (7e-6 + 4 * hidden / 5e9))
+    assert tp["allreduce_us"] == 7 and tp["allreduce_source"] == "given"
+
+
+def test_plan_tensor_parallel_measures_the_allreduce(tiny, capsys):
+    """Without --allreduce-us, -tp times one all-reduce of the hidden vector between
+    processes here and counts it in the step; a negative one is refused."""
+    p = plan_json(capsys, [str(tiny), "--max-model-len", "64", "--bandwidth-gbs", "10",
+                           "-tp", "2"])
+    tp, step = p["tensor_parallel"], p["decode"]["batch_1"]
+    assert tp["allreduce_source"] == "measured" and 0 < tp["allreduce_us"] < 10_000
+    assert step["allreduce_s"] == pytest.approx(tp["allreduces_per_step"]
+                                                * tp["allreduce_us"] * 1e-6)
+    assert main(["plan", str(tiny), "-tp", "2", "--allreduce-us", "-1"]) == 2
+    assert "--allreduce-us must be >= 0, got -1.0" in capsys.readouterr().err

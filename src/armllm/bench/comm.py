@@ -29,14 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 
-def _rank(name: str, rank: int, ranks: int, max_floats: int, reps: int, out) -> None:
-    """One rank: every size, WARMUP and `reps` timed all-reduces, copied in; then,
-    for the sizes that have a staging buffer, staged ones, whose values are written
-    into it before the clock starts (in the layers, by the projection itself)."""
+def _rank(name: str, rank: int, ranks: int, sizes: list[int], reps: int, out) -> None:
+    """One rank: every size (bytes), WARMUP and `reps` timed all-reduces, copied in;
+    then, for the sizes that have a staging buffer, staged ones, whose values are
+    written into it before the clock starts (in the layers, by the projection itself)."""
     from armllm.engine.comm import AllReduce
-    with AllReduce(name, rank, ranks, max_floats) as comm:
+    with AllReduce(name, rank, ranks, max(sizes) // 4) as comm:
         times, staged_times = [], []
-        for size in SIZES_BYTES:
+        for size in sizes:
             data = np.ones(size // 4, np.float32)
             for _ in range(WARMUP):  # the first also waits for the other ranks to start
                 comm.allreduce(data)
@@ -60,25 +60,33 @@ def _rank(name: str, rank: int, ranks: int, max_floats: int, reps: int, out) -> 
             out.put((times, staged_times))
 
 
-def run(args: argparse.Namespace) -> int:
+def time_allreduce(ranks: int, sizes: list[int], reps: int
+                   ) -> tuple[list[float], list[float | None]]:
+    """The median seconds of one all-reduce of each size (bytes) between `ranks`
+    processes of this machine, copied in and staged (None where a size has no
+    staging buffer); the other ranks are spawned and joined here."""
+    name = f"armllm-bench-comm-{uuid.uuid4().hex}"
+    ctx = multiprocessing.get_context("spawn")
     from armllm.engine.comm import AllReduce
+    with AllReduce(name, 0, ranks, max(sizes) // 4, create=True):
+        others = [ctx.Process(target=_rank, args=(name, r, ranks, sizes, reps, None))
+                  for r in range(1, ranks)]
+        for p in others:
+            p.start()
+        results = ctx.SimpleQueue()
+        _rank(name, 0, ranks, sizes, reps, results)
+        times, staged_times = results.get()
+        for p in others:
+            p.join()
+    return times, staged_times
+
+
+def run(args: argparse.Namespace) -> int:
     if not 2 <= args.ranks <= 64:
         raise UsageError(f"--ranks must be in [2, 64], got {args.ranks}")
     if args.reps < 1:
         raise UsageError(f"--reps must be >= 1, got {args.reps}")
-    max_floats = SIZES_BYTES[-1] // 4
-    name = f"armllm-bench-comm-{uuid.uuid4().hex}"
-    ctx = multiprocessing.get_context("spawn")
-    with AllReduce(name, 0, args.ranks, max_floats, create=True):
-        others = [ctx.Process(target=_rank, args=(name, r, args.ranks, max_floats, args.reps,
-                                                  None)) for r in range(1, args.ranks)]
-        for p in others:
-            p.start()
-        results = ctx.SimpleQueue()
-        _rank(name, 0, args.ranks, max_floats, args.reps, results)
-        times, staged_times = results.get()
-        for p in others:
-            p.join()
+    times, staged_times = time_allreduce(args.ranks, SIZES_BYTES, args.reps)
     n = args.ranks
     rows = [{"bytes": size, "us": t * 1e6, "algbw_gb_s": size / t / 1e9,
              "busbw_gb_s": size * 2 * (n - 1) / n / t / 1e9,

@@ -15,6 +15,7 @@ from armllm.cmdline import UsageError, add_model_argument, resolve_model
 from armllm.engine.args import DEFAULT_KV_FRACTION, SERVER_ONLY, EngineArgs
 
 PROBE_MIN_TIME = 0.3             # seconds per bandwidth measurement
+ALLREDUCE_REPS = 300             # timed all-reduces of the hidden vector (about 1 ms each)
 # what plan cannot honour: prefix caching changes no memory figure
 EXCLUDED_ENGINE_FLAGS = ("enable_prefix_caching", *SERVER_ONLY)
 
@@ -23,6 +24,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_argument(p)
     p.add_argument("--bandwidth-gbs", type=float, default=None,
                    help="memory read bandwidth in GB/s (default: measured now)")
+    p.add_argument("--allreduce-us", type=float, default=None,
+                   help="with -tp: one all-reduce of one hidden vector between the ranks in "
+                        "microseconds, e.g. over the sockets' link (default: measured now "
+                        "between processes of this machine)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     EngineArgs.add_cli_args(p, exclude=EXCLUDED_ENGINE_FLAGS,
                             unset={"max_model_len": "the model's context"})
@@ -39,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.bandwidth_gbs is not None and not args.bandwidth_gbs > 0:
         raise UsageError(f"--bandwidth-gbs must be > 0, got {args.bandwidth_gbs}")
+    if args.allreduce_us is not None and not args.allreduce_us >= 0:
+        raise UsageError(f"--allreduce-us must be >= 0, got {args.allreduce_us}")
     model = resolve_model(args.model)
     try:
         config, formats, tensor_types, shard = read_model(model, engine)
@@ -59,7 +66,14 @@ def run(args: argparse.Namespace) -> int:
         # read GB/s over the default thread pool, with `armllm bench kernels`' probe
         bandwidth = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
         threads = ops.num_threads()
-    plan = make_plan(config, formats, engine, max_len, bandwidth, available_bytes(), shard)
+    allreduce_us = args.allreduce_us
+    if shard is not None and allreduce_us is None:
+        allreduce_us = measure_allreduce_us(shard.ranks, config.hidden_size)
+    plan = make_plan(config, formats, engine, max_len, bandwidth, available_bytes(), shard,
+                     None if allreduce_us is None else allreduce_us * 1e-6)
+    if shard is not None:
+        plan["tensor_parallel"]["allreduce_source"] = (
+            "given" if args.allreduce_us is not None else "measured")
     plan["model"] = str(model)
     plan["gguf_tensor_types"] = tensor_types
     plan["config"] = {k: getattr(config, k) for k in (
@@ -75,6 +89,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_plan(plan)
     return 0
+
+
+def measure_allreduce_us(ranks: int, hidden_size: int) -> float:
+    """One all-reduce of one hidden vector between `ranks` processes of this machine,
+    as the layers run it (staged in place where the size has a staging buffer), with
+    `armllm bench comm`'s timing."""
+    from armllm.bench.comm import time_allreduce
+    times, staged = time_allreduce(ranks, [4 * hidden_size], ALLREDUCE_REPS)
+    return (staged[0] if staged[0] is not None else times[0]) * 1e6
 
 
 def assumptions(p: dict) -> list[str]:
@@ -100,6 +123,14 @@ def assumptions(p: dict) -> list[str]:
             "ignored; those bytes at the read bandwidth give a floor on step time. Compute "
             "is not bounded here: large batches on few cores are compute-bound well below "
             "this (see `armllm bench kernels`)"]
+    tp = p["tensor_parallel"]
+    if tp:
+        out.append(f"tensor parallel: --bandwidth-gbs is the whole machine's, each rank "
+                   f"reading its node's 1/{tp['ranks']}; each step adds "
+                   f"{tp['allreduces_per_step']} all-reduces of {tp['allreduce_us']:.1f} us "
+                   f"({tp['allreduce_source']}) for one hidden vector, plus each further "
+                   "sequence's vector moved at the node's bandwidth")
+    return out
     return out
 
 
@@ -133,7 +164,8 @@ def print_plan(p: dict) -> None:
               f"intermediate {r0['intermediate']}, {r0['vocab_rows']} vocabulary rows; "
               f"embedding replicated), each rank reading at 1/{tp['ranks']} of the "
               f"bandwidth; {tp['allreduces_per_step']} all-reduces a step of "
-              f"{tp['allreduce_bytes_per_token']:,} B per token")
+              f"{tp['allreduce_bytes_per_token']:,} B per token, "
+              f"{tp['allreduce_us']:.1f} us each at batch 1 ({tp['allreduce_source']})")
     print(f"\nparameters {_count(pc['total']):>14}")
     print(f"  embedding  {_count(pc['embedding']):>13}  ({c['vocab_size']} x {c['hidden_size']})")
     if c["moe_layers"]:
@@ -187,8 +219,10 @@ def print_plan(p: dict) -> None:
     for key, label in rows:
         s = d[key]
         per_seq = "TPOT" if s["batch"] == 1 else "TPOT per sequence"
+        comm = (f" + all-reduces {s['allreduce_s'] * 1e3:.2f} ms" if "allreduce_s" in s
+                else "")
         print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
-              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}) -> "
+              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}){comm} -> "
               f"<= {s['max_tokens_per_s']:.1f} tok/s, {per_seq} >= {s['min_step_s'] * 1e3:.2f} ms")
     print("\nassumptions:")
     for line in p["assumptions"]:

@@ -165,11 +165,16 @@ def rope_table_bytes(c: ModelConfig) -> int:
 
 def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
               max_model_len: int, bandwidth_gbs: float | None = None,
-              mem_available: int | None = None, shard: ShardPlan | None = None) -> dict:
+              mem_available: int | None = None, shard: ShardPlan | None = None,
+              allreduce_s: float | None = None) -> dict:
     """Every figure of the plan, in bytes, seconds and tokens. With tensor parallel,
     `shard` is rank 0's ShardPlan (the largest shard) and `formats` its weights': the
     memory and decode figures are that rank's (its KV heads, its --kv-cache-gib, its
-    node's share of the bandwidth), the totals the ranks' together."""
+    node's share of the bandwidth), the totals the ranks' together. `allreduce_s` is
+    one all-reduce of one hidden vector between the ranks (the link's latency): a step
+    of b sequences adds, per all-reduce, that time plus the (b - 1) further vectors'
+    bytes moved at the node's bandwidth, 2(N-1)/N of them per rank (reduce-scatter and
+    all-gather)."""
     ranks = shard.ranks if shard else 1
     full = c
     c = shard.config(c) if shard else c
@@ -208,6 +213,8 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     overhead = workspace + rope_table_bytes(c) + PROCESS_BYTES
     rank_total = weights["total"] + kv_blocks * per_block + fixed + overhead
     total = ranks * rank_total   # an upper bound: rank 0's shard is the largest
+    # after attention's o and the MLP's down projection (a sparse layer's experts: one more)
+    allreduces = 2 * full.num_layers + len(full.moe_layers)
     plan = {
         "kernel_variant": ops.selected_isa(), "max_model_len": max_model_len, "max_num_seqs": seqs,
         "weight_dtype": dense, "quantization": engine.quantization,
@@ -231,7 +238,8 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
             "rank0": {"q_heads": c.num_heads, "kv_heads": c.num_kv_heads,
                       "intermediate": c.intermediate_size,
                       "vocab_rows": shard.vocab[1] - shard.vocab[0]},
-            "allreduces_per_step": 2 * full.num_layers + len(full.moe_layers),
+            "allreduces_per_step": allreduces, "allreduce_us": (
+                None if allreduce_s is None else allreduce_s * 1e6),
             "allreduce_bytes_per_token": 4 * full.hidden_size},
     }
     if mem_available is not None:
@@ -257,7 +265,13 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
         d = {"batch": batch, "bytes": nbytes, "weight_bytes": step_weights + batch * row,
              "kv_bytes": batch * kv_read}
         if bandwidth_gbs:   # each rank reads its shard at its node's share
-            t = nbytes / (bandwidth_gbs / ranks * 1e9)
+            node_bytes_per_s = bandwidth_gbs / ranks * 1e9
+            t = nbytes / node_bytes_per_s
+            if shard is not None and allreduce_s is not None:
+                moved = (batch - 1) * 4 * full.hidden_size * 2 * (ranks - 1) / ranks
+                comm = allreduces * (allreduce_s + moved / node_bytes_per_s)
+                d["allreduce_s"] = comm
+                t += comm
             d.update(min_step_s=t, max_tokens_per_s=batch / t)
         return d
 
