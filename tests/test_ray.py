@@ -6,7 +6,6 @@ Generator and Embedder equal the in-process LLM; and the default install never
 imports Ray."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -152,11 +151,7 @@ def _running_cluster(root: Path, port: int, address: str):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
-    path = write_tiny_llama(tmp_path_factory.mktemp("tiny-ray"))
-    config = json.loads((path / "config.json").read_text())
-    config["max_position_embeddings"] = LONG_CONTEXT
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-ray"), max_position=LONG_CONTEXT)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,11 @@ SPECIALS = ["<s>", "</s>"]
 
 
 def write_tiny_llama(path: Path, seed: int = 0, hidden: int = 64, layers: int = 2,
-                     heads: int = 4, kv_heads: int = 2, inter: int = 96) -> Path:
+                     heads: int = 4, kv_heads: int = 2, inter: int = 96,
+                     max_position: int = 512) -> Path:
     vocab = len(SPECIALS) + len(WORDS)
-    _write_weights(path, vocab, seed, hidden, layers, heads, kv_heads, inter)
+    _write_weights(path, vocab, seed, hidden, layers, heads, kv_heads, inter,
+                   max_position=max_position)
     vocab_map = {t: i for i, t in enumerate(SPECIALS + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab_map, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -5,7 +5,6 @@ generation on the server), conversations outlive a reload, a server with
 escapes HTML and links only safe targets."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -58,11 +57,7 @@ def browser():
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory) -> Path:
     """The tiny model with a long context: a few seconds of tokens at its speed."""
-    path = write_tiny_llama(tmp_path_factory.mktemp("tiny-web"))
-    config = json.loads((path / "config.json").read_text())
-    config["max_position_embeddings"] = LONG_CONTEXT
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-web"), max_position=LONG_CONTEXT)
 
 
 SERVER_FLAGS = ("--dtype", "float32", "--kv-cache-gib", "0.05", "--served-model-name", "tiny")
