@@ -232,3 +232,16 @@ def test_threads_flag_beats_the_environment(tmp_path):
     assert json.loads(out.read_text())["threads"] == 1
     r = armllm("generate", str(model), "--prompt", "w1", "--threads", "0")
     assert r.returncode == 2 and "threads must be an integer from 1 to 4096, got 0" in r.stderr
+
+
+def test_serve_ray_without_ray_says_what_to_install(smollm2_gguf):
+    """Where Ray is not installed (simulated: the import fails), `armllm serve --ray`
+    is a one-line usage error naming the extra, exit code 2."""
+    code = ("import sys; sys.modules['ray'] = None; from armllm.cli import main; "
+            f"sys.exit(main(['serve', {str(smollm2_gguf)!r}, '--ray']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("armllm: error: --ray: armllm.ray needs Ray: "
+                                                   'pip install "armllm[ray]"'), lines

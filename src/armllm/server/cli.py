@@ -138,7 +138,7 @@ def _serve_on_ray(args: argparse.Namespace, config) -> int:
     try:  # Ray loads only here: the default install neither needs nor imports it
         from armllm.ray import app_from_config, run_server
     except ImportError as exc:
-        raise UsageError(f"--ray needs Ray ({exc}): pip install \"armllm[ray]\"") from None
+        raise UsageError(f"--ray: {exc}") from None   # says what to install
     try:
         app = app_from_config(config, args.num_replicas)
     except ValueError as exc:
