@@ -130,8 +130,10 @@ def test_a_job_does_not_wait_for_a_worker_that_cannot_run():
     r = _run(code)
     ok, alone, paired = r.stdout.split()
     assert ok == "True", r.stderr
-    # waiting out the spin costs at least 500 x 0.2 ms = 0.1 s more than the pool alone
-    assert float(paired) - float(alone) < 0.05, f"500 jobs: {paired} s, alone {alone} s"
+    # waiting out the spin costs at least 500 x 0.2 ms = 0.1 s more than the pool alone;
+    # under qemu on a busy 2-CPU runner a second thread sharing the CPU has cost up to
+    # 0.055 s without any waiting, so the bound sits between the two
+    assert float(paired) - float(alone) < 0.08, f"500 jobs: {paired} s, alone {alone} s"
 
 
 def test_bad_thread_counts():
