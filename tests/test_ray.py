@@ -1,9 +1,10 @@
 """armllm on Ray (armllm/ray.py), on a real Ray cluster of two one-CPU nodes
 started here (`ray start` twice, like two machines): Ray Serve replicas answer
 the official openai client as `armllm serve` does, with per-replica metrics; a
-replica killed mid-stream fails its request at once and comes back; Ray Data's
-Generator and Embedder equal the in-process LLM; and the default install never
-imports Ray."""
+replica killed mid-stream fails its request at once and comes back; replicas
+sharing a machine of two (faked) NUMA nodes take one node's CPU each, a
+replacement the one freed; Ray Data's Generator and Embedder equal the
+in-process LLM; and the default install never imports Ray."""
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.engine.test_topology import fake_sysfs
 from tests.fake_hub import FakeHub, tiny_repo
 from tests.server.conftest import ServerProcess, free_port, running_server
 from tests.tiny_model import write_tiny_llama
@@ -36,6 +38,7 @@ except ImportError as exc:  # no Ray wheel here (an emulated aarch64 root, say)
     pytest.skip(f"needs Ray: pip install 'armllm[ray]' ({exc})", allow_module_level=True)
 
 from armllm import LLM, SamplingParams  # noqa: E402
+from armllm.engine.topology import format_cpulist  # noqa: E402
 from armllm.ray import Embedder, Generator, app_builder, build_app  # noqa: E402
 
 # the engine both sides run: float32 weights and KV cache, so greedy tokens are exact
@@ -115,6 +118,8 @@ def cluster_root():
         # no token authentication (on by default where ~/.ray/auth_token exists, which
         # a local ray.init() writes; the worker node would need the token too)
         env.setenv("RAY_AUTH_MODE", "disabled")
+        # this machine as two NUMA nodes of one CPU each (the CPUs its replicas claim)
+        env.setenv("ARMLLM_SYSFS", str(fake_sysfs(root / "sysfs", {0: "0", 1: "1"})))
         with _running_cluster(root, port, f"127.0.0.1:{port}"):
             yield root
 
@@ -314,11 +319,38 @@ def _streaming_replica(url: str) -> str:
     return next(n for n in names if n.endswith("#" + replica) == (running == 1))
 
 
-def test_a_killed_replica_fails_its_stream_and_comes_back(cluster, model, serve_port):
+def _replica_cpus(root: Path) -> list[str]:
+    """The CPUs each live replica of the cluster at `root` has its engine bound to:
+    the one CPU list, other than the machine's, that its process's threads (the
+    engine's, the loader's) run on. Replicas are the processes Ray titles
+    ray::ServeReplica:armllm:..."""
+    machine = {format_cpulist(tuple(os.sched_getaffinity(0)))}
+    port = int((root / "address").read_text().rsplit(":", 1)[1])
+    found = []
+    for pid in _cluster_processes(root, port):
+        try:
+            if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(
+                    b"ray::ServeReplica:armllm:"):
+                continue
+            lists = {re.search(r"Cpus_allowed_list:\s*(\S+)", (task / "status").read_text())
+                     .group(1) for task in Path(f"/proc/{pid}/task").iterdir()}
+        except OSError:   # it exited meanwhile
+            continue
+        bound = lists - machine
+        assert len(bound) <= 1, (pid, lists)
+        found.append(bound.pop() if bound else "unbound")   # unbound: still starting
+    return sorted(found)
+
+
+def test_a_killed_replica_fails_its_stream_and_comes_back(cluster_root, cluster, model,
+                                                          serve_port):
     """Killing the replica serving a long stream ends that stream with an error at
-    once (no hang); the other replica serves meanwhile, and Ray starts a new one."""
+    once (no hang); the other replica serves meanwhile, and Ray starts a new one.
+    The two replicas, on one machine of two NUMA nodes, each run on a node's CPU of
+    their own; the new one on the CPU the killed one freed."""
     serve.run(build_app(model, num_replicas=2, served_model_name="tiny", **ENGINE),
               name="armllm", route_prefix="/")
+    assert _replica_cpus(cluster_root) == ["0", "1"]
     url = f"http://127.0.0.1:{serve_port}"
     body = {"model": "tiny", "prompt": "w1 w2", "max_tokens": LONG_CONTEXT - 8,
             "temperature": 0, "ignore_eos": True, "stream": True}
@@ -345,6 +377,11 @@ def test_a_killed_replica_fails_its_stream_and_comes_back(cluster, model, serve_
     _wait_for(two_running, "replacement replica")
     for _ in range(6):
         assert httpx.post(url + "/v1/completions", json=short, timeout=30).status_code == 200
+    # the replacement (its process up once Ray sees the death) takes the freed CPU
+    deadline = time.monotonic() + STARTUP_S
+    while (cpus := _replica_cpus(cluster_root)) != ["0", "1"]:
+        assert time.monotonic() < deadline, cpus
+        time.sleep(0.2)
 
 
 def test_build_app_refuses_what_a_replica_cannot_honour(model):

@@ -19,10 +19,15 @@ own command line: `serve run armllm.ray:app_builder model=PATH num_replicas=2`.
   builds the app) and runs exactly that many, so Ray puts at most
   node CPUs // threads replicas on a node. threads = a machine's CPUs gives one
   replica per machine; threads = a NUMA node's CPUs gives the layout of `armllm
-  serve -dp` (one replica per NUMA node), except that Ray does not pin a replica
-  to its node's CPUs and memory: within one many-node machine `armllm serve -dp`
-  does, and Ray is the way across machines. A replica is one engine process, so
-  data and tensor parallelism inside it (and --cpus) are refused.
+  serve -dp`, one replica per NUMA node. Ray counts CPUs but pins nothing, so a
+  replica claims `threads` CPUs of one NUMA node that no other armllm process of
+  its machine holds (topology.claim_cpus; the lowest free of the first node with
+  that many) and binds its threads and memory there, as `armllm serve -dp` binds
+  a replica: replicas sharing a machine never share a CPU, and one per node stays
+  on its node. Where no node has that many free CPUs the replica runs unpinned
+  (a warning says so). A replica is one engine process, so data and tensor
+  parallelism inside it (and --cpus) are refused. Ray Data's actors (below) claim
+  their CPUs the same way.
 - Routing: Ray Serve runs its HTTP proxy on every node. A proxy gives a request
   to a replica on its own node while one has room (max_num_seqs requests, the
   engine's batch, plus a few spare so that /health and /metrics get through),
@@ -69,6 +74,7 @@ except ImportError as exc:
 
 from armllm import ops
 from armllm.api import LLM, AsyncLLM
+from armllm.engine import topology
 from armllm.engine.args import EngineArgs
 from armllm.model import hub
 from armllm.sampling import SamplingParams
@@ -109,8 +115,9 @@ class OpenAIServer:
         replica = serve.get_replica_context().replica_tag
         self._config = dataclasses.replace(
             config, metrics_labels={**config.metrics_labels, "replica": replica})
+        engine_args, self._cpus = _claimed(config.engine_args)
         # loading takes seconds to minutes: off the replica's event loop
-        self._llm = await asyncio.to_thread(AsyncLLM, config.model, **config.engine_args)
+        self._llm = await asyncio.to_thread(AsyncLLM, config.model, **engine_args)
 
     def __serve_build_asgi_app__(self) -> ServerApp:
         return create_app(self._config, self._llm)
@@ -261,16 +268,39 @@ def run_server(app: Application, address: str | None, host: str, port: int) -> i
         ray.shutdown()
 
 
+def _claimed(engine_args: dict) -> tuple[dict, topology.CpuClaim | None]:
+    """The engine arguments of an engine Ray placed in this process, with `cpus` set
+    to its `threads` CPUs of one NUMA node that no other armllm process of this
+    machine holds (claimed here: the claim returned must live as long as the
+    engine), which the engine binds its threads and memory to; unchanged where
+    the CPUs are given or no node has that many free."""
+    threads = engine_args.get("threads")
+    if engine_args.get("cpus") is not None or not threads:
+        return engine_args, None
+    claim = topology.claim_cpus(threads)
+    if claim is None:
+        log.warning("no NUMA node of this machine has %d CPUs that no other armllm "
+                    "process holds: this engine runs unpinned", threads)
+        return engine_args, None
+    cpus = topology.format_cpulist(claim.cpus)
+    log.info("engine threads on CPUs %s (NUMA node %d)", cpus, claim.node)
+    return {**engine_args, "cpus": cpus}, claim
+
+
 # ---- batch inference (Ray Data) ----
 
-def _load(model: str | Path, engine_args: dict) -> LLM:
+def _load(model: str | Path, engine_args: dict) -> tuple[LLM, topology.CpuClaim | None]:
     """An LLM whose kernel threads default to the CPUs Ray reserved for this actor
-    (map_batches' num_cpus), so that actors sharing a node do not oversubscribe it."""
-    if engine_args.get("threads") is None and ray.is_initialized():
+    (map_batches' num_cpus), on CPUs of its own (_claimed) when Ray placed it, so that
+    actors sharing a node do not oversubscribe it; and its CPUs' claim."""
+    if not ray.is_initialized():
+        return LLM(model, **engine_args), None
+    if engine_args.get("threads") is None:
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
         if cpus:
             engine_args = {**engine_args, "threads": max(1, int(cpus))}
-    return LLM(model, **engine_args)
+    engine_args, claim = _claimed(engine_args)
+    return LLM(model, **engine_args), claim
 
 
 def _prompt(value) -> str | list[int]:
@@ -305,7 +335,7 @@ class Generator:
     def __init__(self, model: str | Path, sampling: SamplingParams | dict | None = None,
                  prompt_column: str = "prompt", messages_column: str = "messages",
                  **engine_args):
-        self._llm = _load(model, engine_args)
+        self._llm, self._cpus = _load(model, engine_args)
         if isinstance(sampling, SamplingParams):
             self._params = sampling
         elif sampling is None or isinstance(sampling, dict):
@@ -364,7 +394,7 @@ class Embedder:
 
     def __init__(self, model: str | Path, input_column: str = "text",
                  dimensions: int | None = None, **engine_args):
-        self._llm = _load(model, engine_args)
+        self._llm, self._cpus = _load(model, engine_args)
         self._column, self._dimensions = input_column, dimensions
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

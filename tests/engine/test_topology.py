@@ -8,7 +8,14 @@ import sys
 
 import pytest
 
-from armllm.engine.topology import Node, format_cpulist, numa_nodes, parse_cpulist, rank_cpus
+from armllm.engine.topology import (
+    Node,
+    claim_cpus,
+    format_cpulist,
+    numa_nodes,
+    parse_cpulist,
+    rank_cpus,
+)
 
 
 def test_parse_cpulist():
@@ -42,6 +49,46 @@ def test_nodes_from_a_faked_sysfs(tmp_path, monkeypatch):
     four = rank_cpus(4)      # two ranks per node, each half of it
     assert four == [tuple(range(24)), tuple(range(24, 48)), tuple(range(48, 72)),
                     tuple(range(72, 96))]
+
+
+# CPU ids far above this machine's: claims must not meet a Ray test's or a user's
+FAR = 4000
+HOLDER = f"""
+import sys, time
+from armllm.engine.topology import Node, claim_cpus
+claim = claim_cpus(int(sys.argv[1]), [Node(0, tuple(range({FAR}, {FAR + 4})))])
+print(claim.cpus if claim else None, flush=True)
+time.sleep(60)
+"""
+
+
+def test_claimed_cpus_are_no_other_process_s_until_it_exits():
+    """claim_cpus gives each process CPUs no other holds: a node's lowest free ones,
+    the next node's where one lacks that many, None where no node has them; a
+    holder's CPUs are free again once it exits, however it exits."""
+    nodes = [Node(0, tuple(range(FAR, FAR + 4))), Node(1, tuple(range(FAR + 4, FAR + 8)))]
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, "3"], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline().strip() == str((FAR, FAR + 1, FAR + 2))
+        # node 0 has one CPU left: two come from node 1, the lone one stays free
+        two = claim_cpus(2, nodes)
+        assert (two.cpus, two.node) == ((FAR + 4, FAR + 5), 1)
+        one = claim_cpus(1, nodes)
+        assert (one.cpus, one.node) == ((FAR + 3,), 0)
+        assert claim_cpus(3, nodes) is None          # node 1 has 2 free, node 0 none
+        two.release()
+        again = claim_cpus(3, nodes)
+        assert again.cpus == (FAR + 4, FAR + 5, FAR + 6)
+        with pytest.raises(ValueError, match="CPUs to claim must be >= 1, got 0"):
+            claim_cpus(0, nodes)
+    finally:
+        other.kill()
+        other.wait()
+    whole = claim_cpus(3, nodes)                     # the killed holder's CPUs are free
+    assert whole.cpus == (FAR, FAR + 1, FAR + 2)
+    for claim in (one, again, whole):
+        claim.release()
 
 
 def test_this_machine_without_a_fake(monkeypatch):

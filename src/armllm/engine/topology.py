@@ -8,18 +8,28 @@ own by hand (vLLM's VLLM_CPU_OMP_THREADS_BIND). Binding sets the process's CPU
 affinity (the kernel pool, started afterwards, pins its workers within it) and
 its memory policy to its nodes with the set_mempolicy system call (no libnuma),
 so that everything it allocates afterwards, its weight shard and KV cache
-included, lives on its own node."""
+included, lives on its own node.
+
+Processes that Ray places (armllm.ray's replicas and batch actors) claim their
+CPUs instead (claim_cpus): Ray counts a machine's CPUs but pins nothing, so
+each such process takes CPUs of one node that no other has claimed."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 SYSFS = Path("/sys")
 NODE_DIR = "devices/system/node"
 MPOL_DEFAULT, MPOL_BIND = 0, 2  # linux/mempolicy.h
+# a CPU is claimed by binding the abstract Unix socket of this name: every process of
+# the machine (one network namespace) sees it, and the kernel frees it when the holder
+# exits, however it exits
+CPU_CLAIM = "armllm-cpu-{cpu}"
 SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}   # the system call's number
 
 
@@ -124,6 +134,53 @@ def placements(ranks: int, cpus: str | None = None
     sets = rank_cpus(ranks, cpus, nodes)
     faked = "ARMLLM_SYSFS" in os.environ
     return [(s, () if faked else tuple(nodes_of(s, nodes))) for s in sets]
+
+
+@dataclass
+class CpuClaim:
+    """CPUs of one node held for this process until release() or its exit."""
+    cpus: tuple[int, ...]
+    node: int
+    sockets: list[socket.socket]
+
+    def release(self) -> None:
+        for s in self.sockets:
+            s.close()
+        self.sockets.clear()
+
+
+def claim_cpus(count: int, nodes: list[Node] | None = None) -> CpuClaim | None:
+    """`count` CPUs of one NUMA node that no other process of this machine has
+    claimed (the first node with that many free, its lowest free CPUs), held for
+    this process; None when no node has that many free."""
+    if count < 1:
+        raise ValueError(f"CPUs to claim must be >= 1, got {count}")
+    for node in nodes or numa_nodes():
+        held: list[tuple[int, socket.socket]] = []
+        for cpu in node.cpus:
+            if len(held) == count:
+                break
+            s = _hold(cpu)
+            if s is not None:
+                held.append((cpu, s))
+        if len(held) == count:
+            return CpuClaim(tuple(c for c, _ in held), node.id, [s for _, s in held])
+        for _, s in held:
+            s.close()
+    return None
+
+
+def _hold(cpu: int) -> socket.socket | None:
+    """CPU_CLAIM's socket of `cpu`, bound (held), or None if another process holds it."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # not inherited by children
+    try:
+        s.bind("\0" + CPU_CLAIM.format(cpu=cpu))
+    except OSError as exc:
+        s.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return s
 
 
 def bind(cpus: tuple[int, ...], node_ids: list[int]) -> None:
