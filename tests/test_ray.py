@@ -384,6 +384,28 @@ def test_a_killed_replica_fails_its_stream_and_comes_back(cluster_root, cluster,
         time.sleep(0.2)
 
 
+def test_an_engine_claims_cpus_of_one_node_unless_it_takes_the_machine(cluster_root):
+    """_claimed (a replica's, an actor's engine arguments): threads=1 on the faked
+    two-node machine gets a node's CPU no other engine holds, the next one the other
+    node's, a third none (unpinned); the whole machine's threads or given CPUs are
+    left as they are."""
+    from armllm.ray import _claimed
+    _wait_for(lambda: not _replica_cpus(cluster_root), "exit of the last test's replicas")
+    first, claim0 = _claimed({"threads": 1, "dtype": "float32"})
+    second, claim1 = _claimed({"threads": 1})
+    try:
+        assert {first["cpus"], second["cpus"]} == {"0", "1"}
+        assert first["dtype"] == "float32"
+        assert {claim0.node, claim1.node} == {0, 1}
+        assert _claimed({"threads": 1}) == ({"threads": 1}, None)   # both nodes taken
+    finally:
+        claim0.release()
+        claim1.release()
+    machine = {"threads": len(os.sched_getaffinity(0))}
+    assert _claimed(machine) == (machine, None)
+    assert _claimed({"threads": 1, "cpus": "1"}) == ({"threads": 1, "cpus": "1"}, None)
+
+
 def test_build_app_refuses_what_a_replica_cannot_honour(model):
     for bad, match in [({"data_parallel_size": 2}, "data_parallel_size=2"),
                        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2"),

@@ -273,9 +273,12 @@ def _claimed(engine_args: dict) -> tuple[dict, topology.CpuClaim | None]:
     to its `threads` CPUs of one NUMA node that no other armllm process of this
     machine holds (claimed here: the claim returned must live as long as the
     engine), which the engine binds its threads and memory to; unchanged where
-    the CPUs are given or no node has that many free."""
+    the CPUs are given, the threads take the whole machine, or no node has that
+    many free."""
     threads = engine_args.get("threads")
     if engine_args.get("cpus") is not None or not threads:
+        return engine_args, None
+    if threads >= len(os.sched_getaffinity(0)):   # the whole machine: nothing to choose
         return engine_args, None
     claim = topology.claim_cpus(threads)
     if claim is None:

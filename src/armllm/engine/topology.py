@@ -152,9 +152,12 @@ class CpuClaim:
 def claim_cpus(count: int, nodes: list[Node] | None = None) -> CpuClaim | None:
     """`count` CPUs of one NUMA node that no other process of this machine has
     claimed (the first node with that many free, its lowest free CPUs), held for
-    this process; None when no node has that many free."""
+    this process; None when no node has that many free, or off Linux (whose
+    abstract sockets the claims are)."""
     if count < 1:
         raise ValueError(f"CPUs to claim must be >= 1, got {count}")
+    if platform.system() != "Linux":
+        return None
     for node in nodes or numa_nodes():
         held: list[tuple[int, socket.socket]] = []
         for cpu in node.cpus:
