@@ -102,6 +102,8 @@ def _stop_cluster(root: Path, port: int) -> None:
 
 
 NODES = ("head", "worker")
+# the faked NUMA nodes' CPUs: the first two this process may use, one node each
+NODE_CPUS = sorted(str(c) for c in sorted(os.sched_getaffinity(0))[:2])   # as _replica_cpus
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +121,7 @@ def cluster_root():
         # a local ray.init() writes; the worker node would need the token too)
         env.setenv("RAY_AUTH_MODE", "disabled")
         # this machine as two NUMA nodes of one CPU each (the CPUs its replicas claim)
-        env.setenv("ARMLLM_SYSFS", str(fake_sysfs(root / "sysfs", {0: "0", 1: "1"})))
+        env.setenv("ARMLLM_SYSFS", str(fake_sysfs(root / "sysfs", dict(enumerate(NODE_CPUS)))))
         with _running_cluster(root, port, f"127.0.0.1:{port}"):
             yield root
 
@@ -350,7 +352,7 @@ def test_a_killed_replica_fails_its_stream_and_comes_back(cluster_root, cluster,
     their own; the new one on the CPU the killed one freed."""
     serve.run(build_app(model, num_replicas=2, served_model_name="tiny", **ENGINE),
               name="armllm", route_prefix="/")
-    assert _replica_cpus(cluster_root) == ["0", "1"]
+    assert _replica_cpus(cluster_root) == NODE_CPUS
     url = f"http://127.0.0.1:{serve_port}"
     body = {"model": "tiny", "prompt": "w1 w2", "max_tokens": LONG_CONTEXT - 8,
             "temperature": 0, "ignore_eos": True, "stream": True}
@@ -379,7 +381,7 @@ def test_a_killed_replica_fails_its_stream_and_comes_back(cluster_root, cluster,
         assert httpx.post(url + "/v1/completions", json=short, timeout=30).status_code == 200
     # the replacement (its process up once Ray sees the death) takes the freed CPU
     deadline = time.monotonic() + STARTUP_S
-    while (cpus := _replica_cpus(cluster_root)) != ["0", "1"]:
+    while (cpus := _replica_cpus(cluster_root)) != NODE_CPUS:
         assert time.monotonic() < deadline, cpus
         time.sleep(0.2)
 
@@ -394,7 +396,7 @@ def test_an_engine_claims_cpus_of_one_node_unless_it_takes_the_machine(cluster_r
     first, claim0 = _claimed({"threads": 1, "dtype": "float32"})
     second, claim1 = _claimed({"threads": 1})
     try:
-        assert {first["cpus"], second["cpus"]} == {"0", "1"}
+        assert sorted([first["cpus"], second["cpus"]]) == NODE_CPUS
         assert first["dtype"] == "float32"
         assert {claim0.node, claim1.node} == {0, 1}
         assert _claimed({"threads": 1}) == ({"threads": 1}, None)   # both nodes taken
