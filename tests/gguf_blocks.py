@@ -2,7 +2,9 @@
 stored (every code point, scales from tiny to extreme), and an independent numpy
 decoder into the parts the kernels compute with: integer values v, and per 16
 columns a scale d and an offset o, such that d * v + o is the gguf package's
-dequantization (checked in tests/kernels/test_gguf.py)."""
+dequantization (checked in tests/kernels/test_gguf.py); for the super-block types
+also the integers behind d and o (decode_super: d = D * s, o = O * m), which their
+GEMM sums in int32."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +26,8 @@ RANDOM_ONLY = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")  # gg
 TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10, "Q3_K": 11,
             "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20, "IQ4_XS": 23, "MXFP4": 39}
 OFFSET_TYPES = ("Q4_1", "Q5_1", "Q2_K", "Q4_K", "Q5_K")
+# 256-element blocks: their GEMM sums integer sub-scales over a whole block
+SUPER_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
                        113], np.int8)
 # the OCP MX spec's FP4 (e2m1) values of the 16 codes: sign bit 3, exponent bits 2-1,
@@ -104,55 +108,60 @@ def decode(type_name: str, blocks: np.ndarray):
     if type_name == "Q8_0":
         v = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.int32)
         return v, np.repeat(_f16(blocks, 0)[:, None], 2, 1), np.zeros((nb, 2), np.float32)
-    e = np.arange(256)
-    if type_name == "Q2_K":
-        dd, dmin = _f16(blocks, 80), _f16(blocks, 82)
-        sc = b[:, :16]
-        v = _two_bit(b[:, 16:80])
-        return (v, dd[:, None] * (sc & 15).astype(np.float32),
-                -(dmin[:, None] * (sc >> 4).astype(np.float32)))
-    if type_name == "Q3_K":
-        dd = _f16(blocks, 108)
-        high = (b[:, e % 32] >> (e // 32)) & 1
-        v = _two_bit(b[:, 32:96]) - 4 * (1 - high)
-        s = b[:, 96:108]
-        j = np.arange(16)
-        sc = ((s[:, j % 8] >> (4 * (j // 8))) & 15) | (((s[:, 8 + j % 4] >> (2 * (j // 4))) & 3)
-                                                        << 4)
-        return v, dd[:, None] * (sc - 32).astype(np.float32), np.zeros((nb, 16), np.float32)
-    if type_name in ("Q4_K", "Q5_K"):
-        dd, dmin = _f16(blocks, 0), _f16(blocks, 2)
-        sc, mn = _k4_scale_min(blocks[:, 4:16])
-        qs = b[:, 48:] if type_name == "Q5_K" else b[:, 16:]
-        v = (qs[:, (e // 64) * 32 + e % 32] >> (4 * ((e % 64) // 32))) & 15
-        if type_name == "Q5_K":
-            v = v | ((b[:, 16 + e % 32] >> (e // 32)) & 1) << 4
-        d = np.repeat(dd[:, None] * sc.astype(np.float32), 2, 1)
-        o = np.repeat(-(dmin[:, None] * mn.astype(np.float32)), 2, 1)
-        return v, d, o
-    if type_name == "Q6_K":
-        dd = _f16(blocks, 208)
-        lo = (b[:, (e // 128) * 64 + e % 64] >> (4 * ((e % 128) // 64))) & 15
-        hi = (b[:, 128 + (e // 128) * 32 + e % 32] >> (2 * ((e % 128) // 32))) & 3
-        sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
-        return (lo | hi << 4) - 32, dd[:, None] * sc, np.zeros((nb, 16), np.float32)
     if type_name == "MXFP4":   # v = twice the code's value (integral), d = half the scale
         qs = b[:, 1:17]
         q = np.where(e32 < 16, qs[:, e32 % 16] & 15, qs[:, e32 % 16] >> 4)
         d = (e8m0(b[:, 0]) / 2).astype(np.float32)
         return (2 * E2M1[q]).astype(np.int32), np.repeat(d[:, None], 2, 1), \
             np.zeros((nb, 2), np.float32)
+    if type_name in SUPER_TYPES:
+        v, sub, mins, dd, od = decode_super(type_name, blocks)
+        return v, dd[:, None] * sub.astype(np.float32), od[:, None] * mins.astype(np.float32)
+    raise ValueError(f"no decoder for {type_name}")
+
+
+def decode_super(type_name: str, blocks: np.ndarray):
+    """A super-block type's integers: (v int32 [nb, 256], s int32 [nb, 16], m int32
+    [nb, 16], D f32 [nb], O f32 [nb]): per 16 columns the sub-scale s and min m (0
+    without offsets; a 32-column group's twice), D = d and O = -dmin (0 without
+    offsets), so that d = D * s and o = O * m."""
+    nb = blocks.shape[0]
+    b = blocks.astype(np.int32)
+    e = np.arange(256)
+    zeros = np.zeros((nb, 16), np.int32)
+    if type_name == "Q2_K":
+        sc = b[:, :16]
+        return _two_bit(b[:, 16:80]), sc & 15, sc >> 4, _f16(blocks, 80), -_f16(blocks, 82)
+    if type_name == "Q3_K":
+        high = (b[:, e % 32] >> (e // 32)) & 1
+        v = _two_bit(b[:, 32:96]) - 4 * (1 - high)
+        s = b[:, 96:108]
+        j = np.arange(16)
+        sc = ((s[:, j % 8] >> (4 * (j // 8))) & 15) | (((s[:, 8 + j % 4] >> (2 * (j // 4))) & 3)
+                                                        << 4)
+        return v, sc - 32, zeros, _f16(blocks, 108), np.zeros(nb, np.float32)
+    if type_name in ("Q4_K", "Q5_K"):
+        sc, mn = _k4_scale_min(blocks[:, 4:16])
+        qs = b[:, 48:] if type_name == "Q5_K" else b[:, 16:]
+        v = (qs[:, (e // 64) * 32 + e % 32] >> (4 * ((e % 64) // 32))) & 15
+        if type_name == "Q5_K":
+            v = v | ((b[:, 16 + e % 32] >> (e // 32)) & 1) << 4
+        return v, np.repeat(sc, 2, 1), np.repeat(mn, 2, 1), _f16(blocks, 0), -_f16(blocks, 2)
+    if type_name == "Q6_K":
+        lo = (b[:, (e // 128) * 64 + e % 64] >> (4 * ((e % 128) // 64))) & 15
+        hi = (b[:, 128 + (e // 128) * 32 + e % 32] >> (2 * ((e % 128) // 32))) & 3
+        sc = blocks[:, 192:208].view(np.int8).astype(np.int32)
+        return (lo | hi << 4) - 32, sc, zeros, _f16(blocks, 208), np.zeros(nb, np.float32)
     if type_name == "IQ4_XS":
-        dd = _f16(blocks, 0)
         sh = b[:, 2] | b[:, 3] << 8
         j = np.arange(8)
         ls = ((b[:, 4 + j // 2] >> (4 * (j % 2))) & 15) | ((sh[:, None] >> (2 * j)) & 3) << 4
         i = e % 32
         idx = np.where(i < 16, b[:, 8 + 16 * (e // 32) + i % 16] & 15,
                        b[:, 8 + 16 * (e // 32) + i % 16] >> 4)
-        d = np.repeat(dd[:, None] * (ls - 32).astype(np.float32), 2, 1)
-        return IQ4_VALUES[idx].astype(np.int32), d, np.zeros((nb, 16), np.float32)
-    raise ValueError(f"no decoder for {type_name}")
+        return (IQ4_VALUES[idx].astype(np.int32), np.repeat(ls - 32, 2, 1), zeros,
+                _f16(blocks, 0), np.zeros(nb, np.float32))
+    raise ValueError(f"{type_name} is not a super-block type")
 
 
 def decode_rows(type_name: str, raw: np.ndarray, rows: int, k: int):
@@ -160,3 +169,11 @@ def decode_rows(type_name: str, raw: np.ndarray, rows: int, k: int):
     elems, nbytes = BLOCKS[type_name][:2]
     v, d, o = decode(type_name, np.asarray(raw, np.uint8).reshape(-1, nbytes))
     return v.reshape(rows, k), d.reshape(rows, k // 16), o.reshape(rows, k // 16)
+
+
+def decode_super_rows(type_name: str, raw: np.ndarray, rows: int, k: int):
+    """(v [rows, k], s [rows, k/16], m [rows, k/16], D [rows, k/256], O [rows, k/256])."""
+    v, sub, mins, dd, od = decode_super(type_name, np.asarray(raw, np.uint8).reshape(-1, BLOCKS[
+        type_name][1]))
+    return (v.reshape(rows, k), sub.reshape(rows, k // 16), mins.reshape(rows, k // 16),
+            dd.reshape(rows, k // 256), od.reshape(rows, k // 256))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -49,7 +50,7 @@ __all__ = [
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "sparse_layer",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
-    "GGUFTable", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf",
+    "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads", "pack_gguf",
     "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
@@ -57,11 +58,20 @@ __all__ = [
 ]
 
 WeightDtype = Literal["f32", "bf16"]
-# columns per activation scale group of the GGUF-block GEMM (ARMLLM_GGUF_ACT_GROUP)
+# columns per activation scale group of a GGUF-block GEMM of 32-element types only
+# (ARMLLM_GGUF_ACT_GROUP); with a K-quant part it is 256 (gguf_act_group)
 GGUF_ACT_GROUP = _ext.GGUF_ACT_GROUP
+
+
+def gguf_act_group(types: Sequence[int]) -> int:
+    """Columns per activation scale of the GGUF-block GEMM of parts of these ggml type
+    ids: 256 when one is a super-block type (the K-quants, IQ4_XS), else 32."""
+    return _ext.gguf_act_group(types)
 # columns per scale group of quantized weights; 0: one scale per row (channelwise), run
 # as groups of quant_group_len(0) columns with that scale repeated
 QUANT_GROUPS = (0, 32, 64, 128)
+# activation groups: the weights', and a K-quant super-block's (gguf_act_group)
+ACT_GROUPS = QUANT_GROUPS + (_ext.GGUF_SUPER,)
 
 
 def _isa_from_env() -> tuple[str, str]:
@@ -450,8 +460,8 @@ class ActScratch:
         if rows < 1 or k < 1 or asym_n < 0:
             raise ValueError(f"rows and k must be >= 1 and asym_n >= 0, got {rows}, {k} and "
                              f"{asym_n}")
-        if group not in QUANT_GROUPS:
-            raise ValueError(f"group must be one of {QUANT_GROUPS}, got {group}")
+        if group not in ACT_GROUPS:
+            raise ValueError(f"group must be one of {ACT_GROUPS}, got {group}")
         ng = quant_groups(k, group)
         out = {"xq": ((rows, quant_kpad(k)), np.int8), "scale": ((rows, ng), np.float32)}
         if sums:
@@ -476,7 +486,7 @@ class ActScratch:
     def fits(self, rows: int, k: int, group: int, sums: bool, asym_n: int = 0) -> bool:
         # equal group lengths give equal groups (channelwise runs as groups of 128)
         return rows <= self.rows and k == self.k \
-            and (group == self.group or (group in QUANT_GROUPS
+            and (group == self.group or (group in ACT_GROUPS
                                          and quant_group_len(group) == self._group_len)) \
             and (not sums or self.gsum is not None) and asym_n <= self.asym_n
 

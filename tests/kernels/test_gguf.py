@@ -5,8 +5,11 @@ The decoder must give the gguf package's dequantization bit for bit, and so
 must tests/gguf_blocks.py's independent numpy decoder of the parts (v, d, o).
 Every variant's GEMM must equal an exact numpy model of the header's
 epilogue bit for bit: integer sums per weight group (16 or 32 columns), then
-per activation group of 32 in order a = acc * sx, t = fmaf(d, a, t) [, b =
-gs * sx, t = fmaf(o, b, t)], replayed in float32 with an exact fmaf.
+per 32-element block a = acc * sx, t = fmaf(d, a, t) [, b = gs * sx, t =
+fmaf(o, b, t)], or per 256-element super-block the sums times their integer
+sub-scales (and mins) summed in int32 first, a = isum * sx, t = fmaf(D, a, t)
+[, b = msum * sx, t = fmaf(O, b, t)], replayed in float32 with an exact fmaf;
+activations scaled per 256 columns when a super-block type is among the parts.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from hypothesis import strategies as st
 from armllm import ops
 from armllm._kernels import _ext
 from tests.conftest import examples, rand
-from tests.gguf_blocks import BLOCKS, OFFSET_TYPES, TYPE_IDS, decode_rows, random_blocks
+from tests.gguf_blocks import (BLOCKS, OFFSET_TYPES, SUPER_TYPES, TYPE_IDS, decode_rows,
+                               decode_super_rows, random_blocks)
 from tests.kernels.test_quant import fma32
 
 gguf = pytest.importorskip("gguf")
@@ -119,20 +123,43 @@ def test_embed_gathers_dequantized_rows(type_name):
 # ------------------------------------------------------------ GEMM
 
 
+def act_group(types):
+    """The activation group of a GEMM of these parts (armllm_gguf_act_group)."""
+    return 256 if any(t in SUPER_TYPES for t in types) else ACT_GROUP
+
+
 def np_gemm_gguf(xq, scale, parts, bias):
-    """The header's GEMM, exactly: parts = [(type_name, v, d, o)] in row order."""
-    m, k = xq.shape[0], parts[0][1].shape[1]
+    """The header's GEMM, exactly: parts = [(type_name, raw, rows)] in row order; the
+    32-element types' epilogue per block from decode_rows' d and o, the super-block
+    types' per 256 columns from decode_super_rows' integer sub-scales."""
+    G = act_group([p[0] for p in parts])
+    m = xq.shape[0]
     cols = []
-    x = xq[:, :k].astype(np.int64)
-    for type_name, v, d, o in parts:
+    for type_name, raw, n in parts:
+        k = raw.size // n * BLOCKS[type_name][0] // BLOCKS[type_name][1]
+        x = xq[:, :k].astype(np.int64)
         gl = BLOCKS[type_name][3]
-        t = np.zeros((m, v.shape[0]), np.float32)
-        for g in range(k // ACT_GROUP):
-            sx = scale[:, g][:, None]
-            for k0 in range(g * ACT_GROUP, (g + 1) * ACT_GROUP, gl):
+        t = np.zeros((m, n), np.float32)
+        if type_name in SUPER_TYPES:
+            v, sub, mins, dd, od = decode_super_rows(type_name, raw, n, k)
+            for b in range(k // 256):
+                isum = np.zeros((m, n), np.int64)
+                msum = np.zeros((m, n), np.int64)
+                for k0 in range(256 * b, 256 * (b + 1), gl):
+                    acc = x[:, k0:k0 + gl] @ v[:, k0:k0 + gl].astype(np.int64).T
+                    isum += acc * sub[:, k0 // 16][None, :]
+                    msum += x[:, k0:k0 + gl].sum(axis=1)[:, None] * mins[:, k0 // 16][None, :]
+                assert np.abs(isum).max(initial=0) < 2**31 and np.abs(msum).max(initial=0) < 2**31
+                sx = scale[:, 256 * b // G][:, None]
+                t = fma32(dd[:, b][None, :], isum.astype(np.float32) * sx, t)
+                if type_name in OFFSET_TYPES:
+                    t = fma32(od[:, b][None, :], msum.astype(np.float32) * sx, t)
+        else:
+            v, d, o = decode_rows(type_name, raw, n, k)
+            for k0 in range(0, k, gl):
+                sx = scale[:, k0 // G][:, None]
                 acc = x[:, k0:k0 + gl] @ v[:, k0:k0 + gl].astype(np.int64).T
-                a = acc.astype(np.float32) * sx
-                t = fma32(d[:, k0 // 16][None, :], a, t)
+                t = fma32(d[:, k0 // 16][None, :], acc.astype(np.float32) * sx, t)
                 if type_name in OFFSET_TYPES:
                     gs = x[:, k0:k0 + gl].sum(axis=1)[:, None]
                     t = fma32(o[:, k0 // 16][None, :], gs.astype(np.float32) * sx, t)
@@ -146,18 +173,19 @@ def make_parts(rng, types, rows, k, **kw):
     for type_name, n in zip(types, rows, strict=True):
         raw = raw_rows(rng, type_name, n, k, **kw)
         raws.append(raw.reshape(-1))
-        parts.append((type_name, *decode_rows(type_name, raw, n, k)))
+        parts.append((type_name, raw.reshape(-1), n))
     return np.concatenate(raws), parts
 
 
 def run_gguf(kern, x, blocks, types, rows, bias=None, pool=None, pad=0):
     k = x.shape[1]
     pw = kern.pack_gguf(blocks, k, [TYPE_IDS[t] for t in types], rows)
-    m = x.shape[0]
+    m, G = x.shape[0], act_group(types)
+    assert pw.group == G
     xq = np.empty((m, k + pad), np.int8)
-    scale = np.empty((m, k // ACT_GROUP + pad), np.float32)
-    gsum = np.empty((m, k // ACT_GROUP + pad), np.int32)
-    kern.quant_act(x, xq, scale, gsum, ACT_GROUP, pool)
+    scale = np.empty((m, k // G + pad), np.float32)
+    gsum = np.empty((m, k // G + pad), np.int32)
+    kern.quant_act(x, xq, scale, gsum, G, pool)
     out = np.full((m, pw.n + pad), np.nan, np.float32)[:, :pw.n]
     kern.gemm_gguf(xq, scale, gsum, pw, out, bias, pool)
     return out, xq, scale
@@ -242,7 +270,8 @@ def test_gemm_gguf_close_to_dequantized_float_gemm(pool):
         mix, np.split(blocks, [rows[0] * k // 256 * BLOCKS["Q4_K"][1]]), rows, strict=True)])
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
     # |x - sx*xq| <= sx/2 per element
-    bound = (np.repeat(scale, ACT_GROUP, axis=1)[:, :k].astype(np.float64) / 2) @ np.abs(w).T
+    bound = (np.repeat(scale, act_group(mix), axis=1)[:, :k].astype(np.float64) / 2) \
+        @ np.abs(w).T
     assert np.all(np.abs(out - exact) <= bound * 1.001 + 1e-5 * (np.abs(x) @ np.abs(w).T))
 
 
@@ -261,12 +290,14 @@ def test_pack_gguf_rejects_bad_arguments():
     with pytest.raises(ValueError, match=r"2 types for 1 row counts"):
         kern.pack_gguf(raw, 256, [q4k, q4k], [2])
     pw = kern.pack_gguf(raw, 256, [q4k], [2])
-    assert (pw.n, pw.k, pw.dtype, pw.gguf_types, pw.gguf_rows) == (2, 256, "gguf", (12,), (2,))
-    xq, scale, gsum = (np.zeros((1, 256), np.int8), np.zeros((1, 8), np.float32),
-                       np.zeros((1, 8), np.int32))
+    assert (pw.n, pw.k, pw.dtype, pw.gguf_types, pw.gguf_rows, pw.group) == (
+        2, 256, "gguf", (12,), (2,), 256)   # a K-quant: activations per 256 columns
+    xq, scale, gsum = (np.zeros((1, 256), np.int8), np.zeros((1, 1), np.float32),
+                       np.zeros((1, 1), np.int32))
     with pytest.raises(ValueError, match="gsum is required"):
         kern.gemm_gguf(xq, scale, None, pw, np.empty((1, 2), np.float32))
-    with pytest.raises(ValueError, match=r"scale must have 1 rows of at least 8 columns"):
-        kern.gemm_gguf(xq, scale[:, :4], gsum, pw, np.empty((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"scale must have 1 rows of at least 1 columns "
+                                         r"\(groups of 256\)"):
+        kern.gemm_gguf(xq, np.zeros((2, 1), np.float32), gsum, pw, np.empty((1, 2), np.float32))
     with pytest.raises(ValueError, match=r"out must have shape \(1, 2\)"):
         kern.gemm_gguf(xq, scale, gsum, pw, np.empty((1, 3), np.float32))

@@ -162,10 +162,11 @@ def run_wq(kern, x, q, d, o, bits, group, bias=None, pool=None):
 
 @settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(m=st.integers(1, 67), k=st.integers(1, 300), group=st.sampled_from(GROUPS),
+@given(m=st.integers(1, 67), k=st.integers(1, 600), group=st.sampled_from(GROUPS + [256]),
        seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e30]),
        pad=st.integers(0, 9))
 def test_quant_act_matches_numpy(variant, pool, m, k, group, seed, scale, pad):
+    """Every weight group, and 256 (the K-quant GEMM's activations)."""
     rng = np.random.default_rng(seed)
     x = rand(rng, (m, k + pad), scale)[:, :k]  # rows with a stride longer than K
     kpad, ng = q_kpad(k), q_groups(k, group)

@@ -273,7 +273,7 @@ cdef class PackedWeight:
     (0: one scale per row, run as groups of ARMLLM_Q_CHANNEL_GROUP), scales
     and offsets packed with q; "gguf" holds GGUF blocks as stored (gemm_gguf),
     row parts of the ggml types gguf_types with gguf_rows rows each, meeting
-    activations quantized in groups of `group` (ARMLLM_GGUF_ACT_GROUP)."""
+    activations quantized in groups of `group` (gguf_act_group: 32 or 256)."""
     cdef readonly cnp.ndarray data
     cdef readonly int64_t n, k
     cdef readonly str dtype     # "f32", "bf16", "w8", "w4" or "gguf"
@@ -449,8 +449,9 @@ cdef class Kernels:
         """Quantizes x[M, K] to int8 per row and group of `group` columns (0:
         groups of ARMLLM_Q_CHANNEL_GROUP) into xq[:, :kpad] (columns K..kpad
         zero) and scale[M, n_groups]; with gsum, also the int32 sums of xq over
-        each group; with zp (int32 [M, n_groups]) asymmetric, zero points there."""
-        _check_group(group)
+        each group; with zp (int32 [M, n_groups]) asymmetric, zero points there.
+        group may also be 256 (ARMLLM_GGUF_SUPER: the K-quant GEMM's activations)."""
+        _check_act_group(group)
         cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
         cdef QuantOut qo = _quant_out(xa, group, xq, scale, gsum, zp)
         cdef armllm_pool *p = _pool_ptr(pool)
@@ -464,7 +465,7 @@ cdef class Kernels:
                       residual=None, ThreadPool pool=None, zp=None):
         """rmsnorm (as `rmsnorm`, into out) and quant_act of out in one pass
         over the rows: the same bits as the two calls."""
-        _check_group(group)
+        _check_act_group(group)
         self.rmsnorm(x, weight, eps, out, residual, None, check_only=True)
         cdef cnp.ndarray xa = <cnp.ndarray>x
         cdef cnp.ndarray oa = <cnp.ndarray>out
@@ -634,14 +635,14 @@ cdef class Kernels:
         packed.flags.writeable = False
         cdef PackedWeight pw = PackedWeight.__new__(PackedWeight)
         pw.data, pw.n, pw.k, pw.isa = packed, int(ra.sum()), k, self.isa
-        pw.dtype, pw.bits, pw.group = "gguf", 8, ARMLLM_GGUF_ACT_GROUP
+        pw.dtype, pw.bits, pw.group = "gguf", 8, gguf_act_group(ta)
         pw.gguf_types, pw.gguf_rows = tuple(int(t) for t in ta), tuple(int(r) for r in ra)
         pw.layout = self.t.gemm_gguf_layout.decode()
         return pw
 
     def gemm_gguf(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None):
         """out[M, N] = the GGUF-block GEMM (armllm_kernels.h) of xq, scale, gsum from
-        quant_act in groups of ARMLLM_GGUF_ACT_GROUP and W from pack_gguf."""
+        quant_act in groups of w.group (gguf_act_group) and W from pack_gguf."""
         if not isinstance(w_obj, PackedWeight) or (<PackedWeight>w_obj).dtype != "gguf":
             raise ValueError(f"w must be a PackedWeight from pack_gguf, got {w_obj!r}")
         cdef PackedWeight w = <PackedWeight>w_obj
@@ -657,14 +658,14 @@ cdef class Kernels:
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray ba
         cdef const float *bias_ptr = NULL
-        cdef int64_t m = qa.shape[0], ng = w.k // ARMLLM_GGUF_ACT_GROUP
+        cdef int64_t m = qa.shape[0], ng = w.k // w.group
         _writable(oa, "out")
         if qa.shape[1] < w.k:
             raise ValueError(f"xq must have at least K = {w.k} columns, got {qa.shape[1]}")
         for name, arr in (("scale", sa), ("gsum", ga)):
             if arr.shape[0] != m or arr.shape[1] < ng or _ld(arr) < ng:
                 raise ValueError(f"{name} must have {m} rows of at least {ng} columns (groups "
-                                 f"of {ARMLLM_GGUF_ACT_GROUP}), got shape {_shp(arr)}")
+                                 f"of {w.group}), got shape {_shp(arr)}")
             _no_overlap(oa, "out", arr, name)
         if oa.shape[0] != m or oa.shape[1] != w.n:
             raise ValueError(f"out must have shape ({m}, {w.n}), got {_shp(oa)}")
@@ -958,6 +959,11 @@ cdef void _check_group(int64_t group) except *:
         raise ValueError(f"group must be 0 (channelwise), 32, 64 or 128, got {group}")
 
 
+cdef void _check_act_group(int64_t group) except *:
+    if group != ARMLLM_GGUF_SUPER:
+        _check_group(group)
+
+
 cdef cnp.ndarray _scales(object a, str name, int64_t n, int64_t ng, int64_t group):
     """A C-contiguous float32 [n, ng] array of per-group scales or offsets."""
     if isinstance(a, np.ndarray) and a.ndim == 2 and a.shape[1] == 1:
@@ -976,6 +982,15 @@ cdef cnp.ndarray _scales(object a, str name, int64_t n, int64_t ng, int64_t grou
 
 
 GGUF_ACT_GROUP = ARMLLM_GGUF_ACT_GROUP
+GGUF_SUPER = ARMLLM_GGUF_SUPER
+
+
+def gguf_act_group(types) -> int:
+    """Columns per activation scale of a GGUF-block GEMM of parts of these ggml
+    types (gguf_blocks.h's armllm_gguf_act_group): 256 with a super-block type
+    among them, else 32."""
+    return ARMLLM_GGUF_SUPER if any(armllm_gguf_is_super(int(t)) for t in types) \
+        else ARMLLM_GGUF_ACT_GROUP
 
 
 cdef tuple _gguf_parts(int64_t k, types, rows):

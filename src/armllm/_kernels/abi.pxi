@@ -133,8 +133,10 @@ cdef extern from "armllm_kernels.h" nogil:
 cdef extern from "gguf_blocks.h" nogil:
     enum:
         ARMLLM_GGUF_ACT_GROUP
+        ARMLLM_GGUF_SUPER
         ARMLLM_GGUF_MAX_PARTS
     int armllm_gguf_block_elems(int type)
+    int armllm_gguf_is_super(int type)
     int armllm_gguf_block_bytes(int type)
     int armllm_gguf_parts_check(int64_t k, int64_t nparts, const int32_t *types,
                                 const int64_t *rows)

@@ -164,7 +164,8 @@ static inline size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int6
  *
  * Groups: K is padded to kpad = armllm_q_kpad(K) (a multiple of
  * ARMLLM_Q_KALIGN) and cut into groups of G = armllm_q_group_len(group)
- * columns: group 32, 64 or 128, or 0 (channelwise weights) = groups of
+ * columns: group 32, 64 or 128 (quant_act also 256: the GGUF-block GEMM's
+ * super-block activations), or 0 (channelwise weights) = groups of
  * ARMLLM_Q_CHANNEL_GROUP. Group g covers [g*G, min((g+1)*G, kpad)); there are
  * ng = armllm_q_groups(K, group) of them. Activations get one scale per group
  * (finer than one per token: a token's outlier channels then cost only their
@@ -253,15 +254,26 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
  *     the armllm_gguf_parts header and is in the variant's layout
  *     (`gemm_gguf_layout`).
  *   gemm_gguf(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bias,
- *     y, ldy): xq, scale, gsum from symmetric quant_act with group
- *     ARMLLM_GGUF_ACT_GROUP (32; gsum required). For each weight group j,
- *     acc_j = sum over j's columns of xq * v (int32, exact) and, for the types
- *     with offsets, gs_j = the sum of xq over j's columns (gsum itself when j
- *     is a whole activation group). The float epilogue is fixed:
- *       t = 0.0f; for each activation group g in order, for each weight
- *       group j within g in order: a = (float)acc_j * sx_g;
- *       t = fmaf(d_j, a, t); [b = (float)gs_j * sx_g; t = fmaf(o_j, b, t);]
+ *     y, ldy): xq, scale, gsum from symmetric quant_act with group G =
+ *     armllm_gguf_act_group(parts): 256 when any part is a super-block type
+ *     (the K-quants, IQ4_XS: llama.cpp's Q8_K activations), else 32 (gsum
+ *     required; its sums per G columns serve a weight group only when G =
+ *     32: with G = 256 the kernels sum x themselves). For each weight group j (16 or
+ *     32 columns), acc_j = sum over j's columns of xq * v (int32, exact) and
+ *     gs_j = the sum of xq over j's columns; sx(c) = the scale of the
+ *     activation group holding column c. The float epilogue is fixed:
+ *       t = 0.0f; then, in K order,
+ *       for each block of a 32-element type (one weight group j, d_j, o_j):
+ *         a = (float)acc_j * sx; t = fmaf(d_j, a, t);
+ *         [b = (float)gs_j * sx; t = fmaf(o_j, b, t);]
+ *       for each block B of a super-block type (its groups' integer
+ *       sub-scales s_j and mins m_j, its D and O: armllm_gguf_decode_super):
+ *         isum = sum_j s_j * acc_j, [msum = sum_j m_j * gs_j] in int32 (exact:
+ *         |isum| < 2^28); a = (float)isum * sx; t = fmaf(D, a, t);
+ *         [b = (float)msum * sx; t = fmaf(O, b, t);]
  *       y = t; if bias: y = y + bias[n].
+ *     One float step per 256 columns instead of one per group: the integer
+ *     sub-scales ride in the integer sums, as in llama.cpp's vec_dot_q*_K.
  */
 
 /* ------------------------------------------------------------ the slots

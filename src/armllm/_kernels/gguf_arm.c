@@ -218,35 +218,40 @@ static void ga_decode_items(void *ctx, int64_t i0, int64_t i1) {
   }
 }
 
+/* The sum of x[0, 16) or x[0, 32): a weight group's gs. */
+static int32_t x_sum(const int8_t *x, int len) {
+  int32_t s = vaddlvq_s8(vld1q_s8(x));
+  return len == 32 ? s + vaddlvq_s8(vld1q_s8(x + 16)) : s;
+}
+
 /* The rows [m0, m0 + mr) of a prefill tile over the K block [kb, kb + kc). */
 static void ga_prepare_rows(const ga_job *job, int type, int64_t m0, int64_t kb, int64_t kc,
                             armllm_ga_rows *rw) {
   const armllm_ga_args *a = job->a;
-  const int mr = job->prefill->mr, g16 = ga_group_len(type) == 16;
+  const int mr = job->prefill->mr, gl = ga_group_len(type), super = ga_super(type);
   const int offsets = ga_offsets(type);
-  const int64_t mv = min64(mr, a->m - m0), g0 = kb / ARMLLM_GGUF_ACT_GROUP;
-  const int64_t ng = kc / ARMLLM_GGUF_ACT_GROUP;
+  const int64_t mv = min64(mr, a->m - m0), nc = kc / 32, ng = kc / gl;
   for (int r = 0; r < mr; r++) {
     const int64_t row = m0 + (r < mv ? r : mv - 1);
     const int8_t *x = a->xq + row * a->ldq + kb;
-    const float *sx = a->scale + row * a->ldsc + g0;
+    const float *scale_row = a->scale + row * a->ldsc;
     rw->x[r] = x;
-    for (int64_t g = 0; g < ng; g++) rw->sx[g][r] = sx[g];
+    for (int64_t c = 0; c < nc; c++) rw->sx[c][r] = ga_sx(a, scale_row, kb + 32 * c);
     if (!offsets) continue;
-    if (g16) /* b of each 16 columns from their own sum */
-      for (int64_t j = 0; j < 2 * ng; j++)
-        rw->b[j][r] = (float)vaddlvq_s8(vld1q_s8(x + 16 * j)) * sx[j / 2];
-    else
-      for (int64_t g = 0; g < ng; g++)
-        rw->b[g][r] = (float)a->gsum[row * a->ldgs + g0 + g] * sx[g];
+    /* gsum only when G = 32, that is without super-block parts: per chunk */
+    const int32_t *gsum = a->gsum ? a->gsum + row * a->ldgs + kb / ARMLLM_GGUF_ACT_GROUP : NULL;
+    for (int64_t j = 0; j < ng; j++) { /* a 32-element type's group j is chunk j */
+      const float gs = (float)(gsum ? gsum[j] : x_sum(x + gl * j, gl));
+      rw->b[j][r] = super ? gs : gs * rw->sx[j][r];
+    }
   }
   if (!job->prefill->pack_x) return;
   const int mp = mr / 2;
   for (int pr = 0; pr < mp; pr++) {
-    for (int64_t g = 0; g < ng; g++)
-      for (int e = 0; e < 4; e++) rw->sxp[g][pr][e] = rw->sx[g][2 * pr + e / 2];
+    for (int64_t c = 0; c < nc; c++)
+      for (int e = 0; e < 4; e++) rw->sxp[c][pr][e] = rw->sx[c][2 * pr + e / 2];
     if (offsets)
-      for (int64_t j = 0; j < (g16 ? 2 * ng : ng); j++)
+      for (int64_t j = 0; j < ng; j++)
         for (int e = 0; e < 4; e++) rw->bp[j][pr][e] = rw->b[j][2 * pr + e / 2];
   }
   for (int pr = 0; pr < mp; pr++)
@@ -269,7 +274,7 @@ static void ga_prefill_items(void *ctx, int64_t i0, int64_t i1) {
     while (gi >= job->part[p].groups) gi -= job->part[p++].groups;
     const ga_part *pt = &job->part[p];
     const int e = ga_elems(pt->type), g16 = ga_group_len(pt->type) == 16;
-    const int offsets = ga_offsets(pt->type);
+    const armllm_ga_tile_fn tile = pf->tile[ga_super(pt->type)][g16][ga_offsets(pt->type)];
     const int64_t q0 = gi * PG, nq = min64(PG, pt->panels - q0);
     const int64_t m1 = min64(a->m, (mc + 1) * MC);
     for (int64_t kb = 0; kb < a->k; kb += KC) {
@@ -290,7 +295,7 @@ static void ga_prefill_items(void *ctx, int64_t i0, int64_t i1) {
           }
           const armllm_ga_tile t = {&rw, &pk[q], kc, a->y + m0 * a->ldy + n0, a->ldy, bias, first,
                                     (int)min64(pf->mr, m1 - m0), nv};
-          pf->tile[g16][offsets](&t);
+          tile(&t);
         }
       }
     }
@@ -301,6 +306,11 @@ void armllm_ga_gemm(armllm_pool *pool, const armllm_ga_args *a, const void *pack
                     const armllm_ga_decode_set *decode, const armllm_ga_prefill *prefill) {
   (void)n; /* the parts' rows */
   const armllm_gguf_parts *hdr = packed_w;
+  armllm_ga_args args = *a;
+  const int G = armllm_gguf_act_group(hdr); /* 32 or 256 */
+  args.act_shift = __builtin_ctz((unsigned)G);
+  if (G != ARMLLM_GGUF_ACT_GROUP) args.gsum = NULL;
+  a = &args;
   ga_job job;
   memset(&job, 0, sizeof job);
   job.a = a;

@@ -4,7 +4,7 @@
  * always-inline function per step, specialised by the ggml type), and the
  * driver (gguf_arm.c) that packs weights and walks a GEMM's items. A variant
  * adds its micro-kernels (neon/gguf.c: the decode kernels and the SDOT
- * prefill tile; neon_mmla/gguf.c: the SMMLA prefill tile).
+ * prefill tiles; neon_mmla/gguf.c: the SMMLA prefill tiles).
  *
  * Packed layout "gguf-arm-p4": the armllm_gguf_parts header
  * (ARMLLM_GGUF_HEADER_BYTES), then each part's panels, the part starting on
@@ -32,9 +32,10 @@
  * f16 fields are GGUF's bits (converted exactly by FCVTL); f32 ones are
  * GGUF's f16 super-block scales widened; sub-scales are GGUF's small
  * integers (Q2_K's byte as stored: scale in the low nibble, min in the high).
- * A group's scale is formed in the kernel as (float)sc * d and its offset as
- * (float)m * -dmin (Q2_K, Q4_K, Q5_K) or m (Q4_1, Q5_1): exact in f32, so
- * they are ref's d_j and o_j bit for bit. Values, in 16-element vectors
+ * The 32-element types' group scale d and offset o (Q4_1, Q5_1: m) widen to
+ * f32 exactly (MXFP4's d is formed from e). The super-block types' integer sub-scales s_j and mins
+ * m_j widen to int32 and their d and dmin give the block's D = d and
+ * O = -dmin (armllm_gguf_decode_super's). Values, in 16-element vectors
  * (vector v = elements 16v .. 16v + 15 of the block):
  *   nib: 16 bytes per vector pair (2c, 2c + 1): low nibble of byte i is
  *        element 32c + i, high nibble element 32c + 16 + i (GGUF's Q4_0
@@ -51,9 +52,12 @@
  * entry of the index (TBL). Per row these are GGUF's own bytes but for the
  * K-quants' f16 -> f32 supers and 6-bit -> 8-bit sub-scales (+1% .. +6%).
  *
- * Exactness: a weight group's int32 sum is exact whatever the order; the
- * float epilogue is the ABI's, per output, in group order, from +0, so
- * every variant, path, tile and thread count gives ref's bits. */
+ * Exactness: a weight group's int32 sum is exact whatever the order, and so
+ * are a super-block's isum = sum_j s_j * acc_j and msum = sum_j m_j * gs_j
+ * (|isum| < 2^28; int32 wraps, so any order of exact partial terms ends on
+ * the exact sum); the float epilogue is the ABI's, per output, in K order,
+ * from +0, once per 32-element block or per super-block, so every variant,
+ * path, tile and thread count gives ref's bits. */
 #ifndef ARMLLM_GGUF_ARM_H
 #define ARMLLM_GGUF_ARM_H
 
@@ -72,7 +76,8 @@
 #define ARMLLM_GA_PG 4        /* prefill panels per item (all of one part) */
 #define ARMLLM_GA_MAX_MR 8    /* rows of x per prefill tile, at most */
 #define ARMLLM_GA_GROUPS (ARMLLM_GA_KC / 16) /* weight groups of 16 per K block, at most */
-#define ARMLLM_GA_AGROUPS (ARMLLM_GA_KC / ARMLLM_GGUF_ACT_GROUP)
+#define ARMLLM_GA_CHUNKS (ARMLLM_GA_KC / 32) /* 32-column chunks per K block */
+#define ARMLLM_GA_SUPERS (ARMLLM_GA_KC / ARMLLM_GGUF_SUPER) /* super-blocks per K block */
 
 /* The ggml types in one list, for instantiating per-type code. */
 #define ARMLLM_GA_TYPES(X)                                                                 \
@@ -113,6 +118,9 @@ GA_AI int ga_offsets(int t) {
   return t == ARMLLM_GGML_Q4_1 || t == ARMLLM_GGML_Q5_1 || t == ARMLLM_GGML_Q2_K ||
          t == ARMLLM_GGML_Q4_K || t == ARMLLM_GGML_Q5_K;
 }
+/* 1 for the super-block types (256-element blocks: gguf_blocks.h's
+ * armllm_gguf_is_super), whose epilogue runs once per block. */
+GA_AI int ga_super(int t) { return ga_elems(t) == ARMLLM_GGUF_SUPER; }
 /* Scale header bytes HB of a panel block. */
 GA_AI int ga_hb(int t) {
   switch (t) {
@@ -139,8 +147,6 @@ GA_AI int ga_ub(int t) {
 }
 /* Bytes of a panel block. */
 GA_AI int ga_pb(int t) { return ga_hb(t) + ARMLLM_GA_NR * ga_ub(t); }
-/* f32 super-block scales (K-quants, IQ4_XS), else f16 per 32-element block */
-GA_AI int ga_f32_supers(int t) { return ga_elems(t) == 256; }
 
 /* --------------------------------------------------------- unpacking */
 
@@ -254,48 +260,29 @@ GA_AI void ga_unpack_chunk(const int T, const uint8_t *rv, int c, int8x16_t *w0,
   }
 }
 
-/* 4 bytes (one group's sub-scales of the panel's 4 rows) -> f32. */
-GA_AI float32x4_t ga_u8x4_f32(const uint8_t *p) {
+/* 4 bytes (one group's sub-scales of the panel's 4 rows) -> int32. */
+GA_AI int32x4_t ga_u8x4_s32(const uint8_t *p) {
   uint32_t w;
   memcpy(&w, p, sizeof w);
-  return vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8((uint64_t)w)))));
+  return vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8((uint64_t)w)))));
 }
-GA_AI float32x4_t ga_s8x4_f32(const uint8_t *p) {
+GA_AI int32x4_t ga_s8x4_s32(const uint8_t *p) {
   uint32_t w;
   memcpy(&w, p, sizeof w);
-  return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vcreate_s8((uint64_t)w)))));
+  return vmovl_s16(vget_low_s16(vmovl_s8(vcreate_s8((uint64_t)w))));
 }
 /* 4 f16 (GGUF's bits) -> f32, exact */
 GA_AI float32x4_t ga_f16x4_f32(const uint8_t *p) {
   return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)p)));
 }
 
-/* Weight group j (of armllm_gguf_group_len columns) of a panel block:
- * its scale d and offset o for the panel's 4 rows, from the header h. */
-GA_AI void ga_group_scales(const int T, const uint8_t *h, int j, float32x4_t *d, float32x4_t *o) {
+/* A 32-element type's block (one weight group): its scale d and offset o
+ * for the panel's 4 rows, from the header h. */
+GA_AI void ga_block_scales(const int T, const uint8_t *h, float32x4_t *d, float32x4_t *o) {
   switch (T) {
   case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1:
     *d = ga_f16x4_f32(h);
     *o = ga_f16x4_f32(h + 8);
-    return;
-  case ARMLLM_GGML_Q2_K: {
-    uint32_t w;
-    memcpy(&w, h + 32 + 4 * j, sizeof w);
-    const uint16x8_t sm = vmovl_u8(vcreate_u8((uint64_t)w));
-    const float32x4_t sc = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vandq_u16(sm, vdupq_n_u16(15)))));
-    const float32x4_t mn = vcvtq_f32_u32(vmovl_u16(vget_low_u16(vshrq_n_u16(sm, 4))));
-    *d = vmulq_f32(sc, vld1q_f32((const float *)(const void *)h));
-    *o = vmulq_f32(mn, vnegq_f32(vld1q_f32((const float *)(const void *)(h + 16))));
-    return;
-  }
-  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
-    *d = vmulq_f32(ga_u8x4_f32(h + 32 + 4 * j), vld1q_f32((const float *)(const void *)h));
-    *o = vmulq_f32(ga_u8x4_f32(h + 64 + 4 * j),
-                   vnegq_f32(vld1q_f32((const float *)(const void *)(h + 16))));
-    return;
-  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: case ARMLLM_GGML_IQ4_XS:
-    *d = vmulq_f32(ga_s8x4_f32(h + 16 + 4 * j), vld1q_f32((const float *)(const void *)h));
-    *o = vdupq_n_f32(0.0f);
     return;
   case ARMLLM_GGML_MXFP4: { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
     uint32_t w;
@@ -316,14 +303,53 @@ GA_AI void ga_group_scales(const int T, const uint8_t *h, int j, float32x4_t *d,
   }
 }
 
-/* The prefill tiles' group sums start at quant_arm.h's ACC_BIAS (|sum| <=
- * 32 * 128 * 127 < 2^22), so (float)sum is one FSUB rather than SCVTF (two
- * uops on Neoverse N2/V2's V0); the start values are loaded (load pipes),
+/* A super-block type's weight group j (of 16 or 32 columns): its integer
+ * sub-scale s and min m (0 without offsets) for the panel's 4 rows, from
+ * the header h (armllm_gguf_decode_super's s_j, m_j). */
+GA_AI void ga_group_ints(const int T, const uint8_t *h, int j, int32x4_t *s, int32x4_t *m) {
+  switch (T) {
+  case ARMLLM_GGML_Q2_K: { /* scale | min << 4 */
+    const int32x4_t sm = ga_u8x4_s32(h + 32 + 4 * j);
+    *s = vandq_s32(sm, vdupq_n_s32(15));
+    *m = vshrq_n_s32(sm, 4);
+    return;
+  }
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+    *s = ga_u8x4_s32(h + 32 + 4 * j);
+    *m = ga_u8x4_s32(h + 64 + 4 * j);
+    return;
+  default: /* Q3_K, Q6_K, IQ4_XS: signed scales, no mins */
+    *s = ga_s8x4_s32(h + 16 + 4 * j);
+    *m = vdupq_n_s32(0);
+    return;
+  }
+}
+
+/* A super-block's D = d and O = -dmin (0 without offsets) for the 4 rows. */
+GA_AI void ga_block_supers(const int T, const uint8_t *h, float32x4_t *D, float32x4_t *O) {
+  *D = vld1q_f32((const float *)(const void *)h);
+  *O = ga_offsets(T) ? vnegq_f32(vld1q_f32((const float *)(const void *)(h + 16)))
+                     : vdupq_n_f32(0.0f);
+}
+
+/* The 32-element types' prefill tiles start their group sums at
+ * quant_arm.h's ACC_BIAS (|sum| <= 32 * 128 * 127 < 2^22), so (float)sum is
+ * one FSUB rather than SCVTF (two uops on Neoverse N2/V2's V0; the
+ * super-block tiles convert isum once per 256 columns, with SCVTF); the
+ * start values are loaded (load pipes),
  * each accumulator from its own address so that GCC neither hoists nor
  * merges the loads into register moves. */
 GA_AI const int32_t *ga_acc_start(void) {
   const int32_t *p = armllm_qa_acc_bias;
   __asm__("" : "+r"(p)); /* opaque: a fresh load per group */
+  return p;
+}
+/* The super-block tiles' sums (acc, isum) start at 0 once per 256 columns,
+ * loaded like ga_acc_start's (8 MOVI would take the vector pipes). */
+static const int32_t armllm_ga_zeros[32] __attribute__((aligned(64))) = {0};
+GA_AI const int32_t *ga_zero_start(void) {
+  const int32_t *p = armllm_ga_zeros;
+  __asm__("" : "+r"(p)); /* opaque: loads, not register moves */
   return p;
 }
 GA_AI float32x4_t ga_acc_f32(int32x4_t acc) {
@@ -338,12 +364,20 @@ typedef struct {
   int64_t m, k, ldq;
   const float *scale;
   int64_t ldsc;
+  /* quant_act's sums per 32 columns when G = 32; NULL when G = 256 (too
+   * coarse for a weight group: the kernels sum x themselves) */
   const int32_t *gsum;
   int64_t ldgs;
+  int act_shift; /* log2 of the activation group G (armllm_gguf_act_group) */
   const float *bias;
   float *y;
   int64_t ldy;
 } armllm_ga_args;
+
+/* The activation scale of row r's column k0 */
+GA_AI float ga_sx(const armllm_ga_args *a, const float *scale_row, int64_t k0) {
+  return scale_row[k0 >> a->act_shift];
+}
 
 /* A decode kernel: rows [m0, m0 + mr) of x (mr <= 4) times one panel of
  * type T (all K) onto y columns [n0, n0 + nv) (+ bias). */
@@ -353,30 +387,88 @@ typedef void (*armllm_ga_decode_fn)(const armllm_ga_args *a, int64_t m0, const u
 typedef armllm_ga_decode_fn armllm_ga_decode_set[ARMLLM_GA_NTYPES][4];
 
 /* A panel's K block unpacked for a prefill tile: w in the variant's operand
- * order, the weight groups' d and o as f32 [group][8] (SDOT: the 4 rows;
- * SMMLA: [d0, d1, d0, d1, d2, d3, d2, d3], the W pairs' operands). */
+ * order, and per weight group j, in the variant's lane order (SDOT: the 4
+ * rows; SMMLA: [c0, c1, c0, c1, c2, c3, c2, c3], the W pairs' operands):
+ *   32-element types: d[j], o[j] (f32);
+ *   super-block types: s[j] = s_j - s_{j+1} (s past the block's last group
+ *     = 0: the tiles sum acc over a whole block, and sum_j A_j (s_j -
+ *     s_{j+1}) over the running sums A_j is sum_j s_j * acc_j), o[j] = m_j
+ *     (f32, exact), and per super-block b D[b], O[b]. */
 typedef struct {
   int8_t w[ARMLLM_GA_KC * ARMLLM_GA_NR] __attribute__((aligned(64)));
   float d[ARMLLM_GA_GROUPS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
   float o[ARMLLM_GA_GROUPS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
+  int32_t s[ARMLLM_GA_GROUPS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
+  float D[ARMLLM_GA_SUPERS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
+  float O[ARMLLM_GA_SUPERS][2 * ARMLLM_GA_NR] __attribute__((aligned(16)));
 } armllm_ga_panel_k;
 
 /* Unpacks blocks [b0, b0 + nb) of a panel into pk. */
 typedef void (*armllm_ga_unpack_fn)(const uint8_t *panel, int64_t b0, int64_t nb,
                                     armllm_ga_panel_k *pk);
 
+/* v's 4 lanes as one of pk's 8-float rows: the 4 rows (SDOT), or as the W
+ * pairs' operands [v0, v1, v0, v1, v2, v3, v2, v3] (PAIRS: SMMLA). */
+GA_AI void ga_store_lanes(const int PAIRS, float *dst, float32x4_t v) {
+  if (!PAIRS) {
+    vst1q_f32(dst, v);
+    return;
+  }
+  vst1q_f32(dst, vcombine_f32(vget_low_f32(v), vget_low_f32(v)));
+  vst1q_f32(dst + 4, vcombine_f32(vget_high_f32(v), vget_high_f32(v)));
+}
+GA_AI void ga_store_lanes_s32(const int PAIRS, int32_t *dst, int32x4_t v) {
+  if (!PAIRS) {
+    vst1q_s32(dst, v);
+    return;
+  }
+  vst1q_s32(dst, vcombine_s32(vget_low_s32(v), vget_low_s32(v)));
+  vst1q_s32(dst + 4, vcombine_s32(vget_high_s32(v), vget_high_s32(v)));
+}
+
+/* The scales of block b of a panel of type T (header h) into pk, in the
+ * lane order of PAIRS (ga_store_lanes), b counted from the K block's start. */
+GA_AI void ga_unpack_scales(const int T, const int PAIRS, const uint8_t *h, int64_t b,
+                            armllm_ga_panel_k *pk) {
+  if (!ga_super(T)) { /* one weight group per block */
+    float32x4_t d, o;
+    ga_block_scales(T, h, &d, &o);
+    ga_store_lanes(PAIRS, pk->d[b], d);
+    ga_store_lanes(PAIRS, pk->o[b], o);
+    return;
+  }
+  const int NG = ARMLLM_GGUF_SUPER / ga_group_len(T); /* weight groups per block */
+  float32x4_t D, O;
+  ga_block_supers(T, h, &D, &O);
+  ga_store_lanes(PAIRS, pk->D[b], D);
+  ga_store_lanes(PAIRS, pk->O[b], O);
+  int32x4_t s, m, s_next, m_next;
+  ga_group_ints(T, h, 0, &s, &m);
+#pragma GCC unroll 16
+  for (int j = 0; j < NG; j++) {
+    if (j + 1 < NG) ga_group_ints(T, h, j + 1, &s_next, &m_next);
+    else s_next = m_next = vdupq_n_s32(0);
+    ga_store_lanes_s32(PAIRS, pk->s[b * NG + j], vsubq_s32(s, s_next));
+    ga_store_lanes(PAIRS, pk->o[b * NG + j], vcvtq_f32_s32(m));
+    s = s_next, m = m_next;
+  }
+}
+
 /* The rows of one prefill tile over one K block, as the driver prepares
  * them: x in place (row pointers at the K block; rows past M repeat the
- * last) or, for SMMLA, packed as row-pair operands; their activation scales
- * and offsets' b = (float)gs * sx per weight group. */
+ * last) or, for SMMLA, packed as row-pair operands; per 32-column chunk
+ * the scale sx of the activation group holding it; for the types with
+ * offsets per weight group b = (float)gs * sx (32-element types) or
+ * (float)gs (super-block types: the tile forms msum first), gs the sum of
+ * the row's x over the group. */
 typedef struct {
   const int8_t *x[ARMLLM_GA_MAX_MR];
   int8_t ap[ARMLLM_GA_KC * ARMLLM_GA_MAX_MR] __attribute__((aligned(64))); /* packed:
       ap[((k / 8) * (MR / 2) + pair) * 16 + 8h + i] = x[2 pair + h, k + i] */
-  float sx[ARMLLM_GA_AGROUPS][ARMLLM_GA_MAX_MR] __attribute__((aligned(16)));
+  float sx[ARMLLM_GA_CHUNKS][ARMLLM_GA_MAX_MR] __attribute__((aligned(16)));
   float b[ARMLLM_GA_GROUPS][ARMLLM_GA_MAX_MR] __attribute__((aligned(16))); /* [weight group] */
   /* packed: the same per row pair as SMMLA's rows, [s0, s0, s1, s1] */
-  float sxp[ARMLLM_GA_AGROUPS][ARMLLM_GA_MAX_MR / 2][4] __attribute__((aligned(16)));
+  float sxp[ARMLLM_GA_CHUNKS][ARMLLM_GA_MAX_MR / 2][4] __attribute__((aligned(16)));
   float bp[ARMLLM_GA_GROUPS][ARMLLM_GA_MAX_MR / 2][4] __attribute__((aligned(16)));
 } armllm_ga_rows;
 
@@ -395,10 +487,11 @@ typedef struct {
 
 typedef void (*armllm_ga_tile_fn)(const armllm_ga_tile *t);
 
-/* A variant's prefill: its tile (per [group of 16][offsets]), rows per
- * tile, x packed as SMMLA pairs or not, and its unpack per type. */
+/* A variant's prefill: its tiles [super-block type][group of 16][offsets]
+ * ([0][1][*], 32-element types with 16-column groups, do not exist), rows
+ * per tile, x packed as SMMLA pairs or not, and its unpack per type. */
 typedef struct {
-  armllm_ga_tile_fn tile[2][2];
+  armllm_ga_tile_fn tile[2][2][2];
   int mr, pack_x;
   armllm_ga_unpack_fn unpack[ARMLLM_GA_NTYPES];
 } armllm_ga_prefill;

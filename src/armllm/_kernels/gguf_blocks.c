@@ -82,6 +82,92 @@ static void put32(float *d, float *o, int g, float dv, float ov) {
   o[2 * g] = o[2 * g + 1] = ov;
 }
 
+void armllm_gguf_decode_super(int type, const uint8_t *b, int8_t *v, int16_t *s16, int16_t *m,
+                              float *D, float *O) {
+  *D = *O = 0.0f;
+  memset(m, 0, 16 * sizeof *m);
+  switch (type) {
+  case ARMLLM_GGML_Q2_K: {
+    const uint8_t *sc = b, *qs = b + 16;
+    *D = f16_at(b + 80), *O = -f16_at(b + 82);
+    /* element e: byte (e/128)*32 + e%32 of qs, bits 2*((e%128)/32) */
+    for (int e = 0; e < 256; e++)
+      v[e] = (int8_t)((qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3);
+    for (int j = 0; j < 16; j++) s16[j] = (int16_t)(sc[j] & 15), m[j] = (int16_t)(sc[j] >> 4);
+    return;
+  }
+  case ARMLLM_GGML_Q3_K: {
+    const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
+    *D = f16_at(b + 108);
+    /* element e: low 2 bits as Q2_K's; hmask bit e/32 of byte e%32 set = no -4 */
+    for (int e = 0; e < 256; e++) {
+      const int lo = (qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      const int h = (hm[e % 32] >> (e / 32)) & 1;
+      v[e] = (int8_t)(lo - (h ? 0 : 4));
+    }
+    /* 16 6-bit scales: low nibbles from bytes 0..7 (j < 8 low, j >= 8 high),
+     * high 2 bits from bytes 8..11 (byte 8 + j%4, bits 2*(j/4)) */
+    for (int j = 0; j < 16; j++) {
+      const int lo = (s[j % 8] >> (4 * (j / 8))) & 15;
+      const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+      s16[j] = (int16_t)((lo | hi << 4) - 32);
+    }
+    return;
+  }
+  case ARMLLM_GGML_Q4_K:
+  case ARMLLM_GGML_Q5_K: {
+    const int q5 = type == ARMLLM_GGML_Q5_K;
+    *D = f16_at(b), *O = -f16_at(b + 2);
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (q5 ? 48 : 16);
+    /* element e: byte (e/64)*32 + e%32 of qs, high nibble when (e%64) >= 32;
+     * Q5_K's fifth bit is bit e/32 of qh[e%32] */
+    for (int e = 0; e < 256; e++) {
+      int q = (qs[(e / 64) * 32 + e % 32] >> (4 * ((e % 64) / 32))) & 15;
+      if (q5) q |= ((qh[e % 32] >> (e / 32)) & 1) << 4;
+      v[e] = (int8_t)q;
+    }
+    for (int j = 0; j < 8; j++) {
+      int sc, mn;
+      k4_scale_min(s, j, &sc, &mn);
+      s16[2 * j] = s16[2 * j + 1] = (int16_t)sc;
+      m[2 * j] = m[2 * j + 1] = (int16_t)mn;
+    }
+    return;
+  }
+  case ARMLLM_GGML_Q6_K: {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    *D = f16_at(b + 208);
+    /* element e: low nibble from ql[(e/128)*64 + e%64] (high nibble when
+     * (e%128) >= 64), high 2 bits from qh[(e/128)*32 + e%32] at 2*((e%128)/32) */
+    for (int e = 0; e < 256; e++) {
+      const int lo = (ql[(e / 128) * 64 + e % 64] >> (4 * ((e % 128) / 64))) & 15;
+      const int hi = (qh[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+      v[e] = (int8_t)((lo | hi << 4) - 32);
+    }
+    for (int j = 0; j < 16; j++) s16[j] = sc[j];
+    return;
+  }
+  case ARMLLM_GGML_IQ4_XS: {
+    *D = f16_at(b);
+    const unsigned sh = (unsigned)b[2] | (unsigned)b[3] << 8;
+    const uint8_t *sl = b + 4, *qs = b + 8;
+    for (int j = 0; j < 8; j++) {
+      const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 15) | (int)((sh >> (2 * j)) & 3) << 4;
+      s16[2 * j] = s16[2 * j + 1] = (int16_t)(ls - 32);
+      /* sub-block j: 16 bytes, low nibbles elements 0..15, high 16..31 */
+      for (int i = 0; i < 16; i++) {
+        v[32 * j + i] = IQ4_VALUES[qs[16 * j + i] & 15];
+        v[32 * j + i + 16] = IQ4_VALUES[qs[16 * j + i] >> 4];
+      }
+    }
+    return;
+  }
+  default:
+    return;
+  }
+}
+
 void armllm_gguf_decode_block(int type, const uint8_t *b, int8_t *v, float *d, float *o) {
   switch (type) {
   case ARMLLM_GGML_Q4_0:
@@ -117,68 +203,12 @@ void armllm_gguf_decode_block(int type, const uint8_t *b, int8_t *v, float *d, f
     memcpy(v, b + 2, 32);
     put32(d, o, 0, f16_at(b), 0.0f);
     return;
-  case ARMLLM_GGML_Q2_K: {
-    const uint8_t *sc = b, *qs = b + 16;
-    const float dd = f16_at(b + 80), dmin = f16_at(b + 82);
-    /* element e: byte (e/128)*32 + e%32 of qs, bits 2*((e%128)/32) */
-    for (int e = 0; e < 256; e++)
-      v[e] = (int8_t)((qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3);
-    for (int j = 0; j < 16; j++) {
-      d[j] = dd * (float)(sc[j] & 15);
-      o[j] = -(dmin * (float)(sc[j] >> 4));
-    }
-    return;
-  }
-  case ARMLLM_GGML_Q3_K: {
-    const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
-    const float dd = f16_at(b + 108);
-    /* element e: low 2 bits as Q2_K's; hmask bit e/32 of byte e%32 set = no -4 */
-    for (int e = 0; e < 256; e++) {
-      const int lo = (qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-      const int h = (hm[e % 32] >> (e / 32)) & 1;
-      v[e] = (int8_t)(lo - (h ? 0 : 4));
-    }
-    /* 16 6-bit scales: low nibbles from bytes 0..7 (j < 8 low, j >= 8 high),
-     * high 2 bits from bytes 8..11 (byte 8 + j%4, bits 2*(j/4)) */
-    for (int j = 0; j < 16; j++) {
-      const int lo = (s[j % 8] >> (4 * (j / 8))) & 15;
-      const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-      d[j] = dd * (float)((lo | hi << 4) - 32);
-      o[j] = 0.0f;
-    }
-    return;
-  }
-  case ARMLLM_GGML_Q4_K:
-  case ARMLLM_GGML_Q5_K: {
-    const int q5 = type == ARMLLM_GGML_Q5_K;
-    const float dd = f16_at(b), dmin = f16_at(b + 2);
-    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (q5 ? 48 : 16);
-    /* element e: byte (e/64)*32 + e%32 of qs, high nibble when (e%64) >= 32;
-     * Q5_K's fifth bit is bit e/32 of qh[e%32] */
-    for (int e = 0; e < 256; e++) {
-      int q = (qs[(e / 64) * 32 + e % 32] >> (4 * ((e % 64) / 32))) & 15;
-      if (q5) q |= ((qh[e % 32] >> (e / 32)) & 1) << 4;
-      v[e] = (int8_t)q;
-    }
-    for (int j = 0; j < 8; j++) {
-      int sc, m;
-      k4_scale_min(s, j, &sc, &m);
-      put32(d, o, j, dd * (float)sc, -(dmin * (float)m));
-    }
-    return;
-  }
-  case ARMLLM_GGML_Q6_K: {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    const float dd = f16_at(b + 208);
-    /* element e: low nibble from ql[(e/128)*64 + e%64] (high nibble when
-     * (e%128) >= 64), high 2 bits from qh[(e/128)*32 + e%32] at 2*((e%128)/32) */
-    for (int e = 0; e < 256; e++) {
-      const int lo = (ql[(e / 128) * 64 + e % 64] >> (4 * ((e % 128) / 64))) & 15;
-      const int hi = (qh[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-      v[e] = (int8_t)((lo | hi << 4) - 32);
-    }
-    for (int j = 0; j < 16; j++) d[j] = dd * (float)sc[j], o[j] = 0.0f;
+  case ARMLLM_GGML_Q2_K: case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
+  case ARMLLM_GGML_Q6_K: case ARMLLM_GGML_IQ4_XS: {
+    int16_t sj[16], mj[16];
+    float dd, od;
+    armllm_gguf_decode_super(type, b, v, sj, mj, &dd, &od);
+    for (int j = 0; j < 16; j++) d[j] = dd * (float)sj[j], o[j] = od * (float)mj[j]; /* exact */
     return;
   }
   case ARMLLM_GGML_MXFP4: {
@@ -191,21 +221,6 @@ void armllm_gguf_decode_block(int type, const uint8_t *b, int8_t *v, float *d, f
     float dv;
     memcpy(&dv, &bits, sizeof dv);
     put32(d, o, 0, dv, 0.0f);
-    return;
-  }
-  case ARMLLM_GGML_IQ4_XS: {
-    const float dd = f16_at(b);
-    const unsigned sh = (unsigned)b[2] | (unsigned)b[3] << 8;
-    const uint8_t *sl = b + 4, *qs = b + 8;
-    for (int j = 0; j < 8; j++) {
-      const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 15) | (int)((sh >> (2 * j)) & 3) << 4;
-      put32(d, o, j, dd * (float)(ls - 32), 0.0f);
-      /* sub-block j: 16 bytes, low nibbles elements 0..15, high 16..31 */
-      for (int i = 0; i < 16; i++) {
-        v[32 * j + i] = IQ4_VALUES[qs[16 * j + i] & 15];
-        v[32 * j + i + 16] = IQ4_VALUES[qs[16 * j + i] >> 4];
-      }
-    }
     return;
   }
   default:

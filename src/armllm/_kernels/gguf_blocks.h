@@ -72,7 +72,8 @@ static inline uint32_t armllm_mxfp4_d_bits(uint8_t e) {
 
 #define ARMLLM_GGUF_SCALE_COLS 16  /* decoded scales come one per 16 columns */
 #define ARMLLM_GGUF_MAX_BLOCK 256  /* elements in the largest block (QK_K) */
-#define ARMLLM_GGUF_ACT_GROUP 32   /* activation group of the GGUF-block GEMM */
+#define ARMLLM_GGUF_SUPER 256      /* elements of a super-block (the K-quants', IQ4_XS's) */
+#define ARMLLM_GGUF_ACT_GROUP 32   /* activation group of a GEMM of 32-element types only */
 #define ARMLLM_GGUF_MAX_PARTS 4    /* row parts of one packed matrix: QKV's 3, gate/up's 2 */
 #define ARMLLM_GGUF_HEADER_BYTES 64
 
@@ -85,6 +86,12 @@ int armllm_gguf_block_bytes(int type);
 static inline int armllm_gguf_group_len(int type) {
   return type == ARMLLM_GGML_Q2_K || type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q6_K ? 16
                                                                                            : 32;
+}
+/* 1 for the super-block types (256-element blocks: Q2_K .. Q6_K, IQ4_XS),
+ * whose GEMM sums their integer sub-scales in int32 over a whole block. */
+static inline int armllm_gguf_is_super(int type) {
+  return type == ARMLLM_GGML_Q2_K || type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q4_K ||
+         type == ARMLLM_GGML_Q5_K || type == ARMLLM_GGML_Q6_K || type == ARMLLM_GGML_IQ4_XS;
 }
 /* 1 when the type's weights carry offsets (mins). */
 static inline int armllm_gguf_has_offsets(int type) {
@@ -101,6 +108,16 @@ static inline size_t armllm_gguf_row_bytes(int type, int64_t k) {
  * (one per 16 columns; a 32-column group's scale is written twice; o is 0
  * for the types without offsets). */
 void armllm_gguf_decode_block(int type, const uint8_t *block, int8_t *v, float *d, float *o);
+
+/* Decodes one block of a super-block type as integers: v[256] as above, the
+ * sub-scale s and min m (0 without offsets) of each 16 columns (a 32-column
+ * group's twice), and the block's D = d and O = -dmin (0 without offsets),
+ * f32 from GGUF's f16: d_j = D * s_j and o_j = O * m_j of the decoder above.
+ *   Q2_K  s = sc & 15, m = sc >> 4    Q3_K  s = 6-bit sc - 32
+ *   Q4_K, Q5_K  s, m = the 6-bit sc, m    Q6_K  s = int8 sc
+ *   IQ4_XS  s = 6-bit ls - 32 */
+void armllm_gguf_decode_super(int type, const uint8_t *block, int8_t *v, int16_t *s, int16_t *m,
+                              float *D, float *O);
 
 /* Rows of a [rows, k] tensor as stored -> f32 (the gguf package's
  * dequantization, bit for bit); out rows at out + r * ldo. */
@@ -128,6 +145,15 @@ typedef struct {
 int armllm_gguf_parts_check(int64_t k, int64_t nparts, const int32_t *types, const int64_t *rows);
 /* Fills a header from checked parts. */
 armllm_gguf_parts armllm_gguf_parts_of(int64_t nparts, const int32_t *types, const int64_t *rows);
+/* The activation group of a GEMM of these parts: ARMLLM_GGUF_SUPER when any
+ * part is a super-block type (K is then a multiple of 256), else
+ * ARMLLM_GGUF_ACT_GROUP: quant_act's scales (and gsum) come one per that
+ * many columns (armllm_kernels.h's GGUF-block GEMM). */
+static inline int armllm_gguf_act_group(const armllm_gguf_parts *p) {
+  for (int i = 0; i < p->nparts; i++)
+    if (armllm_gguf_is_super(p->types[i])) return ARMLLM_GGUF_SUPER;
+  return ARMLLM_GGUF_ACT_GROUP;
+}
 /* The type of output row n of a packed matrix. */
 static inline int armllm_gguf_row_type(const armllm_gguf_parts *p, int64_t n) {
   for (int i = 0; i < p->nparts; i++) {

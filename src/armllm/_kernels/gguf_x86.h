@@ -31,7 +31,7 @@
 #define GGUF_CHUNK_COLS (GGUF_GROUP * GGUF_CHUNK_GROUPS)
 #define GGUF_STEPS 8           /* 4-column steps of a group: one vector of bytes each */
 #define GGUF_DECODE_MAX_M 4    /* rows up to this take the decode plan */
-#define GGUF_HALVES_CAP 16384  /* half-group sums of x a task holds (int16: 32 KiB of stack) */
+#define GGUF_SUMS_CAP 65536    /* 16-column sums of x a task holds (int16: 128 KiB of stack) */
 
 /* X(type) for each ggml type the kernels specialize code on. */
 #define GGUF_TYPES(X)                                                                              \
@@ -338,7 +338,8 @@ typedef struct {
   float *y;
   int64_t ldy;
   int64_t mb, cp, n_pc; /* prefill: rows per block, panels per chunk, chunks */
-  int halves;           /* some part has 16-column weight groups (Q2_K, Q3_K, Q6_K) */
+  int64_t gpa;          /* 32-column groups per activation group: 1, or 8 (G = 256) */
+  int sums;             /* G = 256: the kernels read x's 16-column sums (gguf_sums16) */
 } gguf_job;
 
 static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
@@ -363,9 +364,10 @@ static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64
     col += p->rows;
     panel += p->panels;
     w += p->panels * p->pbytes;
-    job.halves |= armllm_gguf_group_len(p->type) == 16;
   }
   job.panels = panel;
+  job.gpa = armllm_gguf_act_group(hdr) / GGUF_GROUP;
+  job.sums = job.gpa > 1; /* gsum is then per 256 columns: the sums come from x */
   return job;
 }
 
@@ -386,18 +388,18 @@ static inline void gguf_run_decode(armllm_pool *pool, gguf_job *job, armllm_task
 }
 
 /* Prefill: row blocks as tall as the stack's t buffer allows (mb_max rows,
- * whole tiles of mr) and, with 16-column weight groups, as their half sums
- * (GGUF_HALVES_CAP) allow; evenly cut (every block streams the weights
- * once); about items_per_thread (row block, panel chunk) items a thread,
- * chunks of an even number of panels. */
+ * whole tiles of mr) and, when the kernels read x's 16-column sums, as
+ * GGUF_SUMS_CAP allows; evenly cut (every block streams the weights once);
+ * about items_per_thread (row block, panel chunk) items a thread, chunks of
+ * an even number of panels. */
 static inline void gguf_run_prefill(armllm_pool *pool, gguf_job *job, int64_t mb_max, int64_t mr,
                                     int64_t items_per_thread, armllm_task_fn task) {
-  const int64_t m = job->m, ng = job->k / GGUF_GROUP;
+  const int64_t m = job->m, ns = job->k / 16;
   if ((double)m * (double)job->panels * PANEL * (double)job->k < 4.0e6) pool = NULL;
-  if (job->halves && mb_max * ng > GGUF_HALVES_CAP) {
-    const int64_t fit = GGUF_HALVES_CAP / ng / mr * mr;
+  if (job->sums && mb_max * ns > GGUF_SUMS_CAP) {
+    const int64_t fit = GGUF_SUMS_CAP / ns / mr * mr;
     if (fit >= mr) mb_max = fit;
-    else job->halves = 0; /* K of over GGUF_HALVES_CAP / mr groups: the tiles sum them */
+    else job->sums = 0; /* K of over GGUF_SUMS_CAP / mr sums: the tiles sum x themselves */
   }
   const int64_t n_rb = (m + mb_max - 1) / mb_max;
   job->mb = ((m + n_rb - 1) / n_rb + mr - 1) / mr * mr;
@@ -410,22 +412,55 @@ static inline void gguf_run_prefill(armllm_pool *pool, gguf_job *job, int64_t mb
   armllm_pool_run(pool, n_rb * job->n_pc, 1, task, job);
 }
 
-/* Sum of the 16 int8 at p (the first half of a 32-column group): the x sum
- * of a 16-column weight group, whose other half is gsum minus this one. */
+/* Sum of the 16 int8 at p. */
 static inline int32_t gguf_sum16(const int8_t *p) {
   const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8((char)0x80));
   const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128()); /* two sums of x + 128 over 8 */
   return _mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128;
 }
 
-/* The sums of the first 16 columns of every group of rows [r0, r1) of x
- * into out (rows ng apart; |sum| <= 16 * 127 fits int16): computed once per
- * decode run or prefill row block for every 16-column-group panel. */
-static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, int16_t *out) {
-  const int64_t ng = job->k / GGUF_GROUP;
+/* The sums of every 16 columns of rows [r0, r1) of x into out (rows k / 16
+ * apart; |sum| <= 16 * 127 fits int16): once per decode run or prefill row
+ * block, for every panel. */
+static inline void gguf_sums16(const gguf_job *job, int64_t r0, int64_t r1, int16_t *out) {
+  const int64_t ns = job->k / 16;
   for (int64_t r = r0; r < r1; r++)
-    for (int64_t g = 0; g < ng; g++)
-      out[(r - r0) * ng + g] = (int16_t)gguf_sum16(job->xq + r * job->ldq + g * GGUF_GROUP);
+    for (int64_t j = 0; j < ns; j++)
+      out[(r - r0) * ns + j] = (int16_t)gguf_sum16(job->xq + r * job->ldq + 16 * j);
+}
+
+/* The sum of x over columns [16 j, 16 (j + n)) (n = 1 or 2) of row r (row
+ * rl of sums, when given): gsum itself for a whole activation group of 32. */
+static inline __attribute__((always_inline)) int32_t gguf_xsum(const gguf_job *job,
+                                                               const int16_t *sums, int64_t rl,
+                                                               int64_t r, int64_t j, int n) {
+  if (n == 2 && job->gpa == 1) return job->gsum[r * job->ldgs + j / 2];
+  if (sums) {
+    const int16_t *s = sums + rl * (job->k / 16) + j;
+    return n == 2 ? s[0] + s[1] : s[0];
+  }
+  const int8_t *x = job->xq + r * job->ldq + 16 * j;
+  return n == 2 ? gguf_sum16(x) + gguf_sum16(x + 16) : gguf_sum16(x);
+}
+
+/* The sums of columns [16 j, 16 j + 16) and [16 j + 16, 16 j + 32) of row r
+ * as the int16 pair of an int32 (low, high): a madd operand. */
+static inline __attribute__((always_inline)) int32_t gguf_xpair(const gguf_job *job,
+                                                                const int16_t *sums, int64_t rl,
+                                                                int64_t r, int64_t j) {
+  int32_t v;
+  if (sums) {
+    memcpy(&v, sums + rl * (job->k / 16) + j, sizeof v);
+    return v;
+  }
+  const int8_t *x = job->xq + r * job->ldq + 16 * j;
+  return (int32_t)((uint32_t)(uint16_t)gguf_sum16(x) | (uint32_t)(uint16_t)gguf_sum16(x + 16) << 16);
+}
+
+/* The activation scale of 32-column group g of row r. */
+static inline __attribute__((always_inline)) float gguf_sx(const gguf_job *job, int64_t r,
+                                                           int64_t g) {
+  return job->scale[r * job->ldsc + g / job->gpa];
 }
 
 /* ------------------------------------------------------------ decode plan */
@@ -435,41 +470,41 @@ static inline void gguf_half_sums(const gguf_job *job, int64_t r0, int64_t r1, i
  * with the type, mr and np constants after inlining. */
 static inline __attribute__((always_inline)) void decode_panels(
     const int type, const int mr, const int np, const gguf_job *job, const gguf_part *part,
-    int64_t p, int64_t stride, const int16_t *halves);
+    int64_t p, int64_t stride, const int16_t *sums);
 
 /* Panels [p0, p1) of one part at mr rows: GGUF_DECODE_STREAMS equal runs in
  * lockstep (one hardware-prefetch stream each, as the read probe reads: a
  * single stream left a core's memory pipe a fifth idle), the rest one by one. */
 static inline __attribute__((always_inline)) void gguf_decode_streams(
     const int type, const int mr, const gguf_job *job, const gguf_part *part, int64_t p0,
-    int64_t p1, const int16_t *halves) {
+    int64_t p1, const int16_t *sums) {
   const int64_t len = (p1 - p0) / GGUF_DECODE_STREAMS;
   for (int64_t i = 0; i < len; i++)
-    decode_panels(type, mr, GGUF_DECODE_STREAMS, job, part, p0 + i, len, halves);
+    decode_panels(type, mr, GGUF_DECODE_STREAMS, job, part, p0 + i, len, sums);
   for (int64_t p = p0 + GGUF_DECODE_STREAMS * len; p < p1; p++)
-    decode_panels(type, mr, 1, job, part, p, 0, halves);
+    decode_panels(type, mr, 1, job, part, p, 0, sums);
 }
 
 /* Panels [p0, p1) of one part, its type and M made constants. */
 static inline __attribute__((always_inline)) void gguf_decode_run(
     const int type, const gguf_job *job, const gguf_part *part, int64_t p0, int64_t p1,
-    const int16_t *halves) {
+    const int16_t *sums) {
   switch (job->m) {
-  case 1: gguf_decode_streams(type, 1, job, part, p0, p1, halves); break;
-  case 2: gguf_decode_streams(type, 2, job, part, p0, p1, halves); break;
-  case 3: gguf_decode_streams(type, 3, job, part, p0, p1, halves); break;
-  default: gguf_decode_streams(type, 4, job, part, p0, p1, halves); break;
+  case 1: gguf_decode_streams(type, 1, job, part, p0, p1, sums); break;
+  case 2: gguf_decode_streams(type, 2, job, part, p0, p1, sums); break;
+  case 3: gguf_decode_streams(type, 3, job, part, p0, p1, sums); break;
+  default: gguf_decode_streams(type, 4, job, part, p0, p1, sums); break;
   }
 }
 
 /* The decode task (gguf_run_decode): panels [p0, p1), a part's run at a time. */
 static void gguf_decode_task(void *ctx, int64_t p0, int64_t p1) {
   const gguf_job *job = ctx;
-  int16_t halves[GGUF_HALVES_CAP];
-  const int16_t *hv = NULL; /* the half-group sums, once for all the run's panels */
-  if (job->halves && job->m * (job->k / GGUF_GROUP) <= GGUF_HALVES_CAP) {
-    gguf_half_sums(job, 0, job->m, halves);
-    hv = halves;
+  int16_t sums[GGUF_SUMS_CAP];
+  const int16_t *hv = NULL; /* x's 16-column sums, once for all the run's panels */
+  if (job->sums && job->m * (job->k / 16) <= GGUF_SUMS_CAP) {
+    gguf_sums16(job, 0, job->m, sums);
+    hv = sums;
   }
   while (p0 < p1) {
     const gguf_part *part = gguf_part_of(job, p0);

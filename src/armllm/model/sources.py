@@ -15,7 +15,7 @@ from armllm import ops
 from armllm.model.compressed_tensors import CTConfig
 from armllm.model.compressed_tensors import load_matrix as ct_load_matrix
 from armllm.model.config import ModelConfig
-from armllm.model.gguf import GGML_TYPES, QUANTIZED_TYPES, GGUFFile
+from armllm.model.gguf import GGML_TYPES, QUANTIZED_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.quantize import GGUF_QUANTIZED, QuantizedMatrix, from_gguf_blocks
 from armllm.model.safetensors_file import SafetensorsCheckpoint
 from armllm.model.stacked_experts import StackedExperts
@@ -285,7 +285,8 @@ class GGUFSource:
         t = self._quantized_tensor(name, shape, QUANTIZED_TYPES)
         if t is None:
             return None
-        bits, group = GGUF_QUANTIZED.get(t.type_name, (0, ops.GGUF_ACT_GROUP))
+        bits, group = GGUF_QUANTIZED.get(
+            t.type_name, (0, ops.gguf_act_group([TYPE_IDS[t.type_name]])))
         return QuantFormat(bits, group, gguf=((t.type_name, shape[0]),))
 
     def raw_rows(self, name: str, shape: tuple[int, int], rows: int):

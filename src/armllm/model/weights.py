@@ -185,7 +185,9 @@ def _fused_format(natives: list[QuantFormat | None], quantization: Quantization
             return QuantFormat(natives[0].bits, natives[0].group,
                                all(f.act_symmetric for f in natives))
         if all(f.gguf for f in natives):   # GGUF parts of other types: each as stored
-            return QuantFormat(0, ops.GGUF_ACT_GROUP, gguf=sum((f.gguf for f in natives), ()))
+            parts = sum((f.gguf for f in natives), ())
+            return QuantFormat(0, ops.gguf_act_group([TYPE_IDS[t] for t, _ in parts]),
+                               gguf=parts)
         return None
     return QuantFormat(quantization.bits, quantization.group, quantization.act_symmetric)
 

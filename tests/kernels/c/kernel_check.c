@@ -548,7 +548,7 @@ static float round_f16(float x) {
 
 static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
   static const int64_t ks[] = {1, 5, 16, 31, 32, 40, 100, 576, 1029};
-  static const int64_t groups[] = {0, 32, 64, 128};
+  static const int64_t groups[] = {0, 32, 64, 128, 256}; /* 256: the K-quant GEMM's */
   report r;
   report_start(&r, v->isa, "quant_act");
   for (size_t ik = 0; ik < sizeof ks / sizeof *ks; ik++)
@@ -817,7 +817,7 @@ static void fill_gguf_rows(uint8_t *dst, int type, int64_t rows, int64_t k) {
 
 /* One GGUF-block GEMM case against ref, bit for bit (memcmp of y, row
  * padding included): the variant on `pool`, on one thread, and on pool2
- * when given; x quantized by ref (group 32, with gsum). */
+ * when given; x quantized by ref (armllm_gguf_act_group's group, with gsum). */
 static void gguf_case(report *r, const armllm_kernels *v, armllm_pool *pool, armllm_pool *pool2,
                       int64_t m, int64_t k, int nparts, const int32_t *types,
                       const int64_t *rows, int with_bias) {
@@ -828,7 +828,8 @@ static void gguf_case(report *r, const armllm_kernels *v, armllm_pool *pool, arm
     n += rows[p];
     wbytes += armllm_gguf_row_bytes(types[p], k) * (size_t)rows[p];
   }
-  const int64_t ng = k / 32;
+  const armllm_gguf_parts parts = armllm_gguf_parts_of(nparts, types, rows);
+  const int64_t G = armllm_gguf_act_group(&parts), ng = k / G;
   const int64_t ldx = k + 1, ldq = k + (m & 1) * 16, ldgs = ng + (n & 1), ldy = n + (k & 1) * 3 + (m & 2);
   const int64_t ldsc = ng + (m & 2);
   float *x = xmalloc(sizeof(float) * (size_t)(m * ldx));
@@ -840,7 +841,7 @@ static void gguf_case(report *r, const armllm_kernels *v, armllm_pool *pool, arm
   float *y = xmalloc(sizeof(float) * (size_t)(m * ldy)), *y1 = xmalloc(sizeof(float) * (size_t)(m * ldy));
   float *y2 = xmalloc(sizeof(float) * (size_t)(m * ldy)), *yref = xmalloc(sizeof(float) * (size_t)(m * ldy));
   fill_act(x, m, k, ldx, m > 3);
-  ref->quant_act(NULL, x, m, k, ldx, 32, xq, ldq, scale, ldsc, gsum, ldgs, NULL, 0);
+  ref->quant_act(NULL, x, m, k, ldx, G, xq, ldq, scale, ldsc, gsum, ldgs, NULL, 0);
   uint8_t *wp = w;
   for (int p = 0; p < nparts; p++) {
     fill_gguf_rows(wp, types[p], rows[p], k);

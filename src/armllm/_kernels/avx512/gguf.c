@@ -32,11 +32,13 @@
  * Q5_1, Q8_0, IQ4_NL: the same; Q4_K 148/144, Q5_K 180/176, Q3_K 116/110,
  * Q6_K 212/210, IQ4_XS 140/136 bytes per 256 columns).
  *
- * The kernel forms each weight group's scale as (float)sc * d and offset as
- * (float)m * -dmin (exact in f32: ref's d_j and o_j bit for bit), and each
- * group's sum x.v as vpdpbusd(u, x) started from -bias * sum(x) (the group's
- * gsum, or for a 16-column group the sum of its half of x): exact in int32.
- * The float epilogue is the header's, lane-wise: every result is ref's.
+ * Each group's sum x.v is vpdpbusd(u, x) started from -bias * sum(x) (the
+ * group's gsum, or x's 16-column sums: gguf_sums16), exact in int32. A
+ * 32-element block's float epilogue follows (its f16 d, m); a super-block
+ * type's group sums are multiplied by their integer sub-scales (vpmulld)
+ * into the block's isum, its mins' msum is 8 madds of min pairs by x's sum
+ * pairs, and one float epilogue per 256 columns follows. The float epilogue
+ * is the header's, lane-wise: every result is ref's.
  *
  * Plans: decode (M <= 4) streams the panels, each thread a contiguous run
  * cut into GGUF_DECODE_STREAMS runs read in lockstep (prefetched ahead),
@@ -75,12 +77,16 @@ static ALWAYS_INLINE __m512 no_contract(__m512 v) {
 
 /* A chunk of a panel as the tiles read it: u[8 gi + s] the unsigned bytes of
  * group gi, step s (columns 4s .. 4s+4 of each row, vpdpbusd's operand), and
- * d, o of weight group j (16 columns: j = 2 gi + half; a 32-column group's at
- * j = 2 gi). */
+ * a 32-element type's d, o of block gi. */
 typedef struct {
   __m512i u[GGUF_CHUNK_GROUPS * GGUF_STEPS];
-  float d[2 * GGUF_CHUNK_GROUPS][PANEL];
-  float o[2 * GGUF_CHUNK_GROUPS][PANEL];
+  float d[GGUF_CHUNK_GROUPS][PANEL];
+  float o[GGUF_CHUNK_GROUPS][PANEL];
+  /* super-block types: each 16 columns' integer sub-scale, the mins' pairs
+   * (min_pair), the block's D and O */
+  __m512i s32[2 * GGUF_CHUNK_GROUPS];
+  __m512i mins[GGUF_CHUNK_GROUPS];
+  __m512 sd, so;
 } unpacked;
 
 static ALWAYS_INLINE void nibbles(const uint8_t *p, __m512i *u) {
@@ -131,8 +137,43 @@ static ALWAYS_INLINE __m512 f16x16(const uint8_t *p) {
 static ALWAYS_INLINE __m512i u8x16(const uint8_t *p) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
-static ALWAYS_INLINE __m512 i8x16(const uint8_t *p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+static ALWAYS_INLINE __m512i s8x16(const uint8_t *p) {
+  return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* The integer sub-scale s of 16-column group j (0 .. 15) of a super-block
+ * chunk whose scales are at sc, one per row (gguf_blocks.h's s). */
+static ALWAYS_INLINE __m512i sub_scale(const int type, const uint8_t *sc, int j) {
+  switch (type) {
+  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: return u8x16(sc + (4 + j / 2) * PANEL);
+  case ARMLLM_GGML_Q2_K:
+    return _mm512_and_si512(u8x16(sc + (4 + j) * PANEL), _mm512_set1_epi32(15));
+  case ARMLLM_GGML_IQ4_XS: return s8x16(sc + (2 + j / 2) * PANEL);
+  default: return s8x16(sc + (2 + j) * PANEL); /* Q3_K, Q6_K */
+  }
+}
+
+/* The min m of 16-column group j (Q2_K, Q4_K, Q5_K). */
+static ALWAYS_INLINE __m512i sub_min(const int type, const uint8_t *sc, int j) {
+  if (type == ARMLLM_GGML_Q2_K) return _mm512_srli_epi32(u8x16(sc + (4 + j) * PANEL), 4);
+  return u8x16(sc + (12 + j / 2) * PANEL);
+}
+
+/* The int16 pair [m_2i, m_2i+1] of each row: madd by x's sum pair of the
+ * same two 16-column groups (gguf_xpair) gives both terms of msum. */
+static ALWAYS_INLINE __m512i min_pair(const int type, const uint8_t *sc, int i) {
+  return _mm512_or_si512(_mm512_and_si512(sub_min(type, sc, 2 * i), _mm512_set1_epi32(0xffff)),
+                         _mm512_slli_epi32(sub_min(type, sc, 2 * i + 1), 16));
+}
+
+/* t + a super-block's epilogue: isum and, with offsets, msum times the
+ * block's activation scale sx, by D and O. */
+static ALWAYS_INLINE __m512 super_epilogue(const int offs, __m512i isum, __m512i msum, float sx,
+                                           __m512 sd, __m512 so, __m512 t) {
+  const __m512 vsx = _mm512_set1_ps(sx);
+  t = _mm512_fmadd_ps(sd, no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(isum), vsx)), t);
+  if (offs) t = _mm512_fmadd_ps(so, no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(msum), vsx)), t);
+  return t;
 }
 
 /* The unsigned bytes u[0 .. 8) of one group at p (the layout above). */
@@ -178,81 +219,43 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m512i
   }
 }
 
-/* A chunk's super-block scales as f32 (K-quants, IQ4_XS: d, and -dmin for the
- * types with mins), converted once for its groups. */
-typedef struct {
-  __m512 d, m;
-} supers;
-
-static ALWAYS_INLINE supers chunk_supers(const int type, const uint8_t *sc) {
-  supers s = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  switch (type) {
-  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: case ARMLLM_GGML_Q2_K:
-    s.m = f16x16(sc + 2 * PANEL);
-    /* fall through */
-  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: case ARMLLM_GGML_IQ4_XS:
-    s.d = f16x16(sc);
-    break;
-  default:
-    break;
-  }
-  return s;
-}
-
-/* d and o (offsets' types) of weight group j (16 columns: j = 2 gi + half;
- * a 32-column group is j = 2 gi) of a chunk of ngr groups whose scales are
- * at sc (its supers: sup): (float)sc * d and (float)m * -dmin, exact. */
-static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_t ngr, int64_t j,
-                                       supers sup, __m512 *d, __m512 *o) {
-  switch (type) {
-  case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
-    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (4 + j / 2) * PANEL)), sup.d);
-    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(u8x16(sc + (12 + j / 2) * PANEL)), sup.m);
-    break;
-  case ARMLLM_GGML_Q2_K: {
-    const __m512i s = u8x16(sc + (4 + j) * PANEL); /* scale low nibble, min high */
-    *d = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))), sup.d);
-    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), sup.m);
-    break;
-  }
-  case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K:
-    *d = _mm512_mul_ps(i8x16(sc + (2 + j) * PANEL), sup.d);
-    break;
-  case ARMLLM_GGML_IQ4_XS:
-    *d = _mm512_mul_ps(i8x16(sc + (2 + j / 2) * PANEL), sup.d);
-    break;
-  case ARMLLM_GGML_MXFP4: { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
-    const __m512i e = u8x16(sc + PANEL * (j / 2)), one = _mm512_set1_epi32(1);
+/* d and o (Q4_1, Q5_1) of 32-element block gi of a chunk of ngr groups
+ * whose scales are at sc: the file's f16 fields, exact. */
+static ALWAYS_INLINE void group_scales(const int type, const uint8_t *sc, int64_t ngr, int64_t gi,
+                                       __m512 *d, __m512 *o) {
+  if (type == ARMLLM_GGML_MXFP4) { /* d = 2^(e - 128): gguf_blocks.h's armllm_mxfp4_d_bits */
+    const __m512i e = u8x16(sc + PANEL * gi), one = _mm512_set1_epi32(1);
     __m512i bits = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
     bits = _mm512_mask_mov_epi32(bits, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)),
                                  _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e));
     bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
                                  _mm512_set1_epi32(0x7fc00000));
     *d = _mm512_castsi512_ps(bits);
-    break;
+    return;
   }
-  default: /* 32-element blocks: f16 d per group (and m) */
-    *d = f16x16(sc + 2 * PANEL * (j / 2));
-    if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1)
-      *o = f16x16(sc + 2 * PANEL * (ngr + j / 2));
-  }
+  *d = f16x16(sc + 2 * PANEL * gi);
+  if (type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q5_1) *o = f16x16(sc + 2 * PANEL * (ngr + gi));
 }
 
 /* Unpacks a chunk of ngr groups at w for the prefill tiles. */
 static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t ngr,
                                        unpacked *U) {
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
-  const int gl = armllm_gguf_group_len(type);
   const uint8_t *sc = w + gbytes * ngr;
-  const supers sup = chunk_supers(type, sc);
+  for (int64_t gi = 0; gi < ngr; gi++) unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
+  if (armllm_gguf_is_super(type)) {
+    for (int j = 0; j < 2 * GGUF_CHUNK_GROUPS; j++) U->s32[j] = sub_scale(type, sc, j);
+    if (armllm_gguf_has_offsets(type))
+      for (int i = 0; i < GGUF_CHUNK_GROUPS; i++) U->mins[i] = min_pair(type, sc, i);
+    U->sd = f16x16(sc);
+    U->so = armllm_gguf_has_offsets(type) ? f16x16(sc + 2 * PANEL) : _mm512_setzero_ps();
+    return;
+  }
   for (int64_t gi = 0; gi < ngr; gi++) {
-    unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
-    for (int64_t j = 2 * gi; j < 2 * gi + GGUF_GROUP / gl; j++) {
-      __m512 d, o = _mm512_setzero_ps();
-      group_scales(type, sc, ngr, j, sup, &d, &o);
-      _mm512_store_ps(U->d[j], d);
-      _mm512_store_ps(U->o[j], o);
-    }
+    __m512 d, o = _mm512_setzero_ps();
+    group_scales(type, sc, ngr, gi, &d, &o);
+    _mm512_store_ps(U->d[gi], d);
+    _mm512_store_ps(U->o[gi], o);
   }
 }
 
@@ -261,7 +264,7 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
 /* What a tile reads besides its rows: the unpacked chunk(s) of its panels. */
 typedef struct {
   const gguf_job *job;
-  const int16_t *halves;  /* the row block's half sums (gguf_half_sums), or NULL */
+  const int16_t *sums;    /* the row block's 16-column sums (gguf_sums16), or NULL */
   int64_t row0;           /* the row block's first row */
   int bias;
   int64_t g0, ngr;        /* the chunk's first activation group, its groups */
@@ -279,31 +282,31 @@ static ALWAYS_INLINE __m512i bcast4(const int8_t *p) {
 
 /* Rows r0 .. r0+mr of nc panels over one chunk: per weight group (gl 16 or
  * 32 columns) the int32 sums from -bias * sum(x), then the group's epilogue
- * (offs: with offsets). t comes from +0 or tbuf (rows TBUF_LD apart) and goes
- * to tbuf or, on K's last chunk, to y (+ bias, masked to N). */
+ * (offs: with offsets), or for a super-block type (sup) the sums times their
+ * sub-scales into isum and one epilogue for the chunk. t comes from +0 or
+ * tbuf (rows TBUF_LD apart) and goes to tbuf or, on K's last chunk, to y
+ * (+ bias, masked to N). */
 static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const int offs,
-                               const tile_args *a, int64_t r0, float *tbuf) {
+                               const int sup, const tile_args *a, int64_t r0, float *tbuf) {
   const gguf_job *job = a->job;
   const int64_t ldq = job->ldq;
   const int8_t *x = job->xq + r0 * ldq;
   __m512 t[MR][MAX_NC];
-  __m512i acc[MR][MAX_NC];
+  __m512i acc[MR][MAX_NC], isum[MR][MAX_NC];
   for (int r = 0; r < mr; r++)
-    for (int c = 0; c < nc; c++)
-      t[r][c] = a->first ? _mm512_setzero_ps() : _mm512_load_ps(tbuf + r * TBUF_LD + c * PANEL);
+    for (int c = 0; c < nc; c++) {
+      isum[r][c] = _mm512_setzero_si512();
+      if (!sup)
+        t[r][c] = a->first ? _mm512_setzero_ps() : _mm512_load_ps(tbuf + r * TBUF_LD + c * PANEL);
+    }
   for (int64_t gi = 0; gi < a->ngr; gi++) {
     const int64_t g = a->g0 + gi, k0 = g * GGUF_GROUP;
     int32_t xs[MR][2]; /* sum of x over each weight group of the 32 columns */
     float sx[MR];
     for (int r = 0; r < mr; r++) {
-      const int32_t whole = job->gsum[(r0 + r) * job->ldgs + g];
-      xs[r][0] = whole;
-      if (gl == 16) {
-        xs[r][0] = a->halves ? a->halves[(r0 + r - a->row0) * (job->k / GGUF_GROUP) + g]
-                             : gguf_sum16(x + r * ldq + k0);
-        xs[r][1] = whole - xs[r][0];
-      }
-      sx[r] = job->scale[(r0 + r) * job->ldsc + g];
+      for (int h = 0; h < GGUF_GROUP / gl; h++)
+        xs[r][h] = gguf_xsum(job, a->sums, r0 + r - a->row0, r0 + r, 2 * g + h, gl / 16);
+      sx[r] = gguf_sx(job, r0 + r, g);
     }
     for (int h = 0; h < GGUF_GROUP / gl; h++) {
       const int s0 = h * (gl / 4), j = 2 * (int)gi + h;
@@ -320,18 +323,44 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
           for (int c = 0; c < nc; c++) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], w[c], xb);
         }
       }
+      if (sup) {
+        for (int r = 0; r < mr; r++)
+          for (int c = 0; c < nc; c++)
+            isum[r][c] = _mm512_add_epi32(
+                isum[r][c], _mm512_mullo_epi32(acc[r][c], _mm512_load_si512(&a->U[c].s32[j])));
+        continue;
+      }
       for (int r = 0; r < mr; r++) {
         const __m512 vsx = _mm512_set1_ps(sx[r]);
         const __m512 b = _mm512_set1_ps((float)xs[r][h] * sx[r]);
         for (int c = 0; c < nc; c++) {
           const __m512 av = no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][c]), vsx));
-          __m512 v = _mm512_fmadd_ps(_mm512_load_ps(a->U[c].d[j]), av, t[r][c]);
-          if (offs) v = _mm512_fmadd_ps(_mm512_load_ps(a->U[c].o[j]), b, v);
+          __m512 v = _mm512_fmadd_ps(_mm512_load_ps(a->U[c].d[gi]), av, t[r][c]);
+          if (offs) v = _mm512_fmadd_ps(_mm512_load_ps(a->U[c].o[gi]), b, v);
           t[r][c] = v;
         }
       }
     }
   }
+  if (sup) /* the super-block's epilogue: the chunk is one block */
+    for (int r = 0; r < mr; r++) {
+      const int64_t rl = r0 + r - a->row0;
+      __m512i xp[GGUF_CHUNK_GROUPS];
+      if (offs)
+        for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
+          xp[i] = _mm512_set1_epi32(gguf_xpair(job, a->sums, rl, r0 + r, 2 * a->g0 + 2 * i));
+      const float sx = gguf_sx(job, r0 + r, a->g0);
+      for (int c = 0; c < nc; c++) {
+        __m512i msum = _mm512_setzero_si512();
+        if (offs)
+          for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(&a->U[c].mins[i]),
+                                                            xp[i]));
+        const __m512 t0 =
+            a->first ? _mm512_setzero_ps() : _mm512_load_ps(tbuf + r * TBUF_LD + c * PANEL);
+        t[r][c] = super_epilogue(offs, isum[r][c], msum, sx, a->U[c].sd, a->U[c].so, t0);
+      }
+    }
   if (!a->last) {
     for (int r = 0; r < mr; r++)
       for (int c = 0; c < nc; c++) _mm512_store_ps(tbuf + r * TBUF_LD + c * PANEL, t[r][c]);
@@ -352,11 +381,12 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
 }
 
 /* A tile of mr (1 .. MR) rows and nc (1, 2) panels, both made constants. */
-static ALWAYS_INLINE void tile_any(const int gl, const int offs, const tile_args *a, int64_t r0,
-                                   int64_t mr, int nc, float *tbuf) {
+static ALWAYS_INLINE void tile_any(const int gl, const int offs, const int sup,
+                                   const tile_args *a, int64_t r0, int64_t mr, int nc,
+                                   float *tbuf) {
 #define TILE_NC(m)                                                                                 \
-  if (nc == 2) tile(m, 2, gl, offs, a, r0, tbuf);                                                  \
-  else tile(m, 1, gl, offs, a, r0, tbuf);                                                          \
+  if (nc == 2) tile(m, 2, gl, offs, sup, a, r0, tbuf);                                             \
+  else tile(m, 1, gl, offs, sup, a, r0, tbuf);                                                     \
   break;
   switch (mr) {
   case 1: TILE_NC(1)
@@ -370,40 +400,38 @@ static ALWAYS_INLINE void tile_any(const int gl, const int offs, const tile_args
 }
 
 /* Rows [r0, r1) of a chunk in tiles of MR; t rows of tbuf follow the rows. */
-static ALWAYS_INLINE void row_tiles(const int gl, const int offs, const tile_args *a, int64_t r0,
-                                    int64_t r1, int nc, float *tbuf) {
+static ALWAYS_INLINE void row_tiles(const int gl, const int offs, const int sup,
+                                    const tile_args *a, int64_t r0, int64_t r1, int nc,
+                                    float *tbuf) {
   for (int64_t r = r0; r < r1; r += MR) {
     const int64_t mr = r1 - r < MR ? r1 - r : MR;
-    tile_any(gl, offs, a, r, mr, nc, tbuf + (r - r0) * TBUF_LD);
+    tile_any(gl, offs, sup, a, r, mr, nc, tbuf + (r - r0) * TBUF_LD);
   }
 }
 
-/* One function per kind of weight group: 16 or 32 columns, with or without offsets. */
-static __attribute__((noinline)) void rows_g16(const tile_args *a, int64_t r0, int64_t r1, int nc,
-                                               float *tbuf) {
-  row_tiles(16, 0, a, r0, r1, nc, tbuf);
-}
-static __attribute__((noinline)) void rows_g16o(const tile_args *a, int64_t r0, int64_t r1,
-                                                int nc, float *tbuf) {
-  row_tiles(16, 1, a, r0, r1, nc, tbuf);
-}
-static __attribute__((noinline)) void rows_g32(const tile_args *a, int64_t r0, int64_t r1, int nc,
-                                               float *tbuf) {
-  row_tiles(32, 0, a, r0, r1, nc, tbuf);
-}
-static __attribute__((noinline)) void rows_g32o(const tile_args *a, int64_t r0, int64_t r1,
-                                                int nc, float *tbuf) {
-  row_tiles(32, 1, a, r0, r1, nc, tbuf);
-}
+/* One function per kind of chunk: 32-element groups with or without
+ * offsets; super-blocks of 16- or 32-column groups, with or without mins. */
+#define ROWS_FN(name, gl, offs, sup)                                                               \
+  static __attribute__((noinline)) void name(const tile_args *a, int64_t r0, int64_t r1, int nc,  \
+                                             float *tbuf) {                                        \
+    row_tiles(gl, offs, sup, a, r0, r1, nc, tbuf);                                                \
+  }
+ROWS_FN(rows_g32, 32, 0, 0)  /* Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 */
+ROWS_FN(rows_g32o, 32, 1, 0) /* Q4_1, Q5_1 */
+ROWS_FN(rows_s16, 16, 0, 1)  /* Q3_K, Q6_K */
+ROWS_FN(rows_s16o, 16, 1, 1) /* Q2_K */
+ROWS_FN(rows_s32, 32, 0, 1)  /* IQ4_XS */
+ROWS_FN(rows_s32o, 32, 1, 1) /* Q4_K, Q5_K */
+#undef ROWS_FN
 
 /* Rows [r0, r1) of panels p .. p+nc (one part), the whole of K: chunk by
  * chunk, each unpacked once for every row tile. */
 static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const gguf_part *part,
                                       int64_t p, int nc, int64_t r0, int64_t r1, float *tbuf,
-                                      const int16_t *halves, unpacked *U) {
+                                      const int16_t *sums, unpacked *U) {
   const int64_t k = job->k, nch = gguf_chunks(k), lp = p - part->panel0;
   const int64_t ncols = part->rows - lp * PANEL;
-  tile_args a = {.job = job, .halves = halves, .row0 = r0, .bias = gguf_bias(type), .U = U,
+  tile_args a = {.job = job, .sums = sums, .row0 = r0, .bias = gguf_bias(type), .U = U,
                  .col = part->col0 + lp * PANEL, .ncols = ncols < nc * PANEL ? ncols : nc * PANEL};
   const uint8_t *w = part->w + lp * part->pbytes;
   for (int64_t c = 0; c < nch; c++) {
@@ -420,11 +448,11 @@ static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const
     a.first = c == 0;
     a.last = c == nch - 1;
     switch (type) {
-    case ARMLLM_GGML_Q2_K: rows_g16o(&a, r0, r1, nc, tbuf); break;
-    case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: rows_g16(&a, r0, r1, nc, tbuf); break;
-    case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1: case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K:
-      rows_g32o(&a, r0, r1, nc, tbuf);
-      break;
+    case ARMLLM_GGML_Q2_K: rows_s16o(&a, r0, r1, nc, tbuf); break;
+    case ARMLLM_GGML_Q3_K: case ARMLLM_GGML_Q6_K: rows_s16(&a, r0, r1, nc, tbuf); break;
+    case ARMLLM_GGML_Q4_K: case ARMLLM_GGML_Q5_K: rows_s32o(&a, r0, r1, nc, tbuf); break;
+    case ARMLLM_GGML_IQ4_XS: rows_s32(&a, r0, r1, nc, tbuf); break;
+    case ARMLLM_GGML_Q4_1: case ARMLLM_GGML_Q5_1: rows_g32o(&a, r0, r1, nc, tbuf); break;
     default: rows_g32(&a, r0, r1, nc, tbuf);
     }
   }
@@ -432,10 +460,10 @@ static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const
 
 /* panels_rows with the part's type made a constant. */
 static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64_t r1,
-                       float *tbuf, const int16_t *halves, unpacked *U) {
+                       float *tbuf, const int16_t *sums, unpacked *U) {
   const gguf_part *part = gguf_part_of(job, p);
 #define TYPE_CASE(t)                                                                               \
-  case t: panels_rows(t, job, part, p, nc, r0, r1, tbuf, halves, U); break;
+  case t: panels_rows(t, job, part, p, nc, r0, r1, tbuf, sums, U); break;
   switch (part->type) {
   GGUF_TYPES(TYPE_CASE)
   default: break;
@@ -448,9 +476,9 @@ static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64
  * row at once (no trip through L1), t in registers throughout. */
 static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int np,
                                         const gguf_job *job, const gguf_part *part, int64_t p,
-                                        int64_t stride, const int16_t *halves) {
+                                        int64_t stride, const int16_t *sums) {
   const int gl = armllm_gguf_group_len(type), offs = armllm_gguf_has_offsets(type);
-  const int bias = gguf_bias(type);
+  const int bias = gguf_bias(type), sup = armllm_gguf_is_super(type);
   const int64_t k = job->k, ldq = job->ldq;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int8_t *x = job->xq;
@@ -462,21 +490,17 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
   }
   for (int64_t c = 0; c < gguf_chunks(k); c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
-    supers sup[GGUF_DECODE_STREAMS];
-    for (int q = 0; q < np; q++) sup[q] = chunk_supers(type, w[q] + gbytes * ngr);
+    __m512i isum[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
+    for (int q = 0; q < np; q++)
+      for (int r = 0; r < mr; r++) isum[q][r] = _mm512_setzero_si512();
     for (int64_t gi = 0; gi < ngr; gi++) {
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
       int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
       float sx[GGUF_DECODE_MAX_M];
       for (int r = 0; r < mr; r++) {
-        xs[r][0] = job->gsum[r * job->ldgs + g];
-        if (gl == 16) {
-          const int32_t half =
-              halves ? halves[r * (k / GGUF_GROUP) + g] : gguf_sum16(x + r * ldq + k0);
-          xs[r][1] = xs[r][0] - half;
-          xs[r][0] = half;
-        }
-        sx[r] = job->scale[r * job->ldsc + g];
+        for (int h = 0; h < GGUF_GROUP / gl; h++)
+          xs[r][h] = gguf_xsum(job, sums, r, r, 2 * g + h, gl / 16);
+        sx[r] = gguf_sx(job, r, g);
       }
       for (int q = 0; q < np; q++) {
         const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
@@ -487,7 +511,9 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
         for (int h = 0; h < GGUF_GROUP / gl; h++) {
           const int s0 = h * (gl / 4);
           __m512 d, o = _mm512_setzero_ps();
-          group_scales(type, sc, ngr, 2 * gi + h, sup[q], &d, &o);
+          __m512i s32 = _mm512_setzero_si512();
+          if (sup) s32 = sub_scale(type, sc, 2 * (int)gi + h);
+          else group_scales(type, sc, ngr, gi, &d, &o);
           for (int r = 0; r < mr; r++) {
             const int8_t *xr = x + r * ldq + k0;
             /* two chains of vpdpbusd (even and odd steps): half the latency */
@@ -497,6 +523,10 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
               acc1 = _mm512_dpbusd_epi32(acc1, u[s + 1], bcast4(xr + 4 * s + 4));
             }
             acc = _mm512_add_epi32(acc, acc1);
+            if (sup) {
+              isum[q][r] = _mm512_add_epi32(isum[q][r], _mm512_mullo_epi32(acc, s32));
+              continue;
+            }
             const __m512 av =
                 no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sx[r])));
             t[q][r] = _mm512_fmadd_ps(d, av, t[q][r]);
@@ -506,6 +536,22 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
         }
       }
     }
+    if (sup) /* the super-block's epilogue: the chunk is one block */
+      for (int q = 0; q < np; q++) {
+        const uint8_t *sc = w[q] + gbytes * ngr;
+        const __m512 sd = f16x16(sc), so = offs ? f16x16(sc + 2 * PANEL) : _mm512_setzero_ps();
+        for (int r = 0; r < mr; r++) {
+          __m512i msum = _mm512_setzero_si512();
+          if (offs)
+            for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
+              msum = _mm512_add_epi32(
+                  msum, _mm512_madd_epi16(min_pair(type, sc, i),
+                                          _mm512_set1_epi32(gguf_xpair(job, sums, r, r,
+                                                                       16 * c + 2 * i))));
+          t[q][r] = super_epilogue(offs, isum[q][r], msum, job->scale[r * job->ldsc + c], sd, so,
+                                   t[q][r]);
+        }
+      }
     for (int q = 0; q < np; q++) w[q] += cbytes;
   }
   for (int q = 0; q < np; q++) { /* y = t (+ bias), masked to N */
@@ -532,16 +578,16 @@ static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
   const gguf_job *job = ctx;
   unpacked U[MAX_NC];
   float tbuf[MB_MAX * TBUF_LD] __attribute__((aligned(64)));
-  int16_t halves[GGUF_HALVES_CAP];
+  int16_t sums[GGUF_SUMS_CAP];
   for (int64_t i = i0; i < i1; i++) {
     const int64_t rb = i / job->n_pc, pc = i % job->n_pc;
     const int64_t r0 = rb * job->mb, r1 = r0 + job->mb < job->m ? r0 + job->mb : job->m;
     const int64_t p0 = pc * job->cp, p1 = p0 + job->cp < job->panels ? p0 + job->cp : job->panels;
-    if (job->halves) gguf_half_sums(job, r0, r1, halves);
+    if (job->sums) gguf_sums16(job, r0, r1, sums);
     for (int64_t p = p0; p < p1;) {
       const gguf_part *part = gguf_part_of(job, p);
       const int nc = p + 1 < p1 && p + 1 < part->panel0 + part->panels ? 2 : 1;
-      run_panels(job, p, nc, r0, r1, tbuf, job->halves ? halves : NULL, U);
+      run_panels(job, p, nc, r0, r1, tbuf, job->sums ? sums : NULL, U);
       p += nc;
     }
   }
