@@ -21,8 +21,15 @@ from hypothesis import strategies as st
 from armllm import ops
 from armllm._kernels import _ext
 from tests.conftest import examples, rand
-from tests.gguf_blocks import (BLOCKS, OFFSET_TYPES, SUPER_TYPES, TYPE_IDS, decode_rows,
-                               decode_super_rows, random_blocks)
+from tests.gguf_blocks import (
+    BLOCKS,
+    OFFSET_TYPES,
+    SUPER_TYPES,
+    TYPE_IDS,
+    decode_rows,
+    decode_super_rows,
+    random_blocks,
+)
 from tests.kernels.test_quant import fma32
 
 gguf = pytest.importorskip("gguf")
