@@ -31,7 +31,7 @@
 #define GGUF_CHUNK_COLS (GGUF_GROUP * GGUF_CHUNK_GROUPS)
 #define GGUF_STEPS 8           /* 4-column steps of a group: one vector of bytes each */
 #define GGUF_DECODE_MAX_M 4    /* rows up to this take the decode plan */
-#define GGUF_SUMS_CAP 65536    /* 16-column sums of x a task holds (int16: 128 KiB of stack) */
+#define GGUF_SUMS_CAP 32768    /* 16-column sums of x a task holds (int16: 64 KiB of stack) */
 
 /* X(type) for each ggml type the kernels specialize code on. */
 #define GGUF_TYPES(X)                                                                              \
