@@ -115,25 +115,27 @@ def test_idle_workers_sleep():
 def test_a_job_does_not_wait_for_a_worker_that_cannot_run():
     # Both threads on one CPU: while the caller runs, the worker cannot, so the caller
     # runs every chunk itself and must return then, not spin (SPIN_NS, 0.2 ms) and
-    # sleep until the worker gets a turn to check in (> 0.2 ms a job, 0.1 s in all).
-    # The baseline is the same 500 jobs on a pool without workers, timed in the same
-    # process (under qemu both are slow; only waiting makes the difference).
+    # sleep until the worker gets a turn to check in (> 0.2 ms every job).
+    # The baseline is the same jobs on a pool without workers, timed in the same
+    # process. Medians per job, not totals: under qemu on a busy runner a few jobs
+    # are preempted for milliseconds (totals have differed by 0.08 s without any
+    # waiting), but waiting would slow every job.
     code = ("import os, time; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
             "from armllm import ops\n"
             "def run(pool):\n"
-            "    pool.count_items(36, 5); t0 = time.perf_counter()\n"
-            "    ok = all(pool.count_items(36, 5).max() == 1 for _ in range(500))\n"
-            "    return ok, time.perf_counter() - t0\n"
+            "    pool.count_items(36, 5); ok = True; times = []\n"
+            "    for _ in range(500):\n"
+            "        t0 = time.perf_counter(); ok &= bool(pool.count_items(36, 5).max() == 1)\n"
+            "        times.append(time.perf_counter() - t0)\n"
+            "    return ok, sorted(times)[len(times) // 2]\n"
             "ok1, alone = min(run(ops.ThreadPool(1)) for _ in range(3))\n"
             "ok2, paired = min(run(ops.ThreadPool(2)) for _ in range(3))\n"
             "print(ok1 and ok2, alone, paired)")
     r = _run(code)
     ok, alone, paired = r.stdout.split()
     assert ok == "True", r.stderr
-    # waiting out the spin costs at least 500 x 0.2 ms = 0.1 s more than the pool alone;
-    # under qemu on a busy 2-CPU runner a second thread sharing the CPU has cost up to
-    # 0.055 s without any waiting, so the bound sits between the two
-    assert float(paired) - float(alone) < 0.08, f"500 jobs: {paired} s, alone {alone} s"
+    # waiting out the spin costs a job at least SPIN_NS (0.2 ms); half of it is the bound
+    assert float(paired) - float(alone) < 1e-4, f"median job: {paired} s, alone {alone} s"
 
 
 def test_bad_thread_counts():

@@ -62,7 +62,7 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 2048      /* prefill: software prefetch distance in the panel stream */
 #define DECODE_PF_BYTES 4096 /* decode: the same in each stream (1B chain, Xeon: 2 KiB 7-15% slower) */
-#define GGUF_DECODE_STREAMS 4 /* 1B Q4_K_M chain, Xeon, M 1: 2 streams +14%, 4 +18% over 1 */
+#define GGUF_DECODE_STREAMS 2 /* Xeon 1B Q4_K_M chain, M 1: 2 streams +14% over 1 (4: +18%); Zen 5: 4 streams 30-40% slower than 2, 2 as 1 */
 #define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD (MAX_NC * PANEL)
 
