@@ -243,7 +243,7 @@ def test_gemm_gguf_model_shapes_any_thread_count(variant, pools, mix):
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 259])
 @pytest.mark.parametrize("mix,k", [(("Q6_K", "Q4_K", "Q2_K"), 768),
                                    (("Q4_1", "IQ4_NL", "Q8_0", "Q5_0"), 288),
-                                   (("Q3_K", "Q5_K"), 4352)])
+                                   (("Q3_K", "Q5_K"), 4352), (("Q4_0", "Q4_K"), 512)])
 def test_gemm_gguf_tile_and_plan_edges(variant, pools, m, mix, k):
     """Decode at M = 1 and 3, the decode/prefill boundary (M = 4, 5), more rows
     than a prefill row block (259), parts whose row counts end panels and panel

@@ -479,6 +479,10 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
                                         int64_t stride, const int16_t *sums) {
   const int gl = armllm_gguf_group_len(type), offs = armllm_gguf_has_offsets(type);
   const int bias = gguf_bias(type), sup = armllm_gguf_is_super(type);
+  /* plain nibbles (the even steps low, the odd high, summed apart): the high
+   * ones are used as stored, one shift a group instead of one a vector */
+  const int high16 =
+      type == ARMLLM_GGML_Q4_0 || type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q4_K;
   const int64_t k = job->k, ldq = job->ldq;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int8_t *x = job->xq;
@@ -507,7 +511,14 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
         for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
           _mm_prefetch((const char *)wg + DECODE_PF_BYTES + off, _MM_HINT_T0);
         __m512i u[GGUF_STEPS];
-        unpack_group(type, wg, u);
+        if (high16) /* odd steps keep their high nibbles in place: 16 u */
+          for (int i = 0; i < 4; i++) {
+            const __m512i v = _mm512_loadu_si512(wg + GGUF_VEC * i);
+            u[2 * i] = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+            u[2 * i + 1] = _mm512_and_si512(v, _mm512_set1_epi8((char)0xf0));
+          }
+        else
+          unpack_group(type, wg, u);
         for (int h = 0; h < GGUF_GROUP / gl; h++) {
           const int s0 = h * (gl / 4);
           __m512 d, o = _mm512_setzero_ps();
@@ -522,7 +533,8 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
               acc = _mm512_dpbusd_epi32(acc, u[s], bcast4(xr + 4 * s));
               acc1 = _mm512_dpbusd_epi32(acc1, u[s + 1], bcast4(xr + 4 * s + 4));
             }
-            acc = _mm512_add_epi32(acc, acc1);
+            /* 16 times the odd steps' sum, a multiple of 16: the shift is exact */
+            acc = _mm512_add_epi32(acc, high16 ? _mm512_srai_epi32(acc1, 4) : acc1);
             if (sup) {
               isum[q][r] = _mm512_add_epi32(isum[q][r], _mm512_mullo_epi32(acc, s32));
               continue;
