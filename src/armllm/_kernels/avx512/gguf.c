@@ -33,7 +33,9 @@
  * Q6_K 212/210, IQ4_XS 140/136 bytes per 256 columns).
  *
  * Each group's sum x.v is vpdpbusd(u, x) started from -bias * sum(x) (the
- * group's gsum, or x's 16-column sums: gguf_sums16), exact in int32. A
+ * group's gsum, or x's 16-column sums: gguf_sums16), exact in int32; the
+ * prefill tiles of Q3_K and Q6_K start from 0 and take their bias term off
+ * once a super-block instead (lin_terms). A
  * 32-element block's float epilogue follows (its f16 d, m); a super-block
  * type's group sums are multiplied by their integer sub-scales (vpmulld)
  * into the block's isum, its mins' msum is 8 madds of min pairs by x's sum
@@ -62,7 +64,10 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 2048      /* prefill: software prefetch distance in the panel stream */
 #define DECODE_PF_BYTES 4096 /* decode: the same in each stream (1B chain, Xeon: 2 KiB 7-15% slower) */
-#define GGUF_DECODE_STREAMS 2 /* Xeon 1B Q4_K_M chain, M 1: 2 streams +14% over 1 (4: +18%); Zen 5: 4 streams 30-40% slower than 2, 2 as 1 */
+/* panels a decode thread reads at once: on the 1B Q4_K_M chain at M 1, a Xeon
+ * read 14% faster with 2 than with 1 (4: 18%); Zen 5 30-40% slower with 4
+ * than with 2, and 2 as fast as 1 */
+#define GGUF_DECODE_STREAMS 2
 #define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD (MAX_NC * PANEL)
 
@@ -82,10 +87,12 @@ typedef struct {
   __m512i u[GGUF_CHUNK_GROUPS * GGUF_STEPS];
   float d[GGUF_CHUNK_GROUPS][PANEL];
   float o[GGUF_CHUNK_GROUPS][PANEL];
-  /* super-block types: each 16 columns' integer sub-scale, the mins' pairs
-   * (min_pair), the block's D and O */
+  /* super-block types: each 16 columns' integer sub-scale, the int16 pairs
+   * a madd by x's sum pairs turns into the block's linear term (the mins'
+   * min_pair; Q3_K's and Q6_K's sub-scales, for their bias: lin_terms), the
+   * block's D and O */
   __m512i s32[2 * GGUF_CHUNK_GROUPS];
-  __m512i mins[GGUF_CHUNK_GROUPS];
+  __m512i pairs[GGUF_CHUNK_GROUPS];
   __m512 sd, so;
 } unpacked;
 
@@ -159,11 +166,23 @@ static ALWAYS_INLINE __m512i sub_min(const int type, const uint8_t *sc, int j) {
   return u8x16(sc + (12 + j / 2) * PANEL);
 }
 
+/* The int16 pair [a, b] of each lane's low halves. */
+static ALWAYS_INLINE __m512i pair16(__m512i a, __m512i b) {
+  return _mm512_or_si512(_mm512_and_si512(a, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(b, 16));
+}
+
 /* The int16 pair [m_2i, m_2i+1] of each row: madd by x's sum pair of the
  * same two 16-column groups (gguf_xpair) gives both terms of msum. */
 static ALWAYS_INLINE __m512i min_pair(const int type, const uint8_t *sc, int i) {
-  return _mm512_or_si512(_mm512_and_si512(sub_min(type, sc, 2 * i), _mm512_set1_epi32(0xffff)),
-                         _mm512_slli_epi32(sub_min(type, sc, 2 * i + 1), 16));
+  return pair16(sub_min(type, sc, 2 * i), sub_min(type, sc, 2 * i + 1));
+}
+
+/* Q3_K and Q6_K (16-column groups, u = v + bias): the prefill tiles sum
+ * u.x from 0 and take bias * sum_j s_j xs_j off the block's isum once, from
+ * the sub-scales' pairs (unpack_chunk) by x's sum pairs, instead of starting
+ * each group's sum at -bias * xs_j: the same integer. */
+static ALWAYS_INLINE int lin_terms(const int type) {
+  return type == ARMLLM_GGML_Q3_K || type == ARMLLM_GGML_Q6_K;
 }
 
 /* t + a super-block's epilogue: isum and, with offsets, msum times the
@@ -246,7 +265,10 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
   if (armllm_gguf_is_super(type)) {
     for (int j = 0; j < 2 * GGUF_CHUNK_GROUPS; j++) U->s32[j] = sub_scale(type, sc, j);
     if (armllm_gguf_has_offsets(type))
-      for (int i = 0; i < GGUF_CHUNK_GROUPS; i++) U->mins[i] = min_pair(type, sc, i);
+      for (int i = 0; i < GGUF_CHUNK_GROUPS; i++) U->pairs[i] = min_pair(type, sc, i);
+    if (lin_terms(type))
+      for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
+        U->pairs[i] = pair16(U->s32[2 * i], U->s32[2 * i + 1]);
     U->sd = f16x16(sc);
     U->so = armllm_gguf_has_offsets(type) ? f16x16(sc + 2 * PANEL) : _mm512_setzero_ps();
     return;
@@ -283,7 +305,8 @@ static ALWAYS_INLINE __m512i bcast4(const int8_t *p) {
 /* Rows r0 .. r0+mr of nc panels over one chunk: per weight group (gl 16 or
  * 32 columns) the int32 sums from -bias * sum(x), then the group's epilogue
  * (offs: with offsets), or for a super-block type (sup) the sums times their
- * sub-scales into isum and one epilogue for the chunk. t comes from +0 or
+ * sub-scales into isum and one epilogue for the chunk (Q3_K, Q6_K: the sums
+ * from 0 and their bias term once, lin_terms). t comes from +0 or
  * tbuf (rows TBUF_LD apart) and goes to tbuf or, on K's last chunk, to y
  * (+ bias, masked to N). */
 static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const int offs,
@@ -291,6 +314,7 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
   const gguf_job *job = a->job;
   const int64_t ldq = job->ldq;
   const int8_t *x = job->xq + r0 * ldq;
+  const int lin = sup && gl == 16 && !offs; /* Q3_K, Q6_K: lin_terms */
   __m512 t[MR][MAX_NC];
   __m512i acc[MR][MAX_NC], isum[MR][MAX_NC];
   for (int r = 0; r < mr; r++)
@@ -305,7 +329,7 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
     float sx[MR];
     for (int r = 0; r < mr; r++) {
       for (int h = 0; h < GGUF_GROUP / gl; h++)
-        xs[r][h] = gguf_xsum(job, a->sums, r0 + r - a->row0, r0 + r, 2 * g + h, gl / 16);
+        xs[r][h] = lin ? 0 : gguf_xsum(job, a->sums, r0 + r - a->row0, r0 + r, 2 * g + h, gl / 16);
       sx[r] = gguf_sx(job, r0 + r, g);
     }
     for (int h = 0; h < GGUF_GROUP / gl; h++) {
@@ -346,19 +370,22 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
     for (int r = 0; r < mr; r++) {
       const int64_t rl = r0 + r - a->row0;
       __m512i xp[GGUF_CHUNK_GROUPS];
-      if (offs)
+      if (offs || lin)
         for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
           xp[i] = _mm512_set1_epi32(gguf_xpair(job, a->sums, rl, r0 + r, 2 * a->g0 + 2 * i));
       const float sx = gguf_sx(job, r0 + r, a->g0);
       for (int c = 0; c < nc; c++) {
-        __m512i msum = _mm512_setzero_si512();
-        if (offs)
+        __m512i lsum = _mm512_setzero_si512(); /* the mins' msum, or sum_j s_j xs_j */
+        if (offs || lin)
           for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
-            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(&a->U[c].mins[i]),
+            lsum = _mm512_add_epi32(lsum, _mm512_madd_epi16(_mm512_load_si512(&a->U[c].pairs[i]),
                                                             xp[i]));
+        if (lin)
+          isum[r][c] = _mm512_sub_epi32(isum[r][c],
+                                        _mm512_mullo_epi32(lsum, _mm512_set1_epi32(a->bias)));
         const __m512 t0 =
             a->first ? _mm512_setzero_ps() : _mm512_load_ps(tbuf + r * TBUF_LD + c * PANEL);
-        t[r][c] = super_epilogue(offs, isum[r][c], msum, sx, a->U[c].sd, a->U[c].so, t0);
+        t[r][c] = super_epilogue(offs, isum[r][c], lsum, sx, a->U[c].sd, a->U[c].so, t0);
       }
     }
   if (!a->last) {
