@@ -315,6 +315,8 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
   const int64_t ldq = job->ldq;
   const int8_t *x = job->xq + r0 * ldq;
   const int lin = sup && gl == 16 && !offs; /* Q3_K, Q6_K: lin_terms */
+  /* the group sums start at -bias * xs: not with offsets (bias 0: gguf_bias) nor lin */
+  const int biased = !offs && !lin;
   __m512 t[MR][MAX_NC];
   __m512i acc[MR][MAX_NC], isum[MR][MAX_NC];
   for (int r = 0; r < mr; r++)
@@ -329,13 +331,16 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
     float sx[MR];
     for (int r = 0; r < mr; r++) {
       for (int h = 0; h < GGUF_GROUP / gl; h++)
-        xs[r][h] = lin ? 0 : gguf_xsum(job, a->sums, r0 + r - a->row0, r0 + r, 2 * g + h, gl / 16);
+        xs[r][h] = biased || (offs && !sup)
+                       ? gguf_xsum(job, a->sums, r0 + r - a->row0, r0 + r, 2 * g + h, gl / 16)
+                       : 0;
       sx[r] = gguf_sx(job, r0 + r, g);
     }
     for (int h = 0; h < GGUF_GROUP / gl; h++) {
       const int s0 = h * (gl / 4), j = 2 * (int)gi + h;
       for (int r = 0; r < mr; r++) {
-        const __m512i start = _mm512_set1_epi32(-a->bias * xs[r][h]);
+        const __m512i start =
+            biased ? _mm512_set1_epi32(-a->bias * xs[r][h]) : _mm512_setzero_si512();
         for (int c = 0; c < nc; c++) acc[r][c] = start;
       }
 #pragma GCC unroll 8
