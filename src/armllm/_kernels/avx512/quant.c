@@ -56,8 +56,9 @@
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define PANEL 16       /* output rows per panel: one int32 / f32 lane each */
 #define MAX_NC 2       /* panels per prefill tile */
-#define DECODE_STREAMS 4 /* panels a decode tile reads at once (M <= 2), far apart: 1B chain, Xeon,
-                           M 1: w8 +12%, w4 +17% over one panel at a time */
+#define DECODE_STREAMS 2 /* panels a decode tile reads at once (M <= 2), far apart: 1B chain, Xeon,
+                           M 1: w8 +12%, w4 +17% over one panel at a time with 4; Zen 5: a 1B
+                           Q8_0 token 8-9% faster with 2 than with 4 */
 #define DECODE_MAX_M 4 /* rows up to this take the streaming (decode) path */
 #ifndef WQ_MR
 /* prefill tile rows: 2 * 6 * 2 accumulators and t, 24 of the 32 zmm (4 rows x
