@@ -7,12 +7,14 @@ included), one file after the other, same machine, 2 threads: issue 14's table.
 Per file, one JSON line:
   bound        bytes read per decode step at batch 1 (`armllm plan F --json`) over
                the read bandwidth (armllm bench kernels' probe)
-  TPOT         armllm, in this process: --pairs times a bandwidth probe, then
-               one batch-1 request of 128 prompt + 128 output tokens right after
-               it; tpot_over_bound is the median of each pair's TPOT / bound (the
-               box is shared: a neighbour's load moves both halves of a pair, not
-               a ratio of figures taken minutes apart); tpot_ms and read_gbs are
-               the pairs' medians. llama-bench's tg128 (-n 128 -r 3).
+  TPOT         armllm, in a child process: --pairs batch-1 requests of 128 prompt
+               + 128 output tokens, each between two bandwidth probes (one before,
+               one after: the next request's before), its bound from their mean;
+               tpot_over_bound is the median of each pair's TPOT / bound (the box
+               is shared: a neighbour's load moves both halves of a pair, not a
+               ratio of figures taken minutes apart), tpot_over_bound_range the
+               pairs' lowest and highest; tpot_ms and read_gbs are the pairs'
+               medians. llama-bench's tg128 (-n 128 -r 3).
   pp512        armllm `bench latency F --input-len 512 --output-len 2`, 512 / TTFT
                (median of 3), and llama-bench's pp512 (-p 512 -r 3)
 llama.cpp is tools/build_llama_cpp.sh's build. Compare the ratios of one run,
@@ -56,15 +58,20 @@ def decode_bytes(path: Path) -> int:
 
 
 def tpot_pairs(path: Path, pairs: int) -> list[tuple[float, float]]:
-    """(read GB/s, TPOT s) pairs: a probe, then a batch-1 request right after it."""
+    """(read GB/s, TPOT s) pairs: a batch-1 request, and the mean of the probes right
+    before and right after it (a request takes seconds; a neighbour's load comes and
+    goes within them)."""
     llm = LLM(path, threads=int(THREADS), max_model_len=256, max_num_seqs=1)
     prompts = random_prompts(np.random.default_rng(0), llm.vocab_size, pairs + 1, 128)
     params = greedy(128)
     llm.generate([prompts[0]], params)   # warm-up
     out = []
+    before = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
     for prompt in prompts[1:]:
-        bw = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
-        out.append((bw, llm.generate([prompt], params)[0].outputs[0].metrics.tpot_s))
+        tpot = llm.generate([prompt], params)[0].outputs[0].metrics.tpot_s
+        after = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
+        out.append(((before + after) / 2, tpot))
+        before = after
     return out
 
 
@@ -89,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--llama-bin", type=Path,
                     default=cache_dir() / "llama.cpp-0.3.36" / "build" / "bin")
-    ap.add_argument("--pairs", type=int, default=5, help="probe + request pairs (default 5)")
+    ap.add_argument("--pairs", type=int, default=7,
+                    help="requests, each between two probes (default 7)")
     ap.add_argument("--tpot-pairs-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.tpot_pairs_only:   # the child of tpot_pairs_apart
@@ -103,13 +111,15 @@ def main(argv: list[str] | None = None) -> int:
                              "3", "--warmup", "1")
         bw = statistics.median(b for b, _ in pairs)
         tpot = statistics.median(t for _, t in pairs) * 1e3
-        over = statistics.median(t * b * 1e9 / nbytes for b, t in pairs)
+        ratios = [t * b * 1e9 / nbytes for b, t in pairs]
+        over = statistics.median(ratios)
         pp = 512 / statistics.median(r["ttft_s"] for r in pre["runs"])
         bound, peer_tpot = nbytes / (bw * 1e9) * 1e3, 1e3 / peer["tg128"]
         print(json.dumps({
             "file": path.name, "weights": pre["weights"], "bytes_per_token_mb": nbytes / 1e6,
             "read_gbs": round(bw, 1), "bound_ms": round(bound, 2),
             "tpot_ms": round(tpot, 2), "tpot_over_bound": round(over, 2),
+            "tpot_over_bound_range": [round(min(ratios), 2), round(max(ratios), 2)],
             "llama_tpot_ms": round(peer_tpot, 2), "tpot_vs_llama": round(tpot / peer_tpot, 2),
             "pp512": round(pp, 1), "llama_pp512": round(peer["pp512"], 1),
             "pp512_vs_llama": round(pp / peer["pp512"], 2)}), flush=True)

@@ -457,6 +457,16 @@ static inline __attribute__((always_inline)) int32_t gguf_xpair(const gguf_job *
   return (int32_t)((uint32_t)(uint16_t)gguf_sum16(x) | (uint32_t)(uint16_t)gguf_sum16(x + 16) << 16);
 }
 
+/* The sums of columns [16 j, 16 j + 32) and [16 j + 32, 16 j + 64) of row r
+ * as the int16 pair of an int32 (low, high; |sum| <= 32 * 127 fits): a
+ * madd / dpwssd operand. */
+static inline __attribute__((always_inline)) int32_t gguf_xpair32(const gguf_job *job,
+                                                                  const int16_t *sums, int64_t rl,
+                                                                  int64_t r, int64_t j) {
+  const int32_t lo = gguf_xsum(job, sums, rl, r, j, 2), hi = gguf_xsum(job, sums, rl, r, j + 2, 2);
+  return (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+}
+
 /* The activation scale of 32-column group g of row r. */
 static inline __attribute__((always_inline)) float gguf_sx(const gguf_job *job, int64_t r,
                                                            int64_t g) {

@@ -158,20 +158,27 @@ static ALWAYS_INLINE __m256i sub_scale(const int type, const uint8_t *sc, int j)
   }
 }
 
-/* The int16 pair [c_2i, c_2i+1] of each row, c the coefficient of 16-column
- * group j's x sum in the linear term: the min m (offsets' types), else s
- * (the biased types: isum - bias * L). madd by x's sum pair of the same two
- * groups (gguf_xpair) gives both terms. */
+/* A super-block's linear-term pairs (lin_pair): Q4_K and Q5_K have one min
+ * per 32 columns, so 4 pairs of 32-column groups; the other types 8 pairs of
+ * 16-column groups. */
+static ALWAYS_INLINE int lin_pairs(const int type) {
+  return type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K ? GGUF_CHUNK_GROUPS / 2
+                                                               : GGUF_CHUNK_GROUPS;
+}
+
+/* The int16 pair [c_2i, c_2i+1] of each row, c the coefficient of group j's
+ * x sum in the linear term (lin_pairs' groups): the min m (offsets' types),
+ * else s (the biased types: isum - bias * L). madd by x's sum pair of the same
+ * two groups (xpair) gives both terms. */
 static ALWAYS_INLINE __m256i lin_pair(const int type, const uint8_t *sc, int i) {
-  if (type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K) /* one min per 32 columns */
-    return dup16(u8x8(sc + (12 + i) * PANEL));
-  /* one byte per 16 columns and row: groups 2i, 2i + 1 are 16 bytes at `at`,
+  /* one byte per group and row: groups 2i, 2i + 1 are 16 bytes at `at`,
    * interleaved into the pairs */
-  const uint8_t *at = sc + (type == ARMLLM_GGML_Q2_K ? 4 + 2 * i : 2 + 2 * i) * PANEL;
-  const __m128i v = _mm_loadu_si128((const __m128i *)at);
+  const int run0 = type == ARMLLM_GGML_Q2_K ? 4 : lin_pairs(type) < GGUF_CHUNK_GROUPS ? 12 : 2;
+  const __m128i v = _mm_loadu_si128((const __m128i *)(sc + (run0 + 2 * i) * PANEL));
   const __m128i pairs = _mm_unpacklo_epi8(v, _mm_srli_si128(v, 8));
   if (type == ARMLLM_GGML_Q2_K) /* the min is the byte's high nibble */
     return _mm256_srli_epi16(_mm256_cvtepu8_epi16(pairs), 4);
+  if (lin_pairs(type) < GGUF_CHUNK_GROUPS) return _mm256_cvtepu8_epi16(pairs); /* the mins */
   return _mm256_cvtepi8_epi16(pairs); /* Q3_K's sc - 32, Q6_K's sc */
 }
 
@@ -257,7 +264,7 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
   if (armllm_gguf_is_super(type)) {
     for (int j = 0; j < 2 * GGUF_CHUNK_GROUPS; j++) U->s16[j] = dup16(sub_scale(type, sc, j));
     if (super_lin(type))
-      for (int i = 0; i < GGUF_CHUNK_GROUPS; i++) U->lin[i] = lin_pair(type, sc, i);
+      for (int i = 0; i < lin_pairs(type); i++) U->lin[i] = lin_pair(type, sc, i);
     U->sd = f16x8(sc);
     U->so = armllm_gguf_has_offsets(type) ? f16x8(sc + 2 * PANEL) : _mm256_setzero_ps();
     return;
@@ -412,10 +419,12 @@ static ALWAYS_INLINE __m256 super_epilogue(const int offs, const int bias, __m25
   return t;
 }
 
-/* x's 16-column sum pair i of the super-block at k0, broadcast (gguf_xpair). */
-static ALWAYS_INLINE __m256i xpair(const gguf_job *job, const int16_t *sums, int64_t rl,
-                                   int64_t r, int64_t k0, int i) {
-  return _mm256_set1_epi32(gguf_xpair(job, sums, rl, r, k0 / 16 + 2 * i));
+/* x's sum pair i of the super-block at k0 (lin_pair's groups: 32 columns
+ * when wide, else 16), broadcast. */
+static ALWAYS_INLINE __m256i xpair(const int wide, const gguf_job *job, const int16_t *sums,
+                                   int64_t rl, int64_t r, int64_t k0, int i) {
+  return _mm256_set1_epi32(wide ? gguf_xpair32(job, sums, rl, r, k0 / 16 + 4 * i)
+                                : gguf_xpair(job, sums, rl, r, k0 / 16 + 2 * i));
 }
 
 /* Rows r0 .. r0+mr of the panel over one super-block (gl: its group
@@ -428,6 +437,7 @@ static ALWAYS_INLINE void tile_super(const int mr, const int gl, const int offs,
   const int64_t ldq = job->ldq, k0 = a->g0 * GGUF_GROUP;
   const int8_t *x = job->xq + r0 * ldq + k0;
   const unpacked *U = a->U;
+  const int wide = offs && gl == 32; /* Q4_K, Q5_K: lin_pairs */
   __m256i isum[MR];
   for (int r = 0; r < mr; r++) isum[r] = _mm256_setzero_si256();
   for (int gi = 0; gi < GGUF_CHUNK_GROUPS; gi++) {
@@ -453,10 +463,10 @@ static ALWAYS_INLINE void tile_super(const int mr, const int gl, const int offs,
   for (int r = 0; r < mr; r++) {
     const int64_t rl = r0 + r - a->row0;
     __m256i l = _mm256_setzero_si256();
-    if (lin)
-      for (int i = 0; i < GGUF_CHUNK_GROUPS; i++)
+    if (lin) /* Q4_K and Q5_K (32-column mins): half as many pairs (lin_pairs) */
+      for (int i = 0; i < (wide ? GGUF_CHUNK_GROUPS / 2 : GGUF_CHUNK_GROUPS); i++)
         l = _mm256_add_epi32(l, _mm256_madd_epi16(_mm256_load_si256(&U->lin[i]),
-                                                  xpair(job, a->sums, rl, r0 + r, k0, i)));
+                                                  xpair(wide, job, a->sums, rl, r0 + r, k0, i)));
     const __m256 t0 = a->first ? _mm256_setzero_ps() : _mm256_load_ps(tbuf + r * TBUF_LD);
     t[r] = super_epilogue(offs, bias, isum[r], l, gguf_sx(job, r0 + r, a->g0), U->sd, U->so, t0);
   }
@@ -637,10 +647,11 @@ static ALWAYS_INLINE void decode_super(const int type, const int mr, const int n
       __m256i l[GGUF_DECODE_MAX_M];
       for (int r = 0; r < mr; r++) l[r] = _mm256_setzero_si256();
       if (lin)
-        for (int i = 0; i < GGUF_CHUNK_GROUPS; i++) {
+        for (int i = 0; i < lin_pairs(type); i++) {
           const __m256i c = lin_pair(type, sc, i);
+          const int wide = lin_pairs(type) < GGUF_CHUNK_GROUPS;
           for (int r = 0; r < mr; r++)
-            l[r] = _mm256_add_epi32(l[r], _mm256_madd_epi16(c, xpair(job, sums, r, r, k0, i)));
+            l[r] = _mm256_add_epi32(l[r], _mm256_madd_epi16(c, xpair(wide, job, sums, r, r, k0, i)));
         }
       for (int r = 0; r < mr; r++)
         t[q][r] = super_epilogue(offs, bias, isum[q][r], l[r],
