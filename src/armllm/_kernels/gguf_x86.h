@@ -467,6 +467,25 @@ static inline __attribute__((always_inline)) int32_t gguf_xpair32(const gguf_job
   return (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
 }
 
+/* The int16 pairs of a super-block's linear term (its mins, or Q3_K's and
+ * Q6_K's sub-scales for their bias): Q4_K and Q5_K (gl 32, offsets) have one
+ * min per 32 columns, so 4 pairs of 32-column groups; the others 8 pairs of
+ * 16-column groups. */
+static inline int gguf_lin_pairs(int gl, int offs) {
+  return offs && gl == 32 ? GGUF_CHUNK_GROUPS / 2 : GGUF_CHUNK_GROUPS;
+}
+
+/* x's sum pair i of the super-block starting at 16-column group j0 of row r
+ * (row rl of sums), grouped as gguf_lin_pairs pairs the weights. */
+static inline __attribute__((always_inline)) int32_t gguf_lin_xpair(int gl, int offs,
+                                                                    const gguf_job *job,
+                                                                    const int16_t *sums,
+                                                                    int64_t rl, int64_t r,
+                                                                    int64_t j0, int i) {
+  return gguf_lin_pairs(gl, offs) < GGUF_CHUNK_GROUPS ? gguf_xpair32(job, sums, rl, r, j0 + 4 * i)
+                                                      : gguf_xpair(job, sums, rl, r, j0 + 2 * i);
+}
+
 /* The activation scale of 32-column group g of row r. */
 static inline __attribute__((always_inline)) float gguf_sx(const gguf_job *job, int64_t r,
                                                            int64_t g) {

@@ -158,20 +158,17 @@ static ALWAYS_INLINE __m256i sub_scale(const int type, const uint8_t *sc, int j)
   }
 }
 
-/* A super-block's linear-term pairs (lin_pair): Q4_K and Q5_K have one min
- * per 32 columns, so 4 pairs of 32-column groups; the other types 8 pairs of
- * 16-column groups. */
+/* The pairs of a super-block's linear term of this type (gguf_lin_pairs). */
 static ALWAYS_INLINE int lin_pairs(const int type) {
-  return type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K ? GGUF_CHUNK_GROUPS / 2
-                                                               : GGUF_CHUNK_GROUPS;
+  return gguf_lin_pairs(armllm_gguf_group_len(type), armllm_gguf_has_offsets(type));
 }
 
 /* The int16 pair [c_2i, c_2i+1] of each row, c the coefficient of group j's
- * x sum in the linear term (lin_pairs' groups): the min m (offsets' types),
- * else s (the biased types: isum - bias * L). madd by x's sum pair of the same
- * two groups (xpair) gives both terms. */
+ * x sum in the linear term (gguf_lin_pairs' groups): the min m (offsets'
+ * types), else s (the biased types: isum - bias * L). madd by x's sum pair of
+ * the same two groups (xpair) gives both terms. */
 static ALWAYS_INLINE __m256i lin_pair(const int type, const uint8_t *sc, int i) {
-  /* one byte per group and row: groups 2i, 2i + 1 are 16 bytes at `at`,
+  /* one byte per group and row: groups 2i, 2i + 1 are 16 bytes at run0 + 2i,
    * interleaved into the pairs */
   const int run0 = type == ARMLLM_GGML_Q2_K ? 4 : lin_pairs(type) < GGUF_CHUNK_GROUPS ? 12 : 2;
   const __m128i v = _mm_loadu_si128((const __m128i *)(sc + (run0 + 2 * i) * PANEL));
@@ -419,12 +416,10 @@ static ALWAYS_INLINE __m256 super_epilogue(const int offs, const int bias, __m25
   return t;
 }
 
-/* x's sum pair i of the super-block at k0 (lin_pair's groups: 32 columns
- * when wide, else 16), broadcast. */
-static ALWAYS_INLINE __m256i xpair(const int wide, const gguf_job *job, const int16_t *sums,
-                                   int64_t rl, int64_t r, int64_t k0, int i) {
-  return _mm256_set1_epi32(wide ? gguf_xpair32(job, sums, rl, r, k0 / 16 + 4 * i)
-                                : gguf_xpair(job, sums, rl, r, k0 / 16 + 2 * i));
+/* x's sum pair i of the super-block at k0 (gguf_lin_xpair), broadcast. */
+static ALWAYS_INLINE __m256i xpair(const int gl, const int offs, const gguf_job *job,
+                                   const int16_t *sums, int64_t rl, int64_t r, int64_t k0, int i) {
+  return _mm256_set1_epi32(gguf_lin_xpair(gl, offs, job, sums, rl, r, k0 / 16, i));
 }
 
 /* Rows r0 .. r0+mr of the panel over one super-block (gl: its group
@@ -437,7 +432,6 @@ static ALWAYS_INLINE void tile_super(const int mr, const int gl, const int offs,
   const int64_t ldq = job->ldq, k0 = a->g0 * GGUF_GROUP;
   const int8_t *x = job->xq + r0 * ldq + k0;
   const unpacked *U = a->U;
-  const int wide = offs && gl == 32; /* Q4_K, Q5_K: lin_pairs */
   __m256i isum[MR];
   for (int r = 0; r < mr; r++) isum[r] = _mm256_setzero_si256();
   for (int gi = 0; gi < GGUF_CHUNK_GROUPS; gi++) {
@@ -463,10 +457,11 @@ static ALWAYS_INLINE void tile_super(const int mr, const int gl, const int offs,
   for (int r = 0; r < mr; r++) {
     const int64_t rl = r0 + r - a->row0;
     __m256i l = _mm256_setzero_si256();
-    if (lin) /* Q4_K and Q5_K (32-column mins): half as many pairs (lin_pairs) */
-      for (int i = 0; i < (wide ? GGUF_CHUNK_GROUPS / 2 : GGUF_CHUNK_GROUPS); i++)
-        l = _mm256_add_epi32(l, _mm256_madd_epi16(_mm256_load_si256(&U->lin[i]),
-                                                  xpair(wide, job, a->sums, rl, r0 + r, k0, i)));
+    if (lin)
+      for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
+        l = _mm256_add_epi32(l, _mm256_madd_epi16(
+                                    _mm256_load_si256(&U->lin[i]),
+                                    xpair(gl, offs, job, a->sums, rl, r0 + r, k0, i)));
     const __m256 t0 = a->first ? _mm256_setzero_ps() : _mm256_load_ps(tbuf + r * TBUF_LD);
     t[r] = super_epilogue(offs, bias, isum[r], l, gguf_sx(job, r0 + r, a->g0), U->sd, U->so, t0);
   }
@@ -649,9 +644,9 @@ static ALWAYS_INLINE void decode_super(const int type, const int mr, const int n
       if (lin)
         for (int i = 0; i < lin_pairs(type); i++) {
           const __m256i c = lin_pair(type, sc, i);
-          const int wide = lin_pairs(type) < GGUF_CHUNK_GROUPS;
           for (int r = 0; r < mr; r++)
-            l[r] = _mm256_add_epi32(l[r], _mm256_madd_epi16(c, xpair(wide, job, sums, r, r, k0, i)));
+            l[r] = _mm256_add_epi32(l[r], _mm256_madd_epi16(c, xpair(gl, offs, job, sums, r, r,
+                                                                      k0, i)));
         }
       for (int r = 0; r < mr; r++)
         t[q][r] = super_epilogue(offs, bias, isum[q][r], l[r],

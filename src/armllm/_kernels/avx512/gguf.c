@@ -39,7 +39,7 @@
  * 32-element block's float epilogue follows (its f16 d, m); a super-block
  * type's group sums are multiplied by their integer sub-scales (vpmulld)
  * into the block's isum, its mins' msum is a dpwssd of min pairs by x's sum
- * pairs (4 for Q4_K's and Q5_K's 32-column mins, 8 for Q2_K's: lin_pairs),
+ * pairs (4 for Q4_K's and Q5_K's 32-column mins, 8 for Q2_K's: gguf_lin_pairs),
  * and one float epilogue per 256 columns follows. The float epilogue
  * is the header's, lane-wise: every result is ref's.
  *
@@ -91,7 +91,7 @@ typedef struct {
   /* super-block types: each 16 columns' integer sub-scale, the int16 pairs
    * a dpwssd by x's sum pairs turns into the block's linear term (the mins'
    * min_pair32 or min_pair; Q3_K's and Q6_K's sub-scales, for their bias:
-   * lin_terms), lin_pairs of them, the block's D and O */
+   * lin_terms), gguf_lin_pairs of them, the block's D and O */
   __m512i s32[2 * GGUF_CHUNK_GROUPS];
   __m512i pairs[GGUF_CHUNK_GROUPS];
   __m512 sd, so;
@@ -183,26 +183,12 @@ static ALWAYS_INLINE __m512i min_pair(const int type, const uint8_t *sc, int i) 
  * row): dpwssd by x's 32-column sum pair (gguf_xpair32) gives both terms of
  * msum, 4 a super-block instead of min_pair's 8 */
 static ALWAYS_INLINE __m512i min_pair32(const uint8_t *sc, int i) {
-  const __m512i runs = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(sc + (12 + 2 * i) * PANEL)));
+  const __m256i bytes = _mm256_loadu_si256((const __m256i *)(sc + (12 + 2 * i) * PANEL));
+  const __m512i runs = _mm512_cvtepu8_epi16(bytes);
   const __m512i rows_interleaved =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(rows_interleaved, runs);
-}
-
-/* The pairs of a super-block's linear term: Q4_K's and Q5_K's 4 (min_pair32),
- * the other types' 8 (min_pair, or lin_terms' sub-scale pairs). */
-static ALWAYS_INLINE int lin_pairs(const int gl, const int offs) {
-  return offs && gl == 32 ? GGUF_CHUNK_GROUPS / 2 : GGUF_CHUNK_GROUPS;
-}
-
-/* x's sum pair i of the super-block starting at 16-column group j0 of row r
- * (row rl of sums), as lin_pairs pairs them: 32-column sums or 16-column ones. */
-static ALWAYS_INLINE int32_t lin_xpair(const int gl, const int offs, const gguf_job *job,
-                                       const int16_t *sums, int64_t rl, int64_t r, int64_t j0,
-                                       int i) {
-  return lin_pairs(gl, offs) < GGUF_CHUNK_GROUPS ? gguf_xpair32(job, sums, rl, r, j0 + 4 * i)
-                                                 : gguf_xpair(job, sums, rl, r, j0 + 2 * i);
 }
 
 /* Q3_K and Q6_K (16-column groups, u = v + bias): the prefill tiles sum
@@ -292,7 +278,8 @@ static ALWAYS_INLINE void unpack_chunk(const int type, const uint8_t *w, int64_t
   for (int64_t gi = 0; gi < ngr; gi++) unpack_group(type, w + gi * gbytes, U->u + GGUF_STEPS * gi);
   if (armllm_gguf_is_super(type)) {
     for (int j = 0; j < 2 * GGUF_CHUNK_GROUPS; j++) U->s32[j] = sub_scale(type, sc, j);
-    if (type == ARMLLM_GGML_Q4_K || type == ARMLLM_GGML_Q5_K)
+    if (gguf_lin_pairs(armllm_gguf_group_len(type), armllm_gguf_has_offsets(type)) <
+        GGUF_CHUNK_GROUPS) /* Q4_K, Q5_K */
       for (int i = 0; i < GGUF_CHUNK_GROUPS / 2; i++) U->pairs[i] = min_pair32(sc, i);
     else if (armllm_gguf_has_offsets(type))
       for (int i = 0; i < GGUF_CHUNK_GROUPS; i++) U->pairs[i] = min_pair(type, sc, i);
@@ -406,13 +393,14 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int gl, const i
       const int64_t rl = r0 + r - a->row0;
       __m512i xp[GGUF_CHUNK_GROUPS];
       if (offs || lin)
-        for (int i = 0; i < lin_pairs(gl, offs); i++)
-          xp[i] = _mm512_set1_epi32(lin_xpair(gl, offs, job, a->sums, rl, r0 + r, 2 * a->g0, i));
+        for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
+          xp[i] = _mm512_set1_epi32(
+              gguf_lin_xpair(gl, offs, job, a->sums, rl, r0 + r, 2 * a->g0, i));
       const float sx = gguf_sx(job, r0 + r, a->g0);
       for (int c = 0; c < nc; c++) {
         __m512i lsum = _mm512_setzero_si512(); /* the mins' msum, or sum_j s_j xs_j */
         if (offs || lin)
-          for (int i = 0; i < lin_pairs(gl, offs); i++)
+          for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
             lsum = _mm512_dpwssd_epi32(lsum, _mm512_load_si512(&a->U[c].pairs[i]), xp[i]);
         if (lin)
           isum[r][c] = _mm512_sub_epi32(isum[r][c],
@@ -612,8 +600,8 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
     int32_t xp[GGUF_DECODE_MAX_M][GGUF_CHUNK_GROUPS]; /* x's sum pairs for the mins */
     if (sup && offs)
       for (int r = 0; r < mr; r++)
-        for (int i = 0; i < lin_pairs(gl, offs); i++)
-          xp[r][i] = lin_xpair(gl, offs, job, sums, r, r, 16 * c, i);
+        for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
+          xp[r][i] = gguf_lin_xpair(gl, offs, job, sums, r, r, 16 * c, i);
     if (sup) /* the super-block's epilogue: the chunk is one block */
       for (int q = 0; q < np; q++) {
         const uint8_t *sc = w[q] + gbytes * ngr;
@@ -621,7 +609,7 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
         for (int r = 0; r < mr; r++) {
           __m512i msum = _mm512_setzero_si512();
           if (offs)
-            for (int i = 0; i < lin_pairs(gl, offs); i++)
+            for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
               msum = _mm512_dpwssd_epi32(
                   msum, gl == 32 ? min_pair32(sc, i) : min_pair(type, sc, i),
                   _mm512_set1_epi32(xp[r][i]));
