@@ -24,6 +24,7 @@
 #include "armllm_kernels.h"
 #include "gguf_blocks.h"
 #include "pool.h"
+#include "prefetch_x86.h"
 
 #define GGUF_VEC (4 * PANEL)   /* bytes of a vector: 4 bytes of each panel row */
 #define GGUF_GROUP 32          /* columns of a values group (= the activation group) */

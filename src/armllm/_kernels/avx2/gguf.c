@@ -47,7 +47,6 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 4096      /* decode: software prefetch distance in each panel stream */
 #define GGUF_DECODE_STREAMS 2 /* panels a decode thread reads at once: 2 * 4 t of the 16 ymm */
-#define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD PANEL
 
 #include "../gguf_x86.h"
@@ -223,15 +222,6 @@ static ALWAYS_INLINE void unpack_group(const int type, const uint8_t *p, __m256i
   default:
     nibbles(p, u);
   }
-}
-
-/* The bytes u[0 .. 8) of the decode group at wg (gbytes long), the panel's
- * stream prefetched PF_BYTES ahead. */
-static ALWAYS_INLINE void fetch_group(const int type, const uint8_t *wg, int64_t gbytes,
-                                      __m256i *u) {
-  for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
-    _mm_prefetch((const char *)wg + PF_BYTES + off, _MM_HINT_T0);
-  unpack_group(type, wg, u);
 }
 
 /* d and o (Q4_1, Q5_1) of 32-element block gi of a chunk of ngr groups
@@ -538,7 +528,7 @@ static ALWAYS_INLINE void panel_rows(const int type, const gguf_job *job, const 
   const uint8_t *w = part->w + lp * part->pbytes;
   for (int64_t c = 0; c < nch; c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
-    for (int64_t off = 0; off < cbytes; off += CACHE_LINE)
+    for (int64_t off = 0; off < cbytes; off += PREFETCH_LINE)
       _mm_prefetch((const char *)w + PF_BYTES + off, _MM_HINT_T0);
     unpack_chunk(type, w, ngr, U);
     w += cbytes;
@@ -606,6 +596,7 @@ static ALWAYS_INLINE void decode_super(const int type, const int mr, const int n
   const int64_t k = job->k, ldq = job->ldq;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
   const int64_t cbytes = gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS);
+  const prefetch_spread pf = prefetch_spread_of(cbytes, GGUF_CHUNK_GROUPS);
   const uint8_t *w[GGUF_DECODE_STREAMS];
   __m256 t[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
   for (int q = 0; q < np; q++) {
@@ -620,7 +611,8 @@ static ALWAYS_INLINE void decode_super(const int type, const int mr, const int n
       for (int q = 0; q < np; q++) {
         const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * GGUF_CHUNK_GROUPS;
         __m256i u[GGUF_STEPS];
-        fetch_group(type, wg, gbytes, u);
+        prefetch_piece(pf, w[q], gi, PF_BYTES);
+        unpack_group(type, wg, u);
         for (int h = 0; h < GGUF_GROUP / gl; h++) {
           const int s0 = h * (gl / 4);
           const __m256i s16 = dup16(sub_scale(type, sc, 2 * gi + h));
@@ -681,6 +673,7 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
   }
   for (int64_t c = 0; c < gguf_chunks(k); c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    const prefetch_spread pf = prefetch_spread_of(cbytes, ngr);
     for (int64_t gi = 0; gi < ngr; gi++) {
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
       int32_t xs[GGUF_DECODE_MAX_M]; /* sum of x over the group */
@@ -692,7 +685,8 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
       for (int q = 0; q < np; q++) {
         const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
         __m256i u[GGUF_STEPS];
-        fetch_group(type, wg, gbytes, u);
+        prefetch_piece(pf, w[q], gi, PF_BYTES);
+        unpack_group(type, wg, u);
         __m256 d, o = _mm256_setzero_ps();
         group_scales(type, sc, ngr, gi, &d, &o);
         for (int r = 0; r < mr; r++) {

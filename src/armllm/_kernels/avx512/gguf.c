@@ -64,12 +64,12 @@
 _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 2048      /* prefill: software prefetch distance in the panel stream */
-#define DECODE_PF_BYTES 4096 /* decode: the same in each stream (1B chain, Xeon: 2 KiB 7-15% slower) */
+#define DECODE_PF_BYTES 4096 /* decode: the same in each stream (1B chain, Xeon: 2 KiB 7-15% slower;
+                                Zen 5: 2 KiB slower, 8 KiB no faster) */
 /* panels a decode thread reads at once: on the 1B Q4_K_M chain at M 1, a Xeon
  * read 14% faster with 2 than with 1 (4: 18%); Zen 5 30-40% slower with 4
  * than with 2, and 2 as fast as 1 */
 #define GGUF_DECODE_STREAMS 2
-#define CACHE_LINE 64 /* bytes a prefetch brings in */
 #define TBUF_LD (MAX_NC * PANEL)
 
 #include "../gguf_x86.h"
@@ -487,7 +487,7 @@ static ALWAYS_INLINE void panels_rows(const int type, const gguf_job *job, const
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
     for (int i = 0; i < nc; i++) {
       const uint8_t *wc = w + i * part->pbytes;
-      for (int64_t off = 0; off < cbytes; off += CACHE_LINE)
+      for (int64_t off = 0; off < cbytes; off += PREFETCH_LINE)
         _mm_prefetch((const char *)wc + PF_BYTES + off, _MM_HINT_T0);
       unpack_chunk(type, wc, ngr, &U[i]);
     }
@@ -543,6 +543,10 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
   }
   for (int64_t c = 0; c < gguf_chunks(k); c++) {
     const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
+    /* a super-block type's chunks are whole (K a multiple of 256): its spread a constant */
+    const prefetch_spread pf =
+        sup ? prefetch_spread_of(gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS), GGUF_CHUNK_GROUPS)
+            : prefetch_spread_of(cbytes, ngr);
     __m512i isum[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
     for (int q = 0; q < np; q++)
       for (int r = 0; r < mr; r++) isum[q][r] = _mm512_setzero_si512();
@@ -557,8 +561,7 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
       }
       for (int q = 0; q < np; q++) {
         const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
-        for (int64_t off = 0; off < gbytes; off += CACHE_LINE)
-          _mm_prefetch((const char *)wg + DECODE_PF_BYTES + off, _MM_HINT_T0);
+        prefetch_piece(pf, w[q], gi, DECODE_PF_BYTES);
         __m512i u[GGUF_STEPS];
         if (high16) /* odd steps keep their high nibbles in place: 16 u */
           for (int i = 0; i < 4; i++) {

@@ -67,8 +67,9 @@
 #endif
 #define MAX_MR 6 /* the largest tile height, decode or prefill */
 #ifndef WQ_PF_BYTES
-#define WQ_PF_BYTES 2048 /* decode: software prefetch distance in each panel stream (8B shapes,
-                            M = 1, Xeon with AMX: 1-2 KiB 12% faster than 4 KiB, 512 B slower) */
+#define WQ_PF_BYTES 4096 /* decode: software prefetch distance in each panel stream (1B shapes,
+                            M = 1, Zen 5: 4 KiB 3-7% faster than 2 KiB, 1 KiB slower; with only
+                            the weight bytes asked for, a Xeon with AMX ran 1-2 KiB 12% faster) */
 #endif
 #ifndef WQ_L1_BYTES
 #define WQ_L1_BYTES (16 * 1024) /* a panel pair's K block: half of L1d */
@@ -263,9 +264,13 @@ static ALWAYS_INLINE void tile(const int mr, const int nc, const int bits, const
       }
       for (int c = 0; c < nc; c++) acc[r][c] = start;
     }
+    const uint8_t *wg = wp; /* the group's span: its chunks, then its scales */
+    const int64_t nch = (k1 - k0 + 31) / 32;
+    const prefetch_spread pfs =
+        prefetch_spread_of(nch * chunk_bytes(bits) + scale_bytes(bits, job->f16), nch);
     for (int64_t kc = k0; kc < k1; kc += 32, wp += chunk_bytes(bits)) {
       if (pf)
-        for (int c = 0; c < nc; c++) prefetch_ahead(wp + c * pb, (int)chunk_bytes(bits));
+        for (int c = 0; c < nc; c++) prefetch_piece(pfs, wg + c * pb, (kc - k0) / 32, WQ_PF_BYTES);
       if (bits == 8) {
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++) { /* 8 steps of 4 k */
