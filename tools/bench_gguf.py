@@ -6,15 +6,18 @@ included), one file after the other, same machine, 2 threads: issue 14's table.
 
 Per file, one JSON line:
   bound        bytes read per decode step at batch 1 (`armllm plan F --json`) over
-               the read bandwidth (armllm bench kernels' probe)
-  TPOT         armllm, in a child process: --pairs batch-1 requests of 128 prompt
-               + 128 output tokens, each between two bandwidth probes (one before,
-               one after: the next request's before), its bound from their mean;
-               tpot_over_bound is the median of each pair's TPOT / bound (the box
-               is shared: a neighbour's load moves both halves of a pair, not a
-               ratio of figures taken minutes apart), tpot_over_bound_range the
-               pairs' lowest and highest; tpot_ms and read_gbs are the pairs'
-               medians. llama-bench's tg128 (-n 128 -r 3).
+               the read bandwidth of armllm bench kernels' probe
+  TPOT         armllm, in a child process, --requests batch-1 requests of 128
+               prompt + 128 output tokens: tpot_ms the median of their TPOTs.
+               Then the same requests again, step by step, each decode step
+               between two passes of the probe over its buffer (a pass takes about
+               as long as a step): tpot_over_bound is the median over the steps of
+               step time / (bytes / the two passes' mean bandwidth), and
+               tpot_over_bound_p10_p90 its 10th and 90th percentiles; read_gbs is
+               the passes' median. The box is shared: a neighbour's load comes and
+               goes within a request's seconds, not within a step's tens of ms, so
+               each step is held against the bandwidth it had.
+               llama-bench's tg128 (-n 128 -r 3).
   pp512        armllm `bench latency F --input-len 512 --output-len 2`, 512 / TTFT
                (median of 3), and llama-bench's pp512 (-p 512 -r 3)
 llama.cpp is tools/build_llama_cpp.sh's build. Compare the ratios of one run,
@@ -28,14 +31,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 
 from armllm import LLM, ops
-from armllm.bench.kernels import probe_machine
+from armllm.bench.kernels import cold_bytes
 from armllm.bench.offline import greedy, random_prompts
-from armllm.bench.plan import PROBE_MIN_TIME
 from armllm.demo_model import cache_dir
 
 THREADS = "2"
@@ -57,30 +60,44 @@ def decode_bytes(path: Path) -> int:
     return json.loads(r.stdout)["decode"]["batch_1"]["bytes"]
 
 
-def tpot_pairs(path: Path, pairs: int) -> list[tuple[float, float]]:
-    """(read GB/s, TPOT s) pairs: a batch-1 request, and the mean of the probes right
-    before and right after it (a request takes seconds; a neighbour's load comes and
-    goes within them)."""
+def tpot_steps(path: Path, requests: int) -> dict:
+    """{"tpots": plain requests' TPOTs (s), "steps": [(read GB/s, step s)]: the same
+    requests again, each decode step between two passes of the read probe} (see the
+    module's docstring)."""
     llm = LLM(path, threads=int(THREADS), max_model_len=256, max_num_seqs=1)
-    prompts = random_prompts(np.random.default_rng(0), llm.vocab_size, pairs + 1, 128)
+    prompts = random_prompts(np.random.default_rng(0), llm.vocab_size, requests + 1, 128)
     params = greedy(128)
     llm.generate([prompts[0]], params)   # warm-up
-    out = []
-    before = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
-    for prompt in prompts[1:]:
-        tpot = llm.generate([prompt], params)[0].outputs[0].metrics.tpot_s
-        after = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
-        out.append(((before + after) / 2, tpot))
-        before = after
-    return out
+    tpots = [llm.generate([p], params)[0].outputs[0].metrics.tpot_s for p in prompts[1:]]
+    buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
+    pool, engine = ops.get_pool(), llm.engine
+
+    def read_gbs() -> float:
+        t0 = time.perf_counter()
+        ops.probe_read(buf, pool)
+        return buf.nbytes / (time.perf_counter() - t0) / 1e9
+
+    steps = []
+    for i, prompt in enumerate(prompts[1:]):
+        engine.add_request(f"steps-{i}", prompt, params)
+        engine.step()   # the prompt and the first token
+        before = read_gbs()
+        while engine.has_unfinished():
+            t0 = time.perf_counter()
+            engine.step()
+            step = time.perf_counter() - t0
+            after = read_gbs()
+            steps.append(((before + after) / 2, step))
+            before = after
+    return {"tpots": tpots, "steps": steps}
 
 
-def tpot_pairs_apart(path: Path, pairs: int) -> list[tuple[float, float]]:
-    """tpot_pairs in a child process, so that its model's memory is the system's again
+def tpot_steps_apart(path: Path, requests: int) -> dict:
+    """tpot_steps in a child process, so that its model's memory is the system's again
     before llama.cpp loads the same weights (a 13 GB model twice does not fit)."""
-    r = subprocess.run([sys.executable, __file__, str(path), "--pairs", str(pairs),
-                        "--tpot-pairs-only"], check=True, capture_output=True, text=True)
-    return [tuple(p) for p in json.loads(r.stdout.splitlines()[-1])]
+    r = subprocess.run([sys.executable, __file__, str(path), "--requests", str(requests),
+                        "--tpot-steps-only"], check=True, capture_output=True, text=True)
+    return json.loads(r.stdout.splitlines()[-1])
 
 
 def llama_bench(llama_bin: Path, path: Path) -> dict[str, float]:
@@ -96,30 +113,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--llama-bin", type=Path,
                     default=cache_dir() / "llama.cpp-0.3.36" / "build" / "bin")
-    ap.add_argument("--pairs", type=int, default=7,
-                    help="requests, each between two probes (default 7)")
-    ap.add_argument("--tpot-pairs-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--requests", type=int, default=5,
+                    help="batch-1 requests, plain and then step by step (default 5)")
+    ap.add_argument("--tpot-steps-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.tpot_pairs_only:   # the child of tpot_pairs_apart
-        print(json.dumps(tpot_pairs(args.files[0], args.pairs)))
+    if args.requests < 1:
+        ap.error(f"--requests must be at least 1, got {args.requests}")
+    if args.tpot_steps_only:   # the child of tpot_steps_apart
+        print(json.dumps(tpot_steps(args.files[0], args.requests)))
         return 0
     for path in args.files:
         nbytes = decode_bytes(path)
-        pairs = tpot_pairs_apart(path, args.pairs)
+        measured = tpot_steps_apart(path, args.requests)
         peer = llama_bench(args.llama_bin, path)
         pre = armllm_latency(path, "--input-len", "512", "--output-len", "2", "--repetitions",
                              "3", "--warmup", "1")
-        bw = statistics.median(b for b, _ in pairs)
-        tpot = statistics.median(t for _, t in pairs) * 1e3
-        ratios = [t * b * 1e9 / nbytes for b, t in pairs]
+        bw = statistics.median(b for b, _ in measured["steps"])
+        tpot = statistics.median(measured["tpots"]) * 1e3
+        ratios = [t * b * 1e9 / nbytes for b, t in measured["steps"]]
         over = statistics.median(ratios)
+        deciles = statistics.quantiles(ratios, n=10)
         pp = 512 / statistics.median(r["ttft_s"] for r in pre["runs"])
         bound, peer_tpot = nbytes / (bw * 1e9) * 1e3, 1e3 / peer["tg128"]
         print(json.dumps({
             "file": path.name, "weights": pre["weights"], "bytes_per_token_mb": nbytes / 1e6,
             "read_gbs": round(bw, 1), "bound_ms": round(bound, 2),
             "tpot_ms": round(tpot, 2), "tpot_over_bound": round(over, 2),
-            "tpot_over_bound_range": [round(min(ratios), 2), round(max(ratios), 2)],
+            "tpot_over_bound_p10_p90": [round(deciles[0], 2), round(deciles[-1], 2)],
+            "steps": len(ratios),
             "llama_tpot_ms": round(peer_tpot, 2), "tpot_vs_llama": round(tpot / peer_tpot, 2),
             "pp512": round(pp, 1), "llama_pp512": round(peer["pp512"], 1),
             "pp512_vs_llama": round(pp / peer["pp512"], 2)}), flush=True)

@@ -156,13 +156,13 @@ class _Rotate:
         self.i = (self.i + 1) % len(self.calls)
 
 
-def _cold_bytes() -> int:
+def cold_bytes() -> int:
     """Bytes of buffer that no cache holds: 4x the last-level cache, at least 1 GiB."""
     return max(MIN_COLD_BYTES, 4 * _last_level_cache_bytes())
 
 
 def _copies(nbytes: int, m: int) -> int:
-    return max(1, min(256, -(-_cold_bytes() // nbytes))) if m <= DECODE_MAX_M else 1
+    return max(1, min(256, -(-cold_bytes() // nbytes))) if m <= DECODE_MAX_M else 1
 
 
 def _result_row(machine: dict, model: str, layer: str, n: int, k: int, m: int, dtype: str,
@@ -206,7 +206,7 @@ def probe_machine(pool, min_time: float) -> dict:
     """Read bandwidth (GB/s) over a buffer far larger than the caches, and FMA peak."""
     from armllm import ops
     # in whole MiB, as the probe reads them (some servers have 0.5 GiB of L3)
-    size = _cold_bytes() >> 20 << 20
+    size = cold_bytes() >> 20 << 20
     buf = np.ones(size, dtype=np.uint8)
     t = _median_time(partial(ops.probe_read, buf, pool), min_time)
     iters = 2_000_000
