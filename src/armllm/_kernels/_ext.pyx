@@ -978,7 +978,7 @@ cdef cnp.ndarray _scales(object a, str name, int64_t n, int64_t ng, int64_t grou
     return arr
 
 
-# --------------------------------------------------------------- attention
+# -------------------------------------------------------------- GGUF blocks
 
 
 GGUF_ACT_GROUP = ARMLLM_GGUF_ACT_GROUP
@@ -1053,6 +1053,9 @@ def gguf_embed(ids, table, int ggml_type, int64_t d, out):
     if bad >= 0:
         raise ValueError(f"ids[{bad}] = {ids[bad]} is outside the vocabulary [0, {vocab})")
     return out
+
+
+# --------------------------------------------------------------- attention
 
 
 def attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t max_seq_len):

@@ -186,7 +186,8 @@ static inline void wq_run_decode(armllm_pool *pool, wq_job *job, armllm_task_fn 
  * are not whole lines, and prefetch_piece's spread over them measured 5-8%
  * slower on Zen 5; AVX-512 spreads, see prefetch_x86.h). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *w, int len) {
-  for (int i = 0; i < len; i += 64) _mm_prefetch((const char *)w + WQ_PF_BYTES + i, _MM_HINT_T0);
+  for (int i = 0; i < len; i += PREFETCH_LINE)
+    _mm_prefetch((const char *)w + WQ_PF_BYTES + i, _MM_HINT_T0);
 }
 
 #endif /* ARMLLM_QUANT_X86_H */
