@@ -615,6 +615,13 @@ def silu_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return _KERNELS.silu_mul(gate_up, _out(out, shape), get_pool())
 
 
+def gelu_tanh_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gelu_tanh(gate) * up (GeGLU) over gate_up [T, 2 * inter]'s halves."""
+    shape = (gate_up.shape[0], gate_up.shape[1] // 2) if isinstance(gate_up, np.ndarray) \
+        and gate_up.ndim == 2 else (0, 0)
+    return _KERNELS.gelu_tanh_mul(gate_up, _out(out, shape), get_pool())
+
+
 def embedding(ids: np.ndarray, table: np.ndarray | GGUFTable,
               out: np.ndarray | None = None) -> np.ndarray:
     """Rows of a float32, bf16 (uint16) or GGUF-block table, as float32."""
@@ -652,25 +659,28 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                               sinks)
 
 
-def bind_decoder_layer(linears: list[tuple[PackedWeight, np.ndarray | None, ActScratch | None]],
-                       input_norm: np.ndarray, post_norm: np.ndarray,
+def bind_decoder_layer(steps: list[tuple],
+                       linears: list[tuple[PackedWeight | None, np.ndarray | None,
+                                           ActScratch | None]],
                        q_norm: np.ndarray | None, k_norm: np.ndarray | None, eps: float,
                        buffers: tuple, k_cache: np.ndarray, v_cache: np.ndarray,
                        cos_sin: np.ndarray, n_heads: int, n_kv_heads: int, head_dim: int,
-                       scale: float, sliding_window: int, first: bool,
-                       sinks: np.ndarray | None = None, comm: Comm | None = None
-                       ) -> DecoderLayer:
-    """A Llama-family decoder layer bound to its weights ((weight, bias, act_scratch)
-    for qkv, o, gate_up, down), its workspace buffers and KV cache layer, checked
-    once, for decoder_layer() (see DecoderLayer; comm: a tensor-parallel rank's)."""
-    return DecoderLayer(Kernels(_ISA), linears, input_norm, post_norm, q_norm, k_norm, eps,
-                        buffers, k_cache, v_cache, cos_sin, n_heads, n_kv_heads, head_dim,
-                        scale, sliding_window, first, sinks, comm)
+                       rot_dim: int, scale: float, sliding_window: int, first: bool,
+                       sinks: np.ndarray | None = None, comm: Comm | None = None,
+                       sparse: SparseLayer | None = None) -> DecoderLayer:
+    """A decoder layer's steps (("norm_linear", "qkv", norm), ("qk_norm",), ...: see
+    DecoderLayer) bound to its weights ((weight, bias, act_scratch) for qkv, o,
+    gate_up, down), its workspace buffers and KV cache layer, checked once, for
+    decoder_layer() (comm: a tensor-parallel rank's; sparse: the sparse_mlp step's)."""
+    return DecoderLayer(Kernels(_ISA), steps, linears, q_norm, k_norm, eps, buffers, k_cache,
+                        v_cache, cos_sin, n_heads, n_kv_heads, head_dim, rot_dim, scale,
+                        sliding_window, first, sinks, comm, sparse)
 
 
 def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:
-    """Runs a bound decoder layer on one step's batch: the kernel calls rms_norm_linear,
-    rope, kv_write, paged_attention, linear, silu_mul make, in one call."""
+    """Runs a bound decoder layer on one step's batch: the kernel calls its steps'
+    per-op wrappers (rms_norm_linear, rope, kv_write, paged_attention, linear,
+    silu_mul, sparse_layer, ...) make, in one call."""
     layer.run(batch, get_pool())
 
 

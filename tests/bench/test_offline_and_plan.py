@@ -15,7 +15,7 @@ import pytest
 
 from armllm.cli import main
 from armllm.model.config import load_hf_config
-from armllm.model.llama import Workspace
+from armllm.model.decoder import Workspace
 from tests.tiny_model import write_tiny_llama
 
 MiB = 2**20

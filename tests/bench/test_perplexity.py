@@ -12,7 +12,7 @@ import pytest
 
 from armllm.cli import main
 from armllm.model.config import load_hf_config
-from armllm.model.llama import KVCache
+from armllm.model.decoder import KVCache
 from tests.tiny_model import WORDS, write_tiny_llama
 
 CONTEXT, STRIDE, TOKENS = 48, 20, 150

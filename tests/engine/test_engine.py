@@ -102,7 +102,7 @@ def test_parallel_sampling_shares_the_prompt(model_dir, kv_blocks):
 
 def full_recompute_logprobs(llm, ids: list[int]) -> np.ndarray:
     """log-softmax of every row of one fresh full prefill of ids."""
-    from armllm.model.llama import BatchMeta, KVCache, Workspace
+    from armllm.model.decoder import BatchMeta, KVCache, Workspace
     model, t = llm.engine.runner.model, len(ids)
     kv = KVCache(model.config, -(-t // 16), 16, "f32")
     ws = Workspace(model.config, t, t, model.formats)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from armllm import ops
-from armllm.model.llama import BatchMeta, KVCache, Workspace
+from armllm.model.decoder import BatchMeta, KVCache, Workspace
 from armllm.model.loader import load_model
 from armllm.model.quantize import parse_scheme
 from tests.model.test_llama_vs_transformers import make_tiny

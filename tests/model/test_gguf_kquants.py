@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from armllm.model.gguf import GGUFFile
-from armllm.model.llama import BatchMeta, KVCache, LlamaModel, Workspace
+from armllm.model.decoder import BatchMeta, KVCache, DecoderModel, Workspace
 from armllm.model.loader import gguf_model_config
 from armllm.model.sources import GGUFSource
 from armllm.model.weights import linear_formats, load_weights
@@ -44,7 +44,7 @@ MIXES = {
 }
 
 
-def prompt_logits(model: LlamaModel, ids: np.ndarray) -> np.ndarray:
+def prompt_logits(model: DecoderModel, ids: np.ndarray) -> np.ndarray:
     """Log-probabilities of every position of one sequence: its prompt in one chunk."""
     c, t, bs = model.config, len(ids), 8
     kv = KVCache(c, -(-t // bs), bs, "f32")
@@ -79,8 +79,8 @@ def test_mixes_run_as_stored_close_to_their_dequantization(mixed_file):
     for t in quantized - {"Q8_0"}:
         assert f"{t} (GGUF, as stored)" in stored.quantization
     ids = np.random.default_rng(5).integers(0, c.vocab_size, 24)
-    a = prompt_logits(LlamaModel(c, stored), ids)
-    b = prompt_logits(LlamaModel(c, floats), ids)
+    a = prompt_logits(DecoderModel(c, stored), ids)
+    b = prompt_logits(DecoderModel(c, floats), ids)
     # int8 activations, one scale per 32 columns: the centered log-probabilities differ by
     # 0.9-1.8% (measured over the mixes; a wrong weight or part order gives ~100%)
     ac, bc = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
@@ -117,7 +117,7 @@ def test_bound_layers_are_the_per_op_graph_bit_for_bit(tmp_path):
     types, hidden, inter = MIXES["Q4_K_M"]
     g = GGUFFile(write_tiny_gguf(tmp_path / "m.gguf", types, hidden=hidden, inter=inter))
     c = gguf_model_config(g)
-    model, bs = LlamaModel(c, load_weights(GGUFSource(g, c), c, "f32")), 8
+    model, bs = DecoderModel(c, load_weights(GGUFSource(g, c), c, "f32")), 8
     kv_bound, kv_ref = (KVCache(c, 8, bs, "f32") for _ in range(2))
     ws_bound, ws_ref = (Workspace(c, 32, 2, model.formats, max_seq_len=40) for _ in range(2))
     for meta in mixed_steps(bs):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from armllm.model.llama import BatchMeta, KVCache, Workspace
+from armllm.model.decoder import BatchMeta, KVCache, Workspace
 from armllm.model.loader import load_model
 
 torch = pytest.importorskip("torch")

@@ -215,13 +215,13 @@ def gguf_lm(path, quantization="auto"):
     from types import SimpleNamespace
 
     from armllm.model.gguf import GGUFFile
-    from armllm.model.llama import LlamaModel
+    from armllm.model.decoder import DecoderModel
     from armllm.model.loader import gguf_model_config
     from armllm.model.sources import GGUFSource
     from armllm.model.weights import load_weights
     g = GGUFFile(path)
     c = gguf_model_config(g)
-    return SimpleNamespace(config=c, model=LlamaModel(c, load_weights(
+    return SimpleNamespace(config=c, model=DecoderModel(c, load_weights(
         GGUFSource(g, c), c, "f32", quantization=quantization)))
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
-from armllm.model.llama import BatchMeta, KVCache, Workspace
+from armllm.model.decoder import BatchMeta, KVCache, Workspace
 from armllm.model.loader import gguf_model_config, load_model
 from armllm.model.quantize import parse_scheme
 from armllm.model.sources import GGUFSource, HFSource

@@ -766,6 +766,13 @@ cdef class Kernels:
 
     def silu_mul(self, gate_up, out, ThreadPool pool=None):
         """out[t, j] = silu(gate_up[t, j]) * gate_up[t, inter + j], inter = columns / 2."""
+        return self._act_mul(self.t.silu_mul, gate_up, out, pool)
+
+    def gelu_tanh_mul(self, gate_up, out, ThreadPool pool=None):
+        """out[t, j] = gelu_tanh(gate_up[t, j]) * gate_up[t, inter + j] (GeGLU)."""
+        return self._act_mul(self.t.gelu_tanh_mul, gate_up, out, pool)
+
+    cdef _act_mul(self, armllm_act_mul_fn kernel, gate_up, out, ThreadPool pool):
         cdef cnp.ndarray ga = _array(gate_up, "gate_up", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         _writable(oa, "out")
@@ -781,7 +788,7 @@ cdef class Kernels:
         cdef const float *gp = <const float *>cnp.PyArray_DATA(ga)
         cdef float *op = <float *>cnp.PyArray_DATA(oa)
         with nogil:
-            self.t.silu_mul(p, gp, ldg, t, inter, op, ldo)
+            kernel(p, gp, ldg, t, inter, op, ldo)
         return out
 
     def embed(self, ids, table, out, ThreadPool pool=None):

@@ -15,6 +15,11 @@ cdef extern from "pool.h" nogil:
                                         uint32_t *counts)
 
 
+# the act(gate) * up kernels' signature (silu_mul, gelu_tanh_mul)
+ctypedef void (*armllm_act_mul_fn)(armllm_pool *pool, const float *gate_up, int64_t ldg,
+                                   int64_t t, int64_t inter, float *out,
+                                   int64_t ldo) noexcept nogil
+
 cdef extern from "armllm_kernels.h" nogil:
     enum:
         ARMLLM_ROPE_NEOX
@@ -87,6 +92,8 @@ cdef extern from "armllm_kernels.h" nogil:
                         int style) noexcept nogil
         void (*silu_mul)(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                          int64_t inter, float *out, int64_t ldo) noexcept nogil
+        void (*gelu_tanh_mul)(armllm_pool *pool, const float *gate_up, int64_t ldg,
+                              int64_t t, int64_t inter, float *out, int64_t ldo) noexcept nogil
         int64_t (*embed_f32)(armllm_pool *pool, const int32_t *ids, int64_t t,
                              const float *table, int64_t vocab, int64_t d, float *out,
                              int64_t ldo) noexcept nogil

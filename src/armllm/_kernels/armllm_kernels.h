@@ -307,6 +307,9 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
   X(variant, silu_mul, void,                                                                       \
     (armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t, int64_t inter,               \
      float *out, int64_t ldo))                                                                     \
+  X(variant, gelu_tanh_mul, void,                                                                  \
+    (armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t, int64_t inter,               \
+     float *out, int64_t ldo))                                                                     \
   X(variant, embed_f32, int64_t,                                                                   \
     (armllm_pool *pool, const int32_t *ids, int64_t t, const float *table, int64_t vocab,          \
      int64_t d, float *out, int64_t ldo))                                                          \

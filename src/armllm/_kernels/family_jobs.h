@@ -90,14 +90,21 @@ static inline void armllm_rows_run(armllm_pool *pool, int64_t t, int64_t row_ele
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), task, job);
 }
 
+/* GELU with the tanh approximation (gelu_pytorch_tanh: Gemma's GeGLU) as
+ * g * sigmoid(2 w), w = sqrt(2/pi) (g + 0.044715 g^3), since 0.5 (1 + tanh(w)) =
+ * 1 / (1 + exp(-2 w)): the SiLU kernels' exp and division, in every variant in
+ * the same order (c = g * g * CUBIC; z = fmaf(c, g, g) * TWO_K; g / (1 + exp(-z)) * u). */
+#define ARMLLM_GELU_CUBIC 0.044715f
+#define ARMLLM_GELU_TWO_K 1.5957691216057308f /* 2 sqrt(2 / pi) */
+
 /* A variant's SiLU(g) * u of one row of inter elements into out (out may be
  * g: it must load each block before it stores it). */
-typedef void (*armllm_silu_mul_row_fn)(const float *g, const float *u, float *out, int64_t inter);
+typedef void (*armllm_act_row_fn)(const float *g, const float *u, float *out, int64_t inter);
 
 /* Rows [t0, t1) of an act job, each with row. */
-static inline __attribute__((always_inline)) void armllm_silu_mul_rows(const armllm_act_job *job,
+static inline __attribute__((always_inline)) void armllm_act_rows(const armllm_act_job *job,
                                                                        int64_t t0, int64_t t1,
-                                                                       armllm_silu_mul_row_fn row) {
+                                                                       armllm_act_row_fn row) {
   for (int64_t t = t0; t < t1; t++) {
     const float *g = job->gate_up + t * job->ldg;
     row(g, g + job->inter, job->out + t * job->ldo, job->inter);

@@ -149,6 +149,10 @@ cdef class SparseLayer:
                      gate_up_scratch, down_scratch, buffers, ints, floats, taken]
         self.kt = kernels.t
 
+    @property
+    def max_rows(self):
+        return self.s.max_rows
+
     def run(self, int64_t rows, ThreadPool pool=None):
         """The MLP of the first `rows` rows of `normed` into `hidden`."""
         if not 0 <= rows <= self.s.max_rows:
@@ -195,3 +199,19 @@ cdef void _run_sparse(const armllm_kernels *kt, armllm_pool *p, SparseArgs *s,
         _matmul(kt, p, L, s.act.p, s.act.ld, n, s.y.p, s.y.ld)
         armllm_moe_accumulate(s.y.p, s.y.ld, n, s.hidden, rows, s.pair_weight + s.start[e],
                               s.out.p, s.out.ld)
+
+
+cdef void *_sparse_args(object layer, int64_t hidden) except NULL:
+    """A DecoderLayer's sparse_mlp step's SparseArgs (layer: its SparseLayer)."""
+    if not isinstance(layer, SparseLayer):
+        raise ValueError(f"a sparse_mlp step needs a SparseLayer, got {type(layer).__name__}")
+    cdef SparseLayer sparse = <SparseLayer>layer
+    if sparse.s.hidden != hidden:
+        raise ValueError(f"the sparse layer's hidden size {sparse.s.hidden} is not the "
+                         f"layer's {hidden}")
+    return &sparse.s
+
+
+cdef void _run_sparse_args(const armllm_kernels *kt, armllm_pool *p, void *s,
+                           int64_t t) noexcept nogil:
+    _run_sparse(kt, p, <SparseArgs *>s, t)

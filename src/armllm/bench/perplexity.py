@@ -66,7 +66,7 @@ class _WindowScorer:
     """
 
     def __init__(self, loaded: LoadedModel, context: int, settings: EngineArgs, group=None):
-        from armllm.model.llama import KVCache, Workspace
+        from armllm.model.decoder import KVCache, Workspace
         self.model, c = loaded.model, loaded.model.config
         context = min(context, settings.max_model_len or context, c.max_position_embeddings)
         block_size = settings.block_size
@@ -92,7 +92,7 @@ class _WindowScorer:
     def nll(self, window: np.ndarray, first: int) -> tuple[float, int]:
         """Summed negative log-likelihood of window[r + 1] given window[:r + 1] over rows r
         in [first, len - 1), and how many rows that is."""
-        from armllm.model.llama import BatchMeta
+        from armllm.model.decoder import BatchMeta
         t, chunk, nll, scored = len(window), self.chunk, 0.0, 0
         for a in range(0, t, chunk):
             b = min(a + chunk, t)

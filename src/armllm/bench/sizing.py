@@ -23,7 +23,7 @@ from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, load_hf_config
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
-from armllm.model.llama import Workspace
+from armllm.model.decoder import Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards

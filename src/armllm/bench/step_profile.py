@@ -92,15 +92,14 @@ class StepProfile:
         self.decode_tokens = 0
         self._sums = dict.fromkeys(("total", *PARTS), 0)        # ns, decode-only steps
         self._undo: list[Callable[[], None]] = []
-        # ns in GEMMs, other kernels, attention (the bound calls' own timers)
-        self._bound_times = np.zeros(3, np.int64)
+        # ns in GEMMs, other kernels, attention, sparse MLPs (the bound calls' own timers)
+        self._bound_times = np.zeros(4, np.int64)
 
     def __enter__(self) -> StepProfile:
         engine, totals = self.engine, self._totals
         self._patch(ops, "_KERNELS", _TimedKernels(ops._KERNELS, totals))
         self._patch(ops, "decoder_layer", _timed_bound(self._bound_times, "layer"))
         self._patch(ops, "norm_head", _timed_bound(self._bound_times, "head"))
-        self._patch(ops, "sparse_layer", _timed(ops.sparse_layer, totals, "sparse_mlp"))
         self._patch(engine.runner, "sample", _timed(engine.runner.sample, totals, "sampling"))
         self._patch(engine, "_postprocess", _timed(engine._postprocess, totals, "postprocess"))
         self._patch(engine, "step", self._step)
@@ -123,11 +122,12 @@ class StepProfile:
         t0 = time.perf_counter_ns()
         outputs = type(self.engine).step(self.engine)
         elapsed = time.perf_counter_ns() - t0
-        gemm, other, attention = self._bound_times.tolist()
+        gemm, other, attention, sparse = self._bound_times.tolist()
         self._bound_times[:] = 0
         totals["gemm"] += gemm
         totals["other_kernels"] += other
         totals["attention"] += attention
+        totals["sparse_mlp"] += sparse
         rows, decodes = sched.num_scheduled_tokens - rows0, sched.num_decode_tokens - decodes0
         if rows and rows == decodes:  # a decode-only step
             self.decode_steps += 1

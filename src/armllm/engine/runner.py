@@ -11,12 +11,12 @@ import numpy as np
 
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
-from armllm.model.llama import BatchMeta, KVCache, LlamaModel, Workspace
+from armllm.model.decoder import BatchMeta, KVCache, DecoderModel, Workspace
 from armllm.sampling import SampleResult, sample_row, sample_scratch
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVCache, max_num_batched_tokens: int,
+    def __init__(self, model: DecoderModel, kv: KVCache, max_num_batched_tokens: int,
                  max_num_seqs: int, max_model_len: int):
         self.model, self.kv = model, kv
         self.workspace = Workspace(model.config, max_num_batched_tokens, max_num_seqs,
@@ -89,7 +89,7 @@ class ModelRunner:
         """Runs the step; returns the sequences that sample and their logits rows
         (a view of the workspace, valid until the next step)."""
         meta, sampling = self.build_meta(out)
-        logits = self.model.forward(meta, self.kv, self.workspace, out.copies)
+        logits = self.forward(meta, out.copies)
         if self._pool_reads:
             rows = np.concatenate([np.arange(a, b) for _, a, b, _, _ in self._pool_reads])
             hidden = self.model.final_hidden(self.workspace, rows)
@@ -98,6 +98,10 @@ class ModelRunner:
                 seq.pool.add(hidden[at:at + b - a], position, last)
                 at += b - a
         return sampling, logits
+
+    def forward(self, meta: BatchMeta, copies) -> np.ndarray:
+        """The model's forward over this runner's cache and workspace."""
+        return self.model.forward(meta, self.kv, self.workspace, copies)
 
     def sample(self, seq: Sequence, row: np.ndarray) -> SampleResult:
         """seq's next token from its logits row (modified in place)."""

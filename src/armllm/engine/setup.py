@@ -181,7 +181,6 @@ def start_ranks(model: str | Path, args: EngineArgs, progress=None
                                 [p[1] for p in places], args.threads, fields,
                                 DEFAULT_MAX_FLOATS)
         loaded = load(path, args, progress, group.comm)
-        loaded.model.channel = group.channel
         group.wait("loaded")
         return loaded, group, restore
     except BaseException:

@@ -46,7 +46,7 @@ from armllm.engine.llm_engine import EngineDead
 from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
-from armllm.model.llama import BatchMeta
+from armllm.model.decoder import BatchMeta
 
 log = logging.getLogger("armllm")
 
@@ -295,8 +295,8 @@ class RankGroup:
 
 
 class TPModelRunner(ModelRunner):
-    """Rank 0's runner: its model's forward hands each step's batch to the other
-    ranks and runs in lockstep with theirs (their all-reduces, the logits' gather);
+    """Rank 0's runner: it hands each step's batch to the other ranks and runs its
+    model's forward in lockstep with theirs (their all-reduces, the logits' gather);
     a failed rank ends the engine (RankFailed). restore:
     (thread id, CPUs) of the thread bound as rank 0, whose binding close() undoes
     when called on that thread."""
@@ -311,10 +311,16 @@ class TPModelRunner(ModelRunner):
     def failure(self) -> str | None:
         return self.group.failure
 
+    def forward(self, meta, copies) -> np.ndarray:
+        """Hands the step's batch to the other ranks, then runs rank 0's forward in
+        lockstep with theirs."""
+        self.group.channel.send(meta, copies)
+        return super().forward(meta, copies)
+
     def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
         self.group.check()
         try:
-            return super().run(out)   # the model's forward hands the batch to the others
+            return super().run(out)
         except ops.CommAborted:
             raise RankFailed(self.group.failure or "tensor-parallel communication was "
                              "aborted") from None

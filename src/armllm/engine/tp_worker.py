@@ -52,7 +52,7 @@ def run(fd: int) -> int:
         send({"state": "attached"})
         from armllm.engine.tensor_parallel import StepChannel
         from armllm.model.kv_cache import KVCache
-        from armllm.model.llama import Workspace
+        from armllm.model.decoder import Workspace
         from armllm.model.loader import load_model
         from armllm.model.quantize import parse_scheme
         quant = spec["quantization"]

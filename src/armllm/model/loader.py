@@ -14,7 +14,7 @@ from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
-from armllm.model.llama import LlamaModel
+from armllm.model.decoder import DecoderModel
 from armllm.model.pooling import PoolingConfig, pooling_from_dir, pooling_from_gguf
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
@@ -34,7 +34,7 @@ GGUF_FLOAT_DECIMALS = 6
 class LoadedModel:
     path: Path
     config: ModelConfig
-    model: LlamaModel
+    model: DecoderModel
     tokenizer: Tokenizer
     tokenizer_config: dict
     generation_config: dict   # generation_config.json, or what a GGUF's metadata implies
@@ -56,7 +56,22 @@ def gguf_model_config(gguf: GGUFFile) -> ModelConfig:
     there is no output.weight, RoPE frequency factors from rope_freqs.weight."""
     config = config_from_gguf(gguf.metadata, str(gguf.path))
     scaling = config.rope_scaling
-    if "rope_freqs.weight" in gguf.tensors:
+    if "rope_factors_long.weight" in gguf.tensors:   # LongRoPE (llama.cpp's phi3)
+        long, short = (gguf.dequantize(f"rope_factors_{n}.weight").tolist()
+                       for n in ("long", "short"))
+        if len(long) != config.rot_dim // 2 or len(short) != config.rot_dim // 2:
+            raise ValueError(f"{gguf.path}: the LongRoPE factors have {len(long)} and "
+                             f"{len(short)} entries, expected {config.rot_dim // 2}")
+        arch_name = gguf.metadata["general.architecture"]
+        scaling = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
+                   "original_max_position_embeddings": int(gguf.metadata.get(
+                       f"{arch_name}.rope.scaling.original_context_length",
+                       config.max_position_embeddings)),
+                   "max_position_embeddings": config.max_position_embeddings}
+        factor = gguf.metadata.get(f"{arch_name}.rope.scaling.attn_factor")
+        if factor is not None:
+            scaling["attention_factor"] = float(factor)
+    elif "rope_freqs.weight" in gguf.tensors:
         factors = gguf.dequantize("rope_freqs.weight")
         if factors.shape != (config.head_dim // 2,):
             raise ValueError(f"{gguf.path}: tensor rope_freqs.weight has shape "
@@ -102,7 +117,7 @@ def _open(path: Path) -> tuple[ModelConfig, HFSource | GGUFSource, GGUFFile | No
         return config, GGUFSource(gguf, config), gguf
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
-    source = HFSource(path, ct)
+    source = HFSource(path, ct, config)
     if config.has_lm_head and not config.tie_word_embeddings and \
             not source.has("lm_head.weight"):   # a causal LM's config over an embedding model
         config = dataclasses.replace(config, has_lm_head=False)
@@ -138,7 +153,7 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
         shard_config, vocab_bounds = plan.config(config), plan.vocab_bounds
     weights = load_weights(source, shard_config, dtype, progress, quantization,
                            quantize_lm_head)
-    model = LlamaModel(shard_config, weights, comm, vocab_bounds)
+    model = DecoderModel(shard_config, weights, comm, vocab_bounds)
     if gguf is not None:
         tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         return LoadedModel(path, config, model, tokenizer, tok_config,

@@ -1,7 +1,7 @@
 """moe: the sparse MLP of a mixture-of-experts layer (Mixtral, Qwen3-MoE, GPT-OSS).
 
-A sparse layer's DecoderLayer.run ends with the MLP's input in the workspace's
-`normed` rows; SparseMLP.run then routes every row to its top-k experts and
+A sparse layer's sparse_mlp step (model/layer.py's SparseMLP) leaves the MLP's
+input in the workspace's `normed` rows; the layer bind_experts binds then routes every row to its top-k experts and
 leaves the weighted sum of their outputs in `hidden`, where the next layer's
 residual add picks it up:
 
@@ -34,20 +34,16 @@ def route(logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.ndarray
     return ops.moe_route(np.ascontiguousarray(logits, np.float32), top_k, renormalize)
 
 
-class SparseMLP:
-    """One sparse layer's experts bound to a Workspace's buffers: run() reads the
+def bind_experts(config: ModelConfig, weights: MoEWeights, ws,
+                 gate_up_in: ops.ActScratch | None, down_in: ops.ActScratch | None
+                 ) -> ops.SparseLayer:
+    """One sparse layer's experts bound to a Workspace's buffers: the layer reads the
     MLP input rows in ws.normed and writes their output to ws.hidden. gate_up_in
     and down_in: the ActScratch of quantized experts' activations (None: float
     experts), as the Workspace plans them for this layer."""
-
-    def __init__(self, config: ModelConfig, weights: MoEWeights, ws,
-                 gate_up_in: ops.ActScratch | None, down_in: ops.ActScratch | None):
-        self.layer = ops.bind_sparse_layer(
-            weights.router, weights.router_bias, weights.gate_up, weights.gate_up_bias,
-            weights.down, weights.down_bias, gate_up_in, down_in, config.experts_per_token,
-            config.norm_topk_prob, config.clamped_swiglu,
-            (ws.normed, ws.hidden, ws.router_logits, ws.expert_in, ws.expert_gate_up,
-             ws.expert_act, ws.expert_out))
-
-    def run(self, rows: int) -> None:
-        ops.sparse_layer(self.layer, rows)
+    return ops.bind_sparse_layer(
+        weights.router, weights.router_bias, weights.gate_up, weights.gate_up_bias,
+        weights.down, weights.down_bias, gate_up_in, down_in, config.experts_per_token,
+        config.norm_topk_prob, config.clamped_swiglu,
+        (ws.normed, ws.hidden, ws.router_logits, ws.expert_in, ws.expert_gate_up,
+         ws.expert_act, ws.expert_out))

@@ -38,7 +38,7 @@ from armllm.model.config import ModelConfig
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS
 from armllm.model.quantize import QuantizedMatrix, Scheme
 from armllm.model.sources import QuantFormat
-from armllm.model.weights import _layer_tensors
+from armllm.model.weights import layer_tensors
 
 # rows of a vocabulary shard come in multiples of this (whole panels of the GEMMs)
 VOCAB_UNIT = 64
@@ -140,7 +140,7 @@ def k_unit(source, c: ModelConfig, quantization) -> int:
     if quantization == "none" or not hasattr(source, "native_format"):
         return unit
     for i in range(c.num_layers):
-        tensors = _layer_tensors(c, i)
+        tensors = layer_tensors(c, i)
         o, down = tensors[1][0], tensors[3][0]
         for name, shape in (o, down):
             if not source.has(name):

@@ -2,7 +2,9 @@
 HFSource (a safetensors directory, compressed-tensors and MXFP4 experts
 included) and GGUFSource (a GGUF file), each handing out a matrix's rows a
 chunk at a time (`float_rows`, `quantized_rows`) and telling the format a
-quantized tensor runs in as stored (`native_format`, a QuantFormat)."""
+quantized tensor runs in as stored (`native_format`, a QuantFormat). Both speak
+the architecture's logical (Hugging Face) names and find each tensor where the
+architecture file says it is stored (model/arch: a TensorRef)."""
 from __future__ import annotations
 
 import re
@@ -12,6 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from armllm import ops
+from armllm.model import arch
+from armllm.model.arch import TensorRef
 from armllm.model.compressed_tensors import CTConfig
 from armllm.model.compressed_tensors import load_matrix as ct_load_matrix
 from armllm.model.config import ModelConfig
@@ -56,11 +60,20 @@ class HFSource:
     dequantized (get); GPT-OSS's stacked experts under per-expert names, MXFP4 ones
     as stored (native_format, raw_rows: see stacked_experts)."""
 
-    def __init__(self, model_dir: str | Path, ct: CTConfig | None = None):
+    def __init__(self, model_dir: str | Path, ct: CTConfig | None = None,
+                 config: ModelConfig | None = None):
         self.ckpt = SafetensorsCheckpoint(model_dir)
         self.where = str(model_dir)
         self.ct = ct
         self.stacked = StackedExperts(self.ckpt)
+        # logical name -> TensorRef (None: every tensor under its own name)
+        self._family = None if config is None else arch.of(config)
+        self._config = config
+
+    def _ref(self, name: str) -> TensorRef:
+        if self._family is None:
+            return TensorRef(name)
+        return self._family.hf_tensor(self._config, name, self.ckpt)
 
     def _quantized_module(self, name: str):
         if self.ct is None or not name.endswith(".weight"):
@@ -71,15 +84,22 @@ class HFSource:
         return module, self.ct.weight_args(module)
 
     def has(self, name: str) -> bool:
-        return name in self.ckpt or self.stacked.find(name) is not None or (
+        if self.stacked.find(name) is not None:
+            return True
+        name = self._ref(name).name
+        return name in self.ckpt or (
             self._quantized_module(name) is not None and f"{name}_packed" in self.ckpt)
 
     def get(self, name: str) -> np.ndarray:
         if self.stacked.find(name) is not None:
             return np.concatenate([rows for _, rows in self.float_rows(name, 1 << 30)])
-        if self._quantized_module(name) is not None:
-            return self.get_quantized(name, None).dequantize()
-        return self.ckpt.array(name)
+        ref = self._ref(name)
+        if self._quantized_module(ref.name) is not None:
+            a = self.get_quantized(name, None).dequantize()
+        else:
+            a = self.ckpt.array(ref.name)
+            a = a[_row_slice(ref)] if ref.rows else a
+        return as_f32(a) + np.float32(ref.add) if ref.add else a
 
     def _scheme(self, name: str):
         """(module, (WeightArgs, format)) of a quantized Linear's weight, else None."""
@@ -100,21 +120,21 @@ class HFSource:
             if not stacked.mxfp4 or self.stacked.shape(stacked) != tuple(shape):
                 return None
             return QuantFormat(0, ops.GGUF_ACT_GROUP, gguf=(("MXFP4", shape[0]),))
-        found = self._scheme(name)
+        found = self._scheme(self._ref(name).name)
         if found is None:
             return None
         args = found[1][0]
         return QuantFormat(args.bits, args.group, args.act_symmetric)
 
     def get_quantized(self, name: str, shape: tuple[int, int] | None) -> QuantizedMatrix | None:
-        found = self._scheme(name)
+        ref = self._ref(name)
+        found = self._scheme(ref.name)
         if found is None:
             return None
         module, (args, fmt) = found
-        if shape is None:
-            shape = self._shape(module)
-        return ct_load_matrix(self.ckpt.array, self.ckpt.__contains__, module, args, fmt, shape,
-                              self.where)
+        qm = ct_load_matrix(self.ckpt.array, self.ckpt.__contains__, module, args, fmt,
+                            self._shape(module), self.where)
+        return qm.take_rows(_row_slice(ref)) if ref.rows else qm
 
     def _shape(self, module: str) -> tuple[int, int]:
         if f"{module}.weight" in self.ckpt:
@@ -129,11 +149,12 @@ class HFSource:
         if stacked is not None:
             yield from self.stacked.float_rows(stacked, rows)
             return
-        if self._quantized_module(name) is None:
-            yield from self.ckpt.row_chunks(name, rows)
+        ref = self._ref(name)
+        if self._quantized_module(ref.name) is None:
+            yield from _cut_rows(self.ckpt.row_chunks(ref.name, rows), ref)
             return
         qm = self.get_quantized(name, None)
-        self._release_module(name)
+        self._release_module(ref.name)
         for row0 in range(0, qm.shape[0], rows):
             yield row0, qm.take_rows(slice(row0, row0 + rows)).dequantize()
 
@@ -141,7 +162,7 @@ class HFSource:
         """(0, the whole layer) of a compressed-tensors layer: its int tensors are read
         whole (about the size of the packed weight), then their file pages released."""
         qm = self.get_quantized(name, shape)
-        self._release_module(name)
+        self._release_module(self._ref(name).name)
         yield 0, qm
 
     def raw_rows(self, name: str, shape: tuple[int, int], rows: int):
@@ -153,9 +174,12 @@ class HFSource:
         stacked = self.stacked.find(name)
         if stacked is not None:
             return self.stacked.shape(stacked)
-        if self._quantized_module(name) is not None:
-            return self._shape(name[:-len(".weight")])
-        return tuple(self.ckpt.array(name).shape)
+        ref = self._ref(name)
+        if self._quantized_module(ref.name) is not None:
+            shape = self._shape(ref.name[:-len(".weight")])
+        else:
+            shape = tuple(self.ckpt.array(ref.name).shape)
+        return (ref.rows[1], *shape[1:]) if ref.rows else shape
 
     def _release_module(self, name: str) -> None:
         module = name[:-len(".weight")]
@@ -165,111 +189,65 @@ class HFSource:
 
 
 class GGUFSource:
-    """Tensors of a GGUF file under their HF names, as stored or dequantized, with
-    the Q/K row permutation of llama.cpp's converter undone (its "llama" files only:
-    the others keep HF's rows, as their RoPE is neox-style)."""
-
-    _LAYER = {"input_layernorm.weight": "attn_norm.weight",
-              "self_attn.q_proj.weight": "attn_q.weight",
-              "self_attn.k_proj.weight": "attn_k.weight",
-              "self_attn.v_proj.weight": "attn_v.weight",
-              "self_attn.o_proj.weight": "attn_output.weight",
-              "self_attn.q_proj.bias": "attn_q.bias",
-              "self_attn.k_proj.bias": "attn_k.bias",
-              "self_attn.v_proj.bias": "attn_v.bias",
-              "self_attn.o_proj.bias": "attn_output.bias",
-              "self_attn.q_norm.weight": "attn_q_norm.weight",
-              "self_attn.k_norm.weight": "attn_k_norm.weight",
-              "self_attn.sinks": "attn_sinks.weight",
-              "post_attention_layernorm.weight": "ffn_norm.weight",
-              "mlp.gate_proj.weight": "ffn_gate.weight",
-              "mlp.up_proj.weight": "ffn_up.weight",
-              "mlp.down_proj.weight": "ffn_down.weight",
-              "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
-              "mlp.gate.weight": "ffn_gate_inp.weight",
-              "mlp.router.weight": "ffn_gate_inp.weight",
-              "mlp.router.bias": "ffn_gate_inp.bias",
-              "mlp.experts.down_proj_bias": "ffn_down_exps.bias"}
-    # GPT-OSS's post-attention norm has its own GGUF name
-    _LAYER_GPT_OSS = {"post_attention_layernorm.weight": "post_attention_norm.weight"}
-    # an expert's matrix: rows of the layer's stacked [experts, N, K] tensor (Mixtral's
-    # names, Qwen3-MoE's and GPT-OSS's)
-    _EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\."
-                         r"(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight")
-    _EXPERT_GGUF = {"w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps",
-                    "gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
-                    "down_proj": "ffn_down_exps"}
-    # GPT-OSS's [E, 2 inter] expert gate/up bias, rows interleaved as in its checkpoint,
-    # from the GGUF's separate gate and up biases
-    _GATE_UP_BIAS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj_bias")
+    """Tensors of a GGUF file under the architecture's logical names, as stored or
+    dequantized, found where its architecture file says llama.cpp's converter put
+    them (a row range of a fused tensor, an expert's rows of a stacked one), with
+    the converter's Q/K row permutation undone where it applied one."""
 
     def __init__(self, gguf: GGUFFile, config: ModelConfig):
         self.gguf, self.config, self.where = gguf, config, str(gguf.path)
-        self.permuted_rope = config.architecture in ("LlamaForCausalLM", "MixtralForCausalLM")
+        self._family = arch.of(config)
+
+    def _ref(self, name: str) -> TensorRef:
+        return self._family.gguf_tensor(self.config, name)
 
     def _locate(self, name: str) -> tuple[str, int, tuple[int, ...] | None]:
-        """(GGUF tensor, its first row, shape) of an HF-named tensor; an expert's is a
-        slice of its layer's stacked tensor (shape None: no such tensor or expert)."""
-        m = self._EXPERT.fullmatch(name)
-        if m is None:
-            gname = self._gguf_name(name)
-            t = self.gguf.tensors.get(gname)
-            return gname, 0, None if t is None else tuple(t.shape)
-        layer, expert, which = int(m[1]), int(m[2]), m[3]
-        gname = f"blk.{layer}.{self._EXPERT_GGUF[which]}.weight"
-        t = self.gguf.tensors.get(gname)
-        if t is None or len(t.shape) != 3 or expert >= t.shape[0]:
-            return gname, 0, None
-        return gname, expert * t.shape[1], tuple(t.shape[1:])
-
-    def _gguf_name(self, name: str) -> str:
-        if name == "model.embed_tokens.weight":
-            return "token_embd.weight"
-        if name == "model.norm.weight":
-            return "output_norm.weight"
-        if name == "lm_head.weight":
-            return "output.weight"
-        parts = name.split(".", 3)  # model.layers.N.rest
-        if len(parts) == 4 and parts[1] == "layers":
-            if self.config.architecture == "GptOssForCausalLM" and \
-                    parts[3] in self._LAYER_GPT_OSS:
-                return f"blk.{parts[2]}.{self._LAYER_GPT_OSS[parts[3]]}"
-            if parts[3] in self._LAYER:
-                return f"blk.{parts[2]}.{self._LAYER[parts[3]]}"
-        return name
-
-    def _gate_up_bias(self, name: str) -> tuple[str, str] | None:
-        m = self._GATE_UP_BIAS.fullmatch(name)
-        return None if m is None else (f"blk.{m[1]}.ffn_gate_exps.bias",
-                                       f"blk.{m[1]}.ffn_up_exps.bias")
+        """(GGUF tensor, its first row, shape) of a logical tensor: a row range of a
+        fused tensor, an expert's slice of a stacked one (shape None: no such tensor,
+        rows or expert)."""
+        ref = self._ref(name)
+        t = self.gguf.tensors.get(ref.name)
+        if t is None:
+            return ref.name, 0, None
+        if ref.expert is not None:
+            if len(t.shape) != 3 or ref.expert >= t.shape[0]:
+                return ref.name, 0, None
+            return ref.name, ref.expert * t.shape[1], tuple(t.shape[1:])
+        if ref.rows is not None:
+            first, count = ref.rows
+            if len(t.shape) != 2 or first + count > t.shape[0]:
+                return ref.name, 0, None
+            return ref.name, first, (count, t.shape[1])
+        return ref.name, 0, tuple(t.shape)
 
     def has(self, name: str) -> bool:
-        pair = self._gate_up_bias(name)
-        if pair is not None:
-            return all(n in self.gguf.tensors for n in pair)
+        ref = self._ref(name)
+        if ref.interleave is not None:
+            return ref.name in self.gguf.tensors and ref.interleave in self.gguf.tensors
         return self._locate(name)[2] is not None
 
     def shape(self, name: str) -> tuple[int, ...]:
-        pair = self._gate_up_bias(name)
-        if pair is not None:
-            experts, inter = self.gguf.tensors[pair[0]].shape
+        ref = self._ref(name)
+        if ref.interleave is not None:
+            experts, inter = self.gguf.tensors[ref.name].shape
             return (experts, 2 * inter)
         return self._locate(name)[2]
 
     def _rope_heads(self, name: str) -> int | None:
-        if self.permuted_rope and name.endswith(("self_attn.q_proj.weight",
-                                                 "self_attn.k_proj.weight")):
-            return self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
-        return None
+        return self._ref(name).rope_heads or None
 
     def get(self, name: str) -> np.ndarray:
-        pair = self._gate_up_bias(name)
-        if pair is not None:   # interleaved: row 2j is gate j, 2j + 1 up j
-            gate, up = (self.gguf.dequantize(n) for n in pair)
-            return np.stack([gate, up], axis=2).reshape(gate.shape[0], -1)
-        w = self.gguf.dequantize(self._gguf_name(name))
+        ref = self._ref(name)
+        if ref.interleave is not None:   # interleaved: column 2j is the first's j
+            first, second = (self.gguf.dequantize(n) for n in (ref.name, ref.interleave))
+            return np.stack([first, second], axis=2).reshape(first.shape[0], -1)
+        gname, first, shape = self._locate(name)
+        w = self.gguf.dequantize(gname)
+        if first or (shape is not None and len(w.shape) == 3):   # rows of a larger tensor
+            w = w.reshape(-1, w.shape[-1])[first:first + shape[0]]
         heads = self._rope_heads(name)
-        return w if heads is None else unpermute_rope_rows(w, heads)
+        w = w if heads is None else unpermute_rope_rows(w, heads)
+        return w + np.float32(ref.add) if ref.add else w
 
     def _quantized_tensor(self, name: str, shape: tuple[int, int], types=GGUF_QUANTIZED):
         gname, _, found = self._locate(name)
@@ -348,6 +326,22 @@ class GGUFSource:
                 qm = qm.take_rows(unpermute_rope_rows(np.arange(count), count // unit))
             yield row0, qm
             self.gguf.release(gname, first + row0, first + row1)
+
+
+def _row_slice(ref: TensorRef) -> slice:
+    return slice(ref.rows[0], ref.rows[0] + ref.rows[1])
+
+
+def _cut_rows(chunks, ref: TensorRef):
+    """(first row, rows) chunks of a whole tensor cut to ref's row range."""
+    if ref.rows is None:
+        yield from chunks
+        return
+    start, stop = ref.rows[0], ref.rows[0] + ref.rows[1]
+    for row0, rows in chunks:
+        lo, hi = max(start, row0), min(stop, row0 + rows.shape[0])
+        if lo < hi:
+            yield lo - start, rows[lo - row0:hi - row0]
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:

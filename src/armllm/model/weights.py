@@ -16,66 +16,37 @@ from typing import Literal
 import numpy as np
 
 from armllm import ops
+from armllm.model import arch
+from armllm.model.arch.base import EMBED, FINAL_NORM
 from armllm.model.config import ModelConfig
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS
+from armllm.model.layer import QKNorm, SparseMLP, Step, attention_step, has_step, step_norms
 from armllm.model.quantize import Scheme, num_groups, quantize_rtn
 from armllm.model.sources import GGUFSource, QuantFormat, as_bf16, as_f32, chunk_rows
 
 WeightDtype = Literal["f32", "bf16"]
 
 
-LAYER_LINEARS = ("qkv", "o", "gate_up", "down")   # a layer's packed linear weights
-
-
 @dataclass(frozen=True)
 class LinearFormats:
-    """What each linear weight runs as: per layer the LAYER_LINEARS weights' formats,
+    """What each linear weight runs as: per layer the LINEARS weights' formats,
     and the lm_head's; None: a float weight in the model's dtype."""
     layers: tuple[tuple[QuantFormat | None, ...], ...]
     lm_head: QuantFormat | None
     embed_gguf: str | None = None   # the embedding table kept as stored in this ggml type
 
 
-# the checkpoint names of a sparse layer's router and of expert e's gate, up and down
-# projections, under "model.layers.{i}.", by architecture
-_MOE_NAMES = {
-    "MixtralForCausalLM": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
-                           "block_sparse_moe.experts.{e}.w3.weight",
-                           "block_sparse_moe.experts.{e}.w2.weight"),
-    "Qwen3MoeForCausalLM": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
-                            "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
-    # slices of the layer's stacked tensors (stacked_experts)
-    "GptOssForCausalLM": ("mlp.router.weight", "mlp.experts.{e}.gate_proj.weight",
-                          "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
-}
-
-
-def _layer_tensors(c: ModelConfig, i: int, expert: int = 0
-                   ) -> list[list[tuple[str, tuple[int, int]]]]:
+def layer_tensors(c: ModelConfig, i: int, expert: int = 0
+                  ) -> list[list[tuple[str, tuple[int, int]]]]:
     """The checkpoint tensors (name, [N, K]) of layer i's packed linear weights, in
-    LAYER_LINEARS order: q/k/v fused, o, gate/up fused, down; in a sparse layer the
-    gate/up and down of expert `expert`."""
-    p = f"model.layers.{i}."
-    h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.mlp_size(i)
-    gate, up, down = p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", \
-        p + "mlp.down_proj.weight"
-    if c.is_moe_layer(i):
-        gate, up, down = (p + n.format(e=expert) for n in _MOE_NAMES[c.architecture][1:])
-    return [[(p + "self_attn.q_proj.weight", (q, h)), (p + "self_attn.k_proj.weight", (kv, h)),
-             (p + "self_attn.v_proj.weight", (kv, h))],
-            [(p + "self_attn.o_proj.weight", (h, q))],
-            [(gate, (inter, h)), (up, (inter, h))],
-            [(down, (h, inter))]]
-
-
-def _router_tensor(c: ModelConfig, i: int) -> tuple[str, tuple[int, int]]:
-    return f"model.layers.{i}." + _MOE_NAMES[c.architecture][0], (c.num_experts, c.hidden_size)
+    LINEARS order (the architecture file's linear_parts)."""
+    return arch.of(c).linear_parts(c, i, expert)
 
 
 def linear_shapes(c: ModelConfig, i: int = 0) -> list[tuple[int, int]]:
-    """[N, K] of layer i's packed linear weights, in LAYER_LINEARS order (a sparse
+    """[N, K] of layer i's packed linear weights, in LINEARS order (a sparse
     layer's gate_up and down: one expert's)."""
-    return [(sum(n for _, (n, _) in parts), parts[0][1][1]) for parts in _layer_tensors(c, i)]
+    return [(sum(n for _, (n, _) in parts), parts[0][1][1]) for parts in layer_tensors(c, i)]
 
 
 @dataclass
@@ -94,18 +65,18 @@ class MoEWeights:
 
 @dataclass
 class LayerWeights:
-    input_norm: np.ndarray
+    norms: dict[str, np.ndarray]   # [hidden] RMSNorm weights, by the names the steps use
     qkv: ops.PackedWeight          # [q; k; v] rows
     qkv_bias: np.ndarray | None
-    q_norm: np.ndarray | None      # per-head RMSNorm weights (Qwen3)
+    q_norm: np.ndarray | None      # per-head RMSNorm weights (the QKNorm step's)
     k_norm: np.ndarray | None
     o: ops.PackedWeight
-    post_norm: np.ndarray
     gate_up: ops.PackedWeight | None   # [gate; up] rows (None in a sparse layer)
     down: ops.PackedWeight | None
     moe: MoEWeights | None = None
     o_bias: np.ndarray | None = None   # GPT-OSS
     sinks: np.ndarray | None = None    # [heads] attention sink logits (GPT-OSS)
+    steps: tuple[Step, ...] = ()       # the layer as its architecture file declares it
 
     def mlp_weights(self) -> tuple[ops.PackedWeight, ops.PackedWeight]:
         """The (gate_up, down) whose formats stand for the layer's MLP: expert 0's in a
@@ -198,7 +169,7 @@ def _quantizes_head(quantization: Quantization, quantize_lm_head: bool) -> bool:
 
 def head_tensor_name(c: ModelConfig) -> str:
     """The checkpoint tensor the lm_head is read from (the embedding when tied)."""
-    return "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    return arch.of(c).head_tensor(c)
 
 
 def _head_tensor(c: ModelConfig) -> tuple[str, tuple[int, int]]:
@@ -217,7 +188,7 @@ def linear_formats(source, config: ModelConfig, quantization: Quantization = "au
         natives = [getter(n, s) if getter else None for n, s in names_shapes]
         return _fused_format(natives, quantization)
 
-    layers = tuple(tuple(fmt(parts) for parts in _layer_tensors(config, i))
+    layers = tuple(tuple(fmt(parts) for parts in layer_tensors(config, i))
                    for i in range(config.num_layers))
     plan = getattr(source, "plan", None)   # a tensor-parallel rank's: its vocabulary rows
     rows = plan.vocab[1] - plan.vocab[0] if plan else config.vocab_size
@@ -230,7 +201,7 @@ def linear_formats(source, config: ModelConfig, quantization: Quantization = "au
 
 
 def _embed_tensor(c: ModelConfig) -> tuple[str, tuple[int, int]]:
-    return "model.embed_tokens.weight", (c.vocab_size, c.hidden_size)
+    return EMBED, (c.vocab_size, c.hidden_size)
 
 
 def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
@@ -387,7 +358,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
 
     def experts(i: int) -> MoEWeights:
         """Layer i's router and experts, every expert in expert 0's format."""
-        packed = [[matrix(parts) for parts in _layer_tensors(c, i, e)[2:]]
+        packed = [[matrix(parts) for parts in layer_tensors(c, i, e)[2:]]
                   for e in range(c.num_experts)]
         first = [_packed_format(w) for w in packed[0]]
         for e, pair in enumerate(packed[1:], 1):
@@ -395,7 +366,8 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                 raise ValueError(f"{source.where}: expert {e} of layer {i} is stored in "
                                  f"another format than expert 0; armllm runs a layer's "
                                  f"experts in one format")
-        router, biases = _router_tensor(c, i), (None, None, None)
+        router = (family.router_tensor(i), (c.num_experts, c.hidden_size))
+        biases = (None, None, None)
         if c.moe_bias:   # GPT-OSS: stacked per layer, gate_up's rows interleaved
             stem = f"model.layers.{i}.mlp.experts."
             e, inter = c.num_experts, c.moe_intermediate_size
@@ -407,39 +379,40 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         return MoEWeights(matrix([router], may_quantize=False), [g for g, _ in packed],
                           [d for _, d in packed], *biases)
 
+    family = arch.of(c)
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        qkv, o, gate_up, down = _layer_tensors(c, i)
-        moe = experts(i) if c.is_moe_layer(i) else None
+        steps = family.layer(c, i)
+        qkv, o, gate_up, down = layer_tensors(c, i)
+        moe = experts(i) if has_step(steps, SparseMLP) else None
         bias = None
         if c.attention_bias:
             bias = np.concatenate([as_f32(tensor(p + f"self_attn.{n}_proj.bias", (size,)))
                                    for n, size in (("q", q), ("k", kv), ("v", kv))])
+        qk = [as_f32(tensor(p + f"self_attn.{n}_norm.weight", (c.head_dim,)))
+              for n in "qk"] if has_step(steps, QKNorm) else [None, None]
         layers.append(LayerWeights(
-            input_norm=as_f32(tensor(p + "input_layernorm.weight", (h,))),
+            norms={n: as_f32(tensor(p + family.norms[n], (h,))) for n in step_norms(steps)},
             qkv=matrix(qkv),
             qkv_bias=bias,
-            q_norm=as_f32(tensor(p + "self_attn.q_norm.weight", (c.head_dim,))) if c.qk_norm
-            else None,
-            k_norm=as_f32(tensor(p + "self_attn.k_norm.weight", (c.head_dim,))) if c.qk_norm
-            else None,
+            q_norm=qk[0],
+            k_norm=qk[1],
             o=matrix(o),
-            post_norm=as_f32(tensor(p + "post_attention_layernorm.weight", (h,))),
             gate_up=None if moe else matrix(gate_up),
             down=None if moe else matrix(down),
             moe=moe,
             o_bias=as_f32(tensor(p + "self_attn.o_proj.bias", (h,))) if c.o_bias else None,
-            sinks=as_f32(tensor(p + "self_attn.sinks", (c.num_heads,))) if c.attention_sinks
-            else None,
+            sinks=as_f32(tensor(p + "self_attn.sinks", (c.num_heads,)))
+            if attention_step(steps).sinks else None,
+            steps=steps,
         ))
         if progress:
             progress(i + 1, c.num_layers)
     label = ", ".join(sorted(used)) or None
     if lm_head is not None and lm_head.quantized:
         label = f"{label}; lm_head {head_label}"
-    return ModelWeights(dtype, embed, layers, as_f32(tensor("model.norm.weight", (h,))), lm_head,
-                        label)
+    return ModelWeights(dtype, embed, layers, as_f32(tensor(FINAL_NORM, (h,))), lm_head, label)
 
 
 def _group_name(group: int) -> str:

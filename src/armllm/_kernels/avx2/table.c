@@ -20,6 +20,7 @@ const armllm_kernels armllm_kernels_avx2 = {
     ARMLLM_SLOT(rmsnorm, avx2),
     ARMLLM_SLOT(rope, avx2),
     ARMLLM_SLOT(silu_mul, avx2),
+    ARMLLM_SLOT(gelu_tanh_mul, avx2),
     ARMLLM_SLOT(embed_f32, avx2),
     ARMLLM_SLOT(embed_bf16, avx2),
     ARMLLM_SLOT(exp, avx2),

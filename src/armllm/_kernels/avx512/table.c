@@ -21,6 +21,7 @@ const armllm_kernels armllm_kernels_avx512 = {
     ARMLLM_SLOT(rmsnorm, avx512),
     ARMLLM_SLOT(rope, avx512),
     ARMLLM_SLOT(silu_mul, avx512),
+    ARMLLM_SLOT(gelu_tanh_mul, avx512),
     ARMLLM_SLOT(embed_f32, avx2), /* a row memcpy either way: no avx512 code to win */
     ARMLLM_SLOT(embed_bf16, avx512),
     ARMLLM_SLOT(exp, avx512),

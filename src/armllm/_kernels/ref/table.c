@@ -18,6 +18,7 @@ const armllm_kernels armllm_kernels_ref = {
     ARMLLM_SLOT(rmsnorm, ref),
     ARMLLM_SLOT(rope, ref),
     ARMLLM_SLOT(silu_mul, ref),
+    ARMLLM_SLOT(gelu_tanh_mul, ref),
     ARMLLM_SLOT(embed_f32, ref),
     ARMLLM_SLOT(embed_bf16, ref),
     ARMLLM_SLOT(exp, ref),

@@ -1,8 +1,8 @@
-"""llama: the Llama-family decoder as one flat graph over armllm.ops:
-Llama 2/3/3.1/3.2 and SmolLM2, Mistral (sliding window), Qwen2 (q/k/v
-bias) and Qwen3 (RMSNorm on each q/k head); their mixture-of-experts kin
-(Mixtral, Qwen3-MoE, GPT-OSS: attention sinks, biases, sliding and full layers
-alternating) with the sparse MLP of model/moe.py.
+"""decoder: the decoder model every architecture runs as: embeddings (scaled where
+the architecture says), its layers, each the steps its architecture file
+declares (model/arch/, model/layer.py) run by one bound C call, and the final
+norm and lm_head on only the rows that need logits (soft-capped where the
+architecture says).
 
 `forward` runs one flattened varlen batch (prefill chunks and decodes
 together) against the paged KV cache and returns logits only for the rows
@@ -16,16 +16,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from armllm import ops
+from armllm.model import arch
 from armllm.model.config import ModelConfig
 from armllm.model.kv_cache import KVCache
-from armllm.model.moe import SparseMLP
-from armllm.model.weights import (
-    LAYER_LINEARS,
-    LinearFormats,
-    ModelWeights,
-    QuantFormat,
-    linear_shapes,
+from armllm.model.layer import (
+    LINEARS,
+    Act,
+    Attention,
+    Linear,
+    Norm,
+    NormLinear,
+    QKNorm,
+    RopeKV,
+    SparseMLP,
+    Step,
+    has_step,
 )
+from armllm.model.moe import bind_experts
+from armllm.model.weights import LinearFormats, ModelWeights, QuantFormat, linear_shapes
 
 
 @dataclass
@@ -76,6 +84,7 @@ class Workspace:
                  formats: LinearFormats | None = None, max_split_rows: int = 16,
                  max_seq_len: int | None = None, logits_cols: int | None = None):
         self.max_tokens, self.max_logits, self.formats = max_tokens, max_logits, formats
+        self.max_seq_len = max_seq_len or config.max_position_embeddings
         for name, shape in self._arrays(config, max_tokens, max_logits, max_split_rows,
                                         max_seq_len, logits_cols).items():
             setattr(self, name, None if shape is None else np.empty(shape, np.float32))
@@ -83,7 +92,7 @@ class Workspace:
                                                                 formats)
         made = {key: ops.ActScratch(**args) for key, args in scratch_args.items()}
         self.scratches: list[ops.ActScratch] = list(made.values())
-        # per layer, the scratch of each of its LAYER_LINEARS weights (None: a float weight)
+        # per layer, the scratch of each of its LINEARS weights (None: a float weight)
         self.layer_scratch = [tuple(made.get(key) for key in keys) for keys in layer_keys]
         self.head_scratch: ops.ActScratch | None = made.get(head_key)
         # (model, KV cache, its layers and head bound to these buffers), set by its forward
@@ -106,14 +115,17 @@ class Workspace:
                 ) -> dict[str, tuple[int, ...] | None]:
         """The float32 buffers' shapes, by attribute name."""
         t, h = max_tokens, c.hidden_size
-        dense = max((c.intermediate_size for i in range(c.num_layers) if not c.is_moe_layer(i)),
+        steps = layer_steps(c)
+        dense = max((c.intermediate_size for i, s in enumerate(steps) if has_step(s, Act)),
                     default=0)
-        moe, e_inter = bool(c.moe_layers), c.moe_intermediate_size
+        moe = any(has_step(s, SparseMLP) for s in steps)
+        qk_norm = any(has_step(s, QKNorm) for s in steps)
+        e_inter = c.moe_intermediate_size
         return {
             "residual": (t, h), "hidden": (t, h), "normed": (t, h),
             "qkv": (t, c.q_size + 2 * c.kv_size),
-            "q_normed": (t, c.q_size) if c.qk_norm else None,
-            "k_normed": (t, c.kv_size) if c.qk_norm else None,
+            "q_normed": (t, c.q_size) if qk_norm else None,
+            "k_normed": (t, c.kv_size) if qk_norm else None,
             "attn": (t, c.q_size), "gate_up": (t, 2 * dense), "act": (t, dense),
             "router_logits": (t, c.num_experts) if moe else None,
             "expert_in": (t, h) if moe else None,
@@ -131,12 +143,12 @@ class Workspace:
     def _scratch_plan(c: ModelConfig, max_tokens: int, max_logits: int,
                       formats: LinearFormats | None
                       ) -> tuple[dict[tuple, dict], list[tuple], tuple | None]:
-        """The ActScratch arguments by key, each layer's keys (in LAYER_LINEARS order,
+        """The ActScratch arguments by key, each layer's keys (in LINEARS order,
         None for a float weight) and the lm_head's key. Inputs of one row count, K and
         group length share a scratch (each call quantizes into it in turn), which holds
         the zero points' correction of the widest asymmetric weight among them."""
         if formats is None:
-            return {}, [(None,) * len(LAYER_LINEARS)] * c.num_layers, None
+            return {}, [(None,) * len(LINEARS)] * c.num_layers, None
         if len(formats.layers) != c.num_layers:
             raise ValueError(f"formats describe {len(formats.layers)} layers, the model has "
                              f"{c.num_layers}")
@@ -158,26 +170,42 @@ class Workspace:
         return scratches, layers, key(formats.lm_head, c.vocab_size, c.hidden_size, max_logits)
 
 
-class LlamaModel:
+def layer_steps(c: ModelConfig) -> list[tuple[Step, ...]]:
+    """Every layer's steps, as the model's architecture file declares them."""
+    family = arch.of(c)
+    return [family.layer(c, i) for i in range(c.num_layers)]
+
+
+class DecoderModel:
     """The decoder over its weights. A tensor-parallel rank's holds its shards
     (model/sharding.py; `config` is its ShardPlan's) and `comm`, its ops.Comm: its
     layers all-reduce after o and down (and the experts), and its lm_head's logits,
     vocabulary columns vocab_bounds[rank]..vocab_bounds[rank + 1], are gathered onto
-    rank 0, whose forward returns the whole rows. Rank 0's also has `channel`
-    (engine/tensor_parallel.StepChannel): its forward first hands the batch to the
-    other ranks, whose forwards run in lockstep with it."""
+    rank 0, whose forward returns the whole rows (the tensor-parallel runner hands
+    each step's batch to the other ranks first: engine/tensor_parallel.py)."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights,
                  comm: ops.Comm | None = None, vocab_bounds: tuple[int, ...] | None = None):
         self.config, self.weights = config, weights
         self.comm = comm
-        self.channel = None   # rank 0 of several: set by engine/setup.py
         self.vocab_bounds = None if vocab_bounds is None else np.asarray(vocab_bounds, np.int64)
         self.formats = weights.formats   # what a Workspace for these weights is built with
-        c = config
-        self.cos_sin = ops.rope_cos_sin(c.max_position_embeddings, c.head_dim, c.rope_theta,
-                                        c.rope_scaling)
-        self.scale = c.head_dim ** -0.5
+        self._rope_tables: dict[tuple[str, int], np.ndarray] = {}
+
+    def rope_table(self, which: str, max_seq_len: int) -> np.ndarray:
+        """The cos/sin table [max_position_embeddings, rot_dim] of the RopeKV steps'
+        `which` ("global", or "local": the sliding layers' own base) for a context of
+        up to max_seq_len tokens (LongRoPE's factors depend on it)."""
+        c = self.config
+        long = max_seq_len > (c.rope_scaling or {}).get("original_max_position_embeddings",
+                                                        max_seq_len)
+        key = (which, long if which == "global" else False)
+        if key not in self._rope_tables:
+            theta, scaling = (c.rope_theta, c.rope_scaling) if which == "global" or \
+                not c.local_rope_theta else (c.local_rope_theta, c.local_rope_scaling)
+            self._rope_tables[key] = ops.rope_cos_sin(c.max_position_embeddings, c.rot_dim,
+                                                      theta, scaling)
+        return self._rope_tables[key]
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace,
                 copies: list[tuple[int, int, int]] | tuple = ()) -> np.ndarray:
@@ -193,21 +221,17 @@ class LlamaModel:
         if len(meta.other_groups) + 1 != len(kv.groups):
             raise ValueError(f"the batch has block tables for {len(meta.other_groups) + 1} KV "
                              f"groups, the cache {len(kv.groups)}")
-        if self.channel is not None:
-            self.channel.send(meta, copies)
         if copies:
             kv.copy_blocks(copies)
         ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
+        if self.config.embed_scale != 1.0:
+            ws.residual[:t] *= np.float32(self.config.embed_scale)
         batches = [ops.StepBatch(meta.positions, slots, table, meta.seq_lens, meta.query_start)
                    for slots, table in ((meta.slot_mapping, meta.block_table),
                                         *meta.other_groups)]
-        layers, sparse, head = self._bound(kv, ws)
-        for layer, mlp, group in zip(layers, sparse, kv.group_of, strict=True):
+        layers, head = self._bound(kv, ws)
+        for layer, group in zip(layers, kv.group_of, strict=True):
             ops.decoder_layer(layer, batches[group])
-            if mlp is not None:
-                mlp.run(t)
-                if self.comm is not None:   # each rank's experts' share of the sum
-                    self.comm.allreduce(ws.hidden[:t].reshape(-1))
         if r == 0:  # a step of prompt chunks only: nothing samples
             return ws.logits[:0]
         if head is None:
@@ -218,7 +242,11 @@ class LlamaModel:
         ops.norm_head(head, meta.logits_rows, t)
         if self.comm is not None:
             self.comm.gather_cols(ws.logits[:r], self.vocab_bounds)
-        return ws.logits[:r]
+        logits = ws.logits[:r]
+        cap = self.config.final_logit_softcap
+        if cap:   # cap * tanh(logits / cap)
+            np.multiply(np.tanh(np.divide(logits, cap, out=logits), out=logits), cap, out=logits)
+        return logits
 
     def final_hidden(self, ws: Workspace, rows: np.ndarray) -> np.ndarray:
         """The last hidden states (after the final norm) of these rows of the forward
@@ -228,40 +256,51 @@ class LlamaModel:
         return ops.rms_norm(x, self.weights.final_norm, self.config.rms_norm_eps, out=x)
 
     def _bound(self, kv: KVCache, ws: Workspace
-               ) -> tuple[list[ops.DecoderLayer], list[SparseMLP | None], ops.NormHead | None]:
-        """The layers, each sparse layer's experts (None for a dense layer) and the
-        head bound to this cache and workspace (built on first use). Each layer runs
-
-            res += x (the previous layer's MLP output; layer 0 starts from the embedding)
-            qkv = rms_norm(res, input_norm) @ qkv.T (+ bias)    (one fused call, quantized)
-            q, k = rms_norm per head (Qwen3's qk_norm); rope(q), rope(k) (neox)
-            kv_write(k, v -> the cache's slots)
-            attn = paged_attention(q, cache, the layer's window, sinks (GPT-OSS))
-            x = attn @ o.T (+ bias);  res += x;  gate_up = rms_norm(res, post_norm) @ gate_up.T
-            x = (silu(gate) * up) @ down.T   (a sparse layer: x = SparseMLP(normed rows))
-
-        with the kernels and buffers armllm.ops' per-op wrappers would use; the head
-        gathers the rows that need logits of x and res, then res += x, x = rms_norm(res,
-        final_norm), logits = x @ lm_head.T."""
+               ) -> tuple[list[ops.DecoderLayer], ops.NormHead | None]:
+        """The layers and the head bound to this cache and workspace (built on first
+        use): each layer its steps (LayerWeights.steps) over its weights, the
+        workspace's buffers and its cache layer, with the kernels and buffers
+        armllm.ops' per-op wrappers would use; the head gathers the rows that need
+        logits of x and res, then res += x, x = rms_norm(res, final_norm),
+        logits = x @ lm_head.T."""
         if ws.bound is not None and ws.bound[0] is self and ws.bound[1] is kv:
             return ws.bound[2:]
         c, w = self.config, self.weights
         buffers = (ws.residual, ws.hidden, ws.normed, ws.qkv, ws.q_normed, ws.k_normed,
                    ws.attn, ws.gate_up, ws.act, ws.attn_scratch)
-        layers, sparse = [], []
+        layers = []
         for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
             qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
             linears = [(lw.qkv, lw.qkv_bias, qkv_in), (lw.o, lw.o_bias, o_in),
                        (lw.gate_up, None, gate_up_in), (lw.down, None, down_in)]
-            sparse.append(SparseMLP(c, lw.moe, ws, gate_up_in, down_in) if lw.moe else None)
-            qk = (lw.q_norm, lw.k_norm) if c.qk_norm else (None, None)
+            sparse = bind_experts(c, lw.moe, ws, gate_up_in, down_in) if lw.moe else None
+            attention = next(s for s in lw.steps if isinstance(s, Attention))
+            rope_kv = next(s for s in lw.steps if isinstance(s, RopeKV))
             layers.append(ops.bind_decoder_layer(
-                linears, lw.input_norm, lw.post_norm, *qk, c.rms_norm_eps, buffers, kv.k[i],
-                kv.v[i], self.cos_sin, c.num_heads, c.num_kv_heads, c.head_dim, self.scale,
-                c.window(i), first=i == 0, sinks=lw.sinks, comm=self.comm))
+                [self._step(s, lw) for s in lw.steps], linears, lw.q_norm, lw.k_norm,
+                c.rms_norm_eps, buffers, kv.k[i], kv.v[i],
+                self.rope_table(rope_kv.table, ws.max_seq_len), c.num_heads, c.num_kv_heads,
+                c.head_dim, c.rot_dim, attention.scale or c.head_dim ** -0.5,
+                attention.window, first=i == 0, sinks=lw.sinks, comm=self.comm,
+                sparse=sparse))
         # rank 0 of several: its vocabulary shard's columns come first in the whole rows
         head = None if w.lm_head is None else ops.bind_norm_head(
             w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps, ws.hidden, ws.residual,
             ws.selected, ws.selected_residual, ws.logits[:, :w.lm_head.n])
-        ws.bound = (self, kv, layers, sparse, head)
-        return layers, sparse, head
+        ws.bound = (self, kv, layers, head)
+        return layers, head
+
+    @staticmethod
+    def _step(step: Step, lw) -> tuple:
+        """A step as the bound layer's C side reads it (see ops.DecoderLayer)."""
+        if isinstance(step, NormLinear):
+            return ("norm_linear", step.linear, lw.norms[step.norm])
+        if isinstance(step, Linear):
+            return ("linear", step.linear)
+        if isinstance(step, Norm):
+            return ("norm", lw.norms[step.norm])
+        if isinstance(step, SparseMLP):
+            return ("sparse_mlp", lw.norms[step.norm])
+        if isinstance(step, Act):
+            return ("act", step.kind)
+        return ({QKNorm: "qk_norm", RopeKV: "rope_kv", Attention: "attention"}[type(step)],)

@@ -1,0 +1,50 @@
+"""arch: the registry of model architectures. Each file here is one family
+(model/arch/base.py says what a file declares); this module maps a Hugging
+Face config.json's `architectures` and a GGUF file's `general.architecture`
+to the file that runs it, and a ModelConfig back to its family. It is the
+only place, with the architecture files, where an architecture's name is
+compared."""
+from __future__ import annotations
+
+from typing import Any
+
+from armllm.model.arch import gemma3, gpt_oss, llama, mixtral, phi3, qwen3_moe
+from armllm.model.arch.base import Architecture, TensorRef
+from armllm.model.config import ModelConfig
+
+FAMILIES: tuple[Architecture, ...] = tuple(m.ARCHITECTURE for m in (
+    llama, mixtral, qwen3_moe, gpt_oss, gemma3, phi3))
+HF_ARCHITECTURES: dict[str, Architecture] = {
+    name: f for f in FAMILIES for name in f.hf_architectures}
+GGUF_ARCHITECTURES: dict[str, Architecture] = {
+    name: f for f in FAMILIES for name in f.gguf_architectures}
+
+__all__ = ["Architecture", "TensorRef", "FAMILIES", "HF_ARCHITECTURES", "GGUF_ARCHITECTURES",
+           "for_hf", "for_gguf", "of"]
+
+
+def for_hf(cfg: dict[str, Any], source: str) -> tuple[Architecture, str]:
+    """The family that runs a config.json, and the `architectures` entry it runs."""
+    archs = cfg.get("architectures") or []
+    name = next((a for a in archs if a in HF_ARCHITECTURES), None)
+    if name is None:
+        raise ValueError(f"{source}: unsupported architecture {archs or cfg.get('model_type')!r} "
+                         f"(supported: {', '.join(HF_ARCHITECTURES)})")
+    return HF_ARCHITECTURES[name], name
+
+
+def for_gguf(meta: dict[str, Any], source: str) -> tuple[Architecture, str]:
+    """The family that runs a GGUF file, and its general.architecture."""
+    name = meta.get("general.architecture")
+    if name not in GGUF_ARCHITECTURES:
+        raise ValueError(f"{source}: unsupported GGUF architecture {name!r} (supported: "
+                         f"{', '.join(GGUF_ARCHITECTURES)})")
+    return GGUF_ARCHITECTURES[name], name
+
+
+def of(config: ModelConfig) -> Architecture:
+    """The family whose config this is (by the architecture it records)."""
+    for f in FAMILIES:
+        if config.architecture in f.hf_architectures.values():
+            return f
+    raise ValueError(f"no architecture file runs {config.architecture!r}")

@@ -1,0 +1,73 @@
+"""llama: the Llama layer as Llama, Mistral, Qwen2, Qwen3 and SmolLM run it (and
+their bare decoders, e.g. Qwen3-Embedding, gte-Qwen2, e5-mistral, served as
+embedding models): pre-norm attention (q/k/v biases: Qwen2; per-head q/k
+RMSNorm: Qwen3; a sliding window in every layer: Mistral), then a SwiGLU MLP.
+
+GGUF: llama.cpp's "llama" (Llama, Mistral, SmolLM: Q/K rows permuted for its
+RoPE, undone at load; with llama.expert_count it is Mixtral:
+model/arch/mixtral.py), "qwen2" and "qwen3" (Hugging Face's rows)."""
+from __future__ import annotations
+
+from typing import Any
+
+from armllm.model.arch.base import Architecture, TensorRef
+from armllm.model.config import ModelConfig
+
+
+def sliding_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """A config.json's window in every layer (Mistral's, Mixtral's), unless
+    use_sliding_window turns it off."""
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if not window:
+        return {"sliding_window": 0}
+    return {"sliding_window": int(window), "sliding_layers": tuple(range(num_layers))}
+
+
+class Llama(Architecture):
+    name = "llama"
+    hf_architectures = {
+        "LlamaForCausalLM": "LlamaForCausalLM", "MistralForCausalLM": "MistralForCausalLM",
+        "Qwen2ForCausalLM": "Qwen2ForCausalLM", "Qwen3ForCausalLM": "Qwen3ForCausalLM",
+        "LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
+        "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
+    gguf_architectures = ("llama", "qwen2", "qwen3")
+    PERMUTED_ROPE = ("LlamaForCausalLM",)   # what a "llama" GGUF runs as
+    # the HF architecture each GGUF architecture runs as
+    GGUF_AS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}
+
+    def config_from_hf(self, cfg: dict[str, Any], arch: str) -> ModelConfig:
+        fields = self.hf_fields(cfg, arch)
+        name = fields["architecture"]
+        fields["attention_bias"] = bool(cfg.get("attention_bias", name == "Qwen2ForCausalLM"))
+        fields["qk_norm"] = name == "Qwen3ForCausalLM"
+        if name == "MistralForCausalLM":
+            fields.update(sliding_fields(cfg, fields["num_layers"]))
+        return ModelConfig(**fields)
+
+    def config_from_gguf(self, meta: dict[str, Any], gguf_arch: str, source: str
+                         ) -> ModelConfig:
+        if gguf_arch == "llama" and meta.get("llama.expert_count"):
+            from armllm.model.arch.mixtral import ARCHITECTURE as MIXTRAL
+            return MIXTRAL.config_from_gguf(meta, gguf_arch, source)
+        fields = self.gguf_fields(meta, gguf_arch, source)
+        fields["architecture"] = self.GGUF_AS[gguf_arch]
+        # llama.cpp's qwen2 graph adds q/k/v biases; the loader finds them by name
+        fields["attention_bias"] = gguf_arch == "qwen2"
+        fields["qk_norm"] = gguf_arch == "qwen3"
+        window = int(meta.get(f"{gguf_arch}.attention.sliding_window") or 0)
+        if window:
+            fields.update(sliding_window=window, sliding_layers=tuple(range(fields["num_layers"])))
+        return ModelConfig(**fields)
+
+    def gguf_tensor(self, c: ModelConfig, name: str) -> TensorRef:
+        ref = super().gguf_tensor(c, name)
+        if c.architecture not in self.PERMUTED_ROPE or not name.endswith(
+                ("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            return ref
+        # llama.cpp's converter permutes a "llama" file's Q/K rows for its RoPE
+        heads = c.num_heads if name.endswith("q_proj.weight") else c.num_kv_heads
+        return TensorRef(ref.name, rope_heads=heads)
+
+
+ARCHITECTURE = Llama()
