@@ -19,10 +19,12 @@ from pathlib import Path
 
 from armllm import ops
 from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
+from armllm.model import arch
 from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig, load_hf_config
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
+from armllm.model.layer import QKNorm, attention_step, has_step, step_norms
 from armllm.model.decoder import Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
@@ -40,12 +42,15 @@ PROCESS_BYTES = 300 << 20        # Python, numpy, tokenizer and code: a fixed al
 ITEM_BYTES = {"bf16": 2, "f32": 4}
 
 
-def _layer_small_params(c: ModelConfig) -> int:
-    """Per layer: the two RMSNorm weights, q/k/v (and o) biases, per-head q/k norms,
-    attention sinks (kept f32)."""
-    return (2 * c.hidden_size + (c.q_size + 2 * c.kv_size if c.attention_bias else 0)
-            + (c.hidden_size if c.o_bias else 0) + (2 * c.head_dim if c.qk_norm else 0)
-            + (c.num_heads if c.attention_sinks else 0))
+def _layer_small_params(c: ModelConfig, i: int) -> int:
+    """Layer i's float vectors as its steps read them (kept f32): its RMSNorm weights,
+    q/k/v (and o) biases, per-head q/k norms, attention sinks."""
+    steps = arch.of(c).layer(c, i)
+    return (len(step_norms(steps)) * c.hidden_size
+            + (c.q_size + 2 * c.kv_size if c.attention_bias else 0)
+            + (c.hidden_size if c.o_bias else 0) + (2 * c.head_dim if has_step(steps, QKNorm)
+                                                    else 0)
+            + (c.num_heads if attention_step(steps).sinks else 0))
 
 
 def _experts(c: ModelConfig, i: int, batch: int | None = None) -> float:
@@ -73,7 +78,7 @@ def _layer_params(c: ModelConfig, i: int, batch: int | None = None) -> float:
 
 def param_counts(c: ModelConfig) -> dict:
     embedding = c.vocab_size * c.hidden_size
-    layers = [_layer_params(c, i) + _layer_small_params(c) for i in range(c.num_layers)]
+    layers = [_layer_params(c, i) + _layer_small_params(c, i) for i in range(c.num_layers)]
     lm_head = embedding if c.has_lm_head and not c.tie_word_embeddings else 0
     counts = {"embedding": embedding, "per_layer": max(layers),
               "layers": sum(layers), "final_norm": c.hidden_size,
@@ -81,7 +86,7 @@ def param_counts(c: ModelConfig) -> dict:
     counts["total"] = embedding + counts["layers"] + c.hidden_size + lm_head
     if c.moe_layers:   # what one token runs through: its k experts in each sparse layer
         counts["active"] = round(counts["total"] - counts["layers"] + sum(
-            _layer_params(c, i, 1) + _layer_small_params(c) for i in range(c.num_layers)))
+            _layer_params(c, i, 1) + _layer_small_params(c, i) for i in range(c.num_layers)))
     return counts
 
 
@@ -106,13 +111,14 @@ def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
     second copy of the embedding; norms and biases stay f32. head_rows: the lm_head's
     rows (a tensor-parallel rank's vocabulary shard; default the vocabulary)."""
     linear = [_layer_bytes(c, dense, formats, i) for i in range(c.num_layers)]
-    small = 4 * _layer_small_params(c)
+    small = [4 * _layer_small_params(c, i) for i in range(c.num_layers)]
     embed = c.vocab_size * c.hidden_size * ITEM_BYTES[dense]
     if formats and formats.embed_gguf:   # kept in its GGUF blocks
         _, elems, block_bytes = GGML_TYPES[TYPE_IDS[formats.embed_gguf]]
         embed = c.vocab_size * c.hidden_size // elems * block_bytes
     out = {"embedding": embed,
-           "per_layer": max(linear) + small, "layers": sum(linear) + c.num_layers * small,
+           "per_layer": max(map(sum, zip(linear, small, strict=True))),
+           "layers": sum(linear) + sum(small),
            "final_norm": 4 * c.hidden_size,
            "lm_head": linear_bytes(head_rows or c.vocab_size, c.hidden_size, dense,
                                    formats.lm_head if formats else None)
@@ -136,7 +142,7 @@ def step_layer_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
     """The layers' weight bytes a decode step of `batch` sequences reads: all of them
     in a dense model; in a sparse layer only the experts its tokens route to."""
     return sum(_layer_bytes(c, dense, formats, i, batch) for i in range(c.num_layers)) \
-        + c.num_layers * 4 * _layer_small_params(c)
+        + sum(4 * _layer_small_params(c, i) for i in range(c.num_layers))
 
 
 def format_name(fmt: QuantFormat | None, dense: str) -> str:
@@ -299,7 +305,7 @@ def read_model(model: str | Path, engine: EngineArgs
             ct = parse_config(json.loads((path / "config.json").read_text()),
                               str(path / "config.json"))
             # a float checkpoint stores no quantized layer: config.json alone answers
-            source = HFSource(path, ct) if ct is not None else None
+            source = HFSource(path, ct, config) if ct is not None else None
         else:
             gguf = GGUFFile(path)
             config = gguf_model_config(gguf)

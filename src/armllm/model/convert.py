@@ -14,19 +14,33 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from armllm import ops
+from armllm.model import arch
+from armllm.model.arch.base import EMBED, FINAL_NORM, LM_HEAD
 from armllm.model.compressed_tensors import matrix_tensors, parse_config, quantization_config
 from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
+from armllm.model.layer import QKNorm, has_step, step_norms
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import Scheme, quantize_rtn
 from armllm.model.sources import GGUFSource, HFSource
 
-LAYER_TENSORS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                 "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                 "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-                 "mlp.up_proj.weight", "mlp.down_proj.weight")
-LINEAR_TENSORS = tuple(t for t in LAYER_TENSORS if t.endswith("proj.weight"))
+LINEAR_SUFFIX = "_proj.weight"   # the linear weights' names end so (the others: norms, biases)
+
+
+def _tensor_names(config) -> list[str]:
+    """The checkpoint tensors of the model, from its architecture file's declaration."""
+    family = arch.of(config)
+    names = [EMBED, FINAL_NORM]
+    for i in range(config.num_layers):
+        p, steps = f"model.layers.{i}.", family.layer(config, i)
+        names += [p + family.norms[n] for n in step_norms(steps)]
+        names += [name for parts in family.linear_parts(config, i) for name, _ in parts]
+        names += [p + f"self_attn.{n}_proj.bias" for n in "qkv" if config.attention_bias]
+        names += [p + f"self_attn.{n}_norm.weight" for n in "qk" if has_step(steps, QKNorm)]
+    if not config.tie_word_embeddings:
+        names.append(LM_HEAD)
+    return names
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
@@ -34,16 +48,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
     gguf, config = _exportable_gguf(gguf_path)
-    tied = config.tie_word_embeddings
     tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(gguf_path))
     out = _empty_dir(out_dir)
     source = GGUFSource(gguf, config)
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    names += [f"model.layers.{i}.{t}" for i in range(config.num_layers) for t in LAYER_TENSORS]
-    if not tied:
-        names.append("lm_head.weight")
     tensors = {}
-    for name in names:
+    for name in _tensor_names(config):
         w = np.ascontiguousarray(source.get(name), dtype=np.float32)
         tensors[name] = w if dtype == "float32" else ops.f32_to_bf16(w)
     if dtype == "bfloat16":  # safetensors.numpy has no bf16: write the bits, then fix the header
@@ -56,11 +65,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, dtype: str = "float
 
 
 def _exportable_gguf(path: str | Path) -> tuple[GGUFFile, object]:
+    """A GGUF file whose model a config.json can describe, and its config."""
     gguf = GGUFFile(path)
     config = gguf_model_config(gguf)
-    if config.rope_scaling:
+    if config.rope_scaling and config.rope_scaling.get("rope_type") == "freq_factors":
         raise ValueError(f"{path}: rope_freqs.weight (per-frequency RoPE factors) has no "
                          f"config.json equivalent; armllm runs this GGUF directly")
+    arch.of(config).export_config(config, "float32")   # refuses what it cannot write
     return gguf, config
 
 
@@ -73,19 +84,7 @@ def _empty_dir(out_dir: str | Path) -> Path:
 
 
 def _gguf_hf_config(config, dtype: str) -> dict:
-    c, tied = config, config.tie_word_embeddings
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
-        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
-        "head_dim": c.head_dim, "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": None,
-        "tie_word_embeddings": tied, "attention_bias": False, "mlp_bias": False,
-        "hidden_act": "silu", "bos_token_id": c.bos_token_id,
-        "eos_token_id": c.eos_token_ids[0] if len(c.eos_token_ids) == 1 else list(c.eos_token_ids),
-        "torch_dtype": dtype,
-    }
+    return arch.of(config).export_config(config, dtype)
 
 
 def _write_gguf_tokenizer(out: Path, tokenizer, tok_config: dict, c, hf_config: dict) -> None:
@@ -136,21 +135,14 @@ def quantize_model(model: str | Path, out_dir: str | Path, scheme: Scheme) -> Pa
         if parse_config(hf_config, str(cfg_path)) is not None:
             raise ValueError(f"{cfg_path}: the checkpoint is already quantized")
         config = load_hf_config(path)
-        source = HFSource(path)
+        arch.of(config).export_config(config, "bfloat16")   # refuses what it cannot write
+        source = HFSource(path, config=config)
     out = _empty_dir(out_dir)
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    names += [f"model.layers.{i}.{t}" for i in range(config.num_layers) for t in LAYER_TENSORS]
-    names += [f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(config.num_layers)
-              for p in "qkv" if config.attention_bias]
-    names += [f"model.layers.{i}.self_attn.{p}_norm.weight" for i in range(config.num_layers)
-              for p in "qk" if config.qk_norm]
-    if not config.tie_word_embeddings:
-        names.append("lm_head.weight")
     tensors: dict[str, tuple[str, np.ndarray]] = {}
-    for name in names:
+    for name in _tensor_names(config):
         a = source.get(name)
         w = ops.bf16_to_f32(a) if a.dtype == np.uint16 else np.ascontiguousarray(a, np.float32)
-        if name.endswith(LINEAR_TENSORS):
+        if name.endswith(LINEAR_SUFFIX):
             qm = quantize_rtn(w, scheme)
             for tname, array in matrix_tensors(name[:-len(".weight")], qm, w.shape[1]).items():
                 tensors[tname] = ("I8" if array.dtype == np.int8 else "F32", array)

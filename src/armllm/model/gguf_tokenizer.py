@@ -112,7 +112,7 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str = "GGUF file") -> tupl
         "add_bos_token": add_bos,
         "add_eos_token": add_eos,
         "chat_template": meta.get("tokenizer.chat_template"),
-        "model_max_length": int(meta.get(f"{meta.get('general.architecture', 'llama')}"
+        "model_max_length": int(meta.get(f"{meta.get('general.architecture')}"
                                          ".context_length", 0)) or None,
         "tokenizer_class": "PreTrainedTokenizerFast",
     }

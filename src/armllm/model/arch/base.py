@@ -166,6 +166,12 @@ class Architecture:
             eos_token_ids=eos_ids(meta.get("tokenizer.ggml.eos_token_id")),
         )
 
+    def export_config(self, c: ModelConfig, dtype: str) -> dict[str, Any]:
+        """The config.json of c written as a Hugging Face checkpoint under the logical
+        names (armllm convert / quantize), or a ValueError for a family that cannot be."""
+        raise ValueError(f"{c.architecture}: armllm writes no Hugging Face checkpoint of "
+                         f"this architecture; it runs the model as it is")
+
     # ------------------------------------------------------------ the layer
 
     def layer(self, c: ModelConfig, i: int) -> tuple[Step, ...]:

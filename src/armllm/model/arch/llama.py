@@ -31,6 +31,8 @@ class Llama(Architecture):
         "LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
         "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
     gguf_architectures = ("llama", "qwen2", "qwen3")
+    MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                   "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
     PERMUTED_ROPE = ("LlamaForCausalLM",)   # what a "llama" GGUF runs as
     # the HF architecture each GGUF architecture runs as
     GGUF_AS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -59,6 +61,25 @@ class Llama(Architecture):
         if window:
             fields.update(sliding_window=window, sliding_layers=tuple(range(fields["num_layers"])))
         return ModelConfig(**fields)
+
+    def export_config(self, c: ModelConfig, dtype: str) -> dict[str, Any]:
+        if c.rope_scaling:
+            raise ValueError(f"{c.architecture}: armllm writes no config.json for its "
+                             f"RoPE scaling {c.rope_scaling.get('rope_type')!r}")
+        window = {"sliding_window": c.sliding_window} if c.sliding_layers else {}
+        return {
+            "architectures": [c.architecture], "model_type": self.MODEL_TYPES[c.architecture],
+            "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+            "head_dim": c.head_dim, "max_position_embeddings": c.max_position_embeddings,
+            "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": None,
+            "tie_word_embeddings": c.tie_word_embeddings, "attention_bias": c.attention_bias,
+            "mlp_bias": False, "hidden_act": "silu", "bos_token_id": c.bos_token_id,
+            "eos_token_id": c.eos_token_ids[0] if len(c.eos_token_ids) == 1
+            else list(c.eos_token_ids),
+            "torch_dtype": dtype, **window,
+        }
 
     def gguf_tensor(self, c: ModelConfig, name: str) -> TensorRef:
         ref = super().gguf_tensor(c, name)
