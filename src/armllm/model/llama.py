@@ -19,6 +19,7 @@ from armllm import ops
 from armllm.model.config import ModelConfig
 from armllm.model.kv_cache import KVCache
 from armllm.model.moe import SparseMLP
+from armllm.model.rope import rope_cos_sin
 from armllm.model.weights import (
     LAYER_LINEARS,
     LinearFormats,
@@ -175,8 +176,8 @@ class LlamaModel:
         self.vocab_bounds = None if vocab_bounds is None else np.asarray(vocab_bounds, np.int64)
         self.formats = weights.formats   # what a Workspace for these weights is built with
         c = config
-        self.cos_sin = ops.rope_cos_sin(c.max_position_embeddings, c.head_dim, c.rope_theta,
-                                        c.rope_scaling)
+        self.cos_sin = rope_cos_sin(c.max_position_embeddings, c.head_dim, c.rope_theta,
+                                    c.rope_scaling)
         self.scale = c.head_dim ** -0.5
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace,
