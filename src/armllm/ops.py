@@ -4,8 +4,8 @@ Chooses the kernel table once at import (the best the CPU runs, or the one
 named by ARMLLM_ISA), owns the default thread pool (ARMLLM_NUM_THREADS or
 the process's CPU affinity), and wraps each kernel in a typed function that
 writes into `out=` when given (the hot path) and allocates only when not.
-Load-time helpers (weight packing, bf16 conversion, RoPE tables) live here
-too; nothing here calls numpy's BLAS.
+Load-time helpers (weight packing, bf16 conversion) live here too; nothing
+here calls numpy's BLAS. The cos|sin tables `rope` reads are model/rope.py's.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ __all__ = [
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
-    "rms_norm_linear", "rope", "rope_cos_sin", "sample_scratch_bytes", "sample_token",
+    "rms_norm_linear", "rope", "sample_scratch_bytes", "sample_token",
     "restart_pool", "selected_isa", "set_num_threads", "silu_mul",
 ]
 
@@ -308,123 +308,6 @@ def _zp_correction(q: np.ndarray, d: np.ndarray, o: np.ndarray | None, group: in
     return out
 
 
-ROPE_CHUNK = 4096   # positions of rope_cos_sin's table computed at a time
-
-
-def rope_cos_sin(max_pos: int, rot_dim: int, theta: float = 10000.0,
-                 scaling: dict | None = None) -> np.ndarray:
-    """The (max_pos, rot_dim) cos|sin table the RoPE kernel reads.
-
-    scaling follows Hugging Face's rope_scaling: None, {"rope_type": "linear",
-    "factor"}, {"rope_type": "llama3", "factor", "low_freq_factor",
-    "high_freq_factor", "original_max_position_embeddings"} or {"rope_type":
-    "yarn", "factor", "original_max_position_embeddings", optional "beta_fast",
-    "beta_slow", "truncate", "attention_factor", "mscale", "mscale_all_dim"}
-    (YaRN also scales the table by its attention factor, as transformers scales
-    cos and sin); or GGUF's {"rope_type": "freq_factors", "factors": [...]}
-    (rot_dim/2 divisors).
-    """
-    if max_pos < 1:
-        raise ValueError(f"max_pos must be >= 1, got {max_pos}")
-    if rot_dim < 2 or rot_dim % 2:
-        raise ValueError(f"rot_dim must be even and >= 2, got {rot_dim}")
-    if not theta > 0:
-        raise ValueError(f"theta must be > 0, got {theta}")
-    inv_freq = 1.0 / theta ** (np.arange(0, rot_dim, 2, dtype=np.float64) / rot_dim)
-    inv_freq = _scaled_inv_freq(inv_freq, scaling, theta)
-    gain = _yarn_attention_factor(scaling)
-    table = np.empty((max_pos, rot_dim), np.float32)
-    # positions a chunk at a time: a 128K-position table's float64 temporaries would be
-    # several times the table, at the end of loading a model
-    for p0 in range(0, max_pos, ROPE_CHUNK):
-        angles = np.arange(p0, min(p0 + ROPE_CHUNK, max_pos), dtype=np.float64)[:, None] \
-            * inv_freq[None, :]
-        table[p0:p0 + ROPE_CHUNK, :rot_dim // 2] = np.cos(angles) * gain
-        table[p0:p0 + ROPE_CHUNK, rot_dim // 2:] = np.sin(angles) * gain
-    return table
-
-
-def _rope_kind(scaling: dict | None) -> str:
-    return scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def _yarn_attention_factor(scaling: dict | None) -> float:
-    """The factor YaRN scales cos and sin by (1 for other kinds): the config's
-    attention_factor, else 0.1 ln(factor) + 1 (with DeepSeek's mscale ratio)."""
-    if _rope_kind(scaling) != "yarn":
-        return 1.0
-    if scaling.get("attention_factor") is not None:
-        return float(scaling["attention_factor"])
-    factor = float(scaling.get("factor", 1.0))
-    mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-    if mscale and mscale_all:
-        return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all))
-    return _yarn_mscale(factor)
-
-
-def _yarn_inv_freq(inv_freq: np.ndarray, scaling: dict, theta: float, factor: float
-                   ) -> np.ndarray:
-    """YaRN (transformers' _compute_yarn_parameters): frequencies that turn fewer than
-    beta_slow times over the original context are interpolated (/ factor), those
-    turning more than beta_fast times kept, a linear ramp over the dimensions between."""
-    dim = 2 * len(inv_freq)
-    if "original_max_position_embeddings" not in scaling:
-        raise ValueError("yarn rope_scaling needs original_max_position_embeddings, got "
-                         f"{sorted(scaling)}")
-    old_len = float(scaling["original_max_position_embeddings"])
-    beta_fast = float(scaling.get("beta_fast") or 32)
-    beta_slow = float(scaling.get("beta_slow") or 1)
-
-    def correction_dim(rotations: float) -> float:
-        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001   # as transformers: no division by zero
-    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
-    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
-
-
-def _scaled_inv_freq(inv_freq: np.ndarray, scaling: dict | None, theta: float) -> np.ndarray:
-    kind = _rope_kind(scaling)
-    if kind == "default":
-        return inv_freq
-    factor = float(scaling.get("factor", 1.0))
-    if not factor > 0:
-        raise ValueError(f"rope_scaling factor must be > 0, got {factor}")
-    if kind == "linear":
-        return inv_freq / factor
-    if kind == "freq_factors":  # GGUF rope_freqs: one divisor per frequency (llama.cpp)
-        factors = np.asarray(scaling["factors"], dtype=np.float64)
-        if factors.shape != inv_freq.shape or not np.all(factors > 0):
-            raise ValueError(f"rope freq_factors must be {inv_freq.shape[0]} positive values, "
-                             f"got shape {factors.shape}")
-        return inv_freq / factors
-    if kind == "yarn":
-        return _yarn_inv_freq(inv_freq, scaling, theta, factor)
-    if kind == "llama3":
-        low = float(scaling["low_freq_factor"])
-        high = float(scaling["high_freq_factor"])
-        old_len = float(scaling["original_max_position_embeddings"])
-        if not high > low:
-            raise ValueError(f"llama3 rope_scaling needs high_freq_factor > low_freq_factor, "
-                             f"got {high} and {low}")
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        medium = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        return np.where(wavelen < old_len / high, inv_freq,
-                        np.where(wavelen > old_len / low, inv_freq / factor, medium))
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, "
-                     f"llama3, yarn, freq_factors)")
-
-
 # ------------------------------------------------------------------- kernels
 
 
@@ -603,7 +486,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
 def rope(x: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray, n_heads: int,
          head_dim: int, rot_dim: int | None = None,
          style: Literal["neox", "gptj"] = "neox") -> np.ndarray:
-    """Rotates the heads of x[T, n_heads*head_dim (+...)] in place."""
+    """Rotates the heads of x[T, n_heads*head_dim (+...)] in place by the rows
+    `positions` of cos_sin (model/rope.py's rope_cos_sin)."""
     return _KERNELS.rope(x, positions, cos_sin, n_heads, head_dim, rot_dim or head_dim, style,
                          get_pool())
 

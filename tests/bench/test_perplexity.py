@@ -139,3 +139,20 @@ def test_tensor_parallel_gives_the_same_number(capsys, tiny, text):
     assert two["scored"] == one["scored"] and two["windows"] == one["windows"]
     assert abs(two["nll"] - one["nll"]) <= 1e-5 * one["nll"]
     assert not tp_workers(__import__("os").getpid())
+
+
+def test_windows_run_through_the_model_runner():
+    """Every forward goes through engine/runner.py's ModelRunner (DESIGN.md): perplexity
+    builds no batch or workspace of its own and never calls the model's forward; its
+    windows are ModelRunner.prompt_logits calls."""
+    import ast
+    import inspect
+
+    from armllm.bench import perplexity
+    tree = ast.parse(inspect.getsource(perplexity))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert not imported & {"Workspace", "BatchMeta"}
+    called = {node.func.attr for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    assert "forward" not in called and "prompt_logits" in called

@@ -9,14 +9,13 @@ relative for ref against exp in float64; embedding exact.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from armllm import ops
+from armllm.model.rope import rope_cos_sin
 from tests.conftest import examples, rand
 
 fixture_ok = settings(deadline=None, max_examples=examples(30),
@@ -88,7 +87,7 @@ def test_rope(variant, pool, t, n_heads, half, extra, style, seed):
     rot_dim = 2 * half
     head_dim = rot_dim + extra  # partial rotary when extra > 0
     max_pos = 300
-    table = ops.rope_cos_sin(max_pos, rot_dim, theta=10000.0)
+    table = rope_cos_sin(max_pos, rot_dim, theta=10000.0)
     x = rand(rng, (t, n_heads * head_dim + 3))  # 3 trailing columns must stay
     positions = rng.integers(0, max_pos, t).astype(np.int32)
     want = rope_exact(x, positions, n_heads, head_dim, rot_dim, 10000.0, style)
@@ -104,57 +103,13 @@ def test_rope(variant, pool, t, n_heads, half, extra, style, seed):
 
 
 def test_rope_rejects_position_outside_table_and_changes_nothing(variant):
-    table = ops.rope_cos_sin(16, 8)
+    table = rope_cos_sin(16, 8)
     x = np.ones((3, 8), np.float32)
     with pytest.raises(ValueError, match=r"positions\[1\] = 16"):
         variant.rope(x, np.array([0, 16, 2], np.int32), table, 1, 8)
     assert np.all(x == 1.0)
     with pytest.raises(ValueError, match=r"positions\[2\] = -1"):
         variant.rope(x, np.array([0, 1, -1], np.int32), table, 1, 8)
-
-
-def hf_llama3_inv_freq(theta, dim, factor, low, high, old_len):
-    """Transcribed from the Llama 3.1 reference formula, independent of ops."""
-    out = []
-    for i in range(0, dim, 2):
-        freq = 1.0 / theta ** (i / dim)
-        wavelen = 2 * math.pi / freq
-        if wavelen < old_len / high:
-            out.append(freq)
-        elif wavelen > old_len / low:
-            out.append(freq / factor)
-        else:
-            smooth = (old_len / wavelen - low) / (high - low)
-            out.append((1 - smooth) * freq / factor + smooth * freq)
-    return np.array(out)
-
-
-def test_rope_llama3_scaling_table():
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-    table = ops.rope_cos_sin(1000, 128, theta=500000.0, scaling=scaling)
-    inv = hf_llama3_inv_freq(500000.0, 128, 8.0, 1.0, 4.0, 8192)
-    pos = np.arange(1000)[:, None]
-    np.testing.assert_allclose(table[:, :64], np.cos(pos * inv), atol=2e-7)
-    np.testing.assert_allclose(table[:, 64:], np.sin(pos * inv), atol=2e-7)
-    # all three regimes are exercised: unscaled, scaled, smoothed
-    plain = 1.0 / 500000.0 ** (np.arange(0, 128, 2) / 128)
-    ratio = inv / plain
-    assert np.any(ratio == 1.0) and np.any(np.isclose(ratio, 1 / 8)) and \
-        np.any((ratio > 1 / 8 + 1e-9) & (ratio < 1 - 1e-9))
-
-
-def test_rope_linear_scaling_and_bad_scaling():
-    linear = ops.rope_cos_sin(10, 8, scaling={"rope_type": "linear", "factor": 2.0})
-    plain = ops.rope_cos_sin(10, 8)
-    # linear scaling by 2 at position 2p is no scaling at position p
-    np.testing.assert_allclose(linear[[0, 2, 4, 6, 8]], plain[[0, 1, 2, 3, 4]], atol=1e-7)
-    with pytest.raises(ValueError, match="yarn rope_scaling needs original_max_position"):
-        ops.rope_cos_sin(10, 8, scaling={"rope_type": "yarn", "factor": 2.0})
-    with pytest.raises(ValueError, match="longrope"):
-        ops.rope_cos_sin(10, 8, scaling={"rope_type": "longrope", "factor": 2.0})
-    with pytest.raises(ValueError, match="rot_dim"):
-        ops.rope_cos_sin(10, 7)
 
 
 # ------------------------------------------------------------------ silu*mul
@@ -250,7 +205,7 @@ def test_exp_and_rope_give_refs_bits(variant, ref, n):
     assert np.array_equal(got, want)
     half = n % 70 + 1  # rot_dim 2..140, below head_dim
     head_dim = 2 * half + 6
-    table = ops.rope_cos_sin(64, 2 * half)
+    table = rope_cos_sin(64, 2 * half)
     positions = rng.integers(0, 64, 3).astype(np.int32)
     for style in ("neox", "gptj"):
         x = rand(rng, (3, 2 * head_dim))
@@ -266,15 +221,3 @@ def test_exp_in_place(variant):
     variant.exp(x, want)
     variant.exp(x, x)
     assert np.array_equal(x, want)
-
-
-def test_rope_gguf_frequency_factors():
-    factors = np.linspace(1.0, 8.0, 4)
-    table = ops.rope_cos_sin(50, 8, theta=10000.0,
-                             scaling={"rope_type": "freq_factors", "factors": factors})
-    inv = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8) / factors
-    pos = np.arange(50)[:, None]
-    np.testing.assert_allclose(table[:, :4], np.cos(pos * inv), atol=2e-7)
-    np.testing.assert_allclose(table[:, 4:], np.sin(pos * inv), atol=2e-7)
-    with pytest.raises(ValueError, match="freq_factors must be 4 positive values"):
-        ops.rope_cos_sin(5, 8, scaling={"rope_type": "freq_factors", "factors": [1.0, 2.0]})

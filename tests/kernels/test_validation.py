@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from armllm import ops
+from armllm.model.rope import rope_cos_sin
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +110,13 @@ def test_elementwise_argument_errors(kern):
     with pytest.raises(ValueError, match="gate_up must have an even number of columns"):
         kern.silu_mul(np.ones((2, 7), np.float32), np.empty((2, 3), np.float32))
     with pytest.raises(ValueError, match="positions must have dtype int32"):
-        kern.rope(x, np.zeros(2, np.int64), ops.rope_cos_sin(4, 8), 1, 8)
+        kern.rope(x, np.zeros(2, np.int64), rope_cos_sin(4, 8), 1, 8)
     with pytest.raises(ValueError, match="rot_dim must be even"):
-        kern.rope(x, np.zeros(2, np.int32), ops.rope_cos_sin(4, 8), 1, 8, 3)
+        kern.rope(x, np.zeros(2, np.int32), rope_cos_sin(4, 8), 1, 8, 3)
     with pytest.raises(ValueError, match="fewer than n_heads\\*head_dim"):
-        kern.rope(x, np.zeros(2, np.int32), ops.rope_cos_sin(4, 8), 2, 8)
+        kern.rope(x, np.zeros(2, np.int32), rope_cos_sin(4, 8), 2, 8)
     with pytest.raises(ValueError, match="style must be 'neox' or 'gptj'"):
-        kern.rope(x, np.zeros(2, np.int32), ops.rope_cos_sin(4, 8), 1, 8, 8, "xpos")
+        kern.rope(x, np.zeros(2, np.int32), rope_cos_sin(4, 8), 1, 8, 8, "xpos")
     with pytest.raises(ValueError, match="table must have dtype float32"):
         kern.embed(np.zeros(2, np.int32), np.ones((3, 4), np.float64), np.empty((2, 4), np.float32))
 

@@ -178,30 +178,6 @@ def test_prefix_hits_past_the_window_change_no_token(gpt_oss):
     assert got.token_ids == want
 
 
-def test_yarn_table_matches_transformers():
-    """GPT-OSS's real YaRN parameters (theta 150000, factor 32 over 4096, untruncated):
-    the frequencies and attention factor equal transformers' rotary embedding's, and
-    the cos|sin table its output where float32 angles are exact enough to compare
-    (transformers multiplies positions in float32: at 100K its angles are 1e-2 off)."""
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRotaryEmbedding
-
-    from armllm import ops
-    cfg = transformers.GptOssConfig(head_dim=64, hidden_size=64, num_attention_heads=1,
-                                    max_position_embeddings=131072)
-    cfg.rope_parameters["rope_theta"] = theta = 150000.0
-    scaling = dict(cfg.rope_parameters)
-    rope = GptOssRotaryEmbedding(cfg)
-    base = 1.0 / theta ** (np.arange(0, 64, 2, dtype=np.float64) / 64)
-    np.testing.assert_allclose(ops._scaled_inv_freq(base, scaling, theta),
-                               rope.inv_freq.numpy(), rtol=1e-6)
-    assert abs(ops._yarn_attention_factor(scaling) - rope.attention_scaling) < 1e-12
-    pos = torch.tensor([[0, 1, 7, 100, 1000]])
-    cos, sin = rope(torch.zeros(1, dtype=torch.float32), pos)
-    table = ops.rope_cos_sin(2048, 64, theta, scaling)
-    np.testing.assert_allclose(table[pos[0].numpy(), :32], cos[0].numpy(), atol=1e-4)
-    np.testing.assert_allclose(table[pos[0].numpy(), 32:], sin[0].numpy(), atol=1e-4)
-
-
 def test_plan_counts_total_and_active_parameters(gpt_oss, capsys):
     """`armllm plan`: every parameter transformers' model holds (biases and sinks
     included), and per token all but the unrouted experts' (with their biases)."""

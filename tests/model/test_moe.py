@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from armllm import ops
 from armllm.model.loader import load_model
-from armllm.model.moe import route
 from tests.model.test_llama_vs_transformers import (
     greedy_pair,
     hf_logits,
@@ -131,14 +131,14 @@ def test_route_is_transformers_topk_softmax():
     logits = rng.standard_normal((50, 16)).astype(np.float32)
     logits[3, [2, 9]] = logits[3].max() + 1.0   # a tie: the lower id first
     for k, norm in ((1, True), (4, True), (4, False), (16, True)):
-        ids, w = route(logits, k, norm)
+        ids, w = ops.moe_route(logits, k, norm)
         probs = torch.softmax(torch.tensor(logits), dim=-1)
         top_w, top_i = torch.topk(probs, k, dim=-1)
         if norm:
             top_w = top_w / top_w.sum(dim=-1, keepdim=True)
         np.testing.assert_array_equal(ids, top_i.numpy())
         np.testing.assert_allclose(w, top_w.numpy(), rtol=1e-6, atol=1e-7)
-    assert list(route(logits, 2, True)[0][3]) == [2, 9]
+    assert list(ops.moe_route(logits, 2, True)[0][3]) == [2, 9]
 
 
 def test_plan_counts_total_and_active_parameters(moe_model, capsys):

@@ -15,9 +15,9 @@ from armllm import LLM
 from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config, load_tokenizer
+from armllm.model.rope import inv_freq
 from armllm.model.safetensors_file import SafetensorsFile
 from armllm.model.sources import unpermute_rope_rows
-from armllm.ops import _scaled_inv_freq
 from armllm.sampling import SamplingParams
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "make_synthetic.py"
@@ -74,7 +74,7 @@ def test_gguf_config_and_tensor_shapes_follow_the_table(llama):
     # llama.cpp's rope_freqs divisors give the HF llama3 scaling armllm computes
     base = 1.0 / 500000.0 ** (np.arange(0, 64, 2) / 64)
     np.testing.assert_allclose(base / gguf.dequantize("rope_freqs.weight"),
-                               _scaled_inv_freq(base, shape.rope_scaling, 500000.0), rtol=1e-6)
+                               inv_freq(64, 500000.0, shape.rope_scaling), rtol=1e-6)
     hf = load_hf_config(paths["hf-bf16"])
     assert np.float32(hf.rms_norm_eps) == np.float32(config.rms_norm_eps)  # GGUF: float32
     same = {"rope_scaling": None, "rms_norm_eps": config.rms_norm_eps}

@@ -8,11 +8,12 @@ tokens, and each window scores only the tokens the previous one did not
 with at least context - stride tokens of history after the first window. With
 --llama-cpp, llama-perplexity's recipe instead (chunk_perplexity), so that the
 two engines' figures on one file compare directly.
-Each window is prefilled in chunks of at most --max-num-batched-tokens rows,
-with logits for the rows it scores. The engine flags mean what they mean
-elsewhere (a window is one sequence), except --max-num-seqs and
---no-prefix-caching, which this command does not take: one window runs at a
-time, and windows at shifted positions share no cached prefix."""
+Each window is prefilled through the engine's ModelRunner (prompt_logits) in
+chunks of at most --max-num-batched-tokens rows, with logits for the rows it
+scores. The engine flags mean what they mean elsewhere (a window is one
+sequence), except --max-num-seqs and --no-prefix-caching, which this command
+does not take: one window runs at a time, and windows at shifted positions
+share no cached prefix."""
 from __future__ import annotations
 
 import argparse
@@ -58,16 +59,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class _WindowScorer:
-    """Scores windows of one sequence on a loaded model: the KV cache and workspace for
-    windows of up to `context` tokens (capped to the model's context,
+    """Scores windows of one sequence on a loaded model through a ModelRunner: a KV
+    cache for windows of up to `context` tokens (capped to the model's context,
     settings.max_model_len and the KV cache), each prefilled in chunks of at most
     settings.max_num_batched_tokens rows with logits for the rows it scores. With a
     tensor-parallel `group`, the other ranks get the same cache and workspace sizes.
     """
 
     def __init__(self, loaded: LoadedModel, context: int, settings: EngineArgs, group=None):
-        from armllm.model.decoder import KVCache, Workspace
-        self.model, c = loaded.model, loaded.model.config
+        from armllm.engine.runner import ModelRunner
+        from armllm.engine.tensor_parallel import TPModelRunner
+        from armllm.model.kv_cache import KVCache
+        model, c = loaded.model, loaded.model.config
         context = min(context, settings.max_model_len or context, c.max_position_embeddings)
         block_size = settings.block_size
         if settings.kv_cache_gib is None:
@@ -78,29 +81,31 @@ class _WindowScorer:
             if num_blocks < 1:
                 raise ValueError(f"--kv-cache-gib {settings.kv_cache_gib} holds no KV block of "
                                  f"{per_block} bytes")
-        self.kv = KVCache(c, num_blocks, block_size, settings.kv_cache_dtype)
+        kv = KVCache(c, num_blocks, block_size, settings.kv_cache_dtype)
+        self.kv_cache_dtype = kv.dtype
         self.context = min(context, num_blocks * block_size)
         if self.context < 2:
             raise ValueError(f"a window of {self.context} token leaves nothing to score")
         self.chunk = min(settings.max_num_batched_tokens, self.context)
-        self.ws = Workspace(c, self.chunk, self.chunk, self.model.formats,
-                            max_seq_len=self.context)
-        self.table = np.arange(self.kv.num_blocks, dtype=np.int32).reshape(1, -1)
+        # one window at a time, every row of a chunk may be scored; with other ranks,
+        # the tensor-parallel runner hands them each chunk
+        self.runner = ModelRunner(model, kv, self.chunk, 1, self.context, max_logits=self.chunk) \
+            if group is None else TPModelRunner(model, kv, self.chunk, 1, self.context, group,
+                                                max_logits=self.chunk)
+        # a window's blocks: the first ones of the cache, the same for every window
+        self.block_tables = [np.arange(-(-self.context // block_size), dtype=np.int32)]
         if group is not None:
             group.configure(num_blocks, None, self.context, self.chunk, self.chunk)
 
     def nll(self, window: np.ndarray, first: int) -> tuple[float, int]:
         """Summed negative log-likelihood of window[r + 1] given window[:r + 1] over rows r
         in [first, len - 1), and how many rows that is."""
-        from armllm.model.decoder import BatchMeta
         t, chunk, nll, scored = len(window), self.chunk, 0.0, 0
         for a in range(0, t, chunk):
             b = min(a + chunk, t)
-            pos = np.arange(a, b, dtype=np.int32)   # the block table is the identity: slot = pos
             rows = np.arange(max(a, first), min(b, t - 1))
-            meta = BatchMeta(window[a:b], pos, pos, np.asarray([0, b - a], np.int32),
-                             np.asarray([b], np.int32), self.table, (rows - a).astype(np.int64))
-            logits = self.model.forward(meta, self.kv, self.ws).astype(np.float64)
+            logits = self.runner.prompt_logits(window[a:b], a, self.block_tables,
+                                               rows - a).astype(np.float64)
             if not len(rows):
                 continue
             m = logits.max(axis=1, keepdims=True)
@@ -131,7 +136,7 @@ def perplexity(loaded: LoadedModel, ids: list[int], context: int, stride: int,
         if end == len(ids):
             break
     return {"tokens": len(ids), "scored": scored, "windows": windows, "context": context,
-            "stride": stride, "kv_cache_dtype": scorer.kv.dtype, "nll": nll / scored,
+            "stride": stride, "kv_cache_dtype": scorer.kv_cache_dtype, "nll": nll / scored,
             "perplexity": math.exp(nll / scored)}
 
 
@@ -158,7 +163,7 @@ def chunk_perplexity(loaded: LoadedModel, ids: list[int], context: int,
         window_nll, window_scored = scorer.nll(window, context // 2)
         nll, scored = nll + window_nll, scored + window_scored
     return {"tokens": len(ids), "scored": scored, "windows": chunks, "context": context,
-            "stride": context, "kv_cache_dtype": scorer.kv.dtype, "nll": nll / scored,
+            "stride": context, "kv_cache_dtype": scorer.kv_cache_dtype, "nll": nll / scored,
             "perplexity": math.exp(nll / scored)}
 
 

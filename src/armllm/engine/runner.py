@@ -16,10 +16,16 @@ from armllm.sampling import SampleResult, sample_row, sample_scratch
 
 
 class ModelRunner:
+    """The model's forward over its KV cache and workspace: a scheduler's step (run,
+    then sample), or one sequence's tokens with the logits of any of their rows
+    (prompt_logits). max_logits: the logits rows one call may return (default
+    max_num_seqs: a step samples at most one token per sequence)."""
+
     def __init__(self, model: DecoderModel, kv: KVCache, max_num_batched_tokens: int,
-                 max_num_seqs: int, max_model_len: int):
+                 max_num_seqs: int, max_model_len: int, max_logits: int | None = None):
         self.model, self.kv = model, kv
-        self.workspace = Workspace(model.config, max_num_batched_tokens, max_num_seqs,
+        max_logits = max_logits or max_num_seqs
+        self.workspace = Workspace(model.config, max_num_batched_tokens, max_logits,
                                    model.formats, max_seq_len=max_model_len)
         self.max_blocks = -(-max_model_len // kv.block_size)
         self._seed_source = np.random.default_rng()
@@ -33,7 +39,7 @@ class ModelRunner:
         # per KV group, each row's slot and each sequence's block table
         self._slots = [np.empty(t, np.int32) for _ in range(groups)]
         self._block_tables = [np.zeros((b, self.max_blocks), np.int32) for _ in range(groups)]
-        self._logits_rows = np.empty(b, np.int64)
+        self._logits_rows = np.empty(max_logits, np.int64)
         self._pool_reads: list[tuple[Sequence, int, int, int, bool]] = []
 
     def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
@@ -102,6 +108,30 @@ class ModelRunner:
     def forward(self, meta: BatchMeta, copies) -> np.ndarray:
         """The model's forward over this runner's cache and workspace."""
         return self.model.forward(meta, self.kv, self.workspace, copies)
+
+    def prompt_logits(self, token_ids: np.ndarray, start: int,
+                      block_tables: list[np.ndarray], logits_rows: np.ndarray) -> np.ndarray:
+        """One sequence's tokens token_ids at positions start.. run without the
+        scheduler or sampling (scoring a text: bench/perplexity.py): its KV blocks are
+        block_tables (one per KV group, as Sequence.block_tables), and the result the
+        logits of the chunk's rows logits_rows (a view of the workspace, valid until the
+        next call). The tokens before start must be in those blocks already."""
+        t, r, bs = len(token_ids), len(logits_rows), self.kv.block_size
+        ids, positions = self._ids[:t], self._positions[:t]
+        ids[:] = token_ids
+        positions[:] = np.arange(start, start + t)
+        groups = list(zip(self._slots, self._block_tables, strict=True))
+        for (slots, block_table), blocks in zip(groups, block_tables, strict=True):
+            block_table[0, :len(blocks)] = blocks
+            np.add(block_table[0, positions // bs] * bs, positions % bs, out=slots[:t])
+        self._query_start[1] = t
+        self._seq_lens[0] = start + t
+        self._logits_rows[:r] = logits_rows
+        (slots, block_table), *others = groups
+        meta = BatchMeta(ids, positions, slots[:t], self._query_start[:2], self._seq_lens[:1],
+                         block_table[:1], self._logits_rows[:r],
+                         tuple((sl[:t], bt[:1]) for sl, bt in others))
+        return self.forward(meta, ())
 
     def sample(self, seq: Sequence, row: np.ndarray) -> SampleResult:
         """seq's next token from its logits row (modified in place)."""

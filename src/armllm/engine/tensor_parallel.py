@@ -303,8 +303,10 @@ class TPModelRunner(ModelRunner):
 
     def __init__(self, model, kv, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, group: RankGroup,
-                 restore: tuple[int, tuple[int, ...]] | None = None):
-        super().__init__(model, kv, max_num_batched_tokens, max_num_seqs, max_model_len)
+                 restore: tuple[int, tuple[int, ...]] | None = None,
+                 max_logits: int | None = None):
+        super().__init__(model, kv, max_num_batched_tokens, max_num_seqs, max_model_len,
+                         max_logits)
         self.group, self._restore = group, restore
 
     @property

@@ -11,10 +11,8 @@ Layouts follow ../shared/reference/FORMATS.md: `weight` int8 [out, in] or
 pack-quantized). Anything else is refused with the tensor or setting named."""
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -239,8 +237,3 @@ def matrix_tensors(prefix: str, qm: QuantizedMatrix, k: int) -> dict[str, np.nda
         q = q - 8
     return {f"{prefix}.weight": q.astype(np.int8),
             f"{prefix}.weight_scale": np.ascontiguousarray(qm.d[:, :ng_ct], dtype=np.float32)}
-
-
-def read_config(model_dir: Path) -> dict:
-    path = Path(model_dir) / "config.json"
-    return json.loads(path.read_text())

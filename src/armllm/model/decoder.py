@@ -33,6 +33,7 @@ from armllm.model.layer import (
     has_step,
 )
 from armllm.model.moe import bind_experts
+from armllm.model.rope import rope_cos_sin
 from armllm.model.weights import LinearFormats, ModelWeights, QuantFormat, linear_shapes
 
 
@@ -203,8 +204,8 @@ class DecoderModel:
         if key not in self._rope_tables:
             theta, scaling = (c.rope_theta, c.rope_scaling) if which == "global" or \
                 not c.local_rope_theta else (c.local_rope_theta, c.local_rope_scaling)
-            self._rope_tables[key] = ops.rope_cos_sin(c.max_position_embeddings, c.rot_dim,
-                                                      theta, scaling)
+            self._rope_tables[key] = rope_cos_sin(c.max_position_embeddings, c.rot_dim, theta,
+                                                  scaling, long_factors=key[1])
         return self._rope_tables[key]
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace,

@@ -20,18 +20,9 @@ and its weighted rows added into `hidden` in the order transformers adds them.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from armllm import ops
 from armllm.model.config import ModelConfig
 from armllm.model.weights import MoEWeights
-
-
-def route(logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(expert ids [T, k] int32, weights [T, k] float32) of router logits [T, E]: the
-    softmax's k largest, in descending order (ties to the lower id); the kernel
-    SparseMLP runs."""
-    return ops.moe_route(np.ascontiguousarray(logits, np.float32), top_k, renormalize)
 
 
 def bind_experts(config: ModelConfig, weights: MoEWeights, ws,

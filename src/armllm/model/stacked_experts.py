@@ -86,10 +86,6 @@ class StackedExperts:
             k, n = a.shape[1], a.shape[2]
         return (n if s.part == "down" else n // 2, k)
 
-    def format_type(self, s: _Slice) -> str | None:
-        """"MXFP4" for a slice stored as blocks (it runs as stored), else None."""
-        return "MXFP4" if s.mxfp4 else None
-
     def raw_rows(self, s: _Slice, rows: int):
         """(first row, uint8 GGUF MXFP4 blocks of up to `rows` rows) of an MXFP4 slice."""
         n = self.shape(s)[0]
