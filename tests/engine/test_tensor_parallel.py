@@ -46,8 +46,8 @@ def run_logged(llm: LLM, prompts, params: SamplingParams) -> tuple[list, list[np
     runner, rows = llm.engine.runner, []
     run = runner.run
 
-    def observed(out):
-        sampling, logits = run(out)
+    def observed(out, states):
+        sampling, logits = run(out, states)
         rows.append(np.array(logits, copy=True))
         return sampling, logits
     runner.run = observed
