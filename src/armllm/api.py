@@ -3,7 +3,9 @@
 `LLM(model).generate(prompts, params)` runs synchronously in the caller's
 thread; `AsyncLLM(model)` puts the engine on its own thread and gives each
 request an async iterator of incremental outputs (cancelling the consuming
-task aborts the request). Both take the fields of EngineArgs as keywords and
+task aborts the request). AsyncLLM reaches its engine only through an
+EngineClient (engine/client.py): the engine thread or, data parallel, the
+router over the replicas. Both take the fields of EngineArgs as keywords and
 answer what a caller must know before sending a request: the model's limits
 (max_model_len, max_num_seqs, vocab_size) and check_request, which refuses a
 request that could never be served, whatever the load."""
@@ -15,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+from armllm.engine.client import EngineClient
 from armllm.engine.data_parallel import ReplicaRouter, start_replicas
 from armllm.engine.embedding import PoolingParams
 from armllm.engine.engine_thread import EngineClosed, EngineThread
@@ -38,8 +41,9 @@ __all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOut
 Prompt = str | list[int]
 
 
-class _EngineClient:
-    """What LLM and AsyncLLM share: the engine, prompts, defaults, chat."""
+class _LLMBase:
+    """What LLM and AsyncLLM share: the engine, prompts, defaults, chat, and what
+    the model is (its limits, whether it speaks harmony)."""
 
     def __init__(self, model: str | Path, progress=None, **engine_args):
         args = EngineArgs(**engine_args)
@@ -65,6 +69,8 @@ class _EngineClient:
         self.block_size = args.block_size
         self.loaded = self.engine.loaded
         self.tokenizer = self.engine.tokenizer
+        # GPT-OSS: the output is in harmony channels, its tool calls and reasoning too
+        self.speaks_harmony = self.engine.harmony is not None
 
     def default_sampling_params(self, **overrides) -> SamplingParams:
         """SamplingParams with the model's own defaults (generation_config.json, or a
@@ -134,7 +140,7 @@ class _EngineClient:
         may call it."""
         self.engine.check_request(prompt_ids, params)
 
-class LLM(_EngineClient):
+class LLM(_LLMBase):
     """A model loaded for in-process, synchronous generation."""
 
     def __init__(self, model: str | Path, progress=None, **engine_args):
@@ -228,7 +234,7 @@ class LLM(_EngineClient):
         self.shutdown()
 
 
-class AsyncLLM(_EngineClient):
+class AsyncLLM(_LLMBase):
     """A model served from its own engine thread to asyncio code:
 
         llm = AsyncLLM(model)
@@ -241,8 +247,9 @@ class AsyncLLM(_EngineClient):
     def __init__(self, model: str | Path, progress=None, **engine_args):
         super().__init__(model, progress, **engine_args)
         local = EngineThread(self.engine)
-        self._engine_thread = ReplicaRouter([local, *self._replicas], self.block_size) \
-            if self._replicas else local
+        self._router = ReplicaRouter([local, *self._replicas], self.block_size) \
+            if self._replicas else None
+        self._client: EngineClient = self._router or local
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0
@@ -265,17 +272,17 @@ class AsyncLLM(_EngineClient):
 
         collector = OutputCollector(request_id, ids, params.n, params.logprobs is not None)
         try:
-            await asyncio.wrap_future(self._engine_thread.add(request_id, ids, params, sink,
-                                                              priority))
+            await asyncio.wrap_future(self._client.add(request_id, ids, params, sink,
+                                                       priority))
         except asyncio.CancelledError:  # the engine may have taken it already
-            self._engine_thread.abort(request_id)
+            self._client.abort(request_id)
             raise
         try:
             while not collector.output.finished:
                 yield collector.add(await inbox.get())
         finally:
             if not collector.output.finished:  # the consumer stopped or was cancelled
-                self._engine_thread.abort(request_id)
+                self._client.abort(request_id)
 
     async def embed(self, prompt: Prompt, dimensions: int | None = None,
                     request_id: str | None = None, priority: int = 0) -> EmbeddingOutput:
@@ -293,11 +300,11 @@ class AsyncLLM(_EngineClient):
             loop.call_soon_threadsafe(lambda: result.done() or result.set_result(out))
 
         try:
-            await asyncio.wrap_future(self._engine_thread.add(request_id, ids, params, sink,
-                                                              priority))
+            await asyncio.wrap_future(self._client.add(request_id, ids, params, sink,
+                                                       priority))
             out = await result
         except asyncio.CancelledError:
-            self._engine_thread.abort(request_id)
+            self._client.abort(request_id)
             raise
         return embedding_result(ids, out)
 
@@ -305,39 +312,34 @@ class AsyncLLM(_EngineClient):
         """Aborts a request at the engine's next step: its blocks are freed and its
         generate() iterator ends with finish_reason "abort". Unknown or finished ids
         are ignored."""
-        self._engine_thread.abort(request_id)
+        self._client.abort(request_id)
 
     def stats(self) -> EngineStats:
         """The engine's gauges and counters as of its last step or command (data
         parallel: every replica's summed)."""
-        return self._engine_thread.stats()
+        return self._client.stats()
 
     def replica_stats(self) -> list[tuple[int, bool, EngineStats | None]] | None:
         """Data parallel: (index, alive, stats) of each replica; None for one engine."""
-        if not self._replicas:
-            return None
-        return self._engine_thread.replica_stats()
+        return None if self._router is None else self._router.replica_stats()
 
     @property
     def failure(self) -> str | None:
         """Why the engine thread stopped on its own (a tensor-parallel rank died: every
         request in flight ended with this error), or None."""
-        if self._engine_thread.alive or self._engine_thread.closed_by_shutdown:
+        if self._client.alive or self._client.closed_by_shutdown:
             return None
-        if self._replicas:
-            return "; ".join(filter(None, [self.engine.failure,
-                                           *self._engine_thread.failures]))
-        return self.engine.failure
+        return self._client.failure
 
     @property
     def is_running(self) -> bool:
         """False once the engine thread has stopped (shut down, or died of a bug)."""
-        return self._engine_thread.alive
+        return self._client.alive
 
     def shutdown(self) -> None:
         """Aborts what is in flight and stops the engine thread (and the rank processes
         of a tensor-parallel engine); generate() then raises EngineClosed."""
-        self._engine_thread.shutdown()
+        self._client.shutdown()
         self.engine.close()
 
     async def __aenter__(self) -> AsyncLLM:

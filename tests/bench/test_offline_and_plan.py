@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from armllm.cli import main
-from armllm.model.config import load_hf_config
+from armllm.model.arch import load_hf_config
 from armllm.model.decoder import Workspace
 from tests.tiny_model import write_tiny_llama
 

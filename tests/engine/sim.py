@@ -12,11 +12,13 @@ as a model or a sampler might."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from armllm.engine.block_manager import BlockManager
 from armllm.engine.llm_engine import LLMEngine
+from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence
 from armllm.model.config import ModelConfig
@@ -57,7 +59,8 @@ class FakeRunner:
         block = seq.block_tables[pool][pos // self.block_size]
         return self.kv[pool][block], pos % self.block_size
 
-    def run(self, out: SchedulerOutput) -> tuple[list[Sequence], list[list[int]]]:
+    def run(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
+            ) -> tuple[list[Sequence], list[list[int]]]:
         self.last = out
         if self.fail_run:
             self.fail_run = False
@@ -82,7 +85,7 @@ class FakeRunner:
                 sampling.append(seq)
         return sampling, logits
 
-    def sample(self, seq: Sequence, row: list[int]) -> SampleResult:
+    def sample(self, seq: Sequence, row: list[int], state: RequestState) -> SampleResult:
         assert row[0] is not None, "a logits row sampled twice"
         if seq.request_id in self.fail_sample:
             self.fail_sample.discard(seq.request_id)
@@ -207,4 +210,7 @@ class SimEngine:
                 assert tokens == expected_tokens(prompt, index, len(tokens)), key
                 assert self.text.get(key, "") == "".join(f" t{t}" for t in tokens), key
         assert self.engine.num_unfinished_requests == len(open_ids - self.aborted)
+        # the engine keeps a state for every unfinished sequence, and for no other
+        assert set(self.engine._states) == {s.key for s in self.sched.running
+                                            + self.sched.waiting}
         assert self.engine.has_unfinished() == bool(open_ids)

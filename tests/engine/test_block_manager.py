@@ -22,7 +22,7 @@ def seq(tokens, rid="r") -> Sequence:
 
 def run(bm: BlockManager, s: Sequence, upto: int) -> None:
     """As a step does: room for `upto` tokens, then they are computed."""
-    bm.allocate(s, upto)
+    assert bm.allocate_slots(s, upto) is not None
     s.num_computed = upto
     bm.commit(s)
 
@@ -53,15 +53,15 @@ def test_prefix_hit_reuses_exact_blocks_and_counts_tokens():
     bm.release(a)
     b = seq([0, 1, 2, 3, 4, 5, 6, 7, 50, 51], "b")
     prefix = bm.cached_prefix(b)
-    assert prefix == [[0, 1]]
-    bm.take_prefix(b, prefix)
+    assert prefix.tables == [[0, 1]] and prefix.num_tokens == 8
+    assert bm.allocate_slots(b, 10, prefix) == []
     assert b.num_computed == 8 and bm.prefix_queries == 10 and bm.prefix_hits == 8
-    bm.allocate(b, 10)
     assert b.block_table == [0, 1, 2]
-    # a running holder and a waiting one share block 0 and 1
+    # a running holder and a new one share block 0 and 1
     c = seq([0, 1, 2, 3, 9, 9, 9, 9, 9], "c")
-    assert bm.cached_prefix(c) == [[0]]
-    bm.take_prefix(c, [[0]])
+    prefix = bm.cached_prefix(c)
+    assert prefix.tables == [[0]] and prefix.num_tokens == 4
+    assert bm.allocate_slots(c, 4, prefix) == [] and c.block_table == [0]
     assert bm.pools[0].ref_count[0] == 2 and bm.pools[0].ref_count[1] == 1
 
 
@@ -71,9 +71,9 @@ def test_at_least_one_prompt_token_is_recomputed():
     run(bm, a, 8)
     bm.release(a)
     again = seq(range(8), "again")
-    assert bm.cached_prefix(again) == [[0]]  # not [0, 1]: token 7 must produce logits
+    assert bm.cached_prefix(again).tables == [[0]]  # not [0, 1]: token 7 makes the logits
     longer = seq(range(9), "longer")
-    assert bm.cached_prefix(longer) == [[0, 1]]
+    assert bm.cached_prefix(longer).tables == [[0, 1]]
 
 
 def test_eviction_takes_unhashed_then_least_recently_freed():
@@ -86,11 +86,11 @@ def test_eviction_takes_unhashed_then_least_recently_freed():
     assert free_order(bm) == [4, 2, 5, 1, 0, 3]
     assert len(bm.pools[0].cached) == 3
     c = seq(range(100, 108), "c")
-    bm.allocate(c, 8)                        # four blocks: 4, 2, 5, then evicts 1
+    bm.allocate_slots(c, 8)                  # four blocks: 4, 2, 5, then evicts 1
     assert c.block_table == [4, 2, 5, 1]
     assert set(bm.pools[0].cached.values()) == {0, 3}
-    assert bm.cached_prefix(seq([1, 2, 3, 4, 5], "a2")) == [[0]]  # block 1 is gone
-    assert bm.cached_prefix(seq([7, 8, 9], "b2")) == [[3]]
+    assert bm.cached_prefix(seq([1, 2, 3, 4, 5], "a2")).tables == [[0]]  # block 1 is gone
+    assert bm.cached_prefix(seq([7, 8, 9], "b2")).tables == [[3]]
 
 
 def test_fork_shares_blocks_and_copies_on_write():
@@ -101,32 +101,32 @@ def test_fork_shares_blocks_and_copies_on_write():
     bm.fork(parent, child)
     assert child.block_table == [0, 1] and bm.pools[0].ref_count[:2] == [2, 2]
     child.output_ids.append(42)
-    copies = bm.allocate(child, 7)           # writes position 6, in shared block 1
+    copies = bm.allocate_slots(child, 7)     # writes position 6, in shared block 1
     assert copies == [(0, 1, 2)] and child.block_table == [0, 2]
     assert bm.pools[0].ref_count[:3] == [2, 1, 1]
     parent.output_ids.append(43)
-    assert bm.allocate(parent, 7) == []      # block 1 is parent's alone now: no copy
+    assert bm.allocate_slots(parent, 7) == []  # block 1 is parent's alone now: no copy
     assert parent.block_table == [0, 1]
     bm.release(child)
     bm.release(parent)
     assert bm.num_free == 8 and all(r == 0 for r in bm.pools[0].ref_count)
 
 
-def test_copy_on_write_counts_in_can_allocate():
+def test_copy_on_write_counts_and_what_does_not_fit_changes_nothing():
     bm = BlockManager(3, 4)
     parent = seq(range(6))
     run(bm, parent, 6)
     child = Sequence("r", parent.prompt_ids, Params(), index=1)
     bm.fork(parent, child)
     child.output_ids.append(1)
-    assert bm.blocks_needed(child, 7) == [1] and bm.can_allocate(child, 7)
-    bm.allocate(child, 7)
+    assert bm.blocks_needed(child, 7) == [1]
+    assert bm.allocate_slots(child, 7) == [(0, 1, 2)]
     child2 = Sequence("r", parent.prompt_ids, Params(), index=2)
     bm.fork(parent, child2)
     child2.output_ids.append(1)
-    assert not bm.can_allocate(child2, 7)
-    with pytest.raises(RuntimeError, match="out of KV blocks"):
-        bm.allocate(child2, 7)
+    assert bm.blocks_needed(child2, 7) == [1] and bm.num_free == 0
+    assert bm.allocate_slots(child2, 7) is None
+    assert child2.block_table == [0, 1] and bm.pools[0].ref_count == [3, 2, 1]
 
 
 def test_prefix_caching_off_hashes_nothing():
@@ -134,7 +134,7 @@ def test_prefix_caching_off_hashes_nothing():
     a = seq(range(10))
     run(bm, a, 10)
     bm.release(a)
-    assert bm.pools[0].cached == {} and bm.cached_prefix(seq(range(10))) == [[]]
+    assert bm.pools[0].cached == {} and bm.cached_prefix(seq(range(10))).tables == [[]]
     assert free_order(bm) == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
@@ -156,7 +156,7 @@ def test_a_window_pool_drops_blocks_out_of_the_window_at_the_next_allocate():
     assert a.block_tables == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
     a.output_ids.append(9)
     # position 9 reads 6..9: blocks 3 and 4; 0..2 go back, the newest first
-    assert bm.blocks_needed(a, 10) == [0, -3] and bm.allocate(a, 10) == []
+    assert bm.blocks_needed(a, 10) == [0, -3] and bm.allocate_slots(a, 10) == []
     assert a.block_tables == [[0, 1, 2, 3, 4], [8, 8, 8, 3, 4]]
     assert list(window.free) == [5, 6, 7, 2, 1, 0] and window.ref_count[:3] == [0, 0, 0]
     bm.release(a)
@@ -172,16 +172,17 @@ def test_a_prefix_hit_needs_the_window_before_its_first_token():
     bm.release(a)
     b = seq([*range(9), 50], "b")
     # the first token to compute, 8, reads 5..8: the window pool serves blocks 2 and 3
-    assert bm.cached_prefix(b) == [[0, 1, 2, 3], [8, 8, 2, 3]]
+    assert bm.cached_prefix(b).tables == [[0, 1, 2, 3], [8, 8, 2, 3]]
     c = seq(range(100, 108), "c")
-    bm.allocate(c, 8)                        # evicts full block 4 and window block 2
+    bm.allocate_slots(c, 8)                  # evicts full block 4 and window block 2
     assert c.block_tables == [[5, 6, 7, 4], [5, 6, 7, 2]]
     # four full blocks match, but token 8 would read 5..8 and token 6 3..6: window
     # block 2 is gone
     prefix = bm.cached_prefix(b)
-    assert prefix == [[0, 1], [0, 1]]
-    bm.take_prefix(b, prefix)
+    assert prefix.tables == [[0, 1], [0, 1]] and prefix.num_tokens == 4
+    assert bm.allocate_slots(b, 5, prefix) == []
     assert b.num_computed == 4 and bm.pools[1].ref_count[:2] == [1, 1]
+    assert b.block_tables == [[0, 1, 3], [0, 1, 4]]  # then the least recently freed
 
 
 def test_bad_sizes():

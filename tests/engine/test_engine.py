@@ -198,10 +198,10 @@ def test_a_failing_request_does_not_stop_the_others(model_dir, monkeypatch):
     engine = llm.engine
     sample = engine.runner.sample
 
-    def flaky(seq, row):
+    def flaky(seq, row, state):
         if seq.request_id == "bad" and len(seq.output_ids) == 2:
             raise RuntimeError("sampler exploded")
-        return sample(seq, row)
+        return sample(seq, row, state)
 
     monkeypatch.setattr(engine.runner, "sample", flaky)
     engine.add_request("bad", [3, 4, 5], GREEDY)
@@ -254,6 +254,7 @@ def test_no_memory_growth_over_a_thousand_requests(model_dir):
     grown = rss_mib() - start
     assert llm.engine.blocks.num_free == llm.engine.blocks.num_blocks
     assert not llm.engine._requests and not llm.engine.scheduler._order
+    assert not llm.engine._states
     assert grown < 8.0, f"RSS grew {grown:.1f} MiB over 1,000 requests"  # stated margin: 8 MiB
 
 

@@ -135,7 +135,7 @@ def test_the_engine_shows_only_the_final_channel(tmp_path):
                           if s != "final"])
     t.save(str(path / "tokenizer.json"))
     llm = LLM(path, dtype="float32", kv_cache_gib=0.01, max_num_seqs=1)
-    assert llm.engine.harmony is not None
+    assert llm.speaks_harmony and llm.engine.harmony is not None
     out = llm.generate([5, 6, 7], params)[0].outputs[0]
     assert out.token_ids == out_ids    # the same weights: the same tokens
     raw = llm.tokenizer.decode(out.token_ids, skip_special_tokens=False)

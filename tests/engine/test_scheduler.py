@@ -76,6 +76,34 @@ def test_prefix_hit_skips_the_cached_tokens():
     assert sim.blocks.prefix_hits == 12 and sim.blocks.prefix_queries == 12 + 14
 
 
+def test_each_scheduled_sequence_is_one_question_to_the_block_manager():
+    """allocate_slots alone gives a sequence its blocks, a new one's cached prefix with
+    them: once per scheduled sequence and step (short of preemption, which asks again
+    after each victim)."""
+    sim = SimEngine(num_blocks=64, block_size=4, max_num_seqs=4, max_tokens=10)
+    asked: list[tuple[tuple[str, int], int | None]] = []
+    allocate_slots = sim.blocks.allocate_slots
+
+    def recorded(seq, num_tokens, prefix=None):
+        asked.append((seq.key, None if prefix is None else prefix.num_tokens))
+        return allocate_slots(seq, num_tokens, prefix)
+    sim.blocks.allocate_slots = recorded
+    sim.add("a", list(range(12)), max_tokens=1)
+    sim.drain()
+    sim.add("b", list(range(12)) + [40, 41], max_tokens=4)     # a prefix hit
+    sim.add("c", list(range(100, 118)), max_tokens=3, n=2)     # chunked, then forked
+    steps = []
+    while sim.engine.has_unfinished():
+        asked.clear()
+        out = sim.step()
+        assert not out.preempted
+        assert sorted(key for key, _ in asked) == sorted(s.seq.key for s in out.scheduled)
+        steps.append(list(asked))
+    assert steps[0] == [(("b", 0), 12), (("c", 0), 0)]           # admitted: with a prefix
+    assert all(prefix is None for step in steps[1:] for _, prefix in step)
+    assert ("c", 1) in {key for step in steps for key, _ in step}
+
+
 def test_parallel_sampling_forks_after_the_prompt():
     sim = SimEngine(num_blocks=32, block_size=4, max_num_seqs=4, max_tokens=64)
     sim.add("r", list(range(6)), max_tokens=4, n=3)

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from armllm import LLM, SamplingParams
-from armllm.model.config import load_hf_config
+from armllm.model.arch import load_hf_config
 from armllm.model.sharding import plan_shards
 from tests.processes import segments, tp_workers
 from tests.test_sampling_defaults import tokenizer_metadata
@@ -46,8 +46,8 @@ def run_logged(llm: LLM, prompts, params: SamplingParams) -> tuple[list, list[np
     runner, rows = llm.engine.runner, []
     run = runner.run
 
-    def observed(out):
-        sampling, logits = run(out)
+    def observed(out, states):
+        sampling, logits = run(out, states)
         rows.append(np.array(logits, copy=True))
         return sampling, logits
     runner.run = observed

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from armllm.model.decoder import BatchMeta, DecoderModel, KVCache, Workspace
 from armllm.model.gguf import GGUFFile
-from armllm.model.decoder import BatchMeta, KVCache, DecoderModel, Workspace
 from armllm.model.loader import gguf_model_config
 from armllm.model.sources import GGUFSource
 from armllm.model.weights import linear_formats, load_weights

@@ -32,7 +32,7 @@ ALLOWANCE = 4 * CHUNK_BYTES + (8 << 20)
 LOAD_SCRIPT = """
 import gc, json, sys
 from armllm.bench.rss import peak_rss_bytes, rss_bytes
-from armllm.model.config import load_hf_config
+from armllm.model.arch import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config
 from armllm.model.quantize import parse_scheme

@@ -214,8 +214,8 @@ def gguf_lm(path, quantization="auto"):
     """The model of a GGUF without tokenizer metadata (config, weights, graph)."""
     from types import SimpleNamespace
 
-    from armllm.model.gguf import GGUFFile
     from armllm.model.decoder import DecoderModel
+    from armllm.model.gguf import GGUFFile
     from armllm.model.loader import gguf_model_config
     from armllm.model.sources import GGUFSource
     from armllm.model.weights import load_weights

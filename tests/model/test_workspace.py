@@ -11,9 +11,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from armllm.model.config import load_hf_config
-from armllm.model.gguf import GGUFFile
+from armllm.model.arch import load_hf_config
 from armllm.model.decoder import BatchMeta, KVCache, Workspace
+from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config, load_model
 from armllm.model.quantize import parse_scheme
 from armllm.model.sources import GGUFSource, HFSource

@@ -338,10 +338,10 @@ def test_a_failing_request_gets_500_and_others_are_served(tiny_model):
     llm = AsyncLLM(tiny_model, dtype="float32", kv_cache_gib=0.01)
     sample = llm.engine.runner.sample
 
-    def flaky(seq, row):
+    def flaky(seq, row, state):
         if seq.prompt_ids[-1] == 77:
             raise RuntimeError("injected sampling failure")
-        return sample(seq, row)
+        return sample(seq, row, state)
 
     llm.engine.runner.sample = flaky
     port = free_port()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from armllm import LLM
-from armllm.model.config import load_hf_config
+from armllm.model.arch import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config, load_tokenizer
 from armllm.model.rope import inv_freq

@@ -20,12 +20,13 @@ from pathlib import Path
 from armllm import ops
 from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
 from armllm.model import arch
+from armllm.model.arch import load_hf_config
 from armllm.model.compressed_tensors import parse_config
-from armllm.model.config import ModelConfig, load_hf_config
+from armllm.model.config import ModelConfig
+from armllm.model.decoder import Workspace
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
 from armllm.model.layer import QKNorm, attention_step, has_step, step_norms
-from armllm.model.decoder import Workspace
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards

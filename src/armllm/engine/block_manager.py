@@ -21,13 +21,18 @@ and hash: blocks without a hash are reused first, then hashed ones from the
 least recently freed; a hashed block is evicted from the cache only when it
 is handed out again. Sequences forked for parallel sampling share their
 parent's blocks; a shared block is copied before it is written (copy on
-write). Block ids index the KV cache's first dimension."""
+write). Block ids index the KV cache's first dimension.
+
+The scheduler asks once per sequence and step: allocate_slots() gives a
+sequence room for its next tokens (a new one first takes the CachedPrefix
+that cached_prefix() found), or changes nothing when they do not fit."""
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 from armllm.engine.sequence import Sequence
 
@@ -39,6 +44,14 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
     tokens (a cryptographic digest: a collision would silently serve another
     prompt's KV)."""
     return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The blocks of a new sequence's longest cached prefix, from cached_prefix(), for
+    allocate_slots() to take; the scheduler reads only num_tokens."""
+    tables: list[list[int]]     # per pool, equally long (window pools: null before the window)
+    num_tokens: int             # the tokens those blocks hold: where computing starts
 
 
 class BlockPool:
@@ -140,12 +153,12 @@ class BlockManager:
             hashes.append(block_hash(hashes[-1] if hashes else _ROOT_HASH,
                                      ids[i * bs:(i + 1) * bs]))
 
-    def cached_prefix(self, seq: Sequence) -> list[list[int]]:
-        """Per pool, the table of the longest prefix of seq's tokens that every pool
-        serves from its cache (window pools: the blocks in the window of the first
-        token left to compute; null before), leaving at least one token to compute.
-        The tables are equally long, empty on a miss. Takes nothing."""
-        empty = [[] for _ in self.pools]
+    def cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        """The longest prefix of seq's tokens that every pool serves from its cache
+        (window pools: the blocks in the window of the first token left to compute;
+        null before), leaving at least one token to compute; no blocks on a miss.
+        Takes nothing."""
+        empty = CachedPrefix([[] for _ in self.pools], 0)
         if not self.enable_prefix_caching or seq.block_tables or not seq.reuse_prefix:
             return empty
         bs = self.block_size
@@ -170,33 +183,29 @@ class BlockManager:
         for pool, hits in zip(self.pools, found, strict=True):
             live = pool.first_live(k * bs, bs)
             tables.append([pool.null] * live + hits[live:k])
-        return tables
+        return CachedPrefix(tables, k * bs)
 
     # -- accounting -----------------------------------------------------------------------
 
     def blocks_needed(self, seq: Sequence, num_tokens: int,
-                      prefix: list[list[int]] | None = None) -> list[int]:
+                      prefix: CachedPrefix | None = None) -> list[int]:
         """Per pool, the free blocks that taking `prefix` and growing seq to num_tokens
         tokens uses (less what trimming a window pool's table frees)."""
         bs, want = self.block_size, -(-num_tokens // self.block_size)
+        cached = prefix.tables if prefix is not None else None
         needed = []
         for i, pool in enumerate(self.pools):
-            table = prefix[i] if prefix and prefix[i] else \
+            table = cached[i] if cached and cached[i] else \
                 (seq.block_tables[i] if seq.block_tables else [])
             fresh = max(0, want - len(table))
-            if prefix and prefix[i]:  # cached blocks on the free list come back from it
-                fresh += sum(1 for b in prefix[i] if b != pool.null and pool.ref_count[b] == 0)
+            if cached and cached[i]:  # cached blocks on the free list come back from it
+                fresh += sum(1 for b in cached[i] if b != pool.null and pool.ref_count[b] == 0)
             else:
                 fresh += pool.cow_needed(table, seq.num_computed, bs)
                 if pool.window:
                     fresh -= pool.dead_held_alone(table, pool.first_live(seq.num_computed, bs))
             needed.append(fresh)
         return needed
-
-    def can_allocate(self, seq: Sequence, num_tokens: int,
-                     prefix: list[list[int]] | None = None) -> bool:
-        return all(n <= len(p.free) for n, p in
-                   zip(self.blocks_needed(seq, num_tokens, prefix), self.pools, strict=True))
 
     def most_blocks(self, num_tokens: int, chunk: int) -> list[int]:
         """Per pool, the most blocks one sequence of num_tokens tokens holds when it
@@ -205,34 +214,41 @@ class BlockManager:
         return [min(whole, -(-(p.window - 1 + chunk) // bs) + 1) if p.window else whole
                 for p in self.pools]
 
-    def take_prefix(self, seq: Sequence, prefix: list[list[int]]) -> None:
-        """Gives a newly admitted seq the cached blocks `prefix` (from cached_prefix)
-        and counts the lookup."""
-        for pool, table in zip(self.pools, prefix, strict=True):
+    # -- allocation -----------------------------------------------------------------------
+
+    def allocate_slots(self, seq: Sequence, num_tokens: int,
+                       prefix: CachedPrefix | None = None) -> list[tuple[int, int, int]] | None:
+        """Gives seq room for num_tokens tokens: a newly admitted seq first takes
+        `prefix` (from cached_prefix; its lookup is counted), then every table grows
+        to num_tokens tokens and window pools' are trimmed to the window. Returns the
+        block copies (pool, src, dst) to make before the step writes (copy on write of
+        a shared block), or None, changing nothing, when the blocks do not fit."""
+        needed = self.blocks_needed(seq, num_tokens, prefix)
+        if any(n > len(p.free) for n, p in zip(needed, self.pools, strict=True)):
+            return None
+        if prefix is not None:
+            self._take_prefix(seq, prefix)
+        return self._grow(seq, num_tokens)
+
+    def _take_prefix(self, seq: Sequence, prefix: CachedPrefix) -> None:
+        for pool, table in zip(self.pools, prefix.tables, strict=True):
             for block in table:
                 if block != pool.null:
                     pool.hold(block)
-        seq.block_tables = [list(t) for t in prefix]
-        n = len(prefix[0])
-        seq.num_computed = n * self.block_size
-        seq.num_committed_blocks = n
+        seq.block_tables = [list(t) for t in prefix.tables]
+        seq.num_computed = prefix.num_tokens
+        seq.num_committed_blocks = len(prefix.tables[0])
         if self.enable_prefix_caching:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += seq.num_computed
 
-    def allocate(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int, int]]:
-        """Grows seq's tables to hold num_tokens tokens (and trims window pools' to
-        the window). Returns the block copies (pool, src, dst) to make before the step
-        writes: copy on write of a shared block."""
-        if not self.can_allocate(seq, num_tokens):
-            raise RuntimeError(f"out of KV blocks: need {self.blocks_needed(seq, num_tokens)}, "
-                               f"{[len(p.free) for p in self.pools]} free")
+    def _grow(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int, int]]:
         bs = self.block_size
         if not seq.block_tables:
             seq.block_tables = [[] for _ in self.pools]
         want = -(-num_tokens // bs)
         copies = []
-        for i, (pool, table) in enumerate(zip(self.pools, self._tables(seq), strict=True)):
+        for i, (pool, table) in enumerate(zip(self.pools, seq.block_tables, strict=True)):
             if pool.window:
                 pool.trim(table, pool.first_live(seq.num_computed, bs))
             if pool.cow_needed(table, seq.num_computed, bs):

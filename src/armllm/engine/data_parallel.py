@@ -7,13 +7,14 @@ replica by default; each may itself be tensor-parallel) and reached through a
 multiprocessing Connection: requests go in, each step's StepOutputs and the
 engine's stats come back.
 
-ReplicaRouter has EngineThread's interface. Each request goes to the replica
-with the fewest outstanding tokens (prompt tokens plus max_tokens for each
-completion, less what has been generated), except that a replica which
-recently took a prompt with the same first blocks is preferred when its load is
-close (within PREFER_SLACK of the least, plus the request's own cost), so that
-its prefix cache serves them. A replica that dies is taken out of rotation: its
-requests in flight end with an error naming it, and the others go on."""
+RemoteReplica and ReplicaRouter are EngineClients (engine/client.py), as the
+local EngineThread is. Each request goes to the replica with the fewest
+outstanding tokens (prompt tokens plus max_tokens for each completion, less
+what has been generated), except that a replica which recently took a prompt
+with the same first blocks is preferred when its load is close (within
+PREFER_SLACK of the least, plus the request's own cost), so that its prefix
+cache serves them. A replica that dies is taken out of rotation: its requests
+in flight end with an error naming it, and the others go on."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,12 +23,13 @@ import subprocess
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import Future
 from multiprocessing.connection import Pipe
 
 from armllm.engine import topology
 from armllm.engine.args import EngineArgs
+from armllm.engine.client import EngineClient, Sink
+from armllm.engine.embedding import PoolingParams
 from armllm.engine.engine_thread import EngineClosed, take_sink
 from armllm.engine.llm_engine import RequestRejected
 from armllm.engine.outputs import EngineStats, StepOutput
@@ -35,7 +37,6 @@ from armllm.sampling import SamplingParams
 
 log = logging.getLogger("armllm")
 
-Sink = Callable[[StepOutput], None]
 PREFIX_BLOCKS = 4       # the prompt's first blocks that key prefix affinity
 PREFER_SLACK = 0.2      # a preferred replica may carry this much more than the least
 AFFINITY_ENTRIES = 4096  # prefixes remembered (least recently used dropped)
@@ -52,10 +53,9 @@ def remote_error(kind: str, message: str, field: str | None) -> Exception:
 
 
 class RemoteReplica:
-    """A replica process, with EngineThread's interface (add, abort, stats,
-    shutdown, alive) over its Connection. A reader thread takes its messages:
-    "accepted" (an add's outcome), "out" (a StepOutput for a request's sink),
-    "stats"; the Connection closing means the replica died."""
+    """A replica process, an EngineClient over its Connection. A reader thread
+    takes its messages: "accepted" (an add's outcome), "out" (a StepOutput for a
+    request's sink), "stats"; the Connection closing means the replica died."""
 
     def __init__(self, index: int, model: str, engine_args: dict, cpus: str | None):
         self.index = index
@@ -68,7 +68,7 @@ class RemoteReplica:
         self._sinks: dict[str, tuple[Sink, list[int]]] = {}
         self._pending: dict[str, Future] = {}
         self._stats: EngineStats | None = None
-        self.failure: str | None = None
+        self._failure: str | None = None
         self._shut_down = False
         self._ready = threading.Event()
         self._send(("start", {"model": model, "engine_args": engine_args, "cpus": cpus,
@@ -133,7 +133,7 @@ class RemoteReplica:
         how = f"failed: {error}" if error else (
             f"was killed by signal {-code}" if code is not None and code < 0
             else f"exited with code {code}")
-        self.failure = f"data-parallel replica {self.index} (pid {self.proc.pid}) {how}"
+        self._failure = f"data-parallel replica {self.index} (pid {self.proc.pid}) {how}"
         if not self._shut_down:
             log.error("%s; taken out of rotation", self.failure)
         self._ready.set()
@@ -145,10 +145,10 @@ class RemoteReplica:
                 sink(StepOutput(rid, index, [], "", "error", error=self.failure))
         self._sinks.clear()
 
-    # -- EngineThread's interface ---------------------------------------------------------
+    # -- EngineClient ---------------------------------------------------------------------
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-            sink: Sink, priority: int = 0) -> Future:
+    def add(self, request_id: str, prompt_ids: list[int],
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
         fut: Future = Future()
         if self.failure is not None or self._shut_down:
             fut.set_exception(EngineClosed(self.failure or "the engine is shut down"))
@@ -176,6 +176,10 @@ class RemoteReplica:
         return self.failure is None and self.proc.poll() is None
 
     @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    @property
     def closed_by_shutdown(self) -> bool:
         return self._shut_down
 
@@ -198,10 +202,10 @@ class RemoteReplica:
 
 
 class ReplicaRouter:
-    """EngineThread's interface over replicas (see the module's docstring);
-    `replicas[0]` is the local EngineThread."""
+    """An EngineClient over replicas (see the module's docstring); `replicas[0]` is
+    the local EngineThread."""
 
-    def __init__(self, replicas: list, block_size: int):
+    def __init__(self, replicas: list[EngineClient], block_size: int):
         self.replicas = replicas
         self._block = block_size
         self._lock = threading.Lock()
@@ -234,8 +238,8 @@ class ReplicaRouter:
                 self._affinity.popitem(last=False)
         return least
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-            sink: Sink, priority: int = 0) -> Future:
+    def add(self, request_id: str, prompt_ids: list[int],
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
         cost = len(prompt_ids) + params.max_tokens * params.n
         with self._lock:
             try:
@@ -310,8 +314,9 @@ class ReplicaRouter:
         return self.replicas[0].closed_by_shutdown
 
     @property
-    def failures(self) -> list[str]:
-        return [r.failure for r in self.replicas[1:] if r.failure]
+    def failure(self) -> str | None:
+        """Every replica's failure, joined (None: none failed)."""
+        return "; ".join(f for r in self.replicas if (f := r.failure)) or None
 
     def shutdown(self, timeout: float | None = None) -> None:
         threads = [threading.Thread(target=r.shutdown) for r in self.replicas]

@@ -1,25 +1,26 @@
 """engine_thread: one thread that owns an LLMEngine and runs its step loop;
 other threads (an asyncio event loop, the server) reach it only through a
-command queue and receive each completion's StepOutputs through a callback
-called on the engine thread. The kernels release the GIL, so the caller's
-thread keeps running during a forward pass. An engine that cannot go on (a
-tensor-parallel rank died: LLMEngine.failure, looked at every HEALTH_POLL_S
-while idle) ends every request with the reason and stops the thread."""
+command queue, as an EngineClient (engine/client.py), and receive each
+completion's StepOutputs through a callback called on the engine thread. The
+kernels release the GIL, so the caller's thread keeps running during a forward
+pass. An engine that cannot go on (a tensor-parallel rank died:
+LLMEngine.failure, looked at every HEALTH_POLL_S while idle) ends every request
+with the reason and stops the thread."""
 from __future__ import annotations
 
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 
+from armllm.engine.client import Sink
+from armllm.engine.embedding import PoolingParams
 from armllm.engine.llm_engine import LLMEngine
 from armllm.engine.outputs import EngineStats, StepOutput
 from armllm.sampling import SamplingParams
 
 log = logging.getLogger("armllm")
 
-Sink = Callable[[StepOutput], None]
 HEALTH_POLL_S = 1.0   # an idle engine thread looks at the engine's failure this often
 
 
@@ -42,8 +43,8 @@ class EngineClosed(RuntimeError):
 
 
 class EngineThread:
-    """The engine's owner thread. add/abort/stats/shutdown may be called from any
-    thread; everything else runs on the engine thread."""
+    """The engine's owner thread, an EngineClient: its members may be called from
+    any thread; everything else runs on the engine thread."""
 
     def __init__(self, engine: LLMEngine, name: str = "armllm-engine"):
         self.engine = engine
@@ -58,8 +59,8 @@ class EngineThread:
 
     # -- called from any thread ----------------------------------------------------------
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-            sink: Sink, priority: int = 0) -> Future:
+    def add(self, request_id: str, prompt_ids: list[int],
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
         """Queues a request; the future completes when the engine has accepted it
         (or fails with the engine's ValueError). sink gets its StepOutputs."""
         fut: Future = Future()
@@ -94,6 +95,10 @@ class EngineThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def failure(self) -> str | None:
+        return self.engine.failure
 
     # -- the engine thread ---------------------------------------------------------------
 

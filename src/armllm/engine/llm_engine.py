@@ -6,19 +6,21 @@ AsyncLLM/the server).
 
 The parts it drives: the Scheduler (which tokens run, KV blocks, forking n > 1
 completions), a runner (the model forward and the sampler) and, per
-completion, a CompletionState (stop conditions and text)."""
+completion, a RequestState (its CompletionState: stop conditions and text; its
+grammar, pooling and random generator), which the engine owns."""
 from __future__ import annotations
 
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from armllm.engine.completion import CompletionState
 from armllm.engine.embedding import PoolingParams, PoolState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
+from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
 from armllm.engine.structured import StructuredOutputs
@@ -53,12 +55,15 @@ class ContextLengthExceeded(RequestRejected):
 class Runner(Protocol):
     """What the engine needs of a model runner (engine/runner.py's ModelRunner)."""
 
-    def run(self, out: SchedulerOutput) -> tuple[list[Sequence], Any]:
-        """Runs the step; returns the sequences that sample a token and their logits
-        rows (indexable in that order; a row has .copy())."""
+    def run(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
+            ) -> tuple[list[Sequence], Any]:
+        """Runs the step (`states`: every scheduled sequence's, by key; an embedding's
+        pooling takes its rows); returns the sequences that sample a token and their
+        logits rows (indexable in that order; a row has .copy())."""
 
-    def sample(self, seq: Sequence, row: Any) -> SampleResult:
-        """seq's next token from its logits row (which it may modify)."""
+    def sample(self, seq: Sequence, row: Any, state: RequestState) -> SampleResult:
+        """seq's next token from its logits row (which it may modify), drawn with the
+        random generator in its state (which it may make)."""
 
     def close(self) -> None:
         """Releases what the runner holds beyond memory (a tensor-parallel group's
@@ -102,6 +107,7 @@ class LLMEngine:
         self.structured = StructuredOutputs(self.tokenizer, c.vocab_size, self.eos_token_ids,
                                             scheduler.max_num_seqs)
         self._requests: dict[str, _Request] = {}
+        self._states: dict[SeqKey, RequestState] = {}   # per unfinished sequence
         self._deferred: list[StepOutput] = []   # aborts, reported by the next step
         self._num_prompt_tokens = self._num_generation_tokens = 0
         self._finished: Counter[str] = Counter()
@@ -126,14 +132,16 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt_ids), params, priority=priority,
                        num_forks_pending=params.n - 1,
                        timings=Timings(arrival_time or time.monotonic()))
+        state = RequestState()
         if isinstance(params, PoolingParams):
-            seq.pool = PoolState(self.loaded.pooling, params)
+            state.pool = PoolState(self.loaded.pooling, params)
             seq.reuse_prefix = not self.loaded.pooling.reads_every_row
         else:
-            seq.completion = self._completion_state(seq)
+            state.completion = self._completion_state(seq)
         if params.structured_output is not None:
-            seq.grammar = self.structured.new_state(params.structured_output)
+            state.grammar = self.structured.new_state(params.structured_output)
         self.scheduler.add(seq)
+        self._states[seq.key] = state
         self._requests[request_id] = _Request(seq, params.n)
         self._num_prompt_tokens += len(prompt_ids)
 
@@ -223,7 +231,7 @@ class LLMEngine:
         first = self._requests.pop(request_id).first
         outs = []
         for seq in sorted(self.scheduler.sequences(request_id), key=lambda s: s.index):
-            self.scheduler.finish(seq, reason)
+            self._finish(seq, reason)
             outs.append(self._final(seq, [], "", reason, error))
         n = first.params.n
         for index in range(n - first.num_forks_pending, n):  # completions never forked
@@ -231,6 +239,11 @@ class LLMEngine:
                                    metrics=self._metrics(first)))
         self._finished[reason] += first.num_forks_pending
         return outs
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """seq is done: the scheduler frees its blocks, and its state goes."""
+        self.scheduler.finish(seq, reason)
+        self._states.pop(seq.key, None)   # None: a fork the step ended before its state
 
     def _fail(self, request_ids: Iterable[str], exc: Exception) -> list[StepOutput]:
         """Ends these requests with finish reason "error"; the others go on."""
@@ -279,11 +292,13 @@ class LLMEngine:
         if not out.scheduled:
             return outputs
         # the constrained completions that sample an answer token: their masks
-        self.structured.start([s.seq for s in out.scheduled if s.seq.grammar is not None
+        states = self._states
+        self.structured.start([state.grammar for s in out.scheduled
+                               if (state := states[s.seq.key]).grammar is not None
                                and s.seq.num_computed + s.num_new_tokens == s.seq.num_tokens
-                               and s.seq.completion.phase != REASONING])
+                               and state.completion.phase != REASONING])
         try:
-            sampling, logits = self.runner.run(out)
+            sampling, logits = self.runner.run(out, states)
         except EngineDead as exc:  # nothing can run: every request ends with the reason
             self._dead = str(exc)
             return outputs + self._fail(list(self._requests), exc)
@@ -292,13 +307,16 @@ class LLMEngine:
         forks = self.scheduler.update(out)  # computed tokens, prefix cache, n > 1 forks
         for item in out.scheduled:   # embeddings whose prompt is done
             seq = item.seq
-            if seq.pool is not None and seq.num_computed == seq.num_tokens:
-                outputs.append(self._embedded(seq))
+            pool = states[seq.key].pool
+            if pool is not None and seq.num_computed == seq.num_tokens:
+                outputs.append(self._embedded(seq, pool))
         for seq, row in self._sampling_rows(sampling, logits, forks):
+            state = states[seq.key]
             try:
-                if seq.grammar is not None and seq.completion.phase != REASONING:
-                    self.structured.apply(seq, row)
-                outputs.append(self._postprocess(seq, self.runner.sample(seq, row)))
+                if state.grammar is not None and state.completion.phase != REASONING:
+                    self.structured.apply(state.grammar, state.completion, row)
+                outputs.append(self._postprocess(seq, state,
+                                                 self.runner.sample(seq, row, state)))
             except Exception as exc:  # this request ends alone
                 outputs += self._fail([seq.request_id], exc)
         return outputs
@@ -307,55 +325,59 @@ class LLMEngine:
                        forks: dict[Sequence, list[Sequence]]) -> Iterator[tuple[Sequence, Any]]:
         """Each completion that samples a token this step, with its logits row. The
         completions forked from a prompt that finished this step start their own
-        output state and sample from copies of its row (sampling edits a row in
-        place). Skips completions whose request failed earlier in the step."""
+        state and sample from copies of its row (sampling edits a row in place).
+        Skips completions whose request failed earlier in the step."""
         for seq, row in zip(sampling, logits, strict=True):
+            if seq.finished:   # and so are its forks
+                continue
             children = forks.get(seq) if forks else None
             if children:
-                if seq.grammar is not None:
+                grammar = self._states[seq.key].grammar
+                if grammar is not None:
                     self.structured.wait()  # the parent's matcher is the worker's until then
                 for child in children:
-                    child.completion = self._completion_state(child)
-                    if seq.grammar is not None:
-                        child.grammar = seq.grammar.fork()
+                    self._states[child.key] = RequestState(
+                        completion=self._completion_state(child),
+                        grammar=None if grammar is None else grammar.fork())
                 copies = [row.copy() for _ in children]
-            if not seq.finished:
-                yield seq, row
+            yield seq, row
             if children:
                 yield from ((c, r) for c, r in zip(children, copies, strict=True)
                             if not c.finished)
 
-    def _postprocess(self, seq: Sequence, sample: SampleResult) -> StepOutput:
+    def _postprocess(self, seq: Sequence, state: RequestState, sample: SampleResult
+                     ) -> StepOutput:
         """Appends the sampled token; its completion's state says which text it adds
         and whether it ends the completion."""
         seq.append(sample.token)
         self._num_generation_tokens += 1
-        delta, reasoning, reason = seq.completion.add(sample.token)
+        completion, grammar = state.completion, state.grammar
+        delta, reasoning, reason = completion.add(sample.token)
         # a grammar constrains the answer: it follows the tokens routed to it
-        if (seq.grammar is not None and reason != "stop"
-                and seq.completion.last_route == CONTENT and seq.grammar.accept(sample.token)):
-            delta += seq.completion.flush()  # the structured output is complete
+        if (grammar is not None and reason != "stop"
+                and completion.last_route == CONTENT and grammar.accept(sample.token)):
+            delta += completion.flush()  # the structured output is complete
             reason = "stop"
         logprobs = [] if sample.logprob is None else [
             (sample.token, sample.logprob, sample.top_logprobs)]
         if reason is None:
             return StepOutput(seq.request_id, seq.index, [sample.token], delta, None, logprobs,
                               reasoning_delta=reasoning)
-        self.scheduler.finish(seq, reason)
+        self._finish(seq, reason)
         request = self._requests[seq.request_id]
         request.num_open -= 1
         if not request.num_open:
             del self._requests[seq.request_id]
         return self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning)
 
-    def _embedded(self, seq: Sequence) -> StepOutput:
+    def _embedded(self, seq: Sequence, pool: PoolState) -> StepOutput:
         """An embedding request's one output: its vector; its blocks are freed."""
         try:
-            vector = seq.pool.result()
+            vector = pool.result()
         except Exception as exc:  # noqa: BLE001 - this request ends alone
             return self._fail([seq.request_id], exc)[0]
         seq.timings.first_token = time.monotonic()
-        self.scheduler.finish(seq, "stop")
+        self._finish(seq, "stop")
         del self._requests[seq.request_id]
         out = self._final(seq, [], "", "stop", None)
         out.embedding = vector

@@ -2,16 +2,21 @@
 
 Owns the KV cache and the workspace; builds the flattened BatchMeta (numpy)
 the model reads (the forward makes the copy-on-write block copies first), and
-samples each sequence's token with its own random generator. An embedding
-request's prompt rows sample nothing: after the forward, the rows its pooling
-reads go to its PoolState (engine/embedding.py)."""
+samples each sequence's token with its own random generator (kept in the
+engine's RequestState for it). An embedding request's prompt rows sample
+nothing: after the forward, the rows its pooling reads go to its PoolState
+(engine/embedding.py)."""
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
+from armllm.engine.embedding import PoolState
+from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
-from armllm.model.decoder import BatchMeta, KVCache, DecoderModel, Workspace
+from armllm.model.decoder import BatchMeta, DecoderModel, KVCache, Workspace
 from armllm.sampling import SampleResult, sample_row, sample_scratch
 
 
@@ -40,13 +45,14 @@ class ModelRunner:
         self._slots = [np.empty(t, np.int32) for _ in range(groups)]
         self._block_tables = [np.zeros((b, self.max_blocks), np.int32) for _ in range(groups)]
         self._logits_rows = np.empty(max_logits, np.int64)
-        self._pool_reads: list[tuple[Sequence, int, int, int, bool]] = []
+        self._pool_reads: list[tuple[PoolState, int, int, int, bool]] = []
 
-    def build_meta(self, out: SchedulerOutput) -> tuple[BatchMeta, list[Sequence]]:
+    def build_meta(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
+                   ) -> tuple[BatchMeta, list[Sequence]]:
         """The batch (views of the runner's arrays, valid until the next step), and the
         sequences (in logits-row order) that sample a token. The embedding requests'
-        rows to pool are left in self._pool_reads: (seq, first row, end row, prompt
-        position of the first, whether they end the prompt)."""
+        rows to pool are left in self._pool_reads: (their PoolState, first row, end
+        row, prompt position of the first, whether they end the prompt)."""
         bs = self.kv.block_size
         n = len(out.scheduled)
         ids, positions = self._ids, self._positions
@@ -74,15 +80,16 @@ class ModelRunner:
                 for (slots, block_table), blocks in zip(tables, seq.block_tables, strict=True):
                     block_table[b, :len(blocks)] = blocks
                     np.add(block_table[b, pos // bs] * bs, pos % bs, out=slots[row:end])
-            if seq.pool is not None:   # an embedding: its pooled rows, if any, this step
-                first, last = seq.pool.rows_to_read(start, count, n_prompt)
+            pool = states[seq.key].pool
+            if pool is not None:   # an embedding: its pooled rows, if any, this step
+                first, last = pool.rows_to_read(start, count, n_prompt)
                 if first < last:
-                    self._pool_reads.append((seq, row + first, row + last, start + first,
+                    self._pool_reads.append((pool, row + first, row + last, start + first,
                                              stop == n_prompt))
             row = end
             query_start[b + 1] = row
             seq_lens[b] = stop
-            if stop == seq.num_tokens and seq.pool is None:  # the prompt is complete: samples
+            if stop == seq.num_tokens and pool is None:  # the prompt is complete: samples
                 self._logits_rows[len(sampling)] = row - 1
                 sampling.append(seq)
         (slots, block_table), *others = tables
@@ -91,17 +98,19 @@ class ModelRunner:
                          tuple((sl[:row], bt[:n]) for sl, bt in others))
         return meta, sampling
 
-    def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
-        """Runs the step; returns the sequences that sample and their logits rows
-        (a view of the workspace, valid until the next step)."""
-        meta, sampling = self.build_meta(out)
+    def run(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
+            ) -> tuple[list[Sequence], np.ndarray]:
+        """Runs the step (`states`: every scheduled sequence's, by key); returns the
+        sequences that sample and their logits rows (a view of the workspace, valid
+        until the next step)."""
+        meta, sampling = self.build_meta(out, states)
         logits = self.forward(meta, out.copies)
         if self._pool_reads:
             rows = np.concatenate([np.arange(a, b) for _, a, b, _, _ in self._pool_reads])
             hidden = self.model.final_hidden(self.workspace, rows)
             at = 0
-            for seq, a, b, position, last in self._pool_reads:
-                seq.pool.add(hidden[at:at + b - a], position, last)
+            for pool, a, b, position, last in self._pool_reads:
+                pool.add(hidden[at:at + b - a], position, last)
                 at += b - a
         return sampling, logits
 
@@ -133,13 +142,14 @@ class ModelRunner:
                          tuple((sl[:t], bt[:1]) for sl, bt in others))
         return self.forward(meta, ())
 
-    def sample(self, seq: Sequence, row: np.ndarray) -> SampleResult:
-        """seq's next token from its logits row (modified in place)."""
-        if seq.rng is None:
+    def sample(self, seq: Sequence, row: np.ndarray, state: RequestState) -> SampleResult:
+        """seq's next token from its logits row (modified in place), drawn from the
+        random generator in seq's `state` (made here the first time)."""
+        if state.rng is None:
             seed = seq.params.seed
             if seed is None:
                 seed = int(self._seed_source.integers(2**63))
             # completion i > 0 of a seeded request draws from its own stream
-            seq.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
-        return sample_row(row, seq.params, seq.rng, seq.prompt_ids, seq.output_ids,
+            state.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
+        return sample_row(row, seq.params, state.rng, seq.prompt_ids, seq.output_ids,
                           self._sample_scratch)

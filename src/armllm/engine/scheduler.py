@@ -6,7 +6,9 @@ prompts that are still being prefilled, then waiting requests in priority
 order (lower first, first come first served among equals). A prompt longer
 than what is left of the budget is prefilled in chunks over several steps,
 so it never holds running decodes back for more than one step. A new request
-starts after the longest prefix of its prompt found in the prefix cache.
+starts after the longest prefix of its prompt found in the prefix cache. The
+block manager is asked once per sequence and step (allocate_slots) whether its
+tokens fit, and gives them their blocks if they do.
 
 When a running sequence finds no free KV block, the most recently admitted
 running sequence of the lowest priority is preempted: its blocks are freed
@@ -138,15 +140,14 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue  # preempted to make room for an earlier one
             n = min(seq.num_tokens - seq.num_computed, budget)
-            target = seq.num_computed + n
-            while not self.blocks.can_allocate(seq, target):
+            while (copies := self.blocks.allocate_slots(seq, seq.num_computed + n)) is None:
                 victim = self._victim(done)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
             if seq.status is Status.RUNNING:
-                out.copies += self.blocks.allocate(seq, target)
+                out.copies += copies
                 out.scheduled.append(ScheduledSeq(seq, n))
                 done.add(seq)
                 budget -= n
@@ -159,16 +160,15 @@ class Scheduler:
             if slots + seq.num_forks_pending + 1 > self.max_num_seqs:
                 break
             prefix = self.blocks.cached_prefix(seq)
-            start = len(prefix[0]) * self.blocks.block_size
-            n = min(seq.num_tokens - start, budget)
-            if not self.blocks.can_allocate(seq, start + n, prefix):
+            n = min(seq.num_tokens - prefix.num_tokens, budget)
+            copies = self.blocks.allocate_slots(seq, prefix.num_tokens + n, prefix)
+            if copies is None:
                 break
             self.waiting.pop(0)
-            self.blocks.take_prefix(seq, prefix)
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = time.monotonic()
-                seq.num_cached_prompt = start
-            out.copies += self.blocks.allocate(seq, start + n)
+                seq.num_cached_prompt = prefix.num_tokens
+            out.copies += copies
             seq.status = Status.RUNNING
             self._admitted[seq] = next(self._admission)
             self.running.append(seq)

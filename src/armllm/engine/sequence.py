@@ -3,14 +3,19 @@
 A request with n > 1 completions is n Sequences sharing a request id
 (`index` 0..n-1); the first carries the prompt through prefill and the
 scheduler forks the others from it, sharing its KV blocks, when the prompt is
-done. What a completion's tokens mean as output (stop conditions, text) is
-the engine's CompletionState, which the sequence carries opaquely."""
+done. What a completion's tokens mean as output (stop conditions, text), its
+grammar, pooling and sampler are the engine's, kept beside the sequence
+(engine/request_state.py)."""
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: importing them would load numpy
+    from armllm.engine.embedding import PoolingParams
+    from armllm.sampling import SamplingParams
 
 
 class Status(enum.Enum):
@@ -32,7 +37,7 @@ class Timings:
 class Sequence:
     request_id: str
     prompt_ids: list[int]
-    params: Any                      # SamplingParams (kept opaque here)
+    params: SamplingParams | PoolingParams
     index: int = 0                   # which of the request's n completions
     priority: int = 0                # lower runs first; FCFS among equals
     status: Status = Status.WAITING
@@ -44,10 +49,6 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # chained, of full token blocks
     num_forks_pending: int = 0       # completions still to fork off when the prompt is done
     finish_reason: str | None = None
-    rng: Any = None                  # the sampler's random generator (runner-owned)
-    completion: Any = None           # stop checks and text so far (engine-owned)
-    grammar: Any = None              # a structured output's matcher (engine-owned)
-    pool: Any = None                 # an embedding's PoolState (engine-owned): samples nothing
     reuse_prefix: bool = True        # False: every prompt row must run (not from the cache)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from armllm import ops
-from armllm.engine.sequence import Sequence
+from armllm.engine.completion import CompletionState
 from armllm.model.tokenizer import TextTokenizer
 from armllm.structured_output import StructuredOutput
 
@@ -112,10 +112,9 @@ class StructuredOutputs:
 
     # -- per step --------------------------------------------------------------------------
 
-    def start(self, sampling: list[Sequence]) -> None:
-        """Computes the masks of the constrained sequences that sample this step, or
+    def start(self, states: list[GrammarState]) -> None:
+        """Computes the masks of the constrained completions that sample this step, or
         starts computing them on the worker thread."""
-        states = [seq.grammar for seq in sampling if seq.grammar is not None]
         if not states:
             return
         for i, state in enumerate(states):
@@ -155,18 +154,19 @@ class StructuredOutputs:
             pending.result()
             self.wait_seconds += time.perf_counter() - began
 
-    def apply(self, seq: Sequence, row: np.ndarray) -> None:
-        """Sets the tokens seq's grammar forbids to -inf in its logits row (waiting for
-        the step's masks the first time); GrammarDeadEnd if it allows none."""
+    def apply(self, state: GrammarState, completion: CompletionState, row: np.ndarray
+              ) -> None:
+        """Sets the tokens the completion's grammar forbids to -inf in its logits row
+        (waiting for the step's masks the first time); GrammarDeadEnd if it allows
+        none."""
         self.wait()
-        state = seq.grammar
         mask = self._masks[state.row]
         if state.matcher.is_error() or not mask.any():
             raise GrammarDeadEnd("structured output: the grammar allows no token here"
                                  + (f": {state.matcher.get_error()}"
                                     if state.matcher.is_error() else ""))
-        if seq.completion.phase == "undecided":  # the answer, or a reasoning block first
-            opener = seq.completion.opener
+        if completion.phase == "undecided":  # the answer, or a reasoning block first
+            opener = completion.opener
             mask[opener // MASK_BITS] |= np.int32(np.uint32(1 << opener % MASK_BITS)
                                                   .view(np.int32))
         ops.mask_logits(row, mask)

@@ -35,6 +35,7 @@ import sys
 import threading
 import uuid
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ from armllm import ops
 from armllm.engine import topology
 from armllm.engine.comm import AllReduce
 from armllm.engine.llm_engine import EngineDead
+from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
@@ -319,10 +321,11 @@ class TPModelRunner(ModelRunner):
         self.group.channel.send(meta, copies)
         return super().forward(meta, copies)
 
-    def run(self, out: SchedulerOutput) -> tuple[list[Sequence], np.ndarray]:
+    def run(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
+            ) -> tuple[list[Sequence], np.ndarray]:
         self.group.check()
         try:
-            return super().run(out)
+            return super().run(out, states)
         except ops.CommAborted:
             raise RankFailed(self.group.failure or "tensor-parallel communication was "
                              "aborted") from None

@@ -51,8 +51,8 @@ def run(fd: int) -> int:
         allreduce = AllReduce(spec["segment"], rank, spec["ranks"], spec["max_floats"])
         send({"state": "attached"})
         from armllm.engine.tensor_parallel import StepChannel
-        from armllm.model.kv_cache import KVCache
         from armllm.model.decoder import Workspace
+        from armllm.model.kv_cache import KVCache
         from armllm.model.loader import load_model
         from armllm.model.quantize import parse_scheme
         quant = spec["quantization"]

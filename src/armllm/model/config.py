@@ -1,12 +1,10 @@
 """config: ModelConfig, the hyper-parameters armllm runs a model by, validated
 where they enter; the architecture files (model/arch/) fill it from a Hugging
-Face config.json or a GGUF file's metadata, and load_hf_config /
-config_from_hf / config_from_gguf find the file that does."""
+Face config.json or a GGUF file's metadata (model/arch's load_hf_config,
+config_from_hf and config_from_gguf find the file that does)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 
@@ -135,41 +133,3 @@ def gguf_key(meta: dict[str, Any], gguf_arch: str, name: str, source: str,
     if value is None:
         raise ValueError(f"{source}: missing GGUF key {gguf_arch}.{name}")
     return value
-
-
-def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
-    """The ModelConfig of a config.json, by the architecture file that runs it."""
-    from armllm.model import arch
-    family, name = arch.for_hf(cfg, source)
-    try:
-        return family.config_from_hf(cfg, name)
-    except KeyError as exc:
-        raise ValueError(f"{source}: missing key {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        if str(exc).startswith("config:"):
-            raise ValueError(f"{source}: {exc}") from None
-        raise ValueError(f"{source}: malformed value: {exc}") from None
-
-
-def load_hf_config(model_dir: str | Path) -> ModelConfig:
-    path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: missing (a Hugging Face model directory needs config.json)") \
-            from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    return config_from_hf(cfg, str(path))
-
-
-def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
-    """The ModelConfig of a GGUF file's metadata, by the architecture file that runs it."""
-    from armllm.model import arch
-    family, gguf_arch = arch.for_gguf(meta, source)
-    try:
-        return family.config_from_gguf(meta, gguf_arch, source)
-    except (TypeError, ValueError) as exc:
-        if str(exc).startswith("config:"):
-            raise ValueError(f"{source}: {exc}") from None
-        raise

@@ -15,9 +15,9 @@ from safetensors.numpy import save_file
 
 from armllm import ops
 from armllm.model import arch
+from armllm.model.arch import load_hf_config
 from armllm.model.arch.base import EMBED, FINAL_NORM, LM_HEAD
 from armllm.model.compressed_tensors import matrix_tensors, parse_config, quantization_config
-from armllm.model.config import load_hf_config
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.layer import QKNorm, has_step, step_norms

@@ -58,8 +58,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import repo_folder_name
 from huggingface_hub.utils import validate_repo_id
 
-from armllm.model.arch import GGUF_ARCHITECTURES
-from armllm.model.config import config_from_hf
+from armllm.model.arch import GGUF_ARCHITECTURES, config_from_hf
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,12 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from armllm import ops
+from armllm.model.arch import config_from_gguf, load_hf_config
 from armllm.model.compressed_tensors import parse_config
-from armllm.model.config import ModelConfig, config_from_gguf, load_hf_config
+from armllm.model.config import ModelConfig
+from armllm.model.decoder import DecoderModel
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
-from armllm.model.decoder import DecoderModel
 from armllm.model.pooling import PoolingConfig, pooling_from_dir, pooling_from_gguf
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource

@@ -1,9 +1,9 @@
 """moe: the sparse MLP of a mixture-of-experts layer (Mixtral, Qwen3-MoE, GPT-OSS).
 
 A sparse layer's sparse_mlp step (model/layer.py's SparseMLP) leaves the MLP's
-input in the workspace's `normed` rows; the layer bind_experts binds then routes every row to its top-k experts and
-leaves the weighted sum of their outputs in `hidden`, where the next layer's
-residual add picks it up:
+input in the workspace's `normed` rows; the layer bind_experts binds then
+routes every row to its top-k experts and leaves the weighted sum of their
+outputs in `hidden`, where the next layer's residual add picks it up:
 
     logits = normed @ router.T (+ bias);  p = softmax(logits)
     ids = the k largest p (ties: the lower expert id, as torch.topk on CPU)

@@ -7,7 +7,6 @@ the architecture's logical (Hugging Face) names and find each tensor where the
 architecture file says it is stored (model/arch: a TensorRef)."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -62,7 +62,7 @@ class ServerState:
         chat template names."""
         if self.config.tool_call_parser != "auto":
             return self.config.tool_call_parser
-        if llm.engine.harmony is not None:
+        if llm.speaks_harmony:
             return "harmony"
         return detect_parser(llm.tokenizer.chat_template)
 

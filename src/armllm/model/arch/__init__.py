@@ -6,6 +6,8 @@ only place, with the architecture files, where an architecture's name is
 compared."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from armllm.model.arch import gemma3, gpt_oss, llama, mixtral, phi3, qwen3_moe
@@ -20,7 +22,7 @@ GGUF_ARCHITECTURES: dict[str, Architecture] = {
     name: f for f in FAMILIES for name in f.gguf_architectures}
 
 __all__ = ["Architecture", "TensorRef", "FAMILIES", "HF_ARCHITECTURES", "GGUF_ARCHITECTURES",
-           "for_hf", "for_gguf", "of"]
+           "for_hf", "for_gguf", "of", "config_from_hf", "config_from_gguf", "load_hf_config"]
 
 
 def for_hf(cfg: dict[str, Any], source: str) -> tuple[Architecture, str]:
@@ -48,3 +50,39 @@ def of(config: ModelConfig) -> Architecture:
         if config.architecture in f.hf_architectures.values():
             return f
     raise ValueError(f"no architecture file runs {config.architecture!r}")
+
+
+def config_from_hf(cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """The ModelConfig of a config.json, by the architecture file that runs it."""
+    family, name = for_hf(cfg, source)
+    try:
+        return family.config_from_hf(cfg, name)
+    except KeyError as exc:
+        raise ValueError(f"{source}: missing key {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith("config:"):
+            raise ValueError(f"{source}: {exc}") from None
+        raise ValueError(f"{source}: malformed value: {exc}") from None
+
+
+def load_hf_config(model_dir: str | Path) -> ModelConfig:
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing (a Hugging Face model directory needs config.json)") \
+            from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    return config_from_hf(cfg, str(path))
+
+
+def config_from_gguf(meta: dict[str, Any], source: str) -> ModelConfig:
+    """The ModelConfig of a GGUF file's metadata, by the architecture file that runs it."""
+    family, gguf_arch = for_gguf(meta, source)
+    try:
+        return family.config_from_gguf(meta, gguf_arch, source)
+    except (TypeError, ValueError) as exc:
+        if str(exc).startswith("config:"):
+            raise ValueError(f"{source}: {exc}") from None
+        raise

@@ -1,0 +1,25 @@
+"""request_state: what the engine keeps for each completion beside its Sequence
+(which holds only what scheduling needs): how its sampled tokens become output,
+its grammar's place, an embedding's pooling, and its sampler's random
+generator. LLMEngine owns one RequestState per unfinished sequence, keyed by
+the sequence's key (request id, completion index), and lends them to the
+runner each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from armllm.engine.completion import CompletionState
+from armllm.engine.embedding import PoolState
+from armllm.engine.structured import GrammarState
+
+SeqKey = tuple[str, int]   # Sequence.key: (request id, completion index)
+
+
+@dataclass(eq=False)
+class RequestState:
+    completion: CompletionState | None = None   # a generation's stop checks and text so far
+    grammar: GrammarState | None = None         # a structured output's matcher
+    pool: PoolState | None = None               # an embedding's pooling: it samples nothing
+    rng: np.random.Generator | None = None      # the sampler's, made by the runner when first used
