@@ -18,8 +18,10 @@ FAMILIES: tuple[Architecture, ...] = tuple(m.ARCHITECTURE for m in (
     llama, mixtral, qwen3_moe, gpt_oss, gemma3, phi3))
 HF_ARCHITECTURES: dict[str, Architecture] = {
     name: f for f in FAMILIES for name in f.hf_architectures}
-GGUF_ARCHITECTURES: dict[str, Architecture] = {
-    name: f for f in FAMILIES for name in f.gguf_architectures}
+# a GGUF architecture -> the families that run its files (runs_gguf tells which)
+GGUF_ARCHITECTURES: dict[str, tuple[Architecture, ...]] = {
+    name: tuple(f for f in FAMILIES if name in f.gguf_architectures)
+    for family in FAMILIES for name in family.gguf_architectures}
 
 __all__ = ["Architecture", "TensorRef", "FAMILIES", "HF_ARCHITECTURES", "GGUF_ARCHITECTURES",
            "for_hf", "for_gguf", "of", "config_from_hf", "config_from_gguf", "load_hf_config"]
@@ -41,7 +43,7 @@ def for_gguf(meta: dict[str, Any], source: str) -> tuple[Architecture, str]:
     if name not in GGUF_ARCHITECTURES:
         raise ValueError(f"{source}: unsupported GGUF architecture {name!r} (supported: "
                          f"{', '.join(GGUF_ARCHITECTURES)})")
-    return GGUF_ARCHITECTURES[name], name
+    return next(f for f in GGUF_ARCHITECTURES[name] if f.runs_gguf(meta)), name
 
 
 def of(config: ModelConfig) -> Architecture:

@@ -63,6 +63,15 @@ class TensorRef:
     interleave: str | None = None
 
 
+def sliding_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
+    """A config.json's window in every layer (Mistral's, Mixtral's, Phi-3's), unless
+    use_sliding_window turns it off."""
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+    if not window:
+        return {"sliding_window": 0}
+    return {"sliding_window": int(window), "sliding_layers": tuple(range(num_layers))}
+
+
 def gguf_rope_scaling(meta: dict[str, Any], gguf_arch: str, source: str) -> dict | None:
     """The rope_scaling a GGUF's rope.scaling.* keys describe (linear or YaRN), or None."""
     kind = meta.get(f"{gguf_arch}.rope.scaling.type")
@@ -92,6 +101,11 @@ class Architecture:
                              "post_norm": "post_attention_layernorm.weight"}
 
     # ------------------------------------------------------------ configs
+
+    def runs_gguf(self, meta: dict[str, Any]) -> bool:
+        """Whether this family runs a GGUF file of one of its gguf_architectures (two
+        families may share one: llama.cpp's "llama" is Mixtral with experts)."""
+        return True
 
     def config_from_hf(self, cfg: dict[str, Any], arch: str) -> ModelConfig:
         """The ModelConfig of a config.json whose `architectures` names `arch` (KeyError

@@ -5,22 +5,13 @@ RMSNorm: Qwen3; a sliding window in every layer: Mistral), then a SwiGLU MLP.
 
 GGUF: llama.cpp's "llama" (Llama, Mistral, SmolLM: Q/K rows permuted for its
 RoPE, undone at load; with llama.expert_count it is Mixtral:
-model/arch/mixtral.py), "qwen2" and "qwen3" (Hugging Face's rows)."""
+model/arch/mixtral.py's), "qwen2" and "qwen3" (Hugging Face's rows)."""
 from __future__ import annotations
 
 from typing import Any
 
-from armllm.model.arch.base import Architecture, TensorRef
+from armllm.model.arch.base import Architecture, TensorRef, sliding_fields
 from armllm.model.config import ModelConfig
-
-
-def sliding_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
-    """A config.json's window in every layer (Mistral's, Mixtral's), unless
-    use_sliding_window turns it off."""
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-    if not window:
-        return {"sliding_window": 0}
-    return {"sliding_window": int(window), "sliding_layers": tuple(range(num_layers))}
 
 
 class Llama(Architecture):
@@ -47,11 +38,11 @@ class Llama(Architecture):
             fields.update(sliding_fields(cfg, fields["num_layers"]))
         return ModelConfig(**fields)
 
+    def runs_gguf(self, meta: dict[str, Any]) -> bool:
+        return not meta.get("llama.expert_count")   # else Mixtral's
+
     def config_from_gguf(self, meta: dict[str, Any], gguf_arch: str, source: str
                          ) -> ModelConfig:
-        if gguf_arch == "llama" and meta.get("llama.expert_count"):
-            from armllm.model.arch.mixtral import ARCHITECTURE as MIXTRAL
-            return MIXTRAL.config_from_gguf(meta, gguf_arch, source)
         fields = self.gguf_fields(meta, gguf_arch, source)
         fields["architecture"] = self.GGUF_AS[gguf_arch]
         # llama.cpp's qwen2 graph adds q/k/v biases; the loader finds them by name

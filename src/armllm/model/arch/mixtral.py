@@ -1,25 +1,27 @@
 """mixtral: Mixtral, Llama's layer with a sparse MLP in every layer (top-2 of 8
 experts, their softmax weights renormalized) and Mistral's sliding window.
 
-GGUF: llama.cpp writes it as "llama" with llama.expert_count (model/arch/llama.py
-hands such a file here), Q/K rows permuted for its RoPE (undone at load)."""
+GGUF: llama.cpp writes it as "llama" with llama.expert_count, Q/K rows permuted
+for its RoPE (undone at load)."""
 from __future__ import annotations
 
 from typing import Any
 
-from armllm.model.arch.base import SparseArchitecture, TensorRef
-from armllm.model.arch.llama import sliding_fields
+from armllm.model.arch.base import SparseArchitecture, TensorRef, sliding_fields
 from armllm.model.config import ModelConfig
 
 
 class Mixtral(SparseArchitecture):
     name = "mixtral"
     hf_architectures = {"MixtralForCausalLM": "MixtralForCausalLM"}
-    gguf_architectures = ()   # "llama" with experts: llama.py hands it over
+    gguf_architectures = ("llama",)   # with llama.expert_count (without: llama.py's)
     expert_names = ("block_sparse_moe.experts.{e}.w1.weight",
                     "block_sparse_moe.experts.{e}.w3.weight",
                     "block_sparse_moe.experts.{e}.w2.weight")
     router_name = "block_sparse_moe.gate.weight"
+
+    def runs_gguf(self, meta: dict[str, Any]) -> bool:
+        return bool(meta.get("llama.expert_count"))
 
     def config_from_hf(self, cfg: dict[str, Any], arch: str) -> ModelConfig:
         fields = self.hf_fields(cfg, arch)

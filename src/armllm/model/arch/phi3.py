@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
-from armllm.model.arch.base import GGUF_LAYER_NAMES, Architecture, TensorRef
-from armllm.model.arch.llama import sliding_fields
+from armllm.model.arch.base import GGUF_LAYER_NAMES, Architecture, TensorRef, sliding_fields
 from armllm.model.config import ModelConfig
 
 # the fused tensor each Llama-named part is stored in, under "model.layers.{i}."
