@@ -51,6 +51,14 @@ FAMILIES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {
         "partial_rotary_factor": 0.75, "sliding_window": 7,
         "original_max_position_embeddings": 256, "pad_token_id": 0}, "GPT2Tokenizer"),
+    # LongRoPE (Phi-3-*-128k, Phi-4-mini) trained at 32 positions, extended to 256: the
+    # long factors above 32 tokens, the short ones within
+    "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM", {
+        "partial_rotary_factor": 0.75, "original_max_position_embeddings": 32,
+        "pad_token_id": 0, "rope_scaling": {
+            "rope_type": "longrope",
+            "short_factor": [1.6, 1.3, 1.05, 1.0, 1.8, 1.9],
+            "long_factor": [4.4, 4.9, 4.2, 5.7, 5.3, 2.0]}}, "GPT2Tokenizer"),
 }
 # checkpoints llama.cpp's converter does not write alike: safetensors only
 HF_ONLY = {
@@ -193,6 +201,24 @@ def test_gemma3_multimodal_checkpoint_runs_its_language_model(tokenizer, tmp_pat
     lm = load_model(tmp_path, "f32")
     assert lm.config.architecture == "Gemma3ForConditionalGeneration"
     assert_logits_close(prefill_logits(lm, IDS, block_size=8), hf_logits(hf, IDS))
+
+
+def test_phi3_longrope_takes_the_short_factors_within_the_trained_context(tiny):
+    """An engine whose context stays within original_max_position_embeddings runs the
+    short factors (llama.cpp's choice, made once for the context); transformers picks
+    them per call for a sequence that short. (Longer contexts: the family tests.)"""
+    from armllm.model.decoder import BatchMeta, KVCache, Workspace
+    path, hf = tiny("phi3-longrope")
+    lm, ids = load_model(path, "f32"), IDS[:24]
+    t, bs = len(ids), 8
+    table = np.arange(1, 1 + -(-t // bs), dtype=np.int32).reshape(1, -1)
+    slots = (table[0, np.arange(t) // bs] * bs + np.arange(t) % bs).astype(np.int32)
+    ws = Workspace(lm.config, t, t, lm.model.formats, max_seq_len=32)
+    meta = BatchMeta(np.asarray(ids, np.int32), np.arange(t, dtype=np.int32), slots,
+                     np.array([0, t], np.int32), np.array([t], np.int32), table, np.arange(t))
+    ours = lm.model.forward(meta, KVCache(lm.config, table.size + 1, bs, "f32"), ws)
+    assert_logits_close(ours, hf_logits(hf, ids))
+    assert not np.allclose(lm.model.rope_table("global", 32), lm.model.rope_table("global", 33))
 
 
 # ------------------------------------------------------------ the registry

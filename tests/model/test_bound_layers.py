@@ -1,10 +1,12 @@
 """The model's forward (one bound Cython call per decoder layer, ops.decoder_layer,
-and one for the final norm and lm_head, ops.norm_head) gives exactly the bits of
-the same graph written op by op with armllm.ops' per-op wrappers, for every
-weight format (f32, bf16, w8/w4 with symmetric and asymmetric activations),
-bf16 and f32 KV caches, Qwen3's q/k norms, Qwen2's biases and Mistral's window,
-over a step that mixes prompt chunks and decodes of several sequences; bad batch
-metadata is refused with the value named."""
+running the layer's declared steps, and one for the final norm and lm_head,
+ops.norm_head) gives exactly the bits of the same steps run op by op with
+armllm.ops' per-op wrappers, for every weight format (f32, bf16, w8/w4 with
+symmetric and asymmetric activations), bf16 and f32 KV caches, Qwen3's q/k norms,
+Qwen2's biases, Mistral's window, Gemma 3's sandwich norms, GeGLU, query scale,
+local RoPE and scaled embeddings, Phi-3's partial rotary, over a step that mixes
+prompt chunks and decodes of several sequences; bad batch metadata is refused
+with the value named."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 from armllm import ops
 from armllm.model.decoder import BatchMeta, KVCache, Workspace
+from armllm.model.layer import Act, Attention, Linear, Norm, NormLinear, QKNorm, RopeKV
 from armllm.model.loader import load_model
 from armllm.model.quantize import parse_scheme
 from tests.model.test_llama_vs_transformers import make_tiny
@@ -23,41 +26,64 @@ ARCHS = {
     "qwen3-qk-norm": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
     "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 7}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "head_dim": 16, "sliding_window": 7, "query_pre_attn_scalar": 24,
+        "layer_types": ["sliding_attention", "full_attention"]}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.75,
+                                               "pad_token_id": 0}),
 }
 
 
 def per_op_forward(model, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.ndarray:
-    """The Llama-family graph op by op (what forward ran before its layers were bound)."""
+    """Each layer's steps op by op (what forward ran before its layers were bound)."""
     c, w = model.config, model.weights
     t, r = len(meta.input_ids), len(meta.logits_rows)
     res, x, normed = ws.residual[:t], ws.hidden[:t], ws.normed[:t]
-    qkv, attn = ws.qkv[:t], ws.attn[:t]
+    qkv, attn, gate_up, act = ws.qkv[:t], ws.attn[:t], ws.gate_up[:t], ws.act[:t]
     q, k, v = (qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size],
                qkv[:, c.q_size + c.kv_size:])
     ops.embedding(meta.input_ids, w.embed, out=res)
+    res *= np.float32(c.embed_scale)
     for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
         qkv_in, o_in, gate_up_in, down_in = scratch
-        ops.rms_norm_linear(res if i == 0 else x, lw.input_norm, c.rms_norm_eps, lw.qkv,
-                            lw.qkv_bias, None if i == 0 else res, normed, qkv, qkv_in)
-        q_in, k_in = q, k
-        if c.qk_norm:
-            q_in, k_in = ws.q_normed[:t], ws.k_normed[:t]
-            q_in[...], k_in[...] = q, k
-            for heads, n, norm in ((q_in, c.num_heads, lw.q_norm),
-                                   (k_in, c.num_kv_heads, lw.k_norm)):
-                flat = heads.reshape(t * n, c.head_dim)
-                ops.rms_norm(flat, norm, c.rms_norm_eps, out=flat)
-        ops.rope(q_in, meta.positions, model.cos_sin, c.num_heads, c.head_dim)
-        ops.rope(k_in, meta.positions, model.cos_sin, c.num_kv_heads, c.head_dim)
-        ops.kv_write(k_in, v, meta.slot_mapping, kv.k[i], kv.v[i])
-        ops.paged_attention(q_in, kv.k[i], kv.v[i], meta.block_table, meta.seq_lens,
-                            meta.query_start, c.num_heads, model.scale, out=attn,
-                            sliding_window=c.sliding_window, scratch=ws.attn_scratch)
-        ops.linear(attn, lw.o, out=x, act_scratch=o_in)
-        ops.rms_norm_linear(x, lw.post_norm, c.rms_norm_eps, lw.gate_up, residual=res,
-                            normed=normed, out=ws.gate_up[:t], act_scratch=gate_up_in)
-        ops.silu_mul(ws.gate_up[:t], out=ws.act[:t])
-        ops.linear(ws.act[:t], lw.down, out=x, act_scratch=down_in)
+        pending, q_in, k_in = i > 0, q, k   # pending: x not yet added to res
+        for step in lw.steps:
+            if isinstance(step, NormLinear):
+                weight, bias, out, act_in = (lw.qkv, lw.qkv_bias, qkv, qkv_in) \
+                    if step.linear == "qkv" else (lw.gate_up, None, gate_up, gate_up_in)
+                ops.rms_norm_linear(x if pending else res, lw.norms[step.norm], c.rms_norm_eps,
+                                    weight, bias, res if pending else None, normed, out,
+                                    act_in)
+                pending = False
+            elif isinstance(step, QKNorm):
+                q_in, k_in = ws.q_normed[:t], ws.k_normed[:t]
+                q_in[...], k_in[...] = q, k
+                for heads, n, norm in ((q_in, c.num_heads, lw.q_norm),
+                                       (k_in, c.num_kv_heads, lw.k_norm)):
+                    flat = heads.reshape(t * n, c.head_dim)
+                    ops.rms_norm(flat, norm, c.rms_norm_eps, out=flat)
+            elif isinstance(step, RopeKV):
+                table = model.rope_table(step.table, ws.max_seq_len)
+                ops.rope(q_in, meta.positions, table, c.num_heads, c.head_dim, c.rot_dim)
+                ops.rope(k_in, meta.positions, table, c.num_kv_heads, c.head_dim, c.rot_dim)
+                ops.kv_write(k_in, v, meta.slot_mapping, kv.k[i], kv.v[i])
+            elif isinstance(step, Attention):
+                ops.paged_attention(q_in, kv.k[i], kv.v[i], meta.block_table, meta.seq_lens,
+                                    meta.query_start, c.num_heads,
+                                    step.scale or c.head_dim ** -0.5, out=attn,
+                                    sliding_window=step.window, scratch=ws.attn_scratch,
+                                    sinks=lw.sinks)
+            elif isinstance(step, Linear):
+                weight, bias, inp, act_in = (lw.o, lw.o_bias, attn, o_in) \
+                    if step.linear == "o" else (lw.down, None, act, down_in)
+                ops.linear(inp, weight, bias, out=x, act_scratch=act_in)
+                pending = True
+            elif isinstance(step, Norm):
+                ops.rms_norm(x, lw.norms[step.norm], c.rms_norm_eps, out=x)
+            elif isinstance(step, Act):
+                (ops.silu_mul if step.kind == "silu" else ops.gelu_tanh_mul)(gate_up, out=act)
+            else:
+                raise AssertionError(f"no per-op reference for {step}")
     if r == 0:
         return ws.logits[:0]
     ops.rms_norm(x, w.final_norm, c.rms_norm_eps, residual=res, out=normed)

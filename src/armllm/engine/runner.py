@@ -23,15 +23,19 @@ from armllm.sampling import SampleResult, sample_row, sample_scratch
 class ModelRunner:
     """The model's forward over its KV cache and workspace: a scheduler's step (run,
     then sample), or one sequence's tokens with the logits of any of their rows
-    (prompt_logits). max_logits: the logits rows one call may return (default
-    max_num_seqs: a step samples at most one token per sequence)."""
+    (prompt_logits), or a tensor-parallel rank's forward of rank 0's batch (forward).
+    max_logits: the logits rows one call may return (default max_num_seqs: a step
+    samples at most one token per sequence); logits_cols: a rank's vocabulary shard's
+    width (default the vocabulary)."""
 
     def __init__(self, model: DecoderModel, kv: KVCache, max_num_batched_tokens: int,
-                 max_num_seqs: int, max_model_len: int, max_logits: int | None = None):
+                 max_num_seqs: int, max_model_len: int, max_logits: int | None = None,
+                 logits_cols: int | None = None):
         self.model, self.kv = model, kv
         max_logits = max_logits or max_num_seqs
         self.workspace = Workspace(model.config, max_num_batched_tokens, max_logits,
-                                   model.formats, max_seq_len=max_model_len)
+                                   model.formats, max_seq_len=max_model_len,
+                                   logits_cols=logits_cols)
         self.max_blocks = -(-max_model_len // kv.block_size)
         self._seed_source = np.random.default_rng()
         self._sample_scratch = sample_scratch(model.config.vocab_size)

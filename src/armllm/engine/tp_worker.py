@@ -50,8 +50,8 @@ def run(fd: int) -> int:
         rank = spec["rank"]
         allreduce = AllReduce(spec["segment"], rank, spec["ranks"], spec["max_floats"])
         send({"state": "attached"})
+        from armllm.engine.runner import ModelRunner
         from armllm.engine.tensor_parallel import StepChannel
-        from armllm.model.decoder import Workspace
         from armllm.model.kv_cache import KVCache
         from armllm.model.loader import load_model
         from armllm.model.quantize import parse_scheme
@@ -65,9 +65,9 @@ def run(fd: int) -> int:
         kv = KVCache(model.config, cache["num_blocks"], spec["block_size"],
                      spec["kv_cache_dtype"], cache["num_window_blocks"])
         bounds = model.vocab_bounds
-        ws = Workspace(model.config, cache["max_tokens"], cache["max_logits"], model.formats,
-                       max_seq_len=cache["max_model_len"],
-                       logits_cols=int(bounds[rank + 1] - bounds[rank]))
+        runner = ModelRunner(model, kv, cache["max_tokens"], cache["max_logits"],
+                             cache["max_model_len"],
+                             logits_cols=int(bounds[rank + 1] - bounds[rank]))
         channel = StepChannel(allreduce.comm)
         send({"state": "ready"})
     except Exception as exc:  # noqa: BLE001 - reported to rank 0, which raises it
@@ -82,7 +82,7 @@ def run(fd: int) -> int:
             return 0
         meta, copies = step
         try:
-            model.forward(meta, kv, ws, copies)
+            runner.forward(meta, copies)
         except ops.CommAborted:
             return 1
         except ValueError:
