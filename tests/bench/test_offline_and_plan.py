@@ -290,7 +290,7 @@ def loaded_bytes(weights, c) -> int:
               weights.lm_head]
     corrections = sum(w.zp_correction.nbytes for w in packed if w.zp_correction is not None)
     small = sum(a.nbytes for lw in weights.layers
-                for a in (lw.input_norm, lw.post_norm, lw.qkv_bias, lw.q_norm, lw.k_norm)
+                for a in (*lw.norms.values(), lw.qkv_bias, lw.q_norm, lw.k_norm)
                 if a is not None)
     return (sum(w.nbytes for w in packed) + corrections + weights.embed.nbytes + small
             + weights.final_norm.nbytes)

@@ -250,14 +250,14 @@ def test_a_lone_gguf_is_the_default(hf):
      r"b-Q4_0.gguf\): name one as org/twins/FILE.gguf"),
     ("org/twins", r"org/twins: 3 GGUF files and none is Q4_K_M: choose one as org/twins:QUANT "
      r"\(available in the repo: Q4_0, Q8_0\)"),
-    ("org/qwen2-gguf:Q8_0", r"org/qwen2-gguf: unsupported GGUF architecture 'qwen2' "
+    ("org/mamba-gguf:Q8_0", r"org/mamba-gguf: unsupported GGUF architecture 'mamba' "
      r"\(supported: llama, "),
 ])
 def test_gguf_choices_that_fail_say_why_before_any_download(hf, name, message):
     gguf_repo(hf)
     gguf_repo(hf, "org/twins", ["a-Q4_0.gguf", "b-Q4_0.gguf", "a-Q8_0.gguf"])
-    gguf_repo(hf, "org/qwen2-gguf", ["q-Q8_0.gguf"])
-    hf.gguf_arch["org/qwen2-gguf"] = "qwen2"
+    gguf_repo(hf, "org/mamba-gguf", ["q-Q8_0.gguf"])
+    hf.gguf_arch["org/mamba-gguf"] = "mamba"
     with pytest.raises(hub.HubError, match="^" + message):
         hub.resolve(name)
     assert hf.files_asked() == set()

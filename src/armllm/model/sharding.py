@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from armllm.model import arch
 from armllm.model.config import ModelConfig
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS
 from armllm.model.quantize import QuantizedMatrix, Scheme
@@ -158,14 +158,40 @@ def _format_block(fmt: QuantFormat | None) -> int:
     return fmt.group or 1   # per channel: any column split keeps the row scales
 
 
-# how each tensor splits, by name under "model.layers.{i}.": (what it follows, axis)
-_ATTN = re.compile(r"model\.layers\.\d+\.self_attn\.(q|k|v|o)_proj\.(weight|bias)")
-_SINKS = re.compile(r"model\.layers\.\d+\.self_attn\.sinks")
-_DENSE = re.compile(r"model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight")
-_EXPERT = re.compile(r"model\.layers\.\d+\.(?:block_sparse_moe\.experts\.\d+\.(w1|w3|w2)"
-                     r"|mlp\.experts\.\d+\.(gate|up|down)_proj)\.weight")
-_EXPERT_BIAS = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up|down)_proj_bias")
-_EXPERT_PART = {"w1": "gate", "w3": "up", "w2": "down"}
+Cut = tuple[int, int, int] | str   # (axis, start, stop), or "once": rank 0's bias
+
+
+def _cuts(c: ModelConfig, p: ShardPlan, head_name: str) -> dict[str, Cut]:
+    """How each tensor splits, by name, from the architecture's declaration: each
+    layer's linear parts (model/arch: linear_parts, each expert's too) and what goes
+    with them (q/k/v/o biases, attention sinks, GPT-OSS's stacked expert biases);
+    the lm_head by vocabulary rows. A tensor not named here is replicated."""
+    family, d = arch.of(c), c.head_dim
+    q = (0, p.q_heads[0] * d, p.q_heads[1] * d)
+    kv = (0, p.kv_heads[0] * d, p.kv_heads[1] * d)
+    cuts: dict[str, Cut] = {head_name: (0, *p.vocab)}
+    for i in range(c.num_layers):
+        (qn, _), (kn, _), (vn, _) = family.linear_parts(c, i)[0]
+        on = family.linear_parts(c, i)[1][0][0]
+        for name, cut in ((qn, q), (kn, kv), (vn, kv)):
+            cuts[name] = cuts[name.removesuffix("weight") + "bias"] = cut
+        cuts[on], cuts[on.removesuffix("weight") + "bias"] = (1, *q[1:]), "once"
+        prefix = f"model.layers.{i}."
+        cuts[prefix + "self_attn.sinks"] = (0, *p.q_heads)
+        if not c.is_moe_layer(i):
+            (gate, _), (up, _) = family.linear_parts(c, i)[2]
+            cuts[gate], cuts[up] = (0, *p.inter), (0, *p.inter)
+            cuts[family.linear_parts(c, i)[3][0][0]] = (1, *p.inter)
+            continue
+        for e in range(c.num_experts):
+            gate, up, down = family.expert_tensors(i, e)
+            cuts[gate], cuts[up], cuts[down] = (0, *p.moe_inter), (0, *p.moe_inter), \
+                (1, *p.moe_inter)
+        # GPT-OSS's stacked biases: gate_up's columns 2j (gate j) and 2j + 1 (up j)
+        cuts[prefix + "mlp.experts.gate_up_proj_bias"] = (1, 2 * p.moe_inter[0],
+                                                          2 * p.moe_inter[1])
+        cuts[prefix + "mlp.experts.down_proj_bias"] = "once"
+    return cuts
 
 
 class ShardedSource:
@@ -176,34 +202,12 @@ class ShardedSource:
 
     def __init__(self, source, plan: ShardPlan, config: ModelConfig, head_name: str):
         self.full, self.plan, self.where = source, plan, source.where
-        self._head_name, self._head_dim = head_name, config.head_dim
+        self._cuts = _cuts(config, plan, head_name)
 
-    def _slice(self, name: str) -> tuple[int, int, int] | str | None:
+    def _slice(self, name: str) -> Cut | None:
         """(axis, start, stop) of the tensor's shard; "once" for a bias that counts once
         (rank 0's; zeros elsewhere); None: replicated."""
-        p, d = self.plan, self._head_dim
-        if name == self._head_name:
-            return (0, *p.vocab)
-        m = _ATTN.fullmatch(name)
-        if m:
-            proj, kind = m.groups()
-            heads = p.kv_heads if proj in ("k", "v") else p.q_heads
-            if proj == "o":
-                return "once" if kind == "bias" else (1, p.q_heads[0] * d, p.q_heads[1] * d)
-            return (0, heads[0] * d, heads[1] * d)
-        if _SINKS.fullmatch(name):
-            return (0, *p.q_heads)
-        m = _DENSE.fullmatch(name)
-        if m:
-            return (1 if m[1] == "down" else 0, *p.inter)
-        m = _EXPERT.fullmatch(name)
-        if m:
-            part = _EXPERT_PART.get(m[1]) or m[2]
-            return (1 if part == "down" else 0, *p.moe_inter)
-        m = _EXPERT_BIAS.fullmatch(name)
-        if m:   # gate_up interleaved: columns 2j (gate j) and 2j + 1 (up j)
-            return "once" if m[1] == "down" else (1, 2 * p.moe_inter[0], 2 * p.moe_inter[1])
-        return None
+        return self._cuts.get(name)
 
     def has(self, name: str) -> bool:
         return self.full.has(name)

@@ -1,73 +1,67 @@
-/* avx2/act.c: SiLU(gate) * up and GELU-tanh(gate) * up on a fused [T, 2*inter] gate/up buffer, 8 lanes
- * at a time with a masked tail. The same operations as ref in the same order
- * (exp(-g), 1 + e, g / d, * u; IEEE division), so results are bit-identical. */
+/* avx2/act.c: act(gate) * up on a fused [T, 2*inter] gate/up buffer, SiLU
+ * (SwiGLU) and GELU-tanh (GeGLU), 8 lanes at a time with a masked tail. The
+ * same operations as ref in the same order (z, exp(-z), 1 + e, g / d, * u; IEEE
+ * division), so results are bit-identical. */
 #include "../armllm_kernels.h"
 #include "../family_jobs.h"
 #include "vexp_avx2.h"
 
-static inline __m256 silu_mul8(__m256 g, __m256 u) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 e = armllm_exp_avx2(_mm256_xor_ps(g, sign));
-  __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
-  return _mm256_mul_ps(_mm256_div_ps(g, d), u);
-}
-
-/* out may equal g: each block is loaded before it is stored, and out never
- * runs ahead of g */
-static inline void silu_mul_row(const float *g, const float *u, float *out, int64_t inter) {
-  int64_t j = 0;
-  for (; j + 16 <= inter; j += 16) {
-    __m256 a = silu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j));
-    __m256 b = silu_mul8(_mm256_loadu_ps(g + j + 8), _mm256_loadu_ps(u + j + 8));
-    _mm256_storeu_ps(out + j, a);
-    _mm256_storeu_ps(out + j + 8, b);
-  }
-  for (; j + 8 <= inter; j += 8)
-    _mm256_storeu_ps(out + j, silu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
-  if (j < inter) {
-    __m256i m = armllm_avx2_tail_mask(inter - j);
-    __m256 r = silu_mul8(_mm256_maskload_ps(g + j, m), _mm256_maskload_ps(u + j, m));
-    _mm256_maskstore_ps(out + j, m, r);
-  }
-}
-
-static void avx2_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  armllm_act_rows(ctx, t0, t1, silu_mul_row);
-}
-
-void armllm_avx2_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
-                          int64_t inter, float *out, int64_t ldo) {
-  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
-  /* one row is a few microseconds at most: small jobs stay on the caller */
-  armllm_rows_run(pool, t, inter, 16384, avx2_silu_mul_rows, &job);
-}
-
-/* ref's operations in its order (family_jobs.h), so results are bit-identical */
-static inline __m256 gelu_mul8(__m256 g, __m256 u) {
-  const __m256 c = _mm256_mul_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(ARMLLM_GELU_CUBIC));
-  const __m256 z = _mm256_mul_ps(_mm256_fmadd_ps(c, g, g), _mm256_set1_ps(ARMLLM_GELU_TWO_K));
+/* g / (1 + exp(-z)) * u */
+static inline __m256 glu8(__m256 g, __m256 z, __m256 u) {
   const __m256 e = armllm_exp_avx2(_mm256_xor_ps(z, _mm256_set1_ps(-0.0f)));
   const __m256 d = _mm256_add_ps(_mm256_set1_ps(1.0f), e);
   return _mm256_mul_ps(_mm256_div_ps(g, d), u);
 }
 
-static inline void gelu_mul_row(const float *g, const float *u, float *out, int64_t inter) {
-  int64_t j = 0;
-  for (; j + 8 <= inter; j += 8)
-    _mm256_storeu_ps(out + j, gelu_mul8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));
-  if (j < inter) {
-    __m256i m = armllm_avx2_tail_mask(inter - j);
-    __m256 r = gelu_mul8(_mm256_maskload_ps(g + j, m), _mm256_maskload_ps(u + j, m));
-    _mm256_maskstore_ps(out + j, m, r);
+static inline __m256 silu_mul8(__m256 g, __m256 u) { return glu8(g, g, u); }
+
+static inline __m256 gelu_mul8(__m256 g, __m256 u) {
+  const __m256 c = _mm256_mul_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(ARMLLM_GELU_CUBIC));
+  return glu8(g, _mm256_mul_ps(_mm256_fmadd_ps(c, g, g), _mm256_set1_ps(ARMLLM_GELU_TWO_K)), u);
+}
+
+/* A row of act(g) * u with act8, two vectors a step. out may equal g: each block
+ * is loaded before it is stored, and out never runs ahead of g. */
+#define ACT_ROW(name, act8)                                                                     \
+  static inline void name(const float *g, const float *u, float *out, int64_t inter) {          \
+    int64_t j = 0;                                                                              \
+    for (; j + 16 <= inter; j += 16) {                                                          \
+      __m256 a = act8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j));                          \
+      __m256 b = act8(_mm256_loadu_ps(g + j + 8), _mm256_loadu_ps(u + j + 8));                  \
+      _mm256_storeu_ps(out + j, a);                                                             \
+      _mm256_storeu_ps(out + j + 8, b);                                                         \
+    }                                                                                           \
+    for (; j + 8 <= inter; j += 8)                                                              \
+      _mm256_storeu_ps(out + j, act8(_mm256_loadu_ps(g + j), _mm256_loadu_ps(u + j)));          \
+    if (j < inter) {                                                                            \
+      __m256i m = armllm_avx2_tail_mask(inter - j);                                             \
+      __m256 r = act8(_mm256_maskload_ps(g + j, m), _mm256_maskload_ps(u + j, m));              \
+      _mm256_maskstore_ps(out + j, m, r);                                                       \
+    }                                                                                           \
   }
+
+ACT_ROW(silu_mul_row, silu_mul8)
+ACT_ROW(gelu_mul_row, gelu_mul8)
+
+static void avx2_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  armllm_act_rows(ctx, t0, t1, silu_mul_row);
 }
 
 static void avx2_gelu_tanh_mul_rows(void *ctx, int64_t t0, int64_t t1) {
   armllm_act_rows(ctx, t0, t1, gelu_mul_row);
 }
 
-void armllm_avx2_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
-                              int64_t inter, float *out, int64_t ldo) {
+/* one row is a few microseconds at most: small jobs stay on the caller */
+#define ACT_SERIAL_ELEMS 16384
+
+void armllm_avx2_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                          int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
-  armllm_rows_run(pool, t, inter, 16384, avx2_gelu_tanh_mul_rows, &job);
+  armllm_rows_run(pool, t, inter, ACT_SERIAL_ELEMS, avx2_silu_mul_rows, &job);
+}
+
+void armllm_avx2_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                               int64_t inter, float *out, int64_t ldo) {
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_rows_run(pool, t, inter, ACT_SERIAL_ELEMS, avx2_gelu_tanh_mul_rows, &job);
 }

@@ -1,74 +1,68 @@
-/* avx512/act.c: SiLU(gate) * up and GELU-tanh(gate) * up on a fused [T, 2*inter] gate/up buffer, 16
- * lanes at a time with a masked tail. The same operations as ref in the same
- * order (exp(-g), 1 + e, g / d, * u; IEEE division), so results are
- * bit-identical. */
+/* avx512/act.c: act(gate) * up on a fused [T, 2*inter] gate/up buffer, SiLU
+ * (SwiGLU) and GELU-tanh (GeGLU), 16 lanes at a time with a masked tail. The
+ * same operations as ref in the same order (z, exp(-z), 1 + e, g / d, * u; IEEE
+ * division), so results are bit-identical. */
 #include "../armllm_kernels.h"
 #include "../family_jobs.h"
 #include "vexp_avx512.h"
 
-static inline __m512 silu_mul16(__m512 g, __m512 u) {
+/* g / (1 + exp(-z)) * u */
+static inline __m512 glu16(__m512 g, __m512 z, __m512 u) {
   const __m512 e = armllm_exp_avx512(_mm512_castsi512_ps(
-      _mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int32_t)0x80000000u))));
+      _mm512_xor_si512(_mm512_castps_si512(z), _mm512_set1_epi32((int32_t)0x80000000u))));
   const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
   return _mm512_mul_ps(_mm512_div_ps(g, d), u);
 }
 
-/* out may equal g: each block is loaded before it is stored, and out never
- * runs ahead of g */
-static inline void silu_mul_row(const float *g, const float *u, float *out, int64_t inter) {
-  int64_t j = 0;
-  for (; j + 32 <= inter; j += 32) {
-    __m512 a = silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j));
-    __m512 b = silu_mul16(_mm512_loadu_ps(g + j + 16), _mm512_loadu_ps(u + j + 16));
-    _mm512_storeu_ps(out + j, a);
-    _mm512_storeu_ps(out + j + 16, b);
-  }
-  for (; j + 16 <= inter; j += 16)
-    _mm512_storeu_ps(out + j, silu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
-  if (j < inter) {
-    const __mmask16 m = armllm_avx512_tail16(inter - j);
-    __m512 r = silu_mul16(_mm512_maskz_loadu_ps(m, g + j), _mm512_maskz_loadu_ps(m, u + j));
-    _mm512_mask_storeu_ps(out + j, m, r);
-  }
+static inline __m512 silu_mul16(__m512 g, __m512 u) { return glu16(g, g, u); }
+
+static inline __m512 gelu_mul16(__m512 g, __m512 u) {
+  const __m512 c = _mm512_mul_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(ARMLLM_GELU_CUBIC));
+  return glu16(g, _mm512_mul_ps(_mm512_fmadd_ps(c, g, g), _mm512_set1_ps(ARMLLM_GELU_TWO_K)), u);
 }
+
+/* A row of act(g) * u with act16, two vectors a step. out may equal g: each block
+ * is loaded before it is stored, and out never runs ahead of g. */
+#define ACT_ROW(name, act16)                                                                    \
+  static inline void name(const float *g, const float *u, float *out, int64_t inter) {          \
+    int64_t j = 0;                                                                              \
+    for (; j + 32 <= inter; j += 32) {                                                          \
+      __m512 a = act16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j));                         \
+      __m512 b = act16(_mm512_loadu_ps(g + j + 16), _mm512_loadu_ps(u + j + 16));               \
+      _mm512_storeu_ps(out + j, a);                                                             \
+      _mm512_storeu_ps(out + j + 16, b);                                                        \
+    }                                                                                           \
+    for (; j + 16 <= inter; j += 16)                                                            \
+      _mm512_storeu_ps(out + j, act16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));         \
+    if (j < inter) {                                                                            \
+      const __mmask16 m = armllm_avx512_tail16(inter - j);                                      \
+      __m512 r = act16(_mm512_maskz_loadu_ps(m, g + j), _mm512_maskz_loadu_ps(m, u + j));       \
+      _mm512_mask_storeu_ps(out + j, m, r);                                                     \
+    }                                                                                           \
+  }
+
+ACT_ROW(silu_mul_row, silu_mul16)
+ACT_ROW(gelu_mul_row, gelu_mul16)
 
 static void avx512_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
   armllm_act_rows(ctx, t0, t1, silu_mul_row);
-}
-
-void armllm_avx512_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
-                            int64_t inter, float *out, int64_t ldo) {
-  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
-  /* one row is a few microseconds at most: small jobs stay on the caller */
-  armllm_rows_run(pool, t, inter, 16384, avx512_silu_mul_rows, &job);
-}
-
-/* ref's operations in its order (family_jobs.h), so results are bit-identical */
-static inline __m512 gelu_mul16(__m512 g, __m512 u) {
-  const __m512 c = _mm512_mul_ps(_mm512_mul_ps(g, g), _mm512_set1_ps(ARMLLM_GELU_CUBIC));
-  const __m512 z = _mm512_mul_ps(_mm512_fmadd_ps(c, g, g), _mm512_set1_ps(ARMLLM_GELU_TWO_K));
-  const __m512 e = armllm_exp_avx512(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(z), _mm512_set1_epi32((int32_t)0x80000000u))));
-  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.0f), e);
-  return _mm512_mul_ps(_mm512_div_ps(g, d), u);
-}
-
-static inline void gelu_mul_row(const float *g, const float *u, float *out, int64_t inter) {
-  int64_t j = 0;
-  for (; j + 16 <= inter; j += 16)
-    _mm512_storeu_ps(out + j, gelu_mul16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(u + j)));
-  if (j < inter) {
-    const __mmask16 m = armllm_avx512_tail16(inter - j);
-    __m512 r = gelu_mul16(_mm512_maskz_loadu_ps(m, g + j), _mm512_maskz_loadu_ps(m, u + j));
-    _mm512_mask_storeu_ps(out + j, m, r);
-  }
 }
 
 static void avx512_gelu_tanh_mul_rows(void *ctx, int64_t t0, int64_t t1) {
   armllm_act_rows(ctx, t0, t1, gelu_mul_row);
 }
 
-void armllm_avx512_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
-                              int64_t inter, float *out, int64_t ldo) {
+/* one row is a few microseconds at most: small jobs stay on the caller */
+#define ACT_SERIAL_ELEMS 16384
+
+void armllm_avx512_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                            int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
-  armllm_rows_run(pool, t, inter, 16384, avx512_gelu_tanh_mul_rows, &job);
+  armllm_rows_run(pool, t, inter, ACT_SERIAL_ELEMS, avx512_silu_mul_rows, &job);
+}
+
+void armllm_avx512_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                                 int64_t inter, float *out, int64_t ldo) {
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_rows_run(pool, t, inter, ACT_SERIAL_ELEMS, avx512_gelu_tanh_mul_rows, &job);
 }

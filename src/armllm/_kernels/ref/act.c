@@ -1,43 +1,37 @@
-/* ref/act.c: portable SiLU(gate) * up and GELU-tanh(gate) * up on a fused
- * [T, 2*inter] gate/up buffer. */
+/* ref/act.c: portable act(gate) * up on a fused [T, 2*inter] gate/up buffer:
+ * SiLU (SwiGLU) and GELU with the tanh approximation (GeGLU), both g / (1 +
+ * exp(-z)) * u with z = g or gelu's 2w (family_jobs.h). */
 #include <math.h>
 
 #include "../armllm_kernels.h"
 #include "../family_jobs.h"
 #include "../vexp.h"
 
-static void ref_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_act_job *job = ctx;
+/* Rows [t0, t1): z = g (gelu 0) or gelu's 2w (gelu 1); the flag is a constant in
+ * each caller, so the compiler drops the branch. */
+static inline void ref_act_rows(const armllm_act_job *job, int64_t t0, int64_t t1, int gelu) {
   for (int64_t t = t0; t < t1; t++) {
     const float *g = job->gate_up + t * job->ldg;
     const float *u = g + job->inter;
     float *out = job->out + t * job->ldo;
     for (int64_t j = 0; j < job->inter; j++) {
-      float gj = g[j], uj = u[j];
-      out[j] = gj / (1.0f + armllm_exp_scalar(-gj)) * uj;
+      float gj = g[j], uj = u[j], z = gj;
+      if (gelu) z = fmaf(gj * gj * ARMLLM_GELU_CUBIC, gj, gj) * ARMLLM_GELU_TWO_K;
+      out[j] = gj / (1.0f + armllm_exp_scalar(-z)) * uj;
     }
   }
+}
+
+static void ref_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) { ref_act_rows(ctx, t0, t1, 0); }
+
+static void ref_gelu_tanh_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  ref_act_rows(ctx, t0, t1, 1);
 }
 
 void armllm_ref_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                          int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), ref_silu_mul_rows, &job);
-}
-
-static void ref_gelu_tanh_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_act_job *job = ctx;
-  for (int64_t t = t0; t < t1; t++) {
-    const float *g = job->gate_up + t * job->ldg;
-    const float *u = g + job->inter;
-    float *out = job->out + t * job->ldo;
-    for (int64_t j = 0; j < job->inter; j++) {
-      float gj = g[j], uj = u[j];
-      float c = gj * gj * ARMLLM_GELU_CUBIC;
-      float z = fmaf(c, gj, gj) * ARMLLM_GELU_TWO_K;
-      out[j] = gj / (1.0f + armllm_exp_scalar(-z)) * uj;
-    }
-  }
 }
 
 void armllm_ref_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,

@@ -72,6 +72,15 @@ def sliding_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
     return {"sliding_window": int(window), "sliding_layers": tuple(range(num_layers))}
 
 
+def gguf_sliding_fields(meta: dict[str, Any], gguf_arch: str, num_layers: int
+                        ) -> dict[str, Any]:
+    """A GGUF's window in every layer ({arch}.attention.sliding_window), if it has one."""
+    window = int(meta.get(f"{gguf_arch}.attention.sliding_window") or 0)
+    if not window:
+        return {}
+    return {"sliding_window": window, "sliding_layers": tuple(range(num_layers))}
+
+
 def gguf_rope_scaling(meta: dict[str, Any], gguf_arch: str, source: str) -> dict | None:
     """The rope_scaling a GGUF's rope.scaling.* keys describe (linear or YaRN), or None."""
     kind = meta.get(f"{gguf_arch}.rope.scaling.type")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from armllm.model.arch.base import Architecture, TensorRef, sliding_fields
+from armllm.model.arch.base import Architecture, TensorRef, gguf_sliding_fields, sliding_fields
 from armllm.model.config import ModelConfig
 
 
@@ -48,9 +48,7 @@ class Llama(Architecture):
         # llama.cpp's qwen2 graph adds q/k/v biases; the loader finds them by name
         fields["attention_bias"] = gguf_arch == "qwen2"
         fields["qk_norm"] = gguf_arch == "qwen3"
-        window = int(meta.get(f"{gguf_arch}.attention.sliding_window") or 0)
-        if window:
-            fields.update(sliding_window=window, sliding_layers=tuple(range(fields["num_layers"])))
+        fields.update(gguf_sliding_fields(meta, gguf_arch, fields["num_layers"]))
         return ModelConfig(**fields)
 
     def export_config(self, c: ModelConfig, dtype: str) -> dict[str, Any]:

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from armllm.model.arch.base import SparseArchitecture, TensorRef, sliding_fields
+from armllm.model.arch.base import (
+    SparseArchitecture,
+    TensorRef,
+    gguf_sliding_fields,
+    sliding_fields,
+)
 from armllm.model.config import ModelConfig
 
 
@@ -36,9 +41,7 @@ class Mixtral(SparseArchitecture):
     def config_from_gguf(self, meta: dict[str, Any], gguf_arch: str, source: str
                          ) -> ModelConfig:
         fields = self.gguf_fields(meta, gguf_arch, source)
-        window = int(meta.get(f"{gguf_arch}.attention.sliding_window") or 0)
-        if window:
-            fields.update(sliding_window=window, sliding_layers=tuple(range(fields["num_layers"])))
+        fields.update(gguf_sliding_fields(meta, gguf_arch, fields["num_layers"]))
         return ModelConfig(**fields, **self.gguf_moe_fields(meta, gguf_arch, source,
                                                              fields["num_layers"]))
 

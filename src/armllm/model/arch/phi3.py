@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
-from armllm.model.arch.base import GGUF_LAYER_NAMES, Architecture, TensorRef, sliding_fields
+from armllm.model.arch.base import (
+    GGUF_LAYER_NAMES,
+    Architecture,
+    TensorRef,
+    gguf_sliding_fields,
+    sliding_fields,
+)
 from armllm.model.config import ModelConfig
 
 # the fused tensor each Llama-named part is stored in, under "model.layers.{i}."
@@ -50,9 +56,7 @@ class Phi3(Architecture):
                          ) -> ModelConfig:
         # the LongRoPE factors are tensors: the loader reads them (model/loader.py)
         fields = self.gguf_fields(meta, gguf_arch, source)
-        window = int(meta.get(f"{gguf_arch}.attention.sliding_window") or 0)
-        if window:
-            fields.update(sliding_window=window, sliding_layers=tuple(range(fields["num_layers"])))
+        fields.update(gguf_sliding_fields(meta, gguf_arch, fields["num_layers"]))
         return ModelConfig(**fields)
 
     def _part(self, c: ModelConfig, rest: str) -> tuple[str, tuple[int, int]] | None:
