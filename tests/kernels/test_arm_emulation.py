@@ -1,7 +1,7 @@
 """The Arm kernels, cross-compiled and run under qemu-user at every CPU level
 the dispatch distinguishes (tools/arm_kernel_check.sh): Armv8.0 NEON without
 LSE (LL/SC fetch-add), Neoverse-N1 (dotprod + LSE), Armv8.6 BF16/I8MM without
-SVE, and SVE at 128, 256 and 512 bits, each variant against ref."""
+SVE, and SVE at 128, 256, 384 and 512 bits, each variant against ref."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LEVELS = ["armv8.0 neon, no lse", "armv8.2 dotprod + lse", "armv8.6 bf16/i8mm, no sve",
-          "sve 128", "sve 256", "sve 512"]
+          "sve 128", "sve 256", "sve 384", "sve 512"]
 
 
 def test_arm_kernels_under_qemu(tmp_path):

@@ -1,11 +1,17 @@
-"""RMSNorm, RoPE, SiLU*mul, embedding and exp: every variant against ref,
-ref against numpy float64.
+"""RMSNorm, RoPE, SiLU*mul, GELU-tanh*mul, embedding and exp: every variant
+against ref, ref against numpy float64.
 
 Tolerances: rmsnorm 2e-6 relative + 1e-6 of the row's largest output;
 rope 2e-6 * max|x| (float32 table and arithmetic against float64); silu_mul
 1e-5 relative + 1e-30 (for g < -88.7, exp(-g) overflows and silu flushes to
-0); exp 2.4e-7 relative between variants (the same operations), 4e-7
-relative for ref against exp in float64; embedding exact.
+0); gelu_tanh_mul every variant ref's bits, ref 3e-7 * (1 + max(-z, 0))
+relative, z = 2 sqrt(2/pi) (g + 0.044715 g^3) the exp argument whose float32
+roundings exp magnifies (measured 1.6e-7 * (1 + max(-z, 0)), 1.3e-5 at worst,
+near g = -10), + 1e-15 |g u| for float64's own 1 + tanh(w) (for g < -10.061,
+exp(-z) overflows and out is -0 * u, the exact value below 3e-38 |u|), and
+4e-7 |g u| of torch's float32 gelu(approximate="tanh") * u (its 1 + tanh(w)
+rounds to float32); exp 2.4e-7 relative between variants (the same
+operations), 4e-7 relative for ref against exp in float64; embedding exact.
 """
 from __future__ import annotations
 
@@ -139,6 +145,107 @@ def test_silu_mul_extremes(variant):
     assert abs(out[0, 1]) < 1e-30
     assert np.isnan(out[0, 2]) and out[0, 3] == np.inf
     assert out[0, 4] == 0.0 or np.isnan(out[0, 4])  # -inf * sigmoid(-inf): 0 (or NaN as in torch)
+
+
+# ------------------------------------------------------------- gelu_tanh*mul
+
+GELU_FLUSH = -10.061  # below about this gate exp(-z) overflows: out = -0 * u
+
+
+def gelu_tanh_exact(g, u):
+    """0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) u in float64 (gelu_pytorch_tanh)."""
+    g, u = g.astype(np.float64), u.astype(np.float64)
+    return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3))) * u
+
+
+def gelu_exp_arg(g):
+    """z in out = g / (1 + exp(-z)) * u: 2 sqrt(2/pi) (g + 0.044715 g^3)."""
+    g = g.astype(np.float64)
+    return 2 * np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)
+
+
+def gelu_rel_tol(g):
+    """ref's relative error bound: z carries a few float32 roundings, which
+    exp(-z) magnifies by |z| where it dominates the denominator (z < 0)."""
+    return 3e-7 * (1 + np.maximum(-gelu_exp_arg(g), 0))
+
+
+@fixture_ok
+@given(t=st.integers(1, 7), inter=st.one_of(st.integers(1, 300), st.integers(2040, 4200)),
+       inplace=st.booleans(), pad=st.integers(0, 3), threads=st.sampled_from([1, 2, 3, 4]),
+       scale=st.sampled_from([1e-3, 1.0, 12.0, 30.0]), seed=st.integers(0, 2**32 - 1))
+def test_gelu_tanh_mul_is_refs_bits(variant, ref, pools, t, inter, inplace, pad, threads, scale,
+                                    seed):
+    rng = np.random.default_rng(seed)
+    wide = rand(rng, (t, 2 * inter + pad), scale)  # pad: rows strided past 2*inter
+    gu = wide[:, :2 * inter]
+    want = np.empty((t, inter), np.float32)
+    ref.gelu_tanh_mul(gu, want)
+    buf = wide.copy()
+    out_wide = np.full((t, inter + pad), -7.0, np.float32)
+    out = buf[:, :inter] if inplace else out_wide[:, :inter]
+    variant.gelu_tanh_mul(buf[:, :2 * inter], out, pools[threads])
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))  # -0 and +0 included
+    assert np.array_equal(buf[:, inter:], wide[:, inter:])  # up half and padding untouched
+    assert np.all(out_wide[:, inter:] == -7.0)
+
+
+@fixture_ok
+@given(t=st.integers(1, 7), inter=st.integers(1, 300),
+       scale=st.sampled_from([1e-3, 1.0, 12.0, 30.0]), seed=st.integers(0, 2**32 - 1))
+def test_gelu_tanh_mul_ref_matches_float64(ref, t, inter, scale, seed):
+    rng = np.random.default_rng(seed)
+    gu = rand(rng, (t, 2 * inter), scale)
+    g, u = gu[:, :inter], gu[:, inter:]
+    out = np.empty((t, inter), np.float32)
+    ref.gelu_tanh_mul(gu, out)
+    want = gelu_tanh_exact(g, u)
+    gu_mag = np.abs(g.astype(np.float64) * u)
+    assert np.all(np.abs(out - want) <= gelu_rel_tol(g) * np.abs(want) + 1e-15 * gu_mag)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch_out = torch.nn.functional.gelu(torch.from_numpy(g.copy()), approximate="tanh") * \
+        torch.from_numpy(u.copy())
+    assert np.all(np.abs(out - torch_out.numpy()) <= 4e-7 * gu_mag)
+
+
+def test_gelu_tanh_mul_ref_error_over_the_gate_range(ref):
+    """A dense grid of gates against g / (1 + exp(-z)), the same function as
+    the tanh form without its cancellation in float64: the bound holds down to
+    the flush near GELU_FLUSH, below which out is exactly -0 * u."""
+    g = np.linspace(-12.0, 12.0, 600_001, dtype=np.float32)
+    gu = np.concatenate([g, np.ones_like(g)]).reshape(1, -1)
+    out = np.empty((1, g.size), np.float32)
+    ref.gelu_tanh_mul(gu, out)
+    out = out[0]
+    want = g.astype(np.float64) / (1 + np.exp(-gelu_exp_arg(g)))
+    flushed = (out == 0) & (g < 0)
+    assert np.all(g[flushed] < GELU_FLUSH + 1e-4) and np.all(flushed[g < GELU_FLUSH - 1e-4])
+    assert np.all(np.signbit(out[flushed])) and np.all(np.abs(want[flushed]) < 3e-38)
+    kept = ~flushed
+    assert np.all(np.abs(out - want)[kept] <= gelu_rel_tol(g[kept]) * np.abs(want[kept]))
+
+
+def test_gelu_tanh_mul_extremes(variant):
+    g = np.array([100.0, -100.0, np.nan, np.inf, -np.inf, 1e20, -1e20, -10.06, -10.07, 0.0],
+                 np.float32)
+    gu = np.concatenate([g, np.full_like(g, 2.0)]).reshape(1, -1)
+    out = np.empty((1, g.size), np.float32)
+    variant.gelu_tanh_mul(gu, out)
+    out = out[0]
+    assert out[0] == 200.0  # exp(-z) rounds 1 + exp(-z) to 1: exactly g * u
+    # g < -10.061: exp(-z) overflows to inf and g / inf = -0; the exact value is below 3e-38 |u|
+    assert out[1] == 0.0 and np.signbit(out[1])
+    assert np.isnan(out[2]) and out[3] == np.inf
+    assert out[4] == 0.0 or np.isnan(out[4])  # -inf * sigmoid(-inf): NaN here, as silu's
+    assert out[5] == 2e20  # g * g overflows: z = inf, exp(-z) = 0, out = g * u
+    assert out[6] == 0.0 and np.signbit(out[6])  # z = -inf: -0 as for any g < -10.061
+    assert out[7] == pytest.approx(gelu_tanh_exact(g[7:8], np.float32([2.0]))[0], rel=1e-4)
+    assert out[7] < 0  # the last gates above the flush stay normal numbers (~ -6e-38)
+    assert out[8] == 0.0 and np.signbit(out[8])
+    assert out[9] == 0.0
 
 
 # ----------------------------------------------------------------- embedding

@@ -109,6 +109,14 @@ def test_elementwise_argument_errors(kern):
         kern.rmsnorm(x, np.ones(8, np.float32), 0.0, np.empty_like(x))
     with pytest.raises(ValueError, match="gate_up must have an even number of columns"):
         kern.silu_mul(np.ones((2, 7), np.float32), np.empty((2, 3), np.float32))
+    with pytest.raises(ValueError, match="gate_up must have an even number of columns"):
+        kern.gelu_tanh_mul(np.ones((2, 7), np.float32), np.empty((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 4\), got \(2, 3\)"):
+        kern.gelu_tanh_mul(np.ones((2, 8), np.float32), np.empty((2, 3), np.float32))
+    gate_up = np.ones((2, 8), np.float32)
+    with pytest.raises(ValueError, match="out and gate_up must not overlap"):
+        kern.gelu_tanh_mul(gate_up, gate_up[:, 1:5])
+    assert np.all(gate_up == 1.0)
     with pytest.raises(ValueError, match="positions must have dtype int32"):
         kern.rope(x, np.zeros(2, np.int64), rope_cos_sin(4, 8), 1, 8)
     with pytest.raises(ValueError, match="rot_dim must be even"):

@@ -320,6 +320,47 @@ static void check_silu_mul(const armllm_kernels *v, armllm_pool *pool) {
   report_end(&r, impl_of(v, ARMLLM_K_silu_mul));
 }
 
+/* ------------------------------------------------------ gelu_tanh*mul */
+
+/* Every variant is ref's operations in ref's order (family_jobs.h): its bits,
+ * -0 included; a NaN only has to be a NaN (the default NaN's sign differs
+ * between ISAs). Gates span the range where exp(-z) overflows (g < -10.061:
+ * out = -0 * u) and where g * g does (|g| > 1.8e19: out = g * u). */
+static void check_gelu_tanh_mul(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t inters[] = {1, 3, 4, 5, 8, 16, 17, 31, 64, 100, 1536, 2049};
+  static const float special[] = {100.0f, -100.0f, NAN, INFINITY, -INFINITY, 1e20f, -1e20f,
+                                  -10.0f, -10.1f, 0.0f, -0.0f, 1e-30f};
+  const int n_special = (int)(sizeof special / sizeof *special);
+  report r;
+  report_start(&r, v->isa, "gelu_tanh_mul");
+  for (size_t i = 0; i < sizeof inters / sizeof *inters; i++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      int64_t t = 3, inter = inters[i], ldg = 2 * inter + 1;
+      const size_t gb = sizeof(float) * (size_t)(t * ldg), ob = sizeof(float) * (size_t)(t * inter);
+      float *g = xmalloc(gb), *g2 = xmalloc(gb), *out = xmalloc(ob), *out2 = xmalloc(ob);
+      fill(g, t * ldg, 12.0f);
+      for (int s = 0; s < n_special && s < inter; s++) g[ldg + s] = special[s]; /* row 1's gates */
+      memcpy(g2, g, gb);
+      float *o = inplace ? g : out;
+      int64_t ldo = inplace ? ldg : inter;
+      v->gelu_tanh_mul(pool, g, ldg, t, inter, o, ldo);
+      armllm_kernels_ref.gelu_tanh_mul(NULL, g2, ldg, t, inter, out2, inter);
+      for (int64_t a = 0; a < t; a++)
+        for (int64_t b = 0; b < inter; b++) {
+          const float got = o[a * ldo + b], want = out2[a * inter + b];
+          if (isnan(want) ? !isnan(got) : memcmp(&got, &want, sizeof got) != 0) r.bad++;
+        }
+      if (inplace) /* the up half and the padding column are untouched */
+        for (int64_t a = 0; a < t; a++) {
+          const float *up = g + a * ldg + inter, *up2 = g2 + a * ldg + inter;
+          if (memcmp(up, up2, sizeof(float) * (size_t)(inter + 1))) r.bad++;
+        }
+      r.cases++;
+      free(g); free(g2); free(out); free(out2);
+    }
+  report_end(&r, impl_of(v, ARMLLM_K_gelu_tanh_mul));
+}
+
 /* -------------------------------------------------------------- embed */
 
 static void check_embed(const armllm_kernels *v, armllm_pool *pool) {
@@ -1134,6 +1175,7 @@ int main(int argc, char **argv) {
     check_rmsnorm(v, pool);
     check_rope(v, pool);
     check_silu_mul(v, pool);
+    check_gelu_tanh_mul(v, pool);
     check_embed(v, pool);
     check_exp(v);
     check_kv_write(v, pool);

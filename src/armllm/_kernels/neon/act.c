@@ -1,10 +1,14 @@
-/* neon/act.c: SiLU(gate) * up on a fused [T, 2*inter] gate/up buffer.
+/* neon/act.c: SiLU(gate) * up and GELU-tanh(gate) * up on a fused
+ * [T, 2*inter] gate/up buffer, split into (row, block of columns) items so
+ * that a decode row spreads over the pool too.
  *
- * exp is the shared vector exp (bit-identical to ref); the division
+ * exp is the shared vector exp (bit-identical to ref). SiLU's division
  * g / (1 + e) uses FRECPE with two Newton-Raphson steps (FRECPS) instead of
  * FDIV, which on Neoverse cores is unpipelined on one pipe (about 10 cycles
- * per 4 lanes) and would dominate. Relative error a few ulp (<< 1e-5).
- * Special cases follow IEEE division: 1 + e = inf gives -0 / NaN as g / inf.
+ * per 4 lanes) and would dominate: relative error a few ulp (<< 1e-5);
+ * special cases follow IEEE division (1 + e = inf gives -0 / NaN as g / inf).
+ * GELU-tanh keeps FDIV and ref's operations in ref's order (family_jobs.h),
+ * so its results are ref's bits, as on x86.
  */
 #include <arm_neon.h>
 
@@ -20,45 +24,90 @@ static inline __attribute__((always_inline)) float32x4_t silu_mul4(float32x4_t g
   return vmulq_f32(vmulq_f32(g, r), u);
 }
 
+/* c = g * g * CUBIC; z = fmaf(c, g, g) * TWO_K; g / (1 + exp(-z)) * u, as ref */
+static inline __attribute__((always_inline)) float32x4_t gelu_mul4(float32x4_t g, float32x4_t u) {
+  float32x4_t c = vmulq_f32(vmulq_f32(g, g), vdupq_n_f32(ARMLLM_GELU_CUBIC));
+  float32x4_t z = vmulq_f32(vfmaq_f32(g, c, g), vdupq_n_f32(ARMLLM_GELU_TWO_K));
+  float32x4_t den = vaddq_f32(vdupq_n_f32(1.0f), armllm_vexpq_f32(vnegq_f32(z)));
+  return vmulq_f32(vdivq_f32(g, den), u);
+}
+
+/* A variant's 4-lane activation times up (silu_mul4, gelu_mul4). */
+typedef float32x4_t (*neon_act4_fn)(float32x4_t g, float32x4_t u);
+
+/* op4 over n columns, two chains per iteration, the tail through a
+ * zero-padded block. o may be g: each block is loaded before it is stored. */
+static inline __attribute__((always_inline)) void neon_act_span(const float *g, const float *u,
+                                                                float *o, int64_t n,
+                                                                neon_act4_fn op4) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    float32x4_t a = op4(vld1q_f32(g + j), vld1q_f32(u + j));
+    float32x4_t b = op4(vld1q_f32(g + j + 4), vld1q_f32(u + j + 4));
+    vst1q_f32(o + j, a);
+    vst1q_f32(o + j + 4, b);
+  }
+  for (; j + 4 <= n; j += 4) vst1q_f32(o + j, op4(vld1q_f32(g + j), vld1q_f32(u + j)));
+  if (j < n) {
+    float tg[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tu[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int64_t r = n - j;
+    memcpy(tg, g + j, (size_t)r * sizeof *tg);
+    memcpy(tu, u + j, (size_t)r * sizeof *tu);
+    vst1q_f32(tg, op4(vld1q_f32(tg), vld1q_f32(tu)));
+    memcpy(o + j, tg, (size_t)r * sizeof *tg);
+  }
+}
+
+static void silu_mul_span(const float *g, const float *u, float *o, int64_t n) {
+  neon_act_span(g, u, o, n, silu_mul4);
+}
+
+static void gelu_mul_span(const float *g, const float *u, float *o, int64_t n) {
+  neon_act_span(g, u, o, n, gelu_mul4);
+}
+
 #define ACT_BLOCK 2048 /* columns per work item: decode rows split across threads too */
 
-static void neon_silu_mul_items(void *ctx, int64_t i0, int64_t i1) {
-  const armllm_act_job *job = ctx;
+/* Items [i0, i1) of an act job, item = (row, block of ACT_BLOCK columns),
+ * each block with span. */
+static inline __attribute__((always_inline)) void neon_act_items(const armllm_act_job *job,
+                                                                 int64_t i0, int64_t i1,
+                                                                 armllm_act_row_fn span) {
   const int64_t inter = job->inter, nb = (inter + ACT_BLOCK - 1) / ACT_BLOCK;
   for (int64_t it = i0; it < i1; it++) {
     const int64_t t = it / nb, j0 = (it % nb) * ACT_BLOCK;
     const int64_t j1 = inter - j0 < ACT_BLOCK ? inter : j0 + ACT_BLOCK;
     const float *g = job->gate_up + t * job->ldg;
-    const float *u = g + inter;
-    float *o = job->out + t * job->ldo;
-    int64_t j = j0;
-    for (; j + 8 <= j1; j += 8) { /* two chains per iteration */
-      float32x4_t a = silu_mul4(vld1q_f32(g + j), vld1q_f32(u + j));
-      float32x4_t b = silu_mul4(vld1q_f32(g + j + 4), vld1q_f32(u + j + 4));
-      vst1q_f32(o + j, a);
-      vst1q_f32(o + j + 4, b);
-    }
-    for (; j + 4 <= j1; j += 4) vst1q_f32(o + j, silu_mul4(vld1q_f32(g + j), vld1q_f32(u + j)));
-    if (j < j1) {
-      float tg[4] = {0.0f, 0.0f, 0.0f, 0.0f}, tu[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      int64_t r = j1 - j;
-      memcpy(tg, g + j, (size_t)r * sizeof *tg);
-      memcpy(tu, u + j, (size_t)r * sizeof *tu);
-      vst1q_f32(tg, silu_mul4(vld1q_f32(tg), vld1q_f32(tu)));
-      memcpy(o + j, tg, (size_t)r * sizeof *tg);
-    }
+    span(g + j0, g + inter + j0, job->out + t * job->ldo + j0, j1 - j0);
   }
+}
+
+static void neon_silu_mul_items(void *ctx, int64_t i0, int64_t i1) {
+  neon_act_items(ctx, i0, i1, silu_mul_span);
+}
+
+static void neon_gelu_tanh_mul_items(void *ctx, int64_t i0, int64_t i1) {
+  neon_act_items(ctx, i0, i1, gelu_mul_span);
+}
+
+/* Runs task over the job's items. out may alias gate_up, and each item
+ * reads and writes only its own columns. About 3 cycles per element (SiLU):
+ * chunks of >= 8K elements are worth a thread. */
+static void neon_act_run(armllm_pool *pool, armllm_act_job *job, int64_t t, armllm_task_fn task) {
+  const int64_t inter = job->inter, nb = (inter + ACT_BLOCK - 1) / ACT_BLOCK, items = t * nb;
+  const int64_t per_item = inter < ACT_BLOCK ? inter : ACT_BLOCK;
+  const int64_t min_items = (8192 + per_item - 1) / per_item;
+  armllm_pool_run(pool, items, armllm_pool_grain(pool, items, 2, min_items), task, job);
 }
 
 void armllm_neon_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                           int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
-  /* Items are (row, block of ACT_BLOCK columns); out may alias gate_up, and
-   * each item reads and writes only its own columns. About 3 cycles per
-   * element: chunks of >= 8K elements are worth a thread. */
-  const int64_t nb = (inter + ACT_BLOCK - 1) / ACT_BLOCK, items = t * nb;
-  const int64_t per_item = inter < ACT_BLOCK ? inter : ACT_BLOCK;
-  const int64_t min_items = (8192 + per_item - 1) / per_item;
-  armllm_pool_run(pool, items, armllm_pool_grain(pool, items, 2, min_items), neon_silu_mul_items,
-                  &job);
+  neon_act_run(pool, &job, t, neon_silu_mul_items);
+}
+
+void armllm_neon_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                               int64_t inter, float *out, int64_t ldo) {
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
+  neon_act_run(pool, &job, t, neon_gelu_tanh_mul_items);
 }

@@ -22,7 +22,7 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     ARMLLM_SLOT(rmsnorm, neon),
     ARMLLM_SLOT(rope, neon),
     ARMLLM_SLOT(silu_mul, neon),
-    ARMLLM_SLOT(gelu_tanh_mul, ref), /* not ported: one tanh a column, next to the down GEMM */
+    ARMLLM_SLOT(gelu_tanh_mul, neon),
     ARMLLM_SLOT(embed_f32, neon),
     ARMLLM_SLOT(embed_bf16, neon),
     ARMLLM_SLOT(exp, neon),

@@ -1,7 +1,10 @@
-/* sve/act.c: SiLU(gate) * up on a fused [T, 2*inter] gate/up buffer.
+/* sve/act.c: SiLU(gate) * up and GELU-tanh(gate) * up on a fused
+ * [T, 2*inter] gate/up buffer.
  *
- * out = g / (1 + exp(-g)) * u with the shared vector exp (vexp_sve.h): the
- * same operations in the same order as ref, so results are bit-identical.
+ * SiLU: out = g / (1 + exp(-g)) * u; GELU-tanh: c = g * g * CUBIC,
+ * z = fmaf(c, g, g) * TWO_K, out = g / (1 + exp(-z)) * u (family_jobs.h).
+ * With the shared vector exp (vexp_sve.h) these are ref's operations in
+ * ref's order, so results are bit-identical.
  */
 #include "../armllm_kernels.h"
 #include "../family_jobs.h"
@@ -13,32 +16,62 @@ static inline svfloat32_t silu_mul_vec(svbool_t pg, svfloat32_t g, svfloat32_t u
   return svmul_f32_x(pg, svdiv_f32_x(pg, g, d), u);
 }
 
-static void sve_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
-  const armllm_act_job *job = ctx;
-  const int64_t vl = (int64_t)svcntw(), n = job->inter;
+static inline svfloat32_t gelu_mul_vec(svbool_t pg, svfloat32_t g, svfloat32_t u) {
+  svfloat32_t c = svmul_n_f32_x(pg, svmul_f32_x(pg, g, g), ARMLLM_GELU_CUBIC);
+  svfloat32_t z = svmul_n_f32_x(pg, svmla_f32_x(pg, g, c, g), ARMLLM_GELU_TWO_K); /* g + c*g */
+  svfloat32_t e = armllm_sve_opaque(armllm_sve_vexp(pg, svneg_f32_x(pg, z)));
+  svfloat32_t d = svadd_n_f32_x(pg, e, 1.0f);
+  return svmul_f32_x(pg, svdiv_f32_x(pg, g, d), u);
+}
+
+/* A vector activation times up (silu_mul_vec, gelu_mul_vec). */
+typedef svfloat32_t (*sve_act_fn)(svbool_t pg, svfloat32_t g, svfloat32_t u);
+
+/* op over one row of n columns, two vectors per iteration, then a
+ * predicated tail. Loads precede stores: out may equal g. */
+static inline __attribute__((always_inline)) void sve_act_row(const float *g, const float *u,
+                                                              float *out, int64_t n,
+                                                              sve_act_fn op) {
+  const int64_t vl = (int64_t)svcntw();
   const svbool_t pt = svptrue_b32();
-  for (int64_t t = t0; t < t1; t++) {
-    const float *g = job->gate_up + t * job->ldg;
-    const float *u = g + n;
-    float *out = job->out + t * job->ldo;
-    int64_t j = 0;
-    for (; j + 2 * vl <= n; j += 2 * vl) { /* loads precede stores: out may equal gate_up */
-      svfloat32_t g0 = svld1_f32(pt, g + j), g1 = svld1_f32(pt, g + j + vl);
-      svfloat32_t u0 = svld1_f32(pt, u + j), u1 = svld1_f32(pt, u + j + vl);
-      svfloat32_t o0 = silu_mul_vec(pt, g0, u0), o1 = silu_mul_vec(pt, g1, u1);
-      svst1_f32(pt, out + j, o0);
-      svst1_f32(pt, out + j + vl, o1);
-    }
-    for (; j < n; j += vl) {
-      svbool_t pg = svwhilelt_b32_s64(j, n);
-      svfloat32_t o = silu_mul_vec(pg, svld1_f32(pg, g + j), svld1_f32(pg, u + j));
-      svst1_f32(pg, out + j, o);
-    }
+  int64_t j = 0;
+  for (; j + 2 * vl <= n; j += 2 * vl) {
+    svfloat32_t g0 = svld1_f32(pt, g + j), g1 = svld1_f32(pt, g + j + vl);
+    svfloat32_t u0 = svld1_f32(pt, u + j), u1 = svld1_f32(pt, u + j + vl);
+    svfloat32_t o0 = op(pt, g0, u0), o1 = op(pt, g1, u1);
+    svst1_f32(pt, out + j, o0);
+    svst1_f32(pt, out + j + vl, o1);
   }
+  for (; j < n; j += vl) {
+    svbool_t pg = svwhilelt_b32_s64(j, n);
+    svst1_f32(pg, out + j, op(pg, svld1_f32(pg, g + j), svld1_f32(pg, u + j)));
+  }
+}
+
+static void silu_mul_row(const float *g, const float *u, float *out, int64_t n) {
+  sve_act_row(g, u, out, n, silu_mul_vec);
+}
+
+static void gelu_mul_row(const float *g, const float *u, float *out, int64_t n) {
+  sve_act_row(g, u, out, n, gelu_mul_vec);
+}
+
+static void sve_silu_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  armllm_act_rows(ctx, t0, t1, silu_mul_row);
+}
+
+static void sve_gelu_tanh_mul_rows(void *ctx, int64_t t0, int64_t t1) {
+  armllm_act_rows(ctx, t0, t1, gelu_mul_row);
 }
 
 void armllm_sve_silu_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
                          int64_t inter, float *out, int64_t ldo) {
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), sve_silu_mul_rows, &job);
+}
+
+void armllm_sve_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t ldg, int64_t t,
+                              int64_t inter, float *out, int64_t ldo) {
+  armllm_act_job job = {gate_up, ldg, inter, out, ldo};
+  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), sve_gelu_tanh_mul_rows, &job);
 }
