@@ -48,7 +48,7 @@ __all__ = [
     "SparseLayer", "StepBatch", "ThreadPool",
     "attn_scratch_len", "available_isas", "comm_atomic_impl", "comm_init",
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
-    "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "sparse_layer",
+    "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "gelu_tanh_mul",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
@@ -564,7 +564,7 @@ def bind_decoder_layer(steps: list[tuple],
 def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:
     """Runs a bound decoder layer on one step's batch: the kernel calls its steps'
     per-op wrappers (rms_norm_linear, rope, kv_write, paged_attention, linear,
-    silu_mul, sparse_layer, ...) make, in one call."""
+    gelu_tanh_mul, silu_mul, a sparse layer's run, ...) make, in one call."""
     layer.run(batch, get_pool())
 
 
@@ -576,16 +576,11 @@ def bind_sparse_layer(router: PackedWeight, router_bias: np.ndarray | None,
                       clamped_swiglu: tuple[float, float] | None, buffers: tuple
                       ) -> SparseLayer:
     """A sparse layer's router and experts bound to a workspace's buffers (normed,
-    hidden, router_logits, expert_in, expert_gate_up, expert_act, expert_out), for
-    sparse_layer() (see SparseLayer)."""
+    hidden, router_logits, expert_in, expert_gate_up, expert_act, expert_out), for a
+    decoder layer's sparse_mlp step (see SparseLayer)."""
     return SparseLayer(Kernels(_ISA), router, router_bias, gate_up, gate_up_bias, down,
                        down_bias, gate_up_scratch, down_scratch, top_k, renormalize,
                        clamped_swiglu, buffers)
-
-
-def sparse_layer(layer: SparseLayer, rows: int) -> None:
-    """Runs a bound sparse layer's MLP on the first `rows` rows."""
-    layer.run(rows, get_pool())
 
 
 def bind_norm_head(weight: PackedWeight, act_scratch: ActScratch | None, norm_weight: np.ndarray,

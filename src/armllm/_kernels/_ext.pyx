@@ -5,7 +5,8 @@ Owns the argument validation every wrapper shares (dtype, shape, contiguity,
 aliasing; a ValueError naming the bad argument). Each family's wrappers live in
 their own .pxi, included below: dispatch (CPU features, kernel tables), pool
 (ThreadPool), gemm, quant, gguf, elementwise and attn (Kernels, one variant's
-dispatch table), sample, probe, comm, layer and moe. Every kernel call releases
+dispatch table), sample, probe, comm, layer (a decoder layer as one call), head (the
+final norm and lm_head) and moe. Every kernel call releases
 the GIL and never allocates: outputs are passed in.
 """
 cimport numpy as cnp
@@ -121,4 +122,5 @@ include "sample.pxi"
 include "probe.pxi"
 include "comm.pxi"
 include "layer.pxi"
+include "head.pxi"
 include "moe.pxi"
