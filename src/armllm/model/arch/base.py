@@ -207,7 +207,7 @@ class Architecture:
     def linear_parts(self, c: ModelConfig, i: int, expert: int = 0) -> list[Parts]:
         """The tensors (name, [N, K]) of layer i's packed linear weights, in
         model/layer.LINEARS order: q/k/v fused, o, gate/up fused, down; in a sparse
-        layer the gate/up and down of expert `expert`."""
+        layer (a SparseArchitecture's) the gate/up and down of expert `expert`."""
         p = f"model.layers.{i}."
         h, q, kv, inter = c.hidden_size, c.q_size, c.kv_size, c.mlp_size(i)
         if c.is_moe_layer(i):
@@ -219,14 +219,6 @@ class Architecture:
                 [(p + "self_attn.o_proj.weight", (h, q))],
                 [(gate, (inter, h)), (up, (inter, h))],
                 [(down, (h, inter))]]
-
-    def expert_tensors(self, i: int, expert: int) -> tuple[str, str, str]:
-        """Expert `expert`'s gate, up and down weights in sparse layer i."""
-        raise NotImplementedError(f"{type(self).__name__} has no sparse layers")
-
-    def router_tensor(self, i: int) -> str:
-        """Sparse layer i's router weight [experts, hidden]."""
-        raise NotImplementedError(f"{type(self).__name__} has no sparse layers")
 
     def head_tensor(self, c: ModelConfig) -> str:
         """The tensor the lm_head is read from (the embedding when tied)."""
@@ -270,9 +262,11 @@ class SparseArchitecture(Architecture):
     router_name: str = ""
 
     def expert_tensors(self, i: int, expert: int) -> tuple[str, str, str]:
+        """Expert `expert`'s gate, up and down weights in sparse layer i."""
         return tuple(f"model.layers.{i}." + n.format(e=expert) for n in self.expert_names)
 
     def router_tensor(self, i: int) -> str:
+        """Sparse layer i's router weight [experts, hidden]."""
         return f"model.layers.{i}." + self.router_name
 
     def gguf_layer_names(self) -> dict[str, str]:
