@@ -22,6 +22,7 @@ from armllm._kernels._ext import (
     Comm,
     CommAborted,
     DecoderLayer,
+    DeltaNetMixer,
     Kernels,
     NormHead,
     PackedWeight,
@@ -44,8 +45,8 @@ from armllm._kernels._ext import q_groups as quant_groups
 from armllm._kernels._ext import q_kpad as quant_kpad
 
 __all__ = [
-    "ActScratch", "Comm", "CommAborted", "DecoderLayer", "Kernels", "NormHead", "PackedWeight",
-    "SparseLayer", "StepBatch", "ThreadPool",
+    "ActScratch", "Comm", "CommAborted", "DecoderLayer", "DeltaNetMixer", "Kernels", "NormHead",
+    "PackedWeight", "SparseLayer", "StepBatch", "ThreadPool", "bind_delta_net",
     "attn_scratch_len", "available_isas", "comm_atomic_impl", "comm_init",
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "gelu_tanh_mul",
@@ -551,14 +552,26 @@ def bind_decoder_layer(steps: list[tuple],
                        cos_sin: np.ndarray, n_heads: int, n_kv_heads: int, head_dim: int,
                        rot_dim: int, scale: float, sliding_window: int, first: bool,
                        sinks: np.ndarray | None = None, comm: Comm | None = None,
-                       sparse: SparseLayer | None = None) -> DecoderLayer:
+                       sparse: SparseLayer | None = None,
+                       delta: DeltaNetMixer | None = None) -> DecoderLayer:
     """A decoder layer's steps (("norm_linear", "qkv", norm), ("qk_norm",), ...: see
     DecoderLayer) bound to its weights ((weight, bias, act_scratch) for qkv, o,
-    gate_up, down), its workspace buffers and KV cache layer, checked once, for
-    decoder_layer() (comm: a tensor-parallel rank's; sparse: the sparse_mlp step's)."""
+    gate_up, down), its workspace buffers and KV cache layer (None for a recurrent
+    layer), checked once, for decoder_layer() (comm: a tensor-parallel rank's; sparse:
+    the sparse_mlp step's; delta: the delta_net step's)."""
     return DecoderLayer(Kernels(_ISA), steps, linears, q_norm, k_norm, eps, buffers, k_cache,
                         v_cache, cos_sin, n_heads, n_kv_heads, head_dim, rot_dim, scale,
-                        sliding_window, first, sinks, comm, sparse)
+                        sliding_window, first, sinks, comm, sparse, delta)
+
+
+def bind_delta_net(ba: PackedWeight, conv: np.ndarray, a_neg: np.ndarray,
+                   dt_bias: np.ndarray, norm: np.ndarray, conv_state: np.ndarray,
+                   delta_state: np.ndarray, k_heads: int, v_tiled: bool, buffers: tuple
+                   ) -> DeltaNetMixer:
+    """A recurrent layer's Gated DeltaNet bound to its weights, its state pool arrays
+    and a workspace's conv_out and delta_ba buffers (see DeltaNetMixer)."""
+    return DeltaNetMixer(Kernels(_ISA), ba, conv, a_neg, dt_bias, norm, conv_state,
+                         delta_state, k_heads, v_tiled, buffers)
 
 
 def decoder_layer(layer: DecoderLayer, batch: StepBatch) -> None:
@@ -573,14 +586,15 @@ def bind_sparse_layer(router: PackedWeight, router_bias: np.ndarray | None,
                       down: list[PackedWeight], down_bias: np.ndarray | None,
                       gate_up_scratch: ActScratch | None, down_scratch: ActScratch | None,
                       top_k: int, renormalize: bool,
-                      clamped_swiglu: tuple[float, float] | None, buffers: tuple
-                      ) -> SparseLayer:
-    """A sparse layer's router and experts bound to a workspace's buffers (normed,
-    hidden, router_logits, expert_in, expert_gate_up, expert_act, expert_out), for a
-    decoder layer's sparse_mlp step (see SparseLayer)."""
+                      clamped_swiglu: tuple[float, float] | None, buffers: tuple,
+                      shared: tuple | None = None) -> SparseLayer:
+    """A sparse layer's router and experts (and shared expert: (gate_up, down, gate))
+    bound to a workspace's buffers (normed, hidden, router_logits, expert_in,
+    expert_gate_up, expert_act, expert_out), for a decoder layer's sparse_mlp step
+    (see SparseLayer)."""
     return SparseLayer(Kernels(_ISA), router, router_bias, gate_up, gate_up_bias, down,
                        down_bias, gate_up_scratch, down_scratch, top_k, renormalize,
-                       clamped_swiglu, buffers)
+                       clamped_swiglu, buffers, shared)
 
 
 def bind_norm_head(weight: PackedWeight, act_scratch: ActScratch | None, norm_weight: np.ndarray,

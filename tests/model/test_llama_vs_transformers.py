@@ -30,10 +30,11 @@ def prefill_logits(lm, ids, block_size=16, kv_dtype="f32"):
     table = (np.arange(n_blocks, dtype=np.int32)[::-1] + 1).reshape(1, -1).copy()
     slots = (table[0, np.arange(t) // block_size] * block_size
              + np.arange(t) % block_size).astype(np.int32)
-    kv = KVCache(lm.config, n_blocks + 1, block_size, kv_dtype)
+    kv = KVCache(lm.config, n_blocks + 1, block_size, kv_dtype, state_slots=1)
     ws = Workspace(lm.config, t, t, lm.model.formats)
     meta = BatchMeta(np.asarray(ids, np.int32), np.arange(t, dtype=np.int32), slots,
-                     np.array([0, t], np.int32), np.array([t], np.int32), table, np.arange(t))
+                     np.array([0, t], np.int32), np.array([t], np.int32), table, np.arange(t),
+                     state_slots=np.zeros(1, np.int32))
     return lm.model.forward(meta, kv, ws).copy()
 
 

@@ -24,6 +24,7 @@ DEF ERR_ROPE = 1
 DEF ERR_KV_WRITE = 2
 DEF ERR_ATTENTION = 3
 DEF ERR_COMM = 4       # a tensor-parallel all-reduce was aborted (a rank failed)
+DEF ERR_STATE = 5      # a recurrent layer's batch metadata or state slot is bad
 # the steps (model/layer.py's vocabulary)
 DEF STEP_NORM_LINEAR = 0   # [residual += x]; normed = rmsnorm(residual); qkv|gate_up = normed W^T
 DEF STEP_QK_NORM = 1       # rmsnorm over each head of q and k
@@ -33,6 +34,8 @@ DEF STEP_LINEAR = 4        # x = attn|act W^T (+ all-reduce)
 DEF STEP_NORM = 5          # x = rmsnorm(x)
 DEF STEP_ACT = 6           # act = act(gate) * up
 DEF STEP_SPARSE_MLP = 7    # [residual += x]; normed = rmsnorm(residual); x = experts(normed)
+DEF STEP_OUTPUT_GATE = 8   # attn *= sigmoid(each query head's gate)
+DEF STEP_DELTA_NET = 9     # attn = the Gated DeltaNet of qkv's projection (delta.pxi)
 DEF MAX_STEPS = 16
 DEF LIN_QKV = 0            # LayerArgs.lin's slots, in model/layer.LINEARS order
 DEF LIN_O = 1
@@ -43,7 +46,8 @@ DEF ACT_GELU_TANH = 1
 
 _STEP_CODES = {"norm_linear": STEP_NORM_LINEAR, "qk_norm": STEP_QK_NORM,
                "rope_kv": STEP_ROPE_KV, "attention": STEP_ATTENTION, "linear": STEP_LINEAR,
-               "norm": STEP_NORM, "act": STEP_ACT, "sparse_mlp": STEP_SPARSE_MLP}
+               "norm": STEP_NORM, "act": STEP_ACT, "sparse_mlp": STEP_SPARSE_MLP,
+               "output_gate": STEP_OUTPUT_GATE, "delta_net": STEP_DELTA_NET}
 _LINEAR_SLOTS = {"qkv": LIN_QKV, "o": LIN_O, "gate_up": LIN_GATE_UP, "down": LIN_DOWN}
 _ACT_KINDS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
 
@@ -117,6 +121,9 @@ cdef struct LayerArgs:
     int64_t num_blocks, block_size
     int first
     void *sparse              # the STEP_SPARSE_MLP's SparseArgs (moe.pxi)
+    void *delta               # the STEP_DELTA_NET's DeltaArgs (delta.pxi)
+    int gated                 # q_proj's rows are per head [q | gate] (output gate)
+    int64_t k_off             # k's first column in qkv (q_size, or 2 q_size when gated)
     void *comm                # tensor parallel: the all-reduce segment (NULL: one rank)
     int rank
 
@@ -137,7 +144,10 @@ cdef class DecoderLayer:
     steps: the layer's steps in order, each a tuple: ("norm_linear", "qkv" or
     "gate_up", norm [hidden]), ("qk_norm",), ("rope_kv",), ("attention",),
     ("linear", "o" or "down"), ("norm", norm [hidden]), ("act", "silu" or
-    "gelu_tanh"), ("sparse_mlp", norm [hidden]). linears: (weight, bias, scratch)
+    "gelu_tanh"), ("sparse_mlp", norm [hidden]), ("output_gate",) (attn *=
+    sigmoid(gate) where q_proj's rows are per head [q | gate]: needs a qk_norm step,
+    which gathers q), ("delta_net",) (a recurrent layer: `delta`, a DeltaNetMixer,
+    in place of the KV cache, which is then None). linears: (weight, bias, scratch)
     for qkv, o, gate_up, down: a PackedWeight (None where no step uses it), a
     float32 [N] bias or None, and for a quantized weight the ActScratch its
     activations go to (None for float weights). buffers: the Workspace arrays
@@ -157,28 +167,39 @@ cdef class DecoderLayer:
     def __init__(self, Kernels kernels, steps, linears, q_norm, k_norm, float eps, buffers,
                  k_cache, v_cache, cos_sin, int64_t n_heads, int64_t n_kv_heads,
                  int64_t head_dim, int64_t rot_dim, float scale, int64_t sliding_window,
-                 bint first, sinks=None, Comm comm=None, sparse=None):
+                 bint first, sinks=None, Comm comm=None, sparse=None, delta=None):
         self.keep = [steps, linears, q_norm, k_norm, buffers, k_cache, v_cache, cos_sin, sinks,
-                     comm, sparse]
+                     comm, sparse, delta]
         self.a.comm, self.a.rank = NULL, 0
         if comm is not None:
             self.a.comm, self.a.rank = comm.seg, comm.rank
-        cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
-        cdef cnp.ndarray vc = _kv_cache(v_cache, "v_cache")
-        _same_cache(kc, vc)
-        if kc.shape[1] != n_kv_heads or kc.shape[3] != head_dim:
-            raise ValueError(f"the KV cache holds {kc.shape[1]} heads of {kc.shape[3]}, the "
-                             f"layer {n_kv_heads} of {head_dim}")
+        cdef cnp.ndarray kc, vc
+        self.a.k_cache = self.a.v_cache = self.a.delta = NULL
+        self.a.num_blocks, self.a.block_size, self.a.cache_bf16 = 0, 1, 0
+        if delta is None:
+            kc, vc = _kv_cache(k_cache, "k_cache"), _kv_cache(v_cache, "v_cache")
+            _same_cache(kc, vc)
+            if kc.shape[1] != n_kv_heads or kc.shape[3] != head_dim:
+                raise ValueError(f"the KV cache holds {kc.shape[1]} heads of {kc.shape[3]}, "
+                                 f"the layer {n_kv_heads} of {head_dim}")
+            self.a.k_cache, self.a.v_cache = cnp.PyArray_DATA(kc), cnp.PyArray_DATA(vc)
+            self.a.cache_bf16 = kc.dtype == np.uint16
+            self.a.num_blocks, self.a.block_size = kc.shape[0], kc.shape[2]
+        elif k_cache is not None or v_cache is not None:
+            raise ValueError("a recurrent (delta_net) layer keeps no KV cache")
         if n_heads < 1 or n_heads % n_kv_heads or head_dim > ARMLLM_ATTN_MAX_HEAD_DIM:
             raise ValueError(f"unsupported heads: {n_heads} q / {n_kv_heads} kv of {head_dim}")
         if rot_dim < 2 or rot_dim % 2 or rot_dim > head_dim:
             raise ValueError(f"rot_dim must be even and in [2, {head_dim}], got {rot_dim}")
-        self.a.k_cache, self.a.v_cache = cnp.PyArray_DATA(kc), cnp.PyArray_DATA(vc)
-        self.a.cache_bf16 = kc.dtype == np.uint16
-        self.a.num_blocks, self.a.block_size = kc.shape[0], kc.shape[2]
         self.a.n_heads, self.a.n_kv_heads, self.a.head_dim = n_heads, n_kv_heads, head_dim
         self.a.rot_dim = rot_dim
         self.a.q_size, self.a.kv_size = n_heads * head_dim, n_kv_heads * head_dim
+        names = [step[0] for step in steps]
+        self.a.gated = "output_gate" in names
+        if self.a.gated and "qk_norm" not in names:
+            raise ValueError("an output_gate step needs a qk_norm step (it gathers q from "
+                             "q_proj's [q | gate] rows)")
+        self.a.k_off = self.a.q_size * (2 if self.a.gated else 1)
         self.a.eps, self.a.scale, self.a.sliding_window, self.a.first = eps, scale, sliding_window, first
         weights = [lin[0] for lin in linears]
         qkv_w, o_w, gate_up_w, down_w = weights
@@ -188,7 +209,10 @@ cdef class DecoderLayer:
             raise ValueError("a layer's gate_up and down weights come together")
         self.a.hidden = qkv_w.k
         self.a.inter = gate_up_w.n // 2 if gate_up_w is not None else 0
-        if (qkv_w.n != self.a.q_size + 2 * self.a.kv_size or o_w.k != self.a.q_size
+        mix_n, mix_k = self.a.k_off + 2 * self.a.kv_size, self.a.q_size   # qkv's N, o's K
+        if delta is not None:
+            mix_n, mix_k = _delta_sizes(delta)
+        if (qkv_w.n != mix_n or o_w.k != mix_k
                 or o_w.n != self.a.hidden or (gate_up_w is not None and (
                     gate_up_w.k != self.a.hidden or down_w.k != self.a.inter
                     or down_w.n != self.a.hidden))):
@@ -201,13 +225,13 @@ cdef class DecoderLayer:
             raise ValueError("a tensor-parallel layer's hidden buffer must be C-contiguous")
         self.a.normed = _buf(normed, "normed", self.a.hidden)
         self.a.qkv = _buf(qkv, "qkv", qkv_w.n)
-        self.a.attn = _buf(attn, "attn", self.a.q_size)
+        self.a.attn = _buf(attn, "attn", mix_k)
         self.a.max_rows = min(a.shape[0] for a in (res, x, normed, qkv, attn))
         if gate_up_w is not None:
             self.a.gate_up = _buf(gate_up, "gate_up", 2 * self.a.inter)
             self.a.act = _buf(act, "act", self.a.inter)
             self.a.max_rows = min(self.a.max_rows, gate_up.shape[0], act.shape[0])
-        self._bind_steps(steps, weights, sparse)
+        self._bind_steps(steps, weights, sparse, delta)
         self.a.q_norm = self.a.k_norm = NULL
         if q_norm is not None:
             self.a.q_normed = _buf(q_normed, "q_normed", self.a.q_size)
@@ -234,7 +258,7 @@ cdef class DecoderLayer:
                 self.a.lin[i] = _bind_linear(kernels, weight, bias, scratch, self.a.max_rows)
         self.kt = kernels.t
 
-    def _bind_steps(self, steps, weights, sparse):
+    def _bind_steps(self, steps, weights, sparse, delta):
         """The steps as StepArgs, each checked against what it reads."""
         if not 0 < len(steps) <= MAX_STEPS:
             raise ValueError(f"a layer has 1 to {MAX_STEPS} steps, got {len(steps)}")
@@ -268,6 +292,11 @@ cdef class DecoderLayer:
             if s.op == STEP_SPARSE_MLP:
                 self.a.sparse = _sparse_args(sparse, self.a.hidden)
                 self.a.max_rows = min(self.a.max_rows, sparse.max_rows)
+            if s.op == STEP_DELTA_NET:
+                self.a.delta = _delta_args(delta, self.a.hidden)
+                self.a.max_rows = min(self.a.max_rows, delta.max_rows)
+            if s.op in (STEP_ROPE_KV, STEP_ATTENTION) and self.a.k_cache == NULL:
+                raise ValueError(f"step {i} ({name}) needs a KV cache")
 
     def run(self, StepBatch batch, ThreadPool pool=None, times=None):
         """Runs the layer on the batch's rows: reads the residual stream (layer 0) or
@@ -280,6 +309,8 @@ cdef class DecoderLayer:
         if b.rows > self.a.max_rows:
             raise ValueError(f"a batch of {b.rows} rows exceeds the layer's buffers "
                              f"({self.a.max_rows} rows)")
+        if self.a.delta != NULL and b.state_slots == NULL:
+            raise ValueError("a recurrent layer's batch needs its sequences' state slots")
         cdef int64_t *tp = _times_ptr(times)
         cdef armllm_pool *p = _pool_ptr(pool)
         cdef int err = 0
@@ -296,6 +327,10 @@ cdef class DecoderLayer:
         if err == ERR_KV_WRITE:
             raise ValueError(f"slot_mapping[{bad}] = {b.slot_mapping[bad]} is outside the cache "
                              f"[-1, {self.a.num_blocks * self.a.block_size})")
+        if err == ERR_STATE:
+            raise ValueError(f"sequence {bad}: its state slot {b.state_slots[bad]} or its "
+                             f"rows {b.query_start[bad]}..{b.query_start[bad + 1]} (seq_lens="
+                             f"{b.seq_lens[bad]}) do not fit the recurrent layer's state pool")
         raise ValueError(f"sequence {bad}: inconsistent attention metadata (seq_lens="
                          f"{b.seq_lens[bad]}, query rows {b.query_start[bad]}.."
                          f"{b.query_start[bad + 1]}, num_blocks={self.a.num_blocks})")
@@ -374,17 +409,20 @@ cdef struct BatchArgs:
     const int32_t *block_table
     const int32_t *seq_lens
     const int32_t *query_start
+    const int32_t *state_slots    # [n_seqs] each sequence's recurrent state slot (NULL: none)
     int64_t n_seqs, max_blocks
 
 
 cdef class StepBatch:
-    """One step's batch metadata (model/llama.py's BatchMeta) as DecoderLayer.run
+    """One step's batch metadata (model/decoder.py's BatchMeta) as DecoderLayer.run
     reads it: positions and slot_mapping [T] int32, block_table [B, max_blocks],
-    seq_lens [B] and query_start [B + 1] int32, checked once for every layer."""
+    seq_lens [B] and query_start [B + 1] int32, and for a hybrid model's recurrent
+    layers state_slots [B] int32, checked once for every layer."""
     cdef BatchArgs a
     cdef tuple keep
 
-    def __init__(self, positions, slot_mapping, block_table, seq_lens, query_start):
+    def __init__(self, positions, slot_mapping, block_table, seq_lens, query_start,
+                 state_slots=None):
         cdef cnp.ndarray pa = _array(positions, "positions", np.int32, 1)
         cdef cnp.ndarray sa = _array(slot_mapping, "slot_mapping", np.int32, 1)
         cdef cnp.ndarray bt = _array(block_table, "block_table", np.int32, 2)
@@ -407,6 +445,15 @@ cdef class StepBatch:
         self.a.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
         self.a.seq_lens = <const int32_t *>cnp.PyArray_DATA(sl)
         self.a.max_blocks = bt.shape[1]
+        self.a.state_slots = NULL
+        cdef cnp.ndarray ss
+        if state_slots is not None:
+            ss = _array(state_slots, "state_slots", np.int32, 1)
+            if ss.shape[0] != self.a.n_seqs:
+                raise ValueError(f"state_slots has {ss.shape[0]} entries for {self.a.n_seqs} "
+                                 f"sequences")
+            self.keep = (pa, sa, bt, sl, qs, ss)
+            self.a.state_slots = <const int32_t *>cnp.PyArray_DATA(ss)
 
 
     @property
@@ -497,8 +544,9 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
     cdef StepArgs *s
     cdef LinearArgs *L
     cdef float *q = d.qkv.p
-    cdef float *k = d.qkv.p + d.q_size
-    cdef float *v = d.qkv.p + d.q_size + d.kv_size
+    cdef float *k = d.qkv.p + d.k_off
+    cdef float *v = d.qkv.p + d.k_off + d.kv_size
+    cdef int64_t h
     cdef float *staged
     cdef float *src
     cdef int64_t ldq = d.qkv.ld, ldk = d.qkv.ld, lds
@@ -517,10 +565,15 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
                          d.res.ld, s.norm, d.eps, d.normed, t, out.p, out.ld, times, &t0)
             pending = False
             if s.lin == LIN_QKV:
-                q, k, ldq, ldk = d.qkv.p, d.qkv.p + d.q_size, d.qkv.ld, d.qkv.ld
+                q, k, ldq, ldk = d.qkv.p, d.qkv.p + d.k_off, d.qkv.ld, d.qkv.ld
         elif s.op == STEP_QK_NORM:   # each head of q and k, into contiguous rows
             for r in range(t):
-                memcpy(d.q_normed.p + r * d.q_size, q + r * ldq, d.q_size * sizeof(float))
+                if d.gated:   # each head's q from its [q | gate] rows
+                    for h in range(d.n_heads):
+                        memcpy(d.q_normed.p + r * d.q_size + h * d.head_dim,
+                               q + r * ldq + 2 * h * d.head_dim, d.head_dim * sizeof(float))
+                else:
+                    memcpy(d.q_normed.p + r * d.q_size, q + r * ldq, d.q_size * sizeof(float))
                 memcpy(d.k_normed.p + r * d.kv_size, k + r * ldk, d.kv_size * sizeof(float))
             q, k, ldq, ldk = d.q_normed.p, d.k_normed.p, d.q_size, d.kv_size
             kt.rmsnorm(p, q, d.head_dim, NULL, 0, d.q_norm, t * d.n_heads, d.head_dim, d.eps,
@@ -553,6 +606,17 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
             _tick(times, 2, &t0)
             if bad >= 0:
                 err[0] = ERR_ATTENTION
+                return bad
+        elif s.op == STEP_OUTPUT_GATE:   # attn *= sigmoid(gate), head by head
+            for h in range(d.n_heads):
+                kt.sigmoid_mul(p, d.qkv.p + (2 * h + 1) * d.head_dim, d.qkv.ld, t, d.head_dim,
+                               d.attn.p + h * d.head_dim, d.attn.ld)
+            _tick(times, 1, &t0)
+        elif s.op == STEP_DELTA_NET:
+            bad = _run_delta(kt, p, d.delta, b, d.normed, d.qkv, d.attn, d.eps)
+            _tick(times, 2, &t0)
+            if bad >= 0:
+                err[0] = ERR_STATE
                 return bad
         elif s.op == STEP_LINEAR:   # x = in W^T, all-reduced over the ranks
             L = &d.lin[s.lin]

@@ -14,6 +14,7 @@ cdef extern from "moe.h" nogil:
     void armllm_moe_accumulate(const float *y, int64_t ldy, int64_t n, int64_t d,
                                const int32_t *row, const float *w, float *out, int64_t ldo)
 
+from libc.math cimport expf
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
@@ -52,6 +53,11 @@ cdef struct SparseArgs:
     int32_t *start
     int32_t *pair_row
     float *pair_weight
+    int shared                # a shared expert runs on every row (Qwen3.5-MoE)
+    LinearArgs shared_gate_up
+    LinearArgs shared_down
+    const float *shared_gate  # [hidden]: its rows are scaled by sigmoid(normed . gate)
+    float *shared_scale       # [max_rows]
 
 
 cdef class SparseLayer:
@@ -66,7 +72,10 @@ cdef class SparseLayer:
             hidden[row] += w * y  for each of its rows
 
     act: silu(gate) * up (the silu_mul slot), or with clamped_swiglu = (alpha, limit)
-    GPT-OSS's (moe.h). Every expert's GEMMs are the GEMM slots' own in its packed
+    GPT-OSS's (moe.h). shared: None, or a shared expert (gate_up, down, gate): after
+    the routed experts, hidden[r] += sigmoid(normed[r] . gate) * down(act(normed[r] @
+    gate_up.T)) on every row (Qwen3.5-MoE), its weights in the experts' format and
+    sizes (it uses their scratch). Every expert's GEMMs are the GEMM slots' own in its packed
     format, so a row's result does not depend on the rows it shares an expert with,
     and only the experts some row routes to are read.
 
@@ -88,7 +97,7 @@ cdef class SparseLayer:
 
     def __init__(self, Kernels kernels, router, router_bias, gate_up, gate_up_bias, down,
                  down_bias, gate_up_scratch, down_scratch, int64_t top_k, bint renormalize,
-                 clamped_swiglu, buffers):
+                 clamped_swiglu, buffers, shared=None):
         cdef int64_t e, n = len(gate_up)
         if n < 1 or len(down) != n:
             raise ValueError(f"a sparse layer needs as many down as gate_up experts (>= 1), "
@@ -145,8 +154,21 @@ cdef class SparseLayer:
         self.s.weights = <float *>cnp.PyArray_DATA(floats[0])
         self.s.pair_weight = <float *>cnp.PyArray_DATA(floats[1])
         self.s.taken = <uint8_t *>cnp.PyArray_DATA(taken)
+        self.s.shared = shared is not None
+        if shared is not None:
+            shared_gate_up, shared_down, gate = shared
+            if shared_gate_up.shape != gate_up[0].shape or shared_down.shape != down[0].shape:
+                raise ValueError(f"the shared expert ({shared_gate_up.shape}, "
+                                 f"{shared_down.shape}) must have the experts' sizes")
+            self.s.shared_gate_up = _bind_linear(kernels, shared_gate_up, None, gate_up_scratch,
+                                                 self.s.max_rows)
+            self.s.shared_down = _bind_linear(kernels, shared_down, None, down_scratch,
+                                              self.s.max_rows)
+            self.s.shared_gate = _vector(gate, "shared_gate", self.s.hidden)
+            floats.append(np.empty(self.s.max_rows, np.float32))
+            self.s.shared_scale = <float *>cnp.PyArray_DATA(floats[2])
         self.keep = [router, router_bias, gate_up, gate_up_bias, down, down_bias,
-                     gate_up_scratch, down_scratch, buffers, ints, floats, taken]
+                     gate_up_scratch, down_scratch, buffers, ints, floats, taken, shared]
         self.kt = kernels.t
 
     @property
@@ -199,6 +221,33 @@ cdef void _run_sparse(const armllm_kernels *kt, armllm_pool *p, SparseArgs *s,
         _matmul(kt, p, L, s.act.p, s.act.ld, n, s.y.p, s.y.ld)
         armllm_moe_accumulate(s.y.p, s.y.ld, n, s.hidden, rows, s.pair_weight + s.start[e],
                               s.out.p, s.out.ld)
+    if s.shared:
+        _run_shared(kt, p, s, t)
+
+
+cdef void _run_shared(const armllm_kernels *kt, armllm_pool *p, SparseArgs *s,
+                      int64_t t) noexcept nogil:
+    """hidden[r] += sigmoid(normed[r] . shared_gate) * the shared expert of normed[r]."""
+    cdef int64_t r, j
+    cdef float dot
+    cdef LinearArgs *L = &s.shared_gate_up
+    for r in range(t):
+        dot = 0
+        for j in range(s.hidden):
+            dot = dot + s.normed.p[r * s.normed.ld + j] * s.shared_gate[j]
+        s.shared_scale[r] = 1.0 / (1.0 + expf(-dot))
+    if L.kind >= LIN_WQ:
+        _quant(kt, p, L, s.normed.p, s.normed.ld, t)
+    _matmul(kt, p, L, s.normed.p, s.normed.ld, t, s.gate_up_buf.p, s.gate_up_buf.ld)
+    kt.silu_mul(p, s.gate_up_buf.p, s.gate_up_buf.ld, t, s.inter, s.act.p, s.act.ld)
+    L = &s.shared_down
+    if L.kind >= LIN_WQ:
+        _quant(kt, p, L, s.act.p, s.act.ld, t)
+    _matmul(kt, p, L, s.act.p, s.act.ld, t, s.y.p, s.y.ld)
+    for r in range(t):
+        for j in range(s.hidden):
+            s.out.p[r * s.out.ld + j] = s.out.p[r * s.out.ld + j] + \
+                s.shared_scale[r] * s.y.p[r * s.y.ld + j]
 
 
 cdef void *_sparse_args(object layer, int64_t hidden) except NULL:

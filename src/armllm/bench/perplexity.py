@@ -81,7 +81,7 @@ class _WindowScorer:
             if num_blocks < 1:
                 raise ValueError(f"--kv-cache-gib {settings.kv_cache_gib} holds no KV block of "
                                  f"{per_block} bytes")
-        kv = KVCache(c, num_blocks, block_size, settings.kv_cache_dtype)
+        kv = KVCache(c, num_blocks, block_size, settings.kv_cache_dtype, state_slots=1)
         self.kv_cache_dtype = kv.dtype
         self.context = min(context, num_blocks * block_size)
         if self.context < 2:

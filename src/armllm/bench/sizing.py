@@ -25,8 +25,8 @@ from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig
 from armllm.model.decoder import Workspace
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
-from armllm.model.kv_cache import bytes_per_block, window_pool_blocks
-from armllm.model.layer import QKNorm, attention_step, has_step, step_norms
+from armllm.model.kv_cache import bytes_per_block, state_bytes, window_pool_blocks
+from armllm.model.layer import DeltaNet, QKNorm, attention_step, has_step, step_norms
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
@@ -45,13 +45,20 @@ ITEM_BYTES = {"bf16": 2, "f32": 4}
 
 def _layer_small_params(c: ModelConfig, i: int) -> int:
     """Layer i's float vectors as its steps read them (kept f32): its RMSNorm weights,
-    q/k/v (and o) biases, per-head q/k norms, attention sinks."""
+    q/k/v (and o) biases, per-head q/k norms, attention sinks; a Gated DeltaNet's b/a
+    projections (counted at 4 bytes too), conv, A, dt_bias and norm; a shared expert's
+    gate."""
     steps = arch.of(c).layer(c, i)
+    attention, d = attention_step(steps), c.delta_net
+    delta = (2 * d.v_heads * c.hidden_size + d.conv_size * d.conv_kernel + 2 * d.v_heads
+             + d.v_dim) if has_step(steps, DeltaNet) else 0
     return (len(step_norms(steps)) * c.hidden_size
             + (c.q_size + 2 * c.kv_size if c.attention_bias else 0)
             + (c.hidden_size if c.o_bias else 0) + (2 * c.head_dim if has_step(steps, QKNorm)
                                                     else 0)
-            + (c.num_heads if attention_step(steps).sinks else 0))
+            + (c.num_heads if attention and attention.sinks else 0) + delta
+            + (c.hidden_size if c.shared_expert_intermediate_size and c.is_moe_layer(i)
+               else 0))
 
 
 def _experts(c: ModelConfig, i: int, batch: int | None = None) -> float:
@@ -74,7 +81,8 @@ def _layer_params(c: ModelConfig, i: int, batch: int | None = None) -> float:
     if c.moe_bias and c.is_moe_layer(i):
         router += c.num_experts
         gate_up, down = gate_up + shapes[2][0], down + shapes[3][0]
-    return qkv + o + _experts(c, i, batch) * (gate_up + down) + router
+    shared = 3 * c.shared_expert_intermediate_size * c.hidden_size if c.is_moe_layer(i) else 0
+    return qkv + o + _experts(c, i, batch) * (gate_up + down) + router + shared
 
 
 def param_counts(c: ModelConfig) -> dict:
@@ -135,7 +143,9 @@ def _layer_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None, i: i
     qkv, o, gate_up, down = (linear_bytes(n, k, dense, f)
                              for f, (n, k) in zip(fmts, linear_shapes(c, i), strict=True))
     router = c.num_experts * c.hidden_size * ITEM_BYTES[dense] if c.is_moe_layer(i) else 0
-    return qkv + o + _experts(c, i, batch) * (gate_up + down) + router
+    # a shared expert runs in the routed experts' format (weights.py loads it so)
+    shared = (gate_up + down) if c.is_moe_layer(i) and c.shared_expert_intermediate_size else 0
+    return qkv + o + _experts(c, i, batch) * (gate_up + down) + router + shared
 
 
 def step_layer_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
@@ -192,23 +202,25 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     dtype = engine.kv_cache_dtype
     blocks_per_seq = -(-max_model_len // block)
     # sliding-window layers in a pool of their own, as build_engine sizes it
-    sliding = sum(1 for i in range(c.num_layers) if c.window(i))
+    sliding = sum(1 for i in c.attention_layers if c.window(i))
     window_blocks = window_pool_blocks(c, block, seqs, engine.max_num_batched_tokens,
                                        max_model_len) or 0
     window_block_bytes = bytes_per_block(c, sliding, block, dtype)
     window_pool = None
-    if window_blocks and sliding < c.num_layers:
+    if window_blocks and sliding < len(c.attention_layers):
         window_pool = {"layers": sliding, "window": c.sliding_window, "blocks": window_blocks,
                        "bytes": (window_blocks + 1) * window_block_bytes,  # + the null block
                        "saved_bytes": (seqs * blocks_per_seq - window_blocks)
                        * window_block_bytes}
-    main_layers = c.num_layers - (sliding if window_pool else 0)
+    main_layers = len(c.attention_layers) - (sliding if window_pool else 0)
     per_block = bytes_per_block(c, main_layers, block, dtype)
     kv_token = per_block // block
     if window_blocks and not window_pool:  # every layer slides: a sequence holds its window
         blocks_per_seq = window_blocks // seqs
     kv_seq = blocks_per_seq * per_block
-    fixed = window_pool["bytes"] if window_pool else 0
+    # a hybrid's recurrent layers: a state slot per sequence, taken from the KV budget
+    states = state_bytes(c, seqs)
+    fixed = (window_pool["bytes"] if window_pool else 0) + states
     if engine.kv_cache_gib is not None:   # as build_engine sizes it
         kv_blocks = int((engine.kv_cache_gib * 2**30 - fixed) // per_block)
         kv_source = "--kv-cache-gib"
@@ -235,6 +247,9 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
                      "bytes": kv_blocks * per_block + fixed,
                      "sequences_at_full_length": kv_blocks / blocks_per_seq,
                      "window_pool": window_pool,
+                     "state_pool": {"slots": seqs, "layers": len(c.linear_layers),
+                                    "bytes_per_sequence": states // seqs,
+                                    "bytes": states} if states else None,
                      "kv_cache_gib_flag": -(-(seqs * kv_seq + fixed) * 100 // 2**30) / 100},
         "overhead": {"max_num_batched_tokens": engine.max_num_batched_tokens,
                      "workspace_bytes": workspace, "rope_table_bytes": rope_table_bytes(c),

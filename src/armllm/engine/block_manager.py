@@ -23,6 +23,13 @@ is handed out again. Sequences forked for parallel sampling share their
 parent's blocks; a shared block is copied before it is written (copy on
 write). Block ids index the KV cache's first dimension.
 
+A hybrid model's recurrent layers keep a state per running sequence in a
+pool of state slots (model/kv_cache.py): a sequence takes one with its first
+blocks and gives it back with them; a forked completion takes its own, a copy
+of its parent's (take_state_copies() hands the copies to the next step). Their
+states are not checkpointed at block boundaries (yet), so a hybrid model's
+prefix cache serves no prompt: every prompt computes from its first token.
+
 The scheduler asks once per sequence and step: allocate_slots() gives a
 sequence room for its next tokens (a new one first takes the CachedPrefix
 that cached_prefix() found), or changes nothing when they do not fit."""
@@ -122,10 +129,10 @@ class BlockPool:
 class BlockManager:
     """num_blocks: one pool of that many blocks for layers that attend the whole
     sequence, or each pool's (window, num_blocks) in KV-group order (window 0: the
-    whole sequence)."""
+    whole sequence); state_slots: the recurrent layers' state slots (0: none)."""
 
     def __init__(self, num_blocks: int | Seq[tuple[int, int]], block_size: int,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, state_slots: int = 0):
         layout = [(0, num_blocks)] if isinstance(num_blocks, int) else list(num_blocks)
         if not layout or block_size < 1 or any(n < 1 or w < 0 for w, n in layout):
             raise ValueError(f"num_blocks and block_size must be >= 1 (and windows >= 0), got "
@@ -135,6 +142,9 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0                     # prompt tokens looked up
         self.prefix_hits = 0                        # of which were found in the cache
+        self.num_state_slots = state_slots
+        self.free_states = list(range(state_slots - 1, -1, -1))  # popped lowest first
+        self.state_copies: list[tuple[int, int]] = []   # (src, dst) for the next step
 
     def _tables(self, seq: Sequence) -> list[list[int]]:
         """seq's block tables, empty ones for a sequence that holds no block."""
@@ -159,7 +169,8 @@ class BlockManager:
         null before), leaving at least one token to compute; no blocks on a miss.
         Takes nothing."""
         empty = CachedPrefix([[] for _ in self.pools], 0)
-        if not self.enable_prefix_caching or seq.block_tables or not seq.reuse_prefix:
+        if not self.enable_prefix_caching or seq.block_tables or not seq.reuse_prefix \
+                or self.has_states:   # no state checkpoints to start a hit from
             return empty
         bs = self.block_size
         limit = (seq.num_tokens - 1) // bs
@@ -226,6 +237,10 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_tokens, prefix)
         if any(n > len(p.free) for n, p in zip(needed, self.pools, strict=True)):
             return None
+        if self.has_states and seq.state_slot < 0:
+            if not self.free_states:
+                return None
+            seq.state_slot = self.free_states.pop()
         if prefix is not None:
             self._take_prefix(seq, prefix)
         return self._grow(seq, num_tokens)
@@ -267,6 +282,12 @@ class BlockManager:
                 if block != pool.null:
                     pool.ref_count[block] += 1
         child.block_tables = [list(t) for t in parent.block_tables]
+        if self.has_states:
+            if not self.free_states:
+                raise RuntimeError("no free state slot for a forked completion (the "
+                                   "scheduler admits at most as many sequences as slots)")
+            child.state_slot = self.free_states.pop()
+            self.state_copies.append((parent.state_slot, child.state_slot))
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)
         child.num_committed_blocks = parent.num_committed_blocks
@@ -297,6 +318,22 @@ class BlockManager:
                     pool.drop(block)
         seq.block_tables = []
         seq.num_computed = seq.num_committed_blocks = 0
+        if seq.state_slot >= 0:
+            self.free_states.append(seq.state_slot)
+            seq.state_slot = -1
+
+    # -- state slots ----------------------------------------------------------------------
+
+    @property
+    def has_states(self) -> bool:
+        """Whether sequences hold state slots (a hybrid model's)."""
+        return self.num_state_slots > 0
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """The state slot copies (src, dst) forks asked for since the last call: the
+        next step makes them before it runs."""
+        copies, self.state_copies = self.state_copies, []
+        return copies
 
     # -- counters (over all pools) --------------------------------------------------------
 

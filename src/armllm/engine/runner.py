@@ -45,6 +45,8 @@ class ModelRunner:
         self._ids, self._positions = np.empty(t, np.int32), np.empty(t, np.int32)
         self._query_start = np.zeros(b + 1, np.int32)
         self._seq_lens = np.empty(b, np.int32)
+        # a hybrid model's: each sequence's recurrent state slot
+        self._state_slots = np.zeros(b, np.int32) if kv.state_slots else None
         # per KV group, each row's slot and each sequence's block table
         self._slots = [np.empty(t, np.int32) for _ in range(groups)]
         self._block_tables = [np.zeros((b, self.max_blocks), np.int32) for _ in range(groups)]
@@ -93,13 +95,16 @@ class ModelRunner:
             row = end
             query_start[b + 1] = row
             seq_lens[b] = stop
+            if self._state_slots is not None:
+                self._state_slots[b] = seq.state_slot
             if stop == seq.num_tokens and pool is None:  # the prompt is complete: samples
                 self._logits_rows[len(sampling)] = row - 1
                 sampling.append(seq)
         (slots, block_table), *others = tables
         meta = BatchMeta(ids[:row], positions[:row], slots[:row], query_start[:n + 1],
                          seq_lens[:n], block_table[:n], self._logits_rows[:len(sampling)],
-                         tuple((sl[:row], bt[:n]) for sl, bt in others))
+                         tuple((sl[:row], bt[:n]) for sl, bt in others),
+                         None if self._state_slots is None else self._state_slots[:n])
         return meta, sampling
 
     def run(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
@@ -108,7 +113,7 @@ class ModelRunner:
         sequences that sample and their logits rows (a view of the workspace, valid
         until the next step)."""
         meta, sampling = self.build_meta(out, states)
-        logits = self.forward(meta, out.copies)
+        logits = self.forward(meta, out.copies, out.state_copies)
         if self._pool_reads:
             rows = np.concatenate([np.arange(a, b) for _, a, b, _, _ in self._pool_reads])
             hidden = self.model.final_hidden(self.workspace, rows)
@@ -118,9 +123,9 @@ class ModelRunner:
                 at += b - a
         return sampling, logits
 
-    def forward(self, meta: BatchMeta, copies) -> np.ndarray:
+    def forward(self, meta: BatchMeta, copies, state_copies=()) -> np.ndarray:
         """The model's forward over this runner's cache and workspace."""
-        return self.model.forward(meta, self.kv, self.workspace, copies)
+        return self.model.forward(meta, self.kv, self.workspace, copies, state_copies)
 
     def prompt_logits(self, token_ids: np.ndarray, start: int,
                       block_tables: list[np.ndarray], logits_rows: np.ndarray) -> np.ndarray:
@@ -143,7 +148,8 @@ class ModelRunner:
         (slots, block_table), *others = groups
         meta = BatchMeta(ids, positions, slots[:t], self._query_start[:2], self._seq_lens[:1],
                          block_table[:1], self._logits_rows[:r],
-                         tuple((sl[:t], bt[:1]) for sl, bt in others))
+                         tuple((sl[:t], bt[:1]) for sl, bt in others),
+                         None if self._state_slots is None else self._state_slots[:1])
         return self.forward(meta, ())
 
     def sample(self, seq: Sequence, row: np.ndarray, state: RequestState) -> SampleResult:

@@ -41,6 +41,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq]
     preempted: list[Sequence]
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (pool, src, dst)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) slots
 
     @property
     def num_tokens(self) -> int:
@@ -128,7 +129,7 @@ class Scheduler:
                    key=lambda s: (self._order[s][0], self._admitted[s]))
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], [])
+        out = SchedulerOutput([], [], state_copies=self.blocks.take_state_copies())
         budget = self.max_tokens
         done: set[Sequence] = set()
         # decodes, then prompts still prefilling; each in priority then admission order

@@ -43,6 +43,7 @@ class Sequence:
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)  # one per KV block pool
+    state_slot: int = -1             # its slot in the recurrent layers' state pool (-1: none)
     num_computed: int = 0            # tokens whose K/V are in the cache
     num_cached_prompt: int = 0       # prompt tokens found in the prefix cache at admission
     num_committed_blocks: int = 0    # leading blocks already entered in the prefix cache

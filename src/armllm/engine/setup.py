@@ -22,7 +22,7 @@ from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import Scheduler
 from armllm.engine.tensor_parallel import RankGroup, TPModelRunner, stop_ranks
 from armllm.model.config import ModelConfig
-from armllm.model.kv_cache import KVCache, bytes_per_block, window_pool_blocks
+from armllm.model.kv_cache import KVCache, bytes_per_block, state_bytes, window_pool_blocks
 from armllm.model.loader import LoadedModel, load_model, model_path, tensor_parallel_plans
 from armllm.model.quantize import parse_scheme
 
@@ -66,14 +66,20 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
     default each rank's share of free memory), so the cache holds more tokens as
     ranks are added."""
     bs, dtype = args.block_size, args.kv_cache_dtype
-    sliding = sum(1 for i in range(c.num_layers) if c.window(i))
+    sliding = sum(1 for i in c.attention_layers if c.window(i))
     want = args.max_num_seqs * -(-model_len // bs)   # every sequence at full length
     window_blocks = window_pool_blocks(c, bs, args.max_num_seqs, args.max_num_batched_tokens,
                                        model_len)
-    full_layers = c.num_layers - (sliding if window_blocks is not None else 0)
+    full_layers = len(c.attention_layers) - (sliding if window_blocks is not None else 0)
     window_block_bytes = bytes_per_block(c, sliding, bs, dtype)
     budget = args.kv_cache_gib * 2**30 if args.kv_cache_gib is not None else \
         available_bytes() * DEFAULT_KV_FRACTION / ranks
+    states = state_bytes(c, args.max_num_seqs)
+    if states:   # a hybrid's recurrent layers: a state per running sequence, from the budget
+        budget -= states
+        log.info("state pool: %d slots (max_num_seqs) of %.1f MiB (%d Gated DeltaNet layers' "
+                 "conv and delta states, float32): %.2f GiB", args.max_num_seqs,
+                 states / args.max_num_seqs / 2**20, len(c.linear_layers), states / 2**30)
     if not full_layers:  # every layer slides: the window pool is the cache
         num_blocks = window_blocks = max(window_blocks, int(budget // window_block_bytes)) \
             if args.kv_cache_gib is not None else window_blocks
@@ -132,12 +138,16 @@ def _kv_cache(loaded: LoadedModel, args: EngineArgs, ranks: int = 1
     sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
              "max_model_len": model_len}
     return KVCache(c, num_blocks, args.block_size, args.kv_cache_dtype,
-                   num_window_blocks), model_len, sizes
+                   num_window_blocks, state_slots=args.max_num_seqs), model_len, sizes
 
 
 def _engine(loaded: LoadedModel, kv: KVCache, model_len: int, runner, args: EngineArgs
             ) -> LLMEngine:
-    blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching)
+    blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching,
+                          kv.state_slots)
+    if kv.state_slots and args.enable_prefix_caching:
+        log.info("prefix caching: off for this hybrid model's prompts (its recurrent layers' "
+                 "states are not checkpointed at block boundaries)")
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_num_batched_tokens, model_len)
     return LLMEngine(loaded, scheduler, runner, args.reasoning_parser)
 

@@ -315,9 +315,9 @@ class TPModelRunner(ModelRunner):
     def failure(self) -> str | None:
         return self.group.failure
 
-    def forward(self, meta, copies) -> np.ndarray:
+    def forward(self, meta, copies, state_copies=()) -> np.ndarray:
         """Hands the step's batch to the other ranks, then runs rank 0's forward in
-        lockstep with theirs."""
+        lockstep with theirs (no recurrent states: plan_shards refuses hybrids)."""
         self.group.channel.send(meta, copies)
         return super().forward(meta, copies)
 

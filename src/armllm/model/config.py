@@ -9,6 +9,55 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class DeltaNetShape:
+    """A Gated DeltaNet mixer's shape (Qwen3.5's linear-attention layers): key heads
+    of k_dim (q and k) and value heads of v_dim (v, the output and its gate z), a
+    depthwise causal conv of conv_kernel taps over [q | k | v]; v_tiled: value head h
+    reads key head h % k_heads (llama.cpp's GGUF order) instead of h // (v_heads /
+    k_heads) (Hugging Face's)."""
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv_kernel: int
+    v_tiled: bool = False
+
+    def __post_init__(self):
+        if min(self.k_heads, self.v_heads, self.k_dim, self.v_dim) < 1 or \
+                self.v_heads % self.k_heads:
+            raise ValueError(f"config: linear attention needs value heads ({self.v_heads}) a "
+                             f"multiple of key heads ({self.k_heads}), all sizes >= 1")
+        if max(self.k_dim, self.v_dim) > 256 or not 2 <= self.conv_kernel <= 8:
+            raise ValueError(f"config: linear attention head dims at most 256 and a conv "
+                             f"kernel of 2 to 8 taps, got {self.k_dim}/{self.v_dim} and "
+                             f"{self.conv_kernel}")
+
+    @property
+    def key_size(self) -> int:
+        return self.k_heads * self.k_dim
+
+    @property
+    def value_size(self) -> int:
+        return self.v_heads * self.v_dim
+
+    @property
+    def conv_size(self) -> int:
+        """The conv's channels: q, k and v."""
+        return 2 * self.key_size + self.value_size
+
+    @property
+    def projection_size(self) -> int:
+        """The input projection's rows: [q | k | v | z] (b and a apart, kept float)."""
+        return self.conv_size + self.value_size
+
+    @property
+    def state_floats(self) -> int:
+        """One sequence's state in one layer: the conv's last inputs and the delta
+        rule's matrix per value head, float32."""
+        return (self.conv_kernel - 1) * self.conv_size + self.v_heads * self.k_dim * self.v_dim
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -57,6 +106,18 @@ class ModelConfig:
     # the sliding layers' own RoPE (Gemma 3: base 10000, unscaled); 0: the global one
     local_rope_theta: float = 0.0
     local_rope_scaling: dict | None = None
+    # hybrids (Qwen3.5): the layers whose mixer is a Gated DeltaNet of this shape, with
+    # a recurrent state per sequence instead of a KV cache
+    linear_layers: tuple[int, ...] = ()
+    delta_net: DeltaNetShape | None = None
+    # the attention output is gated by sigmoid(gate), the gate a second half of each
+    # query head's q_proj rows (Qwen3.5's full-attention layers)
+    attn_output_gate: bool = False
+    # a dense expert every token runs beside the routed ones, scaled by sigmoid(x . w)
+    # (Qwen3.5-MoE); 0: none
+    shared_expert_intermediate_size: int = 0
+    # multi-token-prediction layers the checkpoint carries (kept for speculative decoding)
+    mtp_layers: int = 0
 
     def __post_init__(self):
         def positive(name: str) -> None:
@@ -89,6 +150,11 @@ class ModelConfig:
         if self.sliding_layers and self.sliding_window < 1:
             raise ValueError(f"config: sliding layers need a sliding_window >= 1, got "
                              f"{self.sliding_window!r}")
+        if any(not 0 <= i < self.num_layers for i in self.linear_layers) or \
+                bool(self.linear_layers) != (self.delta_net is not None):
+            raise ValueError(f"config: linear-attention layers {list(self.linear_layers)} "
+                             f"need a DeltaNet shape and must lie within the {self.num_layers} "
+                             f"layers")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError(f"config: rms_norm_eps and rope_theta must be > 0, got "
                              f"{self.rms_norm_eps} and {self.rope_theta}")
@@ -109,6 +175,15 @@ class ModelConfig:
     def is_moe_layer(self, i: int) -> bool:
         """Layer i's MLP is a router over experts (else a dense MLP)."""
         return i in self.moe_layers
+
+    def is_linear_layer(self, i: int) -> bool:
+        """Layer i mixes tokens with a Gated DeltaNet (a recurrent state, no KV cache)."""
+        return i in self.linear_layers
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that keep K and V in the cache."""
+        return tuple(i for i in range(self.num_layers) if i not in self.linear_layers)
 
     def window(self, i: int) -> int:
         """The tokens layer i attends back (0: all of them)."""

@@ -23,9 +23,11 @@ from armllm.model.layer import (
     LINEARS,
     Act,
     Attention,
+    DeltaNet,
     Linear,
     Norm,
     NormLinear,
+    OutputGate,
     QKNorm,
     RopeKV,
     SparseMLP,
@@ -50,6 +52,8 @@ class BatchMeta:
     # (slot_mapping, block_table) of KV groups 1.. (model/kv_cache.py); the fields above
     # are group 0's
     other_groups: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    # [B] int32, each sequence's slot in the state pool (a hybrid model's recurrent layers)
+    state_slots: np.ndarray | None = None
 
 
 class Workspace:
@@ -65,10 +69,12 @@ class Workspace:
     residual: np.ndarray          # [max_tokens, hidden] the residual stream
     hidden: np.ndarray            # [max_tokens, hidden] attention / MLP output
     normed: np.ndarray            # [max_tokens, hidden] RMSNorm output
-    qkv: np.ndarray               # [max_tokens, q + 2 kv]
+    qkv: np.ndarray               # [max_tokens, the widest layer's qkv projection]
     q_normed: np.ndarray | None   # [max_tokens, q] per-head normed q (Qwen3)
     k_normed: np.ndarray | None   # [max_tokens, kv]
-    attn: np.ndarray              # [max_tokens, q] attention output
+    attn: np.ndarray              # [max_tokens, max(q, DeltaNet value size)] mixer output
+    conv_out: np.ndarray | None   # [max_tokens, DeltaNet conv channels] (hybrids)
+    delta_ba: np.ndarray | None   # [max_tokens, 2 DeltaNet value heads] its b and a
     gate_up: np.ndarray           # [max_tokens, 2 intermediate] (of the dense layers)
     act: np.ndarray               # [max_tokens, intermediate] silu(gate) * up
     router_logits: np.ndarray | None   # [max_tokens, experts] (mixture of experts)
@@ -122,12 +128,17 @@ class Workspace:
         moe = any(has_step(s, SparseMLP) for s in steps)
         qk_norm = any(has_step(s, QKNorm) for s in steps)
         e_inter = c.moe_intermediate_size
+        shapes = [linear_shapes(c, i) for i in range(c.num_layers)]
+        delta = c.delta_net
         return {
             "residual": (t, h), "hidden": (t, h), "normed": (t, h),
-            "qkv": (t, c.q_size + 2 * c.kv_size),
+            "qkv": (t, max(qkv[0] for qkv, *_ in shapes)),
             "q_normed": (t, c.q_size) if qk_norm else None,
             "k_normed": (t, c.kv_size) if qk_norm else None,
-            "attn": (t, c.q_size), "gate_up": (t, 2 * dense), "act": (t, dense),
+            "attn": (t, max(o[1] for _, o, *_ in shapes)),
+            "conv_out": (t, delta.conv_size) if delta else None,
+            "delta_ba": (t, 2 * delta.v_heads) if delta else None,
+            "gate_up": (t, 2 * dense), "act": (t, dense),
             "router_logits": (t, c.num_experts) if moe else None,
             "expert_in": (t, h) if moe else None,
             "expert_gate_up": (t, 2 * e_inter) if moe else None,
@@ -209,9 +220,11 @@ class DecoderModel:
         return self._rope_tables[key]
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace,
-                copies: list[tuple[int, int, int]] | tuple = ()) -> np.ndarray:
+                copies: list[tuple[int, int, int]] | tuple = (),
+                state_copies: list[tuple[int, int]] | tuple = ()) -> np.ndarray:
         """Logits [len(meta.logits_rows), vocab] (a view of the workspace), after the KV
-        block copies (group, src, dst: copy on write) `copies`."""
+        block copies (group, src, dst: copy on write) `copies` and the state slot copies
+        (src, dst: forked completions) `state_copies`."""
         t, r = len(meta.input_ids), len(meta.logits_rows)
         if t > ws.max_tokens or r > ws.max_logits:
             raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
@@ -224,12 +237,14 @@ class DecoderModel:
                              f"groups, the cache {len(kv.groups)}")
         if copies:
             kv.copy_blocks(copies)
+        kv.copy_states(state_copies)
         ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
         if self.config.embed_scale != 1.0:
             ws.residual[:t] *= np.float32(self.config.embed_scale)
-        batches = [ops.StepBatch(meta.positions, slots, table, meta.seq_lens, meta.query_start)
-                   for slots, table in ((meta.slot_mapping, meta.block_table),
-                                        *meta.other_groups)]
+        batches = [ops.StepBatch(meta.positions, slots, table, meta.seq_lens, meta.query_start,
+                                 meta.state_slots if g == 0 else None)
+                   for g, (slots, table) in enumerate(((meta.slot_mapping, meta.block_table),
+                                                       *meta.other_groups))]
         layers, head = self._bound(kv, ws)
         for layer, group in zip(layers, kv.group_of, strict=True):
             ops.decoder_layer(layer, batches[group])
@@ -267,23 +282,33 @@ class DecoderModel:
         if ws.bound is not None and ws.bound[0] is self and ws.bound[1] is kv:
             return ws.bound[2:]
         c, w = self.config, self.weights
-        buffers = (ws.residual, ws.hidden, ws.normed, ws.qkv, ws.q_normed, ws.k_normed,
-                   ws.attn, ws.gate_up, ws.act, ws.attn_scratch)
         layers = []
         for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
             qkv_in, o_in, gate_up_in, down_in = scratch   # int8 activations (quantized weights)
             linears = [(lw.qkv, lw.qkv_bias, qkv_in), (lw.o, lw.o_bias, o_in),
                        (lw.gate_up, None, gate_up_in), (lw.down, None, down_in)]
-            sparse = bind_experts(c, lw.moe, ws, gate_up_in, down_in) if lw.moe else None
-            attention = next(s for s in lw.steps if isinstance(s, Attention))
-            rope_kv = next(s for s in lw.steps if isinstance(s, RopeKV))
+            # this layer's columns of the buffers the widest layer sizes
+            buffers = (ws.residual, ws.hidden, ws.normed, ws.qkv[:, :lw.qkv.n], ws.q_normed,
+                       ws.k_normed, ws.attn[:, :lw.o.k], ws.gate_up, ws.act, ws.attn_scratch)
+            sparse = None
+            if lw.moe:
+                shared = (lw.gate_up, lw.down, lw.shared_gate) if lw.shared_gate is not None \
+                    else None
+                sparse = bind_experts(c, lw.moe, ws, gate_up_in, down_in, shared)
+                linears[2:] = [(None, None, None)] * 2   # the experts' (and shared expert's)
+            delta = None if lw.delta is None else ops.bind_delta_net(
+                lw.delta.ba, lw.delta.conv, lw.delta.a_neg, lw.delta.dt_bias, lw.delta.norm,
+                kv.conv_state[i], kv.delta_state[i], c.delta_net.k_heads, c.delta_net.v_tiled,
+                (ws.conv_out, ws.delta_ba))
+            attention = next((s for s in lw.steps if isinstance(s, Attention)), Attention())
+            rope_kv = next((s for s in lw.steps if isinstance(s, RopeKV)), RopeKV())
             layers.append(ops.bind_decoder_layer(
                 [self._step(s, lw) for s in lw.steps], linears, lw.q_norm, lw.k_norm,
                 c.rms_norm_eps, buffers, kv.k[i], kv.v[i],
                 self.rope_table(rope_kv.table, ws.max_seq_len), c.num_heads, c.num_kv_heads,
                 c.head_dim, c.rot_dim, attention.scale or c.head_dim ** -0.5,
                 attention.window, first=i == 0, sinks=lw.sinks, comm=self.comm,
-                sparse=sparse))
+                sparse=sparse, delta=delta))
         # rank 0 of several: its vocabulary shard's columns come first in the whole rows
         head = None if w.lm_head is None else ops.bind_norm_head(
             w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps, ws.hidden, ws.residual,
@@ -304,4 +329,5 @@ class DecoderModel:
             return ("sparse_mlp", lw.norms[step.norm])
         if isinstance(step, Act):
             return ("act", step.kind)
-        return ({QKNorm: "qk_norm", RopeKV: "rope_kv", Attention: "attention"}[type(step)],)
+        return ({QKNorm: "qk_norm", RopeKV: "rope_kv", Attention: "attention",
+                 OutputGate: "output_gate", DeltaNet: "delta_net"}[type(step)],)

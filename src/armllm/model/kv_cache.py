@@ -7,7 +7,13 @@ every other layer) can form a second one whose pool only needs each
 sequence's window and the chunk it computes, not its whole length: for
 GPT-OSS at 128K context that halves the cache. A window group's arrays hold
 one block more than its pool hands out, the null block that table entries
-out of every query's window point at (the kernels never read it)."""
+out of every query's window point at (the kernels never read it).
+
+A hybrid model's recurrent layers (Qwen3.5's Gated DeltaNet) keep no K/V:
+each holds a state per sequence instead, in the state pool beside the KV
+pools: `state_slots` slots of the conv's last inputs [kernel - 1, conv
+channels] and the delta rule's matrices [value heads, k_dim, v_dim], float32.
+A running sequence holds one slot (engine/block_manager.py hands them out)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +39,7 @@ def kv_groups(config: ModelConfig, num_blocks: int,
     group of that many blocks and the others (if any) in a full group of num_blocks
     (unused when every layer slides); without, every layer in one full group of
     num_blocks."""
-    layers = range(config.num_layers)
+    layers = config.attention_layers
     sliding = tuple(i for i in layers if config.window(i))
     if num_window_blocks is None or not sliding:
         return (KVGroup(0, tuple(layers), num_blocks),)
@@ -46,6 +52,13 @@ def bytes_per_block(config: ModelConfig, num_layers: int, block_size: int, dtype
     """K and V of one block of num_layers layers."""
     return (2 * num_layers * config.num_kv_heads * block_size * config.head_dim
             * KV_DTYPE_BYTES[dtype])
+
+
+def state_bytes(config: ModelConfig, slots: int) -> int:
+    """The state pool of `slots` sequences in every recurrent layer."""
+    if config.delta_net is None:
+        return 0
+    return 4 * slots * len(config.linear_layers) * config.delta_net.state_floats
 
 
 def window_pool_blocks(config: ModelConfig, block_size: int, max_num_seqs: int,
@@ -65,20 +78,26 @@ def window_pool_blocks(config: ModelConfig, block_size: int, max_num_seqs: int,
 
 
 class KVCache:
-    """Per layer K and V of [blocks, n_kv_heads, block_size, head_dim], each layer's
-    blocks from its KV group's pool (see kv_groups)."""
+    """Per attention layer K and V of [blocks, n_kv_heads, block_size, head_dim], each
+    layer's blocks from its KV group's pool (see kv_groups); per recurrent layer its
+    conv and delta states of `state_slots` sequences (a hybrid model needs >= 1)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
-                 dtype: Literal["bf16", "f32"] = "bf16", num_window_blocks: int | None = None):
+                 dtype: Literal["bf16", "f32"] = "bf16", num_window_blocks: int | None = None,
+                 state_slots: int = 0):
         if num_blocks < 1 or block_size < 1 or (num_window_blocks is not None
                                                  and num_window_blocks < 1):
             raise ValueError(f"num_blocks, num_window_blocks and block_size must be >= 1, got "
                              f"{num_blocks}, {num_window_blocks}, {block_size}")
         if dtype not in KV_DTYPE_BYTES:
             raise ValueError(f"KV cache dtype must be 'bf16' or 'f32', got {dtype!r}")
+        if config.linear_layers and state_slots < 1:
+            raise ValueError(f"a hybrid model's cache needs state_slots >= 1 (one a running "
+                             f"sequence), got {state_slots}")
         np_dtype = np.uint16 if dtype == "bf16" else np.float32
         self.groups = kv_groups(config, num_blocks, num_window_blocks)
-        self.group_of = [0] * config.num_layers     # each layer's group
+        # each layer's group (a recurrent layer's: 0, whose batch carries the state slots)
+        self.group_of = [0] * config.num_layers
         self.k: list[np.ndarray] = [None] * config.num_layers
         self.v: list[np.ndarray] = [None] * config.num_layers
         self._arrays = []
@@ -98,6 +117,15 @@ class KVCache:
                 self.group_of[layer] = g
                 self.k[layer], self.v[layer] = k[j], v[j]
         self.block_size, self.dtype = block_size, dtype
+        self.state_slots = state_slots if config.linear_layers else 0
+        self.conv_state: list[np.ndarray | None] = [None] * config.num_layers
+        self.delta_state: list[np.ndarray | None] = [None] * config.num_layers
+        d = config.delta_net
+        for layer in config.linear_layers:   # written through as the KV arrays are
+            self.conv_state[layer] = np.zeros((state_slots, d.conv_kernel - 1, d.conv_size),
+                                              np.float32)
+            self.delta_state[layer] = np.zeros((state_slots, d.v_heads, d.k_dim, d.v_dim),
+                                               np.float32)
 
     @property
     def num_blocks(self) -> int:
@@ -111,7 +139,22 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self._arrays)
+        return sum(k.nbytes + v.nbytes for k, v in self._arrays) + self.state_nbytes
+
+    @property
+    def state_nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.conv_state, *self.delta_state) if a is not None)
+
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """Copies whole state slots (src, dst) in every recurrent layer: a forked
+        completion continues from its parent's state."""
+        if not copies:
+            return
+        src = np.fromiter((c[0] for c in copies), np.intp, len(copies))
+        dst = np.fromiter((c[1] for c in copies), np.intp, len(copies))
+        for a in (*self.conv_state, *self.delta_state):
+            if a is not None:
+                a[dst] = a[src]
 
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copies whole blocks (group, src, dst) in every layer of the group: copy on
@@ -126,5 +169,5 @@ class KVCache:
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: str) -> int:
-        """K and V of one block in every layer."""
-        return bytes_per_block(config, config.num_layers, block_size, dtype)
+        """K and V of one block in every attention layer."""
+        return bytes_per_block(config, len(config.attention_layers), block_size, dtype)

@@ -16,7 +16,9 @@ The Llama layer is
     NormLinear("post_norm", "gate_up"), Act("silu"), Linear("down")
 
 and Gemma 3's adds QKNorm() before RopeKV() and Norm("post_attn_norm") /
-Norm("post_mlp_norm") after each projection. `plan`, sharding, the Workspace
+Norm("post_mlp_norm") after each projection. A hybrid's recurrent layer
+(Qwen3.5's Gated DeltaNet) mixes tokens with DeltaNet() in place of QKNorm /
+RopeKV / Attention, over its state instead of a KV cache. `plan`, sharding, the Workspace
 and the loader read a layer's steps, never its architecture's name."""
 from __future__ import annotations
 
@@ -61,6 +63,22 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class OutputGate:
+    """attn *= sigmoid(gate), the gate each query head's second half of q_proj's rows
+    (qkv holds q_proj's rows as stored: per head [q | gate], then k and v)."""
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """The Gated DeltaNet mixer over qkv = the input projection [q | k | v | z]
+    (config.delta_net's shape) and [b | a] = normed @ weights.delta.ba.T (a small float
+    matrix of its own): a causal depthwise conv (SiLU) of [q | k | v] continuing the
+    sequence's conv state, the gated delta rule continuing its matrix state (decay
+    -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), L2-normed q and k), then
+    attn = rms_norm(out, weights.delta.norm) * silu(z) per value head."""
+
+
+@dataclass(frozen=True)
 class Linear:
     """x = attn @ weights.o.T or act @ weights.down.T (+ bias); a tensor-parallel rank
     all-reduces x over the ranks (row-parallel)."""
@@ -83,12 +101,15 @@ class Act:
 @dataclass(frozen=True)
 class SparseMLP:
     """residual += x; normed = rms_norm(residual, weights.<norm>); x = the sum of each
-    row's top-k experts on normed (model/moe.py; all-reduced on a tensor-parallel
-    rank)."""
+    row's top-k experts on normed (model/moe.py), and with `shared` a dense expert every
+    row runs (the layer's gate_up and down weights) times sigmoid(normed .
+    weights.shared_gate) (Qwen3.5-MoE); all-reduced on a tensor-parallel rank."""
     norm: str
+    shared: bool = False
 
 
-Step = NormLinear | QKNorm | RopeKV | Attention | Linear | Norm | Act | SparseMLP
+Step = (NormLinear | QKNorm | RopeKV | Attention | OutputGate | DeltaNet | Linear | Norm | Act
+        | SparseMLP)
 
 
 def llama_steps(window: int = 0, qk_norm: bool = False, sinks: bool = False,
@@ -111,5 +132,6 @@ def has_step(steps: tuple[Step, ...], kind: type) -> bool:
     return any(isinstance(s, kind) for s in steps)
 
 
-def attention_step(steps: tuple[Step, ...]) -> Attention:
-    return next(s for s in steps if isinstance(s, Attention))
+def attention_step(steps: tuple[Step, ...]) -> Attention | None:
+    """The layer's Attention step (None: a recurrent layer)."""
+    return next((s for s in steps if isinstance(s, Attention)), None)

@@ -26,15 +26,16 @@ from armllm.model.weights import MoEWeights
 
 
 def bind_experts(config: ModelConfig, weights: MoEWeights, ws,
-                 gate_up_in: ops.ActScratch | None, down_in: ops.ActScratch | None
-                 ) -> ops.SparseLayer:
+                 gate_up_in: ops.ActScratch | None, down_in: ops.ActScratch | None,
+                 shared: tuple | None = None) -> ops.SparseLayer:
     """One sparse layer's experts bound to a Workspace's buffers: the layer reads the
     MLP input rows in ws.normed and writes their output to ws.hidden. gate_up_in
     and down_in: the ActScratch of quantized experts' activations (None: float
-    experts), as the Workspace plans them for this layer."""
+    experts), as the Workspace plans them for this layer; shared: its shared expert
+    (gate_up, down, gate [hidden]) that every row runs, times sigmoid(x . gate)."""
     return ops.bind_sparse_layer(
         weights.router, weights.router_bias, weights.gate_up, weights.gate_up_bias,
         weights.down, weights.down_bias, gate_up_in, down_in, config.experts_per_token,
         config.norm_topk_prob, config.clamped_swiglu,
         (ws.normed, ws.hidden, ws.router_logits, ws.expert_in, ws.expert_gate_up,
-         ws.expert_act, ws.expert_out))
+         ws.expert_act, ws.expert_out), shared)

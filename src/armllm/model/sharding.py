@@ -89,6 +89,10 @@ def plan_shards(c: ModelConfig, ranks: int, k_unit: int = 1) -> list[ShardPlan]:
     lcm of their quantization groups or GGUF blocks; 1 for float weights)."""
     if ranks < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {ranks}")
+    if ranks > 1 and (c.linear_layers or c.attn_output_gate):
+        raise ValueError(f"{c.architecture}: tensor parallel does not split Gated DeltaNet "
+                         f"layers or gated attention heads yet; run it with "
+                         f"tensor_parallel_size 1 (data parallel replicas work)")
     h, kv, d = c.num_heads, c.num_kv_heads, c.head_dim
     group = h // kv
     if kv >= ranks:

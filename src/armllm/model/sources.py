@@ -49,6 +49,13 @@ class QuantFormat:
 CHUNK_BYTES = 2 << 20
 
 
+def _logical(a: np.ndarray, ref: TensorRef) -> np.ndarray:
+    """A stored float tensor as its logical value: + ref.add, or log(-a) (log_neg)."""
+    if ref.log_neg:
+        return np.log(-as_f32(a))
+    return as_f32(a) + np.float32(ref.add) if ref.add else a
+
+
 def chunk_rows(k: int) -> int:
     return max(1, CHUNK_BYTES // (4 * k))
 
@@ -98,7 +105,7 @@ class HFSource:
         else:
             a = self.ckpt.array(ref.name)
             a = a[_row_slice(ref)] if ref.rows else a
-        return as_f32(a) + np.float32(ref.add) if ref.add else a
+        return _logical(a, ref)
 
     def _scheme(self, name: str):
         """(module, (WeightArgs, format)) of a quantized Linear's weight, else None."""
@@ -246,7 +253,7 @@ class GGUFSource:
             w = w.reshape(-1, w.shape[-1])[first:first + shape[0]]
         heads = self._rope_heads(name)
         w = w if heads is None else unpermute_rope_rows(w, heads)
-        return w + np.float32(ref.add) if ref.add else w
+        return _logical(w, ref)
 
     def _quantized_tensor(self, name: str, shape: tuple[int, int], types=GGUF_QUANTIZED):
         gname, _, found = self._locate(name)

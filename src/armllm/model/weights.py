@@ -20,7 +20,15 @@ from armllm.model import arch
 from armllm.model.arch.base import EMBED, FINAL_NORM
 from armllm.model.config import ModelConfig
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS
-from armllm.model.layer import QKNorm, SparseMLP, Step, attention_step, has_step, step_norms
+from armllm.model.layer import (
+    DeltaNet,
+    QKNorm,
+    SparseMLP,
+    Step,
+    attention_step,
+    has_step,
+    step_norms,
+)
 from armllm.model.quantize import Scheme, num_groups, quantize_rtn
 from armllm.model.sources import GGUFSource, QuantFormat, as_bf16, as_f32, chunk_rows
 
@@ -64,6 +72,24 @@ class MoEWeights:
 
 
 @dataclass
+class DeltaWeights:
+    """A Gated DeltaNet mixer's own weights (its projections are the layer's qkv and o):
+    ba [2 v_heads, hidden] the b and a projections, packed in the model's float dtype;
+    conv [conv channels, kernel], a_neg = -exp(A_log) and dt_bias [v_heads], norm
+    [v_dim] (the gated RMSNorm's), float32."""
+    ba: ops.PackedWeight
+    conv: np.ndarray
+    a_neg: np.ndarray
+    dt_bias: np.ndarray
+    norm: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.ba.nbytes + sum(a.nbytes for a in (self.conv, self.a_neg, self.dt_bias,
+                                                         self.norm))
+
+
+@dataclass
 class LayerWeights:
     norms: dict[str, np.ndarray]   # [hidden] RMSNorm weights, by the names the steps use
     qkv: ops.PackedWeight          # [q; k; v] rows
@@ -71,12 +97,14 @@ class LayerWeights:
     q_norm: np.ndarray | None      # per-head RMSNorm weights (the QKNorm step's)
     k_norm: np.ndarray | None
     o: ops.PackedWeight
-    gate_up: ops.PackedWeight | None   # [gate; up] rows (None in a sparse layer)
+    gate_up: ops.PackedWeight | None   # [gate; up] rows (a sparse layer: its shared expert's)
     down: ops.PackedWeight | None
     moe: MoEWeights | None = None
     o_bias: np.ndarray | None = None   # GPT-OSS
     sinks: np.ndarray | None = None    # [heads] attention sink logits (GPT-OSS)
     steps: tuple[Step, ...] = ()       # the layer as its architecture file declares it
+    delta: DeltaWeights | None = None  # a recurrent layer's Gated DeltaNet
+    shared_gate: np.ndarray | None = None   # [hidden] the shared expert's gate (Qwen3.5-MoE)
 
     def mlp_weights(self) -> tuple[ops.PackedWeight, ops.PackedWeight]:
         """The (gate_up, down) whose formats stand for the layer's MLP: expert 0's in a
@@ -87,9 +115,10 @@ class LayerWeights:
 
     @property
     def nbytes(self) -> int:
-        mlp = ([self.moe.router, *self.moe.gate_up, *self.moe.down] if self.moe
-               else [self.gate_up, self.down])
-        return sum(w.nbytes for w in (self.qkv, self.o, *mlp))
+        mlp = [self.moe.router, *self.moe.gate_up, *self.moe.down] if self.moe else []
+        mlp += [w for w in (self.gate_up, self.down) if w is not None]
+        return sum(w.nbytes for w in (self.qkv, self.o, *mlp)) + (
+            self.delta.nbytes if self.delta else 0)
 
 
 @dataclass
@@ -379,6 +408,24 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         return MoEWeights(matrix([router], may_quantize=False), [g for g, _ in packed],
                           [d for _, d in packed], *biases)
 
+    def delta_net(i: int) -> DeltaWeights:
+        """Recurrent layer i's Gated DeltaNet weights (the projections aside)."""
+        d, name = c.delta_net, family.delta_tensor
+        conv = name(i, "conv1d.weight")   # [channels, 1, kernel], squeezed in a GGUF
+        if not source.has(conv) or [n for n in source.shape(conv) if n != 1] != \
+                [d.conv_size, d.conv_kernel]:
+            raise ValueError(f"{source.where}: tensor {conv} must have shape "
+                             f"[{d.conv_size}, 1, {d.conv_kernel}] for this config, got "
+                             f"{list(source.shape(conv)) if source.has(conv) else 'none'}")
+        ba = [(name(i, f"in_proj_{n}.weight"), (d.v_heads, h)) for n in "ba"]
+        return DeltaWeights(
+            ba=matrix(ba, may_quantize=False),
+            conv=np.ascontiguousarray(as_f32(source.get(conv)).reshape(d.conv_size,
+                                                                         d.conv_kernel)),
+            a_neg=-np.exp(as_f32(tensor(name(i, "A_log"), (d.v_heads,)))),
+            dt_bias=as_f32(tensor(name(i, "dt_bias"), (d.v_heads,))),
+            norm=as_f32(tensor(name(i, "norm.weight"), (d.v_dim,))))
+
     family = arch.of(c)
     layers = []
     for i in range(c.num_layers):
@@ -386,6 +433,10 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
         steps = family.layer(c, i)
         qkv, o, gate_up, down = layer_tensors(c, i)
         moe = experts(i) if has_step(steps, SparseMLP) else None
+        shared = any(isinstance(s, SparseMLP) and s.shared for s in steps)
+        if shared:
+            gate_up, down = family.shared_expert_parts(c, i)
+        attention = attention_step(steps)
         bias = None
         if c.attention_bias:
             bias = np.concatenate([as_f32(tensor(p + f"self_attn.{n}_proj.bias", (size,)))
@@ -399,13 +450,16 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             q_norm=qk[0],
             k_norm=qk[1],
             o=matrix(o),
-            gate_up=None if moe else matrix(gate_up),
-            down=None if moe else matrix(down),
+            gate_up=None if moe and not shared else matrix(gate_up),
+            down=None if moe and not shared else matrix(down),
             moe=moe,
             o_bias=as_f32(tensor(p + "self_attn.o_proj.bias", (h,))) if c.o_bias else None,
             sinks=as_f32(tensor(p + "self_attn.sinks", (c.num_heads,)))
-            if attention_step(steps).sinks else None,
+            if attention and attention.sinks else None,
             steps=steps,
+            delta=delta_net(i) if has_step(steps, DeltaNet) else None,
+            shared_gate=as_f32(tensor(family.shared_gate_tensor(i), (1, h))).reshape(h)
+            if shared else None,
         ))
         if progress:
             progress(i + 1, c.num_layers)

@@ -54,13 +54,15 @@ class TensorRef:
     tensor; `rope_heads` > 0: its rows carry llama.cpp's Q/K RoPE permutation over
     that many heads, undone as they are read; `add`: a constant added to a float
     vector as it is read (Gemma's 1 + w norms); `interleave`: a second tensor whose
-    columns alternate with this one's (GPT-OSS's expert gate/up biases in GGUF)."""
+    columns alternate with this one's (GPT-OSS's expert gate/up biases in GGUF);
+    `log_neg`: the stored vector is -exp(x) of the logical x (llama.cpp's Qwen3.5 A)."""
     name: str
     rows: tuple[int, int] | None = None
     expert: int | None = None
     rope_heads: int = 0
     add: float = 0.0
     interleave: str | None = None
+    log_neg: bool = False
 
 
 def sliding_fields(cfg: dict[str, Any], num_layers: int) -> dict[str, Any]:
