@@ -50,12 +50,13 @@ __all__ = [
     "attn_scratch_len", "available_isas", "comm_atomic_impl", "comm_init",
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "gelu_tanh_mul",
-    "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "get_pool", "kernels",
+    "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "gated_rmsnorm",
+    "gdn_conv", "gdn_rule", "get_pool", "kernels",
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "sample_scratch_bytes", "sample_token",
-    "restart_pool", "selected_isa", "set_num_threads", "silu_mul",
+    "restart_pool", "selected_isa", "set_num_threads", "sigmoid_mul", "silu_mul",
 ]
 
 WeightDtype = Literal["f32", "bf16"]
@@ -542,6 +543,39 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
                               scale, _out(out, shape), sliding_window, scratch, get_pool(),
                               sinks)
+
+
+def gdn_conv(x: np.ndarray, weight: np.ndarray, state: np.ndarray, state_slots: np.ndarray,
+             query_start: np.ndarray, seq_lens: np.ndarray,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """silu(causal depthwise conv(x [rows, channels])) per sequence, each one's last
+    kernel-1 inputs kept in its state slot (Gated DeltaNet; see Kernels.gdn_conv)."""
+    return _KERNELS.gdn_conv(x, weight, state, state_slots, query_start, seq_lens,
+                             _out(out, getattr(x, "shape", (0, 0))), get_pool())
+
+
+def gdn_rule(qkv: np.ndarray, a: np.ndarray, b: np.ndarray, a_neg: np.ndarray,
+             dt_bias: np.ndarray, state: np.ndarray, state_slots: np.ndarray,
+             query_start: np.ndarray, seq_lens: np.ndarray, n_k_heads: int, n_v_heads: int,
+             out: np.ndarray | None = None, v_tiled: bool = False) -> np.ndarray:
+    """The gated delta rule over the conv's output qkv [rows, q|k|v], each sequence's
+    state [dk, dv] per v head in its slot (see Kernels.gdn_rule)."""
+    shape = (getattr(qkv, "shape", (0,))[0], n_v_heads * getattr(state, "shape", (0,))[-1])
+    return _KERNELS.gdn_rule(qkv, a, b, a_neg, dt_bias, state, state_slots, query_start,
+                             seq_lens, n_k_heads, n_v_heads, _out(out, shape), v_tiled,
+                             get_pool())
+
+
+def gated_rmsnorm(x: np.ndarray, z: np.ndarray, weight: np.ndarray, eps: float,
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """rmsnorm of each head of x (d = len(weight)) * weight * silu(z); out may be x."""
+    return _KERNELS.gated_rmsnorm(x, z, weight, eps, _out(out, getattr(x, "shape", (0, 0))),
+                                  get_pool())
+
+
+def sigmoid_mul(gate: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x *= sigmoid(gate), in place (the attention output gate)."""
+    return _KERNELS.sigmoid_mul(gate, x, get_pool())
 
 
 def bind_decoder_layer(steps: list[tuple],

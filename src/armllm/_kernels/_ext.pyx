@@ -4,7 +4,7 @@
 Owns the argument validation every wrapper shares (dtype, shape, contiguity,
 aliasing; a ValueError naming the bad argument). Each family's wrappers live in
 their own .pxi, included below: dispatch (CPU features, kernel tables), pool
-(ThreadPool), gemm, quant, gguf, elementwise and attn (Kernels, one variant's
+(ThreadPool), gemm, quant, gguf, elementwise, attn and gdn (Kernels, one variant's
 dispatch table), sample, probe, comm, layer (a decoder layer as one call), head (the
 final norm and lm_head) and moe. Every kernel call releases
 the GIL and never allocates: outputs are passed in.
@@ -110,12 +110,13 @@ include "quant.pxi"
 include "gguf.pxi"
 include "elementwise.pxi"
 include "attn.pxi"
+include "gdn.pxi"
 
 
-cdef class Kernels(_AttentionKernels):
+cdef class Kernels(_GDNKernels):
     """One kernel variant's dispatch table ("ref", "avx2", "neon", ...) with a typed
-    wrapper per slot: dispatch.pxi, gemm.pxi, quant.pxi, gguf.pxi, elementwise.pxi
-    and attn.pxi each add a family's."""
+    wrapper per slot: dispatch.pxi, gemm.pxi, quant.pxi, gguf.pxi, elementwise.pxi,
+    attn.pxi and gdn.pxi each add a family's."""
 
 
 include "sample.pxi"

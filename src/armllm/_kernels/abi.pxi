@@ -49,6 +49,43 @@ cdef extern from "armllm_kernels.h" nogil:
                                    int64_t max_seq_len)
 
     enum:
+        ARMLLM_GDN_MAX_KERNEL
+        ARMLLM_GDN_MAX_HEAD_DIM
+        ARMLLM_GDN_CHUNK
+    ctypedef struct armllm_gdn_conv_args:
+        const float *x
+        int64_t ldx
+        float *y
+        int64_t ldy
+        const float *weight
+        int64_t channels, kernel
+        float *state
+        int64_t num_slots
+        const int32_t *query_start
+        const int32_t *seq_lens
+        const int32_t *state_slots
+        int64_t n_seqs
+    ctypedef struct armllm_gdn_args:
+        const float *q
+        const float *k
+        const float *v
+        int64_t ldqkv
+        const float *a
+        const float *b
+        int64_t ldab
+        const float *a_neg
+        const float *dt_bias
+        float *out
+        int64_t ldo
+        float *state
+        int64_t num_slots, n_k_heads, n_v_heads, dk, dv
+        int v_tiled
+        const int32_t *query_start
+        const int32_t *seq_lens
+        const int32_t *state_slots
+        int64_t n_seqs
+
+    enum:
         ARMLLM_Q_KALIGN
         ARMLLM_Q_CHANNEL_GROUP
     int64_t armllm_q_kpad(int64_t k)
@@ -128,6 +165,13 @@ cdef extern from "armllm_kernels.h" nogil:
                           int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
                           int64_t ldgs, const void *packed_w, int64_t n, const float *bias,
                           float *y, int64_t ldy) noexcept nogil
+        int64_t (*gdn_conv)(armllm_pool *pool, const armllm_gdn_conv_args *args) noexcept nogil
+        int64_t (*gdn_rule)(armllm_pool *pool, const armllm_gdn_args *args) noexcept nogil
+        void (*gated_rmsnorm)(armllm_pool *pool, const float *x, int64_t ldx, const float *z,
+                              int64_t ldz, const float *weight, int64_t t, int64_t heads,
+                              int64_t d, float eps, float *out, int64_t ldo) noexcept nogil
+        void (*sigmoid_mul)(armllm_pool *pool, const float *gate, int64_t ldg, int64_t t,
+                            int64_t n, float *x, int64_t ldx) noexcept nogil
 
     void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
                               int64_t ldx, float *residual, int64_t ldr, const float *weight,

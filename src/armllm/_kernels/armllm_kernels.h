@@ -276,6 +276,89 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
  *     sub-scales ride in the integer sums, as in llama.cpp's vec_dot_q*_K.
  */
 
+/* ------------------------------------------------------ Gated DeltaNet
+ *
+ * The linear-attention layers of Qwen3.5 / Qwen3-Next (transformers'
+ * Qwen3_5GatedDeltaNet). Both stateful kernels take a varlen batch like
+ * attention: sequence b owns rows [query_start[b], query_start[b+1]) (q_len
+ * rows, query_start[0] == 0), the last q_len of its seq_lens[b] tokens, so
+ * its rows start at token start = seq_lens[b] - q_len; its state lives in
+ * slot state_slots[b]. start == 0: the history before the rows is zero (the
+ * slot's old contents are ignored); else the slot holds it. Afterwards the
+ * slot holds the state after the sequence's last row. q_len == 0: nothing
+ * is read or written, and the slot is not checked. Slots of sequences with
+ * rows must be distinct (the Python wrappers check it). Both return -1, or
+ * the first sequence whose metadata is bad (query_start[0] != 0, q_len < 0
+ * or > seq_len, a slot outside [0, num_slots)); then nothing was written.
+ * Tasks are (sequence, channel chunk) and (sequence, v head): bit-identical
+ * for any thread count, and a sequence's results do not depend on the rest
+ * of the batch.
+ *
+ * Conv  y[r, c] = silu(sum_{j < kernel} weight[c, j] * in(pos - (kernel-1) + j, c)),
+ *   pos the row's token, in(p, c) = x[row of p, c] for the rows, the slot's
+ *   entry for earlier tokens: state [num_slots, kernel - 1, channels] holds a
+ *   slot's last kernel-1 inputs, oldest first. The sum is ref's order on
+ *   every variant (w0*in0, then + w_j*in_j, products rounded: no FMA), silu(v)
+ *   = v / (1 + exp(-v)) with the shared exp: every variant gives ref's bits.
+ *   y must not overlap x or the state.
+ *
+ * Rule (the gated delta rule), per row r and v head h, k head kh = h /
+ *   (n_v/n_k) (v_tiled 0: Hugging Face's order) or h % n_k (v_tiled 1:
+ *   llama.cpp's GGUF order):
+ *     qn = q_kh / sqrt(|q_kh|^2 + 1e-6) / sqrt(dk), kn = k_kh / sqrt(|k_kh|^2 + 1e-6),
+ *     g = a_neg[h] * softplus(a[r,h] + dt_bias[h]) (x > 20: x, else log1p(exp(x))),
+ *     beta = sigmoid(b[r,h]) = 1 / (1 + exp(-b)),
+ *     S = exp(g) S; delta = beta (v - S^T kn); S += kn delta^T; o = S^T qn
+ *   with S [dk, dv] the (sequence, head)'s state in the slot
+ *   ([num_slots, n_v_heads, dk, dv] float32). Decode rows (and the rows after
+ *   a sequence's last whole chunk) run that recurrence, two passes over S
+ *   per token; each whole chunk of ARMLLM_GDN_CHUNK rows runs the chunked
+ *   (WY/UT) form of flash-linear-attention's chunk_gated_delta_rule: the same
+ *   values, other roundings. Exps are the shared exp (vexp.h).
+ *   out [rows, n_v_heads*dv] must not overlap the inputs or the state.
+ *
+ * Gated RMSNorm  out[r, h*d + i] = x[r, h*d + i] * (1/sqrt(mean_i x[r, h*d + .]^2 + eps))
+ *   * weight[i] * silu(z[r, h*d + i]) over `heads` heads of d per row (the
+ *   mean of squares in double); out may equal x (same pointer and stride).
+ *
+ * Sigmoid*mul  x[r, j] = x[r, j] / (1 + exp(-gate[r, j])), in place: the
+ *   attention output gate. Every variant gives ref's bits.
+ */
+#define ARMLLM_GDN_MAX_KERNEL 8
+#define ARMLLM_GDN_MAX_HEAD_DIM 256
+#define ARMLLM_GDN_CHUNK 64
+
+typedef struct {
+  const float *x; /* [rows, channels]: the projection's conv part */
+  int64_t ldx;
+  float *y; /* [rows, channels]: silu(conv(x)) */
+  int64_t ldy;
+  const float *weight;       /* [channels, kernel] */
+  int64_t channels, kernel;  /* kernel in [2, ARMLLM_GDN_MAX_KERNEL] */
+  float *state;              /* [num_slots, kernel - 1, channels] */
+  int64_t num_slots;
+  const int32_t *query_start; /* [n_seqs + 1] */
+  const int32_t *seq_lens;    /* [n_seqs] */
+  const int32_t *state_slots; /* [n_seqs] */
+  int64_t n_seqs;
+} armllm_gdn_conv_args;
+
+typedef struct {
+  const float *q, *k, *v; /* rows of the conv output: q, k [n_k_heads*dk], v [n_v_heads*dv] */
+  int64_t ldqkv;
+  const float *a, *b; /* [rows, n_v_heads]: the raw a and b projections */
+  int64_t ldab;
+  const float *a_neg;   /* [n_v_heads] -exp(A_log) */
+  const float *dt_bias; /* [n_v_heads] */
+  float *out;           /* [rows, n_v_heads*dv] */
+  int64_t ldo;
+  float *state; /* [num_slots, n_v_heads, dk, dv] */
+  int64_t num_slots, n_k_heads, n_v_heads, dk, dv; /* dk, dv <= ARMLLM_GDN_MAX_HEAD_DIM */
+  int v_tiled;
+  const int32_t *query_start, *seq_lens, *state_slots;
+  int64_t n_seqs;
+} armllm_gdn_args;
+
 /* ------------------------------------------------------------ the slots
  *
  * The ABI, written once: X(variant, name, return type, (parameters)) for
@@ -344,7 +427,16 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
   X(variant, gemm_gguf, void,                                                                      \
     (armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,                       \
      const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs, const void *packed_w,    \
-     int64_t n, const float *bias, float *y, int64_t ldy))
+     int64_t n, const float *bias, float *y, int64_t ldy))                                         \
+  X(variant, gdn_conv, int64_t, (armllm_pool *pool, const armllm_gdn_conv_args *args))             \
+  X(variant, gdn_rule, int64_t, (armllm_pool *pool, const armllm_gdn_args *args))                  \
+  X(variant, gated_rmsnorm, void,                                                                  \
+    (armllm_pool *pool, const float *x, int64_t ldx, const float *z, int64_t ldz,                  \
+     const float *weight, int64_t t, int64_t heads, int64_t d, float eps, float *out,              \
+     int64_t ldo))                                                                                 \
+  X(variant, sigmoid_mul, void,                                                                    \
+    (armllm_pool *pool, const float *gate, int64_t ldg, int64_t t, int64_t n, float *x,            \
+     int64_t ldx))
 
 #define ARMLLM_SLOT_TYPEDEF_(variant, name, ret, params) typedef ret(*armllm_##name##_fn) params;
 #define ARMLLM_SLOT_INDEX_(variant, name, ret, params) ARMLLM_K_##name,

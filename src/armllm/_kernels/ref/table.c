@@ -31,4 +31,8 @@ const armllm_kernels armllm_kernels_ref = {
     ARMLLM_SLOT(gemm_gguf_packed_len, ref),
     ARMLLM_SLOT(gemm_gguf_pack, ref),
     ARMLLM_SLOT(gemm_gguf, ref),
+    ARMLLM_SLOT(gdn_conv, ref),
+    ARMLLM_SLOT(gdn_rule, ref),
+    ARMLLM_SLOT(gated_rmsnorm, ref),
+    ARMLLM_SLOT(sigmoid_mul, ref),
 };
