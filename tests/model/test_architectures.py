@@ -240,6 +240,12 @@ TESTED_BY = {
     "Gemma3ForConditionalGeneration":
         "test_architectures.py::test_gemma3_multimodal_checkpoint_runs_its_language_model",
     "Phi3ForCausalLM": "test_architectures.py::test_hf_logits_match_transformers[phi3]",
+    "Qwen3_5ForCausalLM": "test_qwen3_5.py::test_hf_logits_match_transformers[dense]",
+    "Qwen3_5ForConditionalGeneration":
+        "test_qwen3_5.py::test_multimodal_checkpoint_runs_its_language_model[dense]",
+    "Qwen3_5MoeForCausalLM": "test_qwen3_5.py::test_hf_logits_match_transformers[moe]",
+    "Qwen3_5MoeForConditionalGeneration":
+        "test_qwen3_5.py::test_multimodal_checkpoint_runs_its_language_model[moe]",
 }
 GGUF_TESTED_BY = {
     "llama": "test_architectures.py::test_llama_cpp_gguf_matches_transformers[llama]",
@@ -249,6 +255,8 @@ GGUF_TESTED_BY = {
     "gpt-oss": "test_gpt_oss.py::test_gguf_with_mxfp4_experts_matches_transformers",
     "gemma3": "test_architectures.py::test_llama_cpp_gguf_matches_transformers[gemma3]",
     "phi3": "test_architectures.py::test_llama_cpp_gguf_matches_transformers[phi3]",
+    "qwen35": "test_qwen3_5.py::test_llama_cpp_gguf_matches_transformers[dense]",
+    "qwen35moe": "test_qwen3_5.py::test_llama_cpp_gguf_matches_transformers[moe]",
 }
 
 

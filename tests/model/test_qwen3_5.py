@@ -167,8 +167,8 @@ def test_preemption_and_forks_continue_the_right_states(tiny):
     roomy = LLM(path, max_num_seqs=8, **ENGINE)
     want = greedy(roomy, prompts, 24)
     # 20 blocks of 8 tokens (K and V of 2 layers, 2 heads of 32, f32) for 8 sequences of
-    # 7 blocks each, beside the state pool (8 slots of 6 layers' 1408 floats)
-    states, block = 8 * 6 * 1408 * 4, 2 * 2 * 2 * 8 * 32 * 4
+    # 7 blocks each, beside the state pool (8 + 8 checkpoint slots of 6 layers' 1408 floats)
+    states, block = 16 * 6 * 1408 * 4, 2 * 2 * 2 * 8 * 32 * 4
     tight = LLM(path, max_num_seqs=8, block_size=8,
                 **{**ENGINE, "kv_cache_gib": (states + 20 * block) / 2**30})
     assert greedy(tight, prompts, 24) == want
@@ -176,19 +176,45 @@ def test_preemption_and_forks_continue_the_right_states(tiny):
     assert greedy(roomy, [prompts[0]], 24, n=3) == [want[0]] * 3
 
 
-def test_multimodal_checkpoint_runs_its_language_model(tokenizer, tmp_path):
-    """Qwen3_5ForConditionalGeneration: its text model under model.language_model.
-    (the vision tower and its config ignored) gives transformers' text logits."""
+def test_prefix_cache_hit_equals_a_miss_bit_for_bit(tiny):
+    """A second prompt sharing 300 tokens with the first starts from the state
+    checkpoint after 256 of them (the interval for 16-token blocks) and the KV blocks
+    before it, and gives the logprobs of an engine that computes it whole, to the
+    bit; a third sharing fewer than 256 tokens finds no checkpoint."""
+    path, _ = tiny("dense")
+    shared = (IDS * 3)[:300]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
+
+    def run(llm: LLM, prompt: list[int]):
+        out = llm.generate(prompt, params)[0].outputs[0]
+        return out.token_ids, out.logprobs, out.metrics.num_cached_prompt_tokens
+
+    cached = LLM(path, max_num_seqs=2, block_size=16, **ENGINE)
+    run(cached, shared + [7, 8])
+    hit = run(cached, shared + [9])
+    assert hit[2] == 256
+    assert hit[:2] == run(LLM(path, max_num_seqs=2, block_size=16, **ENGINE), shared + [9])[:2]
+    assert run(cached, shared[:250] + [5])[2] == 0
+    stats = cached.stats()
+    assert stats.prefix_cache_hits == 256
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_multimodal_checkpoint_runs_its_language_model(tokenizer, tmp_path, name):
+    """*ForConditionalGeneration: its text model under model.language_model. (the
+    vision tower and its config ignored) gives transformers' text logits."""
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                   out_hidden_size=64, patch_size=14, spatial_merge_size=2)
+    kind = "Qwen3_5" if name == "dense" else "Qwen3_5Moe"
     torch.manual_seed(0)
-    hf = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(
-        text_config=BASE, vision_config=vision)).eval()
+    hf = getattr(transformers, f"{kind}ForConditionalGeneration")(
+        getattr(transformers, f"{kind}Config")(text_config={**BASE, **TINY[name][2]},
+                                               vision_config=vision)).eval()
     randomize(hf)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     llama_cpp.with_tokenizer(tmp_path, tokenizer)
     lm = load_model(tmp_path, "f32")
-    assert lm.config.architecture == "Qwen3_5ForConditionalGeneration"
+    assert lm.config.architecture == f"{kind}ForConditionalGeneration"
     assert_logits_close(prefill_logits(lm, IDS[:40], block_size=8), hf_logits(hf, IDS[:40]))
 
 
@@ -213,14 +239,16 @@ def test_tensor_parallel_is_refused_with_the_reason(tiny):
 
 def test_plan_counts_the_state_pool(tiny):
     """Six DeltaNet layers of 3 x 128 conv inputs and 4 x 16 x 16 delta state floats a
-    sequence, float32; two attention layers hold the KV."""
+    slot, float32, a slot a sequence and as many checkpoints; two attention layers
+    hold the KV."""
     from armllm.bench.sizing import make_plan, param_counts
     from armllm.engine.args import EngineArgs
     path, hf = tiny("dense")
     c = load_model(path, "f32").config
     plan = make_plan(c, None, EngineArgs(max_num_seqs=4, dtype="float32"), 512)
-    assert plan["kv_cache"]["state_pool"] == {"slots": 4, "layers": 6,
-                                              "bytes_per_sequence": 6 * 4 * (3 * 128 + 4 * 256),
-                                              "bytes": 4 * 6 * 4 * (3 * 128 + 4 * 256)}
+    per_slot = 6 * 4 * (3 * 128 + 4 * 256)
+    assert plan["kv_cache"]["state_pool"] == {"live_slots": 4, "checkpoint_slots": 4,
+                                              "layers": 6, "bytes_per_slot": per_slot,
+                                              "bytes": 8 * per_slot}
     assert plan["kv_cache"]["bytes_per_token"] == 2 * 2 * 2 * 32 * 2   # 2 layers' bf16 K, V
     assert param_counts(c)["total"] == sum(p.numel() for p in hf.parameters())

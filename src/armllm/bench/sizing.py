@@ -25,7 +25,7 @@ from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig
 from armllm.model.decoder import Workspace
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
-from armllm.model.kv_cache import bytes_per_block, state_bytes, window_pool_blocks
+from armllm.model.kv_cache import bytes_per_block, state_bytes, state_slots, window_pool_blocks
 from armllm.model.layer import DeltaNet, QKNorm, attention_step, has_step, step_norms
 from armllm.model.loader import gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
@@ -219,7 +219,8 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
         blocks_per_seq = window_blocks // seqs
     kv_seq = blocks_per_seq * per_block
     # a hybrid's recurrent layers: a state slot per sequence, taken from the KV budget
-    states = state_bytes(c, seqs)
+    live, saved = state_slots(c, seqs, engine.enable_prefix_caching)
+    states = state_bytes(c, live + saved)
     fixed = (window_pool["bytes"] if window_pool else 0) + states
     if engine.kv_cache_gib is not None:   # as build_engine sizes it
         kv_blocks = int((engine.kv_cache_gib * 2**30 - fixed) // per_block)
@@ -247,8 +248,9 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
                      "bytes": kv_blocks * per_block + fixed,
                      "sequences_at_full_length": kv_blocks / blocks_per_seq,
                      "window_pool": window_pool,
-                     "state_pool": {"slots": seqs, "layers": len(c.linear_layers),
-                                    "bytes_per_sequence": states // seqs,
+                     "state_pool": {"live_slots": live, "checkpoint_slots": saved,
+                                    "layers": len(c.linear_layers),
+                                    "bytes_per_slot": states // (live + saved),
                                     "bytes": states} if states else None,
                      "kv_cache_gib_flag": -(-(seqs * kv_seq + fixed) * 100 // 2**30) / 100},
         "overhead": {"max_num_batched_tokens": engine.max_num_batched_tokens,

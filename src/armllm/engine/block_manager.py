@@ -24,11 +24,12 @@ parent's blocks; a shared block is copied before it is written (copy on
 write). Block ids index the KV cache's first dimension.
 
 A hybrid model's recurrent layers keep a state per running sequence in a
-pool of state slots (model/kv_cache.py): a sequence takes one with its first
-blocks and gives it back with them; a forked completion takes its own, a copy
-of its parent's (take_state_copies() hands the copies to the next step). Their
-states are not checkpointed at block boundaries (yet), so a hybrid model's
-prefix cache serves no prompt: every prompt computes from its first token.
+pool of state slots (engine/state_pool.py): a sequence takes one with its
+first blocks and gives it back with them; a forked completion takes its own, a
+copy of its parent's. Its prefix cache serves a prompt only up to a state
+checkpoint: a multiple of the pool's interval whose blocks every KV pool
+serves and whose state was saved when a sequence's computed tokens reached it
+(commit); the hit's state is copied into the new sequence's live slot.
 
 The scheduler asks once per sequence and step: allocate_slots() gives a
 sequence room for its next tokens (a new one first takes the CachedPrefix
@@ -42,6 +43,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 from armllm.engine.sequence import Sequence
+from armllm.engine.state_pool import StatePool
 
 _ROOT_HASH = b""  # the parent of a sequence's first block
 
@@ -59,6 +61,7 @@ class CachedPrefix:
     allocate_slots() to take; the scheduler reads only num_tokens."""
     tables: list[list[int]]     # per pool, equally long (window pools: null before the window)
     num_tokens: int             # the tokens those blocks hold: where computing starts
+    state: int | None = None    # the state checkpoint at num_tokens (a hybrid model's)
 
 
 class BlockPool:
@@ -129,10 +132,11 @@ class BlockPool:
 class BlockManager:
     """num_blocks: one pool of that many blocks for layers that attend the whole
     sequence, or each pool's (window, num_blocks) in KV-group order (window 0: the
-    whole sequence); state_slots: the recurrent layers' state slots (0: none)."""
+    whole sequence); states: a hybrid model's StatePool (None: no recurrent layers),
+    whose checkpoint interval must be a multiple of block_size."""
 
     def __init__(self, num_blocks: int | Seq[tuple[int, int]], block_size: int,
-                 enable_prefix_caching: bool = True, state_slots: int = 0):
+                 enable_prefix_caching: bool = True, states: StatePool | None = None):
         layout = [(0, num_blocks)] if isinstance(num_blocks, int) else list(num_blocks)
         if not layout or block_size < 1 or any(n < 1 or w < 0 for w, n in layout):
             raise ValueError(f"num_blocks and block_size must be >= 1 (and windows >= 0), got "
@@ -142,9 +146,10 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0                     # prompt tokens looked up
         self.prefix_hits = 0                        # of which were found in the cache
-        self.num_state_slots = state_slots
-        self.free_states = list(range(state_slots - 1, -1, -1))  # popped lowest first
-        self.state_copies: list[tuple[int, int]] = []   # (src, dst) for the next step
+        if states is not None and states.interval % block_size:
+            raise ValueError(f"the state checkpoint interval {states.interval} is no multiple "
+                             f"of the block size {block_size}")
+        self.states = states
 
     def _tables(self, seq: Sequence) -> list[list[int]]:
         """seq's block tables, empty ones for a sequence that holds no block."""
@@ -170,7 +175,7 @@ class BlockManager:
         Takes nothing."""
         empty = CachedPrefix([[] for _ in self.pools], 0)
         if not self.enable_prefix_caching or seq.block_tables or not seq.reuse_prefix \
-                or self.has_states:   # no state checkpoints to start a hit from
+                or (self.states is not None and not self.states.interval):
             return empty
         bs = self.block_size
         limit = (seq.num_tokens - 1) // bs
@@ -185,8 +190,13 @@ class BlockManager:
         def window_pools_serve(k: int) -> bool:
             return all(found[i][j] is not None for i, p in enumerate(self.pools) if p.window
                        for j in range(p.first_live(k * bs, bs), k))
+        def state_serves(k: int) -> int | None:   # the checkpoint after k blocks
+            if self.states is None:
+                return -1
+            return self.states.find(hashes[k - 1]) \
+                if self.states.is_boundary(k * bs) else None
         k = len(hashes)
-        while k and not window_pools_serve(k):
+        while k and (not window_pools_serve(k) or state_serves(k) is None):
             k -= 1
         if not k:
             return empty
@@ -194,7 +204,7 @@ class BlockManager:
         for pool, hits in zip(self.pools, found, strict=True):
             live = pool.first_live(k * bs, bs)
             tables.append([pool.null] * live + hits[live:k])
-        return CachedPrefix(tables, k * bs)
+        return CachedPrefix(tables, k * bs, None if self.states is None else state_serves(k))
 
     # -- accounting -----------------------------------------------------------------------
 
@@ -237,10 +247,10 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_tokens, prefix)
         if any(n > len(p.free) for n, p in zip(needed, self.pools, strict=True)):
             return None
-        if self.has_states and seq.state_slot < 0:
-            if not self.free_states:
+        if self.states is not None and seq.state_slot < 0:
+            if (slot := self.states.take()) is None:
                 return None
-            seq.state_slot = self.free_states.pop()
+            seq.state_slot = slot
         if prefix is not None:
             self._take_prefix(seq, prefix)
         return self._grow(seq, num_tokens)
@@ -251,6 +261,8 @@ class BlockManager:
                 if block != pool.null:
                     pool.hold(block)
         seq.block_tables = [list(t) for t in prefix.tables]
+        if prefix.state is not None:   # the checkpoint's state, before the step runs
+            self.states.copy(prefix.state, seq.state_slot)
         seq.num_computed = prefix.num_tokens
         seq.num_committed_blocks = len(prefix.tables[0])
         if self.enable_prefix_caching:
@@ -282,12 +294,13 @@ class BlockManager:
                 if block != pool.null:
                     pool.ref_count[block] += 1
         child.block_tables = [list(t) for t in parent.block_tables]
-        if self.has_states:
-            if not self.free_states:
+        if self.states is not None:
+            slot = self.states.take()
+            if slot is None:
                 raise RuntimeError("no free state slot for a forked completion (the "
                                    "scheduler admits at most as many sequences as slots)")
-            child.state_slot = self.free_states.pop()
-            self.state_copies.append((parent.state_slot, child.state_slot))
+            child.state_slot = slot
+            self.states.copy(parent.state_slot, slot)
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)
         child.num_committed_blocks = parent.num_committed_blocks
@@ -308,6 +321,9 @@ class BlockManager:
                     pool.cached[h] = block
                     pool.hash_of[block] = h
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
+        if self.states is not None and self.states.is_boundary(seq.num_computed):
+            self.states.save(seq.block_hashes[seq.num_computed // self.block_size - 1],
+                             seq.state_slot)
 
     def release(self, seq: Sequence) -> None:
         """Drops seq's hold on its blocks; the last holder frees them, tail first so a
@@ -319,21 +335,20 @@ class BlockManager:
         seq.block_tables = []
         seq.num_computed = seq.num_committed_blocks = 0
         if seq.state_slot >= 0:
-            self.free_states.append(seq.state_slot)
+            self.states.give_back(seq.state_slot)
             seq.state_slot = -1
 
     # -- state slots ----------------------------------------------------------------------
 
-    @property
-    def has_states(self) -> bool:
-        """Whether sequences hold state slots (a hybrid model's)."""
-        return self.num_state_slots > 0
+    def step_limit(self, num_computed: int) -> int | None:
+        """The most tokens a sequence with num_computed tokens computed may compute this
+        step (None: no limit): a hybrid's stop at each state checkpoint boundary."""
+        return None if self.states is None else self.states.step_limit(num_computed)
 
     def take_state_copies(self) -> list[tuple[int, int]]:
-        """The state slot copies (src, dst) forks asked for since the last call: the
-        next step makes them before it runs."""
-        copies, self.state_copies = self.state_copies, []
-        return copies
+        """The state slot copies (src, dst: forks, checkpoints saved and restored) asked
+        for since the last call, in order: the next step makes them before it runs."""
+        return [] if self.states is None else self.states.copies()
 
     # -- counters (over all pools) --------------------------------------------------------
 

@@ -129,7 +129,7 @@ class Scheduler:
                    key=lambda s: (self._order[s][0], self._admitted[s]))
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], [], state_copies=self.blocks.take_state_copies())
+        out = SchedulerOutput([], [])
         budget = self.max_tokens
         done: set[Sequence] = set()
         # decodes, then prompts still prefilling; each in priority then admission order
@@ -140,7 +140,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue  # preempted to make room for an earlier one
-            n = min(seq.num_tokens - seq.num_computed, budget)
+            n = self._chunk(seq, seq.num_computed, budget)
             while (copies := self.blocks.allocate_slots(seq, seq.num_computed + n)) is None:
                 victim = self._victim(done)
                 self._preempt(victim)
@@ -161,7 +161,7 @@ class Scheduler:
             if slots + seq.num_forks_pending + 1 > self.max_num_seqs:
                 break
             prefix = self.blocks.cached_prefix(seq)
-            n = min(seq.num_tokens - prefix.num_tokens, budget)
+            n = self._chunk(seq, prefix.num_tokens, budget)
             copies = self.blocks.allocate_slots(seq, prefix.num_tokens + n, prefix)
             if copies is None:
                 break
@@ -179,7 +179,16 @@ class Scheduler:
         if out.scheduled:
             self.num_steps += 1
             self.num_scheduled_tokens += out.num_tokens
+        # forks' and checkpoints' state copies, then this step's admissions' restores
+        out.state_copies = self.blocks.take_state_copies()
         return out
+
+    def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
+        """The tokens seq computes this step: what is left of it, within the budget and
+        (a hybrid model's prompt) up to its next state checkpoint boundary."""
+        n = min(seq.num_tokens - num_computed, budget)
+        limit = self.blocks.step_limit(num_computed)
+        return n if limit is None else min(n, limit)
 
     def update(self, out: SchedulerOutput) -> dict[Sequence, list[Sequence]]:
         """The step ran: the scheduled tokens are in the cache. Returns the completions

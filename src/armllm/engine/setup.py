@@ -20,9 +20,17 @@ from armllm.engine.comm import DEFAULT_MAX_FLOATS
 from armllm.engine.llm_engine import LLMEngine
 from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import Scheduler
+from armllm.engine.state_pool import StatePool
 from armllm.engine.tensor_parallel import RankGroup, TPModelRunner, stop_ranks
 from armllm.model.config import ModelConfig
-from armllm.model.kv_cache import KVCache, bytes_per_block, state_bytes, window_pool_blocks
+from armllm.model.kv_cache import (
+    KVCache,
+    bytes_per_block,
+    checkpoint_interval,
+    state_bytes,
+    state_slots,
+    window_pool_blocks,
+)
 from armllm.model.loader import LoadedModel, load_model, model_path, tensor_parallel_plans
 from armllm.model.quantize import parse_scheme
 
@@ -74,12 +82,15 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
     window_block_bytes = bytes_per_block(c, sliding, bs, dtype)
     budget = args.kv_cache_gib * 2**30 if args.kv_cache_gib is not None else \
         available_bytes() * DEFAULT_KV_FRACTION / ranks
-    states = state_bytes(c, args.max_num_seqs)
+    live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
+    states = state_bytes(c, live + saved)
     if states:   # a hybrid's recurrent layers: a state per running sequence, from the budget
         budget -= states
-        log.info("state pool: %d slots (max_num_seqs) of %.1f MiB (%d Gated DeltaNet layers' "
-                 "conv and delta states, float32): %.2f GiB", args.max_num_seqs,
-                 states / args.max_num_seqs / 2**20, len(c.linear_layers), states / 2**30)
+        log.info("state pool: %d slots of %.1f MiB (%d Gated DeltaNet layers' conv and delta "
+                 "states, float32), %.2f GiB: %d for running sequences, %d for the prefix "
+                 "cache's checkpoints (every %d tokens)", live + saved,
+                 states / (live + saved) / 2**20, len(c.linear_layers), states / 2**30, live,
+                 saved, checkpoint_interval(bs))
     if not full_layers:  # every layer slides: the window pool is the cache
         num_blocks = window_blocks = max(window_blocks, int(budget // window_block_bytes)) \
             if args.kv_cache_gib is not None else window_blocks
@@ -137,17 +148,17 @@ def _kv_cache(loaded: LoadedModel, args: EngineArgs, ranks: int = 1
     num_blocks, num_window_blocks, model_len = size_kv_cache(c, args, model_len, ranks)
     sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
              "max_model_len": model_len}
+    live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
     return KVCache(c, num_blocks, args.block_size, args.kv_cache_dtype,
-                   num_window_blocks, state_slots=args.max_num_seqs), model_len, sizes
+                   num_window_blocks, state_slots=live + saved), model_len, sizes
 
 
 def _engine(loaded: LoadedModel, kv: KVCache, model_len: int, runner, args: EngineArgs
             ) -> LLMEngine:
-    blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching,
-                          kv.state_slots)
-    if kv.state_slots and args.enable_prefix_caching:
-        log.info("prefix caching: off for this hybrid model's prompts (its recurrent layers' "
-                 "states are not checkpointed at block boundaries)")
+    live, saved = state_slots(loaded.model.config, args.max_num_seqs,
+                              args.enable_prefix_caching)
+    states = StatePool(live, saved, checkpoint_interval(args.block_size)) if live else None
+    blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching, states)
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_num_batched_tokens, model_len)
     return LLMEngine(loaded, scheduler, runner, args.reasoning_parser)
 

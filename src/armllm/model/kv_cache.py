@@ -16,6 +16,7 @@ channels] and the delta rule's matrices [value heads, k_dim, v_dim], float32.
 A running sequence holds one slot (engine/block_manager.py hands them out)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -52,6 +53,30 @@ def bytes_per_block(config: ModelConfig, num_layers: int, block_size: int, dtype
     """K and V of one block of num_layers layers."""
     return (2 * num_layers * config.num_kv_heads * block_size * config.head_dim
             * KV_DTYPE_BYTES[dtype])
+
+
+# the delta rule kernel's prefill chunk (ARMLLM_GDN_CHUNK): a state checkpoint sits on a
+# multiple of it, so that a prefix-cache hit computes in the chunks a miss did
+DELTA_CHUNK = 64
+# tokens between state checkpoints, at least: each costs a whole state (48 MiB for a 9B)
+CHECKPOINT_TOKENS = 256
+
+
+def checkpoint_interval(block_size: int) -> int:
+    """Tokens between a hybrid's state checkpoints: the smallest common multiple of the
+    block size and DELTA_CHUNK that reaches CHECKPOINT_TOKENS."""
+    unit = math.lcm(block_size, DELTA_CHUNK)
+    return unit * -(-CHECKPOINT_TOKENS // unit)
+
+
+def state_slots(config: ModelConfig, max_num_seqs: int, prefix_caching: bool
+                ) -> tuple[int, int]:
+    """(live, checkpoint) state slots of a hybrid model's pool: one a running sequence,
+    and as many again for the prefix cache's checkpoints; (0, 0) without recurrent
+    layers."""
+    if not config.linear_layers:
+        return 0, 0
+    return max_num_seqs, max_num_seqs if prefix_caching else 0
 
 
 def state_bytes(config: ModelConfig, slots: int) -> int:

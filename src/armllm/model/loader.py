@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer
 
 from armllm import ops
+from armllm.model import arch
 from armllm.model.arch import config_from_gguf, load_hf_config
 from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig
@@ -21,6 +23,8 @@ from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
 from armllm.model.weights import Quantization, WeightDtype, head_tensor_name, load_weights
+
+log = logging.getLogger("armllm")
 
 # llama.cpp's recommended-sampler metadata (gguf-py's Keys.General.SAMPLING_*) -> the
 # generation_config.json field it sets
@@ -147,6 +151,8 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
     LoadedModel's config stays the whole model's."""
     path = model_path(path)
     config, source, gguf = _open(path)
+    if (note := arch.of(config).text_only_note(config)) and (comm is None or comm.rank == 0):
+        log.info("%s", note)
     shard_config, vocab_bounds = config, None
     if comm is not None:
         plan = _shard_plans(config, source, comm.ranks, quantization)[comm.rank]

@@ -191,6 +191,14 @@ class Architecture:
             eos_token_ids=eos_ids(meta.get("tokenizer.ggml.eos_token_id")),
         )
 
+    def text_only_note(self, c: ModelConfig) -> str | None:
+        """What the loader logs when a checkpoint carries more than armllm runs (a
+        *ForConditionalGeneration's vision tower), or None."""
+        if c.architecture.endswith("ForConditionalGeneration"):
+            return (f"{c.architecture}: its language model runs on text; the vision tower "
+                    f"it carries is not loaded (image input is not supported yet)")
+        return None
+
     def export_config(self, c: ModelConfig, dtype: str) -> dict[str, Any]:
         """The config.json of c written as a Hugging Face checkpoint under the logical
         names (armllm convert / quantize), or a ValueError for a family that cannot be."""

@@ -118,8 +118,9 @@ class Qwen3_5(Architecture):
         layers = fields["num_layers"] - mtp
         interval = int(key("full_attention_interval", FULL_ATTENTION_INTERVAL))
         # one flag a layer (the MTP layers' last, False), else every interval-th attends
-        recurrent = meta.get(f"{gguf_arch}.attention.recurrent_layers") or [
-            bool((i + 1) % interval) for i in range(layers)]
+        recurrent = meta.get(f"{gguf_arch}.attention.recurrent_layers")
+        if recurrent is None:
+            recurrent = [bool((i + 1) % interval) for i in range(layers)]
         k_heads, v_heads = int(key("ssm.group_count")), int(key("ssm.time_step_rank"))
         k_dim = int(key("ssm.state_size"))
         v_dim = int(key("ssm.inner_size")) // v_heads
@@ -186,7 +187,7 @@ class Qwen3_5(Architecture):
 
 
 class Qwen3_5Moe(Qwen3_5, SparseArchitecture):
-    name = "qwen3_5_moe"
+    name = "qwen3_5"   # the same family, and file
     hf_architectures = {"Qwen3_5MoeForCausalLM": "Qwen3_5MoeForCausalLM",
                         "Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeForConditionalGeneration"}
     gguf_architectures = ("qwen35moe",)
