@@ -40,12 +40,16 @@ CHAT_ADDED = ["<think>", "</think>", "<tool_call>", "</tool_call>"]  # not speci
 CHAT_MERGES = [("\"", ":"), ("Ġ", "Ġ"), ("e", "r"), ("i", "n"), ("a", "n"), ("o", "n")]
 # Qwen2.5's chat template, tools included (as transformers renders it)
 QWEN_TEMPLATE = (Path(__file__).parent / "qwen_template.jinja")
+# Qwen3.5's (Qwen3-Coder's XML tool calls, <think> opened by the generation prompt): a
+# copy of llama.cpp's models/templates/Qwen3.5-4B.jinja
+QWEN3_5_TEMPLATE = (Path(__file__).parent / "qwen3_5_template.jinja")
 
 
-def write_tiny_chat_llama(path: Path, seed: int = 0) -> Path:
+def write_tiny_chat_llama(path: Path, seed: int = 0, template: Path = QWEN_TEMPLATE) -> Path:
     """A tiny random Llama with a byte-level BPE tokenizer (any text, JSON included,
     has tokens), ChatML special tokens, Qwen's <think>/<tool_call> tokens and Qwen's
-    chat template with tools: for structured outputs, tool calls and reasoning."""
+    chat template with tools (Qwen2.5's, or `template`): for structured outputs, tool
+    calls and reasoning."""
     byte_tokens = list(pre_tokenizers.ByteLevel.alphabet())
     byte_tokens.sort(key=lambda c: ord(c))
     merged = ["".join(m) for m in CHAT_MERGES]
@@ -63,7 +67,7 @@ def write_tiny_chat_llama(path: Path, seed: int = 0) -> Path:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-         "add_bos_token": False, "chat_template": QWEN_TEMPLATE.read_text()}))
+         "add_bos_token": False, "chat_template": template.read_text()}))
     return path
 
 

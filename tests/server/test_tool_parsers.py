@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from armllm.server.tool_parsers import PARSERS, detect_parser, mistral_call_id
+from armllm.server.tool_parsers import ToolParser, mistral_call_id
+from armllm.server.tools import PARSERS, detect_parser
 
 CASES = {
     "hermes": [
@@ -56,8 +57,11 @@ REASONING = {CASES["harmony"][0][0]: "Need the weather.", CASES["harmony"][1][0]
 ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
 
 
-def stream(parser_name: str, pieces: list[str]) -> tuple[str, list[tuple[str, str]], list]:
-    parser = PARSERS[parser_name]()
+def stream(parser: str | ToolParser, pieces: list[str]
+           ) -> tuple[str, list[tuple[str, str]], list]:
+    """The content, calls and deltas of pieces fed in turn to a parser (or a new one of
+    that name), each delta checked for OpenAI's order."""
+    parser = PARSERS[parser]() if isinstance(parser, str) else parser
     content, calls, deltas = [], {}, []
     for piece in [*pieces, None]:
         text, ds = parser.feed(piece) if piece is not None else parser.finish()
@@ -129,3 +133,7 @@ def test_detect_parser_from_the_template():
     assert detect_parser("<|start_header_id|>ipython<|end_header_id|>") == "llama3_json"
     assert detect_parser("{{ messages }}") is None and detect_parser(None) is None
     assert detect_parser("<tool_call> [TOOL_CALLS]") is None   # ambiguous: none
+    xml = "<tool_call>\n<function={{ name }}>\n<parameter={{ key }}>\n{{ value }}"
+    assert detect_parser(xml) == "qwen3_coder"                 # XML inside <tool_call>
+    assert detect_parser(xml + " [TOOL_CALLS]") is None
+    assert detect_parser("<function=f> <parameter=x>") is None  # no <tool_call>: not Qwen's

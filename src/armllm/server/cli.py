@@ -11,7 +11,7 @@ from pathlib import Path
 
 from armllm.cmdline import UsageError, add_model_argument, resolve_model
 from armllm.engine.args import EngineArgs
-from armllm.server.tool_parsers import TOOL_CALL_PARSERS
+from armllm.server.tools import TOOL_CALL_PARSERS
 
 # connections beyond the completions the server admits: /health, /metrics, requests
 # refused with 503 and idle keep-alive connections of the clients' pools
@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "disconnected (headers) or answered 408 (body) (default 30)")
     p.add_argument("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSERS,
                    help="how the model writes tool calls: hermes (Qwen2.5/3, Hermes), "
-                        "llama3_json (Llama 3.1/3.2), mistral, harmony (GPT-OSS) (default "
+                        "qwen3_coder (Qwen3-Coder, Qwen3.5/3.6: XML), llama3_json (Llama "
+                        "3.1/3.2), mistral, harmony (GPT-OSS) (default "
                         "auto: harmony for a harmony tokenizer, else the one its chat "
                         "template names)")
     p.add_argument("--log-level", default="info",

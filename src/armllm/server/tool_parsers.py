@@ -8,6 +8,12 @@ the formats models write them, whole or as it streams.
                  special token: its requests keep special tokens in their text)
     harmony      GPT-OSS: a message "to=functions.NAME" whose body is the arguments
                  (special tokens kept too; the parser also splits off the reasoning)
+    qwen3_coder  Qwen3-Coder, Qwen3.5/3.6: <tool_call><function=NAME><parameter=KEY>
+                 value</parameter>...</function></tool_call>, in server/qwen3_coder.py
+                 (its arguments are built from the parameters, typed by their schemas)
+
+The parsers are named in server/tools.py's PARSERS (tools.detect_parser reads
+the name from a chat template); each is made with the request's tools.
 
 A parser is fed the completion's text deltas and answers, for each, the content
 to emit and OpenAI's tool-call deltas: the first for a call carries its index,
@@ -172,7 +178,10 @@ class ToolParser(ABC):
 
     new_id = staticmethod(openai_call_id)
 
-    def __init__(self):
+    def __init__(self, tools: list[dict] | None = None):
+        # the request's functions' parameter schemas, by name (OpenAI's tools list)
+        self.functions: dict[str, dict] = {t["function"]["name"]: t["function"].get(
+            "parameters") or {} for t in tools or []}
         self.calls: list[ToolCall] = []
         self._buf = ""              # text not yet decided
         self._call: CallObject | None = None
@@ -275,8 +284,8 @@ class HermesParser(ToolParser):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     _marker_text = OPEN
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tools: list[dict] | None = None):
+        super().__init__(tools)
         self._closing = False       # a call has ended: its </tool_call> may follow
 
     def _advance(self, content, deltas, final):
@@ -306,8 +315,8 @@ class Llama3JsonParser(ToolParser):
     """An answer that is a JSON object with a name (calls separated by ";"); any
     other answer is content."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tools: list[dict] | None = None):
+        super().__init__(tools)
         self._mode = "start"        # start, calls, content
 
     def _advance(self, content, deltas, final):
@@ -354,8 +363,8 @@ class MistralParser(ToolParser):
     MARKER = "[TOOL_CALLS]"
     new_id = staticmethod(mistral_call_id)
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tools: list[dict] | None = None):
+        super().__init__(tools)
         self._mode = "text"         # text, array, between, rest
 
     def _advance(self, content, deltas, final):
@@ -398,8 +407,8 @@ class HarmonyParser(ToolParser):
                "<|call|>", "<|return|>")
     RECIPIENT = re.compile(r"\bto=functions\.([^\s<]+)")
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tools: list[dict] | None = None):
+        super().__init__(tools)
         self._state = "body"        # header or body
         self._kind = "content"      # the body's: content, reasoning, call, hidden
         self._header = ""
@@ -464,21 +473,3 @@ class HarmonyParser(ToolParser):
         elif self._kind == "call":
             self.calls[-1].arguments += text
             deltas.append({"index": len(self.calls) - 1, "function": {"arguments": text}})
-
-
-PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser,
-                                        "llama3_json": Llama3JsonParser,
-                                        "mistral": MistralParser,
-                                        "harmony": HarmonyParser}
-TOOL_CALL_PARSERS = ("auto", *PARSERS)
-
-
-def detect_parser(chat_template: str | None) -> str | None:
-    """The parser a chat template's tool markup names, when it names one only."""
-    if not chat_template:
-        return None
-    found = [name for name, marks in (("hermes", ("<tool_call>",)),
-                                      ("mistral", ("[TOOL_CALLS]",)),
-                                      ("llama3_json", ("<|python_tag|>", "ipython")))
-             if any(m in chat_template for m in marks)]
-    return found[0] if len(found) == 1 else None

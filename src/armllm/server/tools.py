@@ -4,7 +4,9 @@ apply_chat_template(tools=...) does, enforced by a grammar when a call is
 required (tool_choice "required" or a named function: the output must be
 calls, in the model's format, to those functions with arguments that match
 their parameters' JSON schemas), and read back from the completion by the
-model's tool parser (server/tool_parsers.py)."""
+model's tool parser (PARSERS: server/tool_parsers.py's and qwen3_coder.py's),
+which the server names with --tool-call-parser or detect_parser finds in the
+chat template."""
 from __future__ import annotations
 
 import json
@@ -13,8 +15,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from armllm.server.protocol import APIError, bad
-from armllm.server.tool_parsers import PARSERS, ToolParser
+from armllm.server.qwen3_coder import Qwen3CoderParser, value_types
+from armllm.server.tool_parsers import (
+    HarmonyParser,
+    HermesParser,
+    Llama3JsonParser,
+    MistralParser,
+    ToolParser,
+)
 from armllm.structured_output import StructuredOutput
+
+PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser,
+                                        "llama3_json": Llama3JsonParser,
+                                        "mistral": MistralParser,
+                                        "harmony": HarmonyParser,
+                                        "qwen3_coder": Qwen3CoderParser}
+TOOL_CALL_PARSERS = ("auto", *PARSERS)
 
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # what OpenAI accepts
 NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -37,12 +53,25 @@ class ToolRequest:
         return self.choice != "none" and bool(self.tools)
 
     def new_parser(self) -> ToolParser:
-        return PARSERS[self.parser]()
+        return PARSERS[self.parser](self.tools)
 
     @property
     def template_tools(self) -> list[dict] | None:
         """What the chat template's `tools` variable holds (none when calls are off)."""
         return self.tools if self.parses else None
+
+
+def detect_parser(chat_template: str | None) -> str | None:
+    """The parser a chat template's tool markup names, when it names one only."""
+    if not chat_template:
+        return None
+    found = [name for name, marks in (("hermes", ("<tool_call>",)),
+                                      ("mistral", ("[TOOL_CALLS]",)),
+                                      ("llama3_json", ("<|python_tag|>", "ipython")))
+             if any(m in chat_template for m in marks)]
+    if "hermes" in found and all(m in chat_template for m in ("<function=", "<parameter=")):
+        found[found.index("hermes")] = "qwen3_coder"    # XML calls inside <tool_call>
+    return found[0] if len(found) == 1 else None
 
 
 def tool_request(req: dict, parser: str | None) -> ToolRequest | None:
@@ -134,6 +163,8 @@ def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
             f"args_{i}: %json {json.dumps({**fn['parameters'], 'x-guidance': CALL_JSON_OPTIONS})}\n"
             for i, (c, fn) in enumerate(zip(calls, allowed, strict=True)))
         return _grammar(lark)
+    if tools.parser == "qwen3_coder":
+        return _grammar(_xml_calls(allowed, many, marker))
     if tools.parser == "hermes":
         lark = ('start: call ("\\n" call)*\n' if many else "start: call\n") + \
             f'call: {marker("<tool_call>")} "\\n" body "\\n" {marker("</tool_call>")}\n'
@@ -143,6 +174,66 @@ def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
         lark = f'start: {marker("[TOOL_CALLS]")} "[" body' + \
             (' (", " body)*' if many else "") + ' "]"\n'
     return _grammar(lark + "body: %json " + json.dumps(body))
+
+
+# what a raw-text parameter value may not hold: the tags that would end it early
+XML_VALUE_TEXT = r"~/(?s:.*)(<\/parameter>|<parameter=|<\/function>|<\/tool_call>)(?s:.*)/"
+
+
+def _xml_calls(allowed: list[dict], many: bool, marker) -> str:
+    """Qwen3-Coder's XML calls, as its chat template writes them: each function's
+    parameters in its schema's order (the required ones always, no others), a string
+    value as raw text, any other value as JSON that matches the parameter's schema."""
+    functions = " | ".join(f"fn_{i}" for i in range(len(allowed)))
+    lines = ['start: call ("\\n" call)*' if many else "start: call",
+             f'call: {marker("<tool_call>")} "\\n" ({functions}) "</function>\\n" '
+             f'{marker("</tool_call>")}']
+    for i, fn in enumerate(allowed):
+        schema, name = fn["parameters"], fn["name"]
+        required = set(schema.get("required") or ())
+        params = []
+        for j, (param, prop) in enumerate((schema.get("properties") or {}).items()):
+            if prop is False:       # a parameter that may not be given
+                continue
+            prop = prop if isinstance(prop, dict) else {}
+            rule = f"param_{i}_{j}"
+            params.append(rule if param in required else rule + "?")
+            lines += _xml_parameter(rule, name, param, prop, schema)
+        lines.append(f"fn_{i}: {_literal(f'<function={name}>')} " + '"\\n" ' + " ".join(params))
+    return "\n".join(lines) + "\n"
+
+
+def _xml_parameter(rule: str, function: str, param: str, prop: dict, schema: dict
+                   ) -> list[str]:
+    """The rules of one <parameter=param> block, whose schema is prop in the function's
+    parameters `schema` (value_types says how the parser reads the value back)."""
+    where = f"{function}.{param}"
+    if any(c in param for c in "<>\n"):
+        raise bad("tools", f"{where}: a parameter name with <, > or a newline cannot be "
+                           "written in this model's (qwen3_coder) tool calls")
+    open_tag, close_tag = _literal(f"<parameter={param}>\n"), _literal("\n</parameter>\n")
+    if value_types(prop) != {"string"}:
+        defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+        value = json.dumps({**defs, **prop, "x-guidance": CALL_JSON_OPTIONS})
+        return [f"{rule}: {open_tag} %json {value} {close_tag}"]
+    values = [prop["const"]] if "const" in prop else prop.get("enum")
+    if values:
+        return [f"{rule}: {open_tag} ({' | '.join(_literal(v) for v in values)}) {close_tag}"]
+    for keyword in ("pattern", "format"):
+        if keyword in prop:
+            raise bad("tools", f"{where}: a string's {keyword} cannot be enforced on the raw "
+                               "text of this model's (qwen3_coder) tool calls; drop it or use "
+                               'tool_choice "auto"')
+    low, high = (prop.get(k) if isinstance(prop.get(k), int) else None
+                 for k in ("minLength", "maxLength"))
+    token = rule.upper()    # one lexeme with its closing tag: where the text ends is certain
+    return [f"{rule}: {open_tag} {token}",
+            f"{token}: (/(?s:.{{{low or 0},{'' if high is None else high}}})/ & {XML_VALUE_TEXT}) "
+            f"{close_tag}"]
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _grammar(lark: str) -> StructuredOutput:
