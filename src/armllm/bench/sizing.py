@@ -131,9 +131,22 @@ def weight_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None,
            "final_norm": 4 * c.hidden_size,
            "lm_head": linear_bytes(head_rows or c.vocab_size, c.hidden_size, dense,
                                    formats.lm_head if formats else None)
-           if c.has_lm_head else 0}   # an embedding model has none
-    out["total"] = out["embedding"] + out["layers"] + out["final_norm"] + out["lm_head"]
+           if c.has_lm_head else 0,   # an embedding model has none
+           "mtp": _mtp_bytes(c, dense, formats) if head_rows is None else 0}
+    out["total"] = (out["embedding"] + out["layers"] + out["final_norm"] + out["lm_head"]
+                    + out["mtp"])
     return out
+
+
+def _mtp_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None) -> int:
+    """A multi-token-prediction block's bytes (Qwen3.5's, loaded beside the model on one
+    rank): its fc and norms, and layers as the last attention layer's, in its formats."""
+    if not c.mtp_layers:
+        return 0
+    last = c.attention_layers[-1]
+    layer = _layer_bytes(c, dense, formats, last) + 4 * _layer_small_params(c, last)
+    return c.mtp_layers * layer + 2 * c.hidden_size ** 2 * ITEM_BYTES[dense] \
+        + 3 * 4 * c.hidden_size
 
 
 def _layer_bytes(c: ModelConfig, dense: str, formats: LinearFormats | None, i: int,
@@ -282,12 +295,15 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
     kv_read = kv_token * context + (
         window_block_bytes // block * min(c.sliding_window, context) if window_pool else 0)
 
+    state_rw = 2 * state_bytes(c, 1)   # a hybrid's recurrent state, read and written
+
     def step(batch: int) -> dict:
         step_weights = round(weights["total"] - weights["embedding"] - weights["layers"]
+                             - weights["mtp"]
                              + step_layer_bytes(c, dense, formats, batch))
-        nbytes = step_weights + batch * (row + kv_read)
+        nbytes = step_weights + batch * (row + kv_read + state_rw)
         d = {"batch": batch, "bytes": nbytes, "weight_bytes": step_weights + batch * row,
-             "kv_bytes": batch * kv_read}
+             "kv_bytes": batch * kv_read, "state_bytes": batch * state_rw}
         if bandwidth_gbs:   # each rank reads its shard at its node's share
             node_bytes_per_s = bandwidth_gbs / ranks * 1e9
             t = nbytes / node_bytes_per_s

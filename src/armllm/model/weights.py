@@ -122,6 +122,24 @@ class LayerWeights:
 
 
 @dataclass
+class MTPWeights:
+    """A multi-token-prediction block (Qwen3.5's mtp.*), loaded for speculative
+    decoding to draft with: layers(fc [rms_norm(embed(next token), embed_norm) |
+    rms_norm(hidden, hidden_norm)]), then rms_norm(., norm) and the model's lm_head.
+    fc [hidden, 2 hidden] in the model's float dtype; norms [hidden] float32; layers:
+    full-attention decoder layers."""
+    fc: ops.PackedWeight
+    embed_norm: np.ndarray
+    hidden_norm: np.ndarray
+    norm: np.ndarray
+    layers: list[LayerWeights]
+
+    @property
+    def nbytes(self) -> int:
+        return self.fc.nbytes + sum(lw.nbytes for lw in self.layers) + 3 * self.norm.nbytes
+
+
+@dataclass
 class ModelWeights:
     dtype: WeightDtype
     embed: np.ndarray | ops.GGUFTable  # [vocab, hidden] float32, uint16 bf16 bits, or GGUF blocks
@@ -129,11 +147,13 @@ class ModelWeights:
     final_norm: np.ndarray
     lm_head: ops.PackedWeight | None   # None: an embedding model (config.has_lm_head False)
     quantization: str | None = None   # what the linear layers run as, e.g. "w4a8-g32 (GGUF Q4_1)"
+    mtp: MTPWeights | None = None     # the multi-token-prediction block, where loaded
 
     @property
     def nbytes(self) -> int:
         head = 0 if self.lm_head is None else self.lm_head.nbytes
-        return sum(lw.nbytes for lw in self.layers) + self.embed.nbytes + head
+        mtp = 0 if self.mtp is None else self.mtp.nbytes
+        return sum(lw.nbytes for lw in self.layers) + self.embed.nbytes + head + mtp
 
     @cached_property
     def formats(self) -> LinearFormats | None:
@@ -426,9 +446,8 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             dt_bias=as_f32(tensor(name(i, "dt_bias"), (d.v_heads,))),
             norm=as_f32(tensor(name(i, "norm.weight"), (d.v_dim,))))
 
-    family = arch.of(c)
-    layers = []
-    for i in range(c.num_layers):
+    def load_layer(i: int) -> LayerWeights:
+        """Layer i (from num_layers on, the MTP block's layer i - num_layers)."""
         p = f"model.layers.{i}."
         steps = family.layer(c, i)
         qkv, o, gate_up, down = layer_tensors(c, i)
@@ -443,7 +462,7 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
                                    for n, size in (("q", q), ("k", kv), ("v", kv))])
         qk = [as_f32(tensor(p + f"self_attn.{n}_norm.weight", (c.head_dim,)))
               for n in "qk"] if has_step(steps, QKNorm) else [None, None]
-        layers.append(LayerWeights(
+        return LayerWeights(
             norms={n: as_f32(tensor(p + family.norms[n], (h,))) for n in step_norms(steps)},
             qkv=matrix(qkv),
             qkv_bias=bias,
@@ -460,13 +479,25 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             delta=delta_net(i) if has_step(steps, DeltaNet) else None,
             shared_gate=as_f32(tensor(family.shared_gate_tensor(i), (1, h))).reshape(h)
             if shared else None,
-        ))
+        )
+
+    family = arch.of(c)
+    layers = []
+    for i in range(c.num_layers):
+        layers.append(load_layer(i))
         if progress:
             progress(i + 1, c.num_layers)
+    mtp = None
+    if c.mtp_layers and plan is None and source.has(family.mtp_tensors()[0]):
+        fc, *norms = family.mtp_tensors()
+        mtp = MTPWeights(matrix([(fc, (h, 2 * h))], may_quantize=False),
+                         *(as_f32(tensor(n, (h,))) for n in norms),
+                         [load_layer(c.num_layers + j) for j in range(c.mtp_layers)])
     label = ", ".join(sorted(used)) or None
     if lm_head is not None and lm_head.quantized:
         label = f"{label}; lm_head {head_label}"
-    return ModelWeights(dtype, embed, layers, as_f32(tensor(FINAL_NORM, (h,))), lm_head, label)
+    return ModelWeights(dtype, embed, layers, as_f32(tensor(FINAL_NORM, (h,))), lm_head, label,
+                        mtp)
 
 
 def _group_name(group: int) -> str:

@@ -14,9 +14,12 @@ head (partial_rotary_factor; the mRoPE sections collapse to 1-D positions for
 text). Every RMSNorm but the DeltaNet's gated one multiplies by (1 + w): the
 loader adds the 1 to a safetensors checkpoint's weights (llama.cpp's converter
 already did). The MoE variant's sparse MLP adds a shared expert scaled by
-sigmoid(x . w) (SparseMLP's shared). The multi-token-prediction layer (mtp.*) is
-counted (mtp_layers) for speculative decoding; *ForConditionalGeneration
-checkpoints run their language model (the vision tower is not loaded).
+sigmoid(x . w) (SparseMLP's shared). The multi-token-prediction block (mtp.*,
+speculative decoding's draft: an fc over [norm(embedding) | norm(hidden)], full
+attention layers as the model's, a norm) is loaded beside the model: its
+layer j is logical layer num_layers + j (ModelWeights.mtp).
+*ForConditionalGeneration checkpoints run their language model (the vision
+tower is not loaded).
 
 GGUF: llama.cpp's "qwen35" and "qwen35moe", whose linear-attention value heads
 are stored tiled (value head h reads key head h % k_heads: DeltaNetShape's
@@ -56,6 +59,11 @@ DELTA_GGUF_NAMES = {"in_proj_qkv.weight": "attn_qkv.weight", "in_proj_z.weight":
                     "conv1d.weight": "ssm_conv1d.weight", "A_log": "ssm_a",
                     "dt_bias": "ssm_dt.bias", "norm.weight": "ssm_norm.weight",
                     "out_proj.weight": "ssm_out.weight"}
+# the MTP block's own tensors and llama.cpp's names under "blk.{num_layers}." (nextn)
+MTP_GGUF_NAMES = {"mtp.fc.weight": "nextn.eh_proj.weight",
+                  "mtp.pre_fc_norm_embedding.weight": "nextn.enorm.weight",
+                  "mtp.pre_fc_norm_hidden.weight": "nextn.hnorm.weight",
+                  "mtp.norm.weight": "nextn.shared_head_norm.weight"}
 SHARED_GGUF_NAMES = {"mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
                      "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
                      "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
@@ -135,12 +143,14 @@ class Qwen3_5(Architecture):
     # ------------------------------------------------------------ the layer
 
     def layer(self, c: ModelConfig, i: int) -> tuple[Step, ...]:
+        """Layer i's steps; from num_layers on, the MTP block's (full attention, sparse
+        in a mixture-of-experts model)."""
         if c.is_linear_layer(i):
             mixer = (NormLinear("input_norm", "qkv"), DeltaNet(), Linear("o"))
         else:
             mixer = (NormLinear("input_norm", "qkv"), QKNorm(), RopeKV(), Attention(),
                      OutputGate(), Linear("o"))
-        if c.is_moe_layer(i):
+        if self.sparse(c, i):
             if c.shared_expert_intermediate_size not in (0, c.moe_intermediate_size):
                 raise ValueError(f"config: a shared expert of {c.shared_expert_intermediate_size}"
                                  f" beside experts of {c.moe_intermediate_size}: armllm runs "
@@ -149,6 +159,16 @@ class Qwen3_5(Architecture):
         return (*mixer, NormLinear("post_norm", "gate_up"), Act("silu"), Linear("down"))
 
     # ------------------------------------------------------------ logical tensors
+
+    @staticmethod
+    def sparse(c: ModelConfig, i: int) -> bool:
+        """Layer i's MLP is sparse (an MTP layer: when the model's are)."""
+        return c.is_moe_layer(i) or (i >= c.num_layers and bool(c.moe_layers))
+
+    def mtp_tensors(self) -> tuple[str, ...]:
+        """The MTP block's fc [hidden, 2 hidden] and its three norms [hidden]: the
+        embedding's, the hidden state's, the output's."""
+        return tuple(MTP_GGUF_NAMES)
 
     def delta_tensor(self, i: int, name: str) -> str:
         """Recurrent layer i's Gated DeltaNet tensor `name` (a DELTA_GGUF_NAMES key)."""
@@ -165,15 +185,24 @@ class Qwen3_5(Architecture):
         else:   # q_proj's rows: per head [q | gate]
             name, (q, _) = parts[0][0]
             parts[0][0] = (name, (2 * q, h))
+        if self.sparse(c, i) and not c.is_moe_layer(i):   # a sparse MTP layer's expert
+            gate, up, down = self.expert_tensors(i, expert)
+            inter = c.moe_intermediate_size
+            parts[2:] = [[(gate, (inter, h)), (up, (inter, h))], [(down, (h, inter))]]
         return parts
 
     # ------------------------------------------------------------ where they are stored
 
     def hf_tensor(self, c: ModelConfig, name: str, stored: Container[str] = ()) -> TensorRef:
-        if name.startswith("model.") and MULTIMODAL_PREFIX + name[len("model."):] in stored:
+        parts = name.split(".", 3)
+        if len(parts) == 4 and parts[1] == "layers" and int(parts[2]) >= c.num_layers:
+            name = f"mtp.layers.{int(parts[2]) - c.num_layers}.{parts[3]}"   # the MTP block's
+        elif name.startswith("model.") and MULTIMODAL_PREFIX + name[len("model."):] in stored:
             name = MULTIMODAL_PREFIX + name[len("model."):]
-        # Qwen3_5RMSNorm multiplies by (1 + w); the DeltaNet's gated norm by w
-        zero_centred = name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight")
+        # Qwen3_5RMSNorm multiplies by (1 + w), the MTP block's too; the DeltaNet's gated
+        # norm by w
+        zero_centred = (name.endswith("norm.weight") or name in MTP_GGUF_NAMES) and \
+            not name.endswith("linear_attn.norm.weight") and name != "mtp.fc.weight"
         return TensorRef(name, add=1.0 if zero_centred else 0.0)
 
     def gguf_layer_names(self) -> dict[str, str]:
@@ -181,6 +210,8 @@ class Qwen3_5(Architecture):
                 "post_attention_layernorm.weight": "post_attention_norm.weight"}
 
     def gguf_tensor(self, c: ModelConfig, name: str) -> TensorRef:
+        if name in MTP_GGUF_NAMES:
+            return TensorRef(f"blk.{c.num_layers}.{MTP_GGUF_NAMES[name]}")
         ref = super().gguf_tensor(c, name)
         # the stored A is -exp(A_log)
         return TensorRef(ref.name, log_neg=True) if name.endswith("linear_attn.A_log") else ref
