@@ -122,6 +122,8 @@ cdef class Kernels(_GDNKernels):
 include "sample.pxi"
 include "probe.pxi"
 include "comm.pxi"
+include "linear.pxi"
+include "batch.pxi"
 include "layer.pxi"
 include "head.pxi"
 include "moe.pxi"

@@ -1,4 +1,4 @@
-# delta.pxi: included by _ext.pyx after layer.pxi (it uses LinearArgs, Buf, BatchArgs,
+# delta.pxi: included by _ext.pyx after linear.pxi and batch.pxi (it uses LinearArgs, Buf, BatchArgs,
 # _bind_linear, _matmul); DeltaNetMixer, a hybrid model's recurrent (Gated DeltaNet)
 # token mixer, which a DecoderLayer's delta_net step runs in place of attention.
 

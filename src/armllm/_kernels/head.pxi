@@ -1,4 +1,4 @@
-# head.pxi: included by _ext.pyx after layer.pxi (whose linear bindings and
+# head.pxi: included by _ext.pyx after linear.pxi (whose linear bindings and
 # norm + linear helper it uses); NormHead, the final norm and the lm_head on only
 # the rows that need logits.
 

@@ -1,24 +1,19 @@
-# layer.pxi: included by _ext.pyx (it uses its validation helpers, Kernels and
-# ThreadPool); DecoderLayer and StepBatch, the per-layer call of a decode step, and the
-# helpers head.pxi's NormHead shares.
+# layer.pxi: included by _ext.pyx after linear.pxi and batch.pxi (it uses their
+# LinearArgs, GEMM calls and StepBatch, and the validation helpers, Kernels and
+# ThreadPool); DecoderLayer, the per-layer call of a decode step.
 
 # ------------------------------------------------------------ decoder layers
 #
 # A decoder layer as one call (DecoderLayer.run): the steps its architecture file
 # declares (model/layer.py: norm + linear, q/k norm, RoPE + KV write, attention,
-# linear, post-norm, activation, sparse MLP) run in order in C over pointers bound
+# linear, post-norm, activation, sparse MLP, output gate, Gated DeltaNet) run in order in C over pointers bound
 # once (DecoderLayer: weights, the workspace's buffers, the KV cache) and once per
 # step (StepBatch), so a decode step costs one Python-level call per layer, with
 # exactly the kernel calls, in the same order, the per-op wrappers of armllm.ops
 # make.
 
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from libc.string cimport memcpy
 
-DEF LIN_F32 = 0
-DEF LIN_BF16 = 1
-DEF LIN_WQ = 2    # from here on, kinds whose activations are quantized first
-DEF LIN_GGUF = 3
 # kernel errors DecoderLayer.run reports (the bad index goes with them)
 DEF ERR_ROPE = 1
 DEF ERR_KV_WRITE = 2
@@ -50,48 +45,6 @@ _STEP_CODES = {"norm_linear": STEP_NORM_LINEAR, "qk_norm": STEP_QK_NORM,
                "output_gate": STEP_OUTPUT_GATE, "delta_net": STEP_DELTA_NET}
 _LINEAR_SLOTS = {"qkv": LIN_QKV, "o": LIN_O, "gate_up": LIN_GATE_UP, "down": LIN_DOWN}
 _ACT_KINDS = {"silu": ACT_SILU, "gelu_tanh": ACT_GELU_TANH}
-
-
-cdef struct LinearArgs:
-    int kind                  # LIN_F32, LIN_BF16, LIN_WQ or LIN_GGUF
-    const void *w             # the packed weight
-    int64_t n, k, group, ng
-    int bits
-    const float *bias         # NULL: none
-    int8_t *xq                # quantized: the activations' scratch (ActScratch)
-    int64_t ldq
-    float *scale
-    int64_t ldsc
-    int32_t *gsum
-    int64_t ldgs
-    int32_t *zp               # NULL: symmetric activations
-    int64_t ldzp
-    float *szp                # [rows, ng] scale * zp
-    int64_t ldszp
-    const float *corr_w       # the zero points' correction weight [n, ng], packed f32
-    float *corr               # [rows, n] its product, contiguous
-
-
-cdef struct Buf:
-    float *p
-    int64_t ld
-
-
-cdef inline int64_t _now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
-cdef Buf _buf(object a, str name, int64_t cols):
-    """A writable float32 [rows, cols] buffer's pointer and row stride."""
-    cdef cnp.ndarray arr = _array(a, name, np.float32, 2)
-    _writable(arr, name)
-    if arr.shape[1] != cols:
-        raise ValueError(f"{name} must have {cols} columns, got shape {_shp(arr)}")
-    cdef Buf b
-    b.p, b.ld = <float *>cnp.PyArray_DATA(arr), _ld(arr)
-    return b
 
 
 cdef struct StepArgs:
@@ -126,14 +79,6 @@ cdef struct LayerArgs:
     int64_t k_off             # k's first column in qkv (q_size, or 2 q_size when gated)
     void *comm                # tensor parallel: the all-reduce segment (NULL: one rank)
     int rank
-
-
-cdef const float *_vector(object a, str name, int64_t n) except NULL:
-    """A float32 [n] array's data."""
-    cdef cnp.ndarray arr = _array(a, name, np.float32, 1)
-    if arr.shape[0] != n:
-        raise ValueError(f"{name} must have shape ({n},), got {_shp(arr)}")
-    return <const float *>cnp.PyArray_DATA(arr)
 
 
 cdef class DecoderLayer:
@@ -334,188 +279,6 @@ cdef class DecoderLayer:
         raise ValueError(f"sequence {bad}: inconsistent attention metadata (seq_lens="
                          f"{b.seq_lens[bad]}, query rows {b.query_start[bad]}.."
                          f"{b.query_start[bad + 1]}, num_blocks={self.a.num_blocks})")
-
-
-
-cdef LinearArgs _bind_linear(Kernels kernels, object w_obj, object bias, object scratch,
-                         int64_t max_rows) except *:
-    """A linear layer's pointers: its weight, bias and (quantized) activation scratch
-    of at least max_rows rows, checked against the kernels' layouts."""
-    if not isinstance(w_obj, PackedWeight):
-        raise ValueError(f"weights must be PackedWeights, got {type(w_obj).__name__}")
-    cdef PackedWeight w = <PackedWeight>w_obj
-    cdef LinearArgs L
-    cdef cnp.ndarray a
-    L.w, L.n, L.k, L.group, L.bits = cnp.PyArray_DATA(w.data), w.n, w.k, w.group, w.bits
-    L.ng = armllm_q_groups(w.k, w.group)
-    L.bias, L.xq, L.scale, L.gsum, L.zp, L.szp, L.corr_w, L.corr = (
-        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
-    L.ldq = L.ldsc = L.ldgs = L.ldzp = L.ldszp = 0
-    if bias is not None:
-        L.bias = _vector(bias, "bias", w.n)
-    cdef const armllm_kernels *t = kernels.t
-    if not w.quantized:
-        L.kind = LIN_F32 if w.dtype == "f32" else LIN_BF16
-        layout = t.gemm_f32_layout if w.dtype == "f32" else t.gemm_bf16_layout
-        if w.layout != layout.decode():
-            raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} "
-                             f"kernels read {layout.decode()!r}")
-        return L
-    L.kind = LIN_GGUF if w.dtype == "gguf" else LIN_WQ
-    layout = t.gemm_gguf_layout if w.dtype == "gguf" else t.gemm_wq_layout
-    if w.layout != layout.decode():
-        raise ValueError(f"a weight is packed as {w.layout!r}, the {kernels.isa} kernels "
-                         f"read {layout.decode()!r}")
-    if scratch is None or scratch.gsum is None or scratch.k != w.k or \
-            armllm_q_group_len(scratch.group) != armllm_q_group_len(w.group) or \
-            scratch.rows < max_rows:
-        raise ValueError(f"a quantized weight ({w!r}) needs an ActScratch with sums for "
-                         f"its K and group of {max_rows} rows, got {scratch!r}")
-    a = _array(scratch.xq, "xq", np.int8, 2)
-    L.xq, L.ldq = <int8_t *>cnp.PyArray_DATA(a), _ld(a)
-    a = _array(scratch.scale, "scale", np.float32, 2)
-    L.scale, L.ldsc = <float *>cnp.PyArray_DATA(a), _ld(a)
-    a = _array(scratch.gsum, "gsum", np.int32, 2)
-    L.gsum, L.ldgs = <int32_t *>cnp.PyArray_DATA(a), _ld(a)
-    if w.zp_correction is not None:
-        if scratch.zp is None or scratch.asym_n < w.n:
-            raise ValueError(f"{w!r} takes asymmetric activations: its ActScratch needs "
-                             f"zero points for {w.n} outputs")
-        a = _array(scratch.zp, "zp", np.int32, 2)
-        L.zp, L.ldzp = <int32_t *>cnp.PyArray_DATA(a), _ld(a)
-        a = _array(scratch.scaled_zp, "scaled_zp", np.float32, 2)
-        L.szp, L.ldszp = <float *>cnp.PyArray_DATA(a), _ld(a)
-        a = _array(scratch.correction(scratch.rows, w.n), "correction", np.float32, 2)
-        L.corr = <float *>cnp.PyArray_DATA(a)
-        L.corr_w = <const float *>cnp.PyArray_DATA((<PackedWeight>w.zp_correction).data)
-    return L
-
-
-cdef int64_t *_times_ptr(object times) except? NULL:
-    """The int64 [4] profiling accumulator's data, or NULL for None."""
-    if times is None:
-        return NULL
-    cdef cnp.ndarray ta = _array(times, "times", np.int64, 1)
-    _writable(ta, "times")
-    if ta.shape[0] != 4:
-        raise ValueError(f"times must have shape (4,), got {_shp(ta)}")
-    return <int64_t *>cnp.PyArray_DATA(ta)
-
-
-cdef struct BatchArgs:
-    int64_t rows
-    const int32_t *positions
-    const int32_t *slot_mapping
-    const int32_t *block_table
-    const int32_t *seq_lens
-    const int32_t *query_start
-    const int32_t *state_slots    # [n_seqs] each sequence's recurrent state slot (NULL: none)
-    int64_t n_seqs, max_blocks
-
-
-cdef class StepBatch:
-    """One step's batch metadata (model/decoder.py's BatchMeta) as DecoderLayer.run
-    reads it: positions and slot_mapping [T] int32, block_table [B, max_blocks],
-    seq_lens [B] and query_start [B + 1] int32, and for a hybrid model's recurrent
-    layers state_slots [B] int32, checked once for every layer."""
-    cdef BatchArgs a
-    cdef tuple keep
-
-    def __init__(self, positions, slot_mapping, block_table, seq_lens, query_start,
-                 state_slots=None):
-        cdef cnp.ndarray pa = _array(positions, "positions", np.int32, 1)
-        cdef cnp.ndarray sa = _array(slot_mapping, "slot_mapping", np.int32, 1)
-        cdef cnp.ndarray bt = _array(block_table, "block_table", np.int32, 2)
-        cdef cnp.ndarray sl = _array(seq_lens, "seq_lens", np.int32, 1)
-        cdef cnp.ndarray qs = _array(query_start, "query_start", np.int32, 1)
-        self.keep = (pa, sa, bt, sl, qs)
-        self.a.rows, self.a.n_seqs = pa.shape[0], sl.shape[0]
-        if sa.shape[0] != self.a.rows:
-            raise ValueError(f"slot_mapping has {sa.shape[0]} entries for {self.a.rows} positions")
-        if qs.shape[0] != self.a.n_seqs + 1 or bt.shape[0] != self.a.n_seqs or _ld(bt) != bt.shape[1]:
-            raise ValueError(f"query_start must have n_seqs+1 = {self.a.n_seqs + 1} entries and "
-                             f"block_table n_seqs C-contiguous rows, got {qs.shape[0]} and "
-                             f"{_shp(bt)}")
-        self.a.query_start = <const int32_t *>cnp.PyArray_DATA(qs)
-        if self.a.query_start[self.a.n_seqs] != self.a.rows:
-            raise ValueError(f"query_start[-1] = {self.a.query_start[self.a.n_seqs]}, but the batch "
-                             f"has {self.a.rows} rows")
-        self.a.positions = <const int32_t *>cnp.PyArray_DATA(pa)
-        self.a.slot_mapping = <const int32_t *>cnp.PyArray_DATA(sa)
-        self.a.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
-        self.a.seq_lens = <const int32_t *>cnp.PyArray_DATA(sl)
-        self.a.max_blocks = bt.shape[1]
-        self.a.state_slots = NULL
-        cdef cnp.ndarray ss
-        if state_slots is not None:
-            ss = _array(state_slots, "state_slots", np.int32, 1)
-            if ss.shape[0] != self.a.n_seqs:
-                raise ValueError(f"state_slots has {ss.shape[0]} entries for {self.a.n_seqs} "
-                                 f"sequences")
-            self.keep = (pa, sa, bt, sl, qs, ss)
-            self.a.state_slots = <const int32_t *>cnp.PyArray_DATA(ss)
-
-
-    @property
-    def rows(self):
-        return self.a.rows
-
-
-cdef inline void _tick(int64_t *times, int which, int64_t *t0) noexcept nogil:
-    """Adds the time since *t0 to times[which] (0: GEMMs, 1: other kernels but
-    attention, 2: attention, 3: sparse MLPs)."""
-    cdef int64_t now
-    if times != NULL:
-        now = _now_ns()
-        times[which] += now - t0[0]
-        t0[0] = now
-
-
-cdef void _matmul(const armllm_kernels *kt, armllm_pool *p, LinearArgs *L, const float *x,
-                  int64_t ldx, int64_t t, float *y, int64_t ldy) noexcept nogil:
-    """y = x W^T (+ bias); a quantized weight reads L's already quantized x, and
-    takes off the zero points' correction as armllm.ops does."""
-    cdef int64_t r, j, g
-    if L.kind == LIN_F32:
-        kt.gemm_f32(p, x, t, L.k, ldx, <const float *>L.w, L.n, L.bias, y, ldy)
-    elif L.kind == LIN_BF16:
-        kt.gemm_bf16(p, x, t, L.k, ldx, <const uint16_t *>L.w, L.n, L.bias, y, ldy)
-    elif L.kind == LIN_GGUF:
-        kt.gemm_gguf(p, L.xq, t, L.k, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs, L.w, L.n, L.bias,
-                     y, ldy)
-    else:
-        kt.gemm_wq(p, L.xq, t, L.k, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs, L.w, L.n, L.bits,
-                   L.group, L.bias, y, ldy)
-        if L.zp != NULL:  # y -= (scale * zp) @ C.T
-            for r in range(t):
-                for g in range(L.ng):
-                    L.szp[r * L.ldszp + g] = <float>L.zp[r * L.ldzp + g] * L.scale[r * L.ldsc + g]
-            kt.gemm_f32(p, L.szp, t, L.ng, L.ldszp, L.corr_w, L.n, NULL, L.corr, L.n)
-            for r in range(t):
-                for j in range(L.n):
-                    y[r * ldy + j] = y[r * ldy + j] - L.corr[r * L.n + j]
-
-
-cdef inline void _quant(const armllm_kernels *kt, armllm_pool *p, LinearArgs *L, const float *x,
-                        int64_t ldx, int64_t t) noexcept nogil:
-    kt.quant_act(p, x, t, L.k, ldx, L.group, L.xq, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs,
-                 L.zp, L.ldzp)
-
-
-cdef void _norm_linear(const armllm_kernels *kt, armllm_pool *p, LinearArgs *L, const float *x,
-                       int64_t ldx, float *residual, int64_t ldr, const float *norm_w,
-                       float eps, Buf normed, int64_t t, float *y, int64_t ldy,
-                       int64_t *times, int64_t *t0) noexcept nogil:
-    """linear(rmsnorm(x [+ residual])) as ops.rms_norm_linear runs it."""
-    if L.kind >= LIN_WQ:
-        armllm_rmsnorm_quant(kt, p, x, ldx, residual, ldr, norm_w, t, L.k, eps, normed.p,
-                             normed.ld, L.group, L.xq, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs,
-                             L.zp, L.ldzp)
-    else:
-        kt.rmsnorm(p, x, ldx, residual, ldr, norm_w, t, L.k, eps, normed.p, normed.ld)
-    _tick(times, 1, t0)
-    _matmul(kt, p, L, normed.p, normed.ld, t, y, ldy)
-    _tick(times, 0, t0)
 
 
 cdef inline float *_staging(LayerArgs *d, int64_t t) noexcept nogil:

@@ -1,4 +1,4 @@
-# moe.pxi: included by _ext.pyx after layer.pxi (it uses LinearArgs, Buf, _bind_linear,
+# moe.pxi: included by _ext.pyx after linear.pxi (it uses LinearArgs, Buf, _bind_linear,
 # _matmul and _quant); SparseLayer, a mixture-of-experts layer's MLP as one call, and
 # moe_route, its routing for Python.
 
