@@ -14,11 +14,17 @@ gated full-attention layer, twice) against transformers' own forward.
 - llama.cpp's convert_hf_to_gguf.py writes the same checkpoint as a "qwen35" /
   "qwen35moe" GGUF (value heads tiled, A stored as -exp(A_log), norms + 1),
   which gives transformers' logits too;
-- tensor parallel is refused with the reason; `armllm plan` counts the state pool.
+- tensor parallel over 2 ranks (query heads with their gate rows, key heads with
+  their value heads and state, the MLP's, experts' and shared expert's columns)
+  gives one rank's tokens and logits, from the checkpoint and from its GGUF
+  (value heads tiled: a rank's rows are one run per key-head period), and a
+  Q8_0 GGUF splits its blocks as stored; each rank reads the rows of its heads;
+- `armllm plan` counts the state pool, a tensor-parallel rank's too.
 
 The checkpoints use SmolLM2's tokenizer (the demo model's)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -27,11 +33,17 @@ import pytest
 
 from armllm import LLM, SamplingParams
 from armllm.model import arch
-from armllm.model.loader import load_model
+from armllm.model.arch import load_hf_config
+from armllm.model.gguf import GGUFFile
+from armllm.model.loader import gguf_model_config, load_model
+from armllm.model.sharding import ShardedSource, plan_shards
+from armllm.model.sources import GGUFSource, HFSource
+from armllm.model.weights import head_tensor_name
 from tests import llama_cpp_tools as llama_cpp
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from tests.engine.test_tensor_parallel import assert_tp_matches  # noqa: E402
 from tests.model.test_llama_vs_transformers import greedy_pair, hf_logits, prefill_logits  # noqa: E402
 
 BASE = dict(vocab_size=llama_cpp.VOCAB, hidden_size=64, intermediate_size=96,
@@ -77,11 +89,11 @@ def add_mtp_layer(path) -> None:
     (path / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
 
 
-def write_tiny(path, name: str, tokenizer):
+def write_tiny(path, name: str, tokenizer, **fields):
     config_cls, model_cls, extra = TINY[name]
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(
-        getattr(transformers, config_cls)(**{**BASE, **extra})).eval()
+        getattr(transformers, config_cls)(**{**BASE, **extra, **fields})).eval()
     randomize(model)
     model.save_pretrained(path, safe_serialization=True)
     add_mtp_layer(path)
@@ -89,8 +101,8 @@ def write_tiny(path, name: str, tokenizer):
     return model
 
 
-def convert(path, out):
-    """llama.cpp's f32 GGUF of the checkpoint at path. The converter hashes the
+def convert(path, out, outtype: str = "f32"):
+    """llama.cpp's GGUF (f32 or outtype) of the checkpoint at path. The converter hashes the
     tokenizer through AutoTokenizer, which for model_type qwen3_5_moe_text imposes
     Qwen3.5's own tokenizer class on SmolLM2's files: it converts a copy that says
     qwen3_5_text (the architecture, which picks the converter, stays)."""
@@ -98,7 +110,7 @@ def convert(path, out):
     shutil.copytree(path, copy)
     config = json.loads((copy / "config.json").read_text())
     (copy / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5_text"}))
-    return llama_cpp.convert(copy, out)
+    return llama_cpp.convert(copy, out, outtype)
 
 
 @pytest.fixture(scope="module")
@@ -294,16 +306,204 @@ def test_llama_cpp_q8_0_runs_as_stored(tiny, tmp_path, name):
     assert stored <= 2 * rounded
 
 
-def test_tensor_parallel_is_refused_with_the_reason(tiny):
+@pytest.fixture(scope="module")
+def dense_gguf(tiny, tmp_path_factory):
     path, _ = tiny("dense")
-    with pytest.raises(ValueError, match="tensor parallel does not split Gated DeltaNet"):
-        LLM(path, tensor_parallel_size=2, **ENGINE)
+    return convert(path, tmp_path_factory.mktemp("gguf") / "dense.gguf")
+
+
+def rows_of(a: np.ndarray, size: int, heads) -> np.ndarray:
+    """The rows of `heads` (a slice or a list) of a [heads * size, ...] tensor."""
+    return a.reshape(-1, size, *a.shape[1:])[heads].reshape(-1, *a.shape[1:])
+
+
+def shard_tensors(source, c, plan, names) -> dict[str, np.ndarray]:
+    """The tensors `names` as rank `plan.rank` reads them: get(), and float_rows() in
+    chunks of 5 rows must agree."""
+    sharded = ShardedSource(source, plan, c, head_tensor_name(c))
+    got = {}
+    for name in names:
+        got[name] = a = sharded.get(name)
+        assert tuple(a.shape) == sharded.shape(name)
+        if a.ndim == 2:
+            rows = np.full_like(a, np.nan)
+            for row0, chunk in sharded.float_rows(name, 5):
+                rows[row0:row0 + len(chunk)] = chunk
+            np.testing.assert_array_equal(rows, a)
+    return got
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_each_rank_reads_the_rows_of_its_heads(tiny, ranks):
+    """Against the checkpoint's tensors sliced by heads in numpy: 2 ranks hold 1 of 2
+    key heads with its 2 value heads each, 4 ranks share each key head and take 1
+    value head (as 4 ranks share attention's 2 KV heads); q_proj's rows a head are
+    [q | gate]; the experts and the shared expert split within, their gates whole."""
+    from safetensors.numpy import load_file
+    path, _ = tiny("moe")
+    c = load_hf_config(path)
+    d, h, hd = c.delta_net, c.hidden_size, c.head_dim
+    g = d.v_heads // d.k_heads
+    w = load_file(path / "model.safetensors")
+    plans = plan_shards(c, ranks)
+    taken = []
+    source = HFSource(path, None, c)
+    for p in plans:
+        got = shard_tensors(source, c, p,
+                            [n for n in w if n.startswith(("model.layers.0.",
+                                                           "model.layers.3."))])
+        (k0, k1), (q0, q1), (kv0, kv1) = p.delta_k_heads, p.q_heads, p.kv_heads
+        heads = [v for a, b in p.delta_v_heads for v in range(a, b)]
+        assert all(k0 <= v // g < k1 for v in heads)   # each reads one of its key heads
+        taken += heads
+        shard = p.config(c)
+        assert (shard.delta_net.k_heads, shard.delta_net.v_heads) == (k1 - k0, len(heads))
+        lin = "model.layers.0.linear_attn."
+        q, k, v = np.split(w[lin + "in_proj_qkv.weight"], [d.key_size, 2 * d.key_size])
+        qkv_rows = [rows_of(q, d.k_dim, slice(k0, k1)), rows_of(k, d.k_dim, slice(k0, k1))]
+        want = {lin + "in_proj_qkv.weight": np.concatenate(
+                    [*qkv_rows, rows_of(v, d.v_dim, heads)]),
+                lin + "in_proj_z.weight": rows_of(w[lin + "in_proj_z.weight"], d.v_dim, heads),
+                lin + "out_proj.weight": w[lin + "out_proj.weight"].reshape(
+                    h, d.v_heads, d.v_dim)[:, heads].reshape(h, -1),
+                lin + "norm.weight": w[lin + "norm.weight"]}
+        conv_q, conv_k, conv_v = np.split(w[lin + "conv1d.weight"],
+                                          [d.key_size, 2 * d.key_size])
+        want[lin + "conv1d.weight"] = np.concatenate([
+            rows_of(conv_q, d.k_dim, slice(k0, k1)), rows_of(conv_k, d.k_dim, slice(k0, k1)),
+            rows_of(conv_v, d.v_dim, heads)])
+        for per_head in ("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_bias"):
+            want[lin + per_head] = w[lin + per_head][heads]
+        att = "model.layers.3.self_attn."
+        want |= {att + "q_proj.weight": rows_of(w[att + "q_proj.weight"], 2 * hd,
+                                                slice(q0, q1)),
+                 att + "k_proj.weight": rows_of(w[att + "k_proj.weight"], hd, slice(kv0, kv1)),
+                 att + "v_proj.weight": rows_of(w[att + "v_proj.weight"], hd, slice(kv0, kv1)),
+                 att + "o_proj.weight": w[att + "o_proj.weight"][:, q0 * hd:q1 * hd]}
+        m0, m1 = p.moe_inter
+        for i in (0, 3):
+            mlp = f"model.layers.{i}.mlp."
+            for expert in ("experts.5.", "shared_expert."):
+                for part in ("gate_proj.weight", "up_proj.weight"):
+                    want[mlp + expert + part] = w[mlp + expert + part][m0:m1]
+                want[mlp + expert + "down_proj.weight"] = \
+                    w[mlp + expert + "down_proj.weight"][:, m0:m1]
+            for whole in ("gate.weight", "shared_expert_gate.weight"):
+                want[mlp + whole] = w[mlp + whole]
+        for name, a in want.items():
+            np.testing.assert_array_equal(got.pop(name), a, err_msg=name)
+        for name in (n for n in got if "experts." not in n):   # the norms: whole
+            np.testing.assert_array_equal(got[name], source.get(name), err_msg=name)
+    assert sorted(taken) == list(range(d.v_heads))   # every value head once
+
+
+def test_a_tiled_ggufs_ranks_read_the_same_heads(tiny, dense_gguf):
+    """llama.cpp's GGUF stores value head t of key head j at t * key heads + j: rank
+    0's value heads {0, 2} are two runs of rows (and out_proj's columns), in the
+    tiled order of its own single key head, and hold the Hugging Face heads 0, 1."""
+    from safetensors.numpy import load_file
+    path, _ = tiny("dense")
+    w = load_file(path / "model.safetensors")
+    gguf = GGUFFile(dense_gguf)
+    try:
+        c = gguf_model_config(gguf)
+        d = c.delta_net
+        assert d.v_tiled
+        plans = plan_shards(c, 2)
+        assert [p.delta_v_heads for p in plans] == [((0, 1), (2, 3)), ((1, 2), (3, 4))]
+        lin = "model.layers.0.linear_attn."
+        for p in plans:
+            got = shard_tensors(GGUFSource(gguf, c), c, p, [lin + n for n in (
+                "in_proj_qkv.weight", "out_proj.weight", "dt_bias", "A_log")])
+            (k0, k1), g = p.delta_k_heads, d.v_heads // d.k_heads
+            # the tiled heads' Hugging Face numbers, in the shard's order
+            hf = [(v % d.k_heads) * g + v // d.k_heads
+                  for a, b in p.delta_v_heads for v in range(a, b)]
+            assert hf == [k0 * g, k0 * g + 1]
+            v = w[lin + "in_proj_qkv.weight"][2 * d.key_size:]
+            np.testing.assert_allclose(got[lin + "in_proj_qkv.weight"][2 * (k1 - k0) * d.k_dim:],
+                                       rows_of(v, d.v_dim, hf), rtol=1e-6)
+            np.testing.assert_allclose(got[lin + "out_proj.weight"], w[lin + "out_proj.weight"]
+                                       .reshape(c.hidden_size, d.v_heads, d.v_dim)[:, hf]
+                                       .reshape(c.hidden_size, -1), rtol=1e-6)
+            for per_head in ("dt_bias", "A_log"):
+                np.testing.assert_allclose(got[lin + per_head], w[lin + per_head][hf],
+                                           rtol=1e-5)
+    finally:
+        gguf.close()
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_tensor_parallel_2_equals_1(tiny, name):
+    """Each of 2 ranks: 1 of 2 KV heads, 2 of 4 query heads (their gate rows too), 1
+    of 2 key heads and its 2 value heads (and their recurrent states), half of the
+    MLP's, each expert's and the shared expert's columns: 24 greedy steps give one
+    rank's tokens, every logits row within 1e-4 of the largest logit."""
+    path, _ = tiny(name)
+    assert_tp_matches(path, 2, steps=24, **ENGINE)
+
+
+def test_tensor_parallel_copies_states_on_every_rank(tiny):
+    """n = 2 completions (each fork continues from a copy of its prompt's state) and
+    prompts that hit the first one's state checkpoint after 256 tokens (saved and
+    restored by slot copies), prefilled in 64-token chunks: every rank makes the
+    copies of its own heads' states, and the sampled tokens are one rank's."""
+    path, _ = tiny("dense")
+    shared = (IDS * 3)[:300]
+    params = SamplingParams(max_tokens=12, n=2, temperature=0.8, seed=3, ignore_eos=True)
+    engine = dict(ENGINE, block_size=16, max_num_batched_tokens=64, max_num_seqs=4)
+
+    def run(llm: LLM) -> list:
+        outs = llm.generate([shared + [7]], params)
+        outs += llm.generate([shared + [8], shared + [9, 10]], params)
+        return [[list(c.token_ids) for c in o.outputs] for o in outs]
+    want = run(LLM(path, **engine))
+    with LLM(path, tensor_parallel_size=2, **engine) as tp:
+        got = run(tp)
+        assert tp.stats().prefix_cache_hits == 2 * 256
+    assert got == want
+
+
+def test_tensor_parallel_splits_a_tiled_gguf(dense_gguf):
+    """llama.cpp's GGUF: each rank's value heads two runs of rows (and of out_proj's
+    columns), in the tiled order of its one key head."""
+    assert_tp_matches(dense_gguf, 2, steps=24, **ENGINE)
+
+
+def test_tensor_parallel_splits_q8_0_blocks_as_stored(tokenizer, tmp_path):
+    """Value heads of 32 dims: out_proj's Q8_0 blocks of 32 columns stay whole, in the
+    tiled order's two runs of columns a rank; tokens equal, logits within the
+    quantized formats' tolerance (measured: 2.4e-7, as the int8 activations rounded
+    alike)."""
+    (tmp_path / "hf").mkdir()
+    write_tiny(tmp_path / "hf", "dense", tokenizer, linear_value_head_dim=32)
+    gguf = convert(tmp_path / "hf", tmp_path / "q8.gguf", "q8_0")
+    assert_tp_matches(gguf, 2, steps=24, rtol=1e-2, **ENGINE)
+
+
+def test_splits_that_cannot_be_are_refused(dense_gguf):
+    """Tiled value heads of 16 dims under 32-column quantization blocks (rank 0's run
+    of head 0 ends inside one); one value head a key head over more ranks than key
+    heads."""
+    gguf = GGUFFile(dense_gguf)
+    try:
+        c = gguf_model_config(gguf)
+    finally:
+        gguf.close()
+    assert plan_shards(c, 2, k_unit=16)
+    with pytest.raises(ValueError, match="Gated DeltaNet's output projection at column 16"):
+        plan_shards(c, 2, k_unit=32)
+    one_each = dataclasses.replace(c, delta_net=dataclasses.replace(c.delta_net, v_heads=2))
+    assert plan_shards(one_each, 2)
+    with pytest.raises(ValueError, match="2 key / 2 value heads of the Gated DeltaNet layers "
+                                         "do not split over 4 ranks"):
+        plan_shards(one_each, 4)
 
 
 def test_plan_counts_the_state_pool(tiny):
     """Six DeltaNet layers of 3 x 128 conv inputs and 4 x 16 x 16 delta state floats a
     slot, float32, a slot a sequence and as many checkpoints; two attention layers
-    hold the KV."""
+    hold the KV. A tensor-parallel rank's: its heads' share."""
     from armllm.bench.sizing import make_plan, param_counts
     from armllm.engine.args import EngineArgs
     path, hf = tiny("dense")
@@ -315,3 +515,9 @@ def test_plan_counts_the_state_pool(tiny):
                                               "bytes": 8 * per_slot}
     assert plan["kv_cache"]["bytes_per_token"] == 2 * 2 * 2 * 32 * 2   # 2 layers' bf16 K, V
     assert param_counts(c)["total"] == sum(p.numel() for p in hf.parameters())
+    # rank 0 of 2: 1 key head of 2 and its 2 value heads, half of each slot; 1 KV head
+    rank0 = make_plan(c, None, EngineArgs(max_num_seqs=4, dtype="float32"), 512,
+                      shard=plan_shards(c, 2)[0])
+    assert rank0["kv_cache"]["state_pool"]["bytes_per_slot"] == per_slot // 2
+    assert rank0["kv_cache"]["bytes_per_token"] == 2 * 2 * 1 * 32 * 2
+    assert rank0["tensor_parallel"]["rank0"]["delta_heads"] == [1, 2]

@@ -95,7 +95,8 @@ class _WindowScorer:
         # a window's blocks: the first ones of the cache, the same for every window
         self.block_tables = [np.arange(-(-self.context // block_size), dtype=np.int32)]
         if group is not None:
-            group.configure(num_blocks, None, self.context, self.chunk, self.chunk)
+            group.configure(num_blocks, None, self.context, self.chunk, self.chunk,
+                            kv.state_slots)
 
     def nll(self, window: np.ndarray, first: int) -> tuple[float, int]:
         """Summed negative log-likelihood of window[r + 1] given window[:r + 1] over rows r

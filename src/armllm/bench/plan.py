@@ -159,8 +159,10 @@ def print_plan(p: dict) -> None:
     tp = p["tensor_parallel"]
     if tp:
         r0 = tp["rank0"]
+        delta = r0.get("delta_heads")
+        delta = f", Gated DeltaNet {delta[0]}/{delta[1]} key/value heads" if delta else ""
         print(f"tensor parallel over {tp['ranks']} ranks: memory and decode figures are rank "
-              f"0's, the largest shard ({r0['q_heads']}/{r0['kv_heads']} heads, "
+              f"0's, the largest shard ({r0['q_heads']}/{r0['kv_heads']} heads{delta}, "
               f"intermediate {r0['intermediate']}, {r0['vocab_rows']} vocabulary rows; "
               f"embedding replicated), each rank reading at 1/{tp['ranks']} of the "
               f"bandwidth; {tp['allreduces_per_step']} all-reduces a step of "

@@ -274,7 +274,10 @@ def make_plan(c: ModelConfig, formats: LinearFormats | None, engine: EngineArgs,
             "ranks": ranks, "rank_bytes": rank_total,
             "rank0": {"q_heads": c.num_heads, "kv_heads": c.num_kv_heads,
                       "intermediate": c.intermediate_size,
-                      "vocab_rows": shard.vocab[1] - shard.vocab[0]},
+                      "vocab_rows": shard.vocab[1] - shard.vocab[0],
+                      # a hybrid's Gated DeltaNet key and value heads (its state's)
+                      "delta_heads": [c.delta_net.k_heads, c.delta_net.v_heads]
+                      if c.delta_net else None},
             "allreduces_per_step": allreduces, "allreduce_us": (
                 None if allreduce_s is None else allreduce_s * 1e6),
             "allreduce_bytes_per_token": 4 * full.hidden_size},

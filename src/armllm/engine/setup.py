@@ -70,9 +70,9 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
     sliding-window layers' own pool or None when they share the first, max_model_len
     within what the cache holds), from --kv-cache-gib or a share of free memory; logs
     them, and what the window pool saves. With tensor parallel, `c` is rank 0's
-    shard (the most KV heads of any rank) and --kv-cache-gib each rank's budget (by
-    default each rank's share of free memory), so the cache holds more tokens as
-    ranks are added."""
+    shard (the most KV heads, and a hybrid's most recurrent-state heads, of any rank)
+    and --kv-cache-gib each rank's budget (by default each rank's share of free
+    memory), so the cache holds more tokens as ranks are added."""
     bs, dtype = args.block_size, args.kv_cache_dtype
     sliding = sum(1 for i in c.attention_layers if c.window(i))
     want = args.max_num_seqs * -(-model_len // bs)   # every sequence at full length
@@ -146,9 +146,9 @@ def _kv_cache(loaded: LoadedModel, args: EngineArgs, ranks: int = 1
     c = loaded.model.config
     model_len = min(args.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
     num_blocks, num_window_blocks, model_len = size_kv_cache(c, args, model_len, ranks)
-    sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
-             "max_model_len": model_len}
     live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
+    sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
+             "max_model_len": model_len, "state_slots": live + saved}
     return KVCache(c, num_blocks, args.block_size, args.kv_cache_dtype,
                    num_window_blocks, state_slots=live + saved), model_len, sizes
 

@@ -54,8 +54,9 @@ log = logging.getLogger("armllm")
 
 STOP_TIMEOUT_S = 10.0   # a worker's time to exit after STOP before it is killed
 # the step header: command, rows T, sequences B, logits rows R, block table width, KV
-# groups, copies, payload length (int32s)
-HEADER_INTS = 8
+# groups, block copies, state slots (1: the batch carries them), state copies, payload
+# length (int32s)
+HEADER_INTS = 10
 CMD_STEP, CMD_STOP = 1, 2
 
 
@@ -66,23 +67,28 @@ class RankFailed(EngineDead):
 class StepChannel:
     """Each step's batch from rank 0 to the others: a fixed header, then one flat int32
     payload (ids, positions, each group's slots, query_start, seq_lens, each group's
-    block table, logits rows, block copies), each broadcast through the segment."""
+    block table, logits rows, block copies, and for a hybrid model each sequence's
+    state slot and the state slot copies), each broadcast through the segment."""
 
     def __init__(self, comm: ops.Comm):
         self.comm = comm
         self.header = np.zeros(HEADER_INTS, np.int32)
         self.payload = np.zeros(1 << 12, np.int32)
 
-    def send(self, meta: BatchMeta, copies: list[tuple[int, int, int]]) -> None:
+    def send(self, meta: BatchMeta, copies: list[tuple[int, int, int]],
+             state_copies: list[tuple[int, int]] | tuple = ()) -> None:
         groups = ((meta.slot_mapping, meta.block_table), *meta.other_groups)
+        states = meta.state_slots is not None
         parts = [meta.input_ids, meta.positions, *(s for s, _ in groups), meta.query_start,
                  meta.seq_lens, *(t.reshape(-1) for _, t in groups),
                  meta.logits_rows.astype(np.int32),
-                 np.asarray(copies, np.int32).reshape(-1)]
+                 np.asarray(copies, np.int32).reshape(-1),
+                 *((meta.state_slots,) if states else ()),
+                 np.asarray(state_copies, np.int32).reshape(-1)]
         payload = np.concatenate(parts).astype(np.int32, copy=False)
         self.header[:] = (CMD_STEP, len(meta.input_ids), len(meta.seq_lens),
                           len(meta.logits_rows), meta.block_table.shape[1], len(groups),
-                          len(copies), len(payload))
+                          len(copies), states, len(state_copies), len(payload))
         self.comm.broadcast(self.header)
         self.comm.broadcast(payload)
 
@@ -91,11 +97,13 @@ class StepChannel:
         self.header[0] = CMD_STOP
         self.comm.broadcast(self.header)
 
-    def receive(self) -> tuple[BatchMeta, list[tuple[int, int, int]]] | None:
-        """The next step's batch and block copies (views of this channel's buffers,
-        valid until the next call), or None for STOP."""
+    def receive(self) -> tuple[BatchMeta, list[tuple[int, int, int]], list[tuple[int, int]]
+                               ] | None:
+        """The next step's batch, block copies and state slot copies (the batch: views of
+        this channel's buffers, valid until the next call), or None for STOP."""
         self.comm.broadcast(self.header)
-        cmd, t, b, r, width, groups, n_copies, n = (int(x) for x in self.header)
+        cmd, t, b, r, width, groups, n_copies, states, n_states, n = \
+            (int(x) for x in self.header)
         if cmd == CMD_STOP:
             return None
         if cmd != CMD_STEP:
@@ -104,15 +112,19 @@ class StepChannel:
             self.payload = np.zeros(max(n, 2 * len(self.payload)), np.int32)
         payload = self.payload[:n]
         self.comm.broadcast(payload)
-        sizes = [t, t, *[t] * groups, b + 1, b, *[b * width] * groups, r, 3 * n_copies]
+        sizes = [t, t, *[t] * groups, b + 1, b, *[b * width] * groups, r, 3 * n_copies,
+                 b * states, 2 * n_states]
         parts = np.split(payload, np.cumsum(sizes)[:-1])
         ids, positions, slots = parts[0], parts[1], parts[2:2 + groups]
         query_start, seq_lens = parts[2 + groups], parts[3 + groups]
         tables = [p.reshape(b, width) for p in parts[4 + groups:4 + 2 * groups]]
         logits_rows, copies = parts[4 + 2 * groups].astype(np.int64), parts[5 + 2 * groups]
+        state_slots, state_copies = parts[6 + 2 * groups], parts[7 + 2 * groups]
         meta = BatchMeta(ids, positions, slots[0], query_start, seq_lens, tables[0],
-                         logits_rows, tuple(zip(slots[1:], tables[1:], strict=True)))
-        return meta, [tuple(c) for c in copies.reshape(-1, 3).tolist()]
+                         logits_rows, tuple(zip(slots[1:], tables[1:], strict=True)),
+                         state_slots if states else None)
+        return (meta, [tuple(c) for c in copies.reshape(-1, 3).tolist()],
+                [tuple(c) for c in state_copies.reshape(-1, 2).tolist()])
 
 
 @dataclass(frozen=True)
@@ -205,13 +217,14 @@ class RankGroup:
         return replies
 
     def configure(self, num_blocks: int, num_window_blocks: int | None, max_model_len: int,
-                  max_tokens: int, max_logits: int) -> None:
+                  max_tokens: int, max_logits: int, state_slots: int = 0) -> None:
         """Sends every worker the sizes of rank 0's KV cache and workspace (the same
-        blocks, sequence length, batch rows and logits rows: a batch rank 0 accepts,
-        every rank accepts) and waits for them to be ready; then starts watching them."""
+        blocks, state slots, sequence length, batch rows and logits rows: a batch rank 0
+        accepts, every rank accepts) and waits for them to be ready; then starts
+        watching them."""
         sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
                  "max_model_len": max_model_len, "max_tokens": max_tokens,
-                 "max_logits": max_logits}
+                 "max_logits": max_logits, "state_slots": state_slots}
         for r in range(1, len(self._procs) + 1):
             self._send(r, sizes)
         self.wait("ready")
@@ -316,10 +329,10 @@ class TPModelRunner(ModelRunner):
         return self.group.failure
 
     def forward(self, meta, copies, state_copies=()) -> np.ndarray:
-        """Hands the step's batch to the other ranks, then runs rank 0's forward in
-        lockstep with theirs (no recurrent states: plan_shards refuses hybrids)."""
-        self.group.channel.send(meta, copies)
-        return super().forward(meta, copies)
+        """Hands the step's batch (with its block and state slot copies) to the other
+        ranks, then runs rank 0's forward in lockstep with theirs."""
+        self.group.channel.send(meta, copies, state_copies)
+        return super().forward(meta, copies, state_copies)
 
     def run(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
             ) -> tuple[list[Sequence], np.ndarray]:

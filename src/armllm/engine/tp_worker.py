@@ -4,10 +4,11 @@ RankGroup with FD its control socket).
 
 It binds itself to its CPUs and NUMA nodes, maps the shared segment, loads its
 shard of the model, builds its share of the KV cache once rank 0 has sized it,
-then runs each step rank 0 broadcasts until STOP. Every message to rank 0 is
-a JSON line ({"state": ...} or {"error": ...}); a thread reads the socket
-throughout and ends the process when rank 0 goes away (the socket closes),
-so a worker never outlives its engine."""
+then runs each step rank 0 broadcasts (with its KV block and recurrent state
+slot copies) until STOP. Every message to rank 0 is a JSON line ({"state":
+...} or {"error": ...}); a thread reads the socket throughout and ends the
+process when rank 0 goes away (the socket closes), so a worker never outlives
+its engine."""
 from __future__ import annotations
 
 import json
@@ -63,7 +64,8 @@ def run(fd: int) -> int:
         send({"state": "loaded"})
         cache = inbox.get()
         kv = KVCache(model.config, cache["num_blocks"], spec["block_size"],
-                     spec["kv_cache_dtype"], cache["num_window_blocks"])
+                     spec["kv_cache_dtype"], cache["num_window_blocks"],
+                     cache["state_slots"])
         bounds = model.vocab_bounds
         runner = ModelRunner(model, kv, cache["max_tokens"], cache["max_logits"],
                              cache["max_model_len"],
@@ -80,9 +82,9 @@ def run(fd: int) -> int:
             return 1   # another rank failed; rank 0 reports it
         if step is None:
             return 0
-        meta, copies = step
+        meta, copies, state_copies = step
         try:
-            runner.forward(meta, copies)
+            runner.forward(meta, copies, state_copies)
         except ops.CommAborted:
             return 1
         except ValueError:
