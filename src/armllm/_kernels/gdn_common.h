@@ -158,10 +158,30 @@ static inline __attribute__((always_inline)) void armllm_gdn_rule_task(
   for (; r < row0 + q_len; r++) token(&hd, r);
 }
 
-/* Defines `name`, a gdn_rule kernel: the check, then one task per (sequence, v head). */
-#define ARMLLM_GDN_RULE_KERNEL(name, chunk, token)                                               \
+/* The floating-point mode a rule task runs in. The vector variants flush
+ * subnormals to zero (x86 MXCSR FTZ + DAZ, restored after the task): strong
+ * decays underflow (e^G in a chunk, e^g S in a token), and subnormal operands
+ * cost ~100x in microcode assists; what flushes is below 2^-126 (FLT_MIN), far
+ * below any tolerance. ref keeps IEEE subnormals. */
+static inline unsigned armllm_gdn_ieee_enter(void) { return 0; }
+static inline void armllm_gdn_ieee_leave(unsigned saved) { (void)saved; }
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+static inline unsigned armllm_gdn_ftz_enter(void) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u); /* FTZ (bit 15), DAZ (bit 6) */
+  return saved;
+}
+static inline void armllm_gdn_ftz_leave(unsigned saved) { _mm_setcsr(saved); }
+#endif
+
+/* Defines `name`, a gdn_rule kernel: the check, then one task per (sequence, v
+ * head), each in the floating-point mode `mode` (armllm_gdn_<mode>_enter/leave). */
+#define ARMLLM_GDN_RULE_KERNEL(name, chunk, token, mode)                                         \
   static void name##_tasks(void *ctx, int64_t i0, int64_t i1) {                                 \
+    const unsigned saved = armllm_gdn_##mode##_enter();                                         \
     for (int64_t i = i0; i < i1; i++) armllm_gdn_rule_task(ctx, i, chunk, token);               \
+    armllm_gdn_##mode##_leave(saved);                                                           \
   }                                                                                             \
   int64_t name(armllm_pool *pool, const armllm_gdn_args *a) {                                   \
     const int64_t bad = armllm_gdn_check(a->query_start, a->seq_lens, a->state_slots,           \
