@@ -63,7 +63,20 @@ static void avx2_conv_row(const float *const *src, const float *wt, int64_t kern
   }
 }
 
-ARMLLM_GDN_CONV_KERNEL(armllm_avx2_gdn_conv, avx2_conv_row)
+/* wt[j*CHANNELS + c] = w[c*kernel + j]: 8 channels of a tap a gather */
+static void avx2_conv_weights(const float *w, int64_t kernel, int64_t nc, float *wt) {
+  const __m256i lane = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                          _mm256_set1_epi32((int32_t)kernel));
+  for (int64_t c = 0; c < nc; c += 8) {
+    const __m256i m = lanes8(c, nc);
+    for (int64_t j = 0; j < kernel; j++)
+      _mm256_storeu_ps(wt + j * ARMLLM_GDN_CONV_CHANNELS + c,
+                       _mm256_mask_i32gather_ps(_mm256_setzero_ps(), w + c * kernel + j, lane,
+                                                _mm256_castsi256_ps(m), 4));
+  }
+}
+
+ARMLLM_GDN_CONV_KERNEL(armllm_avx2_gdn_conv, avx2_conv_weights, avx2_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 

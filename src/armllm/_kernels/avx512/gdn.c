@@ -55,7 +55,20 @@ static void avx512_conv_row(const float *const *src, const float *wt, int64_t ke
   }
 }
 
-ARMLLM_GDN_CONV_KERNEL(armllm_avx512_gdn_conv, avx512_conv_row)
+/* wt[j*CHANNELS + c] = w[c*kernel + j]: 16 channels of a tap a gather */
+static void avx512_conv_weights(const float *w, int64_t kernel, int64_t nc, float *wt) {
+  const __m512i lane = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32((int32_t)kernel));
+  for (int64_t c = 0; c < nc; c += 16) {
+    const __mmask16 m = lanes16(c, nc);
+    for (int64_t j = 0; j < kernel; j++)
+      _mm512_storeu_ps(wt + j * ARMLLM_GDN_CONV_CHANNELS + c,
+                       _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, lane, w + c * kernel + j, 4));
+  }
+}
+
+ARMLLM_GDN_CONV_KERNEL(armllm_avx512_gdn_conv, avx512_conv_weights, avx512_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 

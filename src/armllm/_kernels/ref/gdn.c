@@ -20,7 +20,7 @@ static void ref_conv_row(const float *const *src, const float *wt, int64_t kerne
   }
 }
 
-ARMLLM_GDN_CONV_KERNEL(armllm_ref_gdn_conv, ref_conv_row)
+ARMLLM_GDN_CONV_KERNEL(armllm_ref_gdn_conv, armllm_gdn_conv_weights_scalar, ref_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 
