@@ -329,9 +329,12 @@ static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm256_storeu_ps(Tbe + i * C + l, _mm256_mul_ps(tb, _mm256_loadu_ps(eG + l)));
     }
   float *S = hd->S, *out = armllm_gdn_o(hd, r0);
+  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
   avx2_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_ZERO, 0.0f, 0, 1, 0);
-  avx2_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
-  avx2_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
+  if (!zero) {
+    avx2_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
+    avx2_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
+  }
   for (int64_t i = 0; i < C; i++) {
     const __m256 e = _mm256_set1_ps(eG[i]), el = _mm256_set1_ps(eGl[i]);
     for (int64_t l = 0; l < dk; l += 8) {
@@ -340,9 +343,9 @@ static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm256_maskstore_ps(Kn + i * dk + l, m, _mm256_mul_ps(_mm256_maskload_ps(Kn + i * dk + l, m), el));
     }
   }
-  avx2_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
-  avx2_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, MM_LOAD, 1.0f, 0, 1, 0);
-  avx2_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1], 0, 0, 0);
+  if (!zero) avx2_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
+  avx2_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, zero ? MM_ZERO : MM_LOAD, 1.0f, 0, 1, 0);
+  avx2_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, zero ? MM_ZERO : MM_LOAD, eG[C - 1], 0, 0, 0);
 }
 
 ARMLLM_GDN_RULE_KERNEL(armllm_avx2_gdn_rule, avx2_chunk, avx2_token, ftz)

@@ -302,9 +302,12 @@ static void avx512_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm512_storeu_ps(Tbe + i * C + l, _mm512_mul_ps(tb, _mm512_loadu_ps(eG + l)));
     }
   float *S = hd->S, *out = armllm_gdn_o(hd, r0);
+  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
   avx512_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_ZERO, 0.0f, 0, 1, 0);
-  avx512_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
-  avx512_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
+  if (!zero) {
+    avx512_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
+    avx512_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
+  }
   for (int64_t i = 0; i < C; i++) {
     const __m512 e = _mm512_set1_ps(eG[i]), el = _mm512_set1_ps(eGl[i]);
     for (int64_t l = 0; l < dk; l += 16) {
@@ -313,9 +316,9 @@ static void avx512_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm512_mask_storeu_ps(Kn + i * dk + l, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Kn + i * dk + l), el));
     }
   }
-  avx512_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
-  avx512_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, MM_LOAD, 1.0f, 0, 1, 0);
-  avx512_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1], 0, 0, 0);
+  if (!zero) avx512_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
+  avx512_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, zero ? MM_ZERO : MM_LOAD, 1.0f, 0, 1, 0);
+  avx512_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, zero ? MM_ZERO : MM_LOAD, eG[C - 1], 0, 0, 0);
 }
 
 ARMLLM_GDN_RULE_KERNEL(armllm_avx512_gdn_rule, avx512_chunk, avx512_token, ftz)
