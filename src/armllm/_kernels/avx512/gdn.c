@@ -255,6 +255,19 @@ static void transpose16(const float *src, int64_t lds, int64_t n, float *dst, in
     if (l < n) _mm512_storeu_ps(dst + l * ldd, r[l]);
 }
 
+/* A chunk's input rows are a projection's row stride apart: their lines come
+ * from L3 or memory one row at a time unless asked for ahead. */
+#define ROW_PREFETCH 4
+
+static void prefetch_rows(const armllm_gdn_head *hd, int64_t r) {
+  const float *q = armllm_gdn_q(hd, r), *k = armllm_gdn_k(hd, r), *v = armllm_gdn_v(hd, r);
+  for (int64_t i = 0; i < hd->a->dk; i += 16) {
+    _mm_prefetch((const char *)(q + i), _MM_HINT_T0);
+    _mm_prefetch((const char *)(k + i), _MM_HINT_T0);
+  }
+  for (int64_t i = 0; i < hd->a->dv; i += 16) _mm_prefetch((const char *)(v + i), _MM_HINT_T0);
+}
+
 /* The chunked form over rows [r0, r0 + C) (ref_chunk's steps). */
 static void avx512_chunk(const armllm_gdn_head *hd, int64_t r0) {
   const int64_t dk = hd->a->dk, dv = hd->a->dv;
@@ -263,6 +276,7 @@ static void avx512_chunk(const armllm_gdn_head *hd, int64_t r0) {
   float G[C], beta[C], eG[C], eGl[C];
   for (int64_t i = 0; i < C; i++) {
     float g;
+    if (i + ROW_PREFETCH < C) prefetch_rows(hd, r0 + i + ROW_PREFETCH);
     armllm_gdn_row_gates(hd, r0 + i, &g, &beta[i]);
     G[i] = i ? G[i - 1] + g : g;
     avx512_l2(armllm_gdn_q(hd, r0 + i), dk, hd->q_scale, Qn + i * dk);
