@@ -979,6 +979,141 @@ static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quic
   if (pool4) armllm_pool_destroy(pool4);
 }
 
+/* ------------------------------------------------------ Gated DeltaNet */
+
+/* Four sequences: a decode, a chunk and its recurrent tail (fresh), an empty one
+ * and a short continuation, in slots 1, 4, 2, 0 of 5. */
+static const int32_t gdn_q_lens[4] = {1, 70, 0, 3}, gdn_starts[4] = {5, 0, 2, 9};
+static const int32_t gdn_slots[4] = {1, 4, 2, 0};
+enum { GDN_SEQS = 4, GDN_SLOTS = 5, GDN_ROWS = 74 };
+
+static void gdn_metadata(int32_t *query_start, int32_t *seq_lens) {
+  query_start[0] = 0;
+  for (int b = 0; b < GDN_SEQS; b++) {
+    query_start[b + 1] = query_start[b] + gdn_q_lens[b];
+    seq_lens[b] = gdn_starts[b] + gdn_q_lens[b];
+  }
+}
+
+/* ref's bits (products rounded, summed in tap order, shared exp), 1 or N threads. */
+static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t channels[] = {1, 7, 16, 300, 513};
+  static const int64_t kernels[] = {2, 4, 8};
+  int32_t qs[GDN_SEQS + 1], sl[GDN_SEQS];
+  gdn_metadata(qs, sl);
+  report r;
+  report_start(&r, v->isa, "gdn_conv");
+  for (size_t ic = 0; ic < sizeof channels / sizeof *channels; ic++)
+    for (size_t ik = 0; ik < sizeof kernels / sizeof *kernels; ik++) {
+      const int64_t ch = channels[ic], kernel = kernels[ik], ld = ch + 3;
+      const size_t xb = sizeof(float) * (size_t)(GDN_ROWS * ld);
+      const size_t sb = sizeof(float) * (size_t)(GDN_SLOTS * (kernel - 1) * ch);
+      float *x = xmalloc(xb), *w = xmalloc(sizeof(float) * (size_t)(ch * kernel));
+      float *y = xmalloc(xb), *yref = xmalloc(xb), *st = xmalloc(sb), *stref = xmalloc(sb);
+      fill(x, GDN_ROWS * ld, 2.0f);
+      fill(w, ch * kernel, 1.0f);
+      fill(st, GDN_SLOTS * (kernel - 1) * ch, 2.0f);
+      memcpy(stref, st, sb);
+      for (int64_t i = 0; i < GDN_ROWS * ld; i++) y[i] = yref[i] = -777.0f;
+      armllm_gdn_conv_args a = {x, ld, y, ld, w, ch, kernel, st, GDN_SLOTS, qs, sl, gdn_slots,
+                                GDN_SEQS};
+      if (v->gdn_conv(pool, &a) != -1) r.bad++;
+      a.y = yref;
+      a.state = stref;
+      if (armllm_kernels_ref.gdn_conv(NULL, &a) != -1) r.bad++;
+      if (memcmp(y, yref, xb) || memcmp(st, stref, sb)) r.bad++;
+      r.cases++;
+      free(x); free(w); free(y); free(yref); free(st); free(stref);
+    }
+  report_end(&r, impl_of(v, ARMLLM_K_gdn_conv));
+}
+
+/* Out and state within 5e-6 of ref's maxima (the same steps, FMAs where ref rounds
+ * twice: tests/kernels/test_gdn.py), the same bits on 1 and N threads. */
+static void check_gdn_rule(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t shapes[][4] = {{2, 4, 32, 64}, {1, 1, 16, 24}, {2, 2, 128, 128},
+                                      {1, 3, 20, 7}};
+  int32_t qs[GDN_SEQS + 1], sl[GDN_SEQS];
+  gdn_metadata(qs, sl);
+  report r;
+  report_start(&r, v->isa, "gdn_rule");
+  for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++) {
+    const int64_t nk = shapes[is][0], nv = shapes[is][1], dk = shapes[is][2], dv = shapes[is][3];
+    const int64_t width = 2 * nk * dk + nv * dv, ldab = 2 * nv + 1;
+    const size_t ob = sizeof(float) * (size_t)(GDN_ROWS * nv * dv);
+    const size_t sb = sizeof(float) * (size_t)(GDN_SLOTS * nv * dk * dv);
+    float *qkv = xmalloc(sizeof(float) * (size_t)(GDN_ROWS * width));
+    float *ab = xmalloc(sizeof(float) * (size_t)(GDN_ROWS * ldab));
+    float *a_neg = xmalloc(sizeof(float) * (size_t)nv), *dt = xmalloc(sizeof(float) * (size_t)nv);
+    float *out[3], *st[3];
+    fill(qkv, GDN_ROWS * width, 1.0f);
+    fill(ab, GDN_ROWS * ldab, 3.0f);
+    for (int64_t h = 0; h < nv; h++) {
+      a_neg[h] = -8.0f * (frand() + 1.0f) - 0.01f;
+      dt[h] = frand();
+    }
+    for (int c = 0; c < 3; c++) {
+      out[c] = xmalloc(ob);
+      st[c] = xmalloc(sb);
+    }
+    fill(st[0], GDN_SLOTS * nv * dk * dv, 0.3f);
+    memcpy(st[1], st[0], sb);
+    memcpy(st[2], st[0], sb);
+    for (int c = 0; c < 3; c++) { /* ref, variant on the pool, variant alone */
+      armllm_gdn_args a = {qkv, qkv + nk * dk, qkv + 2 * nk * dk, width, ab, ab + nv + 1, ldab,
+                           a_neg, dt, out[c], nv * dv, st[c], GDN_SLOTS, nk, nv, dk, dv,
+                           (int)(is & 1), qs, sl, gdn_slots, GDN_SEQS};
+      const armllm_kernels *k = c ? v : &armllm_kernels_ref;
+      if (k->gdn_rule(c == 1 ? pool : NULL, &a) != -1) r.bad++;
+    }
+    double out_max = 0.0, st_max = 0.0;
+    for (int64_t i = 0; i < GDN_ROWS * nv * dv; i++) out_max = fmax(out_max, fabs(out[0][i]));
+    for (int64_t i = 0; i < GDN_SLOTS * nv * dk * dv; i++) st_max = fmax(st_max, fabs(st[0][i]));
+    for (int64_t i = 0; i < GDN_ROWS * nv * dv; i++)
+      report_value(&r, out[1][i], out[0][i], 5e-6 * out_max);
+    for (int64_t i = 0; i < GDN_SLOTS * nv * dk * dv; i++)
+      report_value(&r, st[1][i], st[0][i], 5e-6 * st_max);
+    if (memcmp(out[1], out[2], ob) || memcmp(st[1], st[2], sb)) r.bad++;
+    r.cases++;
+    for (int c = 0; c < 3; c++) { free(out[c]); free(st[c]); }
+    free(qkv); free(ab); free(a_neg); free(dt);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_gdn_rule));
+}
+
+/* gated_rmsnorm within 1e-6 of ref (its double sum of squares in another order);
+ * sigmoid_mul ref's bits. */
+static void check_gated_rmsnorm_sigmoid_mul(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ds[] = {1, 7, 16, 33, 128, 1000};
+  report rn, rs;
+  report_start(&rn, v->isa, "gated_rmsnorm");
+  report_start(&rs, v->isa, "sigmoid_mul");
+  for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) {
+    const int64_t t = 3, heads = 2, d = ds[i], ld = heads * d + 1;
+    const size_t bytes = sizeof(float) * (size_t)(t * ld);
+    float *x = xmalloc(bytes), *z = xmalloc(bytes), *w = xmalloc(sizeof(float) * (size_t)d);
+    float *out = xmalloc(bytes), *out_ref = xmalloc(bytes);
+    fill(x, t * ld, 3.0f);
+    fill(z, t * ld, 8.0f);
+    fill(w, d, 1.0f);
+    v->gated_rmsnorm(pool, x, ld, z, ld, w, t, heads, d, 1e-6f, out, ld);
+    armllm_kernels_ref.gated_rmsnorm(NULL, x, ld, z, ld, w, t, heads, d, 1e-6f, out_ref, ld);
+    for (int64_t a = 0; a < t; a++)
+      for (int64_t b = 0; b < heads * d; b++)
+        report_value(&rn, out[a * ld + b], out_ref[a * ld + b], 1e-6 * fabs(out_ref[a * ld + b]) + 1e-38);
+    rn.cases++;
+    memcpy(out, x, bytes);
+    memcpy(out_ref, x, bytes);
+    v->sigmoid_mul(pool, z, ld, t, heads * d, out, ld);
+    armllm_kernels_ref.sigmoid_mul(NULL, z, ld, t, heads * d, out_ref, ld);
+    if (memcmp(out, out_ref, bytes)) rs.bad++;
+    rs.cases++;
+    free(x); free(z); free(w); free(out); free(out_ref);
+  }
+  report_end(&rn, impl_of(v, ARMLLM_K_gated_rmsnorm));
+  report_end(&rs, impl_of(v, ARMLLM_K_sigmoid_mul));
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -1184,6 +1319,9 @@ int main(int argc, char **argv) {
     check_rmsnorm_quant(v, pool);
     check_gemm_wq(v, pool, quick);
     check_gemm_gguf(v, pool, quick);
+    check_gdn_conv(v, pool);
+    check_gdn_rule(v, pool);
+    check_gated_rmsnorm_sigmoid_mul(v, pool);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
