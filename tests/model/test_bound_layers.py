@@ -4,9 +4,10 @@ ops.norm_head) gives exactly the bits of the same steps run op by op with
 armllm.ops' per-op wrappers, for every weight format (f32, bf16, w8/w4 with
 symmetric and asymmetric activations), bf16 and f32 KV caches, Qwen3's q/k norms,
 Qwen2's biases, Mistral's window, Gemma 3's sandwich norms, GeGLU, query scale,
-local RoPE and scaled embeddings, Phi-3's partial rotary, over a step that mixes
-prompt chunks and decodes of several sequences; bad batch metadata is refused
-with the value named."""
+local RoPE and scaled embeddings, Phi-3's partial rotary, Qwen3.5's Gated DeltaNet
+layers (their states in the cache's state pool) and gated attention, over a step
+that mixes prompt chunks and decodes of several sequences; bad batch metadata is
+refused with the value named.""" 
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,17 @@ import pytest
 
 from armllm import ops
 from armllm.model.decoder import BatchMeta, KVCache, Workspace
-from armllm.model.layer import Act, Attention, Linear, Norm, NormLinear, QKNorm, RopeKV
+from armllm.model.layer import (
+    Act,
+    Attention,
+    DeltaNet,
+    Linear,
+    Norm,
+    NormLinear,
+    OutputGate,
+    QKNorm,
+    RopeKV,
+)
 from armllm.model.loader import load_model
 from armllm.model.quantize import parse_scheme
 from tests.model.test_llama_vs_transformers import make_tiny
@@ -31,6 +42,11 @@ ARCHS = {
         "layer_types": ["sliding_attention", "full_attention"]}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {"partial_rotary_factor": 0.75,
                                                "pad_token_id": 0}),
+    # two DeltaNet layers (2 key heads, 4 value heads), then a gated attention layer
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+        "num_hidden_layers": 3, "head_dim": 16, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention"]}),
 }
 
 
@@ -39,13 +55,19 @@ def per_op_forward(model, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.nda
     c, w = model.config, model.weights
     t, r = len(meta.input_ids), len(meta.logits_rows)
     res, x, normed = ws.residual[:t], ws.hidden[:t], ws.normed[:t]
-    qkv, attn, gate_up, act = ws.qkv[:t], ws.attn[:t], ws.gate_up[:t], ws.act[:t]
-    q, k, v = (qkv[:, :c.q_size], qkv[:, c.q_size:c.q_size + c.kv_size],
-               qkv[:, c.q_size + c.kv_size:])
+    gate_up, act = ws.gate_up[:t], ws.act[:t]
     ops.embedding(meta.input_ids, w.embed, out=res)
     res *= np.float32(c.embed_scale)
     for i, (lw, scratch) in enumerate(zip(w.layers, ws.layer_scratch, strict=True)):
         qkv_in, o_in, gate_up_in, down_in = scratch
+        qkv, attn = ws.qkv[:t, :lw.qkv.n], ws.attn[:t, :lw.o.k]
+        # q_proj's rows per head [q | gate] when the output is gated
+        q_rows = c.q_size * (2 if c.attn_output_gate else 1)
+        q, k, v = (qkv[:, :q_rows], qkv[:, q_rows:q_rows + c.kv_size],
+                   qkv[:, q_rows + c.kv_size:q_rows + 2 * c.kv_size])
+        if c.attn_output_gate:   # per head [q | gate]: q_normed gathers q (qk_norm)
+            heads = q.reshape(t, c.num_heads, -1)
+            q, gate = heads[:, :, :c.head_dim], heads[:, :, c.head_dim:]
         pending, q_in, k_in = i > 0, q, k   # pending: x not yet added to res
         for step in lw.steps:
             if isinstance(step, NormLinear):
@@ -57,7 +79,7 @@ def per_op_forward(model, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.nda
                 pending = False
             elif isinstance(step, QKNorm):
                 q_in, k_in = ws.q_normed[:t], ws.k_normed[:t]
-                q_in[...], k_in[...] = q, k
+                q_in[...], k_in[...] = q.reshape(t, c.q_size), k
                 for heads, n, norm in ((q_in, c.num_heads, lw.q_norm),
                                        (k_in, c.num_kv_heads, lw.k_norm)):
                     flat = heads.reshape(t * n, c.head_dim)
@@ -80,6 +102,20 @@ def per_op_forward(model, meta: BatchMeta, kv: KVCache, ws: Workspace) -> np.nda
                 pending = True
             elif isinstance(step, Norm):
                 ops.rms_norm(x, lw.norms[step.norm], c.rms_norm_eps, out=x)
+            elif isinstance(step, OutputGate):
+                for h in range(c.num_heads):
+                    cols = slice(h * c.head_dim, (h + 1) * c.head_dim)
+                    ops.sigmoid_mul(gate[:, h], attn[:, cols])
+            elif isinstance(step, DeltaNet):
+                d, dw = c.delta_net, lw.delta
+                ba = ops.linear(normed, dw.ba, out=ws.delta_ba[:t])
+                conv = ops.gdn_conv(qkv[:, :d.conv_size], dw.conv, kv.conv_state[i],
+                                    meta.state_slots, meta.query_start, meta.seq_lens,
+                                    out=ws.conv_out[:t])
+                ops.gdn_rule(conv, ba[:, d.v_heads:], ba[:, :d.v_heads], dw.a_neg, dw.dt_bias,
+                             kv.delta_state[i], meta.state_slots, meta.query_start,
+                             meta.seq_lens, d.k_heads, d.v_heads, out=attn, v_tiled=d.v_tiled)
+                ops.gated_rmsnorm(attn, qkv[:, d.conv_size:], dw.norm, c.rms_norm_eps, out=attn)
             elif isinstance(step, Act):
                 (ops.silu_mul if step.kind == "silu" else ops.gelu_tanh_mul)(gate_up, out=act)
             else:
@@ -107,7 +143,8 @@ def mixed_steps(block_size: int):
         logits = [qs[i + 1] - 1 for i, p in enumerate(parts) if p[3]]
         return BatchMeta(np.concatenate([ids[s, r] for s, r in zip(seqs, rows, strict=True)]),
                          pos, slots, qs, np.array([b for _, _, b, _ in parts], np.int32),
-                         table[seqs].copy(), np.array(logits, np.int64))
+                         table[seqs].copy(), np.array(logits, np.int64),
+                         state_slots=np.array(seqs, np.int32)[::-1].copy())  # slots 1, 0
 
     yield meta([(0, 0, 9, False)])
     yield meta([(0, 9, 20, True), (1, 0, 13, True)])
@@ -133,14 +170,16 @@ def test_bound_forward_is_the_per_op_graph_bit_for_bit(arch_dir, dtype, quantiza
     lm = load_model(arch_dir, dtype, quantization=scheme, quantize_lm_head=quantized_head)
     assert lm.model.weights.lm_head.quantized == quantized_head
     model, bs = lm.model, 8
-    kv_bound, kv_ref = (KVCache(lm.config, 8, bs, kv_dtype) for _ in range(2))
+    kv_bound, kv_ref = (KVCache(lm.config, 8, bs, kv_dtype, state_slots=2) for _ in range(2))
     ws_bound, ws_ref = (Workspace(lm.config, 32, 2, model.formats, max_seq_len=40)
                         for _ in range(2))
     for meta in mixed_steps(bs):
         got = model.forward(meta, kv_bound, ws_bound)
         want = per_op_forward(model, meta, kv_ref, ws_ref)
         np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(kv_bound.k + kv_bound.v, kv_ref.k + kv_ref.v)
+    for a, b in zip([*kv_bound.k, *kv_bound.v, *kv_bound.conv_state, *kv_bound.delta_state],
+                    [*kv_ref.k, *kv_ref.v, *kv_ref.conv_state, *kv_ref.delta_state], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_bad_batch_metadata_is_refused(tmp_path):
