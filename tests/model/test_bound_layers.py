@@ -7,7 +7,7 @@ Qwen2's biases, Mistral's window, Gemma 3's sandwich norms, GeGLU, query scale,
 local RoPE and scaled embeddings, Phi-3's partial rotary, Qwen3.5's Gated DeltaNet
 layers (their states in the cache's state pool) and gated attention, over a step
 that mixes prompt chunks and decodes of several sequences; bad batch metadata is
-refused with the value named.""" 
+refused with the value named."""
 from __future__ import annotations
 
 import numpy as np
