@@ -979,6 +979,229 @@ static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quic
   if (pool4) armllm_pool_destroy(pool4);
 }
 
+/* ----------------------------------------------------- Gated DeltaNet */
+
+/* Varlen metadata of sequences with q_lens rows after starts tokens, in
+ * slots n_seqs-1 .. 0 (reversed, so slot and sequence differ). */
+typedef struct {
+  int32_t query_start[8], seq_lens[8], state_slots[8];
+  int64_t n_seqs, rows;
+} gdn_meta;
+
+static gdn_meta gdn_metadata(const int *q_lens, const int *starts, int64_t n_seqs) {
+  gdn_meta m;
+  memset(&m, 0, sizeof m);
+  m.n_seqs = n_seqs;
+  for (int64_t b = 0; b < n_seqs; b++) {
+    m.query_start[b + 1] = m.query_start[b] + q_lens[b];
+    m.seq_lens[b] = starts[b] + q_lens[b];
+    m.state_slots[b] = (int32_t)(n_seqs - 1 - b);
+  }
+  m.rows = m.query_start[n_seqs];
+  return m;
+}
+
+/* Every variant gives ref's bits for y and the state: ref's products, sums,
+ * exp and division in ref's order. Channels around the vector widths and the
+ * 256-channel task, fresh and continuing sequences, q_len below kernel - 1,
+ * an empty sequence; bad metadata is reported and writes nothing. */
+static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t channels[] = {1, 3, 4, 5, 9, 17, 256, 300, 600};
+  static const int64_t kernels[] = {2, 4, 8};
+  static const int q_lens[] = {1, 5, 0, 2, 12}, starts[] = {9, 0, 3, 1, 0};
+  report r;
+  report_start(&r, v->isa, "gdn_conv");
+  for (size_t ic = 0; ic < sizeof channels / sizeof *channels; ic++)
+    for (size_t ik = 0; ik < sizeof kernels / sizeof *kernels; ik++) {
+      const int64_t ch = channels[ic], kernel = kernels[ik], ldx = ch + 3, ldy = ch + 1;
+      const gdn_meta m = gdn_metadata(q_lens, starts, 5);
+      const int64_t state_n = m.n_seqs * (kernel - 1) * ch;
+      float *x = xmalloc(sizeof(float) * (size_t)(m.rows * ldx));
+      float *w = xmalloc(sizeof(float) * (size_t)(ch * kernel));
+      float *state = xmalloc(sizeof(float) * (size_t)state_n);
+      float *state2 = xmalloc(sizeof(float) * (size_t)state_n);
+      float *y = xmalloc(sizeof(float) * (size_t)(m.rows * ldy));
+      float *y2 = xmalloc(sizeof(float) * (size_t)(m.rows * ldy));
+      fill(x, m.rows * ldx, 4.0f);
+      fill(w, ch * kernel, 1.0f);
+      fill(state, state_n, 4.0f);
+      memcpy(state2, state, sizeof(float) * (size_t)state_n);
+      for (int64_t i = 0; i < m.rows * ldy; i++) y[i] = y2[i] = -777.0f;
+      armllm_gdn_conv_args a = {x, ldx, y, ldy, w, ch, kernel, state, m.n_seqs,
+                                m.query_start, m.seq_lens, m.state_slots, m.n_seqs};
+      armllm_gdn_conv_args a2 = a;
+      a2.y = y2;
+      a2.state = state2;
+      if (v->gdn_conv(pool, &a) != -1 || armllm_kernels_ref.gdn_conv(NULL, &a2) != -1) r.bad++;
+      if (memcmp(y, y2, sizeof(float) * (size_t)(m.rows * ldy)) != 0) r.bad++; /* padding too */
+      if (memcmp(state, state2, sizeof(float) * (size_t)state_n) != 0) r.bad++;
+      int32_t bad_slots[8];
+      memcpy(bad_slots, m.state_slots, sizeof bad_slots);
+      bad_slots[3] = (int32_t)m.n_seqs; /* outside [0, num_slots) */
+      a.state_slots = bad_slots;
+      if (v->gdn_conv(pool, &a) != 3) r.bad++;
+      if (memcmp(y, y2, sizeof(float) * (size_t)(m.rows * ldy)) != 0) r.bad++;
+      if (memcmp(state, state2, sizeof(float) * (size_t)state_n) != 0) r.bad++;
+      r.cases++;
+      free(x); free(w); free(state); free(state2); free(y); free(y2);
+    }
+  report_end(&r, impl_of(v, ARMLLM_K_gdn_conv));
+}
+
+/* One gdn_rule call against ref: out and the state within RULE_TOL of their
+ * largest values (the same steps, FMAs where ref rounds twice; test_gdn.py),
+ * rows past the heads' columns untouched, slots of empty sequences untouched,
+ * and the same bits on one thread and on the pool. */
+static void gdn_rule_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64_t n_k,
+                          int64_t n_v, int64_t dk, int64_t dv, int v_tiled, const int *q_lens,
+                          const int *starts, int64_t n_seqs, int correlated) {
+  const double rule_tol = 2e-5;
+  const gdn_meta m = gdn_metadata(q_lens, starts, n_seqs);
+  const int64_t rows = m.rows, ldqkv = 2 * n_k * dk + n_v * dv + 1, ldab = 2 * n_v + 3;
+  const int64_t ldo = n_v * dv + 2, state_n = n_seqs * n_v * dk * dv;
+  float *qkv = xmalloc(sizeof(float) * (size_t)(rows * ldqkv));
+  float *ab = xmalloc(sizeof(float) * (size_t)(rows * ldab));
+  float *a_neg = xmalloc(sizeof(float) * (size_t)n_v), *dt_bias = xmalloc(sizeof(float) * (size_t)n_v);
+  float *state0 = xmalloc(sizeof(float) * (size_t)state_n);
+  float *states[3], *outs[3];
+  for (int i = 0; i < 3; i++) {
+    states[i] = xmalloc(sizeof(float) * (size_t)state_n);
+    outs[i] = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+  }
+  fill(qkv, rows * ldqkv, 1.0f);
+  if (correlated) /* keys and queries near one direction: A near its bound */
+    for (int64_t i = 1; i < rows; i++)
+      for (int64_t j = 0; j < 2 * n_k * dk; j++) qkv[i * ldqkv + j] = qkv[j] + 0.1f * qkv[i * ldqkv + j];
+  fill(ab, rows * ldab, 1.0f);
+  for (int64_t h = 0; h < n_v; h++) { /* even heads keep most of their state over a chunk */
+    a_neg[h] = h % 2 ? -(0.01f + 8.0f * (frand() + 1.0f)) : -(0.001f + 0.02f * (frand() + 1.0f));
+    dt_bias[h] = frand();
+  }
+  fill(state0, state_n, 0.3f);
+  for (int i = 0; i < 3; i++) {
+    memcpy(states[i], state0, sizeof(float) * (size_t)state_n);
+    for (int64_t j = 0; j < rows * ldo; j++) outs[i][j] = -777.0f;
+  }
+  armllm_gdn_args a = {qkv, qkv + n_k * dk, qkv + 2 * n_k * dk, ldqkv, ab, ab + n_v + 1, ldab,
+                       a_neg, dt_bias, NULL, ldo, NULL, n_seqs, n_k, n_v, dk, dv, v_tiled,
+                       m.query_start, m.seq_lens, m.state_slots, n_seqs};
+  for (int i = 0; i < 3; i++) { /* ref, the variant on the pool, the variant alone */
+    a.out = outs[i];
+    a.state = states[i];
+    const armllm_kernels *k = i == 0 ? &armllm_kernels_ref : v;
+    if (k->gdn_rule(i == 1 ? pool : NULL, &a) != -1) r->bad++;
+  }
+  double out_max = 0.0, state_max = 0.0;
+  for (int64_t j = 0; j < rows * ldo; j++)
+    if (j % ldo < n_v * dv) out_max = fmax(out_max, fabs(outs[0][j]));
+  for (int64_t j = 0; j < state_n; j++) state_max = fmax(state_max, fabs(states[0][j]));
+  for (int64_t j = 0; j < rows * ldo; j++) {
+    if (j % ldo >= n_v * dv) {
+      if (outs[1][j] != -777.0f) r->bad++;
+      continue;
+    }
+    report_value(r, outs[1][j], outs[0][j], rule_tol * out_max + 1e-30);
+  }
+  for (int64_t j = 0; j < state_n; j++)
+    report_value(r, states[1][j], states[0][j], rule_tol * state_max + 1e-30);
+  for (int64_t b = 0; b < n_seqs; b++) /* no rows: the slot is not touched */
+    if (q_lens[b] == 0) {
+      const size_t at = (size_t)m.state_slots[b] * (size_t)(n_v * dk * dv);
+      if (memcmp(states[1] + at, state0 + at, sizeof(float) * (size_t)(n_v * dk * dv))) r->bad++;
+    }
+  if (memcmp(outs[1], outs[2], sizeof(float) * (size_t)(rows * ldo)) != 0) r->bad++;
+  if (memcmp(states[1], states[2], sizeof(float) * (size_t)state_n) != 0) r->bad++;
+  r->cases++;
+  free(qkv); free(ab); free(a_neg); free(dt_bias); free(state0);
+  for (int i = 0; i < 3; i++) { free(states[i]); free(outs[i]); }
+}
+
+/* Decode rows (the recurrence), whole 64-row chunks and the rows after them,
+ * head dims around the vector widths (odd ones too), GQA in both orders. */
+static void check_gdn_rule(const armllm_kernels *v, armllm_pool *pool, int quick) {
+  static const int decode[] = {1, 1, 0, 1}, decode_starts[] = {5, 0, 3, 40};
+  static const int few[] = {3, 0, 2}, few_starts[] = {0, 2, 7};
+  static const int64_t dims[][2] = {{16, 16}, {32, 64}, {64, 32}, {48, 80}, {10, 7}, {6, 18}, {4, 36}};
+  report r;
+  report_start(&r, v->isa, "gdn_rule");
+  gdn_rule_case(&r, v, pool, 2, 4, 128, 128, 0, decode, decode_starts, 4, 0);
+  for (size_t i = 0; i < sizeof dims / sizeof *dims; i++)
+    gdn_rule_case(&r, v, pool, 1, 2, dims[i][0], dims[i][1], (int)(i & 1), few, few_starts, 3, 0);
+  static const int chunked[] = {130, 1}, chunked_starts[] = {5, 9};
+  gdn_rule_case(&r, v, pool, 2, 4, 32, 64, 1, chunked, chunked_starts, 2, 1);
+  static const int one_chunk[] = {64}, fresh[] = {0};
+  gdn_rule_case(&r, v, pool, 1, 1, 10, 7, 0, one_chunk, fresh, 1, 0);
+  static const int chunk_tail[] = {70}, cont[] = {3};
+  gdn_rule_case(&r, v, pool, 1, 3, 6, 18, 0, chunk_tail, cont, 1, 1);
+  if (!quick) {
+    gdn_rule_case(&r, v, pool, 1, 2, 128, 128, 0, one_chunk, cont, 1, 1);
+    gdn_rule_case(&r, v, pool, 1, 1, 48, 80, 0, chunk_tail, fresh, 1, 0);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_gdn_rule));
+}
+
+/* Within 1e-6 of ref relative: the float64 sum of squares in another order;
+ * the float32 products are ref's. In place too; padding untouched. */
+static void check_gated_rmsnorm(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ds[] = {1, 3, 4, 5, 7, 8, 16, 33, 64, 128, 130};
+  static const float scales[] = {1e-10f, 1.0f, 1e10f};
+  report r;
+  report_start(&r, v->isa, "gated_rmsnorm");
+  for (size_t i = 0; i < sizeof ds / sizeof *ds; i++)
+    for (int inplace = 0; inplace < 2; inplace++) {
+      const int64_t t = 3, heads = 1 + (int64_t)(i % 3), d = ds[i], n = heads * d, ld = n + 2;
+      float *x = xmalloc(sizeof(float) * (size_t)(t * ld)), *z = xmalloc(sizeof(float) * (size_t)(t * ld));
+      float *w = xmalloc(sizeof(float) * (size_t)d), *out = xmalloc(sizeof(float) * (size_t)(t * ld));
+      float *want = xmalloc(sizeof(float) * (size_t)(t * ld));
+      fill(x, t * ld, 1.0f);
+      for (int64_t a = 0; a < t; a++)
+        for (int64_t j = 0; j < ld; j++) x[a * ld + j] *= scales[(a + (int64_t)i) % 3];
+      fill(z, t * ld, 6.0f);
+      fill(w, d, 1.0f);
+      for (int64_t j = 0; j < t * ld; j++) out[j] = want[j] = -777.0f;
+      armllm_kernels_ref.gated_rmsnorm(NULL, x, ld, z, ld, w, t, heads, d, 1e-6f, want, ld);
+      float *o = inplace ? x : out;
+      v->gated_rmsnorm(pool, x, ld, z, ld, w, t, heads, d, 1e-6f, o, ld);
+      for (int64_t j = 0; j < t * ld; j++) {
+        if (j % ld >= n) {
+          if (!inplace && o[j] != -777.0f) r.bad++;
+          continue;
+        }
+        report_value(&r, o[j], want[j], 1e-6 * fabs(want[j]) + 1e-38);
+      }
+      r.cases++;
+      free(x); free(z); free(w); free(out); free(want);
+    }
+  report_end(&r, impl_of(v, ARMLLM_K_gated_rmsnorm));
+}
+
+/* ref's bits (NaN as NaN), gates where exp(-g) overflows or is 0; padding
+ * columns untouched. */
+static void check_sigmoid_mul(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ns[] = {1, 3, 4, 5, 8, 9, 17, 300};
+  static const float special[] = {100.0f, -100.0f, NAN, INFINITY, -INFINITY, -88.0f, 0.0f, -0.0f};
+  report r;
+  report_start(&r, v->isa, "sigmoid_mul");
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+    const int64_t t = 3, n = ns[i], ldg = n + 3, ldx = n + 1;
+    float *g = xmalloc(sizeof(float) * (size_t)(t * ldg));
+    float *x = xmalloc(sizeof(float) * (size_t)(t * ldx)), *x2 = xmalloc(sizeof(float) * (size_t)(t * ldx));
+    fill(g, t * ldg, 12.0f);
+    for (int s = 0; s < 8 && s < n; s++) g[ldg + s] = special[s]; /* row 1 */
+    fill(x, t * ldx, 2.0f);
+    memcpy(x2, x, sizeof(float) * (size_t)(t * ldx));
+    v->sigmoid_mul(pool, g, ldg, t, n, x, ldx);
+    armllm_kernels_ref.sigmoid_mul(NULL, g, ldg, t, n, x2, ldx);
+    for (int64_t j = 0; j < t * ldx; j++) {
+      const float got = x[j], want = x2[j];
+      if (isnan(want) ? !isnan(got) : memcmp(&got, &want, sizeof got) != 0) r.bad++;
+    }
+    r.cases++;
+    free(g); free(x); free(x2);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_sigmoid_mul));
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -1184,6 +1407,10 @@ int main(int argc, char **argv) {
     check_rmsnorm_quant(v, pool);
     check_gemm_wq(v, pool, quick);
     check_gemm_gguf(v, pool, quick);
+    check_gdn_conv(v, pool);
+    check_gdn_rule(v, pool, quick);
+    check_gated_rmsnorm(v, pool);
+    check_sigmoid_mul(v, pool);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
