@@ -7,15 +7,18 @@ Tolerances:
   order, the shared exp and an IEEE division); ref is within 1e-6 * sum_j
   |w_j x_j| of float64 (kernel <= 8 float32 roundings, silu's ~4 ulps).
 - gdn_rule, ref vs float64 (recurrent rows and 64-row chunks alike): out
-  within RULE_TOL * max|out| and the state within RULE_TOL * max|state|.
+  within RULE_TOL = 2e-5 of max|out| and the state within 2e-5 of max|state|.
   Every step is a float32 product or sum of bounded terms (normalized k and
   q, beta and decays in (0, 1]), so the error is a few ulps of the largest
-  terms per token, growing slowly with the rows; measured below 2e-6 for
-  <= 300 rows, keys correlated or not: RULE_TOL = 2e-5 (10x).
-- gdn_rule, a variant vs ref: VARIANT_TOL = 2e-5 of the same maxima: the same
-  steps in the same order, FMAs where ref rounds twice (measured < 2e-6).
-- gdn_rule vs transformers' torch float32 functions: 1e-5 (torch reduces in
-  its own order).
+  terms per token, growing slowly with the rows: measured up to 3.4e-7 for
+  token-by-token rows and 4.7e-6 for chunks (300 rows, dk = dv = 128, keys
+  correlated or not).
+- gdn_rule, a variant vs ref: VARIANT_TOL = 5e-6 of the same maxima: the same
+  steps in the same order, FMAs where ref rounds twice (measured up to
+  5.5e-7); the vector variants also flush subnormals to zero (below 2^-126,
+  far below either maximum's tolerance).
+- gdn_rule vs transformers' torch float32 functions (they chunk the padded
+  sequence, and reduce in their own order): TORCH_TOL = 2e-5 (measured 2.9e-6).
 - Splitting a sequence's rows over calls changes which rows run chunked, so
   results differ in roundings only: RULE_TOL of the maxima again. The same
   batch on any thread count, and a sequence alone or in any batch, give the
@@ -39,7 +42,8 @@ fixture_ok = settings(deadline=None, max_examples=examples(12),
                       suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 RULE_TOL = 2e-5
-VARIANT_TOL = 2e-5
+VARIANT_TOL = 5e-6
+TORCH_TOL = 2e-5
 CHUNK = 64
 
 
@@ -268,9 +272,9 @@ def test_gdn_rule_against_transformers(ref):
         return o.reshape(rows, n_v * dv).numpy(), s[0].numpy()
 
     want = torch_call(qwen.torch_chunk_gated_delta_rule, c, c["state"][slot])
-    assert_rule((out, state[slot]), want, 1e-5)
+    assert_rule((out, state[slot]), want, TORCH_TOL)
     want1 = torch_call(qwen.torch_recurrent_gated_delta_rule, step, want[1])
-    assert_rule((out1, state1[slot]), want1, 1e-5)
+    assert_rule((out1, state1[slot]), want1, TORCH_TOL)
 
 
 @pytest.mark.parametrize("pieces", [[1, 63, 70], [100, 37], [64, 64, 5]])

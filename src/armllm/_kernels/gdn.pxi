@@ -31,17 +31,24 @@ cdef GDNMeta _gdn_meta(state_slots, query_start, seq_lens, int64_t rows,
     if ss.shape[0] != n_seqs or qs.shape[0] != n_seqs + 1:
         raise ValueError(f"state_slots must have n_seqs = {n_seqs} entries and query_start "
                          f"n_seqs+1, got {ss.shape[0]} and {qs.shape[0]}")
-    if (<int32_t *>cnp.PyArray_DATA(qs))[n_seqs] != rows:
-        raise ValueError(f"query_start[-1] must be the rows, {rows}, got {query_start[n_seqs]}")
-    used = ss[np.diff(qs) > 0]
-    if np.unique(used).shape[0] != used.shape[0]:
-        raise ValueError(f"state_slots of sequences with rows must be distinct, got "
-                         f"{used.tolist()}")
     cdef GDNMeta m
     m.query_start = <const int32_t *>cnp.PyArray_DATA(qs)
     m.seq_lens = <const int32_t *>cnp.PyArray_DATA(sl)
     m.state_slots = <const int32_t *>cnp.PyArray_DATA(ss)
     m.n_seqs = n_seqs
+    if m.query_start[n_seqs] != rows:
+        raise ValueError(f"query_start[-1] must be the rows, {rows}, got {query_start[n_seqs]}")
+    cdef bytearray seen = bytearray(num_slots)  # slots in range; the kernel names the others
+    cdef unsigned char *mark = seen
+    cdef int64_t b
+    cdef int32_t slot
+    for b in range(n_seqs):
+        slot = m.state_slots[b]
+        if m.query_start[b + 1] > m.query_start[b] and 0 <= slot < num_slots:
+            if mark[slot]:
+                raise ValueError(f"state_slots of sequences with rows must be distinct: "
+                                 f"sequence {b} repeats slot {slot}")
+            mark[slot] = 1
     return m
 
 

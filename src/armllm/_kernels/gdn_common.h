@@ -54,9 +54,21 @@ static inline float armllm_gdn_l2_scale(double sum_sq, double scale) {
 typedef void (*armllm_gdn_conv_row_fn)(const float *const *src, const float *wt, int64_t kernel,
                                        int64_t nc, float *y);
 
+/* A variant's weight transpose: wt[j*ARMLLM_GDN_CONV_CHANNELS + c] = w[c*kernel + j]
+ * for c < nc, j < kernel. */
+typedef void (*armllm_gdn_conv_weights_fn)(const float *w, int64_t kernel, int64_t nc,
+                                           float *wt);
+
+static inline void armllm_gdn_conv_weights_scalar(const float *w, int64_t kernel, int64_t nc,
+                                                  float *wt) {
+  for (int64_t c = 0; c < nc; c++)
+    for (int64_t j = 0; j < kernel; j++) wt[j * ARMLLM_GDN_CONV_CHANNELS + c] = w[c * kernel + j];
+}
+
 /* Task `item` = (sequence, channel chunk) of a conv: its rows, then its slot. */
 static inline __attribute__((always_inline)) void armllm_gdn_conv_task(
-    const armllm_gdn_conv_args *a, int64_t item, armllm_gdn_conv_row_fn row) {
+    const armllm_gdn_conv_args *a, int64_t item, armllm_gdn_conv_weights_fn weights,
+    armllm_gdn_conv_row_fn row) {
   enum { CH = ARMLLM_GDN_CONV_CHANNELS, MAXK = ARMLLM_GDN_MAX_KERNEL };
   const int64_t chunks = (a->channels + CH - 1) / CH;
   const int64_t b = item / chunks, c0 = item % chunks * CH;
@@ -72,8 +84,7 @@ static inline __attribute__((always_inline)) void armllm_gdn_conv_task(
     if (fresh) memset(hist + e * CH, 0, (size_t)nc * sizeof(float));
     else memcpy(hist + e * CH, slot + e * a->channels, (size_t)nc * sizeof(float));
   }
-  for (int64_t c = 0; c < nc; c++)
-    for (int64_t j = 0; j < kernel; j++) wt[j * CH + c] = a->weight[(c0 + c) * kernel + j];
+  weights(a->weight + c0 * kernel, kernel, nc, wt);
   const float *src[MAXK];
   for (int64_t i = 0; i < q_len; i++) {
     for (int64_t j = 0; j < kernel; j++) { /* input i - hist_len + j */
@@ -89,11 +100,11 @@ static inline __attribute__((always_inline)) void armllm_gdn_conv_task(
   }
 }
 
-/* Defines `name`, a gdn_conv kernel over tasks `name`_task (armllm_gdn_conv_task
- * with `row`); calls of fewer than 16384 outputs stay on the calling thread. */
-#define ARMLLM_GDN_CONV_KERNEL(name, row)                                                         \
+/* Defines `name`, a gdn_conv kernel over tasks armllm_gdn_conv_task(weights, row);
+ * calls of fewer than 16384 outputs stay on the calling thread. */
+#define ARMLLM_GDN_CONV_KERNEL(name, weights, row)                                                \
   static void name##_tasks(void *ctx, int64_t i0, int64_t i1) {                                 \
-    for (int64_t i = i0; i < i1; i++) armllm_gdn_conv_task(ctx, i, row);                        \
+    for (int64_t i = i0; i < i1; i++) armllm_gdn_conv_task(ctx, i, weights, row);               \
   }                                                                                             \
   int64_t name(armllm_pool *pool, const armllm_gdn_conv_args *a) {                              \
     const int64_t bad = armllm_gdn_check(a->query_start, a->seq_lens, a->state_slots,           \
@@ -158,10 +169,30 @@ static inline __attribute__((always_inline)) void armllm_gdn_rule_task(
   for (; r < row0 + q_len; r++) token(&hd, r);
 }
 
-/* Defines `name`, a gdn_rule kernel: the check, then one task per (sequence, v head). */
-#define ARMLLM_GDN_RULE_KERNEL(name, chunk, token)                                               \
+/* The floating-point mode a rule task runs in. The vector variants flush
+ * subnormals to zero (x86 MXCSR FTZ + DAZ, restored after the task): strong
+ * decays underflow (e^G in a chunk, e^g S in a token), and subnormal operands
+ * cost ~100x in microcode assists; what flushes is below 2^-126 (FLT_MIN), far
+ * below any tolerance. ref keeps IEEE subnormals. */
+static inline unsigned armllm_gdn_ieee_enter(void) { return 0; }
+static inline void armllm_gdn_ieee_leave(unsigned saved) { (void)saved; }
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+static inline unsigned armllm_gdn_ftz_enter(void) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u); /* FTZ (bit 15), DAZ (bit 6) */
+  return saved;
+}
+static inline void armllm_gdn_ftz_leave(unsigned saved) { _mm_setcsr(saved); }
+#endif
+
+/* Defines `name`, a gdn_rule kernel: the check, then one task per (sequence, v
+ * head), each in the floating-point mode `mode` (armllm_gdn_<mode>_enter/leave). */
+#define ARMLLM_GDN_RULE_KERNEL(name, chunk, token, mode)                                         \
   static void name##_tasks(void *ctx, int64_t i0, int64_t i1) {                                 \
+    const unsigned saved = armllm_gdn_##mode##_enter();                                         \
     for (int64_t i = i0; i < i1; i++) armllm_gdn_rule_task(ctx, i, chunk, token);               \
+    armllm_gdn_##mode##_leave(saved);                                                           \
   }                                                                                             \
   int64_t name(armllm_pool *pool, const armllm_gdn_args *a) {                                   \
     const int64_t bad = armllm_gdn_check(a->query_start, a->seq_lens, a->state_slots,           \

@@ -1007,7 +1007,7 @@ static gdn_meta gdn_metadata(const int *q_lens, const int *starts, int64_t n_seq
  * an empty sequence; bad metadata is reported and writes nothing. */
 static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
   static const int64_t channels[] = {1, 3, 4, 5, 9, 17, 256, 300, 600};
-  static const int64_t kernels[] = {2, 4, 8};
+  static const int64_t kernels[] = {2, 3, 4, 5, 8};
   static const int q_lens[] = {1, 5, 0, 2, 12}, starts[] = {9, 0, 3, 1, 0};
   report r;
   report_start(&r, v->isa, "gdn_conv");
@@ -1048,14 +1048,15 @@ static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
   report_end(&r, impl_of(v, ARMLLM_K_gdn_conv));
 }
 
-/* One gdn_rule call against ref: out and the state within RULE_TOL of their
- * largest values (the same steps, FMAs where ref rounds twice; test_gdn.py),
+/* One gdn_rule call against ref: out and the state within 5e-6 of their
+ * largest values (the same steps, FMAs where ref rounds twice; test_gdn.py's
+ * VARIANT_TOL),
  * rows past the heads' columns untouched, slots of empty sequences untouched,
  * and the same bits on one thread and on the pool. */
 static void gdn_rule_case(report *r, const armllm_kernels *v, armllm_pool *pool, int64_t n_k,
                           int64_t n_v, int64_t dk, int64_t dv, int v_tiled, const int *q_lens,
                           const int *starts, int64_t n_seqs, int correlated) {
-  const double rule_tol = 2e-5;
+  const double rule_tol = 5e-6;
   const gdn_meta m = gdn_metadata(q_lens, starts, n_seqs);
   const int64_t rows = m.rows, ldqkv = 2 * n_k * dk + n_v * dv + 1, ldab = 2 * n_v + 3;
   const int64_t ldo = n_v * dv + 2, state_n = n_seqs * n_v * dk * dv;

@@ -33,8 +33,8 @@ const armllm_kernels armllm_kernels_avx2 = {
     ARMLLM_SLOT(gemm_gguf_packed_len, avx2),
     ARMLLM_SLOT(gemm_gguf_pack, avx2),
     ARMLLM_SLOT(gemm_gguf, avx2),
-    ARMLLM_SLOT(gdn_conv, ref),
-    ARMLLM_SLOT(gdn_rule, ref),
-    ARMLLM_SLOT(gated_rmsnorm, ref),
-    ARMLLM_SLOT(sigmoid_mul, ref),
+    ARMLLM_SLOT(gdn_conv, avx2),
+    ARMLLM_SLOT(gdn_rule, avx2),
+    ARMLLM_SLOT(gated_rmsnorm, avx2),
+    ARMLLM_SLOT(sigmoid_mul, avx2),
 };

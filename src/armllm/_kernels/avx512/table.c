@@ -34,8 +34,8 @@ const armllm_kernels armllm_kernels_avx512 = {
     ARMLLM_SLOT(gemm_gguf_packed_len, avx512),
     ARMLLM_SLOT(gemm_gguf_pack, avx512),
     ARMLLM_SLOT(gemm_gguf, avx512),
-    ARMLLM_SLOT(gdn_conv, ref),
-    ARMLLM_SLOT(gdn_rule, ref),
-    ARMLLM_SLOT(gated_rmsnorm, ref),
-    ARMLLM_SLOT(sigmoid_mul, ref),
+    ARMLLM_SLOT(gdn_conv, avx512),
+    ARMLLM_SLOT(gdn_rule, avx512),
+    ARMLLM_SLOT(gated_rmsnorm, avx512),
+    ARMLLM_SLOT(sigmoid_mul, avx512),
 };

@@ -3,19 +3,20 @@
  *
  * gdn_conv and sigmoid_mul are ref's operations in ref's order (every product
  * rounded before its add, the shared vector exp, IEEE division): ref's bits.
- * GCC fuses a vmulq into the vaddq that follows it at -ffp-contract=fast, so
+ * GCC may fuse a vmulq into the vaddq that follows it (-ffp-contract=fast), so
  * each conv product passes through ARMLLM_NEON_OPAQUE, and tails go through
- * zero-padded vectors rather than scalar code the compiler may contract.
- * gated_rmsnorm sums the squares in float64 lanes (only the order differs
- * from ref), then ref's float32 products in ref's order.
+ * zero-padded vectors rather than scalar code the compiler may contract; a
+ * task's weights are transposed by LD2/LD3/LD4 (kernels 2-4). gated_rmsnorm
+ * sums the squares in float64 lanes (only the order differs from ref), then
+ * ref's float32 products in ref's order.
  *
  * gdn_rule runs ref's steps with FMAs where ref rounds twice. A decode token
  * walks the state S [dk, dv] (rows S[i, :] contiguous) in blocks of 32
  * columns: kv = S^T kn over the block's rows, then S = e^g S + kn delta^T and
  * o = S^T qn over the same rows, which are still in L1 (16 KB at dk = 128),
- * so each head's state comes from memory once and goes back once. A chunk's
- * matrix products run on 4-row x 16-column register tiles: A packed in
- * 4-row panels, B rows loaded as vectors, FMLA by element.
+ * so each head's state comes from memory once (prefetched 8 rows ahead) and
+ * goes back once. A chunk's matrix products run on 4-row x 16-column register
+ * tiles: A packed in 4-row panels, B rows loaded as vectors, FMLA by element.
  */
 #include <arm_neon.h>
 #include <math.h>
@@ -100,7 +101,31 @@ static void neon_conv_row(const float *const *src, const float *wt, int64_t kern
   }
 }
 
-ARMLLM_GDN_CONV_KERNEL(armllm_neon_gdn_conv, neon_conv_row)
+/* wt[j*CH + c] = w[c*kernel + j]: for kernels 2-4, LD2/LD3/LD4 split 4 channels' taps
+ * into one vector a tap; other kernels and the last channels one at a time. */
+static void neon_conv_weights(const float *w, int64_t kernel, int64_t nc, float *wt) {
+  int64_t c = 0;
+  if (kernel == 2)
+    for (; c + 4 <= nc; c += 4) {
+      const float32x4x2_t t = vld2q_f32(w + c * 2);
+      vst1q_f32(wt + c, t.val[0]);
+      vst1q_f32(wt + CH + c, t.val[1]);
+    }
+  else if (kernel == 3)
+    for (; c + 4 <= nc; c += 4) {
+      const float32x4x3_t t = vld3q_f32(w + c * 3);
+      for (int j = 0; j < 3; j++) vst1q_f32(wt + j * CH + c, t.val[j]);
+    }
+  else if (kernel == 4)
+    for (; c + 4 <= nc; c += 4) {
+      const float32x4x4_t t = vld4q_f32(w + c * 4);
+      for (int j = 0; j < 4; j++) vst1q_f32(wt + j * CH + c, t.val[j]);
+    }
+  for (; c < nc; c++)
+    for (int64_t j = 0; j < kernel; j++) wt[j * CH + c] = w[c * kernel + j];
+}
+
+ARMLLM_GDN_CONV_KERNEL(armllm_neon_gdn_conv, neon_conv_weights, neon_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 
@@ -111,6 +136,8 @@ static void neon_l2(const float *x, int64_t n, double scale, float *out) {
   for (; i + 4 <= n; i += 4) vst1q_f32(out + i, vmulq_n_f32(vld1q_f32(x + i), f));
   for (; i < n; i++) out[i] = x[i] * f;
 }
+
+#define TOKEN_PREFETCH_ROWS 8 /* pass 1 streams S from memory: a few rows ahead */
 
 /* One token over S's columns [0, 4 * nv) (row stride dv): kv = S^T kn, delta =
  * beta (v - e^g kv), then row by row S = e^g S + kn delta^T and o += S qn. */
@@ -123,6 +150,10 @@ static inline __attribute__((always_inline)) void token_cols(float *S, int64_t d
   for (int c = 0; c < nv; c++) acc[c] = vdupq_n_f32(0.0f);
   for (int64_t i = 0; i < dk; i++) {
     const float *s = S + i * dv;
+    if (nv == 8 && i + TOKEN_PREFETCH_ROWS < dk) { /* the block's two lines, rows ahead */
+      __builtin_prefetch(s + TOKEN_PREFETCH_ROWS * dv);
+      __builtin_prefetch(s + TOKEN_PREFETCH_ROWS * dv + 16);
+    }
     const float32x4_t k = vld1q_dup_f32(kn + i);
     for (int c = 0; c < nv; c++) acc[c] = vfmaq_f32(acc[c], vld1q_f32(s + 4 * c), k);
   }
@@ -335,7 +366,10 @@ static void neon_chunk(const armllm_gdn_head *hd, int64_t r0) {
   neon_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1]);
 }
 
-ARMLLM_GDN_RULE_KERNEL(armllm_neon_gdn_rule, neon_chunk, neon_token)
+/* IEEE subnormals, as ref: AArch64 computes with them in hardware (no support
+ * code), so the x86 variants' reason to flush (microcode assists) does not apply;
+ * not measured on Arm hardware. */
+ARMLLM_GDN_RULE_KERNEL(armllm_neon_gdn_rule, neon_chunk, neon_token, ieee)
 
 /* ---------------------------------------------------- gated norm, gate */
 

@@ -20,7 +20,7 @@ static void ref_conv_row(const float *const *src, const float *wt, int64_t kerne
   }
 }
 
-ARMLLM_GDN_CONV_KERNEL(armllm_ref_gdn_conv, ref_conv_row)
+ARMLLM_GDN_CONV_KERNEL(armllm_ref_gdn_conv, armllm_gdn_conv_weights_scalar, ref_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 
@@ -150,7 +150,7 @@ static void ref_chunk(const armllm_gdn_head *hd, int64_t r0) {
   ref_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1], 0, 0);
 }
 
-ARMLLM_GDN_RULE_KERNEL(armllm_ref_gdn_rule, ref_chunk, ref_token)
+ARMLLM_GDN_RULE_KERNEL(armllm_ref_gdn_rule, ref_chunk, ref_token, ieee)
 
 /* ---------------------------------------------------- gated norm, gate */
 

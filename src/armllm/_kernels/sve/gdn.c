@@ -6,15 +6,17 @@
  * Products and exps that feed an add pass through armllm_sve_opaque so that
  * GCC cannot contract them into FMLA. gated_rmsnorm sums the squares in
  * float64 lanes (only the order differs from ref), then ref's float32
- * products in ref's order. Tails are predicated.
+ * products in ref's order. Tails are predicated; a task's conv weights are
+ * transposed by LD2W/LD3W/LD4W (kernels 2-4).
  *
  * gdn_rule runs ref's steps with FMAs where ref rounds twice. A decode token
  * walks the state S [dk, dv] (rows S[i, :] contiguous) in blocks of 8 vectors
  * of columns: kv = S^T kn over the block's rows, then S = e^g S + kn delta^T
  * and o = S^T qn over the same rows, still in L1, so each head's state comes
- * from memory once and goes back once. A chunk's matrix products run on
- * 4-row x 4-vector register tiles: A packed in 4-row panels, each panel row
- * replicated to every 128-bit segment (LD1RQW) for FMLA by element.
+ * from memory once (prefetched 8 rows ahead) and goes back once. A chunk's
+ * matrix products run on 4-row x 4-vector register tiles: A packed in 4-row
+ * panels, each panel row replicated to every 128-bit segment (LD1RQW) for FMLA
+ * by element.
  */
 #include <arm_sve.h>
 #include <math.h>
@@ -96,7 +98,37 @@ static void sve_conv_row(const float *const *src, const float *wt, int64_t kerne
   }
 }
 
-ARMLLM_GDN_CONV_KERNEL(armllm_sve_gdn_conv, sve_conv_row)
+/* wt[j*CH + c] = w[c*kernel + j]: for kernels 2-4, LD2W/LD3W/LD4W split a vector
+ * of channels' taps into one vector a tap (predicated tail); other kernels one
+ * channel at a time. */
+static void sve_conv_weights(const float *w, int64_t kernel, int64_t nc, float *wt) {
+  const int64_t vl = (int64_t)svcntw();
+  if (kernel < 2 || kernel > 4) {
+    armllm_gdn_conv_weights_scalar(w, kernel, nc, wt);
+    return;
+  }
+  for (int64_t c = 0; c < nc; c += vl) {
+    const svbool_t pg = svwhilelt_b32_s64(c, nc);
+    if (kernel == 2) {
+      const svfloat32x2_t t = svld2_f32(pg, w + c * 2);
+      svst1_f32(pg, wt + c, svget2_f32(t, 0));
+      svst1_f32(pg, wt + CH + c, svget2_f32(t, 1));
+    } else if (kernel == 3) {
+      const svfloat32x3_t t = svld3_f32(pg, w + c * 3);
+      svst1_f32(pg, wt + c, svget3_f32(t, 0));
+      svst1_f32(pg, wt + CH + c, svget3_f32(t, 1));
+      svst1_f32(pg, wt + 2 * CH + c, svget3_f32(t, 2));
+    } else {
+      const svfloat32x4_t t = svld4_f32(pg, w + c * 4);
+      svst1_f32(pg, wt + c, svget4_f32(t, 0));
+      svst1_f32(pg, wt + CH + c, svget4_f32(t, 1));
+      svst1_f32(pg, wt + 2 * CH + c, svget4_f32(t, 2));
+      svst1_f32(pg, wt + 3 * CH + c, svget4_f32(t, 3));
+    }
+  }
+}
+
+ARMLLM_GDN_CONV_KERNEL(armllm_sve_gdn_conv, sve_conv_weights, sve_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 
@@ -110,6 +142,7 @@ static void sve_l2(const float *x, int64_t n, double scale, float *out) {
 }
 
 #define EACH8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define TOKEN_PREFETCH_ROWS 8 /* pass 1 streams S from memory: a few rows ahead */
 
 /* One token over nv vectors of S's columns (lanes of pg; row stride dv): kv =
  * S^T kn, delta = beta (v - e^g kv), then row by row S = e^g S + kn delta^T
@@ -125,6 +158,9 @@ static inline __attribute__((always_inline)) void token_cols(float *S, int64_t d
   EACH8(TOKEN_DECL)
   for (int64_t i = 0; i < dk; i++) {
     const float *s = S + i * dv;
+    if (nv == 8 && i + TOKEN_PREFETCH_ROWS < dk) /* the block's lines, rows ahead */
+      for (int64_t line = 0; line < 8 * vl; line += 16)
+        __builtin_prefetch(s + TOKEN_PREFETCH_ROWS * dv + line);
     const svfloat32_t k = svdup_n_f32(kn[i]);
 #define TOKEN_KV(c) \
   if (nv > c) acc##c = svmla_f32_x(pg, acc##c, svld1_f32(pg, s + c * vl), k);
@@ -337,7 +373,8 @@ static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
   sve_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1]);
 }
 
-ARMLLM_GDN_RULE_KERNEL(armllm_sve_gdn_rule, sve_chunk, sve_token)
+/* IEEE subnormals, as ref (see neon/gdn.c) */
+ARMLLM_GDN_RULE_KERNEL(armllm_sve_gdn_rule, sve_chunk, sve_token, ieee)
 
 /* ---------------------------------------------------- gated norm, gate */
 
