@@ -361,6 +361,20 @@ def test_gdn_rejects_bad_metadata_and_writes_nothing(variant):
         run_conv(variant, {**conv, "weight": np.ones((10, 9), np.float32)})
 
 
+@pytest.mark.parametrize("rows", [3, 70])
+def test_gdn_fresh_sequences_ignore_their_slots(variant, rows):
+    """A sequence at token 0 starts from zeros whatever its slot holds (NaN here)."""
+    c = rule_case(np.random.default_rng(rows), [rows], [0])
+    conv = conv_case(np.random.default_rng(rows), 40, 4, [rows], [0])
+    want, want_conv = run_rule(variant, c), run_conv(variant, conv)
+    c["state"][:], conv["state"][:] = np.nan, np.nan
+    got, got_conv = run_rule(variant, c), run_conv(variant, conv)
+    slot, conv_slot = c["state_slots"][0], conv["state_slots"][0]
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1][slot], want[1][slot])
+    assert np.array_equal(got_conv[0], want_conv[0])
+    assert np.array_equal(got_conv[1][conv_slot], want_conv[1][conv_slot])
+
+
 def test_gdn_rule_zero_rows_leave_the_slot_alone(variant):
     c = rule_case(np.random.default_rng(5), [0, 2], [7, 0])
     c["state_slots"] = np.array([-5, 1], np.int32)  # no rows: not even checked

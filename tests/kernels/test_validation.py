@@ -129,6 +129,36 @@ def test_elementwise_argument_errors(kern):
         kern.embed(np.zeros(2, np.int32), np.ones((3, 4), np.float64), np.empty((2, 4), np.float32))
 
 
+def test_gdn_aliasing_and_layouts(kern):
+    """The Gated DeltaNet wrappers refuse outputs over their inputs or the state, and
+    states that are not C-contiguous; gated_rmsnorm wants whole heads."""
+    i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+    qkv = np.ones((2, 2 * 8 + 2 * 8), np.float32)
+    ab, state = np.ones((2, 4), np.float32), np.zeros((1, 2, 8, 8), np.float32)
+    args = (ab[:, :2], ab[:, 2:], -np.ones(2, np.float32), np.ones(2, np.float32))
+    meta = (i32(0), i32(0, 2), i32(2))
+    with pytest.raises(ValueError, match="out and qkv must not overlap"):
+        kern.gdn_rule(qkv, *args, state, *meta, 1, 2, qkv[:, :16])
+    with pytest.raises(ValueError, match="state must be C-contiguous"):
+        kern.gdn_rule(qkv, *args, np.zeros((1, 2, 16, 8), np.float32)[:, :, ::2], *meta, 1, 2,
+                      np.empty((2, 16), np.float32))
+    with pytest.raises(ValueError, match="n_v_heads must be a positive multiple"):
+        kern.gdn_rule(qkv, *args, state, *meta, 3, 2, np.empty((2, 16), np.float32))
+    x, conv_state = np.ones((2, 6), np.float32), np.zeros((1, 3, 6), np.float32)
+    with pytest.raises(ValueError, match="out and state must not overlap"):
+        kern.gdn_conv(x, np.ones((6, 4), np.float32), conv_state, *meta, conv_state[0, :2])
+    with pytest.raises(ValueError, match=r"state must have shape \(num_slots, 3, 6\)"):
+        kern.gdn_conv(x, np.ones((6, 4), np.float32), np.zeros((1, 2, 6), np.float32), *meta,
+                      np.empty_like(x))
+    with pytest.raises(ValueError, match="not whole heads"):
+        kern.gated_rmsnorm(x, x.copy(), np.ones(4, np.float32), 1e-6, np.empty_like(x))
+    with pytest.raises(ValueError, match="out and z must not overlap"):
+        z = x.copy()
+        kern.gated_rmsnorm(x, z, np.ones(3, np.float32), 1e-6, z)
+    with pytest.raises(ValueError, match="x and gate must not overlap"):
+        kern.sigmoid_mul(x, x)
+
+
 def test_unknown_and_foreign_variants():
     with pytest.raises(ValueError, match=r"unknown kernel variant 'avx9' \(known: .*ref\)"):
         ops.kernels("avx9")

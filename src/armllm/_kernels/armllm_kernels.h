@@ -314,7 +314,9 @@ static inline int64_t armllm_q_groups(int64_t k, int64_t group) {
  *   a sequence's last whole chunk) run that recurrence, two passes over S
  *   per token; each whole chunk of ARMLLM_GDN_CHUNK rows runs the chunked
  *   (WY/UT) form of flash-linear-attention's chunk_gated_delta_rule: the same
- *   values, other roundings. Exps are the shared exp (vexp.h).
+ *   values, other roundings. Exps are the shared exp (vexp.h). Variants
+ *   differ from ref by FMA roundings, and may flush subnormals to zero (x86:
+ *   gdn_common.h). A chunk's scratch lives on the task's stack: under 400 KB.
  *   out [rows, n_v_heads*dv] must not overlap the inputs or the state.
  *
  * Gated RMSNorm  out[r, h*d + i] = x[r, h*d + i] * (1/sqrt(mean_i x[r, h*d + .]^2 + eps))

@@ -127,6 +127,8 @@ typedef struct {
   float a_neg, dt_bias;
   double q_scale; /* 1/sqrt(dk) */
   float *S;
+  int zero; /* S is zero (a fresh sequence's first chunk): a chunk may skip its products
+               with S, and must write all of S */
 } armllm_gdn_head;
 
 static inline const float *armllm_gdn_q(const armllm_gdn_head *hd, int64_t r) {
@@ -162,10 +164,15 @@ static inline __attribute__((always_inline)) void armllm_gdn_rule_task(
   const int64_t group = a->n_v_heads / a->n_k_heads;
   armllm_gdn_head hd = {a, h, a->v_tiled ? h % a->n_k_heads : h / group, a->a_neg[h],
                         a->dt_bias[h], 1.0 / sqrt((double)a->dk),
-                        a->state + ((int64_t)a->state_slots[b] * a->n_v_heads + h) * a->dk * a->dv};
-  if (a->seq_lens[b] == q_len) memset(hd.S, 0, (size_t)(a->dk * a->dv) * sizeof(float));
+                        a->state + ((int64_t)a->state_slots[b] * a->n_v_heads + h) * a->dk * a->dv,
+                        a->seq_lens[b] == q_len};
+  if (hd.zero && q_len < ARMLLM_GDN_CHUNK)
+    memset(hd.S, 0, (size_t)(a->dk * a->dv) * sizeof(float));
   int64_t r = row0;
-  for (; r + ARMLLM_GDN_CHUNK <= row0 + q_len; r += ARMLLM_GDN_CHUNK) chunk(&hd, r);
+  for (; r + ARMLLM_GDN_CHUNK <= row0 + q_len; r += ARMLLM_GDN_CHUNK) {
+    chunk(&hd, r);
+    hd.zero = 0;
+  }
   for (; r < row0 + q_len; r++) token(&hd, r);
 }
 

@@ -982,20 +982,21 @@ static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quic
 /* ----------------------------------------------------- Gated DeltaNet */
 
 /* Varlen metadata of sequences with q_lens rows after starts tokens, in
- * slots n_seqs-1 .. 0 (reversed, so slot and sequence differ). */
+ * slots n_seqs .. 1 (reversed, so slot and sequence differ); slot 0 is spare. */
 typedef struct {
   int32_t query_start[8], seq_lens[8], state_slots[8];
-  int64_t n_seqs, rows;
+  int64_t n_seqs, rows, num_slots;
 } gdn_meta;
 
 static gdn_meta gdn_metadata(const int *q_lens, const int *starts, int64_t n_seqs) {
   gdn_meta m;
   memset(&m, 0, sizeof m);
   m.n_seqs = n_seqs;
+  m.num_slots = n_seqs + 1;
   for (int64_t b = 0; b < n_seqs; b++) {
     m.query_start[b + 1] = m.query_start[b] + q_lens[b];
     m.seq_lens[b] = starts[b] + q_lens[b];
-    m.state_slots[b] = (int32_t)(n_seqs - 1 - b);
+    m.state_slots[b] = (int32_t)(n_seqs - b);
   }
   m.rows = m.query_start[n_seqs];
   return m;
@@ -1006,7 +1007,7 @@ static gdn_meta gdn_metadata(const int *q_lens, const int *starts, int64_t n_seq
  * 256-channel task, fresh and continuing sequences, q_len below kernel - 1,
  * an empty sequence; bad metadata is reported and writes nothing. */
 static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
-  static const int64_t channels[] = {1, 3, 4, 5, 9, 17, 256, 300, 600};
+  static const int64_t channels[] = {1, 3, 4, 5, 9, 17, 256, 300, 513, 600};
   static const int64_t kernels[] = {2, 3, 4, 5, 8};
   static const int q_lens[] = {1, 5, 0, 2, 12}, starts[] = {9, 0, 3, 1, 0};
   report r;
@@ -1015,7 +1016,7 @@ static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
     for (size_t ik = 0; ik < sizeof kernels / sizeof *kernels; ik++) {
       const int64_t ch = channels[ic], kernel = kernels[ik], ldx = ch + 3, ldy = ch + 1;
       const gdn_meta m = gdn_metadata(q_lens, starts, 5);
-      const int64_t state_n = m.n_seqs * (kernel - 1) * ch;
+      const int64_t state_n = m.num_slots * (kernel - 1) * ch;
       float *x = xmalloc(sizeof(float) * (size_t)(m.rows * ldx));
       float *w = xmalloc(sizeof(float) * (size_t)(ch * kernel));
       float *state = xmalloc(sizeof(float) * (size_t)state_n);
@@ -1027,7 +1028,7 @@ static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
       fill(state, state_n, 4.0f);
       memcpy(state2, state, sizeof(float) * (size_t)state_n);
       for (int64_t i = 0; i < m.rows * ldy; i++) y[i] = y2[i] = -777.0f;
-      armllm_gdn_conv_args a = {x, ldx, y, ldy, w, ch, kernel, state, m.n_seqs,
+      armllm_gdn_conv_args a = {x, ldx, y, ldy, w, ch, kernel, state, m.num_slots,
                                 m.query_start, m.seq_lens, m.state_slots, m.n_seqs};
       armllm_gdn_conv_args a2 = a;
       a2.y = y2;
@@ -1037,7 +1038,7 @@ static void check_gdn_conv(const armllm_kernels *v, armllm_pool *pool) {
       if (memcmp(state, state2, sizeof(float) * (size_t)state_n) != 0) r.bad++;
       int32_t bad_slots[8];
       memcpy(bad_slots, m.state_slots, sizeof bad_slots);
-      bad_slots[3] = (int32_t)m.n_seqs; /* outside [0, num_slots) */
+      bad_slots[3] = (int32_t)m.num_slots; /* outside [0, num_slots) */
       a.state_slots = bad_slots;
       if (v->gdn_conv(pool, &a) != 3) r.bad++;
       if (memcmp(y, y2, sizeof(float) * (size_t)(m.rows * ldy)) != 0) r.bad++;
@@ -1059,7 +1060,7 @@ static void gdn_rule_case(report *r, const armllm_kernels *v, armllm_pool *pool,
   const double rule_tol = 5e-6;
   const gdn_meta m = gdn_metadata(q_lens, starts, n_seqs);
   const int64_t rows = m.rows, ldqkv = 2 * n_k * dk + n_v * dv + 1, ldab = 2 * n_v + 3;
-  const int64_t ldo = n_v * dv + 2, state_n = n_seqs * n_v * dk * dv;
+  const int64_t ldo = n_v * dv + 2, state_n = m.num_slots * n_v * dk * dv;
   float *qkv = xmalloc(sizeof(float) * (size_t)(rows * ldqkv));
   float *ab = xmalloc(sizeof(float) * (size_t)(rows * ldab));
   float *a_neg = xmalloc(sizeof(float) * (size_t)n_v), *dt_bias = xmalloc(sizeof(float) * (size_t)n_v);
@@ -1084,7 +1085,7 @@ static void gdn_rule_case(report *r, const armllm_kernels *v, armllm_pool *pool,
     for (int64_t j = 0; j < rows * ldo; j++) outs[i][j] = -777.0f;
   }
   armllm_gdn_args a = {qkv, qkv + n_k * dk, qkv + 2 * n_k * dk, ldqkv, ab, ab + n_v + 1, ldab,
-                       a_neg, dt_bias, NULL, ldo, NULL, n_seqs, n_k, n_v, dk, dv, v_tiled,
+                       a_neg, dt_bias, NULL, ldo, NULL, m.num_slots, n_k, n_v, dk, dv, v_tiled,
                        m.query_start, m.seq_lens, m.state_slots, n_seqs};
   for (int i = 0; i < 3; i++) { /* ref, the variant on the pool, the variant alone */
     a.out = outs[i];
@@ -1105,9 +1106,9 @@ static void gdn_rule_case(report *r, const armllm_kernels *v, armllm_pool *pool,
   }
   for (int64_t j = 0; j < state_n; j++)
     report_value(r, states[1][j], states[0][j], rule_tol * state_max + 1e-30);
-  for (int64_t b = 0; b < n_seqs; b++) /* no rows: the slot is not touched */
-    if (q_lens[b] == 0) {
-      const size_t at = (size_t)m.state_slots[b] * (size_t)(n_v * dk * dv);
+  for (int64_t b = -1; b < n_seqs; b++) /* the spare slot, and those of sequences without rows */
+    if (b < 0 || q_lens[b] == 0) {
+      const size_t at = b < 0 ? 0 : (size_t)m.state_slots[b] * (size_t)(n_v * dk * dv);
       if (memcmp(states[1] + at, state0 + at, sizeof(float) * (size_t)(n_v * dk * dv))) r->bad++;
     }
   if (memcmp(outs[1], outs[2], sizeof(float) * (size_t)(rows * ldo)) != 0) r->bad++;
@@ -1117,8 +1118,9 @@ static void gdn_rule_case(report *r, const armllm_kernels *v, armllm_pool *pool,
   for (int i = 0; i < 3; i++) { free(states[i]); free(outs[i]); }
 }
 
-/* Decode rows (the recurrence), whole 64-row chunks and the rows after them,
- * head dims around the vector widths (odd ones too), GQA in both orders. */
+/* Decode rows (the recurrence), whole 64-row chunks (fresh: from a state the
+ * chunk must not read) and the rows after them, head dims around the vector
+ * widths (odd ones too), GQA in both orders, and batches mixing them. */
 static void check_gdn_rule(const armllm_kernels *v, armllm_pool *pool, int quick) {
   static const int decode[] = {1, 1, 0, 1}, decode_starts[] = {5, 0, 3, 40};
   static const int few[] = {3, 0, 2}, few_starts[] = {0, 2, 7};
@@ -1134,6 +1136,15 @@ static void check_gdn_rule(const armllm_kernels *v, armllm_pool *pool, int quick
   gdn_rule_case(&r, v, pool, 1, 1, 10, 7, 0, one_chunk, fresh, 1, 0);
   static const int chunk_tail[] = {70}, cont[] = {3};
   gdn_rule_case(&r, v, pool, 1, 3, 6, 18, 0, chunk_tail, cont, 1, 1);
+  /* a decode, a fresh chunk and its recurrent tail, an empty sequence, a continuation */
+  static const int mixed[] = {1, 70, 0, 3}, mixed_starts[] = {5, 0, 2, 9};
+  static const int64_t mixed_shapes[][4] = {{2, 4, 32, 64}, {1, 1, 16, 24}, {2, 2, 128, 128},
+                                            {1, 3, 20, 7}};
+  for (size_t i = 0; i < sizeof mixed_shapes / sizeof *mixed_shapes; i++) {
+    const int64_t *sh = mixed_shapes[i];
+    gdn_rule_case(&r, v, pool, sh[0], sh[1], sh[2], sh[3], (int)(i & 1), mixed, mixed_starts, 4,
+                  0);
+  }
   if (!quick) {
     gdn_rule_case(&r, v, pool, 1, 2, 128, 128, 0, one_chunk, cont, 1, 1);
     gdn_rule_case(&r, v, pool, 1, 1, 48, 80, 0, chunk_tail, fresh, 1, 0);
@@ -1144,7 +1155,7 @@ static void check_gdn_rule(const armllm_kernels *v, armllm_pool *pool, int quick
 /* Within 1e-6 of ref relative: the float64 sum of squares in another order;
  * the float32 products are ref's. In place too; padding untouched. */
 static void check_gated_rmsnorm(const armllm_kernels *v, armllm_pool *pool) {
-  static const int64_t ds[] = {1, 3, 4, 5, 7, 8, 16, 33, 64, 128, 130};
+  static const int64_t ds[] = {1, 3, 4, 5, 7, 8, 16, 33, 64, 128, 130, 1000};
   static const float scales[] = {1e-10f, 1.0f, 1e10f};
   report r;
   report_start(&r, v->isa, "gated_rmsnorm");

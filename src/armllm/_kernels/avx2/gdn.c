@@ -278,6 +278,19 @@ static void transpose8(const float *src, int64_t lds, int64_t n, float *dst, int
     if (l < n) _mm256_storeu_ps(dst + l * ldd, t[l]);
 }
 
+/* A chunk's input rows are a projection's row stride apart: their lines come
+ * from L3 or memory one row at a time unless asked for ahead. */
+#define ROW_PREFETCH 4
+
+static void prefetch_rows(const armllm_gdn_head *hd, int64_t r) {
+  const float *q = armllm_gdn_q(hd, r), *k = armllm_gdn_k(hd, r), *v = armllm_gdn_v(hd, r);
+  for (int64_t i = 0; i < hd->a->dk; i += 16) {
+    _mm_prefetch((const char *)(q + i), _MM_HINT_T0);
+    _mm_prefetch((const char *)(k + i), _MM_HINT_T0);
+  }
+  for (int64_t i = 0; i < hd->a->dv; i += 16) _mm_prefetch((const char *)(v + i), _MM_HINT_T0);
+}
+
 /* The chunked form over rows [r0, r0 + C) (ref_chunk's steps). */
 static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
   const int64_t dk = hd->a->dk, dv = hd->a->dv;
@@ -286,6 +299,7 @@ static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
   float G[C], beta[C], eG[C], eGl[C];
   for (int64_t i = 0; i < C; i++) {
     float g;
+    if (i + ROW_PREFETCH < C) prefetch_rows(hd, r0 + i + ROW_PREFETCH);
     armllm_gdn_row_gates(hd, r0 + i, &g, &beta[i]);
     G[i] = i ? G[i - 1] + g : g;
     avx2_l2(armllm_gdn_q(hd, r0 + i), dk, hd->q_scale, Qn + i * dk);
@@ -329,9 +343,12 @@ static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm256_storeu_ps(Tbe + i * C + l, _mm256_mul_ps(tb, _mm256_loadu_ps(eG + l)));
     }
   float *S = hd->S, *out = armllm_gdn_o(hd, r0);
+  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
   avx2_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_ZERO, 0.0f, 0, 1, 0);
-  avx2_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
-  avx2_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
+  if (!zero) {
+    avx2_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
+    avx2_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
+  }
   for (int64_t i = 0; i < C; i++) {
     const __m256 e = _mm256_set1_ps(eG[i]), el = _mm256_set1_ps(eGl[i]);
     for (int64_t l = 0; l < dk; l += 8) {
@@ -340,9 +357,9 @@ static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm256_maskstore_ps(Kn + i * dk + l, m, _mm256_mul_ps(_mm256_maskload_ps(Kn + i * dk + l, m), el));
     }
   }
-  avx2_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
-  avx2_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, MM_LOAD, 1.0f, 0, 1, 0);
-  avx2_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1], 0, 0, 0);
+  if (!zero) avx2_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
+  avx2_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, zero ? MM_ZERO : MM_LOAD, 1.0f, 0, 1, 0);
+  avx2_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, zero ? MM_ZERO : MM_LOAD, eG[C - 1], 0, 0, 0);
 }
 
 ARMLLM_GDN_RULE_KERNEL(armllm_avx2_gdn_rule, avx2_chunk, avx2_token, ftz)

@@ -346,9 +346,13 @@ static void neon_chunk(const armllm_gdn_head *hd, int64_t r0) {
     }
   float *S = hd->S, *out = armllm_gdn_o(hd, r0);
   const int64_t ldo = hd->a->ldo;
+  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
+  const int with_s = zero ? 0 : MM_LOAD;
   neon_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_LOWER, 0.0f);
-  neon_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_LOWER, 0.0f);
-  neon_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD | MM_SUB, 1.0f);
+  if (!zero) {
+    neon_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_LOWER, 0.0f);
+    neon_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD | MM_SUB, 1.0f);
+  }
   for (int64_t i = 0; i < C; i++) {
     const float qs = eG[i], ks = eGl[i];
     int64_t l = 0;
@@ -361,9 +365,9 @@ static void neon_chunk(const armllm_gdn_head *hd, int64_t r0) {
       Kn[i * dk + l] *= ks;
     }
   }
-  neon_mm(C, dv, dk, Qn, dk, 1, S, dv, out, ldo, 0, 0.0f);
-  neon_mm(C, dv, C, P, C, 1, U, dv, out, ldo, MM_LOAD | MM_LOWER, 1.0f);
-  neon_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1]);
+  if (!zero) neon_mm(C, dv, dk, Qn, dk, 1, S, dv, out, ldo, 0, 0.0f);
+  neon_mm(C, dv, C, P, C, 1, U, dv, out, ldo, with_s | MM_LOWER, 1.0f);
+  neon_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, with_s, eG[C - 1]);
 }
 
 /* IEEE subnormals, as ref: AArch64 computes with them in hardware (no support

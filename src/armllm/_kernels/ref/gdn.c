@@ -137,17 +137,20 @@ static void ref_chunk(const armllm_gdn_head *hd, int64_t r0) {
       Tbe[i * C + l] = Tb[i * C + l] * eG[l];
     }
   float *S = hd->S, *out = armllm_gdn_o(hd, r0);
+  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
   ref_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_ZERO, 0.0f, 0, 1);
-  ref_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1);
-  ref_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0);
+  if (!zero) {
+    ref_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1);
+    ref_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0);
+  }
   for (int64_t i = 0; i < C; i++)
     for (int64_t l = 0; l < dk; l++) {
       Qn[i * dk + l] = Qn[i * dk + l] * eG[i];
       Kn[i * dk + l] = Kn[i * dk + l] * eGl[i];
     }
-  ref_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0);
-  ref_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, MM_LOAD, 1.0f, 0, 1);
-  ref_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1], 0, 0);
+  if (!zero) ref_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0);
+  ref_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, zero ? MM_ZERO : MM_LOAD, 1.0f, 0, 1);
+  ref_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, zero ? MM_ZERO : MM_LOAD, eG[C - 1], 0, 0);
 }
 
 ARMLLM_GDN_RULE_KERNEL(armllm_ref_gdn_rule, ref_chunk, ref_token, ieee)

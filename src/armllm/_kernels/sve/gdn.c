@@ -330,13 +330,13 @@ static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
   sve_mm(C, C, dk, Kn, dk, 1, KnT, C, A, C, MM_TRI, 0.0f);
   sve_mm(C, C, dk, Qn, dk, 1, KnT, C, P, C, MM_TRI, 0.0f);
   /* A = strict_lower(beta_i A . D), P = lower(P . D), D[i, j] = e^(G_i - G_j) */
-  const svfloat32_t zero = svdup_n_f32(0.0f);
+  const svfloat32_t vzero = svdup_n_f32(0.0f);
   for (int64_t i = 0; i < C; i++)
     for (int64_t j = 0; j < C; j += vl) {
       const svbool_t pg = svwhilelt_b32_s64(j, C);
       if (j > i) {
-        svst1_f32(pg, A + i * C + j, zero);
-        svst1_f32(pg, P + i * C + j, zero);
+        svst1_f32(pg, A + i * C + j, vzero);
+        svst1_f32(pg, P + i * C + j, vzero);
         continue;
       }
       const svbool_t strict = svwhilelt_b32_s64(j, i), diag = svwhilelt_b32_s64(j, i + 1);
@@ -345,8 +345,8 @@ static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
       const svfloat32_t ba = svmul_n_f32_x(strict, svld1_f32(strict, A + i * C + j), beta[i]);
       const svfloat32_t a = svmul_f32_x(strict, ba, d);
       const svfloat32_t p = svmul_f32_x(diag, svld1_f32(diag, P + i * C + j), d);
-      svst1_f32(pg, A + i * C + j, svsel_f32(strict, a, zero));
-      svst1_f32(pg, P + i * C + j, svsel_f32(diag, p, zero));
+      svst1_f32(pg, A + i * C + j, svsel_f32(strict, a, vzero));
+      svst1_f32(pg, P + i * C + j, svsel_f32(diag, p, vzero));
     }
   sve_unit_lower_inverse(A);
   for (int64_t i = 0; i < C; i++)
@@ -358,9 +358,13 @@ static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
     }
   float *S = hd->S, *out = armllm_gdn_o(hd, r0);
   const int64_t ldo = hd->a->ldo;
+  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
+  const int with_s = zero ? 0 : MM_LOAD;
   sve_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_LOWER, 0.0f);
-  sve_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_LOWER, 0.0f);
-  sve_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD | MM_SUB, 1.0f);
+  if (!zero) {
+    sve_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_LOWER, 0.0f);
+    sve_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD | MM_SUB, 1.0f);
+  }
   for (int64_t i = 0; i < C; i++)
     for (int64_t l = 0; l < dk; l += vl) {
       const svbool_t pg = svwhilelt_b32_s64(l, dk);
@@ -368,9 +372,9 @@ static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
       svst1_f32(pg, q, svmul_n_f32_x(pg, svld1_f32(pg, q), eG[i]));
       svst1_f32(pg, kk, svmul_n_f32_x(pg, svld1_f32(pg, kk), eGl[i]));
     }
-  sve_mm(C, dv, dk, Qn, dk, 1, S, dv, out, ldo, 0, 0.0f);
-  sve_mm(C, dv, C, P, C, 1, U, dv, out, ldo, MM_LOAD | MM_LOWER, 1.0f);
-  sve_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, MM_LOAD, eG[C - 1]);
+  if (!zero) sve_mm(C, dv, dk, Qn, dk, 1, S, dv, out, ldo, 0, 0.0f);
+  sve_mm(C, dv, C, P, C, 1, U, dv, out, ldo, with_s | MM_LOWER, 1.0f);
+  sve_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, with_s, eG[C - 1]);
 }
 
 /* IEEE subnormals, as ref (see neon/gdn.c) */
