@@ -34,9 +34,8 @@ const armllm_kernels armllm_kernels_neon = {
     ARMLLM_SLOT(gemm_gguf_packed_len, neon),
     ARMLLM_SLOT(gemm_gguf_pack, neon),
     ARMLLM_SLOT(gemm_gguf, neon),
-    /* Gated DeltaNet: the portable code until the Arm ports */
-    ARMLLM_SLOT(gdn_conv, ref),
-    ARMLLM_SLOT(gdn_rule, ref),
-    ARMLLM_SLOT(gated_rmsnorm, ref),
-    ARMLLM_SLOT(sigmoid_mul, ref),
+    ARMLLM_SLOT(gdn_conv, neon),
+    ARMLLM_SLOT(gdn_rule, neon),
+    ARMLLM_SLOT(gated_rmsnorm, neon),
+    ARMLLM_SLOT(sigmoid_mul, neon),
 };

@@ -35,9 +35,8 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     ARMLLM_SLOT(gemm_gguf_packed_len, neon), /* one Arm layout: neon packs it */
     ARMLLM_SLOT(gemm_gguf_pack, neon),
     ARMLLM_SLOT(gemm_gguf, neon_mmla),
-    /* Gated DeltaNet: the portable code until the Arm ports */
-    ARMLLM_SLOT(gdn_conv, ref),
-    ARMLLM_SLOT(gdn_rule, ref),
-    ARMLLM_SLOT(gated_rmsnorm, ref),
-    ARMLLM_SLOT(sigmoid_mul, ref),
+    ARMLLM_SLOT(gdn_conv, neon),
+    ARMLLM_SLOT(gdn_rule, neon),
+    ARMLLM_SLOT(gated_rmsnorm, neon),
+    ARMLLM_SLOT(sigmoid_mul, neon),
 };
