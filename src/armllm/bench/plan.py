@@ -193,6 +193,11 @@ def print_plan(p: dict) -> None:
         print(f"             {'':>13}  of which {_size(w['bytes'])} for the {w['layers']} "
               f"sliding-window layers ({w['window']} tokens): a pool of {w['blocks']} blocks "
               f"of their own, {_size(w['saved_bytes'])} less than at full length")
+    if kv["state_pool"]:
+        sp = kv["state_pool"]
+        print(f"             {'':>13}  and {_size(sp['bytes'])} of recurrent state: "
+              f"{sp['live_slots']} + {sp['checkpoint_slots']} prefix-cache checkpoint slots "
+              f"of {_size(sp['bytes_per_slot'])} ({sp['layers']} Gated DeltaNet layers)")
     print(f"  overhead   {_size(ov['bytes']):>13}  workspace {_size(ov['workspace_bytes'])}, "
           f"RoPE table {_size(ov['rope_table_bytes'])}, process {_size(ov['process_bytes'])}")
     if tp:
@@ -223,8 +228,9 @@ def print_plan(p: dict) -> None:
         per_seq = "TPOT" if s["batch"] == 1 else "TPOT per sequence"
         comm = (f" + all-reduces {s['allreduce_s'] * 1e3:.2f} ms" if "allreduce_s" in s
                 else "")
+        state = f" + state {s['state_bytes'] / 1e6:.1f}" if s["state_bytes"] else ""
         print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
-              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}){comm} -> "
+              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}{state}){comm} -> "
               f"<= {s['max_tokens_per_s']:.1f} tok/s, {per_seq} >= {s['min_step_s'] * 1e3:.2f} ms")
     print("\nassumptions:")
     for line in p["assumptions"]:
