@@ -195,7 +195,7 @@ def print_plan(p: dict) -> None:
               f"of their own, {_size(w['saved_bytes'])} less than at full length")
     if kv["state_pool"]:
         sp = kv["state_pool"]
-        print(f"             {'':>13}  and {_size(sp['bytes'])} of recurrent state: "
+        print(f"             {'':>13}  of which {_size(sp['bytes'])} recurrent state: "
               f"{sp['live_slots']} + {sp['checkpoint_slots']} prefix-cache checkpoint slots "
               f"of {_size(sp['bytes_per_slot'])} ({sp['layers']} Gated DeltaNet layers)")
     print(f"  overhead   {_size(ov['bytes']):>13}  workspace {_size(ov['workspace_bytes'])}, "
