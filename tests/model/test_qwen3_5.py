@@ -19,7 +19,12 @@ gated full-attention layer, twice) against transformers' own forward.
   gives one rank's tokens and logits, from the checkpoint and from its GGUF
   (value heads tiled: a rank's rows are one run per key-head period), and a
   Q8_0 GGUF splits its blocks as stored; each rank reads the rows of its heads;
-- `armllm plan` counts the state pool, a tensor-parallel rank's too.
+- `armllm plan` counts the state pool, a tensor-parallel rank's too;
+- compressed-tensors checkpoints written by the compressed_tensors library as
+  llm-compressor writes them (W8A8 int-quantized, W4A16 pack-quantized, the
+  MTP block copied float beside them) run their projections as stored, read to
+  the library's own dequantized values, within the int8 activations' distance
+  of the same weights dequantized.
 
 The checkpoints use SmolLM2's tokenizer (the demo model's)."""
 from __future__ import annotations
@@ -34,6 +39,7 @@ import pytest
 from armllm import LLM, SamplingParams
 from armllm.model import arch
 from armllm.model.arch import load_hf_config
+from armllm.model.arch.qwen3_5 import MULTIMODAL_PREFIX
 from armllm.model.gguf import GGUFFile
 from armllm.model.loader import gguf_model_config, load_model
 from armllm.model.sharding import ShardedSource, plan_shards
@@ -211,10 +217,9 @@ def test_prefix_cache_hit_equals_a_miss_bit_for_bit(tiny):
     assert stats.prefix_cache_hits == 256
 
 
-@pytest.mark.parametrize("name", list(TINY))
-def test_multimodal_checkpoint_runs_its_language_model(tokenizer, tmp_path, name):
-    """*ForConditionalGeneration: its text model under model.language_model. (the
-    vision tower and its config ignored) gives transformers' text logits."""
+def write_tiny_multimodal(path, name: str, tokenizer):
+    """A tiny *ForConditionalGeneration checkpoint: the tiny text model beside a
+    one-block vision tower."""
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                   out_hidden_size=64, patch_size=14, spatial_merge_size=2)
     kind = "Qwen3_5" if name == "dense" else "Qwen3_5Moe"
@@ -223,10 +228,18 @@ def test_multimodal_checkpoint_runs_its_language_model(tokenizer, tmp_path, name
         getattr(transformers, f"{kind}Config")(text_config={**BASE, **TINY[name][2]},
                                                vision_config=vision)).eval()
     randomize(hf)
-    hf.save_pretrained(tmp_path, safe_serialization=True)
-    llama_cpp.with_tokenizer(tmp_path, tokenizer)
+    hf.save_pretrained(path, safe_serialization=True)
+    llama_cpp.with_tokenizer(path, tokenizer)
+    return hf
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_multimodal_checkpoint_runs_its_language_model(tokenizer, tmp_path, name):
+    """*ForConditionalGeneration: its text model under model.language_model. (the
+    vision tower and its config ignored) gives transformers' text logits."""
+    hf = write_tiny_multimodal(tmp_path, name, tokenizer)
     lm = load_model(tmp_path, "f32")
-    assert lm.config.architecture == f"{kind}ForConditionalGeneration"
+    assert lm.config.architecture == type(hf).__name__
     assert_logits_close(prefill_logits(lm, IDS[:40], block_size=8), hf_logits(hf, IDS[:40]))
 
 
@@ -521,3 +534,206 @@ def test_plan_counts_the_state_pool(tiny):
     assert rank0["kv_cache"]["state_pool"]["bytes_per_slot"] == per_slot // 2
     assert rank0["kv_cache"]["bytes_per_token"] == 2 * 2 * 1 * 32 * 2
     assert rank0["tensor_parallel"]["rank0"]["delta_heads"] == [1, 2]
+
+
+# llm-compressor's recipe for Qwen3.5 / 3.6 (examples/quantization_w8a8_int8/qwen3_6_example.py):
+# every Gated DeltaNet projection, the router, the shared expert's gate and the head float
+LLM_COMPRESSOR_IGNORE = ["re:.*lm_head", "re:visual.*", "re:model.visual.*", "re:.*mlp.gate$",
+                         "re:.*embed_tokens$", "re:.*shared_expert_gate$", "re:.*linear_attn.*"]
+# the DeltaNet's [q k v], z and out projections quantized too, its small b and a float
+DELTA_QUANTIZED_IGNORE = ["lm_head", "re:visual.*", "re:model.visual.*", "re:.*in_proj_[ab]$",
+                          "re:.*mlp.gate$", "re:.*shared_expert_gate$"]
+# llm-compressor preset: (ignore list, the format the library picks, what armllm runs)
+CT_PRESETS = {"W8A8": (LLM_COMPRESSOR_IGNORE, "int-quantized", "w8a8-ch"),
+              "W4A16": (DELTA_QUANTIZED_IGNORE, "pack-quantized", "w4a8-g32")}
+
+
+def unfuse_experts(model) -> None:
+    """Each sparse block's stacked experts as one Qwen3_5MoeMLP an expert (nn.Linear gate,
+    up and down), as llm-compressor's calibration module for Qwen3_5MoeSparseMoeBlock
+    leaves them, so that targets=["Linear"] reach the experts and the checkpoint names
+    them one by one."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeMLP
+    c = model.config.get_text_config()
+    for layer in getattr(model.model, "language_model", model.model).layers:
+        stacked = getattr(layer.mlp, "experts", None)
+        if stacked is None:
+            continue
+        inter, dtype = c.moe_intermediate_size, stacked.gate_up_proj.dtype
+        experts = torch.nn.ModuleList(Qwen3_5MoeMLP(c, inter) for _ in range(c.num_experts))
+        for e, mlp in enumerate(experts.to(dtype)):
+            mlp.gate_proj.weight.data = stacked.gate_up_proj.data[e, :inter].clone()
+            mlp.up_proj.weight.data = stacked.gate_up_proj.data[e, inter:].clone()
+            mlp.down_proj.weight.data = stacked.down_proj.data[e].clone()
+        layer.mlp.experts = experts
+
+
+def quantize_with_compressed_tensors(path, out, preset: str) -> None:
+    """The checkpoint at `path`, in bf16, as llm-compressor's data-free QuantizationModifier
+    (targets Linear, a preset scheme, round to nearest) and save_pretrained write it,
+    each step the compressed_tensors library's but the weight observer's min and max:
+    apply_quantization_config attaches the scheme (CT_PRESETS' ignore list),
+    calculate_qparams sets each weight's scales, ModelCompressor picks the format,
+    compresses (int-quantized: int8 `weight`; pack-quantized: `weight_packed` and
+    `weight_shape`) and writes quantization_config (its ignore list names each float
+    Linear), and save_mtp_tensors_to_checkpoint copies the float MTP block from `path`
+    (a shard of its own, an index, `re:^mtp.*` ignored). W4A16's groups are 32 columns,
+    not 128: the tiny model's K is 32 to 128."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        apply_quantization_config,
+        preset_name_to_scheme,
+    )
+    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.utils import save_mtp_tensors_to_checkpoint
+    from safetensors.torch import save_file
+
+    architecture = json.loads((path / "config.json").read_text())["architectures"][0]
+    model = getattr(transformers, architecture).from_pretrained(path, dtype=torch.bfloat16)
+    unfuse_experts(model)
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    if scheme.weights.group_size:
+        scheme.weights.group_size = 32
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme},
+                                                        ignore=CT_PRESETS[preset][0]))
+    with torch.no_grad():
+        for module in model.modules():
+            if not hasattr(module, "quantization_scheme"):
+                continue
+            args, w = module.quantization_scheme.weights, module.weight
+            if args.group_size:
+                w = w.unflatten(-1, (-1, args.group_size))
+            scale, zero_point = calculate_qparams(w.amin(-1), w.amax(-1), args)
+            module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+            module.weight_zero_point.copy_(zero_point.reshape(module.weight_zero_point.shape))
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    out.mkdir()
+    for f in path.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    compressor.update_config(out)
+    save_mtp_tensors_to_checkpoint(str(path), str(out))
+
+
+def dequantized_copy(out, ref) -> dict[str, np.ndarray]:
+    """A float checkpoint at `ref` of the compressed one at `out`, each quantized weight
+    as the library's compressor decompresses it (the bf16 scales widened to f32 first,
+    so each weight is exactly value x scale); returns those weights by module name."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((out / "config.json").read_text())
+    qc = QuantizationConfig.model_validate(config.pop("quantization_config"))
+    compressor = BaseCompressor.get_value_from_registry(qc.format)
+    tensors = {}
+    for shard in out.glob("*.safetensors"):
+        tensors.update(load_file(shard))
+    weights = {}
+    for module in [k[:-len(".weight_scale")] for k in tensors if k.endswith(".weight_scale")]:
+        local = {k.rsplit(".", 1)[1]: tensors.pop(k) for k in list(tensors)
+                 if k.rsplit(".", 1)[0] == module}
+        local["weight_scale"] = local["weight_scale"].float()
+        w = compressor.decompress(local, qc.config_groups["group_0"])["weight"]
+        tensors[f"{module}.weight"] = w
+        weights[module] = w.numpy()
+    ref.mkdir()
+    for f in out.iterdir():
+        if f.suffix == ".json" and f.name != "model.safetensors.index.json":
+            shutil.copy(f, ref / f.name)
+    (ref / "config.json").write_text(json.dumps(config))
+    save_file(tensors, ref / "model.safetensors", metadata={"format": "pt"})
+    return weights
+
+
+def assert_reads_as_the_library(out, lm, library: dict[str, np.ndarray], preset: str):
+    """Each quantized weight of the checkpoint at `out` reads (HFSource.get: armllm's
+    dequantization of what it packs) as the library dequantizes it, bit for bit but
+    int8 -128, which the kernels' symmetric [-127, 127] takes one step up."""
+    from armllm.model.compressed_tensors import parse_config
+    source = HFSource(out, parse_config(json.loads((out / "config.json").read_text()),
+                                        str(out)), lm.config)
+    for module, theirs in library.items():
+        ours = source.get(f"{module.replace(MULTIMODAL_PREFIX, 'model.')}.weight")
+        if preset == "W8A8":
+            stepped = source.ckpt.array(f"{module}.weight") == -128
+            theirs = np.where(stepped, theirs * 127 / 128, theirs)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=0, err_msg=module)
+
+
+def distance_from_dequantized(lm, ref) -> float:
+    """The largest distance of lm's f32 logits from those of the float checkpoint at
+    `ref`, over the largest of those (IDS' rows)."""
+    want = prefill_logits(load_model(ref, "f32"), IDS, block_size=8)
+    return float(np.max(np.abs(prefill_logits(lm, IDS, block_size=8) - want))
+                 / np.abs(want).max())
+
+
+@pytest.mark.parametrize("name,preset", [("dense", "W8A8"), ("dense", "W4A16"),
+                                         ("moe", "W8A8"), ("moe", "W4A16")])
+def test_compressed_tensors_checkpoint_runs_as_stored(tiny, tmp_path, name, preset):
+    """A checkpoint as llm-compressor writes it (quantize_with_compressed_tensors) runs
+    its quantized projections as stored, in the library's format (W4A16's activations
+    in int8: W4A8), and the ignored ones (all of the DeltaNet's or its b and a, the
+    router, the shared expert's gate, the head) and the MTP block float; every stored
+    weight reads as the library dequantizes it. Logits within 2.5% (dense) / 8% (MoE)
+    of the largest of the same weights dequantized, run in f32: measured W8A8 1.2% /
+    3.4% (of which the -128 step alone 0.3% / 3.3%: a routing flip), W4A16 1.5% / 5.2%:
+    the int8 activations' rounding, which these tiny random models amplify (see
+    test_quantized_projections_stay_close)."""
+    path, _ = tiny(name)
+    _, fmt, runs = CT_PRESETS[preset]
+    out, ref = tmp_path / "compressed", tmp_path / "dequantized"
+    quantize_with_compressed_tensors(path, out, preset)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == fmt and {"lm_head", "re:^mtp.*"} <= set(qc["ignore"])
+    library = dequantized_copy(out, ref)
+
+    lm = load_model(out, "f32")
+    c, w = lm.config, lm.model.weights
+    assert w.quantization == f"f32, {runs} (compressed-tensors)"   # f32: the MTP block's
+    for i, layer in enumerate(w.layers):
+        mixer = preset == "W4A16" or not c.is_linear_layer(i)
+        assert layer.qkv.quantized == layer.o.quantized == mixer, i
+        mlp = [layer.gate_up, layer.down]   # a sparse layer's: its shared expert's
+        if layer.moe is not None:
+            mlp += layer.moe.gate_up + layer.moe.down
+            assert not layer.moe.router.quantized
+        assert all(m.quantized for m in mlp), i
+        assert layer.delta is None or not layer.delta.ba.quantized
+    mtp = w.mtp.layers[0]
+    mtp_mats = [w.mtp.fc, mtp.qkv, mtp.o, mtp.gate_up, mtp.down]
+    mtp_mats += mtp.moe.gate_up + mtp.moe.down if mtp.moe else []
+    assert not w.lm_head.quantized and not any(m.quantized for m in mtp_mats)
+    assert_reads_as_the_library(out, lm, library, preset)
+    err = distance_from_dequantized(lm, ref)
+    assert err <= (0.025 if name == "dense" else 0.08), err
+
+
+@pytest.mark.parametrize("name,preset", [("dense", "W4A16"), ("moe", "W8A8"), ("moe", "W4A16")])
+def test_compressed_tensors_multimodal_checkpoint(tokenizer, tmp_path, name, preset):
+    """The form llm-compressor's Qwen3.5 / 3.6 recipes quantize and publish,
+    *ForConditionalGeneration: the language model's tensors under
+    model.language_model., the vision tower's Linears ignored by name. A pack-quantized
+    layer stores no `weight` (weight_packed instead), and is found under that prefix
+    all the same. Logits as test_compressed_tensors_checkpoint_runs_as_stored's;
+    measured: dense W4A16 1.6%, MoE W8A8 5.9%, W4A16 6.0%."""
+    path, out, ref = (tmp_path / n for n in ("hf", "compressed", "dequantized"))
+    path.mkdir()
+    write_tiny_multimodal(path, name, tokenizer)
+    quantize_with_compressed_tensors(path, out, preset)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert "model.visual.blocks.0.attn.qkv" in qc["ignore"]
+    library = dequantized_copy(out, ref)
+    lm = load_model(out, "f32")
+    w = lm.model.weights
+    assert w.quantization.endswith(f"{CT_PRESETS[preset][2]} (compressed-tensors)")
+    assert w.layers[0].qkv.quantized == (preset == "W4A16") and w.layers[3].qkv.quantized
+    assert_reads_as_the_library(out, lm, library, preset)
+    err = distance_from_dequantized(lm, ref)
+    assert err <= (0.025 if name == "dense" else 0.08), err

@@ -60,6 +60,18 @@ def chunk_rows(k: int) -> int:
     return max(1, CHUNK_BYTES // (4 * k))
 
 
+class _StoredNames:
+    """A checkpoint's tensor names as an architecture's hf_tensor asks after them (which
+    of two prefixes a multimodal checkpoint stores its language model under): a
+    pack-quantized Linear's weight is stored, as its weight_packed."""
+
+    def __init__(self, ckpt: SafetensorsCheckpoint):
+        self.ckpt = ckpt
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.ckpt or (name.endswith(".weight") and f"{name}_packed" in self.ckpt)
+
+
 class HFSource:
     """Tensors of a Hugging Face safetensors checkpoint, by HF name; the Linear
     layers of a compressed-tensors checkpoint come quantized (get_quantized) or
@@ -79,7 +91,7 @@ class HFSource:
     def _ref(self, name: str) -> TensorRef:
         if self._family is None:
             return TensorRef(name)
-        return self._family.hf_tensor(self._config, name, self.ckpt)
+        return self._family.hf_tensor(self._config, name, _StoredNames(self.ckpt))
 
     def _quantized_module(self, name: str):
         if self.ct is None or not name.endswith(".weight"):
