@@ -2,8 +2,8 @@
  *
  * The same structure as avx512/gdn.c: conv, gated_rmsnorm and sigmoid_mul run
  * ref's operations in ref's order (the conv and the gate give ref's bits, the
- * norm differs only in its double sum of squares); gdn_rule runs ref's steps
- * in ref's order with FMAs where ref rounds twice:
+ * norm differs only in its double sum of squares); gdn_rule runs gdn_rule.h's
+ * steps (ref's order) around these micro-kernels, FMAs where ref rounds twice:
  *   - a token: per block of up to 64 columns, pass 1 streams the block's rows
  *     of S into kv = S^T kn (8 accumulators), pass 2 rewrites them as
  *     e^g S + kn delta^T (delta from L1) and sums o = S^T qn;
@@ -18,7 +18,11 @@
 #include "../gdn_common.h"
 #include "vexp_avx2.h"
 
-enum { C = ARMLLM_GDN_CHUNK, D = ARMLLM_GDN_MAX_HEAD_DIM };
+/* A chunk asks for its input rows this many rows ahead (gdn_rule.h). */
+#define GDN_ROW_PREFETCH 4
+#include "../gdn_rule.h"
+
+enum { C = ARMLLM_GDN_CHUNK };
 
 /* the product rounded on its own: the compiler may not fuse it into a later add */
 #define OPAQUE(v) __asm__("" : "+x"(v))
@@ -81,7 +85,7 @@ ARMLLM_GDN_CONV_KERNEL(armllm_avx2_gdn_conv, avx2_conv_weights, avx2_conv_row)
 /* ------------------------------------------------------------------ rule */
 
 /* x's sum of squares in double (each square exact), 4 x 2 lanes. */
-static inline double sum_sq(const float *x, int64_t n) {
+static double gdn_sum_sq(const float *x, int64_t n) {
   __m256d s0 = _mm256_setzero_pd(), s1 = s0;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256 v = _mm256_maskload_ps(x + i, lanes8(i, n));
@@ -93,15 +97,6 @@ static inline double sum_sq(const float *x, int64_t n) {
   const __m256d s = _mm256_add_pd(s0, s1);
   const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
-}
-
-/* out[i] = x[i] * (scale / |x|) over n. */
-static void avx2_l2(const float *x, int64_t n, double scale, float *out) {
-  const __m256 f = _mm256_set1_ps(armllm_gdn_l2_scale(sum_sq(x, n), scale));
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256i m = lanes8(i, n);
-    _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(_mm256_maskload_ps(x + i, m), f));
-  }
 }
 
 #define TOKEN_PREFETCH_ROWS 8 /* the stream from memory, a few rows ahead */
@@ -146,23 +141,16 @@ static inline __attribute__((always_inline)) void token_block(
 #undef STORE
 }
 
-static void avx2_token(const armllm_gdn_head *hd, int64_t r) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv;
-  float qn[D], kn[D], g, beta;
-  avx2_l2(armllm_gdn_q(hd, r), dk, hd->q_scale, qn);
-  avx2_l2(armllm_gdn_k(hd, r), dk, 1.0, kn);
-  armllm_gdn_row_gates(hd, r, &g, &beta);
-  const float eg = armllm_exp_scalar(g);
-  const float *v = armllm_gdn_v(hd, r);
-  float *out = armllm_gdn_o(hd, r);
+static void gdn_token_cols(float *S, int64_t dk, int64_t dv, const float *kn, const float *qn,
+                           const float *v, float eg, float beta, float *out) {
   int64_t j0 = 0;
-  for (; j0 + 64 <= dv; j0 += 64) token_block(8, 0, hd->S, dk, dv, j0, NULL, kn, qn, v, eg, beta, out);
+  for (; j0 + 64 <= dv; j0 += 64) token_block(8, 0, S, dk, dv, j0, NULL, kn, qn, v, eg, beta, out);
   if (j0 < dv) { /* the last 1..63 columns, masked */
     __m256i m[8];
     for (int u = 0; u < 8; u++) m[u] = lanes8(j0 + 8 * u, dv);
     switch ((dv - j0 + 7) / 8) {
 #define TOKEN_CASE(n) \
-  case n: token_block(n, 1, hd->S, dk, dv, j0, m, kn, qn, v, eg, beta, out); break;
+  case n: token_block(n, 1, S, dk, dv, j0, m, kn, qn, v, eg, beta, out); break;
       TOKEN_CASE(1) TOKEN_CASE(2) TOKEN_CASE(3) TOKEN_CASE(4)
       TOKEN_CASE(5) TOKEN_CASE(6) TOKEN_CASE(7) TOKEN_CASE(8)
 #undef TOKEN_CASE
@@ -170,14 +158,12 @@ static void avx2_token(const armllm_gdn_head *hd, int64_t r) {
   }
 }
 
-enum { MM_ZERO = 0, MM_LOAD = 1 };
-
 /* Rows [i0, i0 + 4) x columns [j0, j0 + 8 NV) of ref_mm's product (rows past m_rows
  * repeat row m_rows-1 and are not stored; TAIL: masked by m, else whole vectors). */
 static inline __attribute__((always_inline)) void mm_tile(
     const int NV, const int SUB, const int TAIL, int64_t i0, int64_t m_rows, int64_t kk,
     const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb, int64_t j0,
-    const __m256i *m, float *Cm, int64_t ldc, int init, float c_scale) {
+    const __m256i *m, float *Cm, int64_t ldc, int load, float c_scale) {
 #define LOAD(p, u) (TAIL ? _mm256_maskload_ps((p), m[u]) : _mm256_loadu_ps(p))
   const float *a[4];
   __m256 acc[4][2];
@@ -185,7 +171,7 @@ static inline __attribute__((always_inline)) void mm_tile(
   for (int r = 0; r < 4; r++) {
     a[r] = A + (i0 + (r < mr ? r : mr - 1)) * ars;
     for (int u = 0; u < NV; u++)
-      acc[r][u] = init == MM_LOAD && r < mr
+      acc[r][u] = load && r < mr
                       ? _mm256_mul_ps(_mm256_set1_ps(c_scale), LOAD(Cm + (i0 + r) * ldc + j0 + 8 * u, u))
                       : _mm256_setzero_ps();
   }
@@ -209,22 +195,23 @@ static inline __attribute__((always_inline)) void mm_tile(
 #undef LOAD
 }
 
-/* ref_mm (ref/gdn.c) in 4 x 16 tiles: each output one FMA chain over l ascending.
- * lower: A is lower-triangular with zeros stored above its diagonal (a tile stops at
- * its last row's diagonal); lower_out: only columns j <= i are wanted. */
-static void avx2_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int64_t ars,
-                    int64_t acs, const float *B, int64_t ldb, float *Cm, int64_t ldc, int init,
-                    float c_scale, int sub, int lower, int lower_out) {
+/* In 4 x 16 tiles: each output one FMA chain over l ascending. GDN_MM_LOWER: a
+ * tile stops at its last row's diagonal; GDN_MM_TRI: at its last row's column. */
+static void gdn_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int64_t ars,
+                   int64_t acs, const float *B, int64_t ldb, float *Cm, int64_t ldc, int flags,
+                   float c_scale) {
+  const int load = flags & GDN_MM_LOAD, sub = (flags & GDN_MM_SUB) != 0;
+  const int lower = flags & GDN_MM_LOWER, lower_out = flags & GDN_MM_TRI;
   for (int64_t i0 = 0; i0 < m_rows; i0 += 4) {
     const int64_t kk = lower && i0 + 4 < k ? i0 + 4 : k;
     const int64_t nn = lower_out && i0 + 4 < n ? i0 + 4 : n;
     for (int64_t j0 = 0; j0 < nn; j0 += 16) {
       const __m256i m[2] = {lanes8(j0, nn), lanes8(j0 + 8, nn)};
       const int nv = nn - j0 > 8 ? 2 : 1, tail = nn - j0 < 8 * nv;
-      switch (nv * 4 + (sub != 0) * 2 + tail) {
+      switch (nv * 4 + sub * 2 + tail) {
 #define MM_CASE(n, s, t)                                                                     \
   case n * 4 + s * 2 + t:                                                                    \
-    mm_tile(n, s, t, i0, m_rows, kk, A, ars, acs, B, ldb, j0, m, Cm, ldc, init, c_scale);    \
+    mm_tile(n, s, t, i0, m_rows, kk, A, ars, acs, B, ldb, j0, m, Cm, ldc, load, c_scale);    \
     break;
         MM_CASE(1, 0, 0) MM_CASE(1, 0, 1) MM_CASE(1, 1, 0) MM_CASE(1, 1, 1)
         MM_CASE(2, 0, 0) MM_CASE(2, 0, 1) MM_CASE(2, 1, 0) MM_CASE(2, 1, 1)
@@ -234,9 +221,8 @@ static void avx2_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int64_
   }
 }
 
-/* T = (I + A)^-1 in place (ref_unit_lower_inverse): row i = e_i - sum_{j<i} A[i, j]
- * T[j, :] over the vectors that reach column i; row i is read before it is stored. */
-static void avx2_unit_lower_inverse(float *A) {
+/* Over the vectors that reach column i; row i is read before it is stored. */
+static void gdn_unit_lower_inverse(float *A) {
   for (int64_t i = 0; i < C; i++) {
     float *t = A + i * C;
     const int64_t nv = i / 8 + 1;
@@ -278,46 +264,24 @@ static void transpose8(const float *src, int64_t lds, int64_t n, float *dst, int
     if (l < n) _mm256_storeu_ps(dst + l * ldd, t[l]);
 }
 
-/* A chunk's input rows are a projection's row stride apart: their lines come
- * from L3 or memory one row at a time unless asked for ahead. */
-#define ROW_PREFETCH 4
-
-static void prefetch_rows(const armllm_gdn_head *hd, int64_t r) {
-  const float *q = armllm_gdn_q(hd, r), *k = armllm_gdn_k(hd, r), *v = armllm_gdn_v(hd, r);
-  for (int64_t i = 0; i < hd->a->dk; i += 16) {
-    _mm_prefetch((const char *)(q + i), _MM_HINT_T0);
-    _mm_prefetch((const char *)(k + i), _MM_HINT_T0);
-  }
-  for (int64_t i = 0; i < hd->a->dv; i += 16) _mm_prefetch((const char *)(v + i), _MM_HINT_T0);
+static void gdn_transpose(const float *Kn, int64_t dk, float *KnT) {
+  for (int64_t i = 0; i < C; i += 8)
+    for (int64_t l = 0; l < dk; l += 8)
+      transpose8(Kn + i * dk + l, dk, dk - l < 8 ? dk - l : 8, KnT + l * C + i, C);
 }
 
-/* The chunked form over rows [r0, r0 + C) (ref_chunk's steps). */
-static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv;
-  float Kn[C * D], Qn[C * D], KnT[D * C], U[C * D], W[C * D];
-  float A[C * C], P[C * C], Tb[C * C], Tbe[C * C];
-  float G[C], beta[C], eG[C], eGl[C];
-  for (int64_t i = 0; i < C; i++) {
-    float g;
-    if (i + ROW_PREFETCH < C) prefetch_rows(hd, r0 + i + ROW_PREFETCH);
-    armllm_gdn_row_gates(hd, r0 + i, &g, &beta[i]);
-    G[i] = i ? G[i - 1] + g : g;
-    avx2_l2(armllm_gdn_q(hd, r0 + i), dk, hd->q_scale, Qn + i * dk);
-    avx2_l2(armllm_gdn_k(hd, r0 + i), dk, 1.0, Kn + i * dk);
-  }
+static void gdn_decays(const float *G, float *eG, float *eGl) {
   const __m256 g_last = _mm256_set1_ps(G[C - 1]);
   for (int64_t i = 0; i < C; i += 8) {
     const __m256 gi = _mm256_loadu_ps(G + i);
     _mm256_storeu_ps(eG + i, armllm_exp_avx2(gi));
     _mm256_storeu_ps(eGl + i, armllm_exp_avx2(_mm256_sub_ps(g_last, gi)));
   }
-  for (int64_t i = 0; i < C; i += 8)
-    for (int64_t l = 0; l < dk; l += 8)
-      transpose8(Kn + i * dk + l, dk, dk - l < 8 ? dk - l : 8, KnT + l * C + i, C);
-  avx2_mm(C, C, dk, Kn, dk, 1, KnT, C, A, C, MM_ZERO, 0.0f, 0, 0, 1);
-  avx2_mm(C, C, dk, Qn, dk, 1, KnT, C, P, C, MM_ZERO, 0.0f, 0, 0, 1);
+}
+
+static void gdn_decay_masks(const float *G, const float *beta, float *A, float *P) {
   const __m256i col = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int64_t i = 0; i < C; i++) { /* decays; A strictly, P weakly lower */
+  for (int64_t i = 0; i < C; i++) {
     const __m256 gi = _mm256_set1_ps(G[i]), bi = _mm256_set1_ps(beta[i]);
     for (int64_t j = 0; j < C; j += 8) {
       if (j > i) { /* above the diagonal */
@@ -335,34 +299,9 @@ static void avx2_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm256_storeu_ps(P + i * C + j, _mm256_and_ps(on, _mm256_mul_ps(p, d)));
     }
   }
-  avx2_unit_lower_inverse(A);
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < C; l += 8) {
-      const __m256 tb = _mm256_mul_ps(_mm256_loadu_ps(A + i * C + l), _mm256_loadu_ps(beta + l));
-      _mm256_storeu_ps(Tb + i * C + l, tb);
-      _mm256_storeu_ps(Tbe + i * C + l, _mm256_mul_ps(tb, _mm256_loadu_ps(eG + l)));
-    }
-  float *S = hd->S, *out = armllm_gdn_o(hd, r0);
-  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
-  avx2_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_ZERO, 0.0f, 0, 1, 0);
-  if (!zero) {
-    avx2_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
-    avx2_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
-  }
-  for (int64_t i = 0; i < C; i++) {
-    const __m256 e = _mm256_set1_ps(eG[i]), el = _mm256_set1_ps(eGl[i]);
-    for (int64_t l = 0; l < dk; l += 8) {
-      const __m256i m = lanes8(l, dk);
-      _mm256_maskstore_ps(Qn + i * dk + l, m, _mm256_mul_ps(_mm256_maskload_ps(Qn + i * dk + l, m), e));
-      _mm256_maskstore_ps(Kn + i * dk + l, m, _mm256_mul_ps(_mm256_maskload_ps(Kn + i * dk + l, m), el));
-    }
-  }
-  if (!zero) avx2_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
-  avx2_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, zero ? MM_ZERO : MM_LOAD, 1.0f, 0, 1, 0);
-  avx2_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, zero ? MM_ZERO : MM_LOAD, eG[C - 1], 0, 0, 0);
 }
 
-ARMLLM_GDN_RULE_KERNEL(armllm_avx2_gdn_rule, avx2_chunk, avx2_token, ftz)
+ARMLLM_GDN_RULE_KERNEL(armllm_avx2_gdn_rule, gdn_chunk, gdn_token, ftz)
 
 /* ---------------------------------------------------- gated norm, gate */
 
@@ -374,7 +313,7 @@ static void avx2_gated_rmsnorm_items(void *ctx, int64_t i0, int64_t i1) {
     const float *x = job->x + r * job->ldx + off, *z = job->z + r * job->ldz + off;
     float *out = job->out + r * job->ldo + off;
     const __m256 scale =
-        _mm256_set1_ps((float)(1.0 / sqrt(sum_sq(x, d) / (double)d + (double)job->eps)));
+        _mm256_set1_ps((float)(1.0 / sqrt(gdn_sum_sq(x, d) / (double)d + (double)job->eps)));
     for (int64_t i = 0; i < d; i += 8) { /* x * scale * w * silu(z); out may be x */
       const __m256i m = lanes8(i, d);
       const __m256 y = _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), scale),

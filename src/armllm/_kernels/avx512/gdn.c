@@ -3,8 +3,8 @@
  * conv, gated_rmsnorm and sigmoid_mul run ref's operations in ref's order
  * (products kept apart from their sums, the shared exp, IEEE division): the
  * conv and the gate give ref's bits, the norm differs only in its double sum
- * of squares. gdn_rule runs ref's steps in ref's order over dv-wide rows of
- * the state, with FMAs where ref rounds twice:
+ * of squares. gdn_rule runs gdn_rule.h's steps (ref's order) around these
+ * micro-kernels over dv-wide rows of the state, with FMAs where ref rounds twice:
  *   - a token (decode, and the rows after the last whole chunk): per block of
  *     up to 128 columns, pass 1 streams the block's rows of S into kv = S^T kn
  *     (8 accumulators), pass 2 rewrites them as e^g S + kn delta^T and sums
@@ -21,7 +21,11 @@
 #include "../gdn_common.h"
 #include "vexp_avx512.h"
 
-enum { C = ARMLLM_GDN_CHUNK, D = ARMLLM_GDN_MAX_HEAD_DIM };
+/* A chunk asks for its input rows this many rows ahead (gdn_rule.h). */
+#define GDN_ROW_PREFETCH 4
+#include "../gdn_rule.h"
+
+enum { C = ARMLLM_GDN_CHUNK };
 
 /* the product rounded on its own: the compiler may not fuse it into a later add */
 #define OPAQUE(v) __asm__("" : "+v"(v))
@@ -72,8 +76,8 @@ ARMLLM_GDN_CONV_KERNEL(armllm_avx512_gdn_conv, avx512_conv_weights, avx512_conv_
 
 /* ------------------------------------------------------------------ rule */
 
-/* out[i] = x[i] * (scale / |x|) over n (the sum of squares in double, 16 lanes). */
-static void avx512_l2(const float *x, int64_t n, double scale, float *out) {
+/* x's sum of squares in double (each square exact), 8 x 2 lanes. */
+static double gdn_sum_sq(const float *x, int64_t n) {
   __m512d s0 = _mm512_setzero_pd(), s1 = s0;
   for (int64_t i = 0; i < n; i += 16) {
     const __m512 v = _mm512_maskz_loadu_ps(lanes16(i, n), x + i);
@@ -82,11 +86,7 @@ static void avx512_l2(const float *x, int64_t n, double scale, float *out) {
     s0 = _mm512_fmadd_pd(lo, lo, s0); /* exact squares: as mul + add */
     s1 = _mm512_fmadd_pd(hi, hi, s1);
   }
-  const __m512 f = _mm512_set1_ps(armllm_gdn_l2_scale(_mm512_reduce_add_pd(_mm512_add_pd(s0, s1)), scale));
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes16(i, n);
-    _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), f));
-  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
 }
 
 #define TOKEN_PREFETCH_ROWS 8 /* measured: -10% time with the state in memory */
@@ -125,22 +125,15 @@ static inline __attribute__((always_inline)) void token_block(
   for (int u = 0; u < NV; u++) _mm512_mask_storeu_ps(out + j0 + 16 * u, m[u], o[u]);
 }
 
-static void avx512_token(const armllm_gdn_head *hd, int64_t r) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv;
-  float qn[D], kn[D], g, beta;
-  avx512_l2(armllm_gdn_q(hd, r), dk, hd->q_scale, qn);
-  avx512_l2(armllm_gdn_k(hd, r), dk, 1.0, kn);
-  armllm_gdn_row_gates(hd, r, &g, &beta);
-  const float eg = armllm_exp_scalar(g);
-  const float *v = armllm_gdn_v(hd, r);
-  float *out = armllm_gdn_o(hd, r);
+static void gdn_token_cols(float *S, int64_t dk, int64_t dv, const float *kn, const float *qn,
+                           const float *v, float eg, float beta, float *out) {
   for (int64_t j0 = 0; j0 < dv; j0 += 128) {
     __mmask16 m[8];
     for (int u = 0; u < 8; u++) m[u] = lanes16(j0 + 16 * u, dv);
     const int64_t nv = (dv - j0 + 15) / 16;
     switch (nv > 8 ? 8 : nv) { /* a block of 1..8 vectors, each its own code */
 #define TOKEN_CASE(n) \
-  case n: token_block(n, hd->S, dk, dv, j0, m, kn, qn, v, eg, beta, out); break;
+  case n: token_block(n, S, dk, dv, j0, m, kn, qn, v, eg, beta, out); break;
       TOKEN_CASE(1) TOKEN_CASE(2) TOKEN_CASE(3) TOKEN_CASE(4)
       TOKEN_CASE(5) TOKEN_CASE(6) TOKEN_CASE(7) TOKEN_CASE(8)
 #undef TOKEN_CASE
@@ -148,7 +141,6 @@ static void avx512_token(const armllm_gdn_head *hd, int64_t r) {
   }
 }
 
-enum { MM_ZERO = 0, MM_LOAD = 1 };
 enum { MR = 4 }; /* rows of a product tile (6 measured slower) */
 
 /* Rows [i0, i0 + MR) x columns [j0, j0 + 16 NV) of ref_mm's product (rows past m
@@ -156,14 +148,14 @@ enum { MR = 4 }; /* rows of a product tile (6 measured slower) */
 static inline __attribute__((always_inline)) void mm_tile(
     const int NV, const int SUB, int64_t i0, int64_t m_rows, int64_t kk, const float *A,
     int64_t ars, int64_t acs, const float *B, int64_t ldb, int64_t j0, const __mmask16 *m,
-    float *Cm, int64_t ldc, int init, float c_scale) {
+    float *Cm, int64_t ldc, int load, float c_scale) {
   const float *a[MR];
   __m512 acc[MR][4];
   const int64_t mr = m_rows - i0 < MR ? m_rows - i0 : MR;
   for (int r = 0; r < MR; r++) {
     a[r] = A + (i0 + (r < mr ? r : mr - 1)) * ars;
     for (int u = 0; u < NV; u++)
-      acc[r][u] = init == MM_LOAD && r < mr
+      acc[r][u] = load && r < mr
                       ? _mm512_mul_ps(_mm512_set1_ps(c_scale),
                                       _mm512_maskz_loadu_ps(m[u], Cm + (i0 + r) * ldc + j0 + 16 * u))
                       : _mm512_setzero_ps();
@@ -182,12 +174,13 @@ static inline __attribute__((always_inline)) void mm_tile(
       if (r < mr) _mm512_mask_storeu_ps(Cm + (i0 + r) * ldc + j0 + 16 * u, m[u], acc[r][u]);
 }
 
-/* ref_mm (ref/gdn.c) in 4 x 64 tiles: each output one FMA chain over l ascending.
- * lower: A is lower-triangular with zeros stored above its diagonal (a tile stops
- * at its last row's diagonal); lower_out: only columns j <= i are wanted. */
-static void avx512_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int64_t ars,
-                      int64_t acs, const float *B, int64_t ldb, float *Cm, int64_t ldc, int init,
-                      float c_scale, int sub, int lower, int lower_out) {
+/* In 4 x 64 tiles: each output one FMA chain over l ascending. GDN_MM_LOWER: a
+ * tile stops at its last row's diagonal; GDN_MM_TRI: at its last row's column. */
+static void gdn_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int64_t ars,
+                   int64_t acs, const float *B, int64_t ldb, float *Cm, int64_t ldc, int flags,
+                   float c_scale) {
+  const int load = flags & GDN_MM_LOAD, sub = (flags & GDN_MM_SUB) != 0;
+  const int lower = flags & GDN_MM_LOWER, lower_out = flags & GDN_MM_TRI;
   for (int64_t i0 = 0; i0 < m_rows; i0 += MR) {
     const int64_t kk = lower && i0 + MR < k ? i0 + MR : k;
     const int64_t nn = lower_out && i0 + MR < n ? i0 + MR : n;
@@ -195,10 +188,10 @@ static void avx512_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int6
       __mmask16 m[4];
       for (int u = 0; u < 4; u++) m[u] = lanes16(j0 + 16 * u, nn);
       const int64_t nv = (nn - j0 + 15) / 16;
-      switch ((nv > 4 ? 4 : nv) * 2 + (sub != 0)) {
+      switch ((nv > 4 ? 4 : nv) * 2 + sub) {
 #define MM_CASE(n, s)                                                                  \
   case n * 2 + s:                                                                      \
-    mm_tile(n, s, i0, m_rows, kk, A, ars, acs, B, ldb, j0, m, Cm, ldc, init, c_scale); \
+    mm_tile(n, s, i0, m_rows, kk, A, ars, acs, B, ldb, j0, m, Cm, ldc, load, c_scale); \
     break;
         MM_CASE(1, 0) MM_CASE(2, 0) MM_CASE(3, 0) MM_CASE(4, 0)
         MM_CASE(1, 1) MM_CASE(2, 1) MM_CASE(3, 1) MM_CASE(4, 1)
@@ -208,9 +201,8 @@ static void avx512_mm(int64_t m_rows, int64_t n, int64_t k, const float *A, int6
   }
 }
 
-/* T = (I + A)^-1 in place (ref_unit_lower_inverse): row i = e_i - sum_{j<i} A[i, j]
- * T[j, :] over the vectors that reach column i; row i is read before it is stored. */
-static void avx512_unit_lower_inverse(float *A) {
+/* Over the vectors that reach column i; row i is read before it is stored. */
+static void gdn_unit_lower_inverse(float *A) {
   for (int64_t i = 0; i < C; i++) {
     float *t = A + i * C;
     const int64_t nv = i / 16 + 1;
@@ -256,45 +248,23 @@ static void transpose16(const float *src, int64_t lds, int64_t n, float *dst, in
     if (l < n) _mm512_storeu_ps(dst + l * ldd, r[l]);
 }
 
-/* A chunk's input rows are a projection's row stride apart: their lines come
- * from L3 or memory one row at a time unless asked for ahead. */
-#define ROW_PREFETCH 4
-
-static void prefetch_rows(const armllm_gdn_head *hd, int64_t r) {
-  const float *q = armllm_gdn_q(hd, r), *k = armllm_gdn_k(hd, r), *v = armllm_gdn_v(hd, r);
-  for (int64_t i = 0; i < hd->a->dk; i += 16) {
-    _mm_prefetch((const char *)(q + i), _MM_HINT_T0);
-    _mm_prefetch((const char *)(k + i), _MM_HINT_T0);
-  }
-  for (int64_t i = 0; i < hd->a->dv; i += 16) _mm_prefetch((const char *)(v + i), _MM_HINT_T0);
+static void gdn_transpose(const float *Kn, int64_t dk, float *KnT) {
+  for (int64_t i = 0; i < C; i += 16)
+    for (int64_t l = 0; l < dk; l += 16)
+      transpose16(Kn + i * dk + l, dk, dk - l < 16 ? dk - l : 16, KnT + l * C + i, C);
 }
 
-/* The chunked form over rows [r0, r0 + C) (ref_chunk's steps). */
-static void avx512_chunk(const armllm_gdn_head *hd, int64_t r0) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv;
-  float Kn[C * D], Qn[C * D], KnT[D * C], U[C * D], W[C * D];
-  float A[C * C], P[C * C], Tb[C * C], Tbe[C * C];
-  float G[C], beta[C], eG[C], eGl[C];
-  for (int64_t i = 0; i < C; i++) {
-    float g;
-    if (i + ROW_PREFETCH < C) prefetch_rows(hd, r0 + i + ROW_PREFETCH);
-    armllm_gdn_row_gates(hd, r0 + i, &g, &beta[i]);
-    G[i] = i ? G[i - 1] + g : g;
-    avx512_l2(armllm_gdn_q(hd, r0 + i), dk, hd->q_scale, Qn + i * dk);
-    avx512_l2(armllm_gdn_k(hd, r0 + i), dk, 1.0, Kn + i * dk);
-  }
+static void gdn_decays(const float *G, float *eG, float *eGl) {
   const __m512 g_last = _mm512_set1_ps(G[C - 1]);
   for (int64_t i = 0; i < C; i += 16) {
     const __m512 gi = _mm512_loadu_ps(G + i);
     _mm512_storeu_ps(eG + i, armllm_exp_avx512(gi));
     _mm512_storeu_ps(eGl + i, armllm_exp_avx512(_mm512_sub_ps(g_last, gi)));
   }
-  for (int64_t i = 0; i < C; i += 16)
-    for (int64_t l = 0; l < dk; l += 16)
-      transpose16(Kn + i * dk + l, dk, dk - l < 16 ? dk - l : 16, KnT + l * C + i, C);
-  avx512_mm(C, C, dk, Kn, dk, 1, KnT, C, A, C, MM_ZERO, 0.0f, 0, 0, 1);
-  avx512_mm(C, C, dk, Qn, dk, 1, KnT, C, P, C, MM_ZERO, 0.0f, 0, 0, 1);
-  for (int64_t i = 0; i < C; i++) { /* decays; A strictly, P weakly lower */
+}
+
+static void gdn_decay_masks(const float *G, const float *beta, float *A, float *P) {
+  for (int64_t i = 0; i < C; i++) {
     const __m512 gi = _mm512_set1_ps(G[i]), bi = _mm512_set1_ps(beta[i]);
     for (int64_t j = 0; j < C; j += 16) {
       const __mmask16 on = lanes16(j, i + 1), strict = lanes16(j, i);
@@ -309,34 +279,9 @@ static void avx512_chunk(const armllm_gdn_head *hd, int64_t r0) {
       _mm512_storeu_ps(P + i * C + j, _mm512_maskz_mul_ps(on, _mm512_maskz_loadu_ps(on, P + i * C + j), d));
     }
   }
-  avx512_unit_lower_inverse(A);
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < C; l += 16) {
-      const __m512 tb = _mm512_mul_ps(_mm512_loadu_ps(A + i * C + l), _mm512_loadu_ps(beta + l));
-      _mm512_storeu_ps(Tb + i * C + l, tb);
-      _mm512_storeu_ps(Tbe + i * C + l, _mm512_mul_ps(tb, _mm512_loadu_ps(eG + l)));
-    }
-  float *S = hd->S, *out = armllm_gdn_o(hd, r0);
-  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
-  avx512_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_ZERO, 0.0f, 0, 1, 0);
-  if (!zero) {
-    avx512_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_ZERO, 0.0f, 0, 1, 0);
-    avx512_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD, 1.0f, 1, 0, 0);
-  }
-  for (int64_t i = 0; i < C; i++) {
-    const __m512 e = _mm512_set1_ps(eG[i]), el = _mm512_set1_ps(eGl[i]);
-    for (int64_t l = 0; l < dk; l += 16) {
-      const __mmask16 m = lanes16(l, dk);
-      _mm512_mask_storeu_ps(Qn + i * dk + l, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Qn + i * dk + l), e));
-      _mm512_mask_storeu_ps(Kn + i * dk + l, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, Kn + i * dk + l), el));
-    }
-  }
-  if (!zero) avx512_mm(C, dv, dk, Qn, dk, 1, S, dv, out, hd->a->ldo, MM_ZERO, 0.0f, 0, 0, 0);
-  avx512_mm(C, dv, C, P, C, 1, U, dv, out, hd->a->ldo, zero ? MM_ZERO : MM_LOAD, 1.0f, 0, 1, 0);
-  avx512_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, zero ? MM_ZERO : MM_LOAD, eG[C - 1], 0, 0, 0);
 }
 
-ARMLLM_GDN_RULE_KERNEL(armllm_avx512_gdn_rule, avx512_chunk, avx512_token, ftz)
+ARMLLM_GDN_RULE_KERNEL(armllm_avx512_gdn_rule, gdn_chunk, gdn_token, ftz)
 
 /* ---------------------------------------------------- gated norm, gate */
 
@@ -347,16 +292,8 @@ static void avx512_gated_rmsnorm_items(void *ctx, int64_t i0, int64_t i1) {
     const int64_t r = it / job->heads, off = it % job->heads * d;
     const float *x = job->x + r * job->ldx + off, *z = job->z + r * job->ldz + off;
     float *out = job->out + r * job->ldo + off;
-    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
-    for (int64_t i = 0; i < d; i += 16) {
-      const __m512 v = _mm512_maskz_loadu_ps(lanes16(i, d), x + i);
-      const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-      const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
-      s0 = _mm512_fmadd_pd(lo, lo, s0);
-      s1 = _mm512_fmadd_pd(hi, hi, s1);
-    }
-    const double sum_sq = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-    const __m512 scale = _mm512_set1_ps((float)(1.0 / sqrt(sum_sq / (double)d + (double)job->eps)));
+    const __m512 scale =
+        _mm512_set1_ps((float)(1.0 / sqrt(gdn_sum_sq(x, d) / (double)d + (double)job->eps)));
     for (int64_t i = 0; i < d; i += 16) { /* x * scale * w * silu(z); out may be x */
       const __mmask16 m = lanes16(i, d);
       const __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale),

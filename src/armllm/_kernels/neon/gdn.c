@@ -10,7 +10,8 @@
  * sums the squares in float64 lanes (only the order differs from ref), then
  * ref's float32 products in ref's order.
  *
- * gdn_rule runs ref's steps with FMAs where ref rounds twice. A decode token
+ * gdn_rule runs gdn_rule.h's steps around these micro-kernels, FMAs where ref
+ * rounds twice. A decode token
  * walks the state S [dk, dv] (rows S[i, :] contiguous) in blocks of 32
  * columns: kv = S^T kn over the block's rows, then S = e^g S + kn delta^T and
  * o = S^T qn over the same rows, which are still in L1 (16 KB at dk = 128),
@@ -26,11 +27,13 @@
 #include "../gdn_common.h"
 #include "vexp_neon.h"
 
+#define GDN_ROW_PREFETCH 0
+#include "../gdn_rule.h"
+
 enum {
   CH = ARMLLM_GDN_CONV_CHANNELS,
   MAXK = ARMLLM_GDN_MAX_KERNEL,
   C = ARMLLM_GDN_CHUNK,
-  D = ARMLLM_GDN_MAX_HEAD_DIM,
 };
 
 /* v / (1 + exp(-v)): armllm_gdn_silu on 4 lanes */
@@ -48,7 +51,7 @@ static inline __attribute__((always_inline)) float32x4_t mul_rounded(float32x4_t
 
 /* sum(x[i]^2) in double: squares of floats are exact in double, so FMLA .2d
  * rounds as ref's adds; four accumulators, then the tail. */
-static double sum_squares(const float *x, int64_t n) {
+static double gdn_sum_sq(const float *x, int64_t n) {
   float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -129,14 +132,6 @@ ARMLLM_GDN_CONV_KERNEL(armllm_neon_gdn_conv, neon_conv_weights, neon_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 
-/* out[i] = x[i] * (scale / |x|), n <= D */
-static void neon_l2(const float *x, int64_t n, double scale, float *out) {
-  const float f = armllm_gdn_l2_scale(sum_squares(x, n), scale);
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) vst1q_f32(out + i, vmulq_n_f32(vld1q_f32(x + i), f));
-  for (; i < n; i++) out[i] = x[i] * f;
-}
-
 #define TOKEN_PREFETCH_ROWS 8 /* pass 1 streams S from memory: a few rows ahead */
 
 /* One token over S's columns [0, 4 * nv) (row stride dv): kv = S^T kn, delta =
@@ -192,31 +187,16 @@ static void token_col_scalar(float *S, int64_t dk, int64_t dv, const float *kn, 
   *out = o;
 }
 
-static void neon_token(const armllm_gdn_head *hd, int64_t r) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv;
-  float qn[D], kn[D], g, beta;
-  neon_l2(armllm_gdn_q(hd, r), dk, hd->q_scale, qn);
-  neon_l2(armllm_gdn_k(hd, r), dk, 1.0, kn);
-  armllm_gdn_row_gates(hd, r, &g, &beta);
-  const float eg = armllm_exp_scalar(g);
-  const float *v = armllm_gdn_v(hd, r);
-  float *S = hd->S, *out = armllm_gdn_o(hd, r);
+static void gdn_token_cols(float *S, int64_t dk, int64_t dv, const float *kn, const float *qn,
+                           const float *v, float eg, float beta, float *out) {
   int64_t j = 0;
   for (; j + 32 <= dv; j += 32) token_cols(S + j, dk, dv, kn, qn, v + j, eg, beta, out + j, 8);
   for (; j + 4 <= dv; j += 4) token_cols(S + j, dk, dv, kn, qn, v + j, eg, beta, out + j, 1);
   for (; j < dv; j++) token_col_scalar(S + j, dk, dv, kn, qn, v[j], eg, beta, out + j);
 }
 
-/* Flags of neon_mm. */
-enum {
-  MM_LOAD = 1,  /* C starts as c_scale * C, else 0 */
-  MM_SUB = 2,   /* C -= A B */
-  MM_LOWER = 4, /* A is lower-triangular: A[i, l] = 0 for l > i */
-  MM_TRI = 8,   /* only C's lower triangle is wanted: no tiles right of a row block's diagonal */
-};
-
 /* A 4-row tile of C, columns [0, 4 * nv): C = init + panel B, the panel [kk][4]
- * holding A's 4 rows (negated for MM_SUB), summed over l ascending. */
+ * holding A's 4 rows (negated for GDN_MM_SUB), summed over l ascending. */
 static inline __attribute__((always_inline)) void mm_tile(const float *panel, int64_t kk,
                                                           const float *B, int64_t ldb, float *Cm,
                                                           int64_t ldc, int64_t rows, int load,
@@ -253,23 +233,22 @@ static void mm_tile_scalar(const float *panel, int64_t kk, const float *B, int64
     }
 }
 
-/* ref_mm's product: C[i, j] (+)= sum_{l < k} A[i*ars + l*acs] * B[l*ldb + j] for i < m,
- * j < n (k <= D), as `flags` say. */
-static void neon_mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+/* 4-row panels of A (negated for GDN_MM_SUB) times the tiles of B. */
+static void gdn_mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                     const float *B, int64_t ldb, float *Cm, int64_t ldc, int flags,
                     float c_scale) {
-  const int load = flags & MM_LOAD, lower = flags & MM_LOWER;
-  float panel[4 * D];
+  const int load = flags & GDN_MM_LOAD, lower = flags & GDN_MM_LOWER;
+  float panel[4 * ARMLLM_GDN_MAX_HEAD_DIM];
   for (int64_t i0 = 0; i0 < m; i0 += 4) {
     const int64_t rows = m - i0 < 4 ? m - i0 : 4;
     const int64_t kk = lower && i0 + 4 < k ? i0 + 4 : k;
     for (int64_t l = 0; l < kk; l++)
       for (int64_t r = 0; r < 4; r++) {
         const float a = r < rows && (!lower || l <= i0 + r) ? A[(i0 + r) * ars + l * acs] : 0.0f;
-        panel[4 * l + r] = flags & MM_SUB ? -a : a;
+        panel[4 * l + r] = flags & GDN_MM_SUB ? -a : a;
       }
-    const int64_t diag = (i0 + 4 + 15) / 16 * 16; /* MM_TRI: the tiles up to the diagonal */
-    const int64_t nn = flags & MM_TRI && diag < n ? diag : n;
+    const int64_t diag = (i0 + 4 + 15) / 16 * 16; /* GDN_MM_TRI: the tiles up to the diagonal */
+    const int64_t nn = flags & GDN_MM_TRI && diag < n ? diag : n;
     float *c = Cm + i0 * ldc;
     int64_t j = 0;
     for (; j + 16 <= nn; j += 16)
@@ -282,7 +261,7 @@ static void neon_mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars
 /* T = (I + A)^-1 in place, A strictly lower-triangular [C, C]: row i by forward
  * substitution, T[i, :] = e_i - sum_{j<i} A[i, j] T[j, :], in 16-column blocks;
  * T[j, l] = 0 for l > j, so a block starting at l0 only needs rows j >= l0. */
-static void neon_unit_lower_inverse(float *A) {
+static void gdn_unit_lower_inverse(float *A) {
   float a_row[C];
   for (int64_t i = 0; i < C; i++) {
     float *t = A + i * C;
@@ -301,30 +280,20 @@ static void neon_unit_lower_inverse(float *A) {
   }
 }
 
-/* ref_chunk's steps for rows [r0, r0 + C): see ref/gdn.c. */
-static void neon_chunk(const armllm_gdn_head *hd, int64_t r0) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv;
-  float Kn[C * D], Qn[C * D], KnT[D * C], U[C * D], W[C * D];
-  float A[C * C], P[C * C], Tb[C * C], Tbe[C * C];
-  float G[C], beta[C], eG[C], eGl[C];
-  for (int64_t i = 0; i < C; i++) {
-    float g;
-    armllm_gdn_row_gates(hd, r0 + i, &g, &beta[i]);
-    G[i] = i ? G[i - 1] + g : g;
-    neon_l2(armllm_gdn_q(hd, r0 + i), dk, hd->q_scale, Qn + i * dk);
-    neon_l2(armllm_gdn_k(hd, r0 + i), dk, 1.0, Kn + i * dk);
-  }
+static void gdn_transpose(const float *Kn, int64_t dk, float *KnT) {
+  gdn_transpose_scalar(Kn, dk, KnT);
+}
+
+static void gdn_decays(const float *G, float *eG, float *eGl) {
   const float32x4_t g_last = vdupq_n_f32(G[C - 1]);
   for (int64_t i = 0; i < C; i += 4) {
     const float32x4_t gi = vld1q_f32(G + i);
     vst1q_f32(eG + i, armllm_vexpq_f32(gi));
     vst1q_f32(eGl + i, armllm_vexpq_f32(vsubq_f32(g_last, gi)));
   }
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < dk; l++) KnT[l * C + i] = Kn[i * dk + l];
-  neon_mm(C, C, dk, Kn, dk, 1, KnT, C, A, C, MM_TRI, 0.0f);
-  neon_mm(C, C, dk, Qn, dk, 1, KnT, C, P, C, MM_TRI, 0.0f);
-  /* A = strict_lower(beta_i A . D), P = lower(P . D), D[i, j] = e^(G_i - G_j) */
+}
+
+static void gdn_decay_masks(const float *G, const float *beta, float *A, float *P) {
   const uint32x4_t lane = {0, 1, 2, 3};
   for (int64_t i = 0; i < C; i++) {
     const float32x4_t gi = vdupq_n_f32(G[i]), bi = vdupq_n_f32(beta[i]);
@@ -341,43 +310,12 @@ static void neon_chunk(const armllm_gdn_head *hd, int64_t r0) {
       vst1q_f32(P + i * C + j, p);
     }
   }
-  neon_unit_lower_inverse(A);
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < C; l += 4) {
-      const float32x4_t tb = vmulq_f32(vld1q_f32(A + i * C + l), vld1q_f32(beta + l));
-      vst1q_f32(Tb + i * C + l, tb);
-      vst1q_f32(Tbe + i * C + l, vmulq_f32(tb, vld1q_f32(eG + l)));
-    }
-  float *S = hd->S, *out = armllm_gdn_o(hd, r0);
-  const int64_t ldo = hd->a->ldo;
-  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
-  const int with_s = zero ? 0 : MM_LOAD;
-  neon_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_LOWER, 0.0f);
-  if (!zero) {
-    neon_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_LOWER, 0.0f);
-    neon_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD | MM_SUB, 1.0f);
-  }
-  for (int64_t i = 0; i < C; i++) {
-    const float qs = eG[i], ks = eGl[i];
-    int64_t l = 0;
-    for (; l + 4 <= dk; l += 4) {
-      vst1q_f32(Qn + i * dk + l, vmulq_n_f32(vld1q_f32(Qn + i * dk + l), qs));
-      vst1q_f32(Kn + i * dk + l, vmulq_n_f32(vld1q_f32(Kn + i * dk + l), ks));
-    }
-    for (; l < dk; l++) {
-      Qn[i * dk + l] *= qs;
-      Kn[i * dk + l] *= ks;
-    }
-  }
-  if (!zero) neon_mm(C, dv, dk, Qn, dk, 1, S, dv, out, ldo, 0, 0.0f);
-  neon_mm(C, dv, C, P, C, 1, U, dv, out, ldo, with_s | MM_LOWER, 1.0f);
-  neon_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, with_s, eG[C - 1]);
 }
 
 /* IEEE subnormals, as ref: AArch64 computes with them in hardware (no support
  * code), so the x86 variants' reason to flush (microcode assists) does not apply;
  * not measured on Arm hardware. */
-ARMLLM_GDN_RULE_KERNEL(armllm_neon_gdn_rule, neon_chunk, neon_token, ieee)
+ARMLLM_GDN_RULE_KERNEL(armllm_neon_gdn_rule, gdn_chunk, gdn_token, ieee)
 
 /* ---------------------------------------------------- gated norm, gate */
 
@@ -395,7 +333,7 @@ static void neon_gated_rmsnorm_items(void *ctx, int64_t i0, int64_t i1) {
     const float *x = job->x + r * job->ldx + off, *z = job->z + r * job->ldz + off;
     const float *w = job->weight;
     float *out = job->out + r * job->ldo + off;
-    const float scale = (float)(1.0 / sqrt(sum_squares(x, d) / (double)d + (double)job->eps));
+    const float scale = (float)(1.0 / sqrt(gdn_sum_sq(x, d) / (double)d + (double)job->eps));
     const float32x4_t vs = vdupq_n_f32(scale);
     int64_t i = 0;
     for (; i + 4 <= d; i += 4) /* out may be x: each block is loaded before it is stored */

@@ -9,7 +9,8 @@
  * products in ref's order. Tails are predicated; a task's conv weights are
  * transposed by LD2W/LD3W/LD4W (kernels 2-4).
  *
- * gdn_rule runs ref's steps with FMAs where ref rounds twice. A decode token
+ * gdn_rule runs gdn_rule.h's steps around these micro-kernels, FMAs where ref
+ * rounds twice. A decode token
  * walks the state S [dk, dv] (rows S[i, :] contiguous) in blocks of 8 vectors
  * of columns: kv = S^T kn over the block's rows, then S = e^g S + kn delta^T
  * and o = S^T qn over the same rows, still in L1, so each head's state comes
@@ -26,10 +27,12 @@
 #include "../gdn_common.h"
 #include "vexp_sve.h"
 
+#define GDN_ROW_PREFETCH 0
+#include "../gdn_rule.h"
+
 enum {
   CH = ARMLLM_GDN_CONV_CHANNELS,
   C = ARMLLM_GDN_CHUNK,
-  D = ARMLLM_GDN_MAX_HEAD_DIM,
 };
 
 /* v / (1 + exp(-v)): armllm_gdn_silu */
@@ -54,7 +57,7 @@ static inline void sum_squares_vec(svfloat32_t v, svfloat64_t *acc_e, svfloat64_
 }
 
 /* sum(x[i]^2) in double: ref's sum in another order */
-static double sum_squares(const float *x, int64_t n) {
+static double gdn_sum_sq(const float *x, int64_t n) {
   const int64_t vl = (int64_t)svcntw();
   const svbool_t pt = svptrue_b32();
   svfloat64_t a0 = svdup_n_f64(0.0), a1 = a0, a2 = a0, a3 = a0;
@@ -132,15 +135,6 @@ ARMLLM_GDN_CONV_KERNEL(armllm_sve_gdn_conv, sve_conv_weights, sve_conv_row)
 
 /* ------------------------------------------------------------------ rule */
 
-/* out[i] = x[i] * (scale / |x|), n <= D */
-static void sve_l2(const float *x, int64_t n, double scale, float *out) {
-  const float f = armllm_gdn_l2_scale(sum_squares(x, n), scale);
-  for (int64_t i = 0; i < n; i += (int64_t)svcntw()) {
-    const svbool_t pg = svwhilelt_b32_s64(i, n);
-    svst1_f32(pg, out + i, svmul_n_f32_x(pg, svld1_f32(pg, x + i), f));
-  }
-}
-
 #define EACH8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define TOKEN_PREFETCH_ROWS 8 /* pass 1 streams S from memory: a few rows ahead */
 
@@ -191,15 +185,9 @@ static inline __attribute__((always_inline)) void token_cols(float *S, int64_t d
   EACH8(TOKEN_STORE)
 }
 
-static void sve_token(const armllm_gdn_head *hd, int64_t r) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv, vl = (int64_t)svcntw();
-  float qn[D], kn[D], g, beta;
-  sve_l2(armllm_gdn_q(hd, r), dk, hd->q_scale, qn);
-  sve_l2(armllm_gdn_k(hd, r), dk, 1.0, kn);
-  armllm_gdn_row_gates(hd, r, &g, &beta);
-  const float eg = armllm_exp_scalar(g);
-  const float *v = armllm_gdn_v(hd, r);
-  float *S = hd->S, *out = armllm_gdn_o(hd, r);
+static void gdn_token_cols(float *S, int64_t dk, int64_t dv, const float *kn, const float *qn,
+                           const float *v, float eg, float beta, float *out) {
+  const int64_t vl = (int64_t)svcntw();
   int64_t j = 0;
   for (; j + 8 * vl <= dv; j += 8 * vl)
     token_cols(S + j, dk, dv, kn, qn, v + j, eg, beta, out + j, svptrue_b32(), 8);
@@ -207,19 +195,11 @@ static void sve_token(const armllm_gdn_head *hd, int64_t r) {
     token_cols(S + j, dk, dv, kn, qn, v + j, eg, beta, out + j, svwhilelt_b32_s64(j, dv), 1);
 }
 
-/* Flags of sve_mm. */
-enum {
-  MM_LOAD = 1,  /* C starts as c_scale * C, else 0 */
-  MM_SUB = 2,   /* C -= A B */
-  MM_LOWER = 4, /* A is lower-triangular: A[i, l] = 0 for l > i */
-  MM_TRI = 8,   /* only C's lower triangle is wanted: no columns past a row block's diagonal */
-};
-
 #define ROWS4(X, c) X(0, c) X(1, c) X(2, c) X(3, c)
 #define TILE16(X) ROWS4(X, 0) ROWS4(X, 1) ROWS4(X, 2) ROWS4(X, 3)
 
 /* A 4-row tile of C over nv vectors of columns (lanes of pg): C = init +
- * panel B, the panel [kk][4] holding A's 4 rows (negated for MM_SUB), summed
+ * panel B, the panel [kk][4] holding A's 4 rows (negated for GDN_MM_SUB), summed
  * over l ascending. */
 static inline __attribute__((always_inline)) void mm_tile(const float *panel, int64_t kk,
                                                           const float *B, int64_t ldb, float *Cm,
@@ -252,22 +232,21 @@ static inline __attribute__((always_inline)) void mm_tile(const float *panel, in
   TILE16(MM_STORE)
 }
 
-/* ref_mm's product: C[i, j] (+)= sum_{l < k} A[i*ars + l*acs] * B[l*ldb + j] for i < m,
- * j < n (k <= D), as `flags` say. */
-static void sve_mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
+/* 4-row panels of A (negated for GDN_MM_SUB) times the tiles of B. */
+static void gdn_mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars, int64_t acs,
                    const float *B, int64_t ldb, float *Cm, int64_t ldc, int flags, float c_scale) {
-  const int load = flags & MM_LOAD, lower = flags & MM_LOWER;
+  const int load = flags & GDN_MM_LOAD, lower = flags & GDN_MM_LOWER;
   const int64_t vl = (int64_t)svcntw();
-  float panel[4 * D];
+  float panel[4 * ARMLLM_GDN_MAX_HEAD_DIM];
   for (int64_t i0 = 0; i0 < m; i0 += 4) {
     const int64_t rows = m - i0 < 4 ? m - i0 : 4;
     const int64_t kk = lower && i0 + 4 < k ? i0 + 4 : k;
     for (int64_t l = 0; l < kk; l++)
       for (int64_t r = 0; r < 4; r++) {
         const float a = r < rows && (!lower || l <= i0 + r) ? A[(i0 + r) * ars + l * acs] : 0.0f;
-        panel[4 * l + r] = flags & MM_SUB ? -a : a;
+        panel[4 * l + r] = flags & GDN_MM_SUB ? -a : a;
       }
-    const int64_t nn = flags & MM_TRI && i0 + 4 < n ? i0 + 4 : n;
+    const int64_t nn = flags & GDN_MM_TRI && i0 + 4 < n ? i0 + 4 : n;
     float *c = Cm + i0 * ldc;
     int64_t j = 0;
     for (; j + 4 * vl <= nn; j += 4 * vl)
@@ -280,7 +259,7 @@ static void sve_mm(int64_t m, int64_t n, int64_t k, const float *A, int64_t ars,
 /* T = (I + A)^-1 in place, A strictly lower-triangular [C, C]: row i by forward
  * substitution, T[i, :] = e_i - sum_{j<i} A[i, j] T[j, :], in blocks of 4
  * vectors; T[j, l] = 0 for l > j, so a block starting at l0 only needs rows j >= l0. */
-static void sve_unit_lower_inverse(float *A) {
+static void gdn_unit_lower_inverse(float *A) {
   const int64_t vl = (int64_t)svcntw();
   float a_row[C];
   for (int64_t i = 0; i < C; i++) {
@@ -307,33 +286,23 @@ static void sve_unit_lower_inverse(float *A) {
   }
 }
 
-/* ref_chunk's steps for rows [r0, r0 + C): see ref/gdn.c. */
-static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
-  const int64_t dk = hd->a->dk, dv = hd->a->dv, vl = (int64_t)svcntw();
-  float Kn[C * D], Qn[C * D], KnT[D * C], U[C * D], W[C * D];
-  float A[C * C], P[C * C], Tb[C * C], Tbe[C * C];
-  float G[C], beta[C], eG[C], eGl[C];
-  for (int64_t i = 0; i < C; i++) {
-    float g;
-    armllm_gdn_row_gates(hd, r0 + i, &g, &beta[i]);
-    G[i] = i ? G[i - 1] + g : g;
-    sve_l2(armllm_gdn_q(hd, r0 + i), dk, hd->q_scale, Qn + i * dk);
-    sve_l2(armllm_gdn_k(hd, r0 + i), dk, 1.0, Kn + i * dk);
-  }
-  for (int64_t i = 0; i < C; i += vl) {
+static void gdn_transpose(const float *Kn, int64_t dk, float *KnT) {
+  gdn_transpose_scalar(Kn, dk, KnT);
+}
+
+static void gdn_decays(const float *G, float *eG, float *eGl) {
+  for (int64_t i = 0; i < C; i += (int64_t)svcntw()) {
     const svbool_t pg = svwhilelt_b32_s64(i, C);
     const svfloat32_t gi = svld1_f32(pg, G + i);
     svst1_f32(pg, eG + i, armllm_sve_vexp(pg, gi));
     svst1_f32(pg, eGl + i, armllm_sve_vexp(pg, svsubr_n_f32_x(pg, gi, G[C - 1])));
   }
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < dk; l++) KnT[l * C + i] = Kn[i * dk + l];
-  sve_mm(C, C, dk, Kn, dk, 1, KnT, C, A, C, MM_TRI, 0.0f);
-  sve_mm(C, C, dk, Qn, dk, 1, KnT, C, P, C, MM_TRI, 0.0f);
-  /* A = strict_lower(beta_i A . D), P = lower(P . D), D[i, j] = e^(G_i - G_j) */
+}
+
+static void gdn_decay_masks(const float *G, const float *beta, float *A, float *P) {
   const svfloat32_t vzero = svdup_n_f32(0.0f);
   for (int64_t i = 0; i < C; i++)
-    for (int64_t j = 0; j < C; j += vl) {
+    for (int64_t j = 0; j < C; j += (int64_t)svcntw()) {
       const svbool_t pg = svwhilelt_b32_s64(j, C);
       if (j > i) {
         svst1_f32(pg, A + i * C + j, vzero);
@@ -349,37 +318,10 @@ static void sve_chunk(const armllm_gdn_head *hd, int64_t r0) {
       svst1_f32(pg, A + i * C + j, svsel_f32(strict, a, vzero));
       svst1_f32(pg, P + i * C + j, svsel_f32(diag, p, vzero));
     }
-  sve_unit_lower_inverse(A);
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < C; l += vl) {
-      const svbool_t pg = svwhilelt_b32_s64(l, C);
-      const svfloat32_t tb = svmul_f32_x(pg, svld1_f32(pg, A + i * C + l), svld1_f32(pg, beta + l));
-      svst1_f32(pg, Tb + i * C + l, tb);
-      svst1_f32(pg, Tbe + i * C + l, svmul_f32_x(pg, tb, svld1_f32(pg, eG + l)));
-    }
-  float *S = hd->S, *out = armllm_gdn_o(hd, r0);
-  const int64_t ldo = hd->a->ldo;
-  const int zero = hd->zero; /* S = 0: no products with it (and S is not read) */
-  const int with_s = zero ? 0 : MM_LOAD;
-  sve_mm(C, dv, C, Tb, C, 1, armllm_gdn_v(hd, r0), hd->a->ldqkv, U, dv, MM_LOWER, 0.0f);
-  if (!zero) {
-    sve_mm(C, dk, C, Tbe, C, 1, Kn, dk, W, dk, MM_LOWER, 0.0f);
-    sve_mm(C, dv, dk, W, dk, 1, S, dv, U, dv, MM_LOAD | MM_SUB, 1.0f);
-  }
-  for (int64_t i = 0; i < C; i++)
-    for (int64_t l = 0; l < dk; l += vl) {
-      const svbool_t pg = svwhilelt_b32_s64(l, dk);
-      float *q = Qn + i * dk + l, *kk = Kn + i * dk + l;
-      svst1_f32(pg, q, svmul_n_f32_x(pg, svld1_f32(pg, q), eG[i]));
-      svst1_f32(pg, kk, svmul_n_f32_x(pg, svld1_f32(pg, kk), eGl[i]));
-    }
-  if (!zero) sve_mm(C, dv, dk, Qn, dk, 1, S, dv, out, ldo, 0, 0.0f);
-  sve_mm(C, dv, C, P, C, 1, U, dv, out, ldo, with_s | MM_LOWER, 1.0f);
-  sve_mm(dk, dv, C, Kn, 1, dk, U, dv, S, dv, with_s, eG[C - 1]);
 }
 
 /* IEEE subnormals, as ref (see neon/gdn.c) */
-ARMLLM_GDN_RULE_KERNEL(armllm_sve_gdn_rule, sve_chunk, sve_token, ieee)
+ARMLLM_GDN_RULE_KERNEL(armllm_sve_gdn_rule, gdn_chunk, gdn_token, ieee)
 
 /* ---------------------------------------------------- gated norm, gate */
 
@@ -390,7 +332,7 @@ static void sve_gated_rmsnorm_items(void *ctx, int64_t i0, int64_t i1) {
     const int64_t r = it / job->heads, off = it % job->heads * d;
     const float *x = job->x + r * job->ldx + off, *z = job->z + r * job->ldz + off;
     float *out = job->out + r * job->ldo + off;
-    const float scale = (float)(1.0 / sqrt(sum_squares(x, d) / (double)d + (double)job->eps));
+    const float scale = (float)(1.0 / sqrt(gdn_sum_sq(x, d) / (double)d + (double)job->eps));
     for (int64_t i = 0; i < d; i += vl) { /* out may be x: loads precede the store */
       const svbool_t pg = svwhilelt_b32_s64(i, d);
       const svfloat32_t xs = svmul_n_f32_x(pg, svld1_f32(pg, x + i), scale);
