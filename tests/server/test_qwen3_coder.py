@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models
 
 from armllm.model.tokenizer import TextTokenizer
+from armllm.server.parsers import detect_parser
 from armllm.server.qwen3_coder import Qwen3CoderParser, convert, value_types
-from armllm.server.tools import detect_parser, template_messages
+from armllm.server.tools import template_messages
 from tests.llama_cpp_tools import LLAMA_CPP
 from tests.server.test_tool_parsers import stream
 from tests.server.test_tools import TOOLS

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from armllm.server.parsers import PARSERS, detect_parser
 from armllm.server.tool_parsers import ToolParser, mistral_call_id
-from armllm.server.tools import PARSERS, detect_parser
 
 CASES = {
     "hermes": [

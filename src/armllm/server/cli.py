@@ -11,7 +11,7 @@ from pathlib import Path
 
 from armllm.cmdline import UsageError, add_model_argument, resolve_model
 from armllm.engine.args import EngineArgs
-from armllm.server.tools import TOOL_CALL_PARSERS
+from armllm.server.parsers import TOOL_CALL_PARSERS
 
 # connections beyond the completions the server admits: /health, /metrics, requests
 # refused with 503 and idle keep-alive connections of the clients' pools

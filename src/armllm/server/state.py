@@ -14,7 +14,7 @@ from starlette.requests import Request
 from armllm.api import AsyncLLM
 from armllm.server import protocol as P
 from armllm.server.metrics import ServerMetrics
-from armllm.server.tools import detect_parser
+from armllm.server.parsers import detect_parser
 
 
 @dataclass
@@ -28,7 +28,7 @@ class ServerConfig:
     log_interval_s: float = 10.0         # 0: no periodic stats line
     shutdown_grace_s: float = 10.0
     body_timeout_s: float = 30.0         # to receive a request body, once its headers are in
-    tool_call_parser: str = "auto"       # a name in tools.PARSERS, or auto (template)
+    tool_call_parser: str = "auto"       # a name in parsers.PARSERS, or auto (template)
     metrics_labels: dict[str, str] = field(default_factory=dict)  # on every /metrics sample
 
 

@@ -12,7 +12,7 @@ the formats models write them, whole or as it streams.
                  value</parameter>...</function></tool_call>, in server/qwen3_coder.py
                  (its arguments are built from the parameters, typed by their schemas)
 
-The parsers are named in server/tools.py's PARSERS (tools.detect_parser reads
+The parsers are named in server/parsers.py's PARSERS (parsers.detect_parser reads
 the name from a chat template); each is made with the request's tools.
 
 A parser is fed the completion's text deltas and answers, for each, the content

@@ -4,9 +4,8 @@ apply_chat_template(tools=...) does, enforced by a grammar when a call is
 required (tool_choice "required" or a named function: the output must be
 calls, in the model's format, to those functions with arguments that match
 their parameters' JSON schemas), and read back from the completion by the
-model's tool parser (PARSERS: server/tool_parsers.py's and qwen3_coder.py's),
-which the server names with --tool-call-parser or detect_parser finds in the
-chat template."""
+model's tool parser (server/parsers.py's PARSERS), which the server names with
+--tool-call-parser or detect_parser finds in the chat template."""
 from __future__ import annotations
 
 import json
@@ -14,23 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from armllm.server.parsers import PARSERS
 from armllm.server.protocol import APIError, bad
-from armllm.server.qwen3_coder import Qwen3CoderParser, value_types
-from armllm.server.tool_parsers import (
-    HarmonyParser,
-    HermesParser,
-    Llama3JsonParser,
-    MistralParser,
-    ToolParser,
-)
+from armllm.server.qwen3_coder import value_types
+from armllm.server.tool_parsers import ToolParser
 from armllm.structured_output import StructuredOutput
-
-PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser,
-                                        "llama3_json": Llama3JsonParser,
-                                        "mistral": MistralParser,
-                                        "harmony": HarmonyParser,
-                                        "qwen3_coder": Qwen3CoderParser}
-TOOL_CALL_PARSERS = ("auto", *PARSERS)
 
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")   # what OpenAI accepts
 NO_PARAMETERS = {"type": "object", "properties": {}}
@@ -59,19 +46,6 @@ class ToolRequest:
     def template_tools(self) -> list[dict] | None:
         """What the chat template's `tools` variable holds (none when calls are off)."""
         return self.tools if self.parses else None
-
-
-def detect_parser(chat_template: str | None) -> str | None:
-    """The parser a chat template's tool markup names, when it names one only."""
-    if not chat_template:
-        return None
-    found = [name for name, marks in (("hermes", ("<tool_call>",)),
-                                      ("mistral", ("[TOOL_CALLS]",)),
-                                      ("llama3_json", ("<|python_tag|>", "ipython")))
-             if any(m in chat_template for m in marks)]
-    if "hermes" in found and all(m in chat_template for m in ("<function=", "<parameter=")):
-        found[found.index("hermes")] = "qwen3_coder"    # XML calls inside <tool_call>
-    return found[0] if len(found) == 1 else None
 
 
 def tool_request(req: dict, parser: str | None) -> ToolRequest | None:
