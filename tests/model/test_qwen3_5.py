@@ -13,7 +13,7 @@ gated full-attention layer, twice) against transformers' own forward.
 - a *ForConditionalGeneration checkpoint runs its language model;
 - llama.cpp's convert_hf_to_gguf.py writes the same checkpoint as a "qwen35" /
   "qwen35moe" GGUF (value heads tiled, A stored as -exp(A_log), norms + 1),
-  which gives transformers' logits too;
+  which gives transformers' logits too; llama-quantize's requantization loads;
 - tensor parallel over 2 ranks (query heads with their gate rows, key heads with
   their value heads and state, the MLP's, experts' and shared expert's columns)
   gives one rank's tokens and logits, from the checkpoint and from its GGUF
@@ -317,6 +317,19 @@ def test_llama_cpp_q8_0_runs_as_stored(tiny, tmp_path, name):
                                            block_size=8) - theirs))
     assert rounded <= 0.05 * np.abs(theirs).max()
     assert stored <= 2 * rounded
+
+
+def test_llama_quantize_output_loads(tiny, tmp_path):
+    """llama-quantize, which makes the GGUFs people download, writes the shared-expert
+    gate [1, hidden] as [hidden] (ggml counts no trailing dimension of size 1): its
+    Q8_0 of the converter's GGUF loads, the gate as the converter's file holds it."""
+    path, _ = tiny("moe")
+    f32 = convert(path, tmp_path / "f32.gguf")
+    q8 = llama_cpp.quantize(f32, tmp_path / "q8.gguf", "Q8_0")
+    assert GGUFFile(q8).tensors["blk.0.ffn_gate_inp_shexp.weight"].shape == (BASE["hidden_size"],)
+    gates = [[layer.shared_gate for layer in load_model(p, "f32").model.weights.layers]
+             for p in (f32, q8)]
+    np.testing.assert_array_equal(np.stack(gates[0]), np.stack(gates[1]))
 
 
 @pytest.fixture(scope="module")

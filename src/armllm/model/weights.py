@@ -477,9 +477,15 @@ def load_weights(source, config: ModelConfig, dtype: WeightDtype = "bf16",
             if attention and attention.sinks else None,
             steps=steps,
             delta=delta_net(i) if has_step(steps, DeltaNet) else None,
-            shared_gate=as_f32(tensor(family.shared_gate_tensor(i), (1, h))).reshape(h)
-            if shared else None,
+            shared_gate=shared_gate(i) if shared else None,
         )
+
+    def shared_gate(i: int) -> np.ndarray:
+        """Sparse layer i's shared-expert gate [1, hidden], as a vector; llama-quantize
+        writes it [hidden] (ggml counts no trailing dimension of size 1)."""
+        name = family.shared_gate_tensor(i)
+        stored = tuple(source.shape(name)) if source.has(name) else ()
+        return as_f32(tensor(name, (h,) if stored == (h,) else (1, h))).reshape(h)
 
     family = arch.of(c)
     layers = []
