@@ -4,23 +4,12 @@ checkpoints, the copies each step makes and their order, least-recently-used
 eviction, and prefix hits only where a checkpoint and the KV blocks both are."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from armllm.engine.block_manager import BlockManager
 from armllm.engine.sequence import Sequence
 from armllm.engine.state_pool import StatePool
-
-
-@dataclass
-class Params:
-    max_tokens: int = 8
-    n: int = 1
-
-
-def seq(tokens, rid="r") -> Sequence:
-    return Sequence(rid, list(tokens), Params())
+from tests.engine.test_block_manager import seq
 
 
 def run(bm: BlockManager, s: Sequence, upto: int, prefix=None) -> None:

@@ -60,26 +60,35 @@ def test_parallel_required_calls(chat_client):
     assert calls and all(c.function.name in SCHEMAS for c in calls)
 
 
+def collect_stream(stream) -> tuple[dict, list[str], str | None, str]:
+    """A streamed chat completion's tool calls by index ({name, arguments} joined from
+    their deltas), the order of head and fragment deltas, the finish reason and the
+    content."""
+    calls, order, finish, content = {}, [], None, ""
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+        for d in delta.tool_calls or []:
+            call = calls.setdefault(d.index, {"name": None, "arguments": ""})
+            if d.id:
+                order.append("head")
+                call["name"] = d.function.name
+            else:
+                order.append("fragment")
+            call["arguments"] += d.function.arguments or ""
+    return calls, order, finish, content
+
+
 def test_streamed_deltas_reassemble_to_the_whole(chat_client):
     for seed in range(4):
         kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
                   parallel_tool_calls=False, max_tokens=300, seed=seed)
         whole = chat_client.chat.completions.create(**kw).choices[0]
-        calls, order, finish, content = {}, [], None, ""
-        for chunk in chat_client.chat.completions.create(stream=True, **kw):
-            if not chunk.choices:
-                continue
-            delta = chunk.choices[0].delta
-            content += delta.content or ""
-            finish = chunk.choices[0].finish_reason or finish
-            for d in delta.tool_calls or []:
-                call = calls.setdefault(d.index, {"name": None, "arguments": ""})
-                if d.id:
-                    order.append("head")
-                    call["name"] = d.function.name
-                else:
-                    order.append("fragment")
-                call["arguments"] += d.function.arguments or ""
+        calls, order, finish, content = collect_stream(
+            chat_client.chat.completions.create(stream=True, **kw))
         assert order[0] == "head" and "<tool_call>" not in content
         assert finish == whole.finish_reason == "tool_calls"
         (w,) = whole.message.tool_calls

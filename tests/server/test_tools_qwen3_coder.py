@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from tests.server.conftest import running_server
-from tests.server.test_tools import ASK, SCHEMAS, SEARCH, TOOLS
+from tests.server.test_tools import ASK, SCHEMAS, SEARCH, TOOLS, collect_stream
 from tests.tiny_model import QWEN3_5_TEMPLATE, write_tiny_chat_llama
 
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -72,21 +72,7 @@ def test_streamed_deltas_reassemble_to_the_whole(client):
     for seed in range(4):
         kw = dict(tool_choice="required", parallel_tool_calls=False, seed=seed)
         whole = create(client, **kw).choices[0]
-        calls, order, finish, content = {}, [], None, ""
-        for chunk in create(client, stream=True, **kw):
-            if not chunk.choices:
-                continue
-            delta = chunk.choices[0].delta
-            content += delta.content or ""
-            finish = chunk.choices[0].finish_reason or finish
-            for d in delta.tool_calls or []:
-                call = calls.setdefault(d.index, {"name": None, "arguments": ""})
-                if d.id:
-                    order.append("head")
-                    call["name"] = d.function.name
-                else:
-                    order.append("fragment")
-                call["arguments"] += d.function.arguments or ""
+        calls, order, finish, content = collect_stream(create(client, stream=True, **kw))
         assert order[0] == "head" and "fragment" in order
         assert "<tool_call>" not in content and "<parameter=" not in content
         assert finish == whole.finish_reason == "tool_calls"
