@@ -99,6 +99,8 @@ def main() -> int:
                          "server")
     ap.add_argument("--llama-gguf", action="append", default=[],
                     help="another GGUF for llama-server (e.g. a Q8_0 of the same model)")
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0,
+                    help="armllm's KV cache (a hybrid's state pool included; default 1)")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     model = Path(resolve_model(args.model))
@@ -111,7 +113,7 @@ def main() -> int:
         name = "armllm " + {"none": "bf16", "auto": "as stored"}.get(quant, quant)
         servers[name + (" +head" if head else "")] = (
             [sys.executable, "-m", "armllm", "serve", str(model), "--dtype", "bfloat16",
-             "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib", "1", "--threads",
+             "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib", str(args.kv_cache_gib), "--threads",
              str(args.threads), "--log-interval", "0", "--quantization", quant,
              *(["--quantize-lm-head"] if head else [])], dict(os.environ))
     own = [str(model)] if model.suffix == ".gguf" else []

@@ -185,8 +185,8 @@ def test_preemption_and_forks_continue_the_right_states(tiny):
     roomy = LLM(path, max_num_seqs=8, **ENGINE)
     want = greedy(roomy, prompts, 24)
     # 20 blocks of 8 tokens (K and V of 2 layers, 2 heads of 32, f32) for 8 sequences of
-    # 7 blocks each, beside the state pool (8 + 8 checkpoint slots of 6 layers' 1408 floats)
-    states, block = 16 * 6 * 1408 * 4, 2 * 2 * 2 * 8 * 32 * 4
+    # 7 blocks each, beside the state pool (8 + 2 checkpoint slots of 6 layers' 1408 floats)
+    states, block = 10 * 6 * 1408 * 4, 2 * 2 * 2 * 8 * 32 * 4
     tight = LLM(path, max_num_seqs=8, block_size=8,
                 **{**ENGINE, "kv_cache_gib": (states + 20 * block) / 2**30})
     assert greedy(tight, prompts, 24) == want
@@ -530,17 +530,17 @@ def test_splits_that_cannot_be_are_refused(dense_gguf):
 
 def test_plan_counts_the_state_pool(tiny):
     """Six DeltaNet layers of 3 x 128 conv inputs and 4 x 16 x 16 delta state floats a
-    slot, float32, a slot a sequence and as many checkpoints; two attention layers
-    hold the KV. A tensor-parallel rank's: its heads' share."""
+    slot, float32, a slot a sequence and one checkpoint slot for four; two attention
+    layers hold the KV. A tensor-parallel rank's: its heads' share."""
     from armllm.bench.sizing import make_plan, param_counts
     from armllm.engine.args import EngineArgs
     path, hf = tiny("dense")
     c = load_model(path, "f32").config
     plan = make_plan(c, None, EngineArgs(max_num_seqs=4, dtype="float32"), 512)
     per_slot = 6 * 4 * (3 * 128 + 4 * 256)
-    assert plan["kv_cache"]["state_pool"] == {"live_slots": 4, "checkpoint_slots": 4,
+    assert plan["kv_cache"]["state_pool"] == {"live_slots": 4, "checkpoint_slots": 1,
                                               "layers": 6, "bytes_per_slot": per_slot,
-                                              "bytes": 8 * per_slot}
+                                              "bytes": 5 * per_slot}
     assert plan["kv_cache"]["bytes_per_token"] == 2 * 2 * 2 * 32 * 2   # 2 layers' bf16 K, V
     assert param_counts(c)["total"] == sum(p.numel() for p in hf.parameters())
     # rank 0 of 2: 1 key head of 2 and its 2 value heads, half of each slot; 1 KV head

@@ -103,7 +103,10 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
         if num_blocks < 1:
             raise ValueError(f"the KV cache fits no block of {per_block} bytes"
                              + (f" beside the sliding-window layers' pool of {window_blocks}"
-                                if window_blocks else ""))
+                                if window_blocks else "")
+                             + (f" beside the recurrent state pool of {states / 2**30:.2f} "
+                                f"GiB ({live + saved} slots: fewer --max-num-seqs, or a "
+                                f"larger --kv-cache-gib)" if states else ""))
         model_len = min(model_len, num_blocks * bs)
         log.info("KV cache: %d blocks of %d tokens (%.2f GiB, %s%s), max_model_len %d, "
                  "%.1f sequences at full length", num_blocks, bs, num_blocks * per_block / 2**30,

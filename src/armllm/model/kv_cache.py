@@ -60,6 +60,7 @@ def bytes_per_block(config: ModelConfig, num_layers: int, block_size: int, dtype
 DELTA_CHUNK = 64
 # tokens between state checkpoints, at least: each costs a whole state (48 MiB for a 9B)
 CHECKPOINT_TOKENS = 256
+CHECKPOINTS_PER_LIVE = 4   # live state slots per checkpoint slot
 
 
 def checkpoint_interval(block_size: int) -> int:
@@ -72,11 +73,11 @@ def checkpoint_interval(block_size: int) -> int:
 def state_slots(config: ModelConfig, max_num_seqs: int, prefix_caching: bool
                 ) -> tuple[int, int]:
     """(live, checkpoint) state slots of a hybrid model's pool: one a running sequence,
-    and as many again for the prefix cache's checkpoints; (0, 0) without recurrent
-    layers."""
+    and a quarter as many (at least one) for the prefix cache's checkpoints, the states
+    of the few prefixes that recur (system prompts); (0, 0) without recurrent layers."""
     if not config.linear_layers:
         return 0, 0
-    return max_num_seqs, max_num_seqs if prefix_caching else 0
+    return max_num_seqs, max(1, max_num_seqs // CHECKPOINTS_PER_LIVE) if prefix_caching else 0
 
 
 def state_bytes(config: ModelConfig, slots: int) -> int:
