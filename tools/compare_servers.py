@@ -113,8 +113,8 @@ def main() -> int:
         name = "armllm " + {"none": "bf16", "auto": "as stored"}.get(quant, quant)
         servers[name + (" +head" if head else "")] = (
             [sys.executable, "-m", "armllm", "serve", str(model), "--dtype", "bfloat16",
-             "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib", str(args.kv_cache_gib), "--threads",
-             str(args.threads), "--log-interval", "0", "--quantization", quant,
+             "--max-num-seqs", str(max(slots, 32)), "--kv-cache-gib", str(args.kv_cache_gib),
+             "--threads", str(args.threads), "--log-interval", "0", "--quantization", quant,
              *(["--quantize-lm-head"] if head else [])], dict(os.environ))
     own = [str(model)] if model.suffix == ".gguf" else []
     for gguf in [*own, *args.llama_gguf]:
