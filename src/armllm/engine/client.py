@@ -11,6 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from armllm.engine.embedding import PoolingParams
 from armllm.engine.outputs import EngineStats, StepOutput
 from armllm.sampling import SamplingParams
@@ -21,9 +23,11 @@ Sink = Callable[[StepOutput], None]
 @runtime_checkable
 class EngineClient(Protocol):
     def add(self, request_id: str, prompt_ids: list[int],
-            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0,
+            encoder_input: np.ndarray | None = None) -> Future:
         """Queues a request; the future completes when the engine has taken it, or
         fails with why not (a ValueError such as RequestRejected, or EngineClosed).
+        encoder_input: an encoder-decoder's (Whisper's) input, one window's features.
         `sink` gets the request's StepOutputs, the last of each completion with its
         finish reason."""
 

@@ -148,7 +148,8 @@ class RemoteReplica:
     # -- EngineClient ---------------------------------------------------------------------
 
     def add(self, request_id: str, prompt_ids: list[int],
-            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0,
+            encoder_input=None) -> Future:
         fut: Future = Future()
         if self.failure is not None or self._shut_down:
             fut.set_exception(EngineClosed(self.failure or "the engine is shut down"))
@@ -156,7 +157,7 @@ class RemoteReplica:
         self._sinks[request_id] = (sink, [params.n])
         self._pending[request_id] = fut
         try:
-            self._send(("add", request_id, prompt_ids, params, priority))
+            self._send(("add", request_id, prompt_ids, params, priority, encoder_input))
         except (OSError, ValueError):   # the pipe is closed: the reader fails it
             pass
         return fut
@@ -239,7 +240,8 @@ class ReplicaRouter:
         return least
 
     def add(self, request_id: str, prompt_ids: list[int],
-            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0,
+            encoder_input=None) -> Future:
         cost = len(prompt_ids) + params.max_tokens * params.n
         with self._lock:
             try:
@@ -267,7 +269,8 @@ class ReplicaRouter:
                     self._load[entry[0]] -= done
             sink(out)
 
-        fut = self.replicas[index].add(request_id, prompt_ids, params, counted, priority)
+        fut = self.replicas[index].add(request_id, prompt_ids, params, counted, priority,
+                                       encoder_input)
         fut.add_done_callback(lambda f: f.exception() and self._forget(request_id))
         return fut
 

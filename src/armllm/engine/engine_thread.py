@@ -60,14 +60,16 @@ class EngineThread:
     # -- called from any thread ----------------------------------------------------------
 
     def add(self, request_id: str, prompt_ids: list[int],
-            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0) -> Future:
+            params: SamplingParams | PoolingParams, sink: Sink, priority: int = 0,
+            encoder_input=None) -> Future:
         """Queues a request; the future completes when the engine has accepted it
         (or fails with the engine's ValueError). sink gets its StepOutputs."""
         fut: Future = Future()
         if self._closed:
             fut.set_exception(EngineClosed(self._closed_why))
             return fut
-        self._commands.put(("add", (request_id, prompt_ids, params, sink, priority), fut))
+        self._commands.put(("add", (request_id, prompt_ids, params, sink, priority,
+                                    encoder_input), fut))
         return fut
 
     def abort(self, request_id: str) -> None:
@@ -135,11 +137,12 @@ class EngineThread:
 
     def _handle(self, kind: str, arg, fut: Future | None) -> None:
         if kind == "add":
-            request_id, prompt_ids, params, sink, priority = arg
+            request_id, prompt_ids, params, sink, priority, encoder_input = arg
             if not fut.set_running_or_notify_cancel():
                 return
             try:
-                self.engine.add_request(request_id, prompt_ids, params, priority)
+                self.engine.add_request(request_id, prompt_ids, params, priority,
+                                        encoder_input=encoder_input)
             except Exception as exc:
                 fut.set_exception(exc)
                 return

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from armllm.engine.completion import CompletionState
 from armllm.engine.embedding import PoolingParams, PoolState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
@@ -117,9 +119,12 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_ids: list[int],
                     params: SamplingParams | PoolingParams, priority: int = 0,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None,
+                    encoder_input: np.ndarray | None = None) -> None:
         """Queues a request, a generation or (PoolingParams) an embedding; raises
-        ValueError (and queues nothing) if it is invalid or could never fit."""
+        ValueError (and queues nothing) if it is invalid or could never fit.
+        encoder_input: an encoder-decoder's (Whisper's) input, the log-mel features
+        [n_mels, frames] of one window, which its encoder runs once."""
         if self._dead is not None:
             raise EngineDead(self._dead)
         if not isinstance(request_id, str) or not request_id:
@@ -128,11 +133,14 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        self.check_request(prompt_ids, params)
+        self.check_request(prompt_ids, params, encoder_input)
         seq = Sequence(request_id, list(prompt_ids), params, priority=priority,
                        num_forks_pending=params.n - 1,
                        timings=Timings(arrival_time or time.monotonic()))
         state = RequestState()
+        if encoder_input is not None:   # its KV depends on the audio: no prefix cache
+            state.encoder_input = np.ascontiguousarray(encoder_input, np.float32)
+            seq.reuse_prefix = False
         if isinstance(params, PoolingParams):
             state.pool = PoolState(self.loaded.pooling, params)
             seq.reuse_prefix = not self.loaded.pooling.reads_every_row
@@ -145,8 +153,8 @@ class LLMEngine:
         self._requests[request_id] = _Request(seq, params.n)
         self._num_prompt_tokens += len(prompt_ids)
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams
-                      ) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams,
+                      encoder_input: np.ndarray | None = None) -> None:
         """Raises RequestRejected (a ValueError naming the value and, in `field`, what
         to change) if this request could never be served: a prompt that is empty or
         holds ids outside the vocabulary, a prompt (+ max_tokens) longer than
@@ -157,6 +165,7 @@ class LLMEngine:
         pooling armllm does not run, or `dimensions` the model does not allow.
         Reads only fixed limits and the grammar: safe from any thread."""
         embedding = isinstance(params, PoolingParams)
+        self._check_encoder_input(encoder_input, embedding)
         if embedding:
             pooling = self.loaded.pooling
             if pooling.unsupported:
@@ -205,6 +214,25 @@ class LLMEngine:
                 self.structured.new_state(params.structured_output)
             except ValueError as exc:
                 raise RequestRejected(str(exc), "structured_output") from None
+
+    def _check_encoder_input(self, encoder_input: np.ndarray | None, embedding: bool) -> None:
+        """An encoder-decoder (Whisper) needs its encoder's input, of its shape; any
+        other model takes none."""
+        encoder = self.loaded.config.encoder
+        if encoder is None:
+            if encoder_input is not None:
+                raise RequestRejected("this model has no encoder: it takes text, not audio",
+                                      "file")
+            return
+        if encoder_input is None or embedding:
+            raise RequestRejected("this model transcribes speech (an encoder-decoder): send "
+                                  "audio (LLM.transcribe, /v1/audio/transcriptions)", "model")
+        shape = (encoder.n_mels, 2 * encoder.positions)
+        if getattr(encoder_input, "shape", None) != shape:
+            raise RequestRejected(f"the encoder input has shape "
+                                  f"{list(getattr(encoder_input, 'shape', ()))}, this model "
+                                  f"takes [{shape[0]}, {shape[1]}] (one 30 s window of "
+                                  f"{shape[0]}-bin log-mel features)", "file")
 
     def _completion_state(self, seq: Sequence) -> CompletionState:
         # reasoning and answer apart, unless special tokens are asked for (the raw output)

@@ -56,7 +56,7 @@ def run(fd: int) -> int:
 
     threading.Thread(target=push_stats, daemon=True).start()
 
-    def add(rid: str, prompt_ids: list[int], params, priority: int) -> None:
+    def add(rid: str, prompt_ids: list[int], params, priority: int, encoder_input) -> None:
         def sink(out) -> None:   # on the engine thread
             send(("out", out))
 
@@ -64,7 +64,8 @@ def run(fd: int) -> int:
             exc = fut.exception()
             send(("accepted", rid, None if exc is None else (
                 type(exc).__name__, str(exc), getattr(exc, "field", None))))
-        thread.add(rid, prompt_ids, params, sink, priority).add_done_callback(accepted)
+        thread.add(rid, prompt_ids, params, sink, priority, encoder_input
+                   ).add_done_callback(accepted)
 
     try:
         while True:

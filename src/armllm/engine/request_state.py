@@ -23,3 +23,6 @@ class RequestState:
     grammar: GrammarState | None = None         # a structured output's matcher
     pool: PoolState | None = None               # an embedding's pooling: it samples nothing
     rng: np.random.Generator | None = None      # the sampler's, made by the runner when first used
+    # an encoder-decoder's encoder input, kept until the sequence ends (a preempted
+    # sequence runs its encoder again)
+    encoder_input: np.ndarray | None = None

@@ -16,7 +16,7 @@ from armllm.engine.embedding import PoolState
 from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence
-from armllm.model.decoder import BatchMeta, DecoderModel, KVCache, Workspace
+from armllm.model.decoder import BatchMeta, DecoderModel, KVCache
 from armllm.sampling import SampleResult, sample_row, sample_scratch
 
 
@@ -33,9 +33,8 @@ class ModelRunner:
                  logits_cols: int | None = None):
         self.model, self.kv = model, kv
         max_logits = max_logits or max_num_seqs
-        self.workspace = Workspace(model.config, max_num_batched_tokens, max_logits,
-                                   model.formats, max_seq_len=max_model_len,
-                                   logits_cols=logits_cols)
+        self.workspace = model.new_workspace(max_num_batched_tokens, max_logits,
+                                             max_seq_len=max_model_len, logits_cols=logits_cols)
         self.max_blocks = -(-max_model_len // kv.block_size)
         self._seed_source = np.random.default_rng()
         self._sample_scratch = sample_scratch(model.config.vocab_size)
@@ -113,6 +112,7 @@ class ModelRunner:
         sequences that sample and their logits rows (a view of the workspace, valid
         until the next step)."""
         meta, sampling = self.build_meta(out, states)
+        self._encode(out, states)
         logits = self.forward(meta, out.copies, out.state_copies)
         if self._pool_reads:
             rows = np.concatenate([np.arange(a, b) for _, a, b, _, _ in self._pool_reads])
@@ -122,6 +122,15 @@ class ModelRunner:
                 pool.add(hidden[at:at + b - a], position, last)
                 at += b - a
         return sampling, logits
+
+    def _encode(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]) -> None:
+        """An encoder-decoder's encoder, over the input of each sequence whose first
+        chunk runs this step, into its state slot (read by this step's decoder rows)."""
+        runs = [(state.encoder_input, item.seq.state_slot) for item in out.scheduled
+                if item.seq.num_computed == 0
+                and (state := states[item.seq.key]).encoder_input is not None]
+        if runs:
+            self.model.encode([f for f, _ in runs], [slot for _, slot in runs], self.kv)
 
     def forward(self, meta: BatchMeta, copies, state_copies=()) -> np.ndarray:
         """The model's forward over this runner's cache and workspace."""

@@ -83,8 +83,14 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
     budget = args.kv_cache_gib * 2**30 if args.kv_cache_gib is not None else \
         available_bytes() * DEFAULT_KV_FRACTION / ranks
     live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
-    states = state_bytes(c, live + saved)
-    if states:   # a hybrid's recurrent layers: a state per running sequence, from the budget
+    states = state_bytes(c, live + saved, dtype)
+    if states and c.encoder is not None:   # an encoder-decoder's cross-attention K/V
+        budget -= states
+        log.info("cross-attention pool: %d slots of %.1f MiB (%d decoder layers' K and V of "
+                 "%d encoder frames, %s), %.2f GiB: one a running sequence", live,
+                 states / live / 2**20, c.num_layers, c.encoder.positions, dtype,
+                 states / 2**30)
+    elif states:   # a hybrid's recurrent layers: a state per running sequence, from the budget
         budget -= states
         log.info("state pool: %d slots of %.1f MiB (%d Gated DeltaNet layers' conv and delta "
                  "states, float32), %.2f GiB: %d for running sequences, %d for the prefix "

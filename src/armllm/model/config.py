@@ -58,6 +58,30 @@ class DeltaNetShape:
 
 
 @dataclass(frozen=True)
+class EncoderShape:
+    """An encoder-decoder's audio encoder (Whisper): two conv1d over n_mels log-mel
+    channels (the second of stride 2), `positions` frames out of one 30 s window,
+    `layers` pre-norm bidirectional attention layers of `heads` heads over `hidden`
+    features with GELU MLPs of `ffn`."""
+    n_mels: int
+    layers: int
+    heads: int
+    hidden: int
+    ffn: int
+    positions: int
+
+    def __post_init__(self):
+        if min(self.n_mels, self.layers, self.heads, self.hidden, self.ffn,
+               self.positions) < 1 or self.hidden % self.heads:
+            raise ValueError(f"config: an encoder needs positive sizes and hidden "
+                             f"({self.hidden}) a multiple of its heads ({self.heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -118,6 +142,9 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0
     # multi-token-prediction layers the checkpoint carries (kept for speculative decoding)
     mtp_layers: int = 0
+    # an encoder-decoder (Whisper): the encoder whose output every decoder layer's
+    # cross-attention reads (the decoder fields above are the decoder's); None: a decoder
+    encoder: EncoderShape | None = None
 
     def __post_init__(self):
         def positive(name: str) -> None:

@@ -204,6 +204,12 @@ class DecoderModel:
         self.formats = weights.formats   # what a Workspace for these weights is built with
         self._rope_tables: dict[tuple[str, int], np.ndarray] = {}
 
+    def new_workspace(self, max_tokens: int, max_logits: int, max_seq_len: int | None = None,
+                      logits_cols: int | None = None) -> Workspace:
+        """A Workspace for this model's weights (see Workspace)."""
+        return Workspace(self.config, max_tokens, max_logits, self.formats,
+                         max_seq_len=max_seq_len, logits_cols=logits_cols)
+
     def rope_table(self, which: str, max_seq_len: int) -> np.ndarray:
         """The cos/sin table [max_position_embeddings, rot_dim] of the RopeKV steps'
         `which` ("global", or "local": the sliding layers' own base) for a context of

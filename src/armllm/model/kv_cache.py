@@ -13,7 +13,13 @@ A hybrid model's recurrent layers (Qwen3.5's Gated DeltaNet) keep no K/V:
 each holds a state per sequence instead, in the state pool beside the KV
 pools: `state_slots` slots of the conv's last inputs [kernel - 1, conv
 channels] and the delta rule's matrices [value heads, k_dim, v_dim], float32.
-A running sequence holds one slot (engine/block_manager.py hands them out)."""
+A running sequence holds one slot (engine/block_manager.py hands them out).
+
+An encoder-decoder (Whisper) keeps its cross-attention K and V the same way: per
+decoder layer, `state_slots` slots of [heads, encoder positions, head_dim] in the
+KV dtype, each a block of all its window's encoder frames (the attention kernel
+reads slot s as block s of a cache whose block size is the encoder's length),
+written once when the sequence's encoder runs and freed with the sequence."""
 from __future__ import annotations
 
 import math
@@ -75,13 +81,19 @@ def state_slots(config: ModelConfig, max_num_seqs: int, prefix_caching: bool
     """(live, checkpoint) state slots of a hybrid model's pool: one a running sequence,
     and a quarter as many (at least one) for the prefix cache's checkpoints, the states
     of the few prefixes that recur (system prompts); (0, 0) without recurrent layers."""
+    if config.encoder is not None:   # cross-attention K/V: no prefix cache of audio
+        return max_num_seqs, 0
     if not config.linear_layers:
         return 0, 0
     return max_num_seqs, max(1, max_num_seqs // CHECKPOINTS_PER_LIVE) if prefix_caching else 0
 
 
-def state_bytes(config: ModelConfig, slots: int) -> int:
-    """The state pool of `slots` sequences in every recurrent layer."""
+def state_bytes(config: ModelConfig, slots: int, dtype: str = "bf16") -> int:
+    """The state pool of `slots` sequences in every recurrent layer (an encoder-decoder's:
+    every decoder layer's cross-attention K and V in the KV dtype)."""
+    if config.encoder is not None:
+        return (2 * slots * config.num_layers * config.kv_size * config.encoder.positions
+                * KV_DTYPE_BYTES[dtype])
     if config.delta_net is None:
         return 0
     return 4 * slots * len(config.linear_layers) * config.delta_net.state_floats
@@ -117,9 +129,10 @@ class KVCache:
                              f"{num_blocks}, {num_window_blocks}, {block_size}")
         if dtype not in KV_DTYPE_BYTES:
             raise ValueError(f"KV cache dtype must be 'bf16' or 'f32', got {dtype!r}")
-        if config.linear_layers and state_slots < 1:
-            raise ValueError(f"a hybrid model's cache needs state_slots >= 1 (one a running "
-                             f"sequence), got {state_slots}")
+        stateful = bool(config.linear_layers) or config.encoder is not None
+        if stateful and state_slots < 1:
+            raise ValueError(f"a hybrid or encoder-decoder model's cache needs state_slots "
+                             f">= 1 (one a running sequence), got {state_slots}")
         np_dtype = np.uint16 if dtype == "bf16" else np.float32
         self.groups = kv_groups(config, num_blocks, num_window_blocks)
         # each layer's group (a recurrent layer's: 0, whose batch carries the state slots)
@@ -143,7 +156,7 @@ class KVCache:
                 self.group_of[layer] = g
                 self.k[layer], self.v[layer] = k[j], v[j]
         self.block_size, self.dtype = block_size, dtype
-        self.state_slots = state_slots if config.linear_layers else 0
+        self.state_slots = state_slots if stateful else 0
         self.conv_state: list[np.ndarray | None] = [None] * config.num_layers
         self.delta_state: list[np.ndarray | None] = [None] * config.num_layers
         d = config.delta_net
@@ -152,6 +165,15 @@ class KVCache:
                                               np.float32)
             self.delta_state[layer] = np.zeros((state_slots, d.v_heads, d.k_dim, d.v_dim),
                                                np.float32)
+        # an encoder-decoder's cross-attention K and V, per decoder layer
+        self.cross_k: list[np.ndarray] = []
+        self.cross_v: list[np.ndarray] = []
+        if config.encoder is not None:
+            shape = (state_slots, config.num_kv_heads, config.encoder.positions,
+                     config.head_dim)
+            for _ in range(config.num_layers):
+                self.cross_k.append(np.zeros(shape, np_dtype))
+                self.cross_v.append(np.zeros(shape, np_dtype))
 
     @property
     def num_blocks(self) -> int:
@@ -169,7 +191,11 @@ class KVCache:
 
     @property
     def state_nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.conv_state, *self.delta_state) if a is not None)
+        return sum(a.nbytes for a in self._state_arrays())
+
+    def _state_arrays(self) -> list[np.ndarray]:
+        return [a for a in (*self.conv_state, *self.delta_state, *self.cross_k, *self.cross_v)
+                if a is not None]
 
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
         """Copies whole state slots (src, dst) in every recurrent layer: a forked
@@ -178,9 +204,8 @@ class KVCache:
             return
         src = np.fromiter((c[0] for c in copies), np.intp, len(copies))
         dst = np.fromiter((c[1] for c in copies), np.intp, len(copies))
-        for a in (*self.conv_state, *self.delta_state):
-            if a is not None:
-                a[dst] = a[src]
+        for a in self._state_arrays():
+            a[dst] = a[src]
 
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copies whole blocks (group, src, dst) in every layer of the group: copy on

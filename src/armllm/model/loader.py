@@ -153,6 +153,8 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
     config, source, gguf = _open(path)
     if (note := arch.of(config).text_only_note(config)) and (comm is None or comm.rank == 0):
         log.info("%s", note)
+    if config.encoder is not None:   # an encoder-decoder (Whisper): model/whisper.py
+        return _load_encoder_decoder(path, config, dtype, quantization, progress, comm)
     shard_config, vocab_bounds = config, None
     if comm is not None:
         plan = _shard_plans(config, source, comm.ranks, quantization)[comm.rank]
@@ -170,6 +172,18 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
                        _read_json(path / "tokenizer_config.json"),
                        _read_json(path / "generation_config.json"),
                        pooling=pooling_from_dir(path))
+
+
+def _load_encoder_decoder(path: Path, config: ModelConfig, dtype: WeightDtype, quantization,
+                          progress, comm) -> LoadedModel:
+    from armllm.model import whisper
+    if comm is not None:
+        raise ValueError(f"{config.architecture}: tensor parallel does not split an "
+                         f"encoder-decoder; run it on one rank (data parallel replicas do)")
+    model = whisper.load(path, config, dtype, quantization, progress)
+    return LoadedModel(path, config, model, _hf_tokenizer(path),
+                       _read_json(path / "tokenizer_config.json"),
+                       _read_json(path / "generation_config.json"))
 
 
 def _hf_tokenizer(path: Path) -> Tokenizer:

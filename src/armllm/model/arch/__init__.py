@@ -10,13 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from armllm.model.arch import gemma3, gpt_oss, llama, mixtral, phi3, qwen3_5, qwen3_moe
+from armllm.model.arch import gemma3, gpt_oss, llama, mixtral, phi3, qwen3_5, qwen3_moe, whisper
 from armllm.model.arch.base import Architecture, TensorRef
 from armllm.model.config import ModelConfig
 
 FAMILIES: tuple[Architecture, ...] = (
     *(m.ARCHITECTURE for m in (llama, mixtral, qwen3_moe, gpt_oss, gemma3, phi3)),
-    qwen3_5.ARCHITECTURE, qwen3_5.MOE_ARCHITECTURE)
+    qwen3_5.ARCHITECTURE, qwen3_5.MOE_ARCHITECTURE, whisper.ARCHITECTURE)
 HF_ARCHITECTURES: dict[str, Architecture] = {
     name: f for f in FAMILIES for name in f.hf_architectures}
 # a GGUF architecture -> the families that run its files (runs_gguf tells which)

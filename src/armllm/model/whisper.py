@@ -1,0 +1,379 @@
+"""whisper: the encoder-decoder model Whisper runs as (its family's config and tensor
+names are model/arch/whisper.py's), over packed weights and a WhisperWorkspace.
+
+The encoder turns one 30 s window of log-mel features [n_mels, 3000] into 1500
+frames: conv1d (k 3) + GELU, conv1d (k 3, stride 2) + GELU (each an im2col and a
+GEMM), plus fixed sinusoidal positions, then pre-LayerNorm layers of bidirectional
+attention and a GELU MLP. Its output is read only through each decoder layer's
+cross-attention K and V, so `encode` writes those straight into the sequence's
+slot of the cross-attention pool (model/kv_cache.py) and keeps nothing else.
+The decoder is a pre-LayerNorm transformer over learned positions: causal
+self-attention over the paged KV cache, cross-attention of every row over its
+sequence's encoder frames, a GELU MLP, and logits from the tied token embedding,
+each a kernel call over the workspace's buffers. The engine runs a sequence's
+encoder with its first prefill chunk (engine/runner.py)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from armllm import ops
+from armllm.model.arch.whisper import CONV_TAPS, DEC, ENC, LN_EPS, MAX_TIMESCALE
+from armllm.model.config import ModelConfig
+from armllm.model.kv_cache import KVCache
+from armllm.model.quantize import Scheme, quantize_rtn
+
+
+# ---------------------------------------------------------------- weights
+
+@dataclass
+class Linear:
+    """A packed weight [N, K] and its bias [N] (None: none)."""
+    weight: ops.PackedWeight
+    bias: np.ndarray | None
+
+
+@dataclass
+class LayerNorm:
+    weight: np.ndarray
+    bias: np.ndarray
+
+
+@dataclass
+class EncoderLayer:
+    attn_norm: LayerNorm
+    qkv: Linear            # [q | k | v]; k's bias is zero (Whisper's k_proj has none)
+    out: Linear
+    mlp_norm: LayerNorm
+    fc1: Linear
+    fc2: Linear
+
+
+@dataclass
+class DecoderLayer:
+    attn_norm: LayerNorm
+    qkv: Linear
+    out: Linear
+    cross_norm: LayerNorm
+    cross_q: Linear
+    cross_kv: Linear       # [k | v] of the encoder's output, run once a window
+    cross_out: Linear
+    mlp_norm: LayerNorm
+    fc1: Linear
+    fc2: Linear
+
+
+@dataclass
+class WhisperWeights:
+    conv1: Linear                  # [hidden, n_mels * 3], columns (channel, tap)
+    conv2: Linear                  # [hidden, hidden * 3]
+    encoder_positions: np.ndarray  # [positions, hidden] float32
+    encoder_layers: list[EncoderLayer]
+    encoder_norm: LayerNorm
+    embed: np.ndarray              # [vocab, hidden] float32 or bf16 bits
+    decoder_positions: np.ndarray  # [max target positions, hidden] float32
+    decoder_layers: list[DecoderLayer]
+    decoder_norm: LayerNorm
+    lm_head: ops.PackedWeight      # the token embedding, packed
+    quantization: str | None = None
+
+
+class WhisperTensors:
+    """Tensors under Hugging Face's WhisperForConditionalGeneration names: `float(name)`
+    as float32, `int8(name)` as (q int8 [N, K], per-row d) for a weight stored so
+    (CTranslate2's int8), else None. `source` names where they come from."""
+    source: str
+
+    def float(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def int8(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        return None
+
+    def has(self, name: str) -> bool:
+        raise NotImplementedError
+
+
+class SafetensorsWhisper(WhisperTensors):
+    def __init__(self, model_dir: Path):
+        from armllm.model.safetensors_file import SafetensorsCheckpoint
+        self.ckpt, self.source = SafetensorsCheckpoint(model_dir), str(model_dir)
+
+    def has(self, name: str) -> bool:
+        return name in self.ckpt
+
+    def float(self, name: str) -> np.ndarray:
+        if name not in self.ckpt:
+            raise ValueError(f"{self.source}: missing tensor {name}")
+        a = self.ckpt.array(name)
+        return ops.bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+
+
+def sinusoids(length: int, channels: int) -> np.ndarray:
+    """Whisper's encoder positions: sin then cos of length positions at channels / 2
+    geometric timescales from 1 to MAX_TIMESCALE."""
+    half = channels // 2
+    increment = np.log(MAX_TIMESCALE) / (half - 1)
+    inv = np.exp(-increment * np.arange(half, dtype=np.float64))
+    t = np.arange(length, dtype=np.float64)[:, None] * inv[None, :]
+    return np.concatenate([np.sin(t), np.cos(t)], axis=1).astype(np.float32)
+
+
+def load_whisper(tensors: WhisperTensors, c: ModelConfig, dtype: str = "bf16",
+                 quantization: str | Scheme = "auto", progress=None) -> WhisperWeights:
+    """Packs every tensor: float weights in `dtype` (or quantized at load by a Scheme),
+    int8 ones ("auto") as stored on the W8A8 kernels; norms, biases and positions float32."""
+    e = c.encoder
+    kinds: set[str] = set()
+
+    def linear(names: list[str], biases: list[str]) -> Linear:
+        """The weights `names` stacked by rows, with their biases (zeros where a part
+        has none: Whisper's k_proj)."""
+        stored = [tensors.int8(n) for n in names] if quantization != "none" else [None]
+        if all(s is not None for s in stored):
+            parts = [s[0] for s in stored]
+            weight = ops.pack_quantized(np.concatenate(parts),
+                                        np.concatenate([s[1] for s in stored]), bits=8, group=0)
+            kinds.add("int8 as stored (W8A8)")
+        else:
+            parts = [tensors.float(n) for n in names]
+            w = np.concatenate(parts)
+            if isinstance(quantization, Scheme):
+                m = quantize_rtn(w, quantization)
+                weight = ops.pack_quantized(m.q, m.d, m.o, m.bits, m.group)
+                kinds.add(quantization.label)
+            else:
+                weight = ops.pack_weight(w, dtype)
+                kinds.add(dtype)
+        bias = np.concatenate([tensors.float(b) if tensors.has(b)
+                               else np.zeros(len(part), np.float32)
+                               for b, part in zip(biases, parts, strict=True)])
+        return Linear(weight, np.ascontiguousarray(bias, np.float32))
+
+    def norm(prefix: str) -> LayerNorm:
+        return LayerNorm(tensors.float(prefix + ".weight"), tensors.float(prefix + ".bias"))
+
+    def attention(p: str) -> tuple[Linear, Linear]:
+        proj = [p + f"{n}_proj." for n in "qkv"]
+        return (linear([n + "weight" for n in proj], [n + "bias" for n in proj]),
+                linear([p + "out_proj.weight"], [p + "out_proj.bias"]))
+
+    def mlp(p: str) -> tuple[Linear, Linear]:
+        return (linear([p + "fc1.weight"], [p + "fc1.bias"]),
+                linear([p + "fc2.weight"], [p + "fc2.bias"]))
+
+    enc_layers = []
+    for i in range(e.layers):
+        p = f"{ENC}layers.{i}."
+        qkv, out = attention(p + "self_attn.")
+        fc1, fc2 = mlp(p)
+        enc_layers.append(EncoderLayer(norm(p + "self_attn_layer_norm"), qkv, out,
+                                       norm(p + "final_layer_norm"), fc1, fc2))
+        if progress:
+            progress(i + 1, e.layers + c.num_layers)
+    dec_layers = []
+    for i in range(c.num_layers):
+        p = f"{DEC}layers.{i}."
+        qkv, out = attention(p + "self_attn.")
+        x = p + "encoder_attn."
+        cross_q = linear([x + "q_proj.weight"], [x + "q_proj.bias"])
+        cross_kv = linear([x + "k_proj.weight", x + "v_proj.weight"],
+                          [x + "k_proj.bias", x + "v_proj.bias"])
+        cross_out = linear([x + "out_proj.weight"], [x + "out_proj.bias"])
+        fc1, fc2 = mlp(p)
+        dec_layers.append(DecoderLayer(norm(p + "self_attn_layer_norm"), qkv, out,
+                                       norm(p + "encoder_attn_layer_norm"), cross_q, cross_kv,
+                                       cross_out, norm(p + "final_layer_norm"), fc1, fc2))
+        if progress:
+            progress(e.layers + i + 1, e.layers + c.num_layers)
+    conv = [_conv_matrix(tensors.float(f"{ENC}conv{j}.weight")) for j in (1, 2)]
+    embed = tensors.float(f"{DEC}embed_tokens.weight")
+    positions = tensors.float(f"{ENC}embed_positions.weight") \
+        if tensors.has(f"{ENC}embed_positions.weight") else sinusoids(e.positions, e.hidden)
+    return WhisperWeights(
+        conv1=Linear(ops.pack_weight(conv[0], dtype), tensors.float(f"{ENC}conv1.bias")),
+        conv2=Linear(ops.pack_weight(conv[1], dtype), tensors.float(f"{ENC}conv2.bias")),
+        encoder_positions=np.ascontiguousarray(positions[:e.positions]),
+        encoder_layers=enc_layers, encoder_norm=norm(f"{ENC}layer_norm"),
+        embed=ops.f32_to_bf16(embed) if dtype == "bf16" else embed,
+        decoder_positions=tensors.float(f"{DEC}embed_positions.weight"),
+        decoder_layers=dec_layers, decoder_norm=norm(f"{DEC}layer_norm"),
+        lm_head=ops.pack_weight(embed, dtype), quantization=", ".join(sorted(kinds)))
+
+
+def _conv_matrix(w: np.ndarray) -> np.ndarray:
+    """A conv1d weight [out, in, taps] as the GEMM weight [out, in * taps] over im2col
+    columns ordered (channel, tap)."""
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1), np.float32)
+
+
+def _im2col(x: np.ndarray, stride: int) -> np.ndarray:
+    """x [frames, channels] (time-major) padded by one frame each side -> [frames //
+    stride, channels * taps], column (channel, tap) = x[stride * t + tap - 1, channel]."""
+    frames, channels = x.shape
+    padded = np.zeros((frames + 2, channels), np.float32)
+    padded[1:-1] = x
+    out_frames = (frames + 2 - CONV_TAPS) // stride + 1
+    windows = np.lib.stride_tricks.as_strided(
+        padded, (out_frames, channels, CONV_TAPS),
+        (stride * padded.strides[0], padded.strides[1], padded.strides[0]))
+    return np.ascontiguousarray(windows.reshape(out_frames, channels * CONV_TAPS))
+
+
+# ---------------------------------------------------------------- the model
+
+class WhisperWorkspace:
+    """The decoder's buffers for up to max_tokens rows and max_logits logits rows."""
+
+    def __init__(self, c: ModelConfig, max_tokens: int, max_logits: int,
+                 max_split_rows: int = 16, max_seq_len: int | None = None):
+        t, h = max_tokens, c.hidden_size
+        self.max_tokens, self.max_logits = max_tokens, max_logits
+        self.x, self.normed, self.attn = (np.empty((t, h), np.float32) for _ in range(3))
+        self.qkv = np.empty((t, 3 * h), np.float32)
+        self.proj = np.empty((t, h), np.float32)
+        self.mlp = np.empty((t, c.intermediate_size), np.float32)
+        self.selected = np.empty((max_logits, h), np.float32)
+        self.logits = np.empty((max_logits, c.vocab_size), np.float32)
+        self.attn_scratch = np.empty(ops.attn_scratch_len(
+            max_split_rows, c.num_heads, c.head_dim,
+            max(max_seq_len or c.max_position_embeddings, c.encoder.positions)), np.float32)
+
+    @classmethod
+    def nbytes(cls, c: ModelConfig, max_tokens: int, max_logits: int, max_split_rows: int = 16,
+               max_seq_len: int | None = None) -> int:
+        h = c.hidden_size
+        return 4 * (max_tokens * (6 * h + c.intermediate_size)
+                    + max_logits * (h + c.vocab_size)
+                    + ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
+                                           max(max_seq_len or c.max_position_embeddings,
+                                               c.encoder.positions)))
+
+
+def layer_norm(x: np.ndarray, norm: LayerNorm, out: np.ndarray | None = None) -> np.ndarray:
+    return ops.layer_norm(x, norm.weight, norm.bias, LN_EPS, out=out)
+
+
+class WhisperModel:
+    """Whisper's encoder and decoder over packed weights."""
+
+    def __init__(self, config: ModelConfig, weights: WhisperWeights):
+        self.config, self.weights = config, weights
+        self.formats = None   # what the runner's workspace is built with (unused here)
+
+    def new_workspace(self, max_tokens: int, max_logits: int, max_seq_len: int | None = None,
+                      logits_cols: int | None = None) -> WhisperWorkspace:
+        return WhisperWorkspace(self.config, max_tokens, max_logits, max_seq_len=max_seq_len)
+
+    # -- the encoder ----------------------------------------------------------------------
+
+    def encode(self, features: list[np.ndarray], slots: list[int], kv: KVCache) -> None:
+        """Runs the encoder over each window's log-mel features [n_mels, 2 * positions]
+        and writes every decoder layer's cross-attention K and V of it into state slot
+        slots[i] of kv's cross-attention pool."""
+        c, e, w = self.config, self.config.encoder, self.weights
+        frames = 2 * e.positions
+        for f in features:
+            if f.shape != (e.n_mels, frames):
+                raise ValueError(f"encoder input has shape {list(f.shape)}, expected "
+                                 f"[{e.n_mels}, {frames}] (one 30 s window of log-mel features)")
+        for feats, slot in zip(features, slots, strict=True):
+            x = self._encoder_hidden(feats)
+            for layer, k_cache, v_cache in zip(w.decoder_layers, kv.cross_k, kv.cross_v,
+                                               strict=True):
+                kv_rows = ops.linear(x, layer.cross_kv.weight, layer.cross_kv.bias)
+                slots_map = np.arange(slot * e.positions, (slot + 1) * e.positions,
+                                      dtype=np.int32)
+                ops.kv_write(kv_rows[:, :c.hidden_size], kv_rows[:, c.hidden_size:], slots_map,
+                             k_cache, v_cache)
+
+    def _encoder_hidden(self, feats: np.ndarray) -> np.ndarray:
+        """One window's encoder output [positions, hidden] (after the final LayerNorm)."""
+        e, w = self.config.encoder, self.weights
+        x = ops.linear(_im2col(np.ascontiguousarray(feats.T, np.float32), 1), w.conv1.weight,
+                       w.conv1.bias)
+        ops.gelu(x, out=x)
+        x = ops.linear(_im2col(x, 2), w.conv2.weight, w.conv2.bias)
+        ops.gelu(x, out=x)
+        x += w.encoder_positions
+        t, h = x.shape
+        # the window's own K/V: one block of all its frames, attended bidirectionally
+        k_cache = np.empty((1, e.heads, t, e.head_dim), np.float32)
+        v_cache = np.empty_like(k_cache)
+        rows = np.arange(t, dtype=np.int32)
+        table = np.zeros((1, 1), np.int32)
+        lens, starts = np.array([t], np.int32), np.array([0, t], np.int32)
+        normed = np.empty_like(x)
+        mlp = np.empty((t, e.ffn), np.float32)
+        for layer in w.encoder_layers:
+            layer_norm(x, layer.attn_norm, out=normed)
+            qkv = ops.linear(normed, layer.qkv.weight, layer.qkv.bias)
+            ops.kv_write(qkv[:, h:2 * h], qkv[:, 2 * h:], rows, k_cache, v_cache)
+            attn = ops.paged_attention(qkv[:, :h], k_cache, v_cache, table, lens, starts,
+                                       e.heads, e.head_dim ** -0.5, causal=False)
+            x += ops.linear(attn, layer.out.weight, layer.out.bias)
+            layer_norm(x, layer.mlp_norm, out=normed)
+            ops.linear(normed, layer.fc1.weight, layer.fc1.bias, out=mlp)
+            ops.gelu(mlp, out=mlp)
+            x += ops.linear(mlp, layer.fc2.weight, layer.fc2.bias)
+        return layer_norm(x, w.encoder_norm, out=x)
+
+    # -- the decoder ----------------------------------------------------------------------
+
+    def forward(self, meta, kv: KVCache, ws: WhisperWorkspace,
+                copies: list[tuple[int, int, int]] | tuple = (),
+                state_copies: list[tuple[int, int]] | tuple = ()) -> np.ndarray:
+        """Logits [len(meta.logits_rows), vocab] (a view of the workspace) of one batch
+        of decoder rows, each sequence's cross-attention over its state slot's encoder
+        frames (encoded by an earlier or this step's `encode`)."""
+        c, w = self.config, self.weights
+        t, r, h = len(meta.input_ids), len(meta.logits_rows), c.hidden_size
+        if t > ws.max_tokens or r > ws.max_logits:
+            raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
+                             f"({ws.max_tokens} / {ws.max_logits})")
+        if copies:
+            kv.copy_blocks(copies)
+        kv.copy_states(state_copies)
+        x, normed, attn, proj = ws.x[:t], ws.normed[:t], ws.attn[:t], ws.proj[:t]
+        qkv, mlp = ws.qkv[:t], ws.mlp[:t]
+        ops.embedding(meta.input_ids, w.embed, out=x)
+        x += w.decoder_positions[meta.positions]
+        n = len(meta.seq_lens)
+        positions = c.encoder.positions
+        cross_table = meta.state_slots.reshape(n, 1)
+        cross_lens = np.full(n, positions, np.int32)
+        scale = c.head_dim ** -0.5
+        for i, layer in enumerate(w.decoder_layers):
+            layer_norm(x, layer.attn_norm, out=normed)
+            ops.linear(normed, layer.qkv.weight, layer.qkv.bias, out=qkv)
+            ops.kv_write(qkv[:, h:2 * h], qkv[:, 2 * h:], meta.slot_mapping, kv.k[i], kv.v[i])
+            ops.paged_attention(qkv[:, :h], kv.k[i], kv.v[i], meta.block_table, meta.seq_lens,
+                                meta.query_start, c.num_heads, scale, out=attn,
+                                scratch=ws.attn_scratch)
+            x += ops.linear(attn, layer.out.weight, layer.out.bias, out=proj)
+            layer_norm(x, layer.cross_norm, out=normed)
+            q = ops.linear(normed, layer.cross_q.weight, layer.cross_q.bias, out=qkv[:, :h])
+            ops.paged_attention(q, kv.cross_k[i], kv.cross_v[i], cross_table, cross_lens,
+                                meta.query_start, c.num_heads, scale, out=attn,
+                                scratch=ws.attn_scratch, causal=False)
+            x += ops.linear(attn, layer.cross_out.weight, layer.cross_out.bias, out=proj)
+            layer_norm(x, layer.mlp_norm, out=normed)
+            ops.linear(normed, layer.fc1.weight, layer.fc1.bias, out=mlp)
+            ops.gelu(mlp, out=mlp)
+            x += ops.linear(mlp, layer.fc2.weight, layer.fc2.bias, out=proj)
+        if r == 0:
+            return ws.logits[:0]
+        selected = ws.selected[:r]
+        np.take(x, meta.logits_rows, axis=0, out=selected)
+        layer_norm(selected, w.decoder_norm, out=selected)
+        return ops.linear(selected, w.lm_head, out=ws.logits[:r])
+
+
+def load(path: Path, c: ModelConfig, dtype: str, quantization: str | Scheme,
+         progress: Callable | None = None) -> WhisperModel:
+    """The Whisper model of a safetensors directory."""
+    return WhisperModel(c, load_whisper(SafetensorsWhisper(path), c, dtype, quantization,
+                                        progress))
