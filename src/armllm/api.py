@@ -132,13 +132,13 @@ class _LLMBase:
         """Token ids run from 0 to vocab_size - 1."""
         return self.loaded.config.vocab_size
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams
-                      ) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams,
+                      encoder_input=None) -> None:
         """Raises RequestRejected (a ValueError naming the value and, in `field`, what
         to change) if this request could never be served, whatever the load (see
         LLMEngine.check_request). Reads only the engine's fixed limits, so any thread
         may call it."""
-        self.engine.check_request(prompt_ids, params)
+        self.engine.check_request(prompt_ids, params, encoder_input)
 
 class LLM(_LLMBase):
     """A model loaded for in-process, synchronous generation."""
@@ -252,18 +252,19 @@ class AsyncLLM(_LLMBase):
         self._client: EngineClient = self._router or local
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
-                       request_id: str | None = None, priority: int = 0
-                       ) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, priority: int = 0,
+                       encoder_input=None) -> AsyncIterator[RequestOutput]:
         """Yields the request's RequestOutput after every step that changed it
         (cumulative text and ids, with this step's part in the *_delta/new_* fields);
         the last one has finished=True. Raises ValueError (RequestRejected: see
         check_request) for a bad request before anything is queued, EngineClosed
         after shutdown. Closing the iterator early, or cancelling the task consuming
-        it, aborts the request."""
+        it, aborts the request. encoder_input: an encoder-decoder's (Whisper's) one
+        window of log-mel features [n_mels, frames] (armllm.audio)."""
         params = params or self.default_sampling_params()
         request_id = request_id or f"req-{uuid.uuid4().hex}"
         ids = self.prompt_ids(prompt)
-        self.check_request(ids, params)
+        self.check_request(ids, params, encoder_input)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[StepOutput] = asyncio.Queue()
 
@@ -273,7 +274,7 @@ class AsyncLLM(_LLMBase):
         collector = OutputCollector(request_id, ids, params.n, params.logprobs is not None)
         try:
             await asyncio.wrap_future(self._client.add(request_id, ids, params, sink,
-                                                       priority))
+                                                       priority, encoder_input))
         except asyncio.CancelledError:  # the engine may have taken it already
             self._client.abort(request_id)
             raise
@@ -301,7 +302,7 @@ class AsyncLLM(_LLMBase):
 
         try:
             await asyncio.wrap_future(self._client.add(request_id, ids, params, sink,
-                                                       priority))
+                                                       priority, encoder_input))
             out = await result
         except asyncio.CancelledError:
             self._client.abort(request_id)

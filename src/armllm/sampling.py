@@ -6,6 +6,7 @@ a greedy one by numpy's vectorized argmax; penalties and log-probabilities,
 which only some requests ask for, stay in numpy."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,11 @@ class SamplingParams:
     # what the output must match (a StructuredOutput or a dict of its fields):
     # the grammar's token mask applies before penalties, temperature, top-k/p
     structured_output: StructuredOutput | dict | None = None
+    # callables (output_ids, logits_row) -> None that edit a completion's float32 logits
+    # row in place before penalties and sampling, in order, after the grammar's mask
+    # (Whisper's timestamp rules: armllm/audio/logits.py); each sees only its own
+    # completion's rows, so a request with n > 1 shares them
+    logits_processors: tuple[Callable[[list[int], np.ndarray], None], ...] = ()
 
     def __post_init__(self):
         def bad(name: str, why: str) -> ValueError:
@@ -73,6 +79,9 @@ class SamplingParams:
                                           or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
         self.structured_output = StructuredOutput.coerce(self.structured_output)
+        self.logits_processors = tuple(self.logits_processors)
+        if not all(callable(p) for p in self.logits_processors):
+            raise bad("logits_processors", "must be callables (output_ids, logits_row)")
 
     @property
     def greedy(self) -> bool:
@@ -119,6 +128,8 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     top-k, then min-p and top-p on the candidates' softmax, then the token whose
     interval of the kept mass (in id order) holds u. scratch: sample_scratch(len(row)),
     allocated for the call when not given."""
+    for processor in params.logits_processors:
+        processor(output_ids, row)
     raw_logprobs = _log_softmax(row) if params.logprobs is not None else None
     apply_penalties(row, params, prompt_ids, output_ids)
     if params.greedy:
