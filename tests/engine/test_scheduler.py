@@ -30,6 +30,22 @@ def test_chunked_prefill_respects_the_budget_and_decodes_go_first():
     assert len(b.output_ids) == 1
 
 
+def test_encoder_frames_count_against_the_budget():
+    """An encoder-decoder's window is encoded with its first chunk: a step admits as
+    many new windows as the budget holds, and always at least one."""
+    sim = SimEngine(max_num_seqs=8, max_tokens=2000)
+    seqs = [sim.add(r, [1, 2, 3], max_tokens=3) for r in "abcd"]
+    for seq in seqs:
+        seq.encoder_len = 1500 if seq.request_id != "d" else 0
+    admitted = [[s.seq.request_id for s in sim.step().scheduled] for _ in range(3)]
+    # a (3 + 1500 of 2000), then b beside a's decode, then c beside a's and b's decodes,
+    # and d (no encoder) in what c leaves: first come, first served
+    assert admitted[0] == ["a"]
+    assert admitted[1] == ["a", "b"]
+    assert admitted[2] == ["a", "b", "c", "d"]
+    sim.check()
+
+
 def test_sequence_cap_and_fcfs_admission():
     sim = SimEngine(max_num_seqs=2, max_tokens=100)
     for r in "abc":

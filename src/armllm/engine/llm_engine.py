@@ -141,6 +141,7 @@ class LLMEngine:
         if encoder_input is not None:   # its KV depends on the audio: no prefix cache
             state.encoder_input = np.ascontiguousarray(encoder_input, np.float32)
             seq.reuse_prefix = False
+            seq.encoder_len = self.loaded.config.encoder.positions
         if isinstance(params, PoolingParams):
             state.pool = PoolState(self.loaded.pooling, params)
             seq.reuse_prefix = not self.loaded.pooling.reads_every_row

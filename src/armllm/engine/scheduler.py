@@ -5,7 +5,9 @@ Each step has a token budget (max_num_batched_tokens) and a sequence cap
 prompts that are still being prefilled, then waiting requests in priority
 order (lower first, first come first served among equals). A prompt longer
 than what is left of the budget is prefilled in chunks over several steps,
-so it never holds running decodes back for more than one step. A new request
+so it never holds running decodes back for more than one step. An
+encoder-decoder's request (Whisper) runs its encoder over a window with its
+first chunk, and those frames count against the budget too. A new request
 starts after the longest prefix of its prompt found in the prefix cache. The
 block manager is asked once per sequence and step (allocate_slots) whether its
 tokens fit, and gives them their blocks if they do.
@@ -162,6 +164,11 @@ class Scheduler:
                 break
             prefix = self.blocks.cached_prefix(seq)
             n = self._chunk(seq, prefix.num_tokens, budget)
+            # an encoder-decoder's window is encoded with its first chunk: its frames
+            # count against the budget, though a step always admits at least one
+            encode = seq.encoder_len if seq.num_computed == 0 else 0
+            if encode and out.scheduled and n + encode > budget:
+                break
             copies = self.blocks.allocate_slots(seq, prefix.num_tokens + n, prefix)
             if copies is None:
                 break
@@ -174,7 +181,7 @@ class Scheduler:
             self._admitted[seq] = next(self._admission)
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n))
-            budget -= n
+            budget -= n + encode
             slots += seq.num_forks_pending + 1
         if out.scheduled:
             self.num_steps += 1

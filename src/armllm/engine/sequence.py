@@ -51,6 +51,7 @@ class Sequence:
     num_forks_pending: int = 0       # completions still to fork off when the prompt is done
     finish_reason: str | None = None
     reuse_prefix: bool = True        # False: every prompt row must run (not from the cache)
+    encoder_len: int = 0             # an encoder-decoder's frames its first chunk encodes
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 
     @property
