@@ -27,7 +27,8 @@ class HeldReplica:
         self.alive = True
         self.sinks: dict[str, object] = {}
 
-    def add(self, request_id, prompt_ids, params, sink, priority=0) -> Future:
+    def add(self, request_id, prompt_ids, params, sink, priority=0, encoder_input=None
+            ) -> Future:
         self.sinks[request_id] = sink
         return Future()
 
