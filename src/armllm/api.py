@@ -302,7 +302,7 @@ class AsyncLLM(_LLMBase):
 
         try:
             await asyncio.wrap_future(self._client.add(request_id, ids, params, sink,
-                                                       priority, encoder_input))
+                                                       priority))
             out = await result
         except asyncio.CancelledError:
             self._client.abort(request_id)
