@@ -15,6 +15,7 @@ from armllm.model import arch
 from armllm.model.arch import config_from_gguf, load_hf_config
 from armllm.model.compressed_tensors import parse_config
 from armllm.model.config import ModelConfig
+from armllm.model.ctranslate2 import CT2File
 from armllm.model.decoder import DecoderModel
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
@@ -23,6 +24,7 @@ from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
 from armllm.model.weights import Quantization, WeightDtype, head_tensor_name, load_weights
+from armllm.model.whisper import is_ct2_dir
 
 log = logging.getLogger("armllm")
 
@@ -120,6 +122,8 @@ def _open(path: Path) -> tuple[ModelConfig, HFSource | GGUFSource, GGUFFile | No
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
         return config, GGUFSource(gguf, config), gguf
+    if is_ct2_dir(path):   # CTranslate2's layout (faster-whisper's models)
+        return ct2_config(path), None, None
     config = load_hf_config(path)
     ct = parse_config(_read_json(path / "config.json"), str(path / "config.json"))
     source = HFSource(path, ct, config)
@@ -131,6 +135,9 @@ def _open(path: Path) -> tuple[ModelConfig, HFSource | GGUFSource, GGUFFile | No
 
 def _shard_plans(config: ModelConfig, source, ranks: int, quantization: Quantization
                  ) -> list[ShardPlan]:
+    if config.encoder is not None:
+        raise ValueError(f"{config.architecture}: tensor parallel does not split an "
+                         f"encoder-decoder; run it on one rank (data parallel replicas do)")
     return plan_shards(config, ranks, k_unit(source, config, quantization))
 
 
@@ -174,16 +181,28 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
                        pooling=pooling_from_dir(path))
 
 
+def ct2_config(path: Path) -> ModelConfig:
+    """The config of a CTranslate2 directory: its spec's family reads the shapes of
+    model.bin's variables; the EOS and start tokens come from its tokenizer.json."""
+    model_bin = CT2File(path / "model.bin")
+    family = arch.for_ct2(model_bin.spec, str(path / "model.bin"))
+    shapes = {n: model_bin.variable(n).shape for n in model_bin.names()}
+    scalars = {n: int(model_bin.array(n)) for n in model_bin.names() if not shapes[n]}
+    tokenizer = _hf_tokenizer(path)
+    return family.config_from_ct2(shapes, scalars, tokenizer.token_to_id("<|endoftext|>"),
+                                  tokenizer.token_to_id("<|startoftranscript|>"))
+
+
 def _load_encoder_decoder(path: Path, config: ModelConfig, dtype: WeightDtype, quantization,
                           progress, comm) -> LoadedModel:
     from armllm.model import whisper
     if comm is not None:
-        raise ValueError(f"{config.architecture}: tensor parallel does not split an "
-                         f"encoder-decoder; run it on one rank (data parallel replicas do)")
+        _shard_plans(config, None, comm.ranks, quantization)   # refuses
     model = whisper.load(path, config, dtype, quantization, progress)
+    generation = _read_json(path / "generation_config.json") or \
+        {"eos_token_id": list(config.eos_token_ids)}
     return LoadedModel(path, config, model, _hf_tokenizer(path),
-                       _read_json(path / "tokenizer_config.json"),
-                       _read_json(path / "generation_config.json"))
+                       _read_json(path / "tokenizer_config.json"), generation)
 
 
 def _hf_tokenizer(path: Path) -> Tokenizer:

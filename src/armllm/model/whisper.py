@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from armllm import ops
-from armllm.model.arch.whisper import CONV_TAPS, DEC, ENC, LN_EPS, MAX_TIMESCALE
+from armllm.model.arch.whisper import CONV_TAPS, DEC, ENC, LN_EPS, MAX_TIMESCALE, ct2_tensor
 from armllm.model.config import ModelConfig
 from armllm.model.kv_cache import KVCache
 from armllm.model.quantize import Scheme, quantize_rtn
@@ -112,6 +112,39 @@ class SafetensorsWhisper(WhisperTensors):
         return ops.bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
 
 
+class CT2Whisper(WhisperTensors):
+    """A CTranslate2 directory's model.bin under Hugging Face's names (model/arch/
+    whisper.py's ct2_tensor): float16/bfloat16/float32 as float32, int8 weights as
+    stored (CTranslate2's per-row scales)."""
+
+    def __init__(self, model_dir: Path, config: ModelConfig):
+        from armllm.model.ctranslate2 import CT2File
+        self.file, self.source = CT2File(Path(model_dir) / "model.bin"), str(model_dir)
+        self.hidden = config.hidden_size
+
+    def _where(self, name: str) -> tuple[str, tuple[int, int] | None]:
+        return ct2_tensor(name, self.hidden)
+
+    def has(self, name: str) -> bool:
+        return self.file.has(self._where(name)[0])
+
+    def float(self, name: str) -> np.ndarray:
+        where, rows = self._where(name)
+        v = self.file.variable(where)
+        a = self.file.dequantize(where) if v.dtype in ("int8", "int16") else \
+            self.file.array(where)
+        a = ops.bf16_to_f32(a) if v.dtype == "bfloat16" else a.astype(np.float32)
+        return a if rows is None else a[rows[0]:rows[0] + rows[1]]
+
+    def int8(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        where, rows = self._where(name)
+        if self.file.variable(where).dtype != "int8":
+            return None
+        q, d = self.file.int8_rows(where)
+        return (q, d) if rows is None else (q[rows[0]:rows[0] + rows[1]],
+                                            d[rows[0]:rows[0] + rows[1]])
+
+
 def sinusoids(length: int, channels: int) -> np.ndarray:
     """Whisper's encoder positions: sin then cos of length positions at channels / 2
     geometric timescales from 1 to MAX_TIMESCALE."""
@@ -189,6 +222,8 @@ def load_whisper(tensors: WhisperTensors, c: ModelConfig, dtype: str = "bf16",
                                        cross_out, norm(p + "final_layer_norm"), fc1, fc2))
         if progress:
             progress(e.layers + i + 1, e.layers + c.num_layers)
+    # the tied head: int8 as stored (CTranslate2's int8 conversions), else in dtype
+    head = linear([f"{DEC}embed_tokens.weight"], [f"{DEC}embed_tokens.bias"])
     conv = [_conv_matrix(tensors.float(f"{ENC}conv{j}.weight")) for j in (1, 2)]
     embed = tensors.float(f"{DEC}embed_tokens.weight")
     positions = tensors.float(f"{ENC}embed_positions.weight") \
@@ -201,7 +236,7 @@ def load_whisper(tensors: WhisperTensors, c: ModelConfig, dtype: str = "bf16",
         embed=ops.f32_to_bf16(embed) if dtype == "bf16" else embed,
         decoder_positions=tensors.float(f"{DEC}embed_positions.weight"),
         decoder_layers=dec_layers, decoder_norm=norm(f"{DEC}layer_norm"),
-        lm_head=ops.pack_weight(embed, dtype), quantization=", ".join(sorted(kinds)))
+        lm_head=head.weight, quantization=", ".join(sorted(kinds)))
 
 
 def _conv_matrix(w: np.ndarray) -> np.ndarray:
@@ -374,6 +409,12 @@ class WhisperModel:
 
 def load(path: Path, c: ModelConfig, dtype: str, quantization: str | Scheme,
          progress: Callable | None = None) -> WhisperModel:
-    """The Whisper model of a safetensors directory."""
-    return WhisperModel(c, load_whisper(SafetensorsWhisper(path), c, dtype, quantization,
-                                        progress))
+    """The Whisper model of a safetensors or CTranslate2 directory."""
+    tensors = CT2Whisper(path, c) if is_ct2_dir(path) else SafetensorsWhisper(path)
+    return WhisperModel(c, load_whisper(tensors, c, dtype, quantization, progress))
+
+
+def is_ct2_dir(path: Path) -> bool:
+    """A CTranslate2 model directory (model.bin) rather than a safetensors one."""
+    path = Path(path)
+    return (path / "model.bin").is_file() and not any(path.glob("*.safetensors"))

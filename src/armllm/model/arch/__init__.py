@@ -25,7 +25,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[Architecture, ...]] = {
     for family in FAMILIES for name in family.gguf_architectures}
 
 __all__ = ["Architecture", "TensorRef", "FAMILIES", "HF_ARCHITECTURES", "GGUF_ARCHITECTURES",
-           "for_hf", "for_gguf", "of", "config_from_hf", "config_from_gguf", "load_hf_config"]
+           "for_hf", "for_gguf", "for_ct2", "of", "config_from_hf", "config_from_gguf", "load_hf_config"]
 
 
 def for_hf(cfg: dict[str, Any], source: str) -> tuple[Architecture, str]:
@@ -45,6 +45,18 @@ def for_gguf(meta: dict[str, Any], source: str) -> tuple[Architecture, str]:
         raise ValueError(f"{source}: unsupported GGUF architecture {name!r} (supported: "
                          f"{', '.join(GGUF_ARCHITECTURES)})")
     return next(f for f in GGUF_ARCHITECTURES[name] if f.runs_gguf(meta)), name
+
+
+# a CTranslate2 model.bin's spec name -> the family that runs it
+CT2_SPECS: dict[str, Architecture] = {"WhisperSpec": whisper.ARCHITECTURE}
+
+
+def for_ct2(spec: str, source: str) -> Architecture:
+    """The family that runs a CTranslate2 model.bin of this spec."""
+    if spec not in CT2_SPECS:
+        raise ValueError(f"{source}: unsupported CTranslate2 model {spec!r} (supported: "
+                         f"{', '.join(CT2_SPECS)})")
+    return CT2_SPECS[spec]
 
 
 def of(config: ModelConfig) -> Architecture:
