@@ -25,7 +25,8 @@ GGUF_ARCHITECTURES: dict[str, tuple[Architecture, ...]] = {
     for family in FAMILIES for name in family.gguf_architectures}
 
 __all__ = ["Architecture", "TensorRef", "FAMILIES", "HF_ARCHITECTURES", "GGUF_ARCHITECTURES",
-           "for_hf", "for_gguf", "for_ct2", "of", "config_from_hf", "config_from_gguf", "load_hf_config"]
+           "for_hf", "for_gguf", "for_ct2", "of", "config_from_hf", "config_from_gguf",
+           "load_hf_config"]
 
 
 def for_hf(cfg: dict[str, Any], source: str) -> tuple[Architecture, str]:
