@@ -117,8 +117,10 @@ def pad_or_trim(features: np.ndarray, frames: int = N_FRAMES) -> np.ndarray:
 
 def features_for_file(audio: np.ndarray, n_mels: int) -> np.ndarray:
     """[n_mels, len(audio) // 160 + 1]: the whole file's features as faster-whisper's
-    `WhisperModel.transcribe` computes them (one hop of zeros appended; the loudest value
-    of the whole file sets the floor). Its long-form decoding treats the last frame as
-    padding (content frames = shape[-1] - 1) and feeds windows
-    `pad_or_trim(features[:, seek:seek + min(3000, content - seek)])`."""
+    `WhisperModel.transcribe` computes them: one hop of zeros appended (not Whisper's
+    30 s), and the loudest value of the whole file sets the floor of every window. Its
+    long-form decoding counts content = shape[-1] - 1 frames and encodes windows
+    `pad_or_trim(features[:, seek:seek + min(3000, content - seek)])`, so a short last
+    window is padded with 0.0 in feature space, where Whisper's reference would have
+    the features of silence (the floor)."""
     return log_mel_spectrogram(audio, n_mels, padding=HOP_LENGTH)
