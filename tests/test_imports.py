@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("server", ("armllm.server", "armllm.ray")),
     ("api", ("armllm.api", "armllm")),  # the package's __init__ re-exports api's names
     ("engine", ("armllm.engine", "armllm.sampling", "armllm.structured_output")),
-    ("model", ("armllm.model",)),
+    ("model", ("armllm.model", "armllm.audio")),  # audio: decoding files, Whisper's features
     ("ops", ("armllm.ops",)),
     ("_kernels", ("armllm._kernels",)),
     # leaves, importing nothing of armllm above them, so that every layer may use them
