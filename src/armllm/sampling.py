@@ -6,6 +6,7 @@ a greedy one by numpy's vectorized argmax; penalties and log-probabilities,
 which only some requests ask for, stay in numpy."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +41,9 @@ class SamplingParams:
     # what the output must match (a StructuredOutput or a dict of its fields):
     # the grammar's token mask applies before penalties, temperature, top-k/p
     structured_output: StructuredOutput | dict | None = None
+    # run in order on each sampled position's raw logits row, in place, with the tokens
+    # sampled so far (not the prompt): Whisper's decoding rules (audio/logits.py)
+    logits_processors: tuple[Callable[[list[int], np.ndarray], None], ...] = ()
 
     def __post_init__(self):
         def bad(name: str, why: str) -> ValueError:

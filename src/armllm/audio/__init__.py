@@ -1,0 +1,1 @@
+"""Speech to text: Whisper's audio input, tokens, decoding rules and output formats."""
