@@ -118,7 +118,7 @@ def test_timestamp_forcing_happens_and_matches():
 @pytest.mark.parametrize("max_initial", [None, 0, 50, 1500])
 def test_timestamp_rules_random_histories(max_initial):
     rng = np.random.default_rng(0 if max_initial is None else max_initial + 1)
-    for _ in range(60):
+    for _ in range(30):
         history = random_history(rng)
         row = random_row(rng, float(rng.choice([0.0, 5.0, 10.0])))
         ours = run_ours(ApplyTimestampRules(EOT, NO_TIMESTAMPS, BEGIN, max_initial), history, row)

@@ -121,6 +121,16 @@ def test_greedy_equals_faster_whisper(tiny_en, clip, request):
     assert (info.language, info.language_probability) == ("en", 1.0)
 
 
+def test_clip_timestamps_equal_faster_whisper(tiny_en, clip_60s):
+    """Only 5-20 s and 40 s to the end: the windows start at each clip."""
+    info, mine = ours(Ct2Decoder(tiny_en.model, tiny_en.tokens), tiny_en.tokens, clip_60s,
+                      language="en", temperature=0.0, clip_timestamps=(5, 20, 40))
+    _, reference = theirs(tiny_en.faster, clip_60s, language="en", temperature=0,
+                          clip_timestamps=[5, 20, 40])
+    assert mine[0].seek == 500
+    assert_same_segments(mine, reference)
+
+
 def test_fallback_schedule_and_detection_equal_faster_whisper(tiny_en, clip_60s):
     """No language given (an English-only model says "en"), the fallback schedule."""
     info, mine = ours(Ct2Decoder(tiny_en.model, tiny_en.tokens), tiny_en.tokens, clip_60s)
@@ -335,6 +345,19 @@ def test_result_from_sums_and_strips_the_end():
             processor(chosen[:i], row)
     assert result_from(chosen[:2], params).sum_logprob == \
         pytest.approx(-math.log(51) - math.log(50362), rel=1e-9)
+
+
+def test_window_params_pickle():
+    """Processors hold no lambdas: a request's params can cross a process boundary
+    (whatever they record stays on the side that ran them)."""
+    import pickle
+
+    from tests.audio.test_tokens import english_tokens
+    t = english_tokens()
+    params, _ = window_params(t, [t.sot], suppress_tokens=t.suppress_set([-1]))
+    copy = pickle.loads(pickle.dumps(params))
+    assert [type(p) for p in copy.logits_processors] == \
+        [type(p) for p in params.logits_processors]
 
 
 def test_options_reject_bad_values():

@@ -516,6 +516,9 @@ async def transcribe(decoder: WindowDecoder, tokens: WhisperTokens, features: np
     Detects the language first if options has none; returns the info and the
     segments, decoded window by window as they are read."""
     options = options or TranscribeOptions()
+    if features.ndim != 2 or features.shape[-1] < 1:
+        raise ValueError(f"features must be a log-mel [n_mels, frames], got shape "
+                         f"{features.shape}")
     content_frames = features.shape[-1] - 1
     clips = _seek_clips(options, content_frames)
     detect_from = clips[0][0] if clips[0][0] < content_frames else 0
@@ -608,6 +611,8 @@ async def transcribe_batched(decoder: WindowDecoder, tokens: WhisperTokens, audi
     features, as features_for_file computes them (default
     armllm.audio.mel.features_for_file). Segments come in file order."""
     options = options or TranscribeOptions()
+    if audio.ndim != 1:
+        raise ValueError(f"audio must be mono samples [n], got shape {audio.shape}")
     if log_mel is None:
         from armllm.audio.mel import features_for_file
         log_mel = features_for_file
