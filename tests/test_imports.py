@@ -15,8 +15,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("cli", ("armllm.cli", "armllm.__main__", "armllm.generate_cli", "armllm.bench")),
     ("server", ("armllm.server", "armllm.ray")),
     ("api", ("armllm.api", "armllm")),  # the package's __init__ re-exports api's names
-    ("engine", ("armllm.engine", "armllm.sampling", "armllm.structured_output")),
-    ("model", ("armllm.model", "armllm.audio")),  # audio: decoding files, Whisper's features
+    ("engine", ("armllm.engine", "armllm.sampling", "armllm.structured_output",
+                "armllm.audio")),  # audio: Whisper's decoding over SamplingParams
+    ("model", ("armllm.model",)),
     ("ops", ("armllm.ops",)),
     ("_kernels", ("armllm._kernels",)),
     # leaves, importing nothing of armllm above them, so that every layer may use them

@@ -1,0 +1,662 @@
+"""transcribe: Whisper's decoding driver over an abstract window decoder.
+
+The driver owns what Whisper does around the model: the decoder prompt (previous
+text, <|startoftranscript|>, language, task, prefix), language detection, the
+temperature fallback (compression-ratio, log-probability and no-speech rules,
+best_of samples), the long-form algorithm (30-second windows over the whole
+file's log-mel, split into segments at timestamp pairs, seeking to the last
+timestamp) and a batched mode that decodes ≤30 s chunks all at once. It follows
+faster-whisper's `generate_segments` for beam size 1, so that its segments equal
+faster-whisper's on the same model.
+
+The model is behind `WindowDecoder.decode(features, prompt_ids, params)`: one
+30-second window's log-mel, the whole decoder prompt, and SamplingParams whose
+logits_processors (audio/logits.py, built by window_params) carry Whisper's rules
+and record what the result needs. An engine adapter is:
+
+    tokens = <sample with params, prompt_ids and the encoded features; the
+              completion's token ids, with the final <|endoftext|> if it chose it>
+    return result_from(tokens, params)
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from armllm.audio.logits import (
+    ApplyTimestampRules,
+    LanguageMask,
+    LogprobRecorder,
+    NoSpeechProbe,
+    SuppressBlank,
+    SuppressTokens,
+)
+from armllm.audio.tokens import TASKS, TIME_PRECISION, WhisperTokens
+from armllm.sampling import SamplingParams
+
+N_FRAMES = 3000            # log-mel frames in a 30-second window
+FRAMES_PER_SECOND = 100    # hop of 160 samples at 16 kHz
+SECONDS_PER_FRAME = 0.01
+INPUT_STRIDE = 2           # mel frames per encoder position (one timestamp step)
+SAMPLE_RATE = 16000
+MAX_TARGET_POSITIONS = 448  # the decoder's context
+MAX_SAMPLED = MAX_TARGET_POSITIONS // 2  # tokens a window may sample (prompt aside)
+DEFAULT_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+@dataclass
+class DecodeResult:
+    """One window's decode: token_ids as sampled, without the prompt and without
+    the final <|endoftext|>; sum_logprob over the chosen tokens, that
+    <|endoftext|> included (the rules' distribution, no temperature);
+    no_speech_prob (nan where the request had no NoSpeechProbe)."""
+    token_ids: list[int]
+    sum_logprob: float
+    no_speech_prob: float = math.nan
+
+
+class WindowDecoder(Protocol):
+    """The model seen from the driver: sample one completion of prompt_ids
+    over one window's log-mel features [n_mels, 3000] float32, as params says
+    (temperature, max_tokens, stop_token_ids [<|endoftext|>], seed,
+    logits_processors)."""
+
+    async def decode(self, features: np.ndarray, prompt_ids: list[int],
+                     params: SamplingParams) -> DecodeResult: ...
+
+
+@dataclass
+class Probes:
+    """What a window request's processors record, for result_from."""
+    logprobs: LogprobRecorder
+    no_speech: NoSpeechProbe | None = None
+    language: LanguageMask | None = None
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> Probes:
+        """The probes among params.logits_processors."""
+        found = {type(p): p for p in params.logits_processors
+                 if isinstance(p, LogprobRecorder | NoSpeechProbe | LanguageMask)}
+        return cls(found.get(LogprobRecorder) or LogprobRecorder(),
+                   found.get(NoSpeechProbe), found.get(LanguageMask))
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """Where a decoder prompt's parts are, as CTranslate2 reads it: sot_index;
+    task_end, the index after the run of special tokens from
+    <|startoftranscript|> to <|notimestamps|>; what follows is a forced prefix."""
+    sot_index: int
+    task_end: int
+    timestamps: bool
+
+    @classmethod
+    def of(cls, tokens: WhisperTokens, prompt_ids: list[int]) -> PromptLayout:
+        try:
+            sot_index = prompt_ids.index(tokens.sot)
+        except ValueError:
+            raise ValueError(f"prompt_ids has no <|startoftranscript|> ({tokens.sot}): "
+                             f"{prompt_ids[:8]}…") from None
+        end = sot_index
+        while end < len(prompt_ids) and tokens.sot <= prompt_ids[end] <= tokens.no_timestamps:
+            end += 1
+        return cls(sot_index, end, prompt_ids[end - 1] != tokens.no_timestamps)
+
+    def forced(self, prompt_ids: list[int]) -> list[int]:
+        """The forced prefix: <|0.00|> and the prefix text, or nothing."""
+        return prompt_ids[self.task_end:]
+
+    def max_tokens(self, prompt_ids: list[int]) -> int:
+        """CTranslate2's limit on a window's sampled tokens (<|endoftext|>
+        included): half the context, or less where the prompt before the task
+        tokens' end leaves less, less the forced prefix (which CTranslate2
+        counts as decoded tokens)."""
+        limit = min(MAX_SAMPLED, MAX_TARGET_POSITIONS - (self.task_end - 1))
+        return max(limit - len(self.forced(prompt_ids)), 1)
+
+
+def window_params(tokens: WhisperTokens, prompt_ids: list[int], *, temperature: float = 0.0,
+                  seed: int | None = None, suppress_tokens: tuple[int, ...] = (),
+                  suppress_blank: bool = True,
+                  max_initial_timestamp_index: int | None = 50,
+                  ) -> tuple[SamplingParams, Probes]:
+    """The SamplingParams of one window request and the probes its processors
+    fill. suppress_tokens: ids (WhisperTokens.suppress_set). The no-speech probe
+    is there only where <|startoftranscript|> ends the prompt (English-only models
+    with timestamps); elsewhere Whisper reads it inside the prompt and the driver
+    asks for it apart (no_speech_params)."""
+    layout = PromptLayout.of(tokens, prompt_ids)
+    probes = Probes(LogprobRecorder())
+    processors: list = []
+    if layout.sot_index == len(prompt_ids) - 1:
+        probes.no_speech = NoSpeechProbe(tokens.no_speech)
+        processors.append(probes.no_speech)
+    if suppress_blank:
+        processors.append(SuppressBlank(tokens.blank))
+    if suppress_tokens:
+        processors.append(SuppressTokens(suppress_tokens))
+    if layout.timestamps:
+        processors.append(ApplyTimestampRules(
+            tokens.eot, tokens.no_timestamps, tokens.timestamp_begin,
+            max_initial_timestamp_index, after_prefix=bool(layout.forced(prompt_ids))))
+    processors.append(probes.logprobs)
+    params = SamplingParams(max_tokens=layout.max_tokens(prompt_ids), temperature=temperature,
+                            seed=seed, stop_token_ids=[tokens.eot],
+                            skip_special_tokens=False, logits_processors=tuple(processors))
+    return params, probes
+
+
+def no_speech_params(tokens: WhisperTokens) -> tuple[SamplingParams, Probes]:
+    """A one-token request whose prompt ends at <|startoftranscript|> (the window
+    prompt cut after it), for the no-speech probability there."""
+    probes = Probes(LogprobRecorder(), NoSpeechProbe(tokens.no_speech))
+    return SamplingParams(max_tokens=1, temperature=0.0, skip_special_tokens=False,
+                          logits_processors=(probes.no_speech,)), probes
+
+
+def language_params(tokens: WhisperTokens) -> tuple[SamplingParams, Probes]:
+    """A one-token request over the prompt [<|startoftranscript|>] that may only
+    choose a language token, recording every language's probability."""
+    probes = Probes(LogprobRecorder(), language=LanguageMask(tokens.language_ids.values()))
+    return SamplingParams(max_tokens=1, temperature=0.0, skip_special_tokens=False,
+                          logits_processors=(probes.language,)), probes
+
+
+def result_from(token_ids: list[int], params: SamplingParams, eot: int | None = None
+                ) -> DecodeResult:
+    """The DecodeResult of a finished request: token_ids are the completion's
+    sampled tokens, with the final <|endoftext|> when it chose it (params'
+    stop_token_ids[0], or eot)."""
+    probes = Probes.of(params)
+    sum_logprob = probes.logprobs.finish(token_ids)
+    eot = params.stop_token_ids[0] if eot is None and params.stop_token_ids else eot
+    if token_ids and token_ids[-1] == eot:
+        token_ids = token_ids[:-1]
+    no_speech = probes.no_speech.prob if probes.no_speech else None
+    return DecodeResult(list(token_ids), sum_logprob,
+                        math.nan if no_speech is None else no_speech)
+
+
+@dataclass
+class TranscribeOptions:
+    """What a transcription asks for; the defaults are faster-whisper's (and
+    openai-whisper's) for beam size 1.
+
+    language: a code or name, None to detect it. temperature: one value, or the
+    fallback schedule tried in order while a result fails compression_ratio_threshold
+    (too repetitive) or log_prob_threshold (too unlikely) and is not silence
+    (no_speech_prob above no_speech_threshold with a low log-probability). A
+    sampled temperature runs best_of requests and keeps the likeliest. The text
+    decoded so far prompts the next window (condition_on_previous_text) unless a
+    window needed a temperature above prompt_reset_on_temperature. initial_prompt:
+    text (or token ids) before the first window's; prefix: the first window's
+    transcript starts with it. suppress_tokens: ids, -1 for the non-speech set.
+    clip_timestamps: start, end, start, end … seconds to transcribe (an odd count
+    runs to the end); empty: all. hallucination_silence_threshold applies only with
+    word timestamps, which are not implemented (as in faster-whisper, it does
+    nothing without them). language_detection_segments windows are tried until one
+    is more likely than language_detection_threshold. seed: sampled requests use
+    seed, seed+1, … (None: not reproducible)."""
+    language: str | None = None
+    task: str = "transcribe"
+    temperature: float | tuple[float, ...] = DEFAULT_TEMPERATURES
+    compression_ratio_threshold: float | None = 2.4
+    log_prob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    prompt_reset_on_temperature: float = 0.5
+    initial_prompt: str | list[int] | None = None
+    prefix: str | None = None
+    without_timestamps: bool = False
+    max_initial_timestamp: float = 1.0
+    suppress_blank: bool = True
+    suppress_tokens: tuple[int, ...] | None = (-1,)
+    best_of: int = 5
+    beam_size: int = 1
+    hallucination_silence_threshold: float | None = None
+    clip_timestamps: tuple[float, ...] = ()
+    language_detection_segments: int = 1
+    language_detection_threshold: float = 0.5
+    seed: int | None = None
+    temperatures: tuple[float, ...] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        if self.task not in TASKS:
+            raise bad("task", f"must be one of {', '.join(TASKS)}")
+        temps = (self.temperature if isinstance(self.temperature, list | tuple)
+                 else (self.temperature,))
+        if not temps or not all(isinstance(t, int | float) and 0.0 <= t <= 100.0
+                                for t in temps):
+            raise bad("temperature", "must be a value or a non-empty schedule in [0, 100]")
+        self.temperatures = tuple(float(t) for t in temps)
+        if self.beam_size != 1:
+            raise bad("beam_size", "must be 1 (beam search is not supported)")
+        if not isinstance(self.best_of, int) or self.best_of < 1:
+            raise bad("best_of", "must be an integer >= 1")
+        if self.max_initial_timestamp < 0:
+            raise bad("max_initial_timestamp", "must be >= 0 seconds")
+        if self.language_detection_segments < 1:
+            raise bad("language_detection_segments", "must be >= 1")
+        self.clip_timestamps = tuple(float(t) for t in self.clip_timestamps)
+        if any(t < 0 for t in self.clip_timestamps):
+            raise bad("clip_timestamps", "must be seconds >= 0")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise bad("seed", "must be a non-negative integer")
+
+
+@dataclass
+class Segment:
+    """A stretch of transcript: id counts from 0 (OpenAI's verbose_json; faster-
+    whisper counts from 1), seek is the window's start in mel frames (10 ms),
+    start and end in seconds of the file, tokens with their timestamps; the
+    window's temperature, avg_logprob, compression_ratio and no_speech_prob."""
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+@dataclass
+class TranscriptionInfo:
+    """language: its code; language_probability: 1 where it was given;
+    all_language_probs: (code, probability) best first, where it was detected."""
+    language: str
+    language_probability: float
+    duration: float
+    all_language_probs: list[tuple[str, float]] | None = None
+
+
+def compression_ratio(text: str) -> float:
+    """How well the text compresses (zlib, as Whisper measures repetition)."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data))
+
+
+def pad_or_trim(features: np.ndarray, frames: int = N_FRAMES) -> np.ndarray:
+    """features [n_mels, n] cut or zero-padded to frames (faster-whisper pads the
+    log-mel itself, not the audio)."""
+    n = features.shape[-1]
+    if n > frames:
+        return np.ascontiguousarray(features[:, :frames])
+    if n < frames:
+        return np.pad(features, ((0, 0), (0, frames - n)))
+    return np.ascontiguousarray(features)
+
+
+async def detect_language(decoder: WindowDecoder, tokens: WhisperTokens, features: np.ndarray,
+                          segments: int = 1, threshold: float = 0.5,
+                          ) -> tuple[str, float, list[tuple[str, float]]]:
+    """The language of the first `segments` windows of features [n_mels, n]: each
+    window in turn until one is surer than threshold, else the language most
+    windows chose (with its best probability). Returns (code, probability, all
+    (code, probability) pairs best first, from the last window tried). An
+    English-only model says ("en", 1.0)."""
+    if not tokens.multilingual:
+        return "en", 1.0, [("en", 1.0)]
+    codes = list(tokens.language_ids)
+    votes: dict[str, list[float]] = {}
+    features = features[:, :segments * N_FRAMES]
+    ranked: list[tuple[str, float]] = []
+    for start in range(0, max(features.shape[-1], 1), N_FRAMES):
+        params, probes = language_params(tokens)
+        await decoder.decode(pad_or_trim(features[:, start:start + N_FRAMES]),
+                             [tokens.sot], params)
+        if probes.language is None or probes.language.probs is None:
+            raise RuntimeError("the window decoder did not run the LanguageMask processor")
+        probs = probes.language.probs
+        order = np.argsort(-probs, kind="stable")
+        ranked = [(codes[i], float(probs[i])) for i in order]
+        code, prob = ranked[0]
+        if prob > threshold:
+            return code, prob, ranked
+        votes.setdefault(code, []).append(prob)
+    code = max(votes, key=lambda c: len(votes[c]))
+    return code, max(votes[code]), ranked
+
+
+@dataclass
+class _Window:
+    """One window's decode after the fallback."""
+    result: DecodeResult
+    avg_logprob: float
+    temperature: float
+    compression_ratio: float
+
+
+class _Driver:
+    """The per-file state of a transcription: the tokens, the options read once."""
+
+    def __init__(self, decoder: WindowDecoder, tokens: WhisperTokens, options: TranscribeOptions,
+                 language: str):
+        self.decoder = decoder
+        self.tokens = tokens
+        self.options = options
+        self.sot_sequence = tokens.sot_sequence(language, options.task)
+        self.suppress = tokens.suppress_set(options.suppress_tokens)
+        self.max_initial_index = int(round(options.max_initial_timestamp / TIME_PRECISION))
+        self.requests = 0  # seeds for sampled requests
+
+    def prompt(self, previous: list[int], prefix: str | None) -> list[int]:
+        """faster-whisper's get_prompt: <|startofprev|> and the last 223 previous
+        tokens, the SOT sequence, <|notimestamps|>, then <|0.00|> and the prefix."""
+        t = self.tokens
+        prompt = [t.sot_prev, *previous[-(MAX_SAMPLED - 1):]] if previous else []
+        prompt += self.sot_sequence
+        if self.options.without_timestamps:
+            prompt.append(t.no_timestamps)
+        if prefix:
+            prefix_ids = t.encode_prompt(prefix)
+            if len(prefix_ids) >= MAX_SAMPLED:
+                prefix_ids = prefix_ids[:MAX_SAMPLED - 1]
+            if not self.options.without_timestamps:
+                prompt.append(t.timestamp_begin)
+            prompt += prefix_ids
+        return prompt
+
+    def _seed(self) -> int | None:
+        self.requests += 1
+        return None if self.options.seed is None else self.options.seed + self.requests - 1
+
+    async def _decode(self, features: np.ndarray, prompt: list[int],
+                      temperature: float) -> DecodeResult:
+        """One request; its tokens start with the prompt's forced prefix, as
+        CTranslate2 returns them (the prefix then counts in avg_logprob's length
+        with a log-probability of 0)."""
+        params, _ = window_params(
+            self.tokens, prompt, temperature=temperature,
+            seed=self._seed() if temperature > 0 else None, suppress_tokens=self.suppress,
+            suppress_blank=self.options.suppress_blank,
+            max_initial_timestamp_index=self.max_initial_index)
+        result = await self.decoder.decode(features, prompt, params)
+        forced = PromptLayout.of(self.tokens, prompt).forced(prompt)
+        if forced:
+            result.token_ids = forced + result.token_ids
+        return result
+
+    async def _no_speech(self, features: np.ndarray, prompt: list[int]) -> float:
+        params, _ = no_speech_params(self.tokens)
+        sot_end = prompt.index(self.tokens.sot) + 1
+        return (await self.decoder.decode(features, prompt[:sot_end], params)).no_speech_prob
+
+    async def _sample(self, features: np.ndarray, prompt: list[int],
+                      temperature: float) -> DecodeResult:
+        """One result at this temperature: greedy, or the likeliest (per token,
+        <|endoftext|> aside, as CTranslate2 ranks them) of best_of samples."""
+        if temperature == 0 or self.options.best_of == 1:
+            return await self._decode(features, prompt, temperature)
+        results = await asyncio.gather(*(self._decode(features, prompt, temperature)
+                                          for _ in range(self.options.best_of)))
+        return max(results, key=lambda r: (r.sum_logprob / len(r.token_ids) if r.token_ids
+                                           else -math.inf))
+
+    async def decode_with_fallback(self, features: np.ndarray, prompt: list[int]) -> _Window:
+        """faster-whisper's generate_with_fallback, beam size 1."""
+        o = self.options
+        no_speech_task = None
+        if PromptLayout.of(self.tokens, prompt).sot_index != len(prompt) - 1:
+            no_speech_task = asyncio.ensure_future(self._no_speech(features, prompt))
+        tried: list[_Window] = []
+        kept: list[_Window] = []  # those under the compression-ratio threshold
+        try:
+            for temperature in o.temperatures:
+                result = await self._sample(features, prompt, temperature)
+                if no_speech_task is not None:
+                    result.no_speech_prob = await no_speech_task
+                avg_logprob = result.sum_logprob / (len(result.token_ids) + 1)
+                ratio = compression_ratio(self.tokens.decode(result.token_ids).strip())
+                window = _Window(result, avg_logprob, temperature, ratio)
+                tried.append(window)
+                fallback = False
+                if o.compression_ratio_threshold is not None:
+                    if ratio > o.compression_ratio_threshold:
+                        fallback = True  # too repetitive
+                    else:
+                        kept.append(window)
+                if o.log_prob_threshold is not None and avg_logprob < o.log_prob_threshold:
+                    fallback = True  # too unlikely
+                if (o.no_speech_threshold is not None and o.log_prob_threshold is not None
+                        and result.no_speech_prob > o.no_speech_threshold
+                        and avg_logprob < o.log_prob_threshold):
+                    fallback = False  # silence: the window will be skipped
+                if not fallback:
+                    return window
+        finally:
+            if no_speech_task is not None and not no_speech_task.done():
+                no_speech_task.cancel()
+        best = max(kept or tried, key=lambda w: w.avg_logprob)
+        # the last temperature tried, for the prompt reset
+        return _Window(best.result, best.avg_logprob, temperature, best.compression_ratio)
+
+    def is_silence(self, window: _Window) -> bool:
+        o = self.options
+        if o.no_speech_threshold is None:
+            return False
+        if o.log_prob_threshold is not None and window.avg_logprob > o.log_prob_threshold:
+            return False
+        return window.result.no_speech_prob > o.no_speech_threshold
+
+
+def split_segments(tokens: WhisperTokens, token_ids: list[int], time_offset: float,
+                   segment_size: int, segment_duration: float, seek: int,
+                   ) -> tuple[list[dict], int, bool]:
+    """A window's tokens cut into segments at each pair of consecutive timestamps,
+    and where the next window starts (faster-whisper's _split_segments_by_timestamps):
+    a window that ends in a lone timestamp (no speech after it) or has no pair is
+    consumed whole; otherwise the next window starts at the last pair, dropping
+    the unfinished segment after it. Returns (segments as dicts of seek, start,
+    end, tokens), the new seek in frames, whether the window ended in a lone
+    timestamp)."""
+    begin = tokens.timestamp_begin
+    single_timestamp_ending = (len(token_ids) >= 2
+                               and token_ids[-2] < begin <= token_ids[-1])
+    pairs = [i for i in range(1, len(token_ids))
+             if token_ids[i] >= begin and token_ids[i - 1] >= begin]
+    segments = []
+    if pairs:
+        cuts = pairs + [len(token_ids)] if single_timestamp_ending else pairs
+        last_cut = 0
+        for cut in cuts:
+            piece = token_ids[last_cut:cut]
+            start = time_offset + (piece[0] - begin) * TIME_PRECISION
+            end = time_offset + (piece[-1] - begin) * TIME_PRECISION
+            segments.append(dict(seek=seek, start=start, end=end, tokens=piece))
+            last_cut = cut
+        if single_timestamp_ending:
+            seek += segment_size
+        else:
+            seek += (token_ids[last_cut - 1] - begin) * INPUT_STRIDE
+    else:
+        duration = segment_duration
+        stamps = [t for t in token_ids if t >= begin]
+        if stamps and stamps[-1] != begin:
+            duration = (stamps[-1] - begin) * TIME_PRECISION
+        segments.append(dict(seek=seek, start=time_offset, end=time_offset + duration,
+                             tokens=token_ids))
+        seek += segment_size
+    return segments, seek, single_timestamp_ending
+
+
+async def _language(decoder: WindowDecoder, tokens: WhisperTokens, features: np.ndarray,
+                    duration: float, options: TranscribeOptions) -> TranscriptionInfo:
+    if options.language is not None:
+        return TranscriptionInfo(tokens.language_code(options.language), 1.0, duration)
+    code, prob, ranked = await detect_language(decoder, tokens, features,
+                                               options.language_detection_segments,
+                                               options.language_detection_threshold)
+    return TranscriptionInfo(code, prob, duration, ranked if tokens.multilingual else None)
+
+
+def _seek_clips(options: TranscribeOptions, content_frames: int) -> list[tuple[int, int]]:
+    points = [round(t * FRAMES_PER_SECOND) for t in options.clip_timestamps] or [0]
+    if len(points) % 2:
+        points.append(content_frames)
+    return list(zip(points[::2], points[1::2], strict=True))
+
+
+async def transcribe(decoder: WindowDecoder, tokens: WhisperTokens, features: np.ndarray,
+                     duration: float, options: TranscribeOptions | None = None,
+                     ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
+    """Whisper's long-form transcription of a whole file's log-mel features
+    [n_mels, n] (armllm.audio.mel.features_for_file: faster-whisper's, whose last
+    frame is padding, so the content is n - 1 frames) lasting duration seconds.
+    Detects the language first if options has none; returns the info and the
+    segments, decoded window by window as they are read."""
+    options = options or TranscribeOptions()
+    if features.ndim != 2 or features.shape[-1] < 1:
+        raise ValueError(f"features must be a log-mel [n_mels, frames], got shape "
+                         f"{features.shape}")
+    content_frames = features.shape[-1] - 1
+    clips = _seek_clips(options, content_frames)
+    detect_from = clips[0][0] if clips[0][0] < content_frames else 0
+    info = await _language(decoder, tokens, features[:, detect_from:], duration, options)
+    driver = _Driver(decoder, tokens, options, info.language)
+    return info, _long_form(driver, features, content_frames, clips)
+
+
+async def _long_form(driver: _Driver, features: np.ndarray, content_frames: int,
+                     clips: list[tuple[int, int]]) -> AsyncIterator[Segment]:
+    tokens, options = driver.tokens, driver.options
+    all_tokens: list[int] = []
+    if isinstance(options.initial_prompt, str):
+        all_tokens += tokens.encode_prompt(options.initial_prompt)
+    elif options.initial_prompt is not None:
+        all_tokens += list(options.initial_prompt)
+    prompt_reset_since = 0
+    next_id = 0
+    seek = clips[0][0]
+    for clip_start, clip_end in clips:
+        clip_end = min(clip_end, content_frames)
+        seek = max(seek, clip_start)
+        while seek < clip_end:
+            time_offset = seek * SECONDS_PER_FRAME
+            segment_size = min(N_FRAMES, content_frames - seek, clip_end - seek)
+            window = pad_or_trim(features[:, seek:seek + segment_size])
+            segment_duration = segment_size * SECONDS_PER_FRAME
+            prompt = driver.prompt(all_tokens[prompt_reset_since:],
+                                   options.prefix if seek == 0 else None)
+            decoded = await driver.decode_with_fallback(window, prompt)
+            if driver.is_silence(decoded):
+                seek += segment_size
+                continue
+            previous_seek = seek
+            pieces, seek, _ = split_segments(tokens, decoded.result.token_ids, time_offset,
+                                             segment_size, segment_duration, seek)
+            for piece in pieces:
+                text = tokens.decode(piece["tokens"])
+                if piece["start"] == piece["end"] or not text.strip():
+                    continue
+                all_tokens += piece["tokens"]
+                yield Segment(next_id, previous_seek, piece["start"], piece["end"], text,
+                              piece["tokens"], decoded.temperature, decoded.avg_logprob,
+                              decoded.compression_ratio, decoded.result.no_speech_prob)
+                next_id += 1
+            if (not options.condition_on_previous_text
+                    or decoded.temperature > options.prompt_reset_on_temperature):
+                prompt_reset_since = len(all_tokens)
+
+
+def chunk_bounds(audio: np.ndarray, chunk_seconds: float = 30.0, search_seconds: float = 5.0,
+                 frame_seconds: float = 0.1, sample_rate: int = SAMPLE_RATE,
+                 ) -> list[tuple[int, int]]:
+    """Where to cut audio into chunks of at most chunk_seconds, in samples
+    [(start, end), …]. faster-whisper's batched pipeline cuts at speech
+    boundaries found by the Silero VAD model; without a VAD this cuts at the
+    quietest frame_seconds frame (least mean square, the latest of equals) of the
+    last search_seconds before each chunk_seconds boundary, in the middle of that
+    frame, so that a cut falls in a pause where there is one."""
+    if not 0 < search_seconds <= chunk_seconds:
+        raise ValueError(f"search_seconds must be in (0, chunk_seconds], got {search_seconds}")
+    chunk = int(chunk_seconds * sample_rate)
+    frame = max(int(frame_seconds * sample_rate), 1)
+    search = int(search_seconds * sample_rate) // frame * frame
+    bounds = []
+    start = 0
+    while len(audio) - start > chunk:
+        first = start + chunk - search
+        frames = audio[first:start + chunk].astype(np.float64).reshape(-1, frame)
+        energy = (frames ** 2).mean(axis=1)
+        quietest = len(energy) - 1 - int(np.argmin(energy[::-1]))
+        cut = first + quietest * frame + frame // 2
+        bounds.append((start, cut))
+        start = cut
+    if len(audio) > start or not bounds:
+        bounds.append((start, len(audio)))
+    return bounds
+
+
+async def transcribe_batched(decoder: WindowDecoder, tokens: WhisperTokens, audio: np.ndarray,
+                             options: TranscribeOptions | None = None, *,
+                             log_mel: Callable[[np.ndarray], np.ndarray] | None = None,
+                             chunk_seconds: float = 30.0, search_seconds: float = 5.0,
+                             ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
+    """Throughput mode: audio (16 kHz mono float32) cut into ≤30 s chunks
+    (chunk_bounds), each decoded on its own, all at once, never conditioned on
+    the text before (initial_prompt prompts every chunk). Each chunk keeps the
+    temperature fallback and the no-speech skip (faster-whisper's batched
+    pipeline has neither: its VAD leaves no silent chunks). log_mel: a chunk's
+    features, as features_for_file computes them (default
+    armllm.audio.mel.features_for_file). Segments come in file order."""
+    options = options or TranscribeOptions()
+    if audio.ndim != 1:
+        raise ValueError(f"audio must be mono samples [n], got shape {audio.shape}")
+    if log_mel is None:
+        from armllm.audio.mel import features_for_file
+        log_mel = features_for_file
+    duration = len(audio) / SAMPLE_RATE
+    bounds = chunk_bounds(audio, chunk_seconds, search_seconds)
+    windows = [pad_or_trim(log_mel(audio[start:end])[:, :-1]) for start, end in bounds]
+    info = await _language(decoder, tokens, windows[0], duration, options)
+    driver = _Driver(decoder, tokens, options, info.language)
+    return info, _batched(driver, windows, bounds)
+
+
+async def _batched(driver: _Driver, windows: list[np.ndarray],
+                   bounds: list[tuple[int, int]]) -> AsyncIterator[Segment]:
+    tokens, options = driver.tokens, driver.options
+    previous: list[int] = []
+    if isinstance(options.initial_prompt, str):
+        previous = tokens.encode_prompt(options.initial_prompt)
+    elif options.initial_prompt is not None:
+        previous = list(options.initial_prompt)
+    # the prefix starts the file's transcript: the first chunk's
+    prompts = [driver.prompt(previous, options.prefix if i == 0 else None)
+               for i in range(len(windows))]
+    tasks = [asyncio.ensure_future(driver.decode_with_fallback(w, p))
+             for w, p in zip(windows, prompts, strict=True)]
+    next_id = 0
+    try:
+        for task, (start, end) in zip(tasks, bounds, strict=True):
+            decoded = await task
+            if driver.is_silence(decoded):
+                continue
+            offset = start / SAMPLE_RATE
+            duration = (end - start) / SAMPLE_RATE
+            pieces, _, _ = split_segments(tokens, decoded.result.token_ids, offset,
+                                          math.ceil(duration) * FRAMES_PER_SECOND, duration,
+                                          int(offset * FRAMES_PER_SECOND))
+            for piece in pieces:
+                text = tokens.decode(piece["tokens"])
+                if piece["start"] == piece["end"] or not text.strip():
+                    continue
+                yield Segment(next_id, piece["seek"], round(piece["start"], 3),
+                              round(piece["end"], 3), text, piece["tokens"],
+                              decoded.temperature, decoded.avg_logprob,
+                              compression_ratio(text), decoded.result.no_speech_prob)
+                next_id += 1
+    finally:
+        for task in tasks:
+            task.cancel()
