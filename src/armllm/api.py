@@ -14,9 +14,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
 from pathlib import Path
 
+from armllm.audio.service import (
+    Transcription,
+    transcribe_all,
+    transcribe_stream,
+    whisper_tokens,
+)
+from armllm.audio.transcribe import Segment, TranscribeOptions, TranscriptionInfo
 from armllm.engine.client import EngineClient
 from armllm.engine.data_parallel import ReplicaRouter, start_replicas
 from armllm.engine.embedding import PoolingParams
@@ -36,7 +44,8 @@ from armllm.model.loader import model_path
 from armllm.sampling import FALLBACK_DEFAULTS, MODEL_DEFAULT_FIELDS, SamplingParams
 
 __all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOutput",
-           "EngineArgs", "RequestRejected", "ContextLengthExceeded", "EngineClosed"]
+           "EngineArgs", "RequestRejected", "ContextLengthExceeded", "EngineClosed",
+           "TranscribeOptions", "Transcription"]
 
 Prompt = str | list[int]
 
@@ -219,6 +228,28 @@ class LLM(_LLMBase):
         return self.generate(self.chat_prompt(messages, add_generation_prompt,
                                               **template_kwargs), params)[0]
 
+    def transcribe(self, audio, options: TranscribeOptions | None = None, *,
+                   batched: bool = False, max_seconds: float | None = None
+                   ) -> Transcription | list[Transcription]:
+        """Speech to text with a Whisper model: audio is a file's path or bytes, or 16 kHz
+        mono float samples, or a list of them, transcribed together (their windows
+        batched by the engine); the result one Transcription each (info, segments,
+        text). options: TranscribeOptions (language, task, temperature, prompts, ...);
+        batched: every ≤30 s chunk at once, none conditioned on the text before
+        (throughput). Raises ValueError for bad audio or options before anything runs."""
+        many = isinstance(audio, list)
+        files = audio if many else [audio]
+        whisper_tokens(self.loaded)
+        stepper = _EngineStepper(self.engine, self._ids)
+
+        async def run() -> list[Transcription]:
+            return await stepper.drive(asyncio.gather(*(
+                transcribe_all(stepper.generate, self.loaded, a, options, batched=batched,
+                               max_seconds=max_seconds) for a in files)))
+
+        results = asyncio.run(run())
+        return results if many else results[0]
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
@@ -309,6 +340,29 @@ class AsyncLLM(_LLMBase):
             raise
         return embedding_result(ids, out)
 
+    async def transcribe(self, audio, options: TranscribeOptions | None = None, *,
+                         batched: bool = False, max_seconds: float | None = None,
+                         priority: int = 0) -> Transcription:
+        """One audio's transcription (see LLM.transcribe), its windows batched with
+        whatever else the engine runs."""
+        info, segments = await self.transcribe_stream(audio, options, batched=batched,
+                                                      max_seconds=max_seconds,
+                                                      priority=priority)
+        return Transcription(info, [s async for s in segments])
+
+    async def transcribe_stream(self, audio, options: TranscribeOptions | None = None, *,
+                                batched: bool = False, max_seconds: float | None = None,
+                                priority: int = 0
+                                ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
+        """The info (language, duration) and the segments of one audio as they are
+        decoded. Raises ValueError for bad audio or options before anything runs."""
+        if self._router is not None:
+            raise ValueError("transcription runs on one engine: Whisper's decoding rules "
+                             "run in this process (start it without data parallel)")
+        return await transcribe_stream(self.generate, self.loaded, audio, options,
+                                       batched=batched, max_seconds=max_seconds,
+                                       priority=priority)
+
     def abort(self, request_id: str) -> None:
         """Aborts a request at the engine's next step: its blocks are freed and its
         generate() iterator ends with finish_reason "abort". Unknown or finished ids
@@ -348,3 +402,41 @@ class AsyncLLM(_LLMBase):
 
     async def __aexit__(self, *exc) -> None:
         await asyncio.to_thread(self.shutdown)
+
+
+class _EngineStepper:
+    """AsyncLLM.generate's shape over a synchronous engine that this asyncio loop steps
+    (LLM.transcribe): requests wait on futures that drive() resolves as the engine's
+    steps finish them."""
+
+    def __init__(self, engine, ids: Iterator[int]):
+        self.engine, self._ids = engine, ids
+        self._waiting: dict[str, tuple[OutputCollector, asyncio.Future]] = {}
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None, priority: int = 0,
+                       encoder_input=None) -> AsyncIterator[RequestOutput]:
+        rid = f"req-{next(self._ids)}"
+        self.engine.add_request(rid, prompt_ids, params, priority,
+                                encoder_input=encoder_input)
+        collector = OutputCollector(rid, prompt_ids, params.n, params.logprobs is not None)
+        done = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = (collector, done)
+        yield await done
+
+    async def drive(self, work: Awaitable) -> Any:
+        """Steps the engine while `work` runs; returns its result."""
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            if self.engine.has_unfinished():
+                for out in self.engine.step():
+                    entry = self._waiting.get(out.request_id)
+                    if entry is None:
+                        continue
+                    collector, done = entry
+                    collector.add(out)
+                    if collector.output.finished:
+                        del self._waiting[out.request_id]
+                        done.set_result(collector.output)
+            await asyncio.sleep(0)
+        return task.result()

@@ -1,0 +1,124 @@
+"""service: speech to text over a loaded Whisper model: the one path that the library
+(LLM.transcribe, AsyncLLM.transcribe), `armllm transcribe` and the server's
+/v1/audio routes share. Audio (a file's bytes or path, or 16 kHz samples) becomes
+log-mel features (audio/decode.py, audio/mel.py); the driver (audio/transcribe.py)
+turns windows of them into requests, each one window's decoder prompt with the
+window as its encoder input, so that windows of every file and request in flight
+are batched by the engine; the segments come back as they are decoded.
+
+Requests go through a `generate` with AsyncLLM.generate's signature: an
+AsyncLLM's own, or a stepped engine's (LLM: api.py), so this module knows no
+engine. Whisper's rules run as logits processors inside the engine and record
+their results in place, so the engine must run in this process (a data-parallel
+replica in another one cannot report them)."""
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from armllm.audio.decode import SAMPLE_RATE, load_audio
+from armllm.audio.mel import features_for_file
+from armllm.audio.tokens import WhisperTokens
+from armllm.audio.transcribe import (
+    DecodeResult,
+    Segment,
+    TranscribeOptions,
+    TranscriptionInfo,
+    result_from,
+    transcribe,
+    transcribe_batched,
+)
+from armllm.sampling import SamplingParams
+
+Audio = bytes | str | os.PathLike | np.ndarray
+# AsyncLLM.generate's shape: (prompt ids, params, request_id=, priority=, encoder_input=)
+Generate = Callable[..., AsyncIterator[Any]]
+_request_ids = itertools.count()
+
+
+class EngineDecoder:
+    """audio/transcribe.py's WindowDecoder over an engine's generate: a window's
+    request is its prompt with the window's features as encoder input."""
+
+    def __init__(self, generate: Generate, request_prefix: str = "transcribe",
+                 priority: int = 0):
+        self.generate, self.request_prefix, self.priority = generate, request_prefix, priority
+
+    async def decode(self, features: np.ndarray, prompt_ids: list[int],
+                     params: SamplingParams) -> DecodeResult:
+        out = None
+        rid = f"{self.request_prefix}-{next(_request_ids)}"
+        async for out in self.generate(prompt_ids, params, request_id=rid,  # noqa: B007
+                                       priority=self.priority, encoder_input=features):
+            pass
+        if out.error is not None:
+            raise RuntimeError(f"decoding a window failed: {out.error}")
+        return result_from(list(out.outputs[0].token_ids), params)
+
+
+@dataclass
+class Transcription:
+    """A whole transcription: its info, its segments and their text joined."""
+    info: TranscriptionInfo
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments).strip()
+
+
+def samples(audio: Audio, max_seconds: float | None = None) -> np.ndarray:
+    """16 kHz mono float32 samples of a file's bytes or path (decoded, resampled), or
+    of samples given as such (checked); audio.decode.AudioError (a ValueError) names
+    what is wrong."""
+    if isinstance(audio, np.ndarray):
+        if audio.ndim != 1 or not np.issubdtype(audio.dtype, np.floating):
+            raise ValueError(f"audio samples must be 1-D float (16 kHz mono), got "
+                             f"{audio.dtype} of shape {list(audio.shape)}")
+        if max_seconds is not None and len(audio) > max_seconds * SAMPLE_RATE:
+            raise ValueError(f"the audio lasts {len(audio) / SAMPLE_RATE:.1f} s, longer "
+                             f"than the limit of {max_seconds:g} s")
+        return np.ascontiguousarray(audio, np.float32)
+    return load_audio(audio, max_seconds=max_seconds)
+
+
+def whisper_tokens(loaded) -> WhisperTokens:
+    """The Whisper token ids of a loaded model (model/loader.LoadedModel); a
+    ValueError for a model that is not Whisper."""
+    if loaded.config.encoder is None:
+        raise ValueError(f"{loaded.path}: not a speech-to-text model (Whisper): it has no "
+                         f"audio encoder")
+    return WhisperTokens(loaded.tokenizer, loaded.config.vocab_size)
+
+
+async def transcribe_stream(generate: Generate, loaded, audio: Audio,
+                            options: TranscribeOptions | None = None, *, batched: bool = False,
+                            max_seconds: float | None = None, priority: int = 0
+                            ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
+    """The info (language, duration) and the segments of one audio, decoded as they are
+    read. batched: every ≤30 s chunk at once, none conditioned on the text before
+    (throughput); else Whisper's long-form algorithm, window after window."""
+    tokens = whisper_tokens(loaded)
+    pcm = samples(audio, max_seconds)
+    if not len(pcm):
+        raise ValueError("the audio holds no samples")
+    n_mels = loaded.config.encoder.n_mels
+    decoder = EngineDecoder(generate, priority=priority)
+    if batched:
+        return await transcribe_batched(decoder, tokens, pcm, options,
+                                        log_mel=partial(features_for_file, n_mels=n_mels))
+    return await transcribe(decoder, tokens, features_for_file(pcm, n_mels),
+                            len(pcm) / SAMPLE_RATE, options)
+
+
+async def transcribe_all(generate: Generate, loaded, audio: Audio,
+                         options: TranscribeOptions | None = None, **kwargs) -> Transcription:
+    """transcribe_stream's segments, collected."""
+    info, segments = await transcribe_stream(generate, loaded, audio, options, **kwargs)
+    return Transcription(info, [s async for s in segments])
