@@ -15,8 +15,8 @@ import asyncio
 import itertools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from armllm.audio.service import (
     Transcription,
