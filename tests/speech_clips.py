@@ -104,7 +104,10 @@ def expected_text(path: Path) -> str:
 
 def clip(i: int) -> Path:
     """SENTENCES[i] spoken by espeak-ng: a 22050 Hz, 16-bit mono wav."""
-    text = SENTENCES[i]
+    return _say(SENTENCES[i])
+
+
+def _say(text: str) -> Path:
     path = cache_dir() / f"say-{_key(text, VOICE, WORDS_PER_MINUTE, _version('espeak-ng'))}.wav"
     if not path.exists():
         made = _scratch(path)
@@ -124,32 +127,41 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
 def long_clip(seconds: float = 60) -> Path:
     """The sentences in turn with pauses of PAUSES_S between them, repeated for as long
     as the next sentence still ends within `seconds` (a 16-bit mono wav)."""
-    key = _key(SENTENCES, PAUSES_S, seconds, VOICE, WORDS_PER_MINUTE, _version("espeak-ng"))
-    path = cache_dir() / f"long-{key}.wav"
+    rate = read_wav(clip(0))[1]
+    lengths = [len(read_wav(clip(i))[0]) for i in range(len(SENTENCES))]
+    sentences, total = [], 0
+    for n in itertools.count():
+        if (total + lengths[n % len(SENTENCES)]) / rate > seconds:
+            break
+        sentences.append(SENTENCES[n % len(SENTENCES)])
+        total += lengths[n % len(SENTENCES)] + int(PAUSES_S[n % len(PAUSES_S)] * rate)
+    if not sentences:
+        raise ValueError(f"no sentence is as short as {seconds} s")
+    return spoken(sentences, PAUSES_S)
+
+
+def spoken(sentences: list[str] | tuple[str, ...], pauses: list[float] | tuple[float, ...]
+           ) -> Path:
+    """The sentences spoken one after another, pauses[i % len(pauses)] seconds of silence
+    after the i-th (none after the last): a 16-bit mono wav at espeak-ng's rate."""
+    key = _key(list(sentences), list(pauses), VOICE, WORDS_PER_MINUTE, _version("espeak-ng"))
+    path = cache_dir() / f"spoken-{key}.wav"
     if path.exists():
         return path
-    spoken = [read_wav(clip(i)) for i in range(len(SENTENCES))]
-    rate = spoken[0][1]
     pieces: list[np.ndarray] = []
-    words: list[str] = []
-    total = 0
-    for n in itertools.count():
-        samples = spoken[n % len(spoken)][0]
-        if (total + len(samples)) / rate > seconds:
-            break
-        pause = np.zeros(int(PAUSES_S[n % len(PAUSES_S)] * rate), np.int16)
-        pieces += [samples, pause]
-        words.append(SENTENCES[n % len(SENTENCES)])
-        total += len(samples) + len(pause)
-    if not pieces:
-        raise ValueError(f"no sentence is as short as {seconds} s")
+    rate = 0
+    for n, sentence in enumerate(sentences):
+        samples, rate = read_wav(_say(sentence))
+        pieces.append(samples)
+        if n < len(sentences) - 1:
+            pieces.append(np.zeros(int(pauses[n % len(pauses)] * rate), np.int16))
     made = _scratch(path)
     with wave.open(str(made), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(np.concatenate(pieces).tobytes())
-    return _publish(made, path, " ".join(words))
+    return _publish(made, path, " ".join(sentences))
 
 
 def encode(path: Path, fmt: str) -> Path:

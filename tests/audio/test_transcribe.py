@@ -73,7 +73,7 @@ def tiny_multilingual(tmp_path_factory):
 @pytest.fixture(scope="module")
 def clip_gap():
     """Four sentences with 33 s of silence in the middle: a window of silence."""
-    return speech_clip("harvard-gap", SENTENCES[3:7], (0.5, 33.0, 0.5))
+    return speech_clip(SENTENCES[3:7], (0.5, 33.0, 0.5))
 
 
 def audio_and_features(path):
