@@ -172,19 +172,26 @@ def bench_synthetic(args) -> None:
     eot = 50256
     n = args.concurrency
     rows = []
+
+    async def armllm_windows(llm, params, k: int) -> None:
+        async def one():
+            async for _ in llm.generate(prompt, params, encoder_input=window):
+                pass
+        await asyncio.gather(*(one() for _ in range(k)))
+
+    def ct2_windows(model, k: int) -> None:
+        feats = ctranslate2.StorageView.from_array(np.stack([window] * k))
+        model.generate(feats, [prompt] * k, beam_size=1, max_length=args.tokens + 1,
+                       suppress_tokens=[eot], suppress_blank=False)
+
     for precision in ("f32", "bf16"):
         kw = dict(dtype=precision, kv_cache_dtype="f32" if precision == "f32" else "bf16")
         llm = AsyncLLM(str(ct2_dir), threads=args.threads, max_num_seqs=max(8, n),
                        kv_cache_gib=2.0, max_num_batched_tokens=1500 * n + 64, **kw)
         params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-
-        async def go(k: int):
-            async def one():
-                async for _ in llm.generate(prompt, params, encoder_input=window):
-                    pass
-            await asyncio.gather(*(one() for _ in range(k)))
-        asyncio.run(go(1))
-        t1, tn = best(lambda: asyncio.run(go(1)), 2), best(lambda: asyncio.run(go(n)), 1)
+        asyncio.run(armllm_windows(llm, params, 1))
+        t1 = best(lambda: asyncio.run(armllm_windows(llm, params, 1)), 2)  # noqa: B023
+        tn = best(lambda: asyncio.run(armllm_windows(llm, params, n)), 1)  # noqa: B023
         llm.shutdown()
         rows.append({"engine": f"armllm-{precision}", "window_s": round(t1, 3),
                      f"windows_per_s_{n}": round(n / tn, 3)})
@@ -192,13 +199,9 @@ def bench_synthetic(args) -> None:
     for compute in ("float32", "int8"):
         model = ctranslate2.models.Whisper(str(ct2_dir), device="cpu", compute_type=compute,
                                            intra_threads=args.threads)
-
-        def gen(k: int):
-            feats = ctranslate2.StorageView.from_array(np.stack([window] * k))
-            model.generate(feats, [prompt] * k, beam_size=1, max_length=args.tokens + 1,
-                           suppress_tokens=[eot], suppress_blank=False)
-        gen(1)
-        t1, tn = best(lambda: gen(1), 2), best(lambda: gen(n), 1)
+        ct2_windows(model, 1)
+        t1 = best(lambda: ct2_windows(model, 1), 2)  # noqa: B023
+        tn = best(lambda: ct2_windows(model, n), 1)  # noqa: B023
         rows.append({"engine": f"ctranslate2-{compute}", "window_s": round(t1, 3),
                      f"windows_per_s_{n}": round(n / tn, 3)})
     for r in rows:
