@@ -51,7 +51,7 @@ __all__ = [
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "gelu_tanh_mul",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "gated_rmsnorm",
-    "gdn_conv", "gdn_rule", "get_pool", "kernels",
+    "gdn_conv", "gdn_rule", "gelu", "get_pool", "kernels", "layer_norm",
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
@@ -485,6 +485,14 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
                             get_pool())
 
 
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight (+ bias) over each row of x [T, n]
+    (mean and variance in double); out may be x."""
+    return _KERNELS.layernorm(x, weight, bias, eps, _out(out, getattr(x, "shape", (0, 0))),
+                              get_pool())
+
+
 def rope(x: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray, n_heads: int,
          head_dim: int, rot_dim: int | None = None,
          style: Literal["neox", "gptj"] = "neox") -> np.ndarray:
@@ -506,6 +514,12 @@ def gelu_tanh_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndar
     shape = (gate_up.shape[0], gate_up.shape[1] // 2) if isinstance(gate_up, np.ndarray) \
         and gate_up.ndim == 2 else (0, 0)
     return _KERNELS.gelu_tanh_mul(gate_up, _out(out, shape), get_pool())
+
+
+def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Exact GELU x/2 (1 + erf(x / sqrt(2))) (PyTorch's nn.GELU()) of a C-contiguous
+    float32 array; out may be x."""
+    return _KERNELS.gelu(x, _out(out, getattr(x, "shape", (0,))), get_pool())
 
 
 def embedding(ids: np.ndarray, table: np.ndarray | GGUFTable,

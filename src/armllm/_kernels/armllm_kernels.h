@@ -89,6 +89,23 @@ static inline uint16_t armllm_f32_to_bf16(float f) {
  *   uses); y may equal x. Relative error <= 4e-7 for normal results;
  *   results below FLT_MIN may flush to 0; +-inf, NaN and overflow behave as
  *   expf.
+ *
+ * LayerNorm  out[r, :] = (x[r] - mean) / sqrt(var + eps) * weight (+ bias)
+ *   For each of T rows of D elements; mean and var (biased: / D) are summed
+ *   in double in two passes (so in any order: variants differ from ref only
+ *   in a double's last bits), then rounded to float: m = (float)mean, s =
+ *   (float)(1 / sqrt(var + eps)); out = (x - m) * s * weight [+ bias] in
+ *   float, unfused, in that order. bias may be NULL. out may equal x (same
+ *   pointer and stride); otherwise no overlap.
+ *
+ * GELU  y[i] = x[i] / 2 * (1 + erf(x[i] / sqrt(2))), exact (erf) GELU as
+ *   PyTorch's nn.GELU(); y may equal x. ref: libm's erfc in double, rounded
+ *   once. Vector variants: erfc(z) = t exp(-z^2 + u R(u)), t = 1 / (1 + z/2),
+ *   u = 1 - t, z = |x| / sqrt(2), and y = x - x/2 erfc(z) (x > 0) or
+ *   x/2 erfc(z) (family_jobs.h): within 3e-7 (1 + min(x, 0)^2) |y| + 1e-38
+ *   of the exact value (exp magnifies the exponent's roundings by z^2 where
+ *   y is small); y = x from 6 up, -0 from -16 down; +inf -> +inf, -inf ->
+ *   -0 (PyTorch: NaN for both), NaN -> NaN.
  */
 
 enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
@@ -438,7 +455,11 @@ typedef struct {
      int64_t ldo))                                                                                 \
   X(variant, sigmoid_mul, void,                                                                    \
     (armllm_pool *pool, const float *gate, int64_t ldg, int64_t t, int64_t n, float *x,            \
-     int64_t ldx))
+     int64_t ldx))                                                                                 \
+  X(variant, layernorm, void,                                                                      \
+    (armllm_pool *pool, const float *x, int64_t ldx, const float *weight, const float *bias,       \
+     int64_t t, int64_t d, float eps, float *out, int64_t ldo))                                    \
+  X(variant, gelu, void, (armllm_pool *pool, const float *x, float *y, int64_t n))
 
 #define ARMLLM_SLOT_TYPEDEF_(variant, name, ret, params) typedef ret(*armllm_##name##_fn) params;
 #define ARMLLM_SLOT_INDEX_(variant, name, ret, params) ARMLLM_K_##name,
