@@ -548,15 +548,17 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     block_table: np.ndarray, seq_lens: np.ndarray, query_start: np.ndarray,
                     n_heads: int, scale: float, out: np.ndarray | None = None,
                     sliding_window: int = 0, scratch: np.ndarray | None = None,
-                    sinks: np.ndarray | None = None) -> np.ndarray:
-    """Causal varlen attention of q [T, n_heads*head_dim] over the paged cache; sinks:
-    float32 [n_heads] logits each head's softmax denominator also holds (GPT-OSS)."""
+                    sinks: np.ndarray | None = None, causal: bool = True) -> np.ndarray:
+    """Varlen attention of q [T, n_heads*head_dim] over the paged cache, causal, or with
+    causal=False every row over all seq_lens[b] keys of its sequence (Whisper's encoder
+    and cross-attention; no sliding window); sinks: float32 [n_heads] logits each head's
+    softmax denominator also holds (GPT-OSS)."""
     head_dim = k_cache.shape[-1] if isinstance(k_cache, np.ndarray) and k_cache.ndim == 4 else 0
     shape = (q.shape[0], n_heads * head_dim) if isinstance(q, np.ndarray) and q.ndim == 2 \
         else (0, 0)
     return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
                               scale, _out(out, shape), sliding_window, scratch, get_pool(),
-                              sinks)
+                              sinks, causal)
 
 
 def gdn_conv(x: np.ndarray, weight: np.ndarray, state: np.ndarray, state_slots: np.ndarray,

@@ -43,6 +43,7 @@ cdef extern from "armllm_kernels.h" nogil:
         float *scratch
         size_t scratch_len
         const float *sinks
+        int bidirectional
     enum:
         ARMLLM_ATTN_MAX_HEAD_DIM
     size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim,

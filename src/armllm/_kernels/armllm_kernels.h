@@ -130,6 +130,10 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  *   Query row i of a sequence with q_len rows sits at position
  *   pos = seq_len - q_len + i and attends keys [lo, pos] with
  *   lo = sliding_window ? max(0, pos - sliding_window + 1) : 0 (causal).
+ *   With `bidirectional` set, every row attends all seq_len keys [0,
+ *   seq_len) (no mask: an encoder's self-attention, or cross-attention over
+ *   the encoder's keys); sliding_window must then be 0, and q_len may exceed
+ *   seq_len (a sequence with rows needs seq_len >= 1).
  *   Query head h reads KV head h / (n_heads / n_kv_heads) (GQA).
  *   out = softmax(scale * q.K^T) V, written at out + row*ldo. With sinks
  *   (GPT-OSS), head h's softmax denominator also holds exp(sinks[h]): a
@@ -143,8 +147,10 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  *   `scratch` of armllm_attn_scratch_len(...) floats; with NULL or too little,
  *   the variant does not split (same result).
  *   Returns -1, or the first sequence whose metadata is inconsistent
- *   (q_len > seq_len, query_start not increasing, a used block id outside
- *   [0, num_blocks), or more blocks than max_blocks); then nothing was written.
+ *   (q_len > seq_len (bidirectional: rows and seq_len 0), query_start not
+ *   increasing, a used block id outside [0, num_blocks), or more blocks than
+ *   max_blocks; 0 for bidirectional with a sliding window); then nothing was
+ *   written.
  *   Accuracy vs exact softmax attention in float64: 2e-6 * max|V| (f32 cache),
  *   bf16 caches hold bf16-rounded K/V, to which the same bound applies.
  */
@@ -168,6 +174,7 @@ typedef struct {
   float *scratch; /* split-KV partials, may be NULL */
   size_t scratch_len;
   const float *sinks; /* [n_heads] logits in every row's softmax denominator, NULL: none */
+  int bidirectional;  /* 0: causal; 1: every row sees all its sequence's keys */
 } armllm_attn_args;
 
 /* Floats of scratch that let a variant split every row's keys over threads. */
