@@ -51,7 +51,7 @@ __all__ = [
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
     "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "gelu_tanh_mul",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "gated_rmsnorm",
-    "gdn_conv", "gdn_rule", "get_pool", "kernels",
+    "gdn_conv", "gdn_rule", "gelu", "get_pool", "kernels", "layer_norm",
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
@@ -485,6 +485,14 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
                             get_pool())
 
 
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: float,
+               out: np.ndarray | None = None) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * weight (+ bias) over each row of x [T, n]
+    (mean and variance in double); out may be x."""
+    return _KERNELS.layernorm(x, weight, bias, eps, _out(out, getattr(x, "shape", (0, 0))),
+                              get_pool())
+
+
 def rope(x: np.ndarray, positions: np.ndarray, cos_sin: np.ndarray, n_heads: int,
          head_dim: int, rot_dim: int | None = None,
          style: Literal["neox", "gptj"] = "neox") -> np.ndarray:
@@ -506,6 +514,12 @@ def gelu_tanh_mul(gate_up: np.ndarray, out: np.ndarray | None = None) -> np.ndar
     shape = (gate_up.shape[0], gate_up.shape[1] // 2) if isinstance(gate_up, np.ndarray) \
         and gate_up.ndim == 2 else (0, 0)
     return _KERNELS.gelu_tanh_mul(gate_up, _out(out, shape), get_pool())
+
+
+def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Exact GELU x/2 (1 + erf(x / sqrt(2))) (PyTorch's nn.GELU()) of a C-contiguous
+    float32 array; out may be x."""
+    return _KERNELS.gelu(x, _out(out, getattr(x, "shape", (0,))), get_pool())
 
 
 def embedding(ids: np.ndarray, table: np.ndarray | GGUFTable,
@@ -535,17 +549,16 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     n_heads: int, scale: float, out: np.ndarray | None = None,
                     sliding_window: int = 0, scratch: np.ndarray | None = None,
                     sinks: np.ndarray | None = None, causal: bool = True) -> np.ndarray:
-    """Causal varlen attention of q [T, n_heads*head_dim] over the paged cache; sinks:
-    float32 [n_heads] logits each head's softmax denominator also holds (GPT-OSS)."""
+    """Varlen attention of q [T, n_heads*head_dim] over the paged cache, causal, or with
+    causal=False every row over all seq_lens[b] keys of its sequence (Whisper's encoder
+    and cross-attention; no sliding window); sinks: float32 [n_heads] logits each head's
+    softmax denominator also holds (GPT-OSS)."""
     head_dim = k_cache.shape[-1] if isinstance(k_cache, np.ndarray) and k_cache.ndim == 4 else 0
     shape = (q.shape[0], n_heads * head_dim) if isinstance(q, np.ndarray) and q.ndim == 2 \
         else (0, 0)
-    if not causal:  # TEMPORARY until the whisper-kernels branch lands
-        return _bidirectional_np(q, k_cache, v_cache, block_table, seq_lens, query_start,
-                                 n_heads, scale, _out(out, shape))
     return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
                               scale, _out(out, shape), sliding_window, scratch, get_pool(),
-                              sinks)
+                              sinks, causal)
 
 
 def gdn_conv(x: np.ndarray, weight: np.ndarray, state: np.ndarray, state_slots: np.ndarray,
@@ -646,48 +659,3 @@ def norm_head(head: NormHead, rows: np.ndarray, batch_rows: int) -> None:
     """Logits of the batch rows `rows` (the runner's logits_rows) into the head's logits
     buffer: rms_norm_linear(hidden + residual, lm_head) on those rows only."""
     head.run(rows, batch_rows, get_pool())
-
-
-# TEMPORARY numpy stand-ins until the whisper-kernels branch lands (layernorm, gelu slots)
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float,
-               out: np.ndarray | None = None) -> np.ndarray:
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    y = (x - mean) / np.sqrt(var + eps) * weight + bias
-    if out is None:
-        return y.astype(np.float32)
-    out[...] = y
-    return out
-
-
-def gelu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    from scipy.special import erf
-    y = 0.5 * x * (1 + erf(x / np.sqrt(2.0)))
-    if out is None:
-        return y.astype(np.float32)
-    out[...] = y
-    return out
-
-
-def _bidirectional_np(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads, scale,
-                      out):
-    kvh, bs, hd = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    for b in range(len(seq_lens)):
-        L = int(seq_lens[b])
-        nb = -(-L // bs)
-        blocks = block_table[b, :nb]
-        kk, vv = k_cache[blocks], v_cache[blocks]
-        if kk.dtype == np.uint16:
-            kk, vv = bf16_to_f32(kk), bf16_to_f32(vv)
-        kk = kk.transpose(1, 0, 2, 3).reshape(kvh, -1, hd)[:, :L]
-        vv = vv.transpose(1, 0, 2, 3).reshape(kvh, -1, hd)[:, :L]
-        r0, r1 = int(query_start[b]), int(query_start[b + 1])
-        qq = q[r0:r1].reshape(r1 - r0, n_heads, hd).transpose(1, 0, 2)
-        g = n_heads // kvh
-        kk, vv = np.repeat(kk, g, axis=0), np.repeat(vv, g, axis=0)
-        s = qq @ kk.transpose(0, 2, 1) * scale
-        s -= s.max(-1, keepdims=True)
-        p = np.exp(s)
-        p /= p.sum(-1, keepdims=True)
-        out[r0:r1] = (p @ vv).transpose(1, 0, 2).reshape(r1 - r0, -1)
-    return out

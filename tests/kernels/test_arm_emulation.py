@@ -38,11 +38,14 @@ def test_arm_kernels_under_qemu(tmp_path):
     assert "\nneon       gemm_f32" in r.stdout
     assert "\nneon_mmla  gemm_bf16" in r.stdout
     assert "\nsve        gemm_bf16" in r.stdout
-    # the Gated DeltaNet slots run their own Arm ports (kernel_check names the impl)
-    for slot in ("gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul"):
+    # the Gated DeltaNet and Whisper slots run their own Arm ports (kernel_check names the
+    # impl); attn_bidir is attention's bidirectional cases
+    for slot in ("gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu"):
         assert re.search(rf"^neon +{slot} +neon +.* PASS$", r.stdout, re.M)
         assert re.search(rf"^neon_mmla +{slot} +neon +.* PASS$", r.stdout, re.M)
         assert re.search(rf"^sve +{slot} +sve +.* PASS$", r.stdout, re.M)
+    assert re.search(r"^neon_mmla +attn_bidir +neon_mmla +.* PASS$", r.stdout, re.M)
+    assert re.search(r"^sve +attn_bidir +sve +.* PASS$", r.stdout, re.M)
     assert "fetch-add ldaxr/stlxr" in r.stdout  # the cortex-a72 run used the LL/SC loop
     # neon's quantized GEMM names its run-time choice: SDOT only where HWCAP has asimddp
     assert neon_gemm_wq_impl(r.stdout, "armv8.0 neon, no lse") == "neon"

@@ -6,7 +6,9 @@ few hundred keys); bf16 caches are compared with the bf16-rounded K/V they
 hold; variants that declare attention_bf16_compute "bf16" (they round q, and
 with BFMMLA the softmax weights, to bf16 for the dot products) get
 2^-5 * max|V| with a bf16 cache. Split-KV (scratch given, several
-threads) must equal the unsplit run to the bit.
+threads) must equal the unsplit run to the bit. Bidirectional attention
+(causal=False: Whisper's encoder self-attention and cross-attention) is held
+to the same bounds, with block sizes up to one block per sequence (1500).
 """
 from __future__ import annotations
 
@@ -51,8 +53,9 @@ def make_case(rng, seqs, n_heads, n_kv, head_dim, block_size, bf16):
     return q, k_cache, v_cache, table, seq_lens, query_start, dense
 
 
-def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window, sinks=None):
-    """Softmax attention in float64; sinks: each head's logit in the denominator."""
+def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window, sinks=None, causal=True):
+    """Softmax attention in float64; sinks: each head's logit in the denominator;
+    causal False: every row sees all of its sequence's keys."""
     out = np.zeros((q.shape[0], n_heads * head_dim))
     group = n_heads // dense[0][0].shape[1]
     row = 0
@@ -60,7 +63,7 @@ def exact_attention(q, dense, seqs, n_heads, head_dim, scale, window, sinks=None
         pos = seq_len - q_len + np.arange(q_len)[:, None]  # [q_len, 1]
         keys = np.arange(seq_len)[None, :]
         lo = np.maximum(0, pos - window + 1) if window else 0
-        visible = (keys <= pos) & (keys >= lo)  # [q_len, seq_len]
+        visible = (keys <= pos) & (keys >= lo) if causal else np.ones((q_len, seq_len), bool)
         for h in range(n_heads):
             qh = q[row:row + q_len, h * head_dim:(h + 1) * head_dim].astype(np.float64)
             kh, vh = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
@@ -110,6 +113,78 @@ def test_attention_matches_exact(variant, pool, raw, dims, block_size, bf16, win
     tol = BF16_COMPUTE_TOL if bf16 and variant.attention_bf16_compute == "bf16" else TOL
     assert np.max(np.abs(out[:, :n_heads * head_dim] - want)) <= tol * vmax
     assert np.all(out[:, -2:] == 9.0)
+
+
+def check_against_exact(variant, out, q, dense, seqs, dims, bf16, window=0, sinks=None,
+                        causal=True):
+    """out within the module's bound of float64 attention (of the bf16-rounded q for the
+    variants that round only q)."""
+    n_heads, _, hd = dims
+    q_ref = q
+    if bf16 and variant.isa in Q_ONLY_BF16:
+        q_ref = ops.bf16_to_f32(ops.f32_to_bf16(q))
+    want = exact_attention(q_ref, dense, seqs, n_heads, hd, hd ** -0.5, window, sinks, causal)
+    vmax = max(np.abs(v).max() for _, v in dense)
+    loose = bf16 and variant.attention_bf16_compute == "bf16" and variant.isa not in Q_ONLY_BF16
+    assert np.max(np.abs(out - want)) <= (BF16_COMPUTE_TOL if loose else TOL) * vmax
+
+
+@settings(max_examples=examples(25), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 300)), min_size=1, max_size=4),
+       dims=st.sampled_from(ATTN_DIMS), block_size=st.sampled_from([1, 5, 16, 32, 300]),
+       bf16=st.booleans(), sinks=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_bidirectional_attention_matches_exact(variant, pool, raw, dims, block_size, bf16,
+                                               sinks, seed):
+    """causal=False: each row over all seq_len keys of its sequence, q_len above or below
+    seq_len (cross-attention rows need no position among the keys)."""
+    rng = np.random.default_rng(seed)
+    q, kc, vc, table, lens, qs, dense = make_case(rng, raw, *dims, block_size, bf16)
+    sink = (rng.standard_normal(dims[0]) * 2).astype(np.float32) if sinks else None
+    out = np.empty((q.shape[0], dims[0] * dims[2]), np.float32)
+    variant.attention(q, kc, vc, table, lens, qs, dims[0], dims[2] ** -0.5, out, 0, None, pool,
+                      sink, causal=False)
+    check_against_exact(variant, out, q, dense, raw, dims, bf16, 0, sink, causal=False)
+
+
+# Whisper-tiny's attention (6 heads of 64; GQA 8:2 as a variant): the encoder's
+# self-attention (1500 rows over their 1500 keys) and cross-attention (a decode, a prompt
+# and a few rows over each request's encoder keys, of different lengths), with the keys
+# in 16-token blocks or one 1500-token block per sequence ([slots, heads, 1500, 64])
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("block_size", [16, 1500])
+@pytest.mark.parametrize(("dims", "seqs"), [
+    ((6, 6, 64), [(1500, 1500)]),
+    ((6, 6, 64), [(1, 1500), (4, 1500), (9, 1500)]),
+    ((8, 2, 64), [(1, 1500), (4, 1000), (9, 7)]),
+])
+def test_whisper_encoder_and_cross_attention(variant, pools, bf16, block_size, dims, seqs):
+    rng = np.random.default_rng(12)
+    q, kc, vc, table, lens, qs, dense = make_case(rng, seqs, *dims, block_size, bf16)
+    if block_size == 1500:
+        assert table.shape[1] == 1  # one block per sequence
+    rows = int(qs[-1])
+    scratch = np.empty(ops.attn_scratch_len(rows, dims[0], dims[2], 1500), np.float32)
+    out = np.empty((rows, dims[0] * dims[2]), np.float32)
+    args = (q, kc, vc, table, lens, qs, dims[0], dims[2] ** -0.5)
+    variant.attention(*args, out, 0, scratch, pools[4], causal=False)
+    check_against_exact(variant, out, q, dense, seqs, dims, bf16, causal=False)
+    if rows < 100:  # split-KV or not, any thread count: the same bits
+        for pool, sc in ((None, None), (pools[2], scratch), (pools[3], None)):
+            again = np.empty_like(out)
+            variant.attention(*args, again, 0, sc, pool, causal=False)
+            assert np.array_equal(again, out)
+
+
+def test_causal_is_the_default(variant, pool):
+    seqs, dims = [(5, 40), (1, 300), (70, 70)], (9, 3, 64)
+    q, kc, vc, table, lens, qs, _ = make_case(np.random.default_rng(2), seqs, *dims, 16, False)
+    outs = [np.empty((int(qs[-1]), 9 * 64), np.float32) for _ in range(3)]
+    for out, causal in zip(outs, (None, True, False), strict=True):
+        kw = {} if causal is None else {"causal": causal}
+        variant.attention(q, kc, vc, table, lens, qs, 9, 0.125, out, 0, None, pool, **kw)
+    assert np.array_equal(outs[0], outs[1])
+    assert not np.array_equal(outs[0][:5], outs[2][:5])  # the prefill rows see their future
 
 
 # variants whose "bf16" attention rounds only q (the softmax weights and PV stay f32):

@@ -1,7 +1,10 @@
-"""RMSNorm, RoPE, SiLU*mul, GELU-tanh*mul, embedding and exp: every variant
-against ref, ref against numpy float64.
+"""RMSNorm, LayerNorm, RoPE, SiLU*mul, GELU-tanh*mul, exact GELU, embedding and
+exp: every variant against ref, ref against numpy float64.
 
 Tolerances: rmsnorm 2e-6 relative + 1e-6 of the row's largest output;
+layernorm 1e-6 of |(x - mean) s w| + |mean| s |w| + |bias| (the float32
+steps after the double moments: 2^-24 for m's rounding, of |mean| s |w|, and
+a few for the subtraction, the two products and the bias add);
 rope 2e-6 * max|x| (float32 table and arithmetic against float64); silu_mul
 1e-5 relative + 1e-30 (for g < -88.7, exp(-g) overflows and silu flushes to
 0); gelu_tanh_mul every variant ref's bits, ref 3e-7 * (1 + max(-z, 0))
@@ -11,9 +14,19 @@ near g = -10), + 1e-15 |g u| for float64's own 1 + tanh(w) (for g < -10.061,
 exp(-z) overflows and out is -0 * u, the exact value below 3e-38 |u|), and
 4e-7 |g u| of torch's float32 gelu(approximate="tanh") * u (its 1 + tanh(w)
 rounds to float32); exp 2.4e-7 relative between variants (the same
-operations), 4e-7 relative for ref against exp in float64; embedding exact.
+operations), 4e-7 relative for ref against exp in float64; embedding exact;
+gelu (exact, erf) 3e-7 (1 + min(x, 0)^2) relative + 1e-38 for every variant
+against erfc in float64 (ref, libm's erfc in double, is within half an ulp;
+the vector erfc form's exp argument -z^2 + u R(u) carries float roundings
+that exp magnifies by z^2 = x^2/2 for negative x, where y is x/2 erfc(|z|)),
+measured 1.9e-7 (1 + x^2) below 0 and 1.6e-7 above (x86); absolute, below
+2.4e-7 over |x| < 10 (y's own rounding at x ~ 4); and 4e-7 (1 + |x|) against
+torch's float32 nn.GELU() (its 1 + erf rounds to float32: 1.2e-6 off at
+x = 3.5).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -64,6 +77,76 @@ def test_rmsnorm_nan_stays_in_its_row(variant):
     out = np.empty_like(x)
     variant.rmsnorm(x, np.ones(20, np.float32), 1e-5, out)
     assert np.all(np.isnan(out[1])) and np.all(np.isfinite(out[[0, 2]]))
+
+
+# ----------------------------------------------------------------- layernorm
+
+
+def layernorm_exact(x, w, b, eps):
+    """LayerNorm in float64, and its tolerance (module docstring)."""
+    x64 = x.astype(np.float64)
+    mean = x64.mean(axis=1, keepdims=True)
+    s = 1 / np.sqrt(x64.var(axis=1, keepdims=True) + eps)
+    core = (x64 - mean) * s * w
+    bias = 0.0 if b is None else b.astype(np.float64)
+    tol = 1e-6 * (np.abs(core) + np.abs(mean) * s * np.abs(w) + np.abs(bias)) + 1e-38
+    return core + bias, tol
+
+
+@fixture_ok
+@given(t=st.integers(1, 9), d=st.one_of(st.integers(1, 300), st.sampled_from([384, 1536])),
+       with_bias=st.booleans(), inplace=st.booleans(), pad=st.integers(0, 3),
+       scale=st.sampled_from([1e-15, 1.0, 1e12]), offset=st.sampled_from([0.0, 3.0, -1e3]),
+       seed=st.integers(0, 2**32 - 1))
+def test_layernorm(variant, ref, pool, t, d, with_bias, inplace, pad, scale, offset, seed):
+    rng = np.random.default_rng(seed)
+    wide = rand(rng, (t, d + pad), scale) + np.float32(offset * scale)  # rows strided by pad
+    x = wide[:, :d]
+    w, b = rand(rng, d), rand(rng, d) if with_bias else None
+    want, tol = layernorm_exact(x, w, b, 1e-5)
+    buf = wide.copy()
+    out = buf[:, :d] if inplace else np.empty((t, d), np.float32)
+    variant.layernorm(buf[:, :d], w, b, 1e-5, out, pool)
+    assert np.all(np.abs(out - want) <= tol)
+    assert np.array_equal(buf[:, d:], wide[:, d:])  # padding untouched
+    if not inplace:
+        assert np.array_equal(buf, wide)
+    ref_out = ref.layernorm(x, w, b, 1e-5, np.empty((t, d), np.float32))
+    assert np.all(np.abs(out - ref_out) <= tol)  # ref's bits but for a double's last bits
+
+
+def test_layernorm_is_thread_invariant_and_refs_bits_at_whisper_shapes(variant, ref, pools):
+    """Whisper's LayerNorms ([1500, 384] and [1500, 1536] activations): the same bits on 1
+    and 4 threads, and, the moments being double, ref's bits here."""
+    rng = np.random.default_rng(3)
+    for d in (384, 1536):
+        x = rand(rng, (1500, d), 2.0) + np.float32(0.5)
+        w, b = rand(rng, d), rand(rng, d)
+        one = variant.layernorm(x, w, b, 1e-5, np.empty_like(x), pools[1])
+        four = variant.layernorm(x, w, b, 1e-5, np.empty_like(x), pools[4])
+        assert np.array_equal(one, four)
+        assert np.array_equal(one, ref.layernorm(x, w, b, 1e-5, np.empty_like(x)))
+        want, tol = layernorm_exact(x, w, b, 1e-5)
+        assert np.all(np.abs(one - want) <= tol)
+
+
+def test_layernorm_matches_torch(variant):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    x, w, b = rand(rng, (6, 384)), rand(rng, 384), rand(rng, 384)
+    out = variant.layernorm(x, w, b, 1e-5, np.empty_like(x))
+    want = torch.nn.functional.layer_norm(torch.from_numpy(x), (384,), torch.from_numpy(w),
+                                          torch.from_numpy(b), 1e-5).numpy()
+    assert np.max(np.abs(out - want)) <= 4e-6 * np.max(np.abs(want))
+
+
+def test_layernorm_constant_row_and_nan(variant):
+    x = np.full((3, 20), 7.0, np.float32)
+    x[2, 5] = np.nan
+    w, b = np.full(20, 2.0, np.float32), np.full(20, 0.25, np.float32)
+    out = variant.layernorm(x, w, b, 1e-5, np.empty_like(x))
+    assert np.all(out[:2] == 0.25)  # x - mean = 0: only the bias is left
+    assert np.all(np.isnan(out[2]))
 
 
 # ---------------------------------------------------------------------- rope
@@ -248,6 +331,89 @@ def test_gelu_tanh_mul_extremes(variant):
     assert out[7] < 0  # the last gates above the flush stay normal numbers (~ -6e-38)
     assert out[8] == 0.0 and np.signbit(out[8])
     assert out[9] == 0.0
+
+
+# ------------------------------------------------------------- gelu (exact)
+
+
+def gelu_exact(x):
+    """x/2 (1 + erf(x / sqrt(2))) in float64, as x/2 erfc(-x / sqrt(2)): the same value
+    without 1 + erf's cancellation for negative x."""
+    x64 = x.astype(np.float64)
+    return 0.5 * x64 * np.vectorize(math.erfc)(-x64 / math.sqrt(2))
+
+
+def gelu_tol(x, want):
+    """Every variant's bound (module docstring)."""
+    x64 = x.astype(np.float64)
+    return 3e-7 * (1 + np.minimum(x64, 0) ** 2) * np.abs(want) + 1e-38
+
+
+def gelu_inputs(rng):
+    """A dense grid over |x| < 10 and random values of several scales."""
+    return np.concatenate([np.linspace(-10, 10, 400_001, dtype=np.float32),
+                           rand(rng, 20_000, 3.0), rand(rng, 5_000, 1e-3),
+                           rng.uniform(-10, 10, 20_000).astype(np.float32)])
+
+
+def test_gelu_matches_erf_in_float64(variant, pool):
+    x = gelu_inputs(np.random.default_rng(5))
+    want = gelu_exact(x)
+    out = variant.gelu(x, np.empty_like(x), pool)
+    assert np.all(np.abs(out - want) <= gelu_tol(x, want))
+    assert np.max(np.abs(out - want)) <= 2.4e-7  # absolute over |x| < 10
+
+
+def test_gelu_matches_torch(variant):
+    torch = pytest.importorskip("torch")
+    x = gelu_inputs(np.random.default_rng(6))
+    out = variant.gelu(x, np.empty_like(x))
+    want = torch.nn.GELU()(torch.from_numpy(x)).numpy()
+    assert np.all(np.abs(out - want) <= 4e-7 * (1 + np.abs(x)))
+
+
+def test_gelu_limits(variant):
+    """y = x exactly from 6 up, -0 from -16 down (the exact values are below half an ulp
+    of x there, and below float32's smallest subnormal), inf -> inf, -inf -> -0 (torch
+    gives NaN for both), NaN -> NaN, +-0 -> +-0."""
+    big = np.concatenate([np.linspace(6, 1e4, 5001, dtype=np.float32),
+                          np.float32([1e30, 3.4e38, np.inf])])
+    assert np.array_equal(variant.gelu(big, np.empty_like(big)), big)
+    low = np.concatenate([np.linspace(-1e4, -16, 5001, dtype=np.float32),
+                          np.float32([-1e30, -3.4e38, -np.inf])])
+    out = variant.gelu(low, np.empty_like(low))
+    assert np.all(out == 0) and np.all(np.signbit(out))
+    odd = np.float32([np.nan, 0.0, -0.0])
+    out = variant.gelu(odd, np.empty_like(odd))
+    assert np.isnan(out[0]) and out[1] == 0 and not np.signbit(out[1])
+    assert out[2] == 0 and np.signbit(out[2])
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 4095, 4097, 40_000])
+def test_gelu_tails_in_place_and_threads(variant, pools, n):
+    """Every tail length, in place or not, on 1 and 4 threads (40,000: the pool's path):
+    the same bits, and nothing written past n."""
+    rng = np.random.default_rng(n)
+    x = rand(rng, n + 3, 4.0)
+    out = np.full(n + 3, -7.0, np.float32)
+    variant.gelu(x[:n], out[:n], pools[1])
+    assert np.all(out[n:] == -7.0)
+    want = gelu_exact(x[:n])
+    assert np.all(np.abs(out[:n] - want) <= gelu_tol(x[:n], want))
+    four = variant.gelu(x[:n], np.empty(n, np.float32), pools[4])
+    assert np.array_equal(four, out[:n])
+    buf = x.copy()
+    variant.gelu(buf[:n], buf[:n], pools[4])
+    assert np.array_equal(buf[:n], out[:n]) and np.array_equal(buf[n:], x[n:])
+
+
+def test_gelu_any_shape_through_ops():
+    x = rand(np.random.default_rng(9), (3, 5, 7))
+    out = ops.gelu(x)
+    assert out.shape == x.shape
+    assert np.array_equal(out.ravel(), ops.gelu(x.ravel()))
+    ops.gelu(x, out=x)
+    assert np.array_equal(out, x)
 
 
 # ----------------------------------------------------------------- embedding

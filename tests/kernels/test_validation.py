@@ -159,6 +159,35 @@ def test_gdn_aliasing_and_layouts(kern):
         kern.sigmoid_mul(x, x)
 
 
+def test_layernorm_gelu_and_bidirectional_attention_validation(kern):
+    x, w = np.ones((2, 6), np.float32), np.ones(6, np.float32)
+    with pytest.raises(ValueError, match=r"bias must have shape \(6,\), got \(5,\)"):
+        kern.layernorm(x, w, np.ones(5, np.float32), 1e-5, np.empty_like(x))
+    with pytest.raises(ValueError, match="out and x must not overlap"):
+        buf = np.ones((3, 6), np.float32)
+        kern.layernorm(buf[:2], w, None, 1e-5, buf[1:])
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        kern.layernorm(x, w, None, 0.0, np.empty_like(x))
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 6\), got \(6, 2\)"):
+        kern.gelu(x, np.empty((6, 2), np.float32))
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        kern.gelu(x[:, ::2], np.empty((2, 3), np.float32))
+    with pytest.raises(ValueError, match="out and x must not overlap"):
+        kern.gelu(x.reshape(-1)[:6], x.reshape(-1)[1:7])
+    with pytest.raises(ValueError, match="x must have dtype float32"):
+        kern.gelu(np.ones(3), np.empty(3))
+    kc = np.zeros((2, 1, 4, 8), np.float32)
+    meta = (np.zeros((1, 1), np.int32), np.array([4], np.int32), np.array([0, 2], np.int32))
+    with pytest.raises(ValueError, match="a sliding window needs causal attention"):
+        kern.attention(np.ones((2, 8), np.float32), kc, kc.copy(), *meta, 1, 0.5,
+                       np.empty((2, 8), np.float32), 3, causal=False)
+    out = np.full((2, 8), 5.0, np.float32)
+    with pytest.raises(ValueError, match="sequence 0: inconsistent attention metadata"):
+        kern.attention(np.ones((2, 8), np.float32), kc, kc.copy(), meta[0],
+                       np.array([0], np.int32), meta[2], 1, 0.5, out, causal=False)
+    assert np.all(out == 5.0)  # rows with no key: refused, nothing written
+
+
 def test_unknown_and_foreign_variants():
     with pytest.raises(ValueError, match=r"unknown kernel variant 'avx9' \(known: .*ref\)"):
         ops.kernels("avx9")

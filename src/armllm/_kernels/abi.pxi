@@ -43,6 +43,7 @@ cdef extern from "armllm_kernels.h" nogil:
         float *scratch
         size_t scratch_len
         const float *sinks
+        int bidirectional
     enum:
         ARMLLM_ATTN_MAX_HEAD_DIM
     size_t armllm_attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim,
@@ -172,6 +173,10 @@ cdef extern from "armllm_kernels.h" nogil:
                               int64_t d, float eps, float *out, int64_t ldo) noexcept nogil
         void (*sigmoid_mul)(armllm_pool *pool, const float *gate, int64_t ldg, int64_t t,
                             int64_t n, float *x, int64_t ldx) noexcept nogil
+        void (*layernorm)(armllm_pool *pool, const float *x, int64_t ldx, const float *weight,
+                          const float *bias, int64_t t, int64_t d, float eps, float *out,
+                          int64_t ldo) noexcept nogil
+        void (*gelu)(armllm_pool *pool, const float *x, float *y, int64_t n) noexcept nogil
 
     void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
                               int64_t ldx, float *residual, int64_t ldr, const float *weight,

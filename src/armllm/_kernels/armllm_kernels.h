@@ -89,6 +89,23 @@ static inline uint16_t armllm_f32_to_bf16(float f) {
  *   uses); y may equal x. Relative error <= 4e-7 for normal results;
  *   results below FLT_MIN may flush to 0; +-inf, NaN and overflow behave as
  *   expf.
+ *
+ * LayerNorm  out[r, :] = (x[r] - mean) / sqrt(var + eps) * weight (+ bias)
+ *   For each of T rows of D elements; mean and var (biased: / D) are summed
+ *   in double in two passes (so in any order: variants differ from ref only
+ *   in a double's last bits), then rounded to float: m = (float)mean, s =
+ *   (float)(1 / sqrt(var + eps)); out = (x - m) * s * weight [+ bias] in
+ *   float, unfused, in that order. bias may be NULL. out may equal x (same
+ *   pointer and stride); otherwise no overlap.
+ *
+ * GELU  y[i] = x[i] / 2 * (1 + erf(x[i] / sqrt(2))), exact (erf) GELU as
+ *   PyTorch's nn.GELU(); y may equal x. ref: libm's erfc in double, rounded
+ *   once. Vector variants: erfc(z) = t exp(-z^2 + u R(u)), t = 1 / (1 + z/2),
+ *   u = 1 - t, z = |x| / sqrt(2), and y = x - x/2 erfc(z) (x > 0) or
+ *   x/2 erfc(z) (family_jobs.h): within 3e-7 (1 + min(x, 0)^2) |y| + 1e-38
+ *   of the exact value (exp magnifies the exponent's roundings by z^2 where
+ *   y is small); y = x from 6 up, -0 from -16 down; +inf -> +inf, -inf ->
+ *   -0 (PyTorch: NaN for both), NaN -> NaN.
  */
 
 enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
@@ -113,6 +130,10 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  *   Query row i of a sequence with q_len rows sits at position
  *   pos = seq_len - q_len + i and attends keys [lo, pos] with
  *   lo = sliding_window ? max(0, pos - sliding_window + 1) : 0 (causal).
+ *   With `bidirectional` set, every row attends all seq_len keys [0,
+ *   seq_len) (no mask: an encoder's self-attention, or cross-attention over
+ *   the encoder's keys); sliding_window must then be 0, and q_len may exceed
+ *   seq_len (a sequence with rows needs seq_len >= 1).
  *   Query head h reads KV head h / (n_heads / n_kv_heads) (GQA).
  *   out = softmax(scale * q.K^T) V, written at out + row*ldo. With sinks
  *   (GPT-OSS), head h's softmax denominator also holds exp(sinks[h]): a
@@ -126,8 +147,10 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  *   `scratch` of armllm_attn_scratch_len(...) floats; with NULL or too little,
  *   the variant does not split (same result).
  *   Returns -1, or the first sequence whose metadata is inconsistent
- *   (q_len > seq_len, query_start not increasing, a used block id outside
- *   [0, num_blocks), or more blocks than max_blocks); then nothing was written.
+ *   (q_len > seq_len (bidirectional: rows and seq_len 0), query_start not
+ *   increasing, a used block id outside [0, num_blocks), or more blocks than
+ *   max_blocks; 0 for bidirectional with a sliding window); then nothing was
+ *   written.
  *   Accuracy vs exact softmax attention in float64: 2e-6 * max|V| (f32 cache),
  *   bf16 caches hold bf16-rounded K/V, to which the same bound applies.
  */
@@ -151,6 +174,7 @@ typedef struct {
   float *scratch; /* split-KV partials, may be NULL */
   size_t scratch_len;
   const float *sinks; /* [n_heads] logits in every row's softmax denominator, NULL: none */
+  int bidirectional;  /* 0: causal; 1: every row sees all its sequence's keys */
 } armllm_attn_args;
 
 /* Floats of scratch that let a variant split every row's keys over threads. */
@@ -438,7 +462,11 @@ typedef struct {
      int64_t ldo))                                                                                 \
   X(variant, sigmoid_mul, void,                                                                    \
     (armllm_pool *pool, const float *gate, int64_t ldg, int64_t t, int64_t n, float *x,            \
-     int64_t ldx))
+     int64_t ldx))                                                                                 \
+  X(variant, layernorm, void,                                                                      \
+    (armllm_pool *pool, const float *x, int64_t ldx, const float *weight, const float *bias,       \
+     int64_t t, int64_t d, float eps, float *out, int64_t ldo))                                    \
+  X(variant, gelu, void, (armllm_pool *pool, const float *x, float *y, int64_t n))
 
 #define ARMLLM_SLOT_TYPEDEF_(variant, name, ret, params) typedef ret(*armllm_##name##_fn) params;
 #define ARMLLM_SLOT_INDEX_(variant, name, ret, params) ARMLLM_K_##name,

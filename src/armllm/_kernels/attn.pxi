@@ -73,9 +73,11 @@ cdef class _AttentionKernels(_ElementwiseKernels):
 
     def attention(self, q, k_cache, v_cache, block_table, seq_lens, query_start,
                   int64_t n_heads, float scale, out, int64_t sliding_window=0, scratch=None,
-                  ThreadPool pool=None, sinks=None):
+                  ThreadPool pool=None, sinks=None, bint causal=True):
         """Varlen paged attention of q [T, n_heads*head_dim] into out (see the C header);
-        sinks: None or float32 [n_heads], each head's logit in the softmax denominator."""
+        sinks: None or float32 [n_heads], each head's logit in the softmax denominator;
+        causal False: every row sees all seq_lens[b] keys of its sequence (an encoder's
+        self-attention, cross-attention), with no sliding window."""
         cdef cnp.ndarray qa = _array(q, "q", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
@@ -96,6 +98,9 @@ cdef class _AttentionKernels(_ElementwiseKernels):
             raise ValueError(f"scale must be > 0, got {scale}")
         if sliding_window < 0:
             raise ValueError(f"sliding_window must be >= 0, got {sliding_window}")
+        if not causal and sliding_window:
+            raise ValueError(f"a sliding window needs causal attention, got "
+                             f"sliding_window={sliding_window} with causal=False")
         if qs.shape[0] != n_seqs + 1 or bt.shape[0] != n_seqs:
             raise ValueError(f"query_start must have n_seqs+1 = {n_seqs + 1} entries and "
                              f"block_table n_seqs rows, got {qs.shape[0]} and {bt.shape[0]}")
@@ -126,6 +131,7 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         args.ldo = _ld(oa)
         args.scratch, args.scratch_len = NULL, 0
         args.sinks = NULL if sinks is None else _vector(sinks, "sinks", n_heads)
+        args.bidirectional = not causal
         if scratch is not None:
             sc = _array(scratch, "scratch", np.float32, 1)
             _writable(sc, "scratch")

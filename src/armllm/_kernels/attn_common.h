@@ -10,10 +10,12 @@
 /* -1, or the first sequence whose metadata is inconsistent. */
 static inline int64_t armllm_attn_check(const armllm_attn_args *a) {
   if (a->query_start[0] != 0) return 0;
+  if (a->bidirectional && a->sliding_window > 0) return 0; /* no window without a causal order */
   for (int64_t b = 0; b < a->n_seqs; b++) {
     const int64_t q_len = a->query_start[b + 1] - a->query_start[b];
     const int64_t seq_len = a->seq_lens[b];
-    if (q_len < 0 || q_len > seq_len) return b;
+    /* bidirectional rows need a key, not a position: q_len may pass seq_len */
+    if (q_len < 0 || (a->bidirectional ? q_len > 0 && seq_len < 1 : q_len > seq_len)) return b;
     const int64_t blocks = (seq_len + a->block_size - 1) / a->block_size;
     if (blocks > a->max_blocks) return b;
     for (int64_t i = 0; i < blocks; i++) {
@@ -35,8 +37,11 @@ static inline int64_t armllm_attn_seq_of_row(const armllm_attn_args *a, int64_t 
   return lo;
 }
 
-/* Position of query row `row` of sequence b, and the first key it sees. */
+/* The last key query row `row` of sequence b sees (causal: its position;
+ * bidirectional: the sequence's last), and the first. Every variant takes a
+ * row's keys [lo, pos] from these two alone. */
 static inline int64_t armllm_attn_pos(const armllm_attn_args *a, int64_t b, int64_t row) {
+  if (a->bidirectional) return a->seq_lens[b] - 1;
   const int64_t q_len = a->query_start[b + 1] - a->query_start[b];
   return a->seq_lens[b] - q_len + (row - a->query_start[b]);
 }

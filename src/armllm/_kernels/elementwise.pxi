@@ -1,6 +1,6 @@
 # elementwise.pxi: included by _ext.pyx after gguf.pxi: _ElementwiseKernels, the slots
-# that work row by row: RMSNorm (alone and fused with quant_act), RoPE, SiLU*mul, the
-# embedding lookup and the kernels' polynomial exp.
+# that work row by row: RMSNorm (alone and fused with quant_act), LayerNorm, RoPE,
+# SiLU*mul, exact GELU, the embedding lookup and the kernels' polynomial exp.
 
 
 cdef class _ElementwiseKernels(_GGUFKernels):
@@ -42,6 +42,38 @@ cdef class _ElementwiseKernels(_GGUFKernels):
         cdef float *op = <float *>cnp.PyArray_DATA(oa)
         with nogil:
             self.t.rmsnorm(p, xp, ldx, res_ptr, ldr, wp, t, d, eps, op, ldo)
+        return out
+
+    def layernorm(self, x, weight, bias, float eps, out, ThreadPool pool=None):
+        """out = (x - mean) / sqrt(var + eps) * weight (+ bias) per row of x [T, D];
+        bias None: none; out may be x."""
+        cdef cnp.ndarray xa = _array(x, "x", np.float32, 2)
+        cdef cnp.ndarray wa = _array(weight, "weight", np.float32, 1)
+        cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+        cdef cnp.ndarray ba
+        cdef const float *bp = NULL
+        _writable(oa, "out")
+        if not eps > 0 or eps != eps:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if wa.shape[0] != xa.shape[1]:
+            raise ValueError(f"weight must have shape ({xa.shape[1]},), got {_shp(wa)}")
+        if bias is not None:
+            ba = _array(bias, "bias", np.float32, 1)
+            if ba.shape[0] != xa.shape[1]:
+                raise ValueError(f"bias must have shape ({xa.shape[1]},), got {_shp(ba)}")
+            _no_overlap(oa, "out", ba, "bias")
+            bp = <const float *>cnp.PyArray_DATA(ba)
+        if oa.shape[0] != xa.shape[0] or oa.shape[1] != xa.shape[1]:
+            raise ValueError(f"out must have shape {_shp(xa)}, got {_shp(oa)}")
+        _same_or_disjoint(oa, "out", xa, "x")
+        _no_overlap(oa, "out", wa, "weight")
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef int64_t t = xa.shape[0], d = xa.shape[1], ldx = _ld(xa), ldo = _ld(oa)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef const float *wp = <const float *>cnp.PyArray_DATA(wa)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        with nogil:
+            self.t.layernorm(p, xp, ldx, wp, bp, t, d, eps, op, ldo)
         return out
 
     def rmsnorm_quant(self, x, weight, float eps, out, xq, scale, gsum=None, int64_t group=0,
@@ -163,6 +195,34 @@ cdef class _ElementwiseKernels(_GGUFKernels):
                 bad = self.t.embed_f32(p, ip, t, <const float *>tp, vocab, d, op, ldo)
         if bad >= 0:
             raise ValueError(f"ids[{bad}] = {ids[bad]} is outside the vocabulary [0, {vocab})")
+        return out
+
+    def gelu(self, x, out, ThreadPool pool=None):
+        """out = x / 2 * (1 + erf(x / sqrt(2))) (exact GELU) over C-contiguous float32
+        arrays of one shape; out may be x."""
+        for name, a in (("x", x), ("out", out)):
+            if not isinstance(a, cnp.ndarray):
+                raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+        cdef cnp.ndarray xa = <cnp.ndarray>x
+        cdef cnp.ndarray oa = <cnp.ndarray>out
+        for name, a in (("x", xa), ("out", oa)):
+            if a.dtype != np.float32:
+                raise ValueError(f"{name} must have dtype float32, got {a.dtype}")
+            if not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISALIGNED(a):
+                raise ValueError(f"{name} must be C-contiguous and aligned")
+        _writable(oa, "out")
+        if _shp(oa) != _shp(xa):
+            raise ValueError(f"out must have shape {_shp(xa)}, got {_shp(oa)}")
+        cdef int64_t n = xa.size
+        cdef uintptr_t xs = _addr(xa), os = _addr(oa), nbytes = <uintptr_t>(n * 4)
+        if os != xs and os < xs + nbytes and xs < os + nbytes:
+            raise ValueError("out and x must not overlap")
+        cdef armllm_pool *p = _pool_ptr(pool)
+        cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+        cdef float *op = <float *>cnp.PyArray_DATA(oa)
+        if n:
+            with nogil:
+                self.t.gelu(p, xp, op, n)
         return out
 
     def exp(self, x, out):

@@ -60,6 +60,23 @@ typedef struct {
 } armllm_rope_job;
 
 typedef struct {
+  const float *x;
+  int64_t ldx;
+  const float *weight, *bias; /* bias NULL: none */
+  int64_t d;
+  float eps;
+  float *out;
+  int64_t ldo;
+} armllm_layernorm_job;
+
+/* gelu's chunks: elements [c * ARMLLM_GELU_CHUNK, ...) of x into y */
+typedef struct {
+  const float *x;
+  float *y;
+  int64_t n;
+} armllm_gelu_job;
+
+typedef struct {
   const float *gate_up;
   int64_t ldg, inter;
   float *out;
@@ -96,6 +113,54 @@ static inline void armllm_rows_run(armllm_pool *pool, int64_t t, int64_t row_ele
  * the same order (c = g * g * CUBIC; z = fmaf(c, g, g) * TWO_K; g / (1 + exp(-z)) * u). */
 #define ARMLLM_GELU_CUBIC 0.044715f
 #define ARMLLM_GELU_TWO_K 1.5957691216057308f /* 2 sqrt(2 / pi) */
+
+/* Exact GELU's erfc in the vector variants (armllm_kernels.h): erfc(z) =
+ * t exp(-z^2 + u R(u)), t = 1 / (1 + z/2) in (0, 1] for every z >= 0 and
+ * u = 1 - t = (z/2) t (a product: exact to an ulp near z = 0, where 1 - t
+ * would cancel). R of degree 9 is fitted (minimax by Lawson's iteration in
+ * float64 against mpmath) so that u R(u) = log(erfc(z)) + z^2 - log(t) over
+ * z in [0, 11.5] within 9e-9: the relative error of erfc. Evaluated by Horner
+ * from R9 down with FMAs, times u; the exponent as fma(-z, z, u R). x is
+ * clamped to [-CLAMP, CLAMP] first: there erfc(z) is 0 in float, so y = x
+ * (x > 0) or -0, and +-inf stay finite inside (y = +inf, -0). */
+#define ARMLLM_GELU_CLAMP 16.0f
+#define ARMLLM_GELU_R0 -1.2567596435546875f
+#define ARMLLM_GELU_R1 -0.30317744612693787f
+#define ARMLLM_GELU_R2 0.1605149805545807f
+#define ARMLLM_GELU_R3 0.19978134334087372f
+#define ARMLLM_GELU_R4 0.03350330516695976f
+#define ARMLLM_GELU_R5 -0.03709593042731285f
+#define ARMLLM_GELU_R6 -0.003897859016433358f
+#define ARMLLM_GELU_R7 -0.3159443140029907f
+#define ARMLLM_GELU_R8 0.38417279720306396f
+#define ARMLLM_GELU_R9 -0.12665514647960663f
+#define ARMLLM_SQRT1_2 0.70710678118654752f /* 1 / sqrt(2) */
+/* elements a pool chunk of gelu holds (a few microseconds of work), and the
+ * fewest that wake the workers */
+#define ARMLLM_GELU_CHUNK 4096
+#define ARMLLM_GELU_SERIAL 32768
+
+/* A variant's GELU of n elements of x into y (y may be x). */
+typedef void (*armllm_gelu_span_fn)(const float *x, float *y, int64_t n);
+
+/* Chunks [c0, c1) of a gelu job, each with span. */
+static inline __attribute__((always_inline)) void armllm_gelu_chunks(const armllm_gelu_job *job,
+                                                                     int64_t c0, int64_t c1,
+                                                                     armllm_gelu_span_fn span) {
+  const int64_t i0 = c0 * ARMLLM_GELU_CHUNK;
+  const int64_t i1 = c1 * ARMLLM_GELU_CHUNK < job->n ? c1 * ARMLLM_GELU_CHUNK : job->n;
+  span(job->x + i0, job->y + i0, i1 - i0);
+}
+
+/* Runs task over the chunks of n elements, on the calling thread below
+ * ARMLLM_GELU_SERIAL elements. */
+static inline void armllm_gelu_run(armllm_pool *pool, const float *x, float *y, int64_t n,
+                                   armllm_task_fn task) {
+  armllm_gelu_job job = {x, y, n};
+  const int64_t chunks = (n + ARMLLM_GELU_CHUNK - 1) / ARMLLM_GELU_CHUNK;
+  if (n < ARMLLM_GELU_SERIAL) pool = NULL;
+  armllm_pool_run(pool, chunks, armllm_pool_grain(pool, chunks, 2, 1), task, &job);
+}
 
 /* A variant's SiLU(g) * u of one row of inter elements into out (out may be
  * g: it must load each block before it stores it). */

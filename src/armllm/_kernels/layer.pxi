@@ -365,6 +365,7 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
             args.out, args.ldo = d.attn.p, d.attn.ld
             args.scratch, args.scratch_len = d.attn_scratch, d.attn_scratch_len
             args.sinks = d.sinks
+            args.bidirectional = 0   # a decoder layer: causal
             bad = kt.attention(p, &args)
             _tick(times, 2, &t0)
             if bad >= 0:

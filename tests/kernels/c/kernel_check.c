@@ -432,6 +432,77 @@ static void check_exp(const armllm_kernels *v) {
 static const int32_t attn_seqs[][2] = {{1, 1}, {1, 37}, {5, 5}, {3, 20}, {1, 300}, {7, 530}, {2, 17}};
 #define ATTN_NSEQ ((int64_t)(sizeof attn_seqs / sizeof *attn_seqs))
 
+/* One attention case of dims (head_dim, n_heads, n_kv_heads, block_size) against ref:
+ * mode 0 causal, 1 sliding window + sinks, 2 bidirectional. */
+static void attention_case(report *r, const armllm_kernels *v, armllm_pool *pool,
+                           const int64_t *dims, int bf16, int mode) {
+  const int window = mode == 1;
+  const int64_t hd = dims[0], nh = dims[1], nkv = dims[2], bs = dims[3];
+  int32_t qs[ATTN_NSEQ + 1], lens[ATTN_NSEQ];
+  int64_t max_blocks = 0, total_blocks = 0;
+  qs[0] = 0;
+  for (int64_t b = 0; b < ATTN_NSEQ; b++) {
+    qs[b + 1] = qs[b] + attn_seqs[b][0];
+    lens[b] = attn_seqs[b][1];
+    int64_t nb = (lens[b] + bs - 1) / bs;
+    if (nb > max_blocks) max_blocks = nb;
+    total_blocks += nb;
+  }
+  const int64_t rows = qs[ATTN_NSEQ], num_blocks = total_blocks + 3;
+  int32_t *table = xmalloc(sizeof(int32_t) * (size_t)(ATTN_NSEQ * max_blocks));
+  int64_t next = 0;
+  for (int64_t b = 0; b < ATTN_NSEQ; b++) /* blocks in a scrambled order */
+    for (int64_t i = 0; i < max_blocks; i++)
+      table[b * max_blocks + i] = i < (lens[b] + bs - 1) / bs ? (int32_t)((next++ * 7 + 3) % num_blocks) : -5;
+  const size_t cache_len = (size_t)(num_blocks * nkv * bs * hd);
+  float *kc = xmalloc(sizeof(float) * cache_len), *vc = xmalloc(sizeof(float) * cache_len);
+  uint16_t *kb = xmalloc(sizeof(uint16_t) * cache_len), *vb = xmalloc(sizeof(uint16_t) * cache_len);
+  fill(kc, (int64_t)cache_len, 1.0f);
+  fill(vc, (int64_t)cache_len, 1.0f);
+  for (size_t i = 0; i < cache_len; i++) {
+    kb[i] = armllm_f32_to_bf16(kc[i]);
+    vb[i] = armllm_f32_to_bf16(vc[i]);
+  }
+  const int64_t ldq = nh * hd + 3, ldo = nh * hd + 1;
+  float *q = xmalloc(sizeof(float) * (size_t)(rows * ldq));
+  float *out = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+  float *out1 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+  float *out2 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
+  fill(q, rows * ldq, 1.0f);
+  size_t scratch_len = armllm_attn_scratch_len(rows, nh, hd, 530);
+  float *scratch = xmalloc(sizeof(float) * scratch_len);
+  armllm_attn_args a = {q, ldq, bf16 ? (const void *)kb : kc, bf16 ? (const void *)vb : vc,
+                        bf16, table, max_blocks, lens, qs, ATTN_NSEQ, nh, nkv, hd, bs,
+                        num_blocks, 1.0f / sqrtf((float)hd), window ? 37 : 0, out, ldo,
+                        scratch, scratch_len, NULL, mode == 2};
+  /* GPT-OSS's layers: attention sinks with the window (every head's own logit) */
+  static const float sinks[] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.5f};
+  if (window) a.sinks = sinks;
+  /* |V| <= 1; bf16-compute variants round q and the weights (header) */
+  const double tol = bf16 && !strcmp(v->attention_bf16_compute, "bf16") ? 1.0 / 32 : 4e-6;
+  armllm_attn_args a1 = a, ar = a;
+  a1.out = out1;
+  a1.scratch = NULL;
+  a1.scratch_len = 0;
+  ar.out = out2;
+  if (v->attention(pool, &a) != -1 || v->attention(NULL, &a1) != -1 ||
+      armllm_kernels_ref.attention(NULL, &ar) != -1)
+    r->bad++;
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < nh * hd; j++) {
+      report_value(r, out[i * ldo + j], out2[i * ldo + j], tol);
+      if (out[i * ldo + j] != out1[i * ldo + j]) r->bad++; /* split or not: same bits */
+    }
+  /* inconsistent metadata: a block id out of range in sequence 3 */
+  const int32_t saved = table[3 * max_blocks];
+  table[3 * max_blocks] = (int32_t)num_blocks;
+  if (v->attention(pool, &a) != 3) r->bad++;
+  table[3 * max_blocks] = saved;
+  r->cases++;
+  free(table); free(kc); free(vc); free(kb); free(vb); free(q); free(out); free(out1);
+  free(out2); free(scratch);
+}
+
 static void check_attention(const armllm_kernels *v, armllm_pool *pool) {
   static const int64_t dims[][4] = {/* head_dim, n_heads, n_kv_heads, block_size */
                                     {8, 2, 2, 16}, {64, 6, 2, 16}, {80, 3, 1, 5}, {128, 4, 4, 32}};
@@ -439,72 +510,18 @@ static void check_attention(const armllm_kernels *v, armllm_pool *pool) {
   report_start(&r, v->isa, "attention");
   for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
     for (int bf16 = 0; bf16 < 2; bf16++)
-      for (int window = 0; window < 2; window++) {
-        const int64_t hd = dims[di][0], nh = dims[di][1], nkv = dims[di][2], bs = dims[di][3];
-        int32_t qs[ATTN_NSEQ + 1], lens[ATTN_NSEQ];
-        int64_t max_blocks = 0, total_blocks = 0;
-        qs[0] = 0;
-        for (int64_t b = 0; b < ATTN_NSEQ; b++) {
-          qs[b + 1] = qs[b] + attn_seqs[b][0];
-          lens[b] = attn_seqs[b][1];
-          int64_t nb = (lens[b] + bs - 1) / bs;
-          if (nb > max_blocks) max_blocks = nb;
-          total_blocks += nb;
-        }
-        const int64_t rows = qs[ATTN_NSEQ], num_blocks = total_blocks + 3;
-        int32_t *table = xmalloc(sizeof(int32_t) * (size_t)(ATTN_NSEQ * max_blocks));
-        int64_t next = 0;
-        for (int64_t b = 0; b < ATTN_NSEQ; b++) /* blocks in a scrambled order */
-          for (int64_t i = 0; i < max_blocks; i++)
-            table[b * max_blocks + i] = i < (lens[b] + bs - 1) / bs ? (int32_t)((next++ * 7 + 3) % num_blocks) : -5;
-        const size_t cache_len = (size_t)(num_blocks * nkv * bs * hd);
-        float *kc = xmalloc(sizeof(float) * cache_len), *vc = xmalloc(sizeof(float) * cache_len);
-        uint16_t *kb = xmalloc(sizeof(uint16_t) * cache_len), *vb = xmalloc(sizeof(uint16_t) * cache_len);
-        fill(kc, (int64_t)cache_len, 1.0f);
-        fill(vc, (int64_t)cache_len, 1.0f);
-        for (size_t i = 0; i < cache_len; i++) {
-          kb[i] = armllm_f32_to_bf16(kc[i]);
-          vb[i] = armllm_f32_to_bf16(vc[i]);
-        }
-        const int64_t ldq = nh * hd + 3, ldo = nh * hd + 1;
-        float *q = xmalloc(sizeof(float) * (size_t)(rows * ldq));
-        float *out = xmalloc(sizeof(float) * (size_t)(rows * ldo));
-        float *out1 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
-        float *out2 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
-        fill(q, rows * ldq, 1.0f);
-        size_t scratch_len = armllm_attn_scratch_len(rows, nh, hd, 530);
-        float *scratch = xmalloc(sizeof(float) * scratch_len);
-        armllm_attn_args a = {q, ldq, bf16 ? (const void *)kb : kc, bf16 ? (const void *)vb : vc,
-                              bf16, table, max_blocks, lens, qs, ATTN_NSEQ, nh, nkv, hd, bs,
-                              num_blocks, 1.0f / sqrtf((float)hd), window ? 37 : 0, out, ldo,
-                              scratch, scratch_len, NULL};
-        /* GPT-OSS's layers: attention sinks with the window (every head's own logit) */
-        static const float sinks[] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.5f};
-        if (window) a.sinks = sinks;
-        /* |V| <= 1; bf16-compute variants round q and the weights (header) */
-        const double tol = bf16 && !strcmp(v->attention_bf16_compute, "bf16") ? 1.0 / 32 : 4e-6;
-        armllm_attn_args a1 = a, ar = a;
-        a1.out = out1;
-        a1.scratch = NULL;
-        a1.scratch_len = 0;
-        ar.out = out2;
-        if (v->attention(pool, &a) != -1 || v->attention(NULL, &a1) != -1 ||
-            armllm_kernels_ref.attention(NULL, &ar) != -1)
-          r.bad++;
-        for (int64_t i = 0; i < rows; i++)
-          for (int64_t j = 0; j < nh * hd; j++) {
-            report_value(&r, out[i * ldo + j], out2[i * ldo + j], tol);
-            if (out[i * ldo + j] != out1[i * ldo + j]) r.bad++; /* split or not: same bits */
-          }
-        /* inconsistent metadata: a block id out of range in sequence 3 */
-        const int32_t saved = table[3 * max_blocks];
-        table[3 * max_blocks] = (int32_t)num_blocks;
-        if (v->attention(pool, &a) != 3) r.bad++;
-        table[3 * max_blocks] = saved;
-        r.cases++;
-        free(table); free(kc); free(vc); free(kb); free(vb); free(q); free(out); free(out1);
-        free(out2); free(scratch);
-      }
+      for (int window = 0; window < 2; window++) attention_case(&r, v, pool, dims[di], bf16, window);
+  report_end(&r, impl_of(v, ARMLLM_K_attention));
+}
+
+/* Bidirectional (every row over all its sequence's keys), and one block a sequence
+ * (block_size 600, as Whisper's cross-attention cache). */
+static void check_attention_bidirectional(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t dims[][4] = {{8, 2, 2, 16}, {64, 6, 2, 16}, {80, 3, 1, 5}, {64, 6, 3, 600}};
+  report r;
+  report_start(&r, v->isa, "attn_bidir");
+  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+    for (int bf16 = 0; bf16 < 2; bf16++) attention_case(&r, v, pool, dims[di], bf16, 2);
   report_end(&r, impl_of(v, ARMLLM_K_attention));
 }
 
@@ -638,6 +655,95 @@ static void check_quant_act(const armllm_kernels *v, armllm_pool *pool) {
 
 /* The fused RMSNorm + quantization against the table's two kernels run one
  * after the other (every output compared bit for bit, residual included). */
+/* One layernorm row's tolerance scale: the double moments' mean and 1/sqrt(var + eps). */
+static void row_moments(const float *x, int64_t d, double *mean, double *s) {
+  double sum = 0.0, sq = 0.0;
+  for (int64_t j = 0; j < d; j++) sum += x[j];
+  *mean = sum / (double)d;
+  for (int64_t j = 0; j < d; j++) sq += (x[j] - *mean) * (x[j] - *mean);
+  *s = 1.0 / sqrt(sq / (double)d + 1e-5);
+}
+
+/* Against ref within 1e-6 (|(x - mean) s w| + |mean| s |w| + |bias|) (test_elementwise.py),
+ * rows off their mean (the float mean's rounding counts), with and without bias, in place
+ * (then ref's bits of out of place), padding untouched. */
+static void check_layernorm(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t ds[] = {1, 3, 4, 5, 8, 15, 16, 17, 33, 384, 1537};
+  report r;
+  report_start(&r, v->isa, "layernorm");
+  for (size_t id = 0; id < sizeof ds / sizeof *ds; id++)
+    for (int mode = 0; mode < 4; mode++) { /* bit 0: bias, bit 1: in place */
+      const int64_t t = 4, d = ds[id], ld = d + 3;
+      const size_t len = (size_t)(t * ld);
+      float *x = xmalloc(sizeof(float) * len), *xi = xmalloc(sizeof(float) * len);
+      float *out = xmalloc(sizeof(float) * len), *want = xmalloc(sizeof(float) * len);
+      float *w = xmalloc(sizeof(float) * (size_t)d), *b = xmalloc(sizeof(float) * (size_t)d);
+      fill(x, (int64_t)len, 3.0f);
+      for (int64_t i = 0; i < t; i++)
+        for (int64_t j = 0; j < d; j++) x[i * ld + j] += (float)(i * 40 - 50); /* off 0 */
+      fill(w, d, 2.0f);
+      fill(b, d, 1.0f);
+      memcpy(xi, x, sizeof(float) * len);
+      for (size_t i = 0; i < len; i++) out[i] = want[i] = -7.0f;
+      const float *bias = mode & 1 ? b : NULL;
+      float *o = mode & 2 ? xi : out;
+      v->layernorm(pool, xi, ld, w, bias, t, d, 1e-5f, o, ld);
+      armllm_kernels_ref.layernorm(NULL, x, ld, w, bias, t, d, 1e-5f, want, ld);
+      for (int64_t i = 0; i < t; i++) {
+        double mean, s;
+        row_moments(x + i * ld, d, &mean, &s);
+        for (int64_t j = 0; j < ld; j++) {
+          const float got = o[i * ld + j];
+          if (j >= d) { /* padding: untouched */
+            if (got != (mode & 2 ? x[i * ld + j] : -7.0f)) r.bad++;
+            continue;
+          }
+          const double mag = fabs((x[i * ld + j] - mean) * s * w[j]) + fabs(mean) * s * fabs(w[j]) +
+                             (bias ? fabs(b[j]) : 0.0);
+          report_value(&r, got, want[i * ld + j], 1e-6 * mag + 1e-30);
+        }
+      }
+      r.cases++;
+      free(x); free(xi); free(out); free(want); free(w); free(b);
+    }
+  report_end(&r, impl_of(v, ARMLLM_K_layernorm));
+}
+
+/* Exact GELU in double: x/2 erfc(-x / sqrt(2)). */
+static double gelu_exact(double x) { return 0.5 * x * erfc(-x * 0.70710678118654752440); }
+
+/* Against erfc in double within 3e-7 (1 + min(x, 0)^2) |y| + 1e-38 (test_elementwise.py)
+ * over a grid of |x| <= 12, every tail length and a pooled length; the limits exact (y = x
+ * from 6 up, -0 from -16 down, +-inf, NaN); in place the same bits. */
+static void check_gelu(const armllm_kernels *v, armllm_pool *pool) {
+  static const float specials[] = {INFINITY, -INFINITY, NAN, 6.0f, 1e30f, -16.0f, -1e30f, 0.0f};
+  static const int64_t ns[] = {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 100, 40000};
+  report r;
+  report_start(&r, v->isa, "gelu");
+  for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+    const int64_t n = ns[k];
+    float *x = xmalloc(sizeof(float) * (size_t)(n + 1)), *y = xmalloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) x[i] = n > 1 ? -12.0f + 24.0f * (float)i / (float)(n - 1) : 0.5f;
+    for (size_t j = 0; n == 100 && j < sizeof specials / sizeof *specials; j++) x[j] = specials[j];
+    y[n] = -7.0f;
+    v->gelu(pool, x, y, n);
+    if (y[n] != -7.0f) r.bad++; /* nothing past n */
+    for (int64_t i = 0; i < n; i++) {
+      const double want = isinf(x[i]) ? (x[i] > 0 ? INFINITY : 0.0) : gelu_exact(x[i]);
+      const double neg = x[i] < 0 ? (double)x[i] * x[i] : 0.0;
+      report_value(&r, y[i], want, 3e-7 * (1.0 + neg) * fabs(want) + 1e-38);
+      if ((x[i] >= 6.0f && y[i] != x[i]) || (x[i] <= -16.0f && (y[i] != 0.0f || !signbit(y[i]))))
+        r.bad++;
+    }
+    v->gelu(pool, x, x, n); /* in place */
+    for (int64_t i = 0; i < n; i++)
+      if (memcmp(&x[i], &y[i], sizeof *x) != 0 && !(isnan(x[i]) && isnan(y[i]))) r.bad++;
+    r.cases++;
+    free(x); free(y);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_gelu));
+}
+
 static void check_rmsnorm_quant(const armllm_kernels *v, armllm_pool *pool) {
   static const int64_t ds[] = {7, 64, 576, 1029, 4100};
   static const int64_t ts[] = {1, 3, 40};
@@ -1214,6 +1320,16 @@ static void check_sigmoid_mul(const armllm_kernels *v, armllm_pool *pool) {
   report_end(&r, impl_of(v, ARMLLM_K_sigmoid_mul));
 }
 
+/* The checks of Whisper's kernels draw their data from a copy of the random stream:
+ * every other check keeps the data it always had. */
+static void check_whisper_kernels(const armllm_kernels *v, armllm_pool *pool) {
+  const uint64_t saved = rng_state;
+  check_layernorm(v, pool);
+  check_gelu(v, pool);
+  check_attention_bidirectional(v, pool);
+  rng_state = saved;
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -1423,6 +1539,7 @@ int main(int argc, char **argv) {
     check_gdn_rule(v, pool, quick);
     check_gated_rmsnorm(v, pool);
     check_sigmoid_mul(v, pool);
+    check_whisper_kernels(v, pool);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);

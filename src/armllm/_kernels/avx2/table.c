@@ -37,4 +37,6 @@ const armllm_kernels armllm_kernels_avx2 = {
     ARMLLM_SLOT(gdn_rule, avx2),
     ARMLLM_SLOT(gated_rmsnorm, avx2),
     ARMLLM_SLOT(sigmoid_mul, avx2),
+    ARMLLM_SLOT(layernorm, avx2),
+    ARMLLM_SLOT(gelu, avx2),
 };

@@ -102,3 +102,65 @@ void armllm_avx512_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float
   /* a few rows: not worth waking workers */
   armllm_rows_run(pool, t, d, 32768, avx512_rmsnorm_rows, &job);
 }
+
+/* ----------------------------------------------------------- layernorm */
+
+/* Lanes [i, i + 16) of a row of d: all, or the tail's. */
+static inline __mmask16 lane_mask16(int64_t i, int64_t d) {
+  return i + 16 <= d ? (__mmask16)0xffff : armllm_avx512_tail16(d - i);
+}
+
+/* The mean of x[0, d) in double. */
+static inline double row_mean(const float *x, int64_t d) {
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+  for (int64_t i = 0; i < d; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(lane_mask16(i, d), x + i); /* off lanes 0 */
+    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1)) / (double)d;
+}
+
+/* sum (x - mean)^2 over x[0, d) in double (off lanes add 0). */
+static inline double row_sq_dev(const float *x, int64_t d, double mean) {
+  const __m512d vm = _mm512_set1_pd(mean);
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+  for (int64_t i = 0; i < d; i += 16) {
+    const __mmask16 m = lane_mask16(i, d);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512d lo = _mm512_maskz_sub_pd((__mmask8)m, _mm512_cvtps_pd(_mm512_castps512_ps256(v)), vm);
+    const __m512d hi =
+        _mm512_maskz_sub_pd((__mmask8)(m >> 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), vm);
+    s0 = _mm512_fmadd_pd(lo, lo, s0);
+    s1 = _mm512_fmadd_pd(hi, hi, s1);
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+}
+
+static void avx512_layernorm_rows(void *ctx, int64_t t0, int64_t t1) {
+  const armllm_layernorm_job *job = ctx;
+  const int64_t d = job->d;
+  for (int64_t t = t0; t < t1; t++) {
+    const float *x = job->x + t * job->ldx;
+    float *out = job->out + t * job->ldo;
+    const double mean = row_mean(x, d);
+    const double var = row_sq_dev(x, d, mean) / (double)d;
+    const __m512 vm = _mm512_set1_ps((float)mean);
+    const __m512 vs = _mm512_set1_ps((float)(1.0 / sqrt(var + (double)job->eps)));
+    for (int64_t i = 0; i < d; i += 16) { /* ref's float steps, unfused (out may be x) */
+      const __mmask16 m = lane_mask16(i, d);
+      __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm);
+      v = _mm512_mul_ps(_mm512_mul_ps(v, vs), _mm512_maskz_loadu_ps(m, job->weight + i));
+      __asm__("" : "+v"(v)); /* keeps the bias add out of an FMA */
+      if (job->bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, job->bias + i));
+      _mm512_mask_storeu_ps(out + i, m, v);
+    }
+  }
+}
+
+void armllm_avx512_layernorm(armllm_pool *pool, const float *x, int64_t ldx, const float *weight,
+                             const float *bias, int64_t t, int64_t d, float eps, float *out,
+                             int64_t ldo) {
+  armllm_layernorm_job job = {x, ldx, weight, bias, d, eps, out, ldo};
+  armllm_rows_run(pool, t, d, 32768, avx512_layernorm_rows, &job); /* as rmsnorm */
+}

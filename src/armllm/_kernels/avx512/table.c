@@ -38,4 +38,6 @@ const armllm_kernels armllm_kernels_avx512 = {
     ARMLLM_SLOT(gdn_rule, avx512),
     ARMLLM_SLOT(gated_rmsnorm, avx512),
     ARMLLM_SLOT(sigmoid_mul, avx512),
+    ARMLLM_SLOT(layernorm, avx512),
+    ARMLLM_SLOT(gelu, avx512),
 };

@@ -111,3 +111,59 @@ void armllm_neon_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t 
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   neon_act_run(pool, &job, t, neon_gelu_tanh_mul_items);
 }
+
+/* 1 / v by FRECPE and two Newton-Raphson steps (FRECPS): a few ulp, without
+ * the unpipelined FDIV (v = 1 + z/2 in [1, 6.7] here). */
+static inline __attribute__((always_inline)) float32x4_t recip4(float32x4_t v) {
+  float32x4_t r = vrecpeq_f32(v);
+  r = vmulq_f32(r, vrecpsq_f32(v, r));
+  return vmulq_f32(r, vrecpsq_f32(v, r));
+}
+
+/* Exact GELU of 4 lanes (family_jobs.h's erfc form); FMAX/FMIN propagate NaN. */
+static inline __attribute__((always_inline)) float32x4_t gelu4(float32x4_t x) {
+  const float32x4_t xc = vminq_f32(vdupq_n_f32(ARMLLM_GELU_CLAMP),
+                                   vmaxq_f32(vdupq_n_f32(-ARMLLM_GELU_CLAMP), x));
+  const float32x4_t z = vmulq_f32(vabsq_f32(xc), vdupq_n_f32(ARMLLM_SQRT1_2));
+  const float32x4_t hz = vmulq_f32(z, vdupq_n_f32(0.5f));
+  const float32x4_t t = recip4(vaddq_f32(hz, vdupq_n_f32(1.0f)));
+  const float32x4_t u = vmulq_f32(hz, t); /* 1 - t */
+  float32x4_t p = vdupq_n_f32(ARMLLM_GELU_R9);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R8), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R7), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R6), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R5), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R4), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R3), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R2), p, u);
+  p = vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R1), p, u);
+  p = vmulq_f32(vfmaq_f32(vdupq_n_f32(ARMLLM_GELU_R0), p, u), u);
+  const float32x4_t erfc = vmulq_f32(t, armllm_vexpq_f32(vfmsq_f32(p, z, z)));
+  const float32x4_t hx = vmulq_f32(xc, vdupq_n_f32(0.5f));
+  /* x > 0: x - x/2 erfc(z); else x/2 erfc(z) */
+  return vbslq_f32(vcgtq_f32(x, vdupq_n_f32(0.0f)), vfmsq_f32(x, hx, erfc), vmulq_f32(hx, erfc));
+}
+
+static void neon_gelu_span(const float *x, float *y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) { /* two chains */
+    const float32x4_t a = gelu4(vld1q_f32(x + i)), b = gelu4(vld1q_f32(x + i + 4));
+    vst1q_f32(y + i, a);
+    vst1q_f32(y + i + 4, b);
+  }
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, gelu4(vld1q_f32(x + i)));
+  if (i < n) { /* the tail through a zero-padded block */
+    float tx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    memcpy(tx, x + i, (size_t)(n - i) * sizeof *tx);
+    vst1q_f32(tx, gelu4(vld1q_f32(tx)));
+    memcpy(y + i, tx, (size_t)(n - i) * sizeof *tx);
+  }
+}
+
+static void neon_gelu_chunks(void *ctx, int64_t c0, int64_t c1) {
+  armllm_gelu_chunks(ctx, c0, c1, neon_gelu_span);
+}
+
+void armllm_neon_gelu(armllm_pool *pool, const float *x, float *y, int64_t n) {
+  armllm_gelu_run(pool, x, y, n, neon_gelu_chunks);
+}

@@ -78,3 +78,79 @@ void armllm_neon_rmsnorm(armllm_pool *pool, const float *x, int64_t ldx, float *
   int64_t min_rows = (16384 + d - 1) / d;
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), neon_rmsnorm_rows, &job);
 }
+
+/* ----------------------------------------------------------- layernorm */
+
+/* The mean of x[0, d) in double: float64x2 lanes, then the tail. */
+static inline double row_mean(const float *x, int64_t d) {
+  float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
+  int64_t i = 0;
+  for (; i + 4 <= d; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    s0 = vaddq_f64(s0, vcvt_f64_f32(vget_low_f32(v)));
+    s1 = vaddq_f64(s1, vcvt_high_f64_f32(v));
+  }
+  double sum = vaddvq_f64(vaddq_f64(s0, s1));
+  for (; i < d; i++) sum += x[i];
+  return sum / (double)d;
+}
+
+/* sum (x - mean)^2 over x[0, d) in double. */
+static inline double row_sq_dev(const float *x, int64_t d, double mean) {
+  const float64x2_t vm = vdupq_n_f64(mean);
+  float64x2_t s0 = vdupq_n_f64(0.0), s1 = s0;
+  int64_t i = 0;
+  for (; i + 4 <= d; i += 4) {
+    const float32x4_t v = vld1q_f32(x + i);
+    const float64x2_t lo = vsubq_f64(vcvt_f64_f32(vget_low_f32(v)), vm);
+    const float64x2_t hi = vsubq_f64(vcvt_high_f64_f32(v), vm);
+    s0 = vfmaq_f64(s0, lo, lo);
+    s1 = vfmaq_f64(s1, hi, hi);
+  }
+  double sum = vaddvq_f64(vaddq_f64(s0, s1));
+  for (; i < d; i++) sum += ((double)x[i] - mean) * ((double)x[i] - mean);
+  return sum;
+}
+
+/* (x - m) * s * w [+ b] on 4 lanes, ref's float steps unfused. */
+static inline __attribute__((always_inline)) float32x4_t layernorm4(
+    float32x4_t x, float32x4_t m, float32x4_t s, float32x4_t w, const float *b4) {
+  float32x4_t v = vmulq_f32(vmulq_f32(vsubq_f32(x, m), s), w);
+  __asm__("" : "+w"(v)); /* keeps the bias add out of an FMLA */
+  return b4 ? vaddq_f32(v, vld1q_f32(b4)) : v;
+}
+
+static void neon_layernorm_row(const armllm_layernorm_job *job, const float *x, float *out) {
+  const int64_t d = job->d;
+  const double mean = row_mean(x, d), var = row_sq_dev(x, d, mean) / (double)d;
+  const float32x4_t vm = vdupq_n_f32((float)mean);
+  const float32x4_t vs = vdupq_n_f32((float)(1.0 / sqrt(var + (double)job->eps)));
+  const float *w = job->weight, *b = job->bias;
+  int64_t i = 0;
+  for (; i + 4 <= d; i += 4) /* out may be x: each block loaded before it is stored */
+    vst1q_f32(out + i, layernorm4(vld1q_f32(x + i), vm, vs, vld1q_f32(w + i), b ? b + i : NULL));
+  if (i < d) { /* the tail through zero-padded blocks */
+    float tx[4] = {0}, tw[4] = {0}, tb[4] = {0};
+    const size_t bytes = (size_t)(d - i) * sizeof(float);
+    memcpy(tx, x + i, bytes);
+    memcpy(tw, w + i, bytes);
+    if (b) memcpy(tb, b + i, bytes);
+    vst1q_f32(tx, layernorm4(vld1q_f32(tx), vm, vs, vld1q_f32(tw), b ? tb : NULL));
+    memcpy(out + i, tx, bytes);
+  }
+}
+
+static void neon_layernorm_rows(void *ctx, int64_t t0, int64_t t1) {
+  const armllm_layernorm_job *job = ctx;
+  for (int64_t t = t0; t < t1; t++)
+    neon_layernorm_row(job, job->x + t * job->ldx, job->out + t * job->ldo);
+}
+
+void armllm_neon_layernorm(armllm_pool *pool, const float *x, int64_t ldx, const float *weight,
+                           const float *bias, int64_t t, int64_t d, float eps, float *out,
+                           int64_t ldo) {
+  armllm_layernorm_job job = {x, ldx, weight, bias, d, eps, out, ldo};
+  /* memory-bound, ~1 cycle per element: rows of >= 16K elements per chunk (as rmsnorm) */
+  const int64_t min_rows = (16384 + d - 1) / d;
+  armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), neon_layernorm_rows, &job);
+}

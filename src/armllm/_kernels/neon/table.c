@@ -38,4 +38,6 @@ const armllm_kernels armllm_kernels_neon = {
     ARMLLM_SLOT(gdn_rule, neon),
     ARMLLM_SLOT(gated_rmsnorm, neon),
     ARMLLM_SLOT(sigmoid_mul, neon),
+    ARMLLM_SLOT(layernorm, neon),
+    ARMLLM_SLOT(gelu, neon),
 };

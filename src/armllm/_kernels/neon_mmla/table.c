@@ -39,4 +39,6 @@ const armllm_kernels armllm_kernels_neon_mmla = {
     ARMLLM_SLOT(gdn_rule, neon),
     ARMLLM_SLOT(gated_rmsnorm, neon),
     ARMLLM_SLOT(sigmoid_mul, neon),
+    ARMLLM_SLOT(layernorm, neon),
+    ARMLLM_SLOT(gelu, neon),
 };

@@ -39,3 +39,21 @@ void armllm_ref_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t l
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), ref_gelu_tanh_mul_rows, &job);
 }
+
+/* Exact GELU: x/2 * erfc(-x / sqrt(2)) in double (libm), rounded once. erfc
+ * rather than 1 + erf keeps the small values of negative x (1 + erf cancels).
+ * x below -CLAMP is -CLAMP (y rounds to -0 there): -inf gives -0, not NaN. */
+static void ref_gelu_span(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const double v = x[i] < -ARMLLM_GELU_CLAMP ? -ARMLLM_GELU_CLAMP : x[i];
+    y[i] = (float)(0.5 * v * erfc(-v * 0.70710678118654752440)); /* 1 / sqrt(2) */
+  }
+}
+
+static void ref_gelu_chunks(void *ctx, int64_t c0, int64_t c1) {
+  armllm_gelu_chunks(ctx, c0, c1, ref_gelu_span);
+}
+
+void armllm_ref_gelu(armllm_pool *pool, const float *x, float *y, int64_t n) {
+  armllm_gelu_run(pool, x, y, n, ref_gelu_chunks);
+}

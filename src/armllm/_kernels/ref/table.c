@@ -35,4 +35,6 @@ const armllm_kernels armllm_kernels_ref = {
     ARMLLM_SLOT(gdn_rule, ref),
     ARMLLM_SLOT(gated_rmsnorm, ref),
     ARMLLM_SLOT(sigmoid_mul, ref),
+    ARMLLM_SLOT(layernorm, ref),
+    ARMLLM_SLOT(gelu, ref),
 };

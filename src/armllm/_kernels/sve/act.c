@@ -75,3 +75,59 @@ void armllm_sve_gelu_tanh_mul(armllm_pool *pool, const float *gate_up, int64_t l
   armllm_act_job job = {gate_up, ldg, inter, out, ldo};
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, 1), sve_gelu_tanh_mul_rows, &job);
 }
+
+/* 1 / v by FRECPE and two Newton-Raphson steps (FRECPS): a few ulp, without
+ * the unpipelined FDIV (v = 1 + z/2 in [1, 6.7] here). */
+static inline svfloat32_t recip_vec(svbool_t pg, svfloat32_t v) {
+  svfloat32_t r = svrecpe_f32(v);
+  r = svmul_f32_x(pg, r, svrecps_f32(v, r));
+  return svmul_f32_x(pg, r, svrecps_f32(v, r));
+}
+
+/* Exact GELU (family_jobs.h's erfc form); FMAX/FMIN propagate NaN. */
+static inline svfloat32_t gelu_vec(svbool_t pg, svfloat32_t x) {
+  const svfloat32_t xc =
+      svmin_n_f32_x(pg, svmax_n_f32_x(pg, x, -ARMLLM_GELU_CLAMP), ARMLLM_GELU_CLAMP);
+  const svfloat32_t z = svmul_n_f32_x(pg, svabs_f32_x(pg, xc), ARMLLM_SQRT1_2);
+  const svfloat32_t hz = svmul_n_f32_x(pg, z, 0.5f);
+  const svfloat32_t t = recip_vec(pg, svadd_n_f32_x(pg, hz, 1.0f));
+  const svfloat32_t u = svmul_f32_x(pg, hz, t); /* 1 - t */
+  svfloat32_t p = svmad_n_f32_x(pg, svdup_n_f32(ARMLLM_GELU_R9), u, ARMLLM_GELU_R8);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R7);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R6);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R5);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R4);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R3);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R2);
+  p = svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R1);
+  p = svmul_f32_x(pg, svmad_n_f32_x(pg, p, u, ARMLLM_GELU_R0), u);
+  const svfloat32_t erfc = svmul_f32_x(pg, t, armllm_sve_vexp(pg, svmls_f32_x(pg, p, z, z)));
+  const svfloat32_t hx = svmul_n_f32_x(pg, xc, 0.5f);
+  /* x > 0: x - x/2 erfc(z); else x/2 erfc(z) */
+  return svsel_f32(svcmpgt_n_f32(pg, x, 0.0f), svmls_f32_x(pg, x, hx, erfc),
+                   svmul_f32_x(pg, hx, erfc));
+}
+
+static void sve_gelu_span(const float *x, float *y, int64_t n) {
+  const int64_t vl = (int64_t)svcntw();
+  const svbool_t pt = svptrue_b32();
+  int64_t i = 0;
+  for (; i + 2 * vl <= n; i += 2 * vl) { /* two chains */
+    const svfloat32_t a = gelu_vec(pt, svld1_f32(pt, x + i));
+    const svfloat32_t b = gelu_vec(pt, svld1_f32(pt, x + i + vl));
+    svst1_f32(pt, y + i, a);
+    svst1_f32(pt, y + i + vl, b);
+  }
+  for (; i < n; i += vl) {
+    const svbool_t pg = svwhilelt_b32_s64(i, n);
+    svst1_f32(pg, y + i, gelu_vec(pg, svld1_f32(pg, x + i)));
+  }
+}
+
+static void sve_gelu_chunks(void *ctx, int64_t c0, int64_t c1) {
+  armllm_gelu_chunks(ctx, c0, c1, sve_gelu_span);
+}
+
+void armllm_sve_gelu(armllm_pool *pool, const float *x, float *y, int64_t n) {
+  armllm_gelu_run(pool, x, y, n, sve_gelu_chunks);
+}

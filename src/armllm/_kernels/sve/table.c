@@ -39,4 +39,6 @@ const armllm_kernels armllm_kernels_sve = {
     ARMLLM_SLOT(gdn_rule, sve),
     ARMLLM_SLOT(gated_rmsnorm, sve),
     ARMLLM_SLOT(sigmoid_mul, sve),
+    ARMLLM_SLOT(layernorm, sve),
+    ARMLLM_SLOT(gelu, sve),
 };
