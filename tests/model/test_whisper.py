@@ -180,6 +180,36 @@ def test_engine_greedy_matches_transformers(tiny_whisper, hf_model):
     assert [g[0] for g in got[1:]] == want[1:]
 
 
+def test_requests_of_one_window_encode_it_once(tiny_whisper, hf_model):
+    """Requests given the same features array (Whisper's no-speech probe, fallbacks)
+    copy the slot of a running one that encoded it; the tokens are still each
+    prompt's own."""
+    window, steps = windows(1, seed=2)[0], 8
+    want = [hf_greedy(hf_model, window, p, steps) for p in PROMPTS]
+
+    async def run():
+        llm = AsyncLLM(tiny_whisper, dtype="f32", kv_cache_dtype="f32", max_num_seqs=4,
+                       kv_cache_gib=0.1)
+        model = llm.engine.runner.model
+        encoded = []
+        encode = model.encode
+        model.encode = lambda feats, slots, kv: (encoded.extend(feats), encode(feats, slots, kv))
+        try:
+            async def one(p):
+                params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
+                out = None
+                async for out in llm.generate(p, params, encoder_input=window):  # noqa: B007
+                    pass
+                return out.outputs[0].token_ids
+            return await asyncio.gather(*(one(p) for p in PROMPTS)), len(encoded)
+        finally:
+            llm.shutdown()
+
+    got, encodes = asyncio.run(run())
+    assert got == want
+    assert encodes == 1
+
+
 def test_engine_refuses_mismatched_inputs(tiny_whisper, tmp_path):
     llm = LLM(tiny_whisper, dtype="f32", max_num_seqs=2, kv_cache_gib=0.05)
     params = SamplingParams(max_tokens=4)

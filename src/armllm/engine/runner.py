@@ -15,7 +15,7 @@ import numpy as np
 from armllm.engine.embedding import PoolState
 from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import SchedulerOutput
-from armllm.engine.sequence import Sequence
+from armllm.engine.sequence import Sequence, Status
 from armllm.model.decoder import BatchMeta, DecoderModel, KVCache
 from armllm.sampling import SampleResult, sample_row, sample_scratch
 
@@ -51,6 +51,9 @@ class ModelRunner:
         self._block_tables = [np.zeros((b, self.max_blocks), np.int32) for _ in range(groups)]
         self._logits_rows = np.empty(max_logits, np.int64)
         self._pool_reads: list[tuple[PoolState, int, int, int, bool]] = []
+        # an encoder-decoder's windows encoded in a running sequence's slot: id(features)
+        # -> (the features array, that sequence)
+        self._encoded: dict[int, tuple[np.ndarray, Sequence]] = {}
 
     def build_meta(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]
                    ) -> tuple[BatchMeta, list[Sequence]]:
@@ -125,12 +128,29 @@ class ModelRunner:
 
     def _encode(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]) -> None:
         """An encoder-decoder's encoder, over the input of each sequence whose first
-        chunk runs this step, into its state slot (read by this step's decoder rows)."""
-        runs = [(state.encoder_input, item.seq.state_slot) for item in out.scheduled
-                if item.seq.num_computed == 0
-                and (state := states[item.seq.key]).encoder_input is not None]
+        chunk runs this step, into its state slot (read by this step's decoder rows).
+        Requests of one window (Whisper's no-speech probe, best_of samples, fallbacks)
+        share its features array: while a running sequence holds that array encoded,
+        a new one copies its slot instead of encoding again."""
+        runs, copies = [], []
+        for item in out.scheduled:
+            seq = item.seq
+            features = states[seq.key].encoder_input
+            if seq.num_computed or features is None:
+                continue
+            holder = self._encoded.get(id(features))
+            if holder is not None and holder[0] is features and holder[1].state_slot >= 0 \
+                    and holder[1].status is Status.RUNNING and holder[1] is not seq:
+                copies.append((holder[1].state_slot, seq.state_slot))
+                continue
+            self._encoded[id(features)] = (features, seq)
+            runs.append((features, seq.state_slot))
         if runs:
             self.model.encode([f for f, _ in runs], [slot for _, slot in runs], self.kv)
+        self.kv.copy_states(copies)
+        for key in [k for k, (_, held) in self._encoded.items()
+                    if held.status is not Status.RUNNING]:
+            del self._encoded[key]   # the holder finished or was preempted
 
     def forward(self, meta: BatchMeta, copies, state_copies=()) -> np.ndarray:
         """The model's forward over this runner's cache and workspace."""

@@ -305,54 +305,67 @@ class WhisperModel:
     # -- the encoder ----------------------------------------------------------------------
 
     def encode(self, features: list[np.ndarray], slots: list[int], kv: KVCache) -> None:
-        """Runs the encoder over each window's log-mel features [n_mels, 2 * positions]
-        and writes every decoder layer's cross-attention K and V of it into state slot
-        slots[i] of kv's cross-attention pool."""
+        """Runs the encoder over each window's log-mel features [n_mels, 2 * positions],
+        the windows batched (every GEMM over all their frames), and writes every decoder
+        layer's cross-attention K and V of window i into state slot slots[i] of kv's
+        cross-attention pool."""
         c, e, w = self.config, self.config.encoder, self.weights
         frames = 2 * e.positions
         for f in features:
             if f.shape != (e.n_mels, frames):
                 raise ValueError(f"encoder input has shape {list(f.shape)}, expected "
                                  f"[{e.n_mels}, {frames}] (one 30 s window of log-mel features)")
-        for feats, slot in zip(features, slots, strict=True):
-            x = self._encoder_hidden(feats)
-            for layer, k_cache, v_cache in zip(w.decoder_layers, kv.cross_k, kv.cross_v,
-                                               strict=True):
-                kv_rows = ops.linear(x, layer.cross_kv.weight, layer.cross_kv.bias)
-                slots_map = np.arange(slot * e.positions, (slot + 1) * e.positions,
-                                      dtype=np.int32)
-                ops.kv_write(kv_rows[:, :c.hidden_size], kv_rows[:, c.hidden_size:], slots_map,
-                             k_cache, v_cache)
+        if not features:
+            return
+        x = self._encoder_hidden(features)
+        # window i's frames go to slot i's block (blocks of `positions` frames each)
+        slot_rows = (np.asarray(slots, np.int32)[:, None] * e.positions
+                     + np.arange(e.positions, dtype=np.int32)).reshape(-1)
+        kv_rows = np.empty((len(x), 2 * c.hidden_size), np.float32)
+        for layer, k_cache, v_cache in zip(w.decoder_layers, kv.cross_k, kv.cross_v,
+                                           strict=True):
+            ops.linear(x, layer.cross_kv.weight, layer.cross_kv.bias, out=kv_rows)
+            ops.kv_write(kv_rows[:, :c.hidden_size], kv_rows[:, c.hidden_size:], slot_rows,
+                         k_cache, v_cache)
 
-    def _encoder_hidden(self, feats: np.ndarray) -> np.ndarray:
-        """One window's encoder output [positions, hidden] (after the final LayerNorm)."""
+    def _encoder_hidden(self, features: list[np.ndarray]) -> np.ndarray:
+        """The windows' encoder outputs [windows * positions, hidden] (after the final
+        LayerNorm), window after window."""
         e, w = self.config.encoder, self.weights
-        x = ops.linear(_im2col(np.ascontiguousarray(feats.T, np.float32), 1), w.conv1.weight,
-                       w.conv1.bias)
+        n, t = len(features), e.positions
+        cols = np.concatenate([_im2col(np.ascontiguousarray(f.T, np.float32), 1)
+                               for f in features])
+        x = ops.linear(cols, w.conv1.weight, w.conv1.bias)   # [n * 2t, hidden]
         ops.gelu(x, out=x)
-        x = ops.linear(_im2col(x, 2), w.conv2.weight, w.conv2.bias)
+        x = ops.linear(np.concatenate([_im2col(part, 2) for part in np.split(x, n)]),
+                       w.conv2.weight, w.conv2.bias)
         ops.gelu(x, out=x)
+        x = x.reshape(n, t, -1)
         x += w.encoder_positions
-        t, h = x.shape
-        # the window's own K/V: one block of all its frames, attended bidirectionally
-        k_cache = np.empty((1, e.heads, t, e.head_dim), np.float32)
+        x = x.reshape(n * t, -1)
+        h = x.shape[1]
+        # each window's own K/V: one block of all its frames, attended bidirectionally
+        k_cache = np.empty((n, e.heads, t, e.head_dim), np.float32)
         v_cache = np.empty_like(k_cache)
-        rows = np.arange(t, dtype=np.int32)
-        table = np.zeros((1, 1), np.int32)
-        lens, starts = np.array([t], np.int32), np.array([0, t], np.int32)
+        rows = np.arange(n * t, dtype=np.int32)
+        table = np.arange(n, dtype=np.int32).reshape(n, 1)
+        lens = np.full(n, t, np.int32)
+        starts = np.arange(0, (n + 1) * t, t, dtype=np.int32)
         normed = np.empty_like(x)
-        mlp = np.empty((t, e.ffn), np.float32)
+        qkv = np.empty((n * t, 3 * h), np.float32)
+        attn, proj = np.empty_like(x), np.empty_like(x)
+        mlp = np.empty((n * t, e.ffn), np.float32)
         for layer in w.encoder_layers:
             layer_norm(x, layer.attn_norm, out=normed)
-            qkv = ops.linear(normed, layer.qkv.weight, layer.qkv.bias)
+            ops.linear(normed, layer.qkv.weight, layer.qkv.bias, out=qkv)
             ops.kv_write(qkv[:, h:2 * h], qkv[:, 2 * h:], rows, k_cache, v_cache)
-            attn = ops.paged_attention(qkv[:, :h], k_cache, v_cache, table, lens, starts,
-                                       e.heads, e.head_dim ** -0.5, causal=False)
-            x += ops.linear(attn, layer.out.weight, layer.out.bias)
+            ops.paged_attention(qkv[:, :h], k_cache, v_cache, table, lens, starts, e.heads,
+                                e.head_dim ** -0.5, out=attn, causal=False)
+            x += ops.linear(attn, layer.out.weight, layer.out.bias, out=proj)
             layer_norm(x, layer.mlp_norm, out=normed)
             ops.linear(normed, layer.fc1.weight, layer.fc1.bias, out=mlp)
             ops.gelu(mlp, out=mlp)
-            x += ops.linear(mlp, layer.fc2.weight, layer.fc2.bias)
+            x += ops.linear(mlp, layer.fc2.weight, layer.fc2.bias, out=proj)
         return layer_norm(x, w.encoder_norm, out=x)
 
     # -- the decoder ----------------------------------------------------------------------
