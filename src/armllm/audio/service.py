@@ -13,18 +13,21 @@ their results in place, so the engine must run in this process (a data-parallel
 replica in another one cannot report them)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from armllm.audio.decode import SAMPLE_RATE, load_audio
 from armllm.audio.mel import features_for_file
-from armllm.audio.tokens import WhisperTokens
+from armllm.audio.tokens import MULTILINGUAL_VOCAB_SIZE, WhisperTokens
 from armllm.audio.transcribe import (
     DecodeResult,
     Segment,
@@ -40,18 +43,28 @@ Audio = bytes | str | os.PathLike | np.ndarray
 # AsyncLLM.generate's shape: (prompt ids, params, request_id=, priority=, encoder_input=)
 Generate = Callable[..., AsyncIterator[Any]]
 _request_ids = itertools.count()
+# the English-only models' vocabulary (tiny.en ... medium.en); a multilingual one holds at
+# least MULTILINGUAL_VOCAB_SIZE (Whisper's own test), a small test model declares its
+# languages
+ENGLISH_ONLY_VOCAB_SIZE = 51864
 
 
 class EngineDecoder:
     """audio/transcribe.py's WindowDecoder over an engine's generate: a window's
     request is its prompt with the window's features as encoder input."""
 
-    def __init__(self, generate: Generate, request_prefix: str = "transcribe",
-                 priority: int = 0):
-        self.generate, self.request_prefix, self.priority = generate, request_prefix, priority
+    def __init__(self, generate: Generate, max_model_len: int,
+                 request_prefix: str = "transcribe", priority: int = 0):
+        self.generate, self.max_model_len = generate, max_model_len
+        self.request_prefix, self.priority = request_prefix, priority
 
     async def decode(self, features: np.ndarray, prompt_ids: list[int],
                      params: SamplingParams) -> DecodeResult:
+        # CTranslate2 may sample one token past the context (its last token is never
+        # fed back); the engine keeps prompt and output within it
+        room = self.max_model_len - len(prompt_ids)
+        if params.max_tokens > room:
+            params = dataclasses.replace(params, max_tokens=max(room, 1))
         out = None
         rid = f"{self.request_prefix}-{next(_request_ids)}"
         async for out in self.generate(prompt_ids, params, request_id=rid,  # noqa: B007
@@ -89,12 +102,28 @@ def samples(audio: Audio, max_seconds: float | None = None) -> np.ndarray:
 
 
 def whisper_tokens(loaded) -> WhisperTokens:
-    """The Whisper token ids of a loaded model (model/loader.LoadedModel); a
-    ValueError for a model that is not Whisper."""
+    """The Whisper token ids of a loaded model (model/loader.LoadedModel), multilingual
+    by its vocabulary's size or the languages its directory declares; a ValueError
+    for a model that is not Whisper."""
     if loaded.config.encoder is None:
         raise ValueError(f"{loaded.path}: not a speech-to-text model (Whisper): it has no "
                          f"audio encoder")
-    return WhisperTokens(loaded.tokenizer, loaded.config.vocab_size)
+    vocab = loaded.config.vocab_size
+    return WhisperTokens(loaded.tokenizer, vocab, vocab >= MULTILINGUAL_VOCAB_SIZE or (
+        vocab != ENGLISH_ONLY_VOCAB_SIZE and bool(_language_ids(loaded.path))))
+
+
+def _language_ids(path) -> list:
+    """The language token ids a model directory declares: a CTranslate2 config.json's
+    lang_ids, or a Hugging Face generation_config.json's lang_to_id."""
+    for name, key in (("config.json", "lang_ids"), ("generation_config.json", "lang_to_id")):
+        try:
+            value = json.loads((Path(path) / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if value:
+            return list(value)
+    return []
 
 
 async def transcribe_stream(generate: Generate, loaded, audio: Audio,
@@ -109,7 +138,8 @@ async def transcribe_stream(generate: Generate, loaded, audio: Audio,
     if not len(pcm):
         raise ValueError("the audio holds no samples")
     n_mels = loaded.config.encoder.n_mels
-    decoder = EngineDecoder(generate, priority=priority)
+    decoder = EngineDecoder(generate, loaded.config.max_position_embeddings,
+                            priority=priority)
     if batched:
         return await transcribe_batched(decoder, tokens, pcm, options,
                                         log_mel=partial(features_for_file, n_mels=n_mels))
