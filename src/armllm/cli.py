@@ -1,5 +1,5 @@
-"""The `armllm` command line: info, generate, chat, convert, quantize, serve, plan, eval,
-bench.
+"""The `armllm` command line: info, generate, chat, transcribe, convert, quantize, serve,
+plan, eval, bench.
 
 Bad input ends with a one-line message on stderr and exit code 2. Building
 the parser loads no engine and no kernels (`armllm --help` is instant): a
@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 
-from armllm import generate_cli
+from armllm import generate_cli, transcribe_cli
 from armllm.bench import comm, kernels, offline, perplexity, plan
 from armllm.bench import serve as bench_serve
 from armllm.cmdline import UsageError
@@ -70,6 +70,10 @@ def _build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=cmd_info)
 
     generate_cli.add_commands(sub)
+
+    transcribe = sub.add_parser("transcribe", help="speech to text with a Whisper model "
+                                "(txt, srt, vtt or JSON transcripts)")
+    transcribe_cli.add_arguments(transcribe)
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
     server_cli.add_arguments(serve)

