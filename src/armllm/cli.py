@@ -17,6 +17,7 @@ import sys
 from armllm import generate_cli, transcribe_cli
 from armllm.bench import comm, kernels, offline, perplexity, plan
 from armllm.bench import serve as bench_serve
+from armllm.bench import transcribe as bench_transcribe
 from armllm.cmdline import UsageError
 from armllm.server import cli as server_cli
 
@@ -103,6 +104,9 @@ def _build_parser() -> argparse.ArgumentParser:
          offline.add_latency_arguments, offline.run_latency),
         ("serve", "load test any OpenAI-compatible server (streaming client; TTFT, TPOT, "
          "ITL, E2E, SLOs)", bench_serve.add_arguments, bench_serve.run),
+        ("transcribe", "speech to text with a Whisper model, in-process: batch-1 real-time "
+         "factor and concurrent throughput", bench_transcribe.add_arguments,
+         bench_transcribe.run),
     ]
     for name, help_text, add_arguments, run in benchmarks:
         p = bench_sub.add_parser(name, help=help_text)
