@@ -310,8 +310,8 @@ class WhisperWorkspace:
     @classmethod
     def nbytes(cls, c: ModelConfig, max_tokens: int, max_logits: int, max_split_rows: int = 16,
                max_seq_len: int | None = None) -> int:
-        h = c.hidden_size
-        return 4 * (max_tokens * (6 * h + c.intermediate_size)
+        h = c.hidden_size   # x, normed, attn, proj [t, h], qkv [t, 3h], mlp [t, inter]
+        return 4 * (max_tokens * (7 * h + c.intermediate_size)
                     + max_logits * (h + c.vocab_size)
                     + ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
                                            max(max_seq_len or c.max_position_embeddings,
