@@ -379,12 +379,19 @@ class AsyncLLM(_LLMBase):
                                 ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
         """The info (language, duration) and the segments of one audio as they are
         decoded. Raises ValueError for bad audio or options before anything runs."""
-        if self._router is not None:
-            raise ValueError("transcription runs on one engine: Whisper's decoding rules "
-                             "run in this process (start it without data parallel)")
+        self.check_transcription(options)
         return await transcribe_stream(self.generate, self.loaded, audio, options,
                                        batched=batched, max_seconds=max_seconds,
                                        priority=priority)
+
+    def check_transcription(self, options: TranscribeOptions | None = None) -> None:
+        """LLM's check, and a data-parallel AsyncLLM refuses every transcription (field
+        "model"): Whisper's rules run as logits processors in this process."""
+        if self._router is not None:
+            raise RequestRejected("transcription runs on one engine: Whisper's decoding "
+                                  "rules run in this process (serve it without data "
+                                  "parallel)", "model")
+        super().check_transcription(options)
 
     def abort(self, request_id: str) -> None:
         """Aborts a request at the engine's next step: its blocks are freed and its

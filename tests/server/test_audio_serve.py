@@ -140,6 +140,7 @@ def test_stream_deltas_join_into_the_done_text(client, speech):
 
 
 def test_concurrent_requests_equal_single_ones(client):
+    """8 at once (and a broken upload among them) against each one alone."""
     clips = [speech_clips.clip(i) for i in range(4)] * 2
 
     def single(path: Path) -> str:
@@ -151,10 +152,16 @@ def test_concurrent_requests_equal_single_ones(client):
     async def together():
         aclient = openai.AsyncOpenAI(base_url=client.base_url, api_key="none", max_retries=0)
         async with aclient:
-            return await asyncio.gather(*(aclient.audio.transcriptions.create(
-                model=NAME, file=path, temperature=0) for path in clips))
+            broken = aclient.audio.transcriptions.create(   # fails beside them, alone
+                model=NAME, file=("broken.mp3", b"\xff\xfb" + bytes(4000)), temperature=0)
+            return await asyncio.gather(broken, *(aclient.audio.transcriptions.create(
+                model=NAME, file=path, temperature=0) for path in clips),
+                return_exceptions=True)
 
-    assert [r.text for r in asyncio.run(together())] == [alone[p] for p in clips]
+    broken, *results = asyncio.run(together())
+    assert isinstance(broken, openai.BadRequestError), broken
+    assert broken.body["param"] == "file"
+    assert [r.text for r in results] == [alone[p] for p in clips]
 
 
 def silence_wav(seconds: float, rate: int = 8000) -> bytes:
