@@ -12,7 +12,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # DESIGN.md's layers, highest first; a module may import its own layer and those below.
 # A name stands for a module and, if it is a package, everything inside it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("cli", ("armllm.cli", "armllm.__main__", "armllm.generate_cli", "armllm.bench")),
+    ("cli", ("armllm.cli", "armllm.__main__", "armllm.generate_cli", "armllm.transcribe_cli",
+             "armllm.bench")),
     ("server", ("armllm.server", "armllm.ray")),
     ("api", ("armllm.api", "armllm")),  # the package's __init__ re-exports api's names
     ("engine", ("armllm.engine", "armllm.sampling", "armllm.structured_output",

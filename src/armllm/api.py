@@ -14,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from armllm.audio.service import (
     Transcription,
-    transcribe_all,
+    check_options,
     transcribe_stream,
-    whisper_tokens,
 )
 from armllm.audio.transcribe import Segment, TranscribeOptions, TranscriptionInfo
 from armllm.engine.client import EngineClient
@@ -149,6 +148,18 @@ class _LLMBase:
         may call it."""
         self.engine.check_request(prompt_ids, params, encoder_input)
 
+    @property
+    def transcribes_speech(self) -> bool:
+        """Whether the model is a speech-to-text encoder-decoder (Whisper): it serves
+        transcribe(); check_request refuses text requests."""
+        return self.loaded.config.encoder is not None
+
+    def check_transcription(self, options: TranscribeOptions | None = None) -> None:
+        """Raises RequestRejected, naming in `field` what to change, if a transcription
+        with these options could never run: "model" when the model is not Whisper,
+        "language" for a language it does not know."""
+        check_options(self.loaded, options)
+
 class LLM(_LLMBase):
     """A model loaded for in-process, synchronous generation."""
 
@@ -229,23 +240,35 @@ class LLM(_LLMBase):
                                               **template_kwargs), params)[0]
 
     def transcribe(self, audio, options: TranscribeOptions | None = None, *,
-                   batched: bool = False, max_seconds: float | None = None
+                   batched: bool = False, max_seconds: float | None = None,
+                   on_segment: Callable[[int, Segment, TranscriptionInfo], None] | None = None
                    ) -> Transcription | list[Transcription]:
         """Speech to text with a Whisper model: audio is a file's path or bytes, or 16 kHz
         mono float samples, or a list of them, transcribed together (their windows
         batched by the engine); the result one Transcription each (info, segments,
         text). options: TranscribeOptions (language, task, temperature, prompts, ...);
         batched: every ≤30 s chunk at once, none conditioned on the text before
-        (throughput). Raises ValueError for bad audio or options before anything runs."""
+        (throughput); on_segment(i, segment, info) is called as each segment of audio
+        i is decoded (progress). Raises ValueError for bad audio or options before
+        anything runs."""
         many = isinstance(audio, list)
         files = audio if many else [audio]
-        whisper_tokens(self.loaded)
+        self.check_transcription(options)
         stepper = _EngineStepper(self.engine, self._ids)
 
+        async def one(i: int, a) -> Transcription:
+            info, segments = await transcribe_stream(stepper.generate, self.loaded, a, options,
+                                                     batched=batched, max_seconds=max_seconds)
+            result = Transcription(info)
+            async for segment in segments:
+                result.segments.append(segment)
+                if on_segment is not None:
+                    on_segment(i, segment, info)
+            return result
+
         async def run() -> list[Transcription]:
-            return await stepper.drive(asyncio.gather(*(
-                transcribe_all(stepper.generate, self.loaded, a, options, batched=batched,
-                               max_seconds=max_seconds) for a in files)))
+            return await stepper.drive(asyncio.gather(*(one(i, a)
+                                                        for i, a in enumerate(files))))
 
         results = asyncio.run(run())
         return results if many else results[0]
@@ -356,12 +379,19 @@ class AsyncLLM(_LLMBase):
                                 ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
         """The info (language, duration) and the segments of one audio as they are
         decoded. Raises ValueError for bad audio or options before anything runs."""
-        if self._router is not None:
-            raise ValueError("transcription runs on one engine: Whisper's decoding rules "
-                             "run in this process (start it without data parallel)")
+        self.check_transcription(options)
         return await transcribe_stream(self.generate, self.loaded, audio, options,
                                        batched=batched, max_seconds=max_seconds,
                                        priority=priority)
+
+    def check_transcription(self, options: TranscribeOptions | None = None) -> None:
+        """LLM's check, and a data-parallel AsyncLLM refuses every transcription (field
+        "model"): Whisper's rules run as logits processors in this process."""
+        if self._router is not None:
+            raise RequestRejected("transcription runs on one engine: Whisper's decoding "
+                                  "rules run in this process (serve it without data "
+                                  "parallel)", "model")
+        super().check_transcription(options)
 
     def abort(self, request_id: str) -> None:
         """Aborts a request at the engine's next step: its blocks are freed and its

@@ -1,5 +1,5 @@
-"""The `armllm` command line: info, generate, chat, convert, quantize, serve, plan, eval,
-bench.
+"""The `armllm` command line: info, generate, chat, transcribe, convert, quantize, serve,
+plan, eval, bench.
 
 Bad input ends with a one-line message on stderr and exit code 2. Building
 the parser loads no engine and no kernels (`armllm --help` is instant): a
@@ -14,9 +14,10 @@ import argparse
 import json
 import sys
 
-from armllm import generate_cli
+from armllm import generate_cli, transcribe_cli
 from armllm.bench import comm, kernels, offline, perplexity, plan
 from armllm.bench import serve as bench_serve
+from armllm.bench import transcribe as bench_transcribe
 from armllm.cmdline import UsageError
 from armllm.server import cli as server_cli
 
@@ -71,6 +72,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     generate_cli.add_commands(sub)
 
+    transcribe = sub.add_parser("transcribe", help="speech to text with a Whisper model "
+                                "(txt, srt, vtt or JSON transcripts)")
+    transcribe_cli.add_arguments(transcribe)
+
     serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
     server_cli.add_arguments(serve)
     serve.set_defaults(func=server_cli.cmd_serve)
@@ -99,6 +104,9 @@ def _build_parser() -> argparse.ArgumentParser:
          offline.add_latency_arguments, offline.run_latency),
         ("serve", "load test any OpenAI-compatible server (streaming client; TTFT, TPOT, "
          "ITL, E2E, SLOs)", bench_serve.add_arguments, bench_serve.run),
+        ("transcribe", "speech to text with a Whisper model, in-process: batch-1 real-time "
+         "factor and concurrent throughput", bench_transcribe.add_arguments,
+         bench_transcribe.run),
     ]
     for name, help_text, add_arguments, run in benchmarks:
         p = bench_sub.add_parser(name, help=help_text)

@@ -1,7 +1,7 @@
 """cmdline: what every armllm subcommand shares, in a module that imports
 nothing of armllm above it: the UsageError a bad command-line value raises
-(reported in one line, exit code 2) and the MODEL argument with its default,
-the demo model."""
+(reported in one line, exit code 2), the MODEL argument with its default,
+the demo model, and the progress bar commands draw on stderr."""
 from __future__ import annotations
 
 import argparse
@@ -39,3 +39,9 @@ def resolve_model(model: str | None) -> str:
         except demo_model.DemoModelError as exc:
             raise UsageError(str(exc)) from None
     return str(path)
+
+
+def progress_bar(done: float, total: float, width: int = 30) -> str:
+    """`[#########         ]`: done out of total as a bar of `width` characters."""
+    filled = min(width, int(width * done / total)) if total > 0 else width
+    return f"[{'#' * filled:<{width}}]"

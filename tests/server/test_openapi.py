@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from armllm.server import protocol as P
+from armllm.server.audio import TRANSCRIPTION_FIELDS, TRANSLATION_FIELDS
 from armllm.server.embeddings import EMBEDDING_FIELDS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from tests.server.conftest import running_server
@@ -25,12 +26,17 @@ def test_document_lists_every_route_and_field(server):
     assert doc["openapi"] == "3.1.0"
     assert set(doc["paths"]) == {"/health", "/version", "/metrics", "/openapi.json",
                                  "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                 "/v1/embeddings", "/tokenize", "/detokenize"}
+                                 "/v1/embeddings", "/tokenize", "/detokenize",
+                                 "/v1/audio/transcriptions", "/v1/audio/translations"}
     for path, fields in (("/v1/completions", P.COMPLETION_FIELDS),
                          ("/v1/chat/completions", P.CHAT_FIELDS),
                          ("/tokenize", TOKENIZE_FIELDS), ("/detokenize", DETOKENIZE_FIELDS),
                          ("/v1/embeddings", EMBEDDING_FIELDS)):
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert set(body["schema"]["properties"]) == set(fields), path
+    for path, fields in (("/v1/audio/transcriptions", TRANSCRIPTION_FIELDS),
+                         ("/v1/audio/translations", TRANSLATION_FIELDS)):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["multipart/form-data"]
         assert set(body["schema"]["properties"]) == set(fields), path
     # undocumented paths answer 404 in the error shape
     r = httpx.get(server.url + "/v2/nothing")

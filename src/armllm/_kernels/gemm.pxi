@@ -112,6 +112,17 @@ cdef class _GemmKernels(_KernelTable):
         pw.bits, pw.group = (32 if dtype == "f32" else 16), 0
         return pw
 
+    def dense_packed_len(self, int64_t n, int64_t k, str dtype):
+        """Bytes pack_weight allocates for an [n, k] weight in dtype "f32" or "bf16" (this
+        variant's panels: n, and k in some, rounded up to whole ones)."""
+        if n < 1 or k < 1:
+            raise ValueError(f"n and k must be >= 1, got {n} and {k}")
+        if dtype == "f32":
+            return 4 * self.t.gemm_f32_packed_len(n, k)
+        if dtype == "bf16":
+            return 2 * self.t.gemm_bf16_packed_len(n, k)
+        raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
+
     def gemm(self, x, w_obj, out, bias=None, ThreadPool pool=None):
         """out[M, N] = x[M, K] @ W.T (+ bias) with W packed by pack()."""
         if not isinstance(w_obj, PackedWeight):

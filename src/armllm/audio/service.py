@@ -13,6 +13,7 @@ their results in place, so the engine must run in this process (a data-parallel
 replica in another one cannot report them)."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -37,6 +38,7 @@ from armllm.audio.transcribe import (
     transcribe,
     transcribe_batched,
 )
+from armllm.engine.llm_engine import RequestRejected
 from armllm.sampling import SamplingParams
 
 Audio = bytes | str | os.PathLike | np.ndarray
@@ -126,15 +128,32 @@ def _language_ids(path) -> list:
     return []
 
 
+def check_options(loaded, options: TranscribeOptions | None = None) -> WhisperTokens:
+    """The Whisper tokens of a loaded model, once `options` are known to run on it;
+    RequestRejected (a ValueError) naming in `field` what to change otherwise: "model"
+    for a model that is not Whisper, "language" for a language it does not know."""
+    try:
+        tokens = whisper_tokens(loaded)
+    except ValueError as exc:
+        raise RequestRejected(str(exc), "model") from None
+    if options is not None and options.language is not None:
+        try:
+            tokens.language_code(options.language)
+        except ValueError as exc:
+            raise RequestRejected(str(exc), "language") from None
+    return tokens
+
+
 async def transcribe_stream(generate: Generate, loaded, audio: Audio,
                             options: TranscribeOptions | None = None, *, batched: bool = False,
                             max_seconds: float | None = None, priority: int = 0
                             ) -> tuple[TranscriptionInfo, AsyncIterator[Segment]]:
     """The info (language, duration) and the segments of one audio, decoded as they are
     read. batched: every ≤30 s chunk at once, none conditioned on the text before
-    (throughput); else Whisper's long-form algorithm, window after window."""
-    tokens = whisper_tokens(loaded)
-    pcm = samples(audio, max_seconds)
+    (throughput); else Whisper's long-form algorithm, window after window. The file's
+    decoding and its log-mel run in a worker thread, off the event loop."""
+    tokens = check_options(loaded, options)
+    pcm = await asyncio.to_thread(samples, audio, max_seconds)
     if not len(pcm):
         raise ValueError("the audio holds no samples")
     n_mels = loaded.config.encoder.n_mels
@@ -143,12 +162,5 @@ async def transcribe_stream(generate: Generate, loaded, audio: Audio,
     if batched:
         return await transcribe_batched(decoder, tokens, pcm, options,
                                         log_mel=partial(features_for_file, n_mels=n_mels))
-    return await transcribe(decoder, tokens, features_for_file(pcm, n_mels),
-                            len(pcm) / SAMPLE_RATE, options)
-
-
-async def transcribe_all(generate: Generate, loaded, audio: Audio,
-                         options: TranscribeOptions | None = None, **kwargs) -> Transcription:
-    """transcribe_stream's segments, collected."""
-    info, segments = await transcribe_stream(generate, loaded, audio, options, **kwargs)
-    return Transcription(info, [s async for s in segments])
+    features = await asyncio.to_thread(features_for_file, pcm, n_mels)
+    return await transcribe(decoder, tokens, features, len(pcm) / SAMPLE_RATE, options)

@@ -1,13 +1,15 @@
 """`armllm plan`: what serving a model with the same engine flags as `armllm
 serve` will take (bench/sizing.py computes it from the checkpoint's config and
-headers alone) against this machine's MemAvailable, and the decode speed that
-its measured memory bandwidth allows.
+headers alone; bench/sizing_encoder_decoder.py for an encoder-decoder, Whisper)
+against this machine's MemAvailable, and the decode speed that its measured memory
+bandwidth allows.
 
 Building the parser imports neither the engine nor the kernels: the command
 loads them when it runs (a bad ARMLLM_ISA is then a one-line usage error)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -66,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         # read GB/s over the default thread pool, with `armllm bench kernels`' probe
         bandwidth = probe_machine(ops.get_pool(), PROBE_MIN_TIME)["read_gbs"]
         threads = ops.num_threads()
+    if config.encoder is not None:
+        return _run_encoder_decoder(args, model, config, engine, max_len, bandwidth, threads)
     allreduce_us = args.allreduce_us
     if shard is not None and allreduce_us is None:
         allreduce_us = measure_allreduce_us(shard.ranks, config.hidden_size)
@@ -88,6 +92,29 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan, indent=2))
     else:
         print_plan(plan)
+    return 0
+
+
+def _run_encoder_decoder(args: argparse.Namespace, model, config, engine: EngineArgs,
+                         max_len: int, bandwidth: float, threads: int | None) -> int:
+    """An encoder-decoder's plan (Whisper: bench/sizing_encoder_decoder.py)."""
+    from armllm.bench import sizing_encoder_decoder as sizing
+    from armllm.engine.setup import available_bytes
+    from armllm.model.loader import model_path
+    plan = sizing.make_plan(model_path(model), config, engine, max_len, bandwidth,
+                            available_bytes())
+    plan["model"] = str(model)
+    plan["config"] = {k: getattr(config, k) for k in (
+        "architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+        "num_heads", "head_dim", "max_position_embeddings")}
+    plan["config"]["encoder"] = dataclasses.asdict(config.encoder)
+    plan["decode"]["bandwidth_source"] = "given" if args.bandwidth_gbs else "measured"
+    plan["decode"]["bandwidth_threads"] = threads
+    plan["assumptions"] = sizing.assumptions(plan)
+    if args.json:
+        print(json.dumps(plan, indent=2))
+    else:
+        sizing.print_plan(plan)
     return 0
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from armllm.cmdline import UsageError, resolve_model
+from armllm.cmdline import UsageError, progress_bar, resolve_model
 
 SCHEMA_VERSION = 1
 PERCENTILES = (50, 90, 95, 99)
@@ -491,9 +491,8 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(done: int, total: int) -> None:
         if tty:
-            bar = "#" * (30 * done // total)
-            print(f"\r[{bar:<30}] {done}/{total}", end="" if done < total else "\n",
-                  file=sys.stderr, flush=True)
+            print(f"\r{progress_bar(done, total)} {done}/{total}",
+                  end="" if done < total else "\n", file=sys.stderr, flush=True)
 
     print(f"$ armllm bench {' '.join(sys.argv[2:]) if len(sys.argv) > 2 else 'serve'}")
     print(f"{args.base_url} model {args.model!r}, {args.endpoint}, dataset {args.dataset}, "

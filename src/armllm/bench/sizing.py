@@ -27,7 +27,7 @@ from armllm.model.decoder import Workspace
 from armllm.model.gguf import GGML_TYPES, TYPE_IDS, GGUFFile
 from armllm.model.kv_cache import bytes_per_block, state_bytes, state_slots, window_pool_blocks
 from armllm.model.layer import DeltaNet, QKNorm, attention_step, has_step, step_norms
-from armllm.model.loader import gguf_model_config, model_path
+from armllm.model.loader import ct2_config, gguf_model_config, model_path
 from armllm.model.quantize import parse_scheme
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
@@ -38,6 +38,7 @@ from armllm.model.weights import (
     linear_formats,
     linear_shapes,
 )
+from armllm.model.whisper import is_ct2_dir
 
 PROCESS_BYTES = 300 << 20        # Python, numpy, tokenizer and code: a fixed allowance
 ITEM_BYTES = {"bf16": 2, "f32": 4}
@@ -331,14 +332,23 @@ def read_model(model: str | Path, engine: EngineArgs
     and tensor list), the formats its linear weights load in under `engine`'s
     quantization (with tensor parallel, rank 0's shard's), a GGUF's tensor count per
     ggml type (GGUFFile.type_summary) and rank 0's ShardPlan (None: one rank); only
-    headers are read."""
+    headers are read. An encoder-decoder (a CTranslate2 directory too) gives its config
+    alone: sizing_encoder_decoder.py sizes it."""
     path = model_path(model)
     quantization = engine.quantization if engine.quantization in ("auto", "none") else \
         parse_scheme(engine.quantization)
+    if path.is_dir() and is_ct2_dir(path):   # CTranslate2's layout (faster-whisper's)
+        config = ct2_config(path)
+    elif path.is_dir():
+        config = load_hf_config(path)
+    if path.is_dir() and config.encoder is not None:   # sizing_encoder_decoder.py's
+        if engine.tensor_parallel_size > 1:
+            raise ValueError(f"{config.architecture}: tensor parallel does not split an "
+                             "encoder-decoder; run it on one rank")
+        return config, None, None, None
     gguf = None
     try:
         if path.is_dir():
-            config = load_hf_config(path)
             ct = parse_config(json.loads((path / "config.json").read_text()),
                               str(path / "config.json"))
             # a float checkpoint stores no quantized layer: config.json alone answers

@@ -14,6 +14,7 @@ each a kernel call over the workspace's buffers. The engine runs a sequence's
 encoder with its first prefill chunk (engine/runner.py)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,36 @@ class WhisperWeights:
     decoder_norm: LayerNorm
     lm_head: ops.PackedWeight      # the token embedding, packed
     quantization: str | None = None
+
+    @property
+    def encoder_nbytes(self) -> int:
+        """The encoder's resident bytes: convs, positions, layers, final norm."""
+        return _nbytes(self.conv1, self.conv2, self.encoder_positions, self.encoder_layers,
+                       self.encoder_norm)
+
+    @property
+    def decoder_nbytes(self) -> int:
+        """The decoder's: token embedding, positions, layers, final norm and the packed
+        copy of the embedding the logits GEMM reads."""
+        return _nbytes(self.embed, self.decoder_positions, self.decoder_layers,
+                       self.decoder_norm, self.lm_head)
+
+    @property
+    def nbytes(self) -> int:
+        return self.encoder_nbytes + self.decoder_nbytes
+
+
+def _nbytes(*parts) -> int:
+    """Bytes of packed weights and arrays, inside dataclasses and lists too."""
+    total = 0
+    for part in parts:
+        if isinstance(part, ops.PackedWeight | np.ndarray):
+            total += part.nbytes
+        elif isinstance(part, list):
+            total += _nbytes(*part)
+        elif dataclasses.is_dataclass(part):
+            total += _nbytes(*(getattr(part, f.name) for f in dataclasses.fields(part)))
+    return total
 
 
 class WhisperTensors:
@@ -279,8 +310,8 @@ class WhisperWorkspace:
     @classmethod
     def nbytes(cls, c: ModelConfig, max_tokens: int, max_logits: int, max_split_rows: int = 16,
                max_seq_len: int | None = None) -> int:
-        h = c.hidden_size
-        return 4 * (max_tokens * (6 * h + c.intermediate_size)
+        h = c.hidden_size   # x, normed, attn, proj [t, h], qkv [t, 3h], mlp [t, inter]
+        return 4 * (max_tokens * (7 * h + c.intermediate_size)
                     + max_logits * (h + c.vocab_size)
                     + ops.attn_scratch_len(max_split_rows, c.num_heads, c.head_dim,
                                            max(max_seq_len or c.max_position_embeddings,

@@ -3,7 +3,7 @@ lifecycle.
 
 The model loads in a background thread after the server starts (/health answers
 503 until it is ready); the engine shuts down with the app. The routes are the
-endpoint families' (completions, chat, tokenize, embeddings) and the small ones here:
+endpoint families' (completions, chat, tokenize, embeddings, audio) and the small ones here:
 /health, /version, /v1/models, /metrics, and the web chat page (/ and /static/, the
 files in static/). ServerApp wraps them with the API key check (which spares the
 page: it asks for the key itself) and the per-route HTTP counters, and gives the
@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 import armllm
 from armllm.api import AsyncLLM
-from armllm.server import chat, completions, embeddings, openapi, tokenize
+from armllm.server import audio, chat, completions, embeddings, openapi, tokenize
 from armllm.server import protocol as P
 from armllm.server.state import ServerConfig, ServerState
 
@@ -116,7 +116,7 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
               Route("/", chat_page), Mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR)),
               Route("/metrics", metrics), Route("/v1/models", models),
               *completions.routes(state), *chat.routes(state), *tokenize.routes(state),
-              *embeddings.routes(state)]
+              *embeddings.routes(state), *audio.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={P.APIError: _api_error, HTTPException: _http_error,
                                         ClientDisconnect: _client_gone,

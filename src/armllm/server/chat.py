@@ -28,6 +28,10 @@ def routes(state: ServerState) -> list[Route]:
         llm, req = await state.read_request(request, P.CHAT_FIELDS, "/v1/chat/completions",
                                             "messages")
         P.refuse_unsupported(req)
+        if llm.transcribes_speech:   # before its (missing) chat template is asked for
+            raise P.APIError("this model transcribes speech (Whisper): it answers "
+                             "/v1/audio/transcriptions and /v1/audio/translations, not chat",
+                             400, "model", "invalid_value")
         messages = P.chat_messages(req["messages"])
         cont = req.get("continue_final_message", False)
         add_gen = req.get("add_generation_prompt", not cont)

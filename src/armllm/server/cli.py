@@ -1,6 +1,7 @@
 """`armllm serve`: the command line of the OpenAI-compatible server: the engine
 flags (EngineArgs'), the server's own (address, key, admission and connection
-limits, timeouts, shutdown grace), checked here; server/serving.py runs it."""
+limits, audio limits, timeouts, shutdown grace), checked here; server/serving.py
+runs it."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "together gets 400")
     p.add_argument("--max-request-bytes", type=int, default=4 << 20,
                    help="largest request body accepted")
+    p.add_argument("--max-audio-seconds", type=float, default=3600.0,
+                   help="longest audio /v1/audio/transcriptions and /translations accept "
+                        "(longer: 400) (default 3600)")
+    p.add_argument("--max-audio-mb", type=float, default=100.0,
+                   help="largest audio upload in MiB (larger: 413, as OpenAI answers an "
+                        "upload over its limit) (default 100)")
     p.add_argument("--log-interval", type=float, default=10.0,
                    help="seconds between stats lines (0: none)")
     p.add_argument("--shutdown-grace", type=float, default=10.0,
@@ -100,7 +107,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name in ("port", "max_request_bytes", "limit_concurrency", "num_replicas"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _positive("--max-waiting-requests", args.max_waiting_requests, 0)
-    for name in ("timeout_keep_alive", "timeout_request_read"):
+    for name in ("timeout_keep_alive", "timeout_request_read", "max_audio_seconds",
+                 "max_audio_mb"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got "
                              f"{getattr(args, name)}")
@@ -122,7 +130,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                       else Path(model).name.removesuffix(".gguf"))
     config = ServerConfig(model, name, engine_args, args.api_key, args.max_waiting_requests,
                           args.max_request_bytes, args.log_interval, args.shutdown_grace,
-                          args.timeout_request_read, args.tool_call_parser)
+                          args.timeout_request_read, args.tool_call_parser,
+                          max_audio_seconds=args.max_audio_seconds,
+                          max_audio_bytes=int(args.max_audio_mb * 2**20))
     limits = Limits(args.limit_concurrency or engine_args["max_num_seqs"]
                     + args.max_waiting_requests + _SPARE_CONNECTIONS,
                     args.timeout_keep_alive, args.timeout_request_read)

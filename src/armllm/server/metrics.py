@@ -1,9 +1,10 @@
 """metrics: the server's Prometheus text exposition (/metrics): request
 counters by finish reason and HTTP status, requests refused at capacity,
 histograms of per-request latencies and token
-counts observed when a completion ends, and the engine's gauges and counters
-read from its latest stats snapshot. Metric names follow vLLM's with an
-`armllm:` prefix so existing dashboards map over."""
+counts observed when a completion ends, transcriptions answered and the seconds of
+audio they held (by task), and the engine's gauges and counters read from its latest
+stats snapshot. Metric names follow vLLM's with an `armllm:` prefix so existing
+dashboards map over."""
 from __future__ import annotations
 
 import bisect
@@ -74,6 +75,9 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self.http: Counter[tuple[str, int]] = Counter()   # (route, status)
         self.rejected_overload = 0
+        # transcribe / translate -> requests answered, seconds of audio they held
+        self.audio_requests: Counter[str] = Counter()
+        self.audio_seconds: Counter[str] = Counter()
         self.hist = {
             "ttft": Histogram("armllm:time_to_first_token_seconds",
                               "Time from arrival to the first output token.", _LATENCY_BUCKETS),
@@ -113,6 +117,12 @@ class ServerMetrics:
             for gap in m.itl_s:
                 h["itl"].observe(gap)
 
+    def observe_transcription(self, task: str, audio_seconds: float) -> None:
+        """A transcription (task "transcribe") or translation was answered in full."""
+        with self._lock:
+            self.audio_requests[task] += 1
+            self.audio_seconds[task] += audio_seconds
+
     def observe_http(self, route: str, status: int) -> None:
         with self._lock:
             self.http[(route, status)] += 1
@@ -151,6 +161,16 @@ class ServerMetrics:
             metric("armllm:requests_rejected_overload_total", "counter",
                    "Requests answered 503 because the server was at capacity.",
                    self.rejected_overload)
+            for name, help, counts in (
+                    ("armllm:transcription_requests_total",
+                     "Transcriptions and translations answered in full, by task.",
+                     self.audio_requests),
+                    ("armllm:audio_seconds_total",
+                     "Seconds of audio transcribed or translated, by task.",
+                     self.audio_seconds)):
+                out += [f"# HELP {name} {help}", f"# TYPE {name} counter"]
+                out += [f'{name}{{{lb},task="{task}"}} {counts[task]!r}'
+                        for task in ("transcribe", "translate")]
             name = "armllm:http_requests_total"
             out += [f"# HELP {name} HTTP requests answered, by route and status.",
                     f"# TYPE {name} counter"]

@@ -1,11 +1,14 @@
 """openapi: the server's OpenAPI 3.1 document (GET /openapi.json), built from
 the same field tables the routes check their bodies against
-(protocol.COMPLETION_FIELDS, CHAT_FIELDS, tokenize's, embeddings'), so that it cannot drift
-from what the server accepts. Every error response is OpenAI's error object."""
+(protocol.COMPLETION_FIELDS, CHAT_FIELDS, tokenize's, embeddings', audio's forms), so
+that it cannot drift from what the server accepts. Every error response is OpenAI's
+error object."""
 from __future__ import annotations
 
 import armllm
+from armllm.audio.formats import RESPONSE_FORMATS
 from armllm.server import protocol as P
+from armllm.server.audio import GRANULARITIES, TRANSCRIPTION_FIELDS, TRANSLATION_FIELDS
 from armllm.server.embeddings import EMBEDDING_FIELDS, ENCODING_FORMATS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
@@ -67,6 +70,30 @@ def _post(summary: str, fields: dict[str, str], required: tuple[str, ...], ok: d
         "responses": responses}}
 
 
+# a form field's kind (server/audio.py's tables) as JSON Schema
+_FORM_KINDS = {"file": {"type": "string", "contentMediaType": "application/octet-stream"},
+               "str": {"type": "string"}, "num": {"type": "number"},
+               "bool": {"type": "boolean"},
+               "list": {"type": "array", "items": {"enum": list(GRANULARITIES)}}}
+_TRANSCRIPT = {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}
+
+
+def _form_post(summary: str, fields: dict[str, str], model: str, stream: bool) -> dict:
+    """A multipart/form-data route (an audio upload and its fields); its success is a
+    JSON object or text (text, srt, vtt), or with stream=true server-sent events."""
+    shapes = {"model": {"enum": [model]}, "response_format": {"enum": list(RESPONSE_FORMATS)}}
+    schema = {"type": "object", "required": ["file"],
+              "properties": {k: shapes.get(k, _FORM_KINDS[v]) for k, v in fields.items()}}
+    responses = _responses(_TRANSCRIPT)
+    content = responses["200"]["content"]
+    content["text/plain"] = content["text/vtt"] = {"schema": {"type": "string"}}
+    if stream:
+        content["text/event-stream"] = {"schema": {"type": "object",
+                                                   "properties": {"data": {"type": "string"}}}}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
+        "multipart/form-data": {"schema": schema}}}, "responses": responses}}
+
+
 def _get(summary: str, ok: dict, media: str = "application/json") -> dict:
     return {"get": {"summary": summary, "responses": _responses(ok, media=media)}}
 
@@ -77,9 +104,9 @@ def document(model: str) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "armllm", "version": armllm.__version__,
-                 "description": "OpenAI-compatible completions and chat, with vLLM's "
-                                "extensions (sampling fields, structured outputs, "
-                                "/tokenize)."},
+                 "description": "OpenAI-compatible completions, chat, embeddings and "
+                                "audio transcriptions, with vLLM's extensions (sampling "
+                                "fields, structured outputs, /tokenize)."},
         "paths": {
             "/health": _get("200 once the model serves, else 503", _JSON_OBJECT),
             "/version": _get("the armllm version", {
@@ -104,6 +131,12 @@ def document(model: str) -> dict:
                                         "properties": {"object": {"const": "list"},
                                                        "data": {"type": "array"},
                                                        "usage": {"type": "object"}}}, model),
+            "/v1/audio/transcriptions": _form_post(
+                "speech to text (a Whisper model): the audio file's transcript",
+                TRANSCRIPTION_FIELDS, model, stream=True),
+            "/v1/audio/translations": _form_post(
+                "speech to English text (a Whisper model)", TRANSLATION_FIELDS, model,
+                stream=False),
             "/tokenize": _post("a prompt, or messages through the chat template, to token "
                                "ids", TOKENIZE_FIELDS, (), _JSON_OBJECT, model),
             "/detokenize": _post("token ids to text", DETOKENIZE_FIELDS, ("tokens",),

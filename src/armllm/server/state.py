@@ -1,10 +1,11 @@
 """state: what the server's routes share: the configuration, the AsyncLLM once
 it has loaded, the admission count that bounds the completions in flight (and
 the Admission that holds one request's share of it until its response ends),
-the metrics, and the switch that ends every generation still running when the
-shutdown grace period is over."""
+the metrics, and the switch that ends every generation (and transcription) still
+running when the shutdown grace period is over."""
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ class ServerConfig:
     body_timeout_s: float = 30.0         # to receive a request body, once its headers are in
     tool_call_parser: str = "auto"       # a name in parsers.PARSERS, or auto (template)
     metrics_labels: dict[str, str] = field(default_factory=dict)  # on every /metrics sample
+    max_audio_seconds: float = 3600.0    # longer audio is refused (/v1/audio/*)
+    max_audio_bytes: int = 100 << 20     # larger uploads are refused (413)
 
 
 class Admission:
@@ -56,6 +59,7 @@ class ServerState:
         self.created = int(time.time())
         self.live: set[str] = set()      # engine request ids being generated
         self.stopping = False            # the shutdown grace period is over
+        self.tasks: set[asyncio.Task] = set()   # transcriptions running (server/audio.py)
 
     def tool_parser(self, llm: AsyncLLM) -> str | None:
         """The tool-call format of the served model: --tool-call-parser, or the one its
@@ -127,3 +131,5 @@ class ServerState:
         if self.llm is not None:
             for request_id in self.live:
                 self.llm.abort(request_id)
+        for task in list(self.tasks):   # on the event loop (the server's timer calls this)
+            task.cancel()
