@@ -31,7 +31,7 @@ from armllm.audio.logits import (
     SuppressTokens,
 )
 from armllm.audio.tokens import WhisperTokens
-from armllm.audio.transcribe import DecodeResult, PromptLayout, result_from
+from armllm.audio.window import DecodeResult, PromptLayout, result_from
 from armllm.sampling import SamplingParams
 
 

@@ -150,7 +150,9 @@ def test_pad_or_trim():
     assert not padded[..., 1234:].any()
     assert mel.pad_or_trim(features, 1000).shape == (2, 80, 1000)
     np.testing.assert_array_equal(mel.pad_or_trim(features, 1000), features[..., :1000])
-    assert mel.pad_or_trim(features, 1234) is features
+    exact = mel.pad_or_trim(features, 1234)
+    np.testing.assert_array_equal(exact, features)
+    assert exact.flags.c_contiguous
 
 
 def test_faster_whisper_transcribe_sees_these_features_and_windows(inputs, monkeypatch):

@@ -27,17 +27,15 @@ from armllm.audio.logits import (
 )
 from armllm.audio.tokens import WhisperTokens
 from armllm.audio.transcribe import (
-    DecodeResult,
     TranscribeOptions,
     chunk_bounds,
     compression_ratio,
     detect_language,
-    result_from,
     split_segments,
     transcribe,
     transcribe_batched,
-    window_params,
 )
+from armllm.audio.window import DecodeResult, result_from, window_params
 from tests.audio.conftest import SENTENCES, need, speech_clip
 from tests.audio.ct2_decoder import Ct2Decoder, Ct2StepDecoder
 

@@ -105,14 +105,15 @@ def log_mel_spectrogram(audio: np.ndarray, n_mels: int = 80, padding: int = 0) -
 
 def pad_or_trim(features: np.ndarray, frames: int = N_FRAMES) -> np.ndarray:
     """`features` cut or zero-padded to `frames` along the last axis (the encoder's window;
-    zeros are what the reference pads a short window with, in feature space)."""
+    zeros are what the reference pads a short window with, in feature space), as a new
+    contiguous array."""
     have = features.shape[-1]
-    if have > frames:
-        return features[..., :frames]
     if have < frames:
         widths = [(0, 0)] * (features.ndim - 1) + [(0, frames - have)]
         return np.pad(features, widths)
-    return features
+    # contiguous: every request of a window then shares this one array (the engine
+    # encodes it once)
+    return np.ascontiguousarray(features[..., :frames])
 
 
 def features_for_file(audio: np.ndarray, n_mels: int) -> np.ndarray:

@@ -30,14 +30,13 @@ from armllm.audio.decode import SAMPLE_RATE, load_audio
 from armllm.audio.mel import features_for_file
 from armllm.audio.tokens import MULTILINGUAL_VOCAB_SIZE, WhisperTokens
 from armllm.audio.transcribe import (
-    DecodeResult,
     Segment,
     TranscribeOptions,
     TranscriptionInfo,
-    result_from,
     transcribe,
     transcribe_batched,
 )
+from armllm.audio.window import DecodeResult, result_from
 from armllm.engine.llm_engine import RequestRejected
 from armllm.sampling import SamplingParams
 
