@@ -29,7 +29,8 @@ ctranslate2's converter, float32): transcripts of random weights mean nothing, s
 each engine runs the model itself: one 30 s window of noise features, encoded, then
 --tokens greedy tokens (the end token suppressed), at batch 1 and N windows at once
 (armllm: N concurrent requests; CTranslate2: generate over a batch of N). Reports
-seconds per window and windows per second.
+seconds per window and windows per second; armllm in f32, bf16 and int8 (w8a8),
+CTranslate2 in float32 and int8.
 """
 from __future__ import annotations
 
@@ -184,8 +185,9 @@ def bench_synthetic(args) -> None:
         model.generate(feats, [prompt] * k, beam_size=1, max_length=args.tokens + 1,
                        suppress_tokens=[eot], suppress_blank=False)
 
-    for precision in ("f32", "bf16"):
-        kw = dict(dtype=precision, kv_cache_dtype="f32" if precision == "f32" else "bf16")
+    for precision in ("f32", "bf16", "int8"):
+        kw = dict(dtype="f32", quantization="w8a8") if precision == "int8" else \
+            dict(dtype=precision, kv_cache_dtype="f32" if precision == "f32" else "bf16")
         llm = AsyncLLM(str(ct2_dir), threads=args.threads, max_num_seqs=max(8, n),
                        kv_cache_gib=2.0, max_num_batched_tokens=1500 * n + 64, **kw)
         params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
