@@ -182,8 +182,10 @@ if want == 'neon':  # SDOT exactly where HWCAP has asimddp
     assert info['kernels']['gemm_wq'] == ('neon+dotprod' if dot else 'neon'), info['kernels']
 print('info ok:', info['isa'], info['features'], 'fetch-add', info['fetch_add'])
 PY
+      # (the Whisper-shaped cases, 1500-frame attention and LayerNorms, are left to the
+      # native runs and to the C driver, which checks those kernels at every Arm level)
       cd /src && ARMLLM_TEST_EXAMPLES=5 /tmp/venv/bin/python -m pytest -q -p no:cacheprovider \
-        tests/kernels -k 'not arm_emulation' -x
+        tests/kernels -k 'not arm_emulation and not whisper' -x
       /tmp/venv/bin/python - build/arm64-wheel/tiny-model <<'PY'
 import json, sys
 from armllm import LLM, SamplingParams
