@@ -272,3 +272,14 @@ def test_damaged_files_decode_or_raise_audio_error(speech, fmt):
             continue
         assert samples.dtype == np.float32 and samples.size > 0
         assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
+
+
+def test_text_only_use_loads_no_audio_library():
+    """PyAV and soxr load with the first audio: `from armllm import LLM` (and the whole
+    API) stays as it was for text (the Arm end-to-end root has neither)."""
+    import subprocess
+    import sys
+    code = ("import sys; from armllm import LLM, AsyncLLM, TranscribeOptions; "
+            "from armllm.audio import service, transcribe; "
+            "assert 'av' not in sys.modules and 'soxr' not in sys.modules, sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -4,7 +4,8 @@ Owns `load_audio` (PyAV demuxes and decodes: wav, flac, mp3, ogg/vorbis, ogg/opu
 webm, m4a/aac, ...; channels are averaged; soxr resamples) and `AudioError`, the one
 exception bad input raises, its message naming the problem (a server answers 400 with
 it). Decoding streams: memory grows with the 16 kHz output, not with the input, and
-`max_seconds` stops a long file early.
+`max_seconds` stops a long file early. PyAV and soxr are imported by the first call,
+so a text-only user of armllm never loads them.
 """
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import contextlib
 import io
 import os
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import av
 import numpy as np
-import soxr
+
+if TYPE_CHECKING:  # PyAV and soxr load with the first audio, not with armllm
+    import av
+    import soxr
 
 SAMPLE_RATE = 16000  # Whisper's input rate (Hz)
 
@@ -45,6 +48,7 @@ def load_audio(source: bytes | str | os.PathLike, *, max_seconds: float | None =
     skipped and a truncated file gives what it holds (as ffmpeg does). Raises AudioError
     for empty input, input nothing decodes, no audio stream, no samples, or audio
     longer than `max_seconds`."""
+    import av
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds must be positive, got {max_seconds}")
     with _input(source) as file:
@@ -100,6 +104,7 @@ def _audio_stream(container: av.container.InputContainer) -> av.audio.stream.Aud
 
 def _check_header(container: av.container.InputContainer, stream: av.audio.stream.AudioStream,
                   max_seconds: float) -> None:
+    import av
     if stream.duration is not None and stream.time_base is not None:
         seconds = float(stream.duration * stream.time_base)
     elif container.duration is not None:
@@ -112,6 +117,7 @@ def _check_header(container: av.container.InputContainer, stream: av.audio.strea
 
 def _decode(container: av.container.InputContainer, stream: av.audio.stream.AudioStream,
             max_seconds: float | None) -> np.ndarray:
+    import av
     resampler = _Resampler()
     seconds = 0.0
     last_error: av.FFmpegError | None = None
@@ -169,6 +175,7 @@ class _Resampler:
         self.out: list[np.ndarray] = []
 
     def add(self, samples: np.ndarray, rate: int) -> None:
+        import soxr
         if rate != self.rate:
             self._flush(last=True)
             self.rate = rate
