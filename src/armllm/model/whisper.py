@@ -452,8 +452,14 @@ class WhisperModel:
 
 def load(path: Path, c: ModelConfig, dtype: str, quantization: str | Scheme,
          progress: Callable | None = None) -> WhisperModel:
-    """The Whisper model of a safetensors or CTranslate2 directory."""
-    tensors = CT2Whisper(path, c) if is_ct2_dir(path) else SafetensorsWhisper(path)
+    """The Whisper model of a safetensors or CTranslate2 directory or a whisper.cpp
+    ggml file."""
+    tensors: WhisperTensors
+    if Path(path).is_file():
+        from armllm.model.whisper_ggml import GgmlWhisper  # it imports this module
+        tensors = GgmlWhisper(path)
+    else:
+        tensors = CT2Whisper(path, c) if is_ct2_dir(path) else SafetensorsWhisper(path)
     return WhisperModel(c, load_whisper(tensors, c, dtype, quantization, progress))
 
 
