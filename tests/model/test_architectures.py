@@ -246,6 +246,7 @@ TESTED_BY = {
     "Qwen3_5MoeForCausalLM": "test_qwen3_5.py::test_hf_logits_match_transformers[moe]",
     "Qwen3_5MoeForConditionalGeneration":
         "test_qwen3_5.py::test_multimodal_checkpoint_runs_its_language_model[moe]",
+    "WhisperForConditionalGeneration": "test_whisper.py::test_logits_match_transformers",
 }
 GGUF_TESTED_BY = {
     "llama": "test_architectures.py::test_llama_cpp_gguf_matches_transformers[llama]",
