@@ -36,6 +36,16 @@ def reference(path: Path, task: str = "transcribe") -> Segments:
     return [(s.start, s.end, s.text) for s in found]
 
 
+@functools.cache
+def reference_words(path: Path) -> list:
+    """faster-whisper's words (start, end, word, probability) of the file with
+    word_timestamps=True, greedy, each segment's in turn."""
+    from armllm.audio.decode import load_audio
+    found, _ = _faster_whisper().transcribe(load_audio(path), beam_size=1, temperature=0,
+                                            vad_filter=False, word_timestamps=True)
+    return [w for s in found for w in s.words]
+
+
 def text_of(segments: Segments) -> str:
     return "".join(s[2] for s in segments).strip()
 

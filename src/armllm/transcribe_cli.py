@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-format", default="txt", choices=list(OUTPUT_FORMATS),
                    help="txt, srt, vtt, json ({\"text\": ...}) or verbose_json (segments "
                         "with times) (default: txt)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="each word's start and end too: json and verbose_json output carry "
+                        "\"words\" [{word, start, end}] (long-form decoding only)")
     p.add_argument("--output-dir", default=None, metavar="DIR",
                    help="write each transcript to DIR/<file name>.<extension> instead of "
                         "stdout")
@@ -58,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from armllm.audio.decode import SAMPLE_RATE, AudioError, load_audio
-    from armllm.audio.formats import render
+    from armllm.audio.formats import render, word_json
     from armllm.audio.transcribe import TranscribeOptions
     from armllm.generate_cli import load_llm
 
@@ -75,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = TranscribeOptions(
             language=args.language, task=args.task, initial_prompt=args.prompt,
+            word_timestamps=args.word_timestamps,
             **({} if args.temperature is None else {"temperature": args.temperature}))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -103,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     progress.finish()
     for f, out, result in zip(files, outputs, results, strict=True):
-        body = render(fmt, result.segments, result.info, args.task)
+        granularities = ("segment", "word") if args.word_timestamps else ("segment",)
+        body = render(fmt, result.segments, result.info, args.task, granularities)
+        if args.word_timestamps and fmt == "json":
+            body["words"] = [word_json(w) for s in result.segments for w in s.words or ()]
         text = json.dumps(body, ensure_ascii=False) + "\n" if isinstance(body, dict) else body
         if out is not None:
             out.write_text(text, encoding="utf-8")

@@ -361,7 +361,7 @@ def test_bad_checkpoints_name_the_file_and_tensor(tmp_path):
     with pytest.raises(ValueError, match=r"config.json: config: num_attention_heads \(4\) must "
                                          r"be a multiple of num_key_value_heads \(3\)"):
         load_model(model, "f32")
-    with pytest.raises(ValueError, match="a model is a directory or a .gguf file"):
+    with pytest.raises(ValueError, match="a model is a directory, a .gguf file or a whisper.cpp"):
         load_model(model / "config.json")
 
 

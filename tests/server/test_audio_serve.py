@@ -8,7 +8,8 @@ events; 8 concurrent requests against the same requests one at a time; OpenAI-sh
 400s naming the field for every bad upload or field (413 past the size limit); text
 routes refused on a Whisper model and audio routes on a text model; a client that
 goes away has its engine requests aborted, and a shutdown ends transcriptions still
-running with an error; /metrics counts the audio seconds."""
+running with an error; /metrics counts the audio seconds; verbose_json's words
+(timestamp_granularities word) equal faster-whisper's word_timestamps=True."""
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +34,7 @@ from tests.whisper_reference import (  # noqa: E402
     assert_same_segments,
     cues,
     reference,
+    reference_words,
     text_of,
     tiny_en,
 )
@@ -92,6 +94,23 @@ def test_every_response_format_equals_faster_whisper(client, speech):
     assert [s.id for s in verbose.segments] == list(range(len(want)))
     assert_same_segments([(s.start, s.end, s.text) for s in verbose.segments], want)
     assert all(s.temperature == 0 and s.avg_logprob < 0 for s in verbose.segments)
+
+
+def test_word_granularity_gives_faster_whispers_words(client, speech):
+    want = reference_words(speech)
+    with open(speech, "rb") as f:
+        verbose = client.audio.transcriptions.create(
+            model=NAME, file=f, temperature=0, response_format="verbose_json",
+            timestamp_granularities=["word"])
+    assert verbose.segments is None   # segments only where asked for too
+    assert [w.word for w in verbose.words] == [w.word.strip() for w in want]
+    for got, w in zip(verbose.words, want, strict=True):
+        assert abs(got.start - w.start) <= 0.02 and abs(got.end - w.end) <= 0.02, (got, w)
+    with open(speech, "rb") as f:
+        both = client.audio.transcriptions.create(
+            model=NAME, file=f, temperature=0, response_format="verbose_json",
+            timestamp_granularities=["word", "segment"])
+    assert both.words == verbose.words and len(both.segments) >= 3
 
 
 def test_each_container_transcribes_as_the_wav(client):
@@ -196,7 +215,7 @@ def wav_part() -> tuple[str, bytes, str]:
     ("transcriptions", {"file": ("long.wav", silence_wav(MAX_SECONDS + 5), "audio/wav")},
      "file", f"over the {MAX_SECONDS} s limit"),
     ("transcriptions", {"file": wav_part, "timestamp_granularities[]": (None, "word")},
-     "timestamp_granularities[]", "word timestamps are not supported yet"),
+     "timestamp_granularities[]", "word timestamps come with response_format=verbose_json"),
     ("transcriptions", {"file": wav_part, "response_format": (None, "docx")},
      "response_format", "must be one of json, text, srt, verbose_json, vtt"),
     ("transcriptions", {"file": wav_part, "language": (None, "fr")}, "language",

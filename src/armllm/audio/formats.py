@@ -4,17 +4,20 @@ its `stream=true` form (transcript.text.delta, then transcript.text.done).
 
 The transcript's text is its segments' texts joined as Whisper writes them (each
 starts with the space before its first word, where the language has spaces),
-stripped. Word timestamps are not implemented: verbose_json has no "words"."""
+stripped. verbose_json holds the segments, or the words (OpenAI's {word, start,
+end}, the word without its leading space) where word timestamps were asked for,
+or both."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Collection, Iterable
 from typing import TYPE_CHECKING
 
 from armllm.audio.tokens import LANGUAGES
 
 if TYPE_CHECKING:
     from armllm.audio.transcribe import Segment, TranscriptionInfo
+    from armllm.audio.words import Word
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 MEDIA_TYPES = {
@@ -91,18 +94,32 @@ def segment_json(segment: Segment) -> dict:
             "no_speech_prob": segment.no_speech_prob}
 
 
+def word_json(word: Word) -> dict:
+    """One verbose_json word (times to the millisecond)."""
+    return {"word": word.word.strip(), "start": round(word.start, 3),
+            "end": round(word.end, 3)}
+
+
 def as_verbose_json(segments: Iterable[Segment], info: TranscriptionInfo,
-                    task: str = "transcribe") -> dict:
+                    task: str = "transcribe",
+                    granularities: Collection[str] = ("segment",)) -> dict:
     """task, language (its English name, lowercase, as OpenAI returns it), duration,
-    text, segments (and usage)."""
+    text, then segments and words as `granularities` ask (words: the segments'
+    words, which word timestamps gave), and usage."""
     segments = list(segments)
-    return {"task": task, "language": LANGUAGES.get(info.language, info.language),
-            "duration": info.duration, "text": transcript_text(segments),
-            "segments": [segment_json(s) for s in segments], "usage": _usage(info)}
+    body = {"task": task, "language": LANGUAGES.get(info.language, info.language),
+            "duration": info.duration, "text": transcript_text(segments)}
+    if "word" in granularities:
+        body["words"] = [word_json(w) for s in segments for w in s.words or ()]
+    if "segment" in granularities or not granularities:
+        body["segments"] = [segment_json(s) for s in segments]
+    body["usage"] = _usage(info)
+    return body
 
 
 def render(response_format: str, segments: Iterable[Segment], info: TranscriptionInfo,
-           task: str = "transcribe") -> dict | str:
+           task: str = "transcribe",
+           granularities: Collection[str] = ("segment",)) -> dict | str:
     """The response body: a dict for json and verbose_json, text for the others
     (MEDIA_TYPES has their content types)."""
     check_response_format(response_format)
@@ -110,7 +127,7 @@ def render(response_format: str, segments: Iterable[Segment], info: Transcriptio
     if response_format == "json":
         return as_json(segments, info)
     if response_format == "verbose_json":
-        return as_verbose_json(segments, info, task)
+        return as_verbose_json(segments, info, task, granularities)
     return {"text": as_text, "srt": as_srt, "vtt": as_vtt}[response_format](segments)
 
 

@@ -52,12 +52,20 @@ ENGLISH_ONLY_VOCAB_SIZE = 51864
 
 class EngineDecoder:
     """audio/transcribe.py's WindowDecoder over an engine's generate: a window's
-    request is its prompt with the window's features as encoder input."""
+    request is its prompt with the window's features as encoder input.
+
+    Word timestamps' alignment pass runs on `model` (the engine's WhisperModel)
+    in a worker thread, outside the engine: the window is encoded again into
+    arrays of its own, so the engine's cache and slots are not touched, and the
+    weights are only read. The kernels may be called from that thread while the
+    engine steps: the thread pool runs one job at a time (pool.c's run_lock), so
+    the two interleave kernel by kernel."""
 
     def __init__(self, generate: Generate, max_model_len: int,
-                 request_prefix: str = "transcribe", priority: int = 0):
+                 request_prefix: str = "transcribe", priority: int = 0, model=None):
         self.generate, self.max_model_len = generate, max_model_len
         self.request_prefix, self.priority = request_prefix, priority
+        self.model = model
 
     async def decode(self, features: np.ndarray, prompt_ids: list[int],
                      params: SamplingParams) -> DecodeResult:
@@ -74,6 +82,16 @@ class EngineDecoder:
         if out.error is not None:
             raise RuntimeError(f"decoding a window failed: {out.error}")
         return result_from(list(out.outputs[0].token_ids), params)
+
+    async def alignment(self, features: np.ndarray, sequence: list[int],
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        if self.model is None:
+            raise RuntimeError("word timestamps need the model in this process")
+
+        def run() -> tuple[np.ndarray, np.ndarray]:
+            return self.model.alignment_weights(sequence,
+                                                self.model.cross_attention_kv(features))
+        return await asyncio.to_thread(run)
 
 
 @dataclass
@@ -157,7 +175,7 @@ async def transcribe_stream(generate: Generate, loaded, audio: Audio,
         raise ValueError("the audio holds no samples")
     n_mels = loaded.config.encoder.n_mels
     decoder = EngineDecoder(generate, loaded.config.max_position_embeddings,
-                            priority=priority)
+                            priority=priority, model=loaded.model)
     if batched:
         return await transcribe_batched(decoder, tokens, pcm, options,
                                         log_mel=partial(features_for_file, n_mels=n_mels))

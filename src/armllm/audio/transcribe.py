@@ -33,6 +33,14 @@ from armllm.audio.window import (
     no_speech_params,
     window_params,
 )
+from armllm.audio.words import (
+    APPEND_PUNCTUATIONS,
+    PREPEND_PUNCTUATIONS,
+    Word,
+    add_word_timestamps,
+    find_alignment,
+    last_word_end,
+)
 
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH   # 100 log-mel frames a second
 SECONDS_PER_FRAME = 1 / FRAMES_PER_SECOND
@@ -55,9 +63,11 @@ class TranscribeOptions:
     text (or token ids) before the first window's; prefix: the first window's
     transcript starts with it. suppress_tokens: ids, -1 for the non-speech set.
     clip_timestamps: start, end, start, end … seconds to transcribe (an odd count
-    runs to the end); empty: all. hallucination_silence_threshold applies only with
-    word timestamps, which are not implemented (as in faster-whisper, it does
-    nothing without them). language_detection_segments windows are tried until one
+    runs to the end); empty: all. word_timestamps: each segment's words with their
+    times (audio/words.py), prepend_punctuations and append_punctuations joining the
+    word after or before them; the next window then starts at the last word's end.
+    hallucination_silence_threshold is not implemented (without word timestamps it
+    does nothing in faster-whisper either). language_detection_segments windows are tried until one
     is more likely than language_detection_threshold. seed: sampled requests use
     seed, seed+1, … (None: not reproducible)."""
     language: str | None = None
@@ -77,6 +87,9 @@ class TranscribeOptions:
     best_of: int = 5
     beam_size: int = 1
     hallucination_silence_threshold: float | None = None
+    word_timestamps: bool = False
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS
+    append_punctuations: str = APPEND_PUNCTUATIONS
     clip_timestamps: tuple[float, ...] = ()
     language_detection_segments: int = 1
     language_detection_threshold: float = 0.5
@@ -114,7 +127,8 @@ class Segment:
     """A stretch of transcript: id counts from 0 (OpenAI's verbose_json; faster-
     whisper counts from 1), seek is the window's start in mel frames (10 ms),
     start and end in seconds of the file, tokens with their timestamps; the
-    window's temperature, avg_logprob, compression_ratio and no_speech_prob."""
+    window's temperature, avg_logprob, compression_ratio and no_speech_prob;
+    words where word timestamps were asked for."""
     id: int
     seek: int
     start: float
@@ -125,6 +139,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: list[Word] | None = None
 
 
 @dataclass
@@ -191,6 +206,7 @@ class _Driver:
         self.decoder = decoder
         self.tokens = tokens
         self.options = options
+        self.language = language
         self.sot_sequence = tokens.sot_sequence(language, options.task)
         self.suppress = tokens.suppress_set(options.suppress_tokens)
         self.max_initial_index = int(round(options.max_initial_timestamp / TIME_PRECISION))
@@ -286,6 +302,22 @@ class _Driver:
         best = max(kept or tried, key=lambda w: w.avg_logprob)
         # the last temperature tried, for the prompt reset
         return _Window(best.result, best.avg_logprob, temperature, best.compression_ratio)
+
+    async def add_words(self, features: np.ndarray, pieces: list[dict], num_frames: int,
+                        last_speech_timestamp: float) -> None:
+        """Each of a window's segments gets its "words" (audio/words.py), its start
+        and end following them."""
+        eot = self.tokens.eot
+        text_ids = [t for piece in pieces for t in piece["tokens"] if t < eot]
+        alignment = []
+        if text_ids:
+            sequence = [*self.sot_sequence, self.tokens.no_timestamps, *text_ids, eot]
+            weights, logits = await self.decoder.alignment(features, sequence)
+            alignment = find_alignment(self.tokens, self.language, text_ids,
+                                       self.sot_sequence, weights, logits, num_frames)
+        add_word_timestamps(pieces, alignment, eot, FRAMES_PER_SECOND,
+                            self.options.prepend_punctuations,
+                            self.options.append_punctuations, last_speech_timestamp)
 
     def is_silence(self, window: _Window) -> bool:
         o = self.options
@@ -383,6 +415,7 @@ async def _long_form(driver: _Driver, features: np.ndarray, content_frames: int,
         all_tokens += list(options.initial_prompt)
     prompt_reset_since = 0
     next_id = 0
+    last_speech_timestamp = 0.0
     seek = clips[0][0]
     for clip_start, clip_end in clips:
         clip_end = min(clip_end, content_frames)
@@ -399,16 +432,26 @@ async def _long_form(driver: _Driver, features: np.ndarray, content_frames: int,
                 seek += segment_size
                 continue
             previous_seek = seek
-            pieces, seek, _ = split_segments(tokens, decoded.result.token_ids, time_offset,
-                                             segment_size, segment_duration, seek)
+            pieces, seek, single_timestamp_ending = split_segments(
+                tokens, decoded.result.token_ids, time_offset, segment_size, segment_duration,
+                seek)
+            if options.word_timestamps:
+                await driver.add_words(window, pieces, segment_size, last_speech_timestamp)
+                end = last_word_end(pieces)
+                if not single_timestamp_ending and end is not None and end > time_offset:
+                    seek = round(end * FRAMES_PER_SECOND)
+                if end is not None:
+                    last_speech_timestamp = end
             for piece in pieces:
                 text = tokens.decode(piece["tokens"])
                 if piece["start"] == piece["end"] or not text.strip():
                     continue
                 all_tokens += piece["tokens"]
+                words = ([Word(w["start"], w["end"], w["word"], w["probability"])
+                          for w in piece["words"]] if options.word_timestamps else None)
                 yield Segment(next_id, previous_seek, piece["start"], piece["end"], text,
                               piece["tokens"], decoded.temperature, decoded.avg_logprob,
-                              decoded.compression_ratio, decoded.result.no_speech_prob)
+                              decoded.compression_ratio, decoded.result.no_speech_prob, words)
                 next_id += 1
             if (not options.condition_on_previous_text
                     or decoded.temperature > options.prompt_reset_on_temperature):
@@ -457,6 +500,9 @@ async def transcribe_batched(decoder: WindowDecoder, tokens: WhisperTokens, audi
     features, as features_for_file computes them (default
     armllm.audio.mel.features_for_file). Segments come in file order."""
     options = options or TranscribeOptions()
+    if options.word_timestamps:
+        raise ValueError("word timestamps are given by the long-form mode only, not the "
+                         "batched one")
     if audio.ndim != 1:
         raise ValueError(f"audio must be mono samples [n], got shape {audio.shape}")
     if log_mel is None:

@@ -48,6 +48,13 @@ class WindowDecoder(Protocol):
     async def decode(self, features: np.ndarray, prompt_ids: list[int],
                      params: SamplingParams) -> DecodeResult: ...
 
+    async def alignment(self, features: np.ndarray, sequence: list[int],
+                        ) -> tuple[np.ndarray, np.ndarray]:
+        """The decoder over the whole token sequence at once on this window: the
+        alignment heads' cross-attention probabilities [heads, tokens, positions]
+        and the logits [tokens, vocab] (WhisperModel.alignment_weights)."""
+        ...
+
 
 @dataclass
 class Probes:

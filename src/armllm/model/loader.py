@@ -1,5 +1,5 @@
-"""loader: turns a model path (Hugging Face directory or .gguf file) into a
-config, packed weights and a tokenizer."""
+"""loader: turns a model path (Hugging Face or CTranslate2 directory, .gguf file or
+whisper.cpp ggml .bin file) into a config, packed weights and a tokenizer."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +25,7 @@ from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
 from armllm.model.weights import Quantization, WeightDtype, head_tensor_name, load_weights
 from armllm.model.whisper import is_ct2_dir
+from armllm.model.whisper_ggml import GgmlWhisper, is_ggml_file
 
 log = logging.getLogger("armllm")
 
@@ -102,7 +103,8 @@ def gguf_generation_config(gguf: GGUFFile, config: ModelConfig) -> dict:
 
 
 def model_path(path: str | Path) -> Path:
-    """A model's local path, checked: an existing directory or .gguf file. A Hugging
+    """A model's local path, checked: an existing directory, .gguf file or whisper.cpp
+    ggml file (a .bin that starts with the ggml magic). A Hugging
     Face Hub name (ORG/NAME, ORG/NAME:QUANT...; model/hub.py) that is not a local path
     is downloaded first, or found in the Hugging Face cache."""
     if not Path(path).exists():
@@ -111,13 +113,16 @@ def model_path(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path}: no such model file or directory")
-    if path.is_file() and path.suffix != ".gguf":
-        raise ValueError(f"{path}: a model is a directory or a .gguf file")
+    if path.is_file() and path.suffix != ".gguf" and not is_ggml_file(path):
+        raise ValueError(f"{path}: a model is a directory, a .gguf file or a whisper.cpp "
+                         f"ggml .bin file")
     return path
 
 
 def _open(path: Path) -> tuple[ModelConfig, HFSource | GGUFSource, GGUFFile | None]:
     """The config and tensor source of a checked model path (and its GGUFFile)."""
+    if is_ggml_file(path):   # whisper.cpp's ggml-*.bin
+        return ggml_config(path), None, None
     if path.is_file():
         gguf = GGUFFile(path)
         config = gguf_model_config(gguf)
@@ -193,16 +198,36 @@ def ct2_config(path: Path) -> ModelConfig:
                                   tokenizer.token_to_id("<|startoftranscript|>"))
 
 
+def ggml_config(path: Path) -> ModelConfig:
+    """The config of a whisper.cpp ggml file: its hyperparameters; the EOS and start
+    tokens from the tokenizer.json beside it."""
+    tokenizer = _ggml_tokenizer(path)
+    return GgmlWhisper(path).config(tokenizer.token_to_id("<|endoftext|>"),
+                                    tokenizer.token_to_id("<|startoftranscript|>"))
+
+
+def _ggml_tokenizer(path: Path) -> Tokenizer:
+    tok_path = path.parent / "tokenizer.json"
+    if not tok_path.exists():
+        raise ValueError(f"{tok_path}: missing: a whisper.cpp ggml file ({path.name}) holds "
+                         f"only its vocabulary's bytes; armllm needs the model's Hugging Face "
+                         f"tokenizer.json beside it")
+    return _hf_tokenizer(path.parent)
+
+
 def _load_encoder_decoder(path: Path, config: ModelConfig, dtype: WeightDtype, quantization,
                           progress, comm) -> LoadedModel:
     from armllm.model import whisper
     if comm is not None:
         _shard_plans(config, None, comm.ranks, quantization)   # refuses
     model = whisper.load(path, config, dtype, quantization, progress)
-    generation = _read_json(path / "generation_config.json") or \
+    ggml = is_ggml_file(path)   # its tokenizer and configs lie beside it
+    files = path.parent if ggml else path
+    generation = _read_json(files / "generation_config.json") or \
         {"eos_token_id": list(config.eos_token_ids)}
-    return LoadedModel(path, config, model, _hf_tokenizer(path),
-                       _read_json(path / "tokenizer_config.json"), generation)
+    return LoadedModel(path, config, model,
+                       _ggml_tokenizer(path) if ggml else _hf_tokenizer(path),
+                       _read_json(files / "tokenizer_config.json"), generation)
 
 
 def _hf_tokenizer(path: Path) -> Tokenizer:
@@ -219,6 +244,9 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     """Only the tokenizer (and chat template) of a model directory or GGUF file; no
     weights are read."""
     path = model_path(path)
+    if is_ggml_file(path):
+        return TextTokenizer(_ggml_tokenizer(path),
+                             _read_json(path.parent / "tokenizer_config.json"))
     if path.is_file():
         tokenizer, tok_config = tokenizer_from_gguf(GGUFFile(path).metadata, str(path))
         return TextTokenizer(tokenizer, tok_config)

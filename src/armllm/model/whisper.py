@@ -11,10 +11,17 @@ The decoder is a pre-LayerNorm transformer over learned positions: causal
 self-attention over the paged KV cache, cross-attention of every row over its
 sequence's encoder frames, a GELU MLP, and logits from the tied token embedding,
 each a kernel call over the workspace's buffers. The engine runs a sequence's
-encoder with its first prefill chunk (engine/runner.py)."""
+encoder with its first prefill chunk (engine/runner.py).
+
+Word timestamps read the cross-attention probabilities of the model's alignment
+heads: `cross_attention_kv` encodes one window into private K/V arrays and
+`alignment_weights` runs the decoder over one whole sequence in numpy (attention
+computed explicitly, the GEMMs on the kernels) to expose them, outside the engine
+and its cache."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,11 +330,15 @@ def layer_norm(x: np.ndarray, norm: LayerNorm, out: np.ndarray | None = None) ->
 
 
 class WhisperModel:
-    """Whisper's encoder and decoder over packed weights."""
+    """Whisper's encoder and decoder over packed weights. alignment_heads: the
+    (decoder layer, head) pairs whose cross-attention follows the speech in time
+    (default: every head of the last half of the layers, as CTranslate2's)."""
 
-    def __init__(self, config: ModelConfig, weights: WhisperWeights):
+    def __init__(self, config: ModelConfig, weights: WhisperWeights,
+                 alignment_heads: list[tuple[int, int]] | None = None):
         self.config, self.weights = config, weights
         self.formats = None   # what the runner's workspace is built with (unused here)
+        self.alignment_heads = alignment_heads or default_alignment_heads(config)
 
     def new_workspace(self, max_tokens: int, max_logits: int, max_seq_len: int | None = None,
                       logits_cols: int | None = None) -> WhisperWorkspace:
@@ -399,6 +410,64 @@ class WhisperModel:
             x += ops.linear(mlp, layer.fc2.weight, layer.fc2.bias, out=proj)
         return layer_norm(x, w.encoder_norm, out=x)
 
+    # -- word alignment ---------------------------------------------------------------------
+
+    def cross_attention_kv(self, features: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One window's cross-attention K and V [heads, positions, head_dim] per decoder
+        layer, in arrays of its own (the engine's cache untouched)."""
+        c = self.config
+        x = self._encoder_hidden([features])
+        t, h = len(x), c.hidden_size
+        per_layer = []
+        for layer in self.weights.decoder_layers:
+            kv = ops.linear(x, layer.cross_kv.weight, layer.cross_kv.bias)
+            per_layer.append(tuple(np.ascontiguousarray(
+                kv[:, j * h:(j + 1) * h].reshape(t, c.num_heads, c.head_dim).transpose(1, 0, 2))
+                for j in (0, 1)))
+        return per_layer
+
+    def alignment_weights(self, tokens: list[int],
+                          cross: list[tuple[np.ndarray, np.ndarray]],
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """The decoder over one whole sequence `tokens` (causal, no cache) against a
+        window's cross K/V (cross_attention_kv): (the alignment heads' cross-attention
+        probabilities [len(alignment_heads), len(tokens), positions], softmax over every
+        frame; the logits [len(tokens), vocab])."""
+        c, w = self.config, self.weights
+        n, h, heads, d = len(tokens), c.hidden_size, c.num_heads, c.head_dim
+        scale = d ** -0.5
+        x = np.empty((n, h), np.float32)
+        ops.embedding(np.asarray(tokens, np.int32), w.embed, out=x)
+        x += w.decoder_positions[:n]
+        future = np.triu(np.full((n, n), -np.inf, np.float32), 1)
+        found: dict[tuple[int, int], np.ndarray] = {}
+
+        def split_heads(a: np.ndarray) -> np.ndarray:
+            return a.reshape(n, heads, d).transpose(1, 0, 2)
+
+        def merge_heads(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(n, h))
+
+        for i, (layer, (cross_k, cross_v)) in enumerate(zip(w.decoder_layers, cross,
+                                                             strict=True)):
+            qkv = ops.linear(layer_norm(x, layer.attn_norm), layer.qkv.weight, layer.qkv.bias)
+            q, k, v = (split_heads(qkv[:, j * h:(j + 1) * h]) for j in range(3))
+            attn = _softmax(q @ k.transpose(0, 2, 1) * scale + future) @ v
+            x += ops.linear(merge_heads(attn), layer.out.weight, layer.out.bias)
+            q = split_heads(ops.linear(layer_norm(x, layer.cross_norm), layer.cross_q.weight,
+                                       layer.cross_q.bias))
+            probs = _softmax(q @ cross_k.transpose(0, 2, 1) * scale)
+            for head in range(heads):
+                if (i, head) in self.alignment_heads:
+                    found[i, head] = probs[head]
+            x += ops.linear(merge_heads(probs @ cross_v), layer.cross_out.weight,
+                            layer.cross_out.bias)
+            mlp = ops.linear(layer_norm(x, layer.mlp_norm), layer.fc1.weight, layer.fc1.bias)
+            ops.gelu(mlp, out=mlp)
+            x += ops.linear(mlp, layer.fc2.weight, layer.fc2.bias)
+        logits = ops.linear(layer_norm(x, w.decoder_norm), w.lm_head)
+        return np.stack([found[pair] for pair in self.alignment_heads]), logits
+
     # -- the decoder ----------------------------------------------------------------------
 
     def forward(self, meta, kv: KVCache, ws: WhisperWorkspace,
@@ -450,11 +519,50 @@ class WhisperModel:
         return ops.linear(selected, w.lm_head, out=ws.logits[:r])
 
 
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in float32."""
+    e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32, copy=False)
+
+
+def default_alignment_heads(c: ModelConfig) -> list[tuple[int, int]]:
+    """Every head of the last half of the decoder layers (CTranslate2's choice for a
+    model that names none)."""
+    return [(layer, head) for layer in range(c.num_layers // 2, c.num_layers)
+            for head in range(c.num_heads)]
+
+
+def read_alignment_heads(path: Path, c: ModelConfig) -> list[tuple[int, int]]:
+    """The alignment heads a model directory names: a CTranslate2 config.json's or a
+    Hugging Face generation_config.json's `alignment_heads` [[layer, head], ...]; the
+    default where neither does."""
+    for name in ("config.json", "generation_config.json"):
+        try:
+            heads = json.loads((Path(path) / name).read_text()).get("alignment_heads")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if heads:
+            pairs = [(int(layer), int(head)) for layer, head in heads]
+            for layer, head in pairs:
+                if not (0 <= layer < c.num_layers and 0 <= head < c.num_heads):
+                    raise ValueError(f"{path}/{name}: alignment head [{layer}, {head}] is not "
+                                     f"in {c.num_layers} layers of {c.num_heads} heads")
+            return pairs
+    return default_alignment_heads(c)
+
+
 def load(path: Path, c: ModelConfig, dtype: str, quantization: str | Scheme,
          progress: Callable | None = None) -> WhisperModel:
-    """The Whisper model of a safetensors or CTranslate2 directory."""
-    tensors = CT2Whisper(path, c) if is_ct2_dir(path) else SafetensorsWhisper(path)
-    return WhisperModel(c, load_whisper(tensors, c, dtype, quantization, progress))
+    """The Whisper model of a safetensors or CTranslate2 directory or a whisper.cpp
+    ggml file (whose alignment heads are the default: it names none)."""
+    tensors: WhisperTensors
+    if Path(path).is_file():
+        from armllm.model.whisper_ggml import GgmlWhisper  # it imports this module
+        tensors = GgmlWhisper(path)
+    else:
+        tensors = CT2Whisper(path, c) if is_ct2_dir(path) else SafetensorsWhisper(path)
+    return WhisperModel(c, load_whisper(tensors, c, dtype, quantization, progress),
+                        read_alignment_heads(path, c))
 
 
 def is_ct2_dir(path: Path) -> bool:

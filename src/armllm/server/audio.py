@@ -4,8 +4,9 @@ a Whisper model (AsyncLLM.transcribe_stream).
 The body is multipart/form-data: `file` (required: any audio PyAV decodes), `model`,
 `language` (transcriptions), `prompt`, `temperature` (one value, no fallback: 0 is
 greedy; without it Whisper's fallback schedule 0, 0.2 ... 1.0), `response_format`
-(json, text, srt, verbose_json, vtt), `timestamp_granularities[]` (segment; word
-timestamps are not implemented: 400) and `stream` (transcriptions: server-sent
+(json, text, srt, verbose_json, vtt), `timestamp_granularities[]` (segment, word:
+verbose_json's "segments" and "words"; word asks for word timestamps, with
+verbose_json alone, 400 otherwise) and `stream` (transcriptions: server-sent
 transcript.text.delta events, one per segment, then transcript.text.done; OpenAI's
 translations have no stream: 400). A translation on an English-only model
 transcribes, as faster-whisper does (its audio is English already).
@@ -68,6 +69,7 @@ class AudioRequest:
     options: TranscribeOptions
     response_format: str
     stream: bool
+    granularities: tuple[str, ...] = ("segment",)
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -129,7 +131,7 @@ async def _transcribe(state: ServerState, request: Request, llm: AsyncLLM, req: 
         raise
     admission.release()
     state.metrics.observe_transcription(task, info.duration)
-    body = render(req.response_format, segments, info, task)
+    body = render(req.response_format, segments, info, task, req.granularities)
     if isinstance(body, dict):
         return JSONResponse(body)
     return Response(body, media_type=MEDIA_TYPES[req.response_format])
@@ -250,11 +252,12 @@ async def _checked(state: ServerState, llm: AsyncLLM, form: FormData, fields: di
     for g in granularities:
         if g not in GRANULARITIES:
             raise P.bad("timestamp_granularities[]", f"must be segment or word, got {g!r}")
-    if "word" in granularities:
-        raise P.APIError("timestamp_granularities[]: word timestamps are not supported yet "
-                         "(segment timestamps are: verbose_json, srt, vtt)", 400,
-                         "timestamp_granularities[]", "unsupported_parameter")
     stream = req.get("stream", False)
+    words = "word" in granularities
+    if words and (response_format != "verbose_json" or stream):
+        raise P.APIError("timestamp_granularities[]: word timestamps come with "
+                         "response_format=verbose_json (not streamed)", 400,
+                         "timestamp_granularities[]", "unsupported_parameter")
     if stream and task == "translate":
         raise P.APIError("stream: translations are not streamed (as OpenAI's API); stream "
                          "a transcription, or ask without stream", 400, "stream",
@@ -264,7 +267,8 @@ async def _checked(state: ServerState, llm: AsyncLLM, form: FormData, fields: di
         raise P.bad("temperature", f"must be in [0, {MAX_TEMPERATURE:g}], got {temperature:g}")
     kwargs = {} if temperature is None else {"temperature": temperature}
     options = TranscribeOptions(language=req.get("language") or None, task=task,
-                                initial_prompt=req.get("prompt") or None, **kwargs)
+                                initial_prompt=req.get("prompt") or None,
+                                word_timestamps=words, **kwargs)
     try:
         llm.check_transcription(options)
     except RequestRejected as exc:
@@ -279,7 +283,8 @@ async def _checked(state: ServerState, llm: AsyncLLM, form: FormData, fields: di
     audio = await upload.read()
     if not audio:
         raise P.bad("file", f"the file {upload.filename!r} is empty (0 bytes)", "invalid_audio")
-    return AudioRequest(audio, options, response_format, stream)
+    return AudioRequest(audio, options, response_format, stream,
+                        tuple(granularities) or ("segment",))
 
 
 # -- the transcription as a task ------------------------------------------------------------

@@ -135,3 +135,19 @@ def _config_from_ct2(shapes: dict[str, tuple[int, ...]], scalars: dict[str, int]
         eos_token_ids=() if eos_token_id is None else (eos_token_id,), encoder=encoder)
 
 
+
+
+def config_from_ggml(hparams: dict[str, int], encoder_ffn: int, decoder_ffn: int,
+                     eos_token_id: int | None, start_token_id: int | None) -> ModelConfig:
+    """A whisper.cpp ggml file's config (model/whisper_ggml.py): its hyperparameters
+    and the MLP widths of its fc1 weights (whisper.cpp assumes 4 * state)."""
+    d, heads = hparams["n_text_state"], hparams["n_text_head"]
+    encoder = EncoderShape(hparams["n_mels"], hparams["n_audio_layer"], hparams["n_audio_head"],
+                           hparams["n_audio_state"], encoder_ffn, hparams["n_audio_ctx"])
+    return ModelConfig(
+        architecture=ARCH, vocab_size=hparams["n_vocab"], hidden_size=d,
+        intermediate_size=decoder_ffn, num_layers=hparams["n_text_layer"], num_heads=heads,
+        num_kv_heads=heads, head_dim=d // heads, rms_norm_eps=LN_EPS, rope_theta=1.0,
+        rope_scaling=None, max_position_embeddings=hparams["n_text_ctx"],
+        tie_word_embeddings=True, attention_bias=True, bos_token_id=start_token_id,
+        eos_token_ids=() if eos_token_id is None else (eos_token_id,), encoder=encoder)
