@@ -33,7 +33,7 @@ from armllm.api import RequestRejected
 from armllm.model.arch import load_hf_config
 from armllm.model.decoder import BatchMeta
 from armllm.model.kv_cache import KVCache
-from armllm.model.loader import ct2_config
+from armllm.model.loader import ct2_config, load_model
 from armllm.model.whisper import load
 
 torch = pytest.importorskip("torch")
@@ -105,7 +105,7 @@ def batch_logits(path: Path, c, feats: list[np.ndarray], prompts: list[list[int]
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Our f32 logits of each window's prompt, batched in one forward (rows and the
     rows' start per prompt)."""
-    model = load(path, c, "f32", "auto")
+    model = load_model(path, "f32").model   # the loader: any of the formats it reads
     kv = KVCache(c, 16, 16, "f32", state_slots=4)
     ws = model.new_workspace(32, 32)
     slots = [2, 0][:len(feats)]   # not in batch order: each row must read its own slot

@@ -220,8 +220,9 @@ def _load_encoder_decoder(path: Path, config: ModelConfig, dtype: WeightDtype, q
     from armllm.model import whisper
     if comm is not None:
         _shard_plans(config, None, comm.ranks, quantization)   # refuses
-    model = whisper.load(path, config, dtype, quantization, progress)
     ggml = is_ggml_file(path)   # its tokenizer and configs lie beside it
+    model = whisper.load(path, config, dtype, quantization, progress,
+                         GgmlWhisper(path) if ggml else None)
     files = path.parent if ggml else path
     generation = _read_json(files / "generation_config.json") or \
         {"eos_token_id": list(config.eos_token_ids)}

@@ -552,14 +552,12 @@ def read_alignment_heads(path: Path, c: ModelConfig) -> list[tuple[int, int]]:
 
 
 def load(path: Path, c: ModelConfig, dtype: str, quantization: str | Scheme,
-         progress: Callable | None = None) -> WhisperModel:
-    """The Whisper model of a safetensors or CTranslate2 directory or a whisper.cpp
-    ggml file (whose alignment heads are the default: it names none)."""
-    tensors: WhisperTensors
-    if Path(path).is_file():
-        from armllm.model.whisper_ggml import GgmlWhisper  # it imports this module
-        tensors = GgmlWhisper(path)
-    else:
+         progress: Callable | None = None, tensors: WhisperTensors | None = None
+         ) -> WhisperModel:
+    """The Whisper model of a safetensors or CTranslate2 directory, or of `tensors`
+    another source gives (a whisper.cpp ggml file: model/whisper_ggml.py, whose
+    alignment heads are the default: it names none)."""
+    if tensors is None:
         tensors = CT2Whisper(path, c) if is_ct2_dir(path) else SafetensorsWhisper(path)
     return WhisperModel(c, load_whisper(tensors, c, dtype, quantization, progress),
                         read_alignment_heads(path, c))
