@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -66,3 +67,15 @@ def clip_8s() -> Path:
 def clip_60s() -> Path:
     """About 60 s: twenty sentences with pauses of 0.4 to 1.6 s."""
     return speech_clip(SENTENCES, (0.8, 0.4, 1.2, 0.6, 1.6))
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir):
+    """armllm's LLM and faster-whisper's WhisperModel on whisper-tiny.en, both float32."""
+    from armllm import LLM
+    faster_whisper = need("faster_whisper")
+    llm = LLM(model_dir, dtype="f32", kv_cache_dtype="f32", max_num_seqs=8, kv_cache_gib=0.3)
+    yield SimpleNamespace(
+        llm=llm, faster=faster_whisper.WhisperModel(str(model_dir), compute_type="float32",
+                                                    cpu_threads=2))
+    llm.shutdown()

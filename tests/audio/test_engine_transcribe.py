@@ -43,16 +43,6 @@ MAX_LONG_WER = 0.25
 
 
 @pytest.fixture(scope="module")
-def engines(model_dir):
-    faster_whisper = need("faster_whisper")
-    llm = LLM(model_dir, dtype="f32", kv_cache_dtype="f32", max_num_seqs=8, kv_cache_gib=0.3)
-    yield SimpleNamespace(
-        llm=llm, faster=faster_whisper.WhisperModel(str(model_dir), compute_type="float32",
-                                                    cpu_threads=2))
-    llm.shutdown()
-
-
-@pytest.fixture(scope="module")
 def multilingual(tmp_path_factory):
     faster_whisper = need("faster_whisper")
     need("ctranslate2")

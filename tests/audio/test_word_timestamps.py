@@ -14,31 +14,17 @@ differs by float32 rounding only, which moves no DTW step), probabilities within
 7e-5 (float32 logits of two implementations)."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
-from armllm import LLM
 from armllm.api import TranscribeOptions
 from armllm.audio.decode import load_audio
 from armllm.audio.tokens import WhisperTokens
 from armllm.audio.words import median_filter, merge_punctuations, negative_dtw, split_to_words
 from tests import speech_clips
-from tests.audio.conftest import need
 
 TIME_TOLERANCE_S = 0.02   # one timestamp step
 PROB_TOLERANCE = 1e-3
-
-
-@pytest.fixture(scope="module")
-def engines(model_dir):
-    faster_whisper = need("faster_whisper")
-    llm = LLM(model_dir, dtype="f32", kv_cache_dtype="f32", max_num_seqs=8, kv_cache_gib=0.3)
-    yield SimpleNamespace(
-        llm=llm, faster=faster_whisper.WhisperModel(str(model_dir), compute_type="float32",
-                                                    cpu_threads=2))
-    llm.shutdown()
 
 
 def assert_same_words(engines, path):

@@ -114,7 +114,7 @@ def _run_encoder_decoder(args: argparse.Namespace, model, config, engine: Engine
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
-        sizing.print_plan(plan)
+        print_encoder_decoder_plan(plan)
     return 0
 
 
@@ -232,19 +232,9 @@ def print_plan(p: dict) -> None:
         print(f"  total      {_size(p['total_bytes']):>13}  ({tp['ranks']} ranks, at most)")
     else:
         print(f"  total      {_size(p['total_bytes']):>13}")
-    avail = p["mem_available_bytes"]
-    verdict = "fits" if p["fits"] else "DOES NOT FIT"
-    print(f"  MemAvailable {_size(avail):>11}  -> {verdict}; room for "
-          f"{p['max_concurrency_that_fits']} sequences of {p['max_model_len']} tokens")
-    cap = kv.get("serve_default_cap_blocks")
-    if cap is not None and cap < kv["blocks"]:
-        print(f"  serve without --kv-cache-gib caps the KV cache at "
-              f"{DEFAULT_KV_FRACTION:.0%} of the memory left after the weights: {cap} blocks")
-    print(f"  engine flags: --max-model-len {p['max_model_len']} --max-num-seqs "
-          f"{p['max_num_seqs']} --kv-cache-gib {kv['kv_cache_gib_flag']:.2f}")
+    _print_fit(p, kv)
     d = p["decode"]
-    how = (f"measured, {d['bandwidth_threads']} threads" if d["bandwidth_source"] == "measured"
-           else "given")
+    how = _bandwidth_source(d)
     print(f"\ndecode upper bound: read bandwidth {d['bandwidth_gbs']:.1f} GB/s ({how}), "
           f"average context {d['context']:g} tokens")
     rows = [("batch_1", "batch 1")]
@@ -259,6 +249,78 @@ def print_plan(p: dict) -> None:
         print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
               f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}{state}){comm} -> "
               f"<= {s['max_tokens_per_s']:.1f} tok/s, {per_seq} >= {s['min_step_s'] * 1e3:.2f} ms")
+    print("\nassumptions:")
+    for line in p["assumptions"]:
+        print(f"  - {line}")
+
+
+def _print_fit(p: dict, kv: dict) -> None:
+    """Whether the plan fits, serve's default cap, and the engine flags that size it."""
+    avail = p["mem_available_bytes"]
+    verdict = "fits" if p["fits"] else "DOES NOT FIT"
+    print(f"  MemAvailable {_size(avail):>11}  -> {verdict}; room for "
+          f"{p['max_concurrency_that_fits']} sequences of {p['max_model_len']} tokens")
+    cap = kv.get("serve_default_cap_blocks")
+    if cap is not None and cap < kv["blocks"]:
+        print(f"  serve without --kv-cache-gib caps the KV cache at "
+              f"{DEFAULT_KV_FRACTION:.0%} of the memory left after the weights: {cap} blocks")
+    print(f"  engine flags: --max-model-len {p['max_model_len']} --max-num-seqs "
+          f"{p['max_num_seqs']} --kv-cache-gib {kv['kv_cache_gib_flag']:.2f}")
+
+
+def _bandwidth_source(d: dict) -> str:
+    return (f"measured, {d['bandwidth_threads']} threads" if d["bandwidth_source"] == "measured"
+            else "given")
+
+
+def print_encoder_decoder_plan(p: dict) -> None:
+    """An encoder-decoder's plan (bench/sizing_encoder_decoder.py) as text."""
+    c, e, pc, wb = p["config"], p["config"]["encoder"], p["params"], p["weight_bytes"]
+    kv, x, ov = p["kv_cache"], p["cross_attention_pool"], p["overhead"]
+    print(f"armllm plan: {Path(p['model']).name} ({c['architecture']}: an encoder of "
+          f"{e['layers']} layers over {e['n_mels']} mel bins and {e['positions']} frames a 30 s "
+          f"window, a decoder of {c['num_layers']} layers, hidden {c['hidden_size']}, "
+          f"{c['num_heads']} heads, vocab {c['vocab_size']}, context "
+          f"{c['max_position_embeddings']})")
+    formats = ", ".join(f"{n} {name}" for name, n in p["linear_formats"].items())
+    seqs = "1 sequence" if p["max_num_seqs"] == 1 else f"{p['max_num_seqs']} sequences"
+    print(f"for {seqs} (windows decoding at once) of {p['max_model_len']} tokens, "
+          f"--quantization {p['quantization']}: linear weights {formats}; KV cache "
+          f"{p['kv_cache_dtype']}")
+    print(f"\nparameters {_count(pc['total']):>14}")
+    print(f"  encoder    {_count(pc['encoder']):>13}  ({e['layers']} x "
+          f"{pc['encoder_per_layer']:,}, convs, positions)")
+    print(f"  decoder    {_count(pc['decoder']):>13}  ({c['num_layers']} x "
+          f"{pc['decoder_per_layer']:,}, embedding {_count(pc['embedding'])} tied to the "
+          "lm_head, positions)")
+    print("\nmemory")
+    print(f"  weights    {_size(wb['total']):>13}  encoder {_size(wb['encoder'])}, decoder "
+          f"{_size(wb['decoder'])} (of which the embedding {_size(wb['embedding'])} and "
+          f"its packed copy for the logits {_size(wb['lm_head'])})")
+    print(f"  KV cache   {_size(kv['bytes']):>13}  self-attention {kv['blocks']} blocks x "
+          f"{kv['block_size']} tokens x {kv['bytes_per_token']:,} B/token "
+          f"({kv['sequences_at_full_length']:g} sequences at full length; {kv['sized_by']})")
+    print(f"             {'':>13}  of which {_size(x['bytes'])} cross-attention pool: "
+          f"{x['slots']} slots of {_size(x['bytes_per_slot'])} ({x['layers']} decoder layers' "
+          f"K and V of {x['encoder_frames']} encoder frames)")
+    print(f"  overhead   {_size(ov['bytes']):>13}  workspace {_size(ov['workspace_bytes'])}, "
+          f"process {_size(ov['process_bytes'])}")
+    print(f"  total      {_size(p['total_bytes']):>13}")
+    _print_fit(p, kv)
+    d = p["decode"]
+    how = _bandwidth_source(d)
+    print(f"\ndecoder's decode upper bound: read bandwidth {d['bandwidth_gbs']:.1f} GB/s ({how}), "
+          f"average context {d['context']:g} tokens")
+    rows = [("batch_1", "batch 1")]
+    if p["max_num_seqs"] > 1:
+        rows.append(("batch_c", f"batch {p['max_num_seqs']}"))
+    for key, label in rows:
+        s = d[key]
+        per_seq = "TPOT" if s["batch"] == 1 else "TPOT per sequence"
+        print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
+              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f} + cross "
+              f"{s['cross_bytes'] / 1e6:.1f}) -> <= {s['max_tokens_per_s']:.1f} tok/s, "
+              f"{per_seq} >= {s['min_step_s'] * 1e3:.2f} ms")
     print("\nassumptions:")
     for line in p["assumptions"]:
         print(f"  - {line}")
