@@ -63,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
     from armllm.audio.decode import SAMPLE_RATE, AudioError, load_audio
     from armllm.audio.formats import render, word_json
     from armllm.audio.transcribe import TranscribeOptions
-    from armllm.generate_cli import load_llm
 
     files = [Path(f) for f in args.files]
     for f in files:
@@ -89,13 +88,7 @@ def run(args: argparse.Namespace) -> int:
         except AudioError as exc:
             raise UsageError(f"{f}: {exc}") from None
 
-    def check(llm) -> None:
-        try:
-            llm.check_transcription(options)
-        except ValueError as exc:   # not a Whisper model, or a language it does not know
-            raise UsageError(str(exc)) from None
-
-    llm = load_llm(args, check)
+    llm = load_transcriber(args, options)
     durations = [len(p) / SAMPLE_RATE for p in pcms]
     progress = _Progress(durations)
     t0 = time.perf_counter()
@@ -166,3 +159,16 @@ class _Progress:
         if self.tty:
             print(f"\r{progress_bar(1, 1)} {self.total:.0f}/{self.total:.0f} s of audio",
                   file=sys.stderr)
+
+
+def load_transcriber(args, options):
+    """The engine (armllm.generate_cli.load_llm) for a Whisper model that runs `options`;
+    a UsageError for a model that is not Whisper, or a language it does not know."""
+    from armllm.generate_cli import load_llm
+
+    def check(llm) -> None:
+        try:
+            llm.check_transcription(options)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    return load_llm(args, check)

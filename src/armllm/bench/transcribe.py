@@ -21,7 +21,7 @@ from armllm.bench.offline import _memory, _print_setup, _setup, _write_json
 from armllm.bench.rss import peak_rss_bytes
 from armllm.cmdline import UsageError
 from armllm.engine.args import SERVER_ONLY, EngineArgs
-from armllm.generate_cli import load_llm
+from armllm.transcribe_cli import load_transcriber
 
 WARMUP_SECONDS = 5.0   # of the clip, transcribed once before timing
 
@@ -75,13 +75,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
-    def check(llm) -> None:
-        try:
-            llm.check_transcription(options)
-        except ValueError as exc:   # not a Whisper model, or a language it does not know
-            raise UsageError(str(exc)) from None
-
-    llm = load_llm(args, check)
+    llm = load_transcriber(args, options)
     load_peak = peak_rss_bytes()
 
     def timed(copies: int) -> tuple[float, list]:
