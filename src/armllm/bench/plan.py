@@ -233,22 +233,11 @@ def print_plan(p: dict) -> None:
     else:
         print(f"  total      {_size(p['total_bytes']):>13}")
     _print_fit(p, kv)
-    d = p["decode"]
-    how = _bandwidth_source(d)
-    print(f"\ndecode upper bound: read bandwidth {d['bandwidth_gbs']:.1f} GB/s ({how}), "
-          f"average context {d['context']:g} tokens")
-    rows = [("batch_1", "batch 1")]
-    if p["max_num_seqs"] > 1:
-        rows.append(("batch_c", f"batch {p['max_num_seqs']}"))
-    for key, label in rows:
-        s = d[key]
-        per_seq = "TPOT" if s["batch"] == 1 else "TPOT per sequence"
+    def step(s: dict) -> tuple[str, str]:
         comm = (f" + all-reduces {s['allreduce_s'] * 1e3:.2f} ms" if "allreduce_s" in s
                 else "")
-        state = f" + state {s['state_bytes'] / 1e6:.1f}" if s["state_bytes"] else ""
-        print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
-              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}{state}){comm} -> "
-              f"<= {s['max_tokens_per_s']:.1f} tok/s, {per_seq} >= {s['min_step_s'] * 1e3:.2f} ms")
+        return f" + state {s['state_bytes'] / 1e6:.1f}" if s["state_bytes"] else "", comm
+    _print_decode(p, "decode upper bound", step)
     print("\nassumptions:")
     for line in p["assumptions"]:
         print(f"  - {line}")
@@ -268,9 +257,26 @@ def _print_fit(p: dict, kv: dict) -> None:
           f"{p['max_num_seqs']} --kv-cache-gib {kv['kv_cache_gib_flag']:.2f}")
 
 
-def _bandwidth_source(d: dict) -> str:
-    return (f"measured, {d['bandwidth_threads']} threads" if d["bandwidth_source"] == "measured"
-            else "given")
+def _print_decode(p: dict, title: str, extra) -> None:
+    """The decode bound's rows at batch 1 and max_num_seqs; extra(step) gives the
+    step's bytes beyond weights and KV (a state, the cross-attention K/V) and its
+    further time (all-reduces)."""
+    d = p["decode"]
+    how = (f"measured, {d['bandwidth_threads']} threads" if d["bandwidth_source"] == "measured"
+           else "given")
+    print(f"\n{title}: read bandwidth {d['bandwidth_gbs']:.1f} GB/s ({how}), "
+          f"average context {d['context']:g} tokens")
+    rows = [("batch_1", "batch 1")]
+    if p["max_num_seqs"] > 1:
+        rows.append(("batch_c", f"batch {p['max_num_seqs']}"))
+    for key, label in rows:
+        s = d[key]
+        per_seq = "TPOT" if s["batch"] == 1 else "TPOT per sequence"
+        more_bytes, more_time = extra(s)
+        print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
+              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f}{more_bytes})"
+              f"{more_time} -> <= {s['max_tokens_per_s']:.1f} tok/s, {per_seq} >= "
+              f"{s['min_step_s'] * 1e3:.2f} ms")
 
 
 def print_encoder_decoder_plan(p: dict) -> None:
@@ -307,20 +313,8 @@ def print_encoder_decoder_plan(p: dict) -> None:
           f"process {_size(ov['process_bytes'])}")
     print(f"  total      {_size(p['total_bytes']):>13}")
     _print_fit(p, kv)
-    d = p["decode"]
-    how = _bandwidth_source(d)
-    print(f"\ndecoder's decode upper bound: read bandwidth {d['bandwidth_gbs']:.1f} GB/s ({how}), "
-          f"average context {d['context']:g} tokens")
-    rows = [("batch_1", "batch 1")]
-    if p["max_num_seqs"] > 1:
-        rows.append(("batch_c", f"batch {p['max_num_seqs']}"))
-    for key, label in rows:
-        s = d[key]
-        per_seq = "TPOT" if s["batch"] == 1 else "TPOT per sequence"
-        print(f"  {label:<9} {s['bytes'] / 1e6:9.1f} MB/step (weights "
-              f"{s['weight_bytes'] / 1e6:.1f} + KV {s['kv_bytes'] / 1e6:.1f} + cross "
-              f"{s['cross_bytes'] / 1e6:.1f}) -> <= {s['max_tokens_per_s']:.1f} tok/s, "
-              f"{per_seq} >= {s['min_step_s'] * 1e3:.2f} ms")
+    _print_decode(p, "decoder's decode upper bound",
+                  lambda s: (f" + cross {s['cross_bytes'] / 1e6:.1f}", ""))
     print("\nassumptions:")
     for line in p["assumptions"]:
         print(f"  - {line}")

@@ -25,6 +25,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -118,23 +119,22 @@ def _nbytes(*parts) -> int:
     return total
 
 
-class WhisperTensors:
+class WhisperTensors(Protocol):
     """Tensors under Hugging Face's WhisperForConditionalGeneration names: `float(name)`
     as float32, `int8(name)` as (q int8 [N, K], per-row d) for a weight stored so
     (CTranslate2's int8), else None. `source` names where they come from."""
     source: str
 
-    def float(self, name: str) -> np.ndarray:
-        raise NotImplementedError
+    def float(self, name: str) -> np.ndarray: ...
 
-    def int8(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
-        return None
+    def int8(self, name: str) -> tuple[np.ndarray, np.ndarray] | None: ...
 
-    def has(self, name: str) -> bool:
-        raise NotImplementedError
+    def has(self, name: str) -> bool: ...
 
 
-class SafetensorsWhisper(WhisperTensors):
+class SafetensorsWhisper:
+    """A safetensors directory's tensors (WhisperTensors): all float."""
+
     def __init__(self, model_dir: Path):
         from armllm.model.safetensors_file import SafetensorsCheckpoint
         self.ckpt, self.source = SafetensorsCheckpoint(model_dir), str(model_dir)
@@ -148,8 +148,11 @@ class SafetensorsWhisper(WhisperTensors):
         a = self.ckpt.array(name)
         return ops.bf16_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
 
+    def int8(self, name: str) -> None:
+        return None   # safetensors Whisper checkpoints are float
 
-class CT2Whisper(WhisperTensors):
+
+class CT2Whisper:
     """A CTranslate2 directory's model.bin under Hugging Face's names (model/arch/
     whisper.py's ct2_tensor): float16/bfloat16/float32 as float32, int8 weights as
     stored (CTranslate2's per-row scales)."""

@@ -31,7 +31,6 @@ from armllm.model.arch.whisper import config_from_ggml
 from armllm.model.config import ModelConfig
 from armllm.model.gguf import GGML_TYPES
 from armllm.model.mapped import map_file
-from armllm.model.whisper import WhisperTensors
 
 GGML_MAGIC = 0x67676D6C
 HPARAMS = ("n_vocab", "n_audio_ctx", "n_audio_state", "n_audio_head", "n_audio_layer",
@@ -218,7 +217,7 @@ class GgmlWhisperFile:
         self._mmap.close()
 
 
-class GgmlWhisper(WhisperTensors):
+class GgmlWhisper:
     """A whisper.cpp ggml file's tensors under Hugging Face's names, as float32
     (f16 widened, quantized blocks dequantized)."""
 
@@ -240,6 +239,9 @@ class GgmlWhisper(WhisperTensors):
             raise ValueError(f"{self.source}: missing tensor {name} (Hugging Face's name)")
         a = self.file.dequantize(self.names[name])
         return a.reshape(-1) if name.endswith(".bias") else a   # conv biases: [n, 1]
+
+    def int8(self, name: str) -> None:
+        return None   # quantized blocks are dequantized (q8_0 could run as stored)
 
     def config(self, eos_token_id: int | None, start_token_id: int | None) -> ModelConfig:
         """The model's config: the hyperparameters, the MLP widths of the fc1 shapes."""
