@@ -1,0 +1,13 @@
+"""spec: speculative decoding. A proposer guesses the next k tokens of a running
+completion; the engine verifies them in one forward (k + 1 rows next to the other
+sequences' rows) and keeps the longest prefix the target model would have
+produced itself, plus the target's own next token.
+
+- config.py: SpeculativeConfig (vLLM's --speculative-config spelling), validated.
+- proposer.py: what every proposer implements (Proposer, ProposeInput, Draft).
+- ngram.py, suffix.py: lookup proposers (no model).
+- draft_model.py: a smaller checkpoint, or the target's first layers (self-draft).
+- mtp.py: a model's own multi-token-prediction block (Qwen3.5/3.6).
+- verify.py: accepting drafts exactly (greedy, and rejection sampling).
+- controller.py: how many tokens each sequence drafts this step (its acceptance,
+  the measured cost of verify rows), and the acceptance counters."""
