@@ -19,6 +19,8 @@ MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_pe
 # nothing truncated) small models such as SmolLM2-135M ramble; a lower temperature with
 # top-p and min-p cut-offs keeps them coherent
 FALLBACK_DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}
+# logits this far below the maximum count as probability 0 (sample.h's ARMLLM_SAMPLE_EXP_CUT)
+EXP_CUT = 80.0
 
 
 @dataclass
@@ -128,18 +130,73 @@ def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator
     top-k, then min-p and top-p on the candidates' softmax, then the token whose
     interval of the kept mass (in id order) holds u. scratch: sample_scratch(len(row)),
     allocated for the call when not given."""
+    raw_logprobs = prepare_row(row, params, prompt_ids, output_ids)
+    return with_logprobs(choose_token(row, params, rng, scratch), params, raw_logprobs)
+
+
+def prepare_row(row: np.ndarray, params: SamplingParams, prompt_ids: list[int],
+                output_ids: list[int]) -> np.ndarray | None:
+    """The row's logits processors and penalties, in place; returns the raw
+    log-probabilities (before penalties) when the request asked for logprobs."""
     for processor in params.logits_processors:
         processor(output_ids, row)
     raw_logprobs = _log_softmax(row) if params.logprobs is not None else None
     apply_penalties(row, params, prompt_ids, output_ids)
+    return raw_logprobs
+
+
+def choose_token(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+                 scratch: np.ndarray | None = None) -> int:
+    """The token of a prepared row: its argmax (greedy), or sample.h's draw for
+    u = rng.random()."""
     if params.greedy:
-        token = int(np.argmax(row))
+        return int(np.argmax(row))
+    from armllm import ops
+    if scratch is None:
+        scratch = sample_scratch(len(row))
+    return ops.sample_token(row, params.temperature, params.top_k, params.top_p,
+                            params.min_p, rng.random(), scratch)
+
+
+def sampling_probs(row: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The float64 distribution choose_token draws a prepared row's token from, as
+    sample.h defines it (temperature, top-k with ties to the lower id, softmax,
+    min-p, then top-p over the highest probabilities, ties to the lower id): what
+    rejection sampling weighs draft tokens against. Greedy: a point mass at the
+    argmax."""
+    n = len(row)
+    probs = np.zeros(n)
+    if params.greedy:
+        probs[int(np.argmax(row))] = 1.0
+        return probs
+    x = row.astype(np.float64) / params.temperature
+    if 0 < params.top_k < n:
+        # the top_k largest, ties at the k-th value to the lower ids
+        order = np.lexsort((np.arange(n), -x))[:params.top_k]
+        candidates = np.sort(order)
     else:
-        from armllm import ops
-        if scratch is None:
-            scratch = sample_scratch(len(row))
-        token = ops.sample_token(row, params.temperature, params.top_k, params.top_p,
-                                 params.min_p, rng.random(), scratch)
+        candidates = np.arange(n)
+    xc = x[candidates]
+    xc = xc - xc.max()
+    p = np.where(xc < -EXP_CUT, 0.0, np.exp(xc))
+    p /= p.sum()
+    keep = np.ones(len(p), bool)
+    if params.min_p > 0:
+        keep &= p >= params.min_p * p.max()
+    if params.top_p < 1:
+        order = np.lexsort((np.arange(len(p)), -p))   # highest first, ties lower id
+        reach = np.searchsorted(np.cumsum(p[order]), params.top_p) + 1
+        top = np.zeros(len(p), bool)
+        top[order[:reach]] = True
+        keep &= top
+    kept = np.where(keep, p, 0.0)
+    probs[candidates] = kept / kept.sum()
+    return probs
+
+
+def with_logprobs(token: int, params: SamplingParams, raw_logprobs: np.ndarray | None
+                  ) -> SampleResult:
+    """The SampleResult of a chosen token, with the log-probabilities asked for."""
     if raw_logprobs is None:
         return SampleResult(token)
     top = []

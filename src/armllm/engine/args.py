@@ -11,6 +11,7 @@ import argparse
 import typing
 from dataclasses import dataclass, field, fields
 
+from armllm.engine.spec.config import SpeculativeConfig
 from armllm.engine.topology import rank_cpus
 from armllm.model.quantize import SCHEME_NAMES, parse_scheme
 from armllm.model.reasoning import REASONING_PARSERS
@@ -87,6 +88,13 @@ class EngineArgs:
         "(qwen3: <think>...</think>; deepseek_r1: the template opens <think>; harmony: "
         "GPT-OSS's analysis channel); structured outputs constrain the answer only",
         choices=REASONING_PARSERS, unset="harmony for GPT-OSS tokenizers, else none")
+    speculative_config: str | dict | None = _flag(
+        None, "speculative decoding, as vLLM spells it: a JSON object with method (ngram, "
+        "suffix, draft_model, self_draft, mtp), num_speculative_tokens (the most drafted per "
+        "step; fewer where acceptance or the batch makes drafting not pay), model (draft_model's "
+        "checkpoint) and the method's options, e.g. "
+        '\'{"method": "ngram", "num_speculative_tokens": 4}\'', metavar="JSON",
+        unset="off")
 
     def __post_init__(self):
         if self.dtype not in WEIGHT_DTYPES:
@@ -124,6 +132,7 @@ class EngineArgs:
                                  f"{self.cpus!r}")
             # raises naming the value
             rank_cpus(self.tensor_parallel_size * self.data_parallel_size, self.cpus, [])
+        SpeculativeConfig.parse(self.speculative_config)   # raises naming the value
         if self.threads is not None and (not _is_int(self.threads)
                                          or not 1 <= self.threads <= MAX_THREADS):
             raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS}, got "

@@ -325,6 +325,16 @@ class BlockManager:
             self.states.save(seq.block_hashes[seq.num_computed // self.block_size - 1],
                              seq.state_slot)
 
+    def shrink(self, seq: Sequence) -> None:
+        """Gives back the blocks past seq's computed tokens (those only rejected draft
+        tokens of a speculative verify wrote)."""
+        want = -(-seq.num_computed // self.block_size)
+        for pool, table in zip(self.pools, seq.block_tables, strict=True):
+            while len(table) > want:
+                block = table.pop()
+                if block != pool.null:
+                    pool.drop(block)
+
     def release(self, seq: Sequence) -> None:
         """Drops seq's hold on its blocks; the last holder frees them, tail first so a
         prefix outlives its continuations in the cache."""

@@ -7,7 +7,11 @@ AsyncLLM/the server).
 The parts it drives: the Scheduler (which tokens run, KV blocks, forking n > 1
 completions), a runner (the model forward and the sampler) and, per
 completion, a RequestState (its CompletionState: stop conditions and text; its
-grammar, pooling and random generator), which the engine owns."""
+grammar, pooling and random generator), which the engine owns. With
+speculative decoding (engine/spec/), a Speculator drafts tokens after each
+step, and a sequence's logits rows in the next step verify them: the engine
+emits the tokens the target model itself chooses at each row, left to right,
+as long as they agree with the drafts."""
 from __future__ import annotations
 
 import logging
@@ -25,6 +29,7 @@ from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
+from armllm.engine.spec.speculator import Speculator
 from armllm.engine.structured import StructuredOutputs
 from armllm.model.harmony import HarmonyRouter, harmony_tokens
 from armllm.model.loader import LoadedModel
@@ -33,6 +38,14 @@ from armllm.model.tokenizer import TextTokenizer
 from armllm.sampling import SampleResult, SamplingParams
 
 log = logging.getLogger("armllm")
+
+
+def _merge(first: StepOutput, then: StepOutput) -> StepOutput:
+    """One StepOutput for two of a completion's tokens in one step (a verify's)."""
+    return StepOutput(first.request_id, first.index, first.new_token_ids + then.new_token_ids,
+                      first.text_delta + then.text_delta, then.finish_reason,
+                      first.logprobs + then.logprobs, then.error, then.metrics,
+                      first.reasoning_delta + then.reasoning_delta)
 
 
 class RequestRejected(ValueError):
@@ -67,6 +80,20 @@ class Runner(Protocol):
         """seq's next token from its logits row (which it may modify), drawn with the
         random generator in its state (which it may make)."""
 
+    def verify(self, seq: Sequence, row: Any, state: RequestState, draft_token: int | None,
+               draft_probs: Any) -> tuple[SampleResult, bool]:
+        """The target's token at a speculative verify's row, and whether it accepts the
+        draft token there (engine/spec/verify.py)."""
+
+    def end_verify(self, seq: Sequence, rejected: bool) -> bool:
+        """seq's drafts are verified; True when its recurrent state is restored to
+        before the step (its kept tokens are computed again)."""
+
+    # each scheduled sequence's first row in the last run, and (for a proposer that
+    # drafts from them) the last hidden states of its rows, else None
+    first_rows: list[int]
+    hidden: Any
+
     def close(self) -> None:
         """Releases what the runner holds beyond memory (a tensor-parallel group's
         processes)."""
@@ -86,9 +113,10 @@ class LLMEngine:
     answer; a harmony tokenizer (GPT-OSS) always has its channels split."""
 
     def __init__(self, loaded: LoadedModel, scheduler: Scheduler, runner: Runner,
-                 reasoning_parser: str | None = None):
+                 reasoning_parser: str | None = None, speculator: Speculator | None = None):
         c = loaded.config
         self.loaded, self.scheduler, self.runner = loaded, scheduler, runner
+        self.speculator = speculator
         self.blocks = scheduler.blocks
         self.max_model_len = scheduler.max_model_len
         self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.tokenizer_config)
@@ -271,6 +299,8 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """seq is done: the scheduler frees its blocks, and its state goes."""
+        if self.speculator is not None:
+            self.speculator.release(seq, finished=True)
         self.scheduler.finish(seq, reason)
         self._states.pop(seq.key, None)   # None: a fork the step ended before its state
 
@@ -324,7 +354,8 @@ class LLMEngine:
         states = self._states
         self.structured.start([state.grammar for s in out.scheduled
                                if (state := states[s.seq.key]).grammar is not None
-                               and s.seq.num_computed + s.num_new_tokens == s.seq.num_tokens
+                               and s.seq.num_computed + s.num_new_tokens - s.num_draft
+                               == s.seq.num_tokens
                                and state.completion.phase != REASONING])
         try:
             sampling, logits = self.runner.run(out, states)
@@ -339,24 +370,69 @@ class LLMEngine:
             pool = states[seq.key].pool
             if pool is not None and seq.num_computed == seq.num_tokens:
                 outputs.append(self._embedded(seq, pool))
-        for seq, row in self._sampling_rows(sampling, logits, forks):
-            state = states[seq.key]
+        num_drafts = {item.seq: item.num_draft for item in out.scheduled if item.num_draft}
+        for seq, rows in self._sampling_rows(sampling, logits, forks, num_drafts):
             try:
-                if state.grammar is not None and state.completion.phase != REASONING:
-                    self.structured.apply(state.grammar, state.completion, row)
-                outputs.append(self._postprocess(seq, state,
-                                                 self.runner.sample(seq, row, state)))
+                outputs.append(self._emit(seq, states[seq.key], rows, num_drafts.get(seq, 0)))
             except Exception as exc:  # this request ends alone
                 outputs += self._fail([seq.request_id], exc)
+        if self.speculator is not None:   # the next step's drafts
+            self.speculator.propose(out, self.scheduler, states, self.runner.first_rows,
+                                    self.runner.hidden)
         return outputs
 
+    def _emit(self, seq: Sequence, state: RequestState, rows: Any, num_draft: int
+              ) -> StepOutput:
+        """The tokens seq's logits rows give: one, or with num_draft draft tokens to
+        verify, the target's own token at each row as long as the draft agrees (and
+        one more after a fully kept draft), until the completion ends."""
+        if not num_draft:
+            self._mask(state, rows[0], first=True)
+            return self._postprocess(seq, state, self.runner.sample(seq, rows[0], state))
+        drafts, probs = list(seq.draft_ids), state.draft_probs
+        state.draft_probs = None
+        step = None
+        accepted = 0
+        try:
+            for i in range(num_draft + 1):
+                self._mask(state, rows[i], first=i == 0)
+                draft = drafts[i] if i < num_draft else None
+                sample, agrees = self.runner.verify(
+                    seq, rows[i], state, draft, None if probs is None or draft is None
+                    else probs[i])
+                out = self._postprocess(seq, state, sample)
+                step = out if step is None else _merge(step, out)
+                if out.finish_reason is not None or not agrees:
+                    break
+                accepted += 1
+        finally:
+            recompute = self.runner.end_verify(seq, accepted < num_draft)
+            if not seq.finished:
+                self.scheduler.accept_drafts(seq, num_draft, accepted, recompute)
+                self.speculator.verified(seq, num_draft, accepted, recompute)
+        return step
+
+    def _mask(self, state: RequestState, row: Any, first: bool) -> None:
+        """A constrained completion's grammar mask on its answer's logits row (a
+        verify's later rows: computed now, after the tokens before them)."""
+        if state.grammar is not None and state.completion.phase != REASONING:
+            if first:
+                self.structured.apply(state.grammar, state.completion, row)
+            else:
+                self.structured.apply_now(state.grammar, state.completion, row)
+
     def _sampling_rows(self, sampling: list[Sequence], logits: Any,
-                       forks: dict[Sequence, list[Sequence]]) -> Iterator[tuple[Sequence, Any]]:
-        """Each completion that samples a token this step, with its logits row. The
-        completions forked from a prompt that finished this step start their own
-        state and sample from copies of its row (sampling edits a row in place).
-        Skips completions whose request failed earlier in the step."""
-        for seq, row in zip(sampling, logits, strict=True):
+                       forks: dict[Sequence, list[Sequence]], num_drafts: dict[Sequence, int]
+                       ) -> Iterator[tuple[Sequence, Any]]:
+        """Each completion that samples this step, with its logits rows (one, and one
+        per draft token it verifies). The completions forked from a prompt that
+        finished this step start their own state and sample from copies of its row
+        (sampling edits a row in place). Skips completions whose request failed
+        earlier in the step."""
+        at = 0
+        for seq in sampling:
+            rows = logits[at:at + 1 + num_drafts.get(seq, 0)]
+            at += len(rows)
             if seq.finished:   # and so are its forks
                 continue
             children = forks.get(seq) if forks else None
@@ -368,11 +444,13 @@ class LLMEngine:
                     self._states[child.key] = RequestState(
                         completion=self._completion_state(child),
                         grammar=None if grammar is None else grammar.fork())
-                copies = [row.copy() for _ in children]
-            yield seq, row
+                copies = [rows.copy() for _ in children]
+            yield seq, rows
             if children:
                 yield from ((c, r) for c, r in zip(children, copies, strict=True)
                             if not c.finished)
+        if at != len(logits):
+            raise RuntimeError(f"the step returned {len(logits)} logits rows for {at}")
 
     def _postprocess(self, seq: Sequence, state: RequestState, sample: SampleResult
                      ) -> StepOutput:

@@ -26,3 +26,6 @@ class RequestState:
     # an encoder-decoder's encoder input, kept until the sequence ends (a preempted
     # sequence runs its encoder again)
     encoder_input: np.ndarray | None = None
+    # speculative decoding: the distributions the sequence's draft tokens were drawn
+    # from, [drafts, vocab] (None: chosen deterministically)
+    draft_probs: np.ndarray | None = None

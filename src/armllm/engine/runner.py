@@ -5,7 +5,16 @@ the model reads (the forward makes the copy-on-write block copies first), and
 samples each sequence's token with its own random generator (kept in the
 engine's RequestState for it). An embedding request's prompt rows sample
 nothing: after the forward, the rows its pooling reads go to its PoolState
-(engine/embedding.py)."""
+(engine/embedding.py).
+
+Speculative decoding: a sequence with draft tokens gets a logits row for its
+last token and for each draft token. A hybrid model's recurrent state takes
+every row it runs, rejected drafts included, and cannot be unwound: before
+such a step the runner copies the sequence's state slot to a spare one, and
+when the verify rejects a draft it copies it back before the next step (the
+scheduler then computes the kept tokens again). A proposer that drafts from
+the target's hidden states (MTP) gets the last hidden states of the step's
+rows (`hidden`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -16,6 +25,7 @@ from armllm.engine.embedding import PoolState
 from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence, Status
+from armllm.engine.spec.verify import verify_row
 from armllm.model.decoder import BatchMeta, DecoderModel, KVCache
 from armllm.sampling import SampleResult, sample_row, sample_scratch
 
@@ -30,9 +40,18 @@ class ModelRunner:
 
     def __init__(self, model: DecoderModel, kv: KVCache, max_num_batched_tokens: int,
                  max_num_seqs: int, max_model_len: int, max_logits: int | None = None,
-                 logits_cols: int | None = None):
+                 logits_cols: int | None = None, spare_state_slots: tuple[int, ...] = (),
+                 keep_hidden: bool = False):
         self.model, self.kv = model, kv
         max_logits = max_logits or max_num_seqs
+        # speculative decoding: the state slots a hybrid's drafting sequences snapshot
+        # to, and each drafting sequence's snapshot this step
+        self._spare_states = list(spare_state_slots)
+        self._snapshots: dict[Sequence, int] = {}
+        self._rollbacks: list[tuple[int, int]] = []   # (snapshot, live): before the next step
+        self.keep_hidden = keep_hidden
+        self.hidden: np.ndarray | None = None   # [rows, hidden] of the last run (keep_hidden)
+        self.first_rows: list[int] = []          # each scheduled sequence's first row
         self.workspace = model.new_workspace(max_num_batched_tokens, max_logits,
                                              max_seq_len=max_model_len, logits_cols=logits_cols)
         self.max_blocks = -(-max_model_len // kv.block_size)
@@ -67,6 +86,8 @@ class ModelRunner:
         query_start, seq_lens = self._query_start, self._seq_lens
         tables = list(zip(self._slots, self._block_tables, strict=True))
         sampling = []
+        num_logits = 0
+        self.first_rows = []
         self._pool_reads.clear()
         row = 0
         for b, item in enumerate(out.scheduled):
@@ -74,6 +95,7 @@ class ModelRunner:
             start = seq.num_computed
             stop, end = start + count, row + count
             n_prompt = len(seq.prompt_ids)
+            self.first_rows.append(row)
             if count == 1:  # a decode (or a prompt's last token): no arrays to build
                 ids[row] = seq.output_ids[start - n_prompt] if start >= n_prompt \
                     else seq.prompt_ids[start]
@@ -81,8 +103,11 @@ class ModelRunner:
                 for (slots, block_table), blocks in zip(tables, seq.block_tables, strict=True):
                     block_table[b, :len(blocks)] = blocks
                     slots[row] = blocks[start // bs] * bs + start % bs
-            else:
-                ids[row:end] = (seq.prompt_ids if stop <= n_prompt else seq.all_ids)[start:stop]
+            else:   # a prompt chunk, or a last token and the drafts to verify after it
+                known, drafts = stop - item.num_draft, end - item.num_draft
+                ids[row:drafts] = (seq.prompt_ids if known <= n_prompt
+                                   else seq.all_ids)[start:known]
+                ids[drafts:end] = seq.draft_ids[:item.num_draft]
                 pos = positions[row:end]
                 pos[:] = np.arange(start, stop)
                 for (slots, block_table), blocks in zip(tables, seq.block_tables, strict=True):
@@ -99,12 +124,15 @@ class ModelRunner:
             seq_lens[b] = stop
             if self._state_slots is not None:
                 self._state_slots[b] = seq.state_slot
-            if stop == seq.num_tokens and pool is None:  # the prompt is complete: samples
-                self._logits_rows[len(sampling)] = row - 1
+            if stop - item.num_draft == seq.num_tokens and pool is None:  # samples
+                rows = item.num_draft + 1
+                self._logits_rows[num_logits:num_logits + rows] = np.arange(row - rows, row)
+                num_logits += rows
                 sampling.append(seq)
         (slots, block_table), *others = tables
         meta = BatchMeta(ids[:row], positions[:row], slots[:row], query_start[:n + 1],
-                         seq_lens[:n], block_table[:n], self._logits_rows[:len(sampling)],
+                         seq_lens[:n], block_table[:n],
+                         self._logits_rows[:num_logits],
                          tuple((sl[:row], bt[:n]) for sl, bt in others),
                          None if self._state_slots is None else self._state_slots[:n])
         return meta, sampling
@@ -113,10 +141,15 @@ class ModelRunner:
             ) -> tuple[list[Sequence], np.ndarray]:
         """Runs the step (`states`: every scheduled sequence's, by key); returns the
         sequences that sample and their logits rows (a view of the workspace, valid
-        until the next step)."""
+        until the next step): one per sequence, and one more per draft token it
+        verifies (ScheduledSeq.num_draft), in order."""
         meta, sampling = self.build_meta(out, states)
         self._encode(out, states)
-        logits = self.forward(meta, out.copies, out.state_copies)
+        state_copies = self._rollbacks + out.state_copies + self._snapshot(out)
+        self._rollbacks = []
+        logits = self.forward(meta, out.copies, state_copies)
+        if self.keep_hidden:
+            self.hidden = self.model.final_hidden(self.workspace, np.arange(len(meta.input_ids)))
         if self._pool_reads:
             rows = np.concatenate([np.arange(a, b) for _, a, b, _, _ in self._pool_reads])
             hidden = self.model.final_hidden(self.workspace, rows)
@@ -125,6 +158,42 @@ class ModelRunner:
                 pool.add(hidden[at:at + b - a], position, last)
                 at += b - a
         return sampling, logits
+
+    def _snapshot(self, out: SchedulerOutput) -> list[tuple[int, int]]:
+        """The state copies that keep each drafting sequence's recurrent state as it
+        was before the step (a hybrid model's), in a spare slot."""
+        for spare in self._snapshots.values():   # a failed step's: nothing verified them
+            self._spare_states.append(spare)
+        self._snapshots.clear()
+        if not self.kv.state_slots:
+            return []
+        copies = []
+        for item in out.scheduled:
+            if item.num_draft:
+                if not self._spare_states:
+                    raise RuntimeError("no spare state slot for a drafting sequence (the "
+                                       "controller drafts for at most as many as there are)")
+                spare = self._spare_states.pop()
+                self._snapshots[item.seq] = spare
+                copies.append((item.seq.state_slot, spare))
+        return copies
+
+    @property
+    def num_spare_states(self) -> int:
+        """How many sequences of a hybrid model may draft in one step."""
+        return len(self._spare_states) + len(self._snapshots)
+
+    def end_verify(self, seq: Sequence, rejected: bool) -> bool:
+        """seq's drafts are verified: True when its recurrent state took rejected
+        tokens and is restored (before the next step) to what it was before this one,
+        so that the kept tokens are computed again."""
+        spare = self._snapshots.pop(seq, None)
+        if spare is None:
+            return False
+        self._spare_states.append(spare)
+        if rejected and seq.state_slot >= 0:
+            self._rollbacks.append((spare, seq.state_slot))
+        return rejected
 
     def _encode(self, out: SchedulerOutput, states: Mapping[SeqKey, RequestState]) -> None:
         """An encoder-decoder's encoder, over the input of each sequence whose first
@@ -184,11 +253,23 @@ class ModelRunner:
     def sample(self, seq: Sequence, row: np.ndarray, state: RequestState) -> SampleResult:
         """seq's next token from its logits row (modified in place), drawn from the
         random generator in seq's `state` (made here the first time)."""
+        return sample_row(row, seq.params, self._rng(seq, state), seq.prompt_ids,
+                          seq.output_ids, self._sample_scratch)
+
+    def verify(self, seq: Sequence, row: np.ndarray, state: RequestState,
+               draft_token: int | None, draft_probs: np.ndarray | None
+               ) -> tuple[SampleResult, bool]:
+        """The target's token at a verified position of seq (row: its logits, modified
+        in place) and whether it accepts draft_token (engine/spec/verify.py)."""
+        return verify_row(row, seq.params, self._rng(seq, state), seq.prompt_ids,
+                          seq.output_ids, draft_token, draft_probs, self._sample_scratch)
+
+    def _rng(self, seq: Sequence, state: RequestState) -> np.random.Generator:
+        """seq's random generator, kept in its state (made the first time)."""
         if state.rng is None:
             seed = seq.params.seed
             if seed is None:
                 seed = int(self._seed_source.integers(2**63))
             # completion i > 0 of a seeded request draws from its own stream
             state.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
-        return sample_row(row, seq.params, state.rng, seq.prompt_ids, seq.output_ids,
-                          self._sample_scratch)
+        return state.rng

@@ -20,7 +20,10 @@ to be recomputed. A request that could never fit is refused when added.
 After the step has run, update() advances each sequence's computed tokens,
 commits its newly full blocks to the prefix cache and, when the prompt of a
 request with n > 1 completions is done, forks the other n - 1 from it
-(sharing its blocks, copied on write). finish() frees a finished sequence."""
+(sharing its blocks, copied on write). Once the engine has verified a
+sequence's draft tokens, accept_drafts() counts the kept ones as computed and
+gives back the blocks only rejected ones used. finish() frees a finished
+sequence."""
 from __future__ import annotations
 
 import bisect
@@ -36,6 +39,7 @@ from armllm.engine.sequence import Sequence, Status
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int      # rows this step computes for seq
+    num_draft: int = 0       # of which the last are draft tokens to verify (seq.draft_ids)
 
 
 @dataclass
@@ -120,6 +124,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.num_preemptions += 1
+        seq.draft_ids.clear()
         self.running.remove(seq)
         del self._admitted[seq]
         self.blocks.release(seq)
@@ -143,6 +148,12 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue  # preempted to make room for an earlier one
             n = self._chunk(seq, seq.num_computed, budget)
+            drafts = 0
+            if seq.draft_ids:
+                if n == 1 and seq.num_computed == seq.num_tokens - 1:
+                    drafts = self._drafts(seq, budget)
+                    n += drafts
+                del seq.draft_ids[drafts:]
             while (copies := self.blocks.allocate_slots(seq, seq.num_computed + n)) is None:
                 victim = self._victim(done)
                 self._preempt(victim)
@@ -151,10 +162,10 @@ class Scheduler:
                     break
             if seq.status is Status.RUNNING:
                 out.copies += copies
-                out.scheduled.append(ScheduledSeq(seq, n))
+                out.scheduled.append(ScheduledSeq(seq, n, drafts))
                 done.add(seq)
                 budget -= n
-                if n == 1 and seq.num_computed >= len(seq.prompt_ids):
+                if n - drafts == 1 and seq.num_computed >= len(seq.prompt_ids):
                     self.num_decode_tokens += 1
         # running sequences and the completions they will fork hold a slot each
         slots = sum(1 + s.num_forks_pending for s in self.running)
@@ -190,6 +201,15 @@ class Scheduler:
         out.state_copies = self.blocks.take_state_copies()
         return out
 
+    def _drafts(self, seq: Sequence, budget: int) -> int:
+        """How many of a decoding seq's draft tokens run beside its last token: within
+        the budget, the model's context, and (a hybrid's) its next state checkpoint."""
+        room = min(budget, self.max_model_len - seq.num_computed)
+        limit = self.blocks.step_limit(seq.num_computed)
+        if limit is not None:
+            room = min(room, limit)
+        return max(0, min(len(seq.draft_ids), room - 1))
+
     def _chunk(self, seq: Sequence, num_computed: int, budget: int) -> int:
         """The tokens seq computes this step: what is left of it, within the budget and
         (a hybrid model's prompt) up to its next state checkpoint boundary."""
@@ -204,11 +224,27 @@ class Scheduler:
         forks = {}
         for item in out.scheduled:
             seq = item.seq
-            seq.num_computed += item.num_new_tokens
+            seq.num_computed += item.num_new_tokens - item.num_draft  # drafts: once verified
             self.blocks.commit(seq)
             if seq.num_forks_pending and seq.num_computed == seq.num_tokens:
                 forks[seq] = self._fork(seq)
         return forks
+
+    def accept_drafts(self, seq: Sequence, num_draft: int, num_accepted: int,
+                      recompute: bool = False) -> None:
+        """seq's verify kept num_accepted of its num_draft draft tokens (now in its
+        output): their K/V are in the cache and count as computed, and the blocks
+        beyond them go back. recompute: the state of seq's recurrent layers took the
+        rejected tokens too and was restored to before the step, so its last token and
+        the kept drafts are computed again."""
+        seq.draft_ids.clear()
+        if recompute:
+            seq.num_computed -= 1
+        else:
+            seq.num_computed += num_accepted
+            self.blocks.commit(seq)
+        if num_accepted < num_draft:
+            self.blocks.shrink(seq)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """The prompt is done: the request's other completions start from its KV blocks

@@ -52,6 +52,9 @@ class Sequence:
     finish_reason: str | None = None
     reuse_prefix: bool = True        # False: every prompt row must run (not from the cache)
     encoder_len: int = 0             # an encoder-decoder's frames its first chunk encodes
+    # speculative decoding: tokens a proposer guessed follow output_ids, verified in the
+    # next step beside the last token (the scheduler may drop some to fit the step)
+    draft_ids: list[int] = field(default_factory=list)
     timings: Timings = field(default_factory=lambda: Timings(time.monotonic()))
 
     @property

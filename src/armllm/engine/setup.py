@@ -20,6 +20,15 @@ from armllm.engine.comm import DEFAULT_MAX_FLOATS
 from armllm.engine.llm_engine import LLMEngine
 from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import Scheduler
+from armllm.engine.spec.config import SpeculativeConfig
+from armllm.engine.spec.speculator import (
+    HIDDEN_METHODS,
+    SpecController,
+    MAX_DRAFTING_SEQS,
+    Speculator,
+    build_proposer,
+    calibrate,
+)
 from armllm.engine.state_pool import StatePool
 from armllm.engine.tensor_parallel import RankGroup, TPModelRunner, stop_ranks
 from armllm.model.config import ModelConfig
@@ -82,8 +91,8 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
     window_block_bytes = bytes_per_block(c, sliding, bs, dtype)
     budget = args.kv_cache_gib * 2**30 if args.kv_cache_gib is not None else \
         available_bytes() * DEFAULT_KV_FRACTION / ranks
-    live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
-    states = state_bytes(c, live + saved, dtype)
+    live, saved, spare = _state_layout(c, args)
+    states = state_bytes(c, live + saved + spare, dtype)
     if states and c.encoder is not None:   # an encoder-decoder's cross-attention K/V
         budget -= states
         log.info("cross-attention pool: %d slots of %.1f MiB (%d decoder layers' K and V of "
@@ -94,9 +103,10 @@ def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int =
         budget -= states
         log.info("state pool: %d slots of %.1f MiB (%d Gated DeltaNet layers' conv and delta "
                  "states, float32), %.2f GiB: %d for running sequences, %d for the prefix "
-                 "cache's checkpoints (every %d tokens)", live + saved,
-                 states / (live + saved) / 2**20, len(c.linear_layers), states / 2**30, live,
-                 saved, checkpoint_interval(bs))
+                 "cache's checkpoints (every %d tokens), %d for drafting sequences' "
+                 "snapshots", live + saved + spare,
+                 states / (live + saved + spare) / 2**20, len(c.linear_layers),
+                 states / 2**30, live, saved, checkpoint_interval(bs), spare)
     if not full_layers:  # every layer slides: the window pool is the cache
         num_blocks = window_blocks = max(window_blocks, int(budget // window_block_bytes)) \
             if args.kv_cache_gib is not None else window_blocks
@@ -138,10 +148,41 @@ def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngin
         topology.bind(cpus, list(nodes))
         ops.restart_pool(args.threads or len(cpus))
     loaded = load(model, args, progress)
+    spec = SpeculativeConfig.parse(args.speculative_config)
     kv, model_len, _ = _kv_cache(loaded, args)
     runner = ModelRunner(loaded.model, kv, args.max_num_batched_tokens, args.max_num_seqs,
-                         model_len)
+                         model_len, _max_logits(args), spare_state_slots=_spare_slots(
+                             loaded.model.config, args),
+                         keep_hidden=spec is not None and spec.method in HIDDEN_METHODS)
     return _engine(loaded, kv, model_len, runner, args)
+
+
+def _drafting_seqs(c: ModelConfig, args: EngineArgs) -> int:
+    """How many sequences may verify drafts in one step (0: no speculation)."""
+    spec = SpeculativeConfig.parse(args.speculative_config)
+    return 0 if spec is None else min(args.max_num_seqs, MAX_DRAFTING_SEQS)
+
+
+def _max_logits(args: EngineArgs) -> int:
+    """Logits rows a step may return: one per sequence, and the drafting sequences'
+    draft tokens."""
+    spec = SpeculativeConfig.parse(args.speculative_config)
+    if spec is None:
+        return args.max_num_seqs
+    return args.max_num_seqs + spec.num_speculative_tokens * min(args.max_num_seqs,
+                                                                  MAX_DRAFTING_SEQS)
+
+
+def _state_layout(c: ModelConfig, args: EngineArgs) -> tuple[int, int, int]:
+    """A hybrid's state slots: (live, prefix-cache checkpoints, drafting snapshots)."""
+    live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
+    spare = _drafting_seqs(c, args) if live and c.encoder is None else 0
+    return live, saved, spare
+
+
+def _spare_slots(c: ModelConfig, args: EngineArgs) -> tuple[int, ...]:
+    live, saved, spare = _state_layout(c, args)
+    return tuple(range(live + saved, live + saved + spare))
 
 
 def _kv_cache(loaded: LoadedModel, args: EngineArgs, ranks: int = 1
@@ -155,11 +196,11 @@ def _kv_cache(loaded: LoadedModel, args: EngineArgs, ranks: int = 1
     c = loaded.model.config
     model_len = min(args.max_model_len or c.max_position_embeddings, c.max_position_embeddings)
     num_blocks, num_window_blocks, model_len = size_kv_cache(c, args, model_len, ranks)
-    live, saved = state_slots(c, args.max_num_seqs, args.enable_prefix_caching)
+    slots = sum(_state_layout(c, args))
     sizes = {"num_blocks": num_blocks, "num_window_blocks": num_window_blocks,
-             "max_model_len": model_len, "state_slots": live + saved}
+             "max_model_len": model_len, "state_slots": slots}
     return KVCache(c, num_blocks, args.block_size, args.kv_cache_dtype,
-                   num_window_blocks, state_slots=live + saved), model_len, sizes
+                   num_window_blocks, state_slots=slots), model_len, sizes
 
 
 def _engine(loaded: LoadedModel, kv: KVCache, model_len: int, runner, args: EngineArgs
@@ -169,17 +210,54 @@ def _engine(loaded: LoadedModel, kv: KVCache, model_len: int, runner, args: Engi
     states = StatePool(live, saved, checkpoint_interval(args.block_size)) if live else None
     blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching, states)
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_num_batched_tokens, model_len)
-    return LLMEngine(loaded, scheduler, runner, args.reasoning_parser)
+    speculator = _speculator(loaded, runner, model_len, args)
+    return LLMEngine(loaded, scheduler, runner, args.reasoning_parser, speculator)
+
+
+def _speculator(loaded: LoadedModel, runner: ModelRunner, model_len: int, args: EngineArgs
+                ) -> Speculator | None:
+    """Speculative decoding as --speculative-config says: its proposer, and a
+    controller that knows what verify rows cost on this machine (measured now)."""
+    spec = SpeculativeConfig.parse(args.speculative_config)
+    if spec is None:
+        return None
+    c = loaded.model.config
+    if c.encoder is not None:
+        raise ValueError("speculative_config: speculative decoding is for decoder-only "
+                         "models; this one is an encoder-decoder (Whisper)")
+    if not c.has_lm_head:
+        raise ValueError("speculative_config: this model has no lm_head (an embedding "
+                         "model): it generates nothing to speculate on")
+    drafting = _drafting_seqs(c, args)
+    max_rows = min(args.max_num_batched_tokens,
+                   args.max_num_seqs + spec.num_speculative_tokens * drafting)
+    proposer = build_proposer(spec, loaded, args, model_len)
+    try:
+        cost = calibrate(runner, max_rows, spec.num_speculative_tokens, model_len)
+    except BaseException:
+        proposer.close()
+        raise
+    log.info("speculative decoding: %s, up to %d draft tokens per sequence; a step of "
+             "M rows costs %s", spec.method, spec.num_speculative_tokens,
+             ", ".join(f"M={m}: {t / cost.seconds[0]:.2f}x"
+                       for m, t in zip(cost.rows, cost.seconds, strict=True)))
+    controller = SpecController(cost, spec.num_speculative_tokens, args.max_num_batched_tokens,
+                                spec.disable_by_batch_size)
+    return Speculator(spec, proposer, controller, model_len,
+                      runner.num_spare_states if c.linear_layers else drafting)
 
 
 def _build_tensor_parallel(model: str | Path, args: EngineArgs, progress=None) -> LLMEngine:
     loaded, group, restore = start_ranks(model, args, progress)
     try:
         kv, model_len, sizes = _kv_cache(loaded, args, args.tensor_parallel_size)
+        spec = SpeculativeConfig.parse(args.speculative_config)
         group.configure(**sizes, max_tokens=args.max_num_batched_tokens,
-                        max_logits=args.max_num_seqs)
+                        max_logits=_max_logits(args))
         runner = TPModelRunner(loaded.model, kv, args.max_num_batched_tokens,
-                               args.max_num_seqs, model_len, group, restore)
+                               args.max_num_seqs, model_len, group, restore,
+                               _max_logits(args), _spare_slots(loaded.model.config, args),
+                               spec is not None and spec.method in HIDDEN_METHODS)
         return _engine(loaded, kv, model_len, runner, args)
     except BaseException:
         stop_ranks(group, restore)

@@ -77,6 +77,7 @@ class StructuredOutputs:
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()      # check_request builds it from any thread
         self._masks = np.full((max_num_seqs, -(-vocab_size // MASK_BITS)), -1, np.int32)
+        self._verify_mask = np.full(self._masks.shape[1], -1, np.int32)   # see apply_now
         self._worker: ThreadPoolExecutor | None = None
         self._executor: Any = None
         self._pending: Future | None = None
@@ -160,7 +161,25 @@ class StructuredOutputs:
         (waiting for the step's masks the first time); GrammarDeadEnd if it allows
         none."""
         self.wait()
-        mask = self._masks[state.row]
+        self._apply(state, completion, row, self._masks[state.row])
+
+    def apply_now(self, state: GrammarState, completion: CompletionState, row: np.ndarray
+                  ) -> None:
+        """apply() for a row whose mask was not computed with the step's: a speculative
+        verify's later positions, whose grammar state is known only once the tokens
+        before them are accepted. Computed here, on the engine's thread."""
+        self.wait()
+        began = time.perf_counter()
+        mask = self._verify_mask
+        state.matcher.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        self.mask_seconds += time.perf_counter() - began
+        self.wait_seconds += time.perf_counter() - began
+        self.num_masks += 1
+        self._apply(state, completion, row, mask)
+
+    @staticmethod
+    def _apply(state: GrammarState, completion: CompletionState, row: np.ndarray,
+               mask: np.ndarray) -> None:
         if state.matcher.is_error() or not mask.any():
             raise GrammarDeadEnd("structured output: the grammar allows no token here"
                                  + (f": {state.matcher.get_error()}"

@@ -319,9 +319,11 @@ class TPModelRunner(ModelRunner):
     def __init__(self, model, kv, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, group: RankGroup,
                  restore: tuple[int, tuple[int, ...]] | None = None,
-                 max_logits: int | None = None):
+                 max_logits: int | None = None, spare_state_slots: tuple[int, ...] = (),
+                 keep_hidden: bool = False):
         super().__init__(model, kv, max_num_batched_tokens, max_num_seqs, max_model_len,
-                         max_logits)
+                         max_logits, spare_state_slots=spare_state_slots,
+                         keep_hidden=keep_hidden)
         self.group, self._restore = group, restore
 
     @property
