@@ -93,6 +93,7 @@ class Runner(Protocol):
     # drafts from them) the last hidden states of its rows, else None
     first_rows: list[int]
     hidden: Any
+    forward_seconds: float   # the last run's model forward
 
     def close(self) -> None:
         """Releases what the runner holds beyond memory (a tensor-parallel group's
@@ -346,6 +347,7 @@ class LLMEngine:
     def step(self) -> list[StepOutput]:
         """Schedules, runs the model, samples a token per completion that needs one and
         postprocesses it; returns what changed (aborts since the last step included)."""
+        began = time.perf_counter()
         outputs, self._deferred = self._deferred, []
         out = self.scheduler.schedule()
         if not out.scheduled:
@@ -378,7 +380,8 @@ class LLMEngine:
                 outputs += self._fail([seq.request_id], exc)
         if self.speculator is not None:   # the next step's drafts
             self.speculator.propose(out, self.scheduler, states, self.runner.first_rows,
-                                    self.runner.hidden)
+                                    self.runner.hidden, time.perf_counter() - began
+                                    - self.runner.forward_seconds)
         return outputs
 
     def _emit(self, seq: Sequence, state: RequestState, rows: Any, num_draft: int

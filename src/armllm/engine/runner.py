@@ -17,6 +17,7 @@ the target's hidden states (MTP) gets the last hidden states of the step's
 rows (`hidden`)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -52,6 +53,7 @@ class ModelRunner:
         self.keep_hidden = keep_hidden
         self.hidden: np.ndarray | None = None   # [rows, hidden] of the last run (keep_hidden)
         self.first_rows: list[int] = []          # each scheduled sequence's first row
+        self.forward_seconds = 0.0               # the last run's forward
         self.workspace = model.new_workspace(max_num_batched_tokens, max_logits,
                                              max_seq_len=max_model_len, logits_cols=logits_cols)
         self.max_blocks = -(-max_model_len // kv.block_size)
@@ -147,7 +149,9 @@ class ModelRunner:
         self._encode(out, states)
         state_copies = self._rollbacks + out.state_copies + self._snapshot(out)
         self._rollbacks = []
+        began = time.perf_counter()
         logits = self.forward(meta, out.copies, state_copies)
+        self.forward_seconds = time.perf_counter() - began
         if self.keep_hidden:
             self.hidden = self.model.final_hidden(self.workspace, np.arange(len(meta.input_ids)))
         if self._pool_reads:

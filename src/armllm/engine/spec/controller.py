@@ -13,8 +13,9 @@ the tokens it expects to gain are worth the measured cost of the rows:
   chance a^i of being kept: every earlier one must be.
 - The step's candidate draft rows, best chance first, are added while each
   raises the expected tokens per second of the whole step:
-  (tokens + a^i) / cost(rows + 1) > tokens / cost(rows), a draft model's own
-  time counted once. At large batches the rows are compute-bound and nothing
+  (tokens + a^i) / cost(rows + 1) > tokens / cost(rows), where a step's cost is
+  the forward's and the engine's own time per step (scheduling, sampling,
+  detokenizing: measured as it runs), a draft model's time counted once. At large batches the rows are compute-bound and nothing
   is worth drafting; a sequence whose drafts are never kept stops drafting
   until its rate would pay again (its last verify's misses decay away)."""
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 SeqKey = tuple[str, int]
 
 PRIOR_RATE, PRIOR_WEIGHT = 0.5, 2.0   # a new sequence's rate: 0.5, as if from 2 draft tokens
+OVERHEAD_DECAY = 0.9   # per step: the engine's time per step, averaged over ~10 steps
 DECAY = 0.8      # per verify: about the last 5 verifies weigh in a sequence's rate
 # per step without drafts, a sequence's counts drift back toward the prior (about 50
 # steps to halve the gap), so one whose drafts stopped paying tries again now and then
@@ -144,6 +146,11 @@ class SpecController:
         self.disable_by_batch_size = disable_by_batch_size
         self.stats = SpecStats()
         self._rates: dict[SeqKey, _Rate] = {}
+        self.overhead = 0.0    # seconds a step spends outside the forward (averaged)
+
+    def step_overhead(self, seconds: float) -> None:
+        """A step spent this long outside the model's forward."""
+        self.overhead = OVERHEAD_DECAY * self.overhead + (1 - OVERHEAD_DECAY) * max(seconds, 0)
 
     def rate(self, key: SeqKey) -> float:
         rate = self._rates.get(key)
@@ -183,7 +190,7 @@ class SpecController:
                 candidates.append((chance, key))
         candidates.sort(key=lambda c: -c[0])
         rows, tokens = num_rows, float(num_rows)
-        seconds = self.cost(rows)
+        seconds = self.cost(rows) + self.overhead
         drafting = 0
         for chance, key in candidates:
             if rows + 1 > self.max_rows:

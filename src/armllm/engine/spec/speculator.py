@@ -46,10 +46,12 @@ class Speculator:
 
     def propose(self, out: SchedulerOutput, scheduler: Scheduler,
                 states: Mapping[SeqKey, RequestState], first_rows: list[int],
-                hidden=None) -> None:
+                hidden=None, overhead: float = 0.0) -> None:
         """The drafts of the step's generating sequences for the next step (and what
-        the step kept, for a proposer that follows every position)."""
+        the step kept, for a proposer that follows every position). overhead: the
+        seconds the step spent outside the model's forward."""
         kept, self._kept = self._kept, {}
+        self.controller.step_overhead(overhead)
         for seq in out.preempted:
             self.release(seq, finished=False)
         inputs, seqs, wanted = [], [], {}
@@ -128,7 +130,10 @@ def calibrate(runner, max_rows: int, max_draft: int, max_model_len: int) -> Step
     blocks = np.arange(-(-(context + max_rows) // bs), dtype=np.int32)
     tables = [blocks for _ in runner.kv.groups]
     ids = np.zeros(context + max_rows, np.int32)   # token 0: any id of the vocabulary
-    runner.prompt_logits(ids[:context], 0, tables, np.array([context - 1]))
+    chunk = runner.workspace.max_tokens
+    for start in range(0, context, chunk):
+        end = min(context, start + chunk)
+        runner.prompt_logits(ids[start:end], start, tables, np.array([end - start - 1]))
     return StepCost.measure(
         lambda m: runner.prompt_logits(ids[context:context + m], context, tables,
                                        np.arange(m)), max_rows, max_draft)
