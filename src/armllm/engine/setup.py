@@ -23,8 +23,8 @@ from armllm.engine.scheduler import Scheduler
 from armllm.engine.spec.config import SpeculativeConfig
 from armllm.engine.spec.speculator import (
     HIDDEN_METHODS,
-    SpecController,
     MAX_DRAFTING_SEQS,
+    SpecController,
     Speculator,
     build_proposer,
     calibrate,

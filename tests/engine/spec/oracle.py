@@ -1,6 +1,6 @@
 """A proposer for tests: it knows each request's output without speculation (the
-reference, by prompt and completion index) and drafts it, with a chosen share of drafts wrong at one position, so
-that a test decides how much a verify keeps."""
+reference, by prompt and completion index) and drafts it, with a chosen share of
+drafts wrong at one position, so that a test decides how much a verify keeps."""
 from __future__ import annotations
 
 import numpy as np

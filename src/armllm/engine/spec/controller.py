@@ -15,9 +15,10 @@ the tokens it expects to gain are worth the measured cost of the rows:
   raises the expected tokens per second of the whole step:
   (tokens + a^i) / cost(rows + 1) > tokens / cost(rows), where a step's cost is
   the forward's and the engine's own time per step (scheduling, sampling,
-  detokenizing: measured as it runs), a draft model's time counted once. At large batches the rows are compute-bound and nothing
-  is worth drafting; a sequence whose drafts are never kept stops drafting
-  until its rate would pay again (its last verify's misses decay away)."""
+  detokenizing: measured as it runs), a draft model's time counted once.
+  At large batches the rows are compute-bound and nothing is worth drafting;
+  a sequence whose drafts are never kept stops drafting until its rate would
+  pay again (while it does not draft, its rate drifts back toward the prior)."""
 from __future__ import annotations
 
 import bisect

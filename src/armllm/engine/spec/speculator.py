@@ -16,7 +16,7 @@ from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence
 from armllm.engine.spec.config import SpeculativeConfig
 from armllm.engine.spec.controller import SpecController, SpecStats, StepCost
-from armllm.engine.spec.proposer import Proposer, ProposeInput
+from armllm.engine.spec.proposer import ProposeInput, Proposer
 
 
 class Speculator:
