@@ -205,7 +205,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         dt = time.perf_counter() - t_step
         now = engine.stats()  # this step's rows: decodes, and prompt rows (or recomputes)
         decode_rows = now.num_decode_tokens - last.num_decode_tokens
-        prompt_rows = now.num_computed_tokens - last.num_computed_tokens - decode_rows
+        prompt_rows = (now.num_computed_tokens - last.num_computed_tokens - decode_rows
+                       - (now.spec_draft_tokens - last.spec_draft_tokens))
         if prompt_rows:
             prefill["steps"] += 1
             prefill["time_s"] += dt
@@ -246,10 +247,36 @@ def run_throughput(args: argparse.Namespace) -> int:
                       "num_output_tokens": produced[f"bench-{i}"], "ttft_s": m.ttft_s,
                       "tpot_s": m.tpot_s, "e2e_s": m.e2e_s} for i, m in enumerate(requests)],
         "memory": _memory(llm, args, load_peak),
+        "speculative": speculative_summary(before, after),
     }
     _print_throughput(result)
     _write_json(args.json, result)
     return 0
+
+
+def speculative_summary(before, after) -> dict | None:
+    """Speculative decoding's counters between two EngineStats (None: it is off)."""
+    verifies = after.spec_verifies - before.spec_verifies
+    if not verifies and not after.spec_proposed_by_position:
+        return None
+    proposed = {p: n - before.spec_proposed_by_position.get(p, 0)
+                for p, n in after.spec_proposed_by_position.items()}
+    accepted = {p: after.spec_accepted_by_position.get(p, 0)
+                - before.spec_accepted_by_position.get(p, 0) for p in proposed}
+    drafted = sum(proposed.values())
+    return {"verifies": verifies, "draft_tokens": drafted,
+            "accepted_tokens": sum(accepted.values()),
+            "acceptance": sum(accepted.values()) / drafted if drafted else 0.0,
+            "acceptance_per_position": [accepted[p] / proposed[p] if proposed[p] else 0.0
+                                        for p in sorted(proposed)]}
+
+
+def print_speculative(s: dict | None) -> None:
+    if s is None:
+        return
+    per = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"])
+    print(f"speculative: {s['draft_tokens']} draft tokens in {s['verifies']} verifies"
+          f", {s['accepted_tokens']} accepted ({s['acceptance']:.1%}); by position: {per}")
 
 
 def _print_throughput(r: dict) -> None:
@@ -274,6 +301,7 @@ def _print_throughput(r: dict) -> None:
     print(f"  per request: TTFT median {_duration(r['ttft_s']['median'])}{tpot}; "
           f"{r['num_preemptions']} preemptions, {r['prefix_cache_hit_tokens']} prompt tokens "
           f"from the prefix cache")
+    print_speculative(r["speculative"])
     _print_memory(r["memory"])
     print("prefill tok/s = prompt tokens / time of the steps that compute any prompt tokens; "
           "decode tok/s = tokens / time of decode-only steps.")
@@ -299,21 +327,30 @@ def run_latency(args: argparse.Namespace) -> int:
     if args.profile:
         from armllm.bench.step_profile import StepProfile
     profile = StepProfile(llm.engine) if args.profile else contextlib.nullcontext()
+    spec_before = llm.engine.stats()
     for prompt in prompts[args.warmup:]:
+        before = llm.engine.stats()
         with profile:
             completion = llm.generate([prompt], params)[0].outputs[0]
         m = completion.metrics
+        decode_steps = llm.engine.stats().num_decode_tokens - before.num_decode_tokens
         runs.append({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "e2e_s": m.e2e_s,
                      "pp_tokens_per_s": args.input_len / m.ttft_s,
                      "tg_tokens_per_s": 1.0 / m.tpot_s,
                      "num_prompt_tokens": m.num_prompt_tokens,
                      "num_cached_prompt_tokens": m.num_cached_prompt_tokens,
-                     "num_output_tokens": len(completion.token_ids)})
-    keys = ("ttft_s", "tpot_s", "e2e_s", "pp_tokens_per_s", "tg_tokens_per_s")
+                     "num_output_tokens": len(completion.token_ids),
+                     # tokens after the first per forward that decoded them (1 without
+                     # speculative decoding)
+                     "tokens_per_forward": (len(completion.token_ids) - 1)
+                     / max(decode_steps, 1)})
+    keys = ("ttft_s", "tpot_s", "e2e_s", "pp_tokens_per_s", "tg_tokens_per_s",
+            "tokens_per_forward")
     result = {**_setup(llm, args), "input_len": args.input_len, "output_len": args.output_len,
               "warmup": args.warmup, "repetitions": args.repetitions, "seed": args.seed,
               "runs": runs, **{k: summary([r[k] for r in runs]) for k in keys},
               "memory": _memory(llm, args, load_peak)}
+    result["speculative"] = speculative_summary(spec_before, llm.engine.stats())
     if args.profile:
         result["profile"] = {"decode_tokens": profile.decode_tokens,
                              "per_token_ms": profile.per_token_ms()}
@@ -331,16 +368,19 @@ def _print_latency(r: dict) -> None:
           f"prefix cache)")
     pp, tg = f"pp{r['input_len']} tok/s", f"tg{r['output_len']} tok/s"
     rows = [("TTFT ms", "ttft_s", 1e3), ("TPOT ms", "tpot_s", 1e3), ("e2e ms", "e2e_s", 1e3),
-            (pp, "pp_tokens_per_s", 1.0), (tg, "tg_tokens_per_s", 1.0)]
+            (pp, "pp_tokens_per_s", 1.0), (tg, "tg_tokens_per_s", 1.0),
+            ("tokens/forward", "tokens_per_forward", 1.0)]
     print(f"{'':<14} {'mean':>10} {'median':>10} {'stdev':>10}   per repetition")
     for label, key, scale in rows:
         s = r[key]
         each = " ".join(f"{run[key] * scale:.2f}" for run in r["runs"])
         print(f"{label:<14} {s['mean'] * scale:10.2f} {s['median'] * scale:10.2f} "
               f"{s['stdev'] * scale:10.2f}   {each}")
+    print_speculative(r["speculative"])
     _print_memory(r["memory"])
     print("TTFT = queueing to first token; TPOT = mean gap between the later tokens; "
-          "pp = prompt tokens / TTFT; tg = 1 / TPOT; stdev is the sample standard deviation.")
+          "pp = prompt tokens / TTFT; tg = 1 / TPOT; tokens/forward = output tokens after the "
+          "first / the forwards that decoded them; stdev is the sample standard deviation.")
     if "profile" in r:
         from armllm.bench.step_profile import format_profile
         print("\n".join(format_profile(r["profile"]["per_token_ms"],

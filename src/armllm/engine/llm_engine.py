@@ -516,4 +516,14 @@ class LLMEngine:
                            b.prefix_hits, self._num_prompt_tokens, self._num_generation_tokens,
                            s.num_scheduled_tokens, s.num_decode_tokens, s.num_steps,
                            dict(self._finished), self.structured.num_masks,
-                           self.structured.mask_seconds, self.structured.wait_seconds)
+                           self.structured.mask_seconds, self.structured.wait_seconds,
+                           **self._spec_stats())
+
+    def _spec_stats(self) -> dict:
+        if self.speculator is None:
+            return {}
+        st = self.speculator.stats
+        return {"spec_verifies": st.num_verifies, "spec_draft_tokens": st.num_proposed,
+                "spec_accepted_tokens": st.num_accepted,
+                "spec_proposed_by_position": dict(enumerate(st.proposed)),
+                "spec_accepted_by_position": dict(enumerate(st.accepted))}

@@ -190,6 +190,18 @@ class EngineStats:
     grammar_masks: int = 0              # structured-output token masks computed
     grammar_mask_seconds: float = 0.0   # time computing them
     grammar_wait_seconds: float = 0.0   # of the engine thread's: computing or waiting for them
+    # speculative decoding: verifies (a sequence's step with drafts), draft tokens proposed
+    # and accepted, and both by draft position (0: the first draft token of a verify)
+    spec_verifies: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_proposed_by_position: dict[int, int] = field(default_factory=dict)
+    spec_accepted_by_position: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        d = self.spec_draft_tokens
+        return self.spec_accepted_tokens / d if d else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

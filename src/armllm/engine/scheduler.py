@@ -70,7 +70,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_steps = 0                    # steps that scheduled any token
         self.num_scheduled_tokens = 0         # token rows scheduled (recomputes included)
-        self.num_decode_tokens = 0            # of which decodes: one new row past the prompt
+        # sequence-steps that decode: the rows past the prompt up to the last token (one,
+        # but for a hybrid's recompute after a rejected draft), beside any draft rows
+        self.num_decode_tokens = 0
         self._arrival = itertools.count()
         self._order: dict[Sequence, tuple[int, int]] = {}  # (priority, arrival), for sorting
         self._admitted: dict[Sequence, int] = {}           # admission counter, for preemption
@@ -165,8 +167,9 @@ class Scheduler:
                 out.scheduled.append(ScheduledSeq(seq, n, drafts))
                 done.add(seq)
                 budget -= n
-                if n - drafts == 1 and seq.num_computed >= len(seq.prompt_ids):
-                    self.num_decode_tokens += 1
+                if seq.num_computed >= len(seq.prompt_ids) and \
+                        n - drafts == seq.num_tokens - seq.num_computed:
+                    self.num_decode_tokens += 1   # a decode (or a verify's recompute)
         # running sequences and the completions they will fork hold a slot each
         slots = sum(1 + s.num_forks_pending for s in self.running)
         while self.waiting and budget > 0 and not out.preempted:

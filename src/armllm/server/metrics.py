@@ -62,6 +62,21 @@ ENGINE_METRICS = (
     ("armllm:generation_tokens_total", "counter", "Tokens generated.",
      "num_generation_tokens"),
     ("armllm:engine_steps_total", "counter", "Engine steps run.", "num_steps"),
+    ("armllm:spec_decode_num_drafts_total", "counter",
+     "Speculative verifies: a sequence's steps with draft tokens.", "spec_verifies"),
+    ("armllm:spec_decode_num_draft_tokens_total", "counter",
+     "Speculative draft tokens proposed and verified.", "spec_draft_tokens"),
+    ("armllm:spec_decode_num_accepted_tokens_total", "counter",
+     "Speculative draft tokens accepted.", "spec_accepted_tokens"),
+)
+# per draft position (label position="i"): (name, help, EngineStats field)
+POSITION_METRICS = (
+    ("armllm:spec_decode_num_draft_tokens_per_pos_total",
+     "Speculative draft tokens proposed, by position in the draft.",
+     "spec_proposed_by_position"),
+    ("armllm:spec_decode_num_accepted_tokens_per_pos_total",
+     "Speculative draft tokens accepted, by position in the draft.",
+     "spec_accepted_by_position"),
 )
 
 
@@ -144,6 +159,10 @@ class ServerMetrics:
         for name, kind, help, field in ENGINE_METRICS:
             out += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
             out += [f"{name}{{{labels}}} {getattr(s, field)}" for labels, s in sources]
+        for name, help, field in POSITION_METRICS:
+            out += [f"# HELP {name} {help}", f"# TYPE {name} counter"]
+            out += [f'{name}{{{labels},position="{pos}"}} {count}' for labels, s in sources
+                    for pos, count in sorted(getattr(s, field).items())]
         name = "armllm:request_success_total"
         out += [f"# HELP {name} Completions ended, by finish reason.", f"# TYPE {name} counter"]
         for labels, s in sources:
