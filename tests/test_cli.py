@@ -190,6 +190,9 @@ def test_generate_errors_are_one_line_exit_2(tmp_path):
     (bad / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     r = armllm("generate", str(bad), "--prompt", "x")
     assert r.returncode == 2 and "unsupported architecture ['GPT2LMHeadModel']" in r.stderr
+    r = armllm("generate", "--prompt", "x", "--speculative-config", '{"method": "lookup"}')
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "speculative_config: method must be one of ngram, suffix" in r.stderr
 
 
 def test_chat_session_with_reset(tmp_path):
@@ -204,9 +207,11 @@ def test_chat_session_with_reset(tmp_path):
 
 ENGINE_FLAGS = {"--dtype", "--quantization", "--quantize-lm-head", "--max-model-len",
                 "--kv-cache-gib", "--kv-cache-dtype", "--block-size", "--max-num-seqs",
-                "--max-num-batched-tokens", "--no-prefix-caching", "--threads"}
-# one window at a time, and windows at shifted positions share no cached prefix
-NOT_FOR_PERPLEXITY = {"--max-num-seqs", "--no-prefix-caching"}
+                "--max-num-batched-tokens", "--no-prefix-caching", "--threads",
+                "--speculative-config"}
+# one window at a time, and windows at shifted positions share no cached prefix; scoring
+# generates nothing to speculate on
+NOT_FOR_PERPLEXITY = {"--max-num-seqs", "--no-prefix-caching", "--speculative-config"}
 
 
 def test_every_command_that_loads_a_model_shows_the_engine_flags(capsys):

@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "goes window after window)")
     p.add_argument("--max-audio-seconds", type=float, default=None, metavar="S",
                    help="refuse a file longer than this (default: no limit)")
-    EngineArgs.add_cli_args(p, exclude=SERVER_ONLY)
+    EngineArgs.add_cli_args(p, exclude=(*SERVER_ONLY, "speculative_config"))
     p.set_defaults(func=run, max_num_seqs=DEFAULT_MAX_NUM_SEQS)
 
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from armllm.model.loader import LoadedModel
 
 # one window runs at a time, and windows at shifted positions share no KV prefix
-NOT_HONOURED = ("max_num_seqs", "enable_prefix_caching", *SERVER_ONLY)
+NOT_HONOURED = ("max_num_seqs", "enable_prefix_caching", "speculative_config", *SERVER_ONLY)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

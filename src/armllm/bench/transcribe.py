@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode every <=30 s chunk of a copy at once (throughput mode) "
                         "instead of Whisper's window after window")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    EngineArgs.add_cli_args(p, exclude=SERVER_ONLY)
+    EngineArgs.add_cli_args(p, exclude=(*SERVER_ONLY, "speculative_config"))
     p.set_defaults(max_num_seqs=8)
 
 
