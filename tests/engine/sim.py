@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from armllm.engine.block_manager import BlockManager
@@ -83,7 +84,8 @@ class FakeRunner:
                         for pool in range(len(self.kv))]
                 logits.append([sum(read[0]) * 7 if all(r == read[0] for r in read) else -1])
                 sampling.append(seq)
-        return sampling, logits
+        # rows as the engine slices and copies them (a copy for each forked completion)
+        return sampling, np.array(logits, dtype=object).reshape(len(logits), 1)
 
     def sample(self, seq: Sequence, row: list[int], state: RequestState) -> SampleResult:
         assert row[0] is not None, "a logits row sampled twice"
