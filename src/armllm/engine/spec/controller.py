@@ -31,9 +31,10 @@ SeqKey = tuple[str, int]
 PRIOR_RATE, PRIOR_WEIGHT = 0.5, 2.0   # a new sequence's rate: 0.5, as if from 2 draft tokens
 OVERHEAD_DECAY = 0.9   # per step: the engine's time per step, averaged over ~10 steps
 DECAY = 0.8      # per verify: about the last 5 verifies weigh in a sequence's rate
-# per step without drafts, a sequence's counts drift back toward the prior (about 50
-# steps to halve the gap), so one whose drafts stopped paying tries again now and then
-IDLE_DECAY = 0.986
+# per step without drafts, a sequence's counts drift back toward the prior (about 350
+# steps to halve the gap), so one whose drafts stopped paying tries one again now and
+# then (every few tens of steps where a row costs 4%); a kept one raises its rate
+IDLE_DECAY = 0.998
 PROBE_SECONDS_MIN = 0.05   # calibration: at least this long per row count, for a stable time
 
 
