@@ -127,6 +127,12 @@ def test_the_target_as_its_draft_drafts_its_greedy_continuation(llama):
     assert prop.draft_seconds > 0
 
 
+def test_more_sequences_than_a_batch_holds_draft_in_turns(llama):
+    """6 sequences with max_num_seqs 4: two batches of forwards per call."""
+    prop = proposer(llama.target, "draft_model", llama.path)
+    follow(prop, llama.prompts * 2, llama.greedy * 2)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_self_draft_of_every_layer_drafts_the_greedy_continuation(llama, k):
     prop = proposer(llama.target, "self_draft", layers=3, k=k)
