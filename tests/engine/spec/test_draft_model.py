@@ -32,12 +32,14 @@ from safetensors.numpy import load_file, save_file
 
 from armllm import LLM, SamplingParams
 from armllm.engine.args import EngineArgs
+from armllm.engine.runner import ModelRunner
 from armllm.engine.setup import load
 from armllm.engine.spec.config import SpeculativeConfig
 from armllm.engine.spec.draft_model import DraftModelProposer, self_draft_model
 from armllm.engine.spec.proposer import NO_DRAFT, ProposeInput
 from armllm.engine.spec.sampling_probs import sampling_probs
 from armllm.model.config import EncoderShape
+from armllm.model.kv_cache import KVCache
 from tests.tiny_model import write_tiny_chat_llama, write_tiny_llama
 
 ENGINE = dict(dtype="float32", kv_cache_dtype="f32")
@@ -233,11 +235,13 @@ def test_sampled_drafts_are_drawn_from_their_rows(llama):
 
 
 def test_sampled_draft_rows_are_the_requests_distribution(llama):
-    """The first row: the target's last-row logits through sampling_probs (the draft is
-    the target here), at the request's top-k too."""
-    from tests.model.test_llama_vs_transformers import prefill_logits
+    """The first row: the target's logits of the prompt's last row (scored alone, by
+    ModelRunner.prompt_logits) through sampling_probs (the draft is the target here), at
+    the request's top-k too."""
     prompt = llama.prompts[1]
-    logits = prefill_logits(llama.target, prompt)[-1]
+    kv = KVCache(llama.target.config, 4, 16, "f32")
+    runner = ModelRunner(llama.target.model, kv, 64, 1, 64)
+    logits = runner.prompt_logits(np.array(prompt), 0, [np.arange(4)], np.array([36]))[0]
     draft = proposer(llama.target, "draft_model", llama.path).propose(
         [one(("a", 0), prompt, len(prompt), 2, SAMPLED)])[0]
     np.testing.assert_allclose(draft.probs[0], sampling_probs(logits, SAMPLED), atol=1e-6)
