@@ -268,7 +268,8 @@ class DraftModelProposer:
         draft) when it does not fit the draft's context or cache, or holds a token the
         draft cannot read."""
         ids = inp.token_ids
-        k = min(inp.k, self.max_model_len + 1 - len(ids))   # the last draft's K/V: never
+        # the drafts fed back sit at positions up to len(ids) + k - 2 < max_model_len
+        k = min(inp.k, self.max_model_len + 1 - len(ids))
         if k < 1 or not ids:
             return None
         seq = self._seqs.get(inp.key)
