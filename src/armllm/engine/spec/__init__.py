@@ -7,6 +7,7 @@ produced itself, plus the target's own next token.
 - proposer.py: what every proposer implements (Proposer, ProposeInput, Draft).
 - ngram.py, suffix.py: lookup proposers (no model).
 - draft_model.py: a smaller checkpoint, or the target's first layers (self-draft).
+- sampling_probs.py: the distribution a sampled token is drawn from, as probabilities.
 - mtp.py: a model's own multi-token-prediction block (Qwen3.5/3.6).
 - verify.py: accepting drafts exactly (greedy, and rejection sampling).
 - controller.py: how many tokens each sequence drafts this step (its acceptance,
