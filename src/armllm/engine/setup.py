@@ -231,7 +231,7 @@ def _speculator(loaded: LoadedModel, runner: ModelRunner, model_len: int, args: 
     drafting = _drafting_seqs(c, args)
     max_rows = min(args.max_num_batched_tokens,
                    args.max_num_seqs + spec.num_speculative_tokens * drafting)
-    proposer = build_proposer(spec, loaded, args, model_len)
+    proposer = build_proposer(spec, loaded, args, model_len, runner.kv.num_blocks)
     try:
         cost = calibrate(runner, max_rows, spec.num_speculative_tokens, model_len)
     except BaseException:

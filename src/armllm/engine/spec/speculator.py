@@ -103,8 +103,11 @@ MAX_DRAFTING_SEQS = 8
 CALIBRATION_CONTEXT = 256   # tokens of context the verify-cost probes attend over
 
 
-def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int) -> Proposer:
-    """The proposer of config.method for the loaded target model."""
+def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int,
+                   target_blocks: int) -> Proposer:
+    """The proposer of config.method for the loaded target model, whose KV cache holds
+    target_blocks blocks (a draft model's holds what it holds, and every running
+    sequence's drafts beyond)."""
     if config.method == "ngram":
         from armllm.engine.spec.ngram import NgramProposer
         return NgramProposer(config)
@@ -113,7 +116,9 @@ def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int) 
         return SuffixProposer(config)
     if config.method in ("draft_model", "self_draft"):
         from armllm.engine.spec.draft_model import DraftModelProposer
-        return DraftModelProposer(config, loaded, args, args.max_num_seqs, max_model_len)
+        drafts = -(-(config.num_speculative_tokens - 1) // args.block_size)
+        return DraftModelProposer(config, loaded, args, args.max_num_seqs, max_model_len,
+                                  target_blocks + args.max_num_seqs * (1 + drafts))
     from armllm.engine.spec.mtp import MTPProposer
     return MTPProposer(config, loaded, args.max_num_seqs, max_model_len, args.block_size)
 
