@@ -227,10 +227,13 @@ class DecoderModel:
 
     def forward(self, meta: BatchMeta, kv: KVCache, ws: Workspace,
                 copies: list[tuple[int, int, int]] | tuple = (),
-                state_copies: list[tuple[int, int]] | tuple = ()) -> np.ndarray:
+                state_copies: list[tuple[int, int]] | tuple = (),
+                inputs: np.ndarray | None = None) -> np.ndarray:
         """Logits [len(meta.logits_rows), vocab] (a view of the workspace), after the KV
         block copies (group, src, dst: copy on write) `copies` and the state slot copies
-        (src, dst: forked completions) `state_copies`."""
+        (src, dst: forked completions) `state_copies`. inputs: the rows [T, hidden] the
+        first layer takes in place of the embeddings of meta.input_ids (a
+        multi-token-prediction block's, engine/spec/mtp.py)."""
         t, r = len(meta.input_ids), len(meta.logits_rows)
         if t > ws.max_tokens or r > ws.max_logits:
             raise ValueError(f"batch of {t} tokens / {r} logits rows exceeds the workspace "
@@ -244,9 +247,15 @@ class DecoderModel:
         if copies:
             kv.copy_blocks(copies)
         kv.copy_states(state_copies)
-        ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
-        if self.config.embed_scale != 1.0:
-            ws.residual[:t] *= np.float32(self.config.embed_scale)
+        if inputs is not None:
+            if inputs.shape != (t, self.config.hidden_size):
+                raise ValueError(f"inputs must have shape ({t}, {self.config.hidden_size}), "
+                                 f"got {inputs.shape}")
+            ws.residual[:t] = inputs
+        else:
+            ops.embedding(meta.input_ids, self.weights.embed, out=ws.residual[:t])
+            if self.config.embed_scale != 1.0:
+                ws.residual[:t] *= np.float32(self.config.embed_scale)
         batches = [ops.StepBatch(meta.positions, slots, table, meta.seq_lens, meta.query_start,
                                  meta.state_slots if g == 0 else None)
                    for g, (slots, table) in enumerate(((meta.slot_mapping, meta.block_table),

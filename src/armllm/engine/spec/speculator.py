@@ -120,7 +120,9 @@ def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int,
         return DraftModelProposer(config, loaded, args, args.max_num_seqs, max_model_len,
                                   target_blocks + args.max_num_seqs * (1 + drafts))
     from armllm.engine.spec.mtp import MTPProposer
-    return MTPProposer(config, loaded, args.max_num_seqs, max_model_len, args.block_size)
+    return MTPProposer(config, loaded, args.max_num_seqs, max_model_len, args.block_size,
+                       max_num_batched_tokens=args.max_num_batched_tokens,
+                       kv_cache_dtype=args.kv_cache_dtype, num_blocks=target_blocks)
 
 
 def calibrate(runner, max_rows: int, max_draft: int, max_model_len: int) -> StepCost:
