@@ -19,8 +19,11 @@ DeltaNet) drafts on a copy of each sequence's state in a scratch slot, so its
 live state stays at the last token of token_ids, and the next call recomputes
 the drafts that were kept.
 
-Greedy requests get argmax drafts (Draft.probs None). Sampled requests get
-tokens drawn from the draft's own distribution at the request's temperature,
+Greedy and seeded requests get argmax drafts (Draft.probs None): a point mass
+leaves a seeded request's output the output without speculation, token for
+token, whatever k the controller picks (with drawn drafts the draws a verify
+takes depend on k, which depends on measured timings). Other sampled requests
+get tokens drawn from the draft's own distribution at the request's temperature,
 top-k, top-p, min-p and penalties (armllm.sampling.sampling_probs), and those distributions
 in Draft.probs: rejection sampling then keeps the target's distribution exact
 and accepts a draft token with probability sum(min(p, q)), the overlap of the
@@ -52,8 +55,8 @@ log = logging.getLogger("armllm")
 # weight of the newest measurement in draft_seconds' moving average: about the last
 # ten drafting calls count
 SECONDS_EMA_WEIGHT = 0.1
-# a constant of the draft's random streams, so that a seeded request's draft draws are
-# not the target sampler's own draws (rejection sampling needs them independent)
+# a constant of the draft's random streams (each seeded from the machine's entropy),
+# apart from any stream of the target's sampler (rejection sampling needs them independent)
 DRAFT_STREAM = 0x5D8AF7
 
 
@@ -293,11 +296,9 @@ class DraftModelProposer:
                 job.scratch = self.free_scratch.pop()
             else:
                 job.k = 1   # no copy of the state to draft further on
-        if not inp.params.greedy and seq.rng is None:
-            seed = inp.params.seed
-            if seed is None:
-                seed = int(self._seed_source.integers(2**63))
-            seq.rng = np.random.default_rng([seed, inp.key[1], DRAFT_STREAM])
+        if not _point_mass(inp.params) and seq.rng is None:
+            seq.rng = np.random.default_rng([int(self._seed_source.integers(2**63)),
+                                             inp.key[1], DRAFT_STREAM])
         return job
 
     def _grow(self, seq: _SeqDraft, num_tokens: int) -> bool:
@@ -381,7 +382,7 @@ class DraftModelProposer:
                 params.frequency_penalty:
             ids, num_prompt = job.inp.token_ids, job.inp.num_prompt
             apply_penalties(row, params, ids[:num_prompt], [*ids[num_prompt:], *job.tokens])
-        if params.greedy:
+        if _point_mass(params):
             job.tokens.append(int(np.argmax(row)))
             return
         probs = np.zeros(self.target_vocab, np.float32)
@@ -391,6 +392,11 @@ class DraftModelProposer:
         token = int(np.searchsorted(cdf, job.seq.rng.random() * cdf[-1], side="right"))
         job.tokens.append(min(token, self.vocab - 1))
         job.probs.append(probs)
+
+
+def _point_mass(params) -> bool:
+    """Whether a request's drafts are argmax tokens (greedy and seeded requests)."""
+    return params.greedy or params.seed is not None
 
 
 def common_prefix(held: list[int], ids: list[int], known: int) -> int:
