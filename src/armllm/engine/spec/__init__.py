@@ -5,7 +5,9 @@ produced itself, plus the target's own next token.
 
 - config.py: SpeculativeConfig (vLLM's --speculative-config spelling), validated.
 - proposer.py: what every proposer implements (Proposer, ProposeInput, Draft).
-- ngram.py, suffix.py: lookup proposers (no model).
+- ngram.py, suffix.py: lookup proposers (no model); suffix_tree.py: the counted,
+  depth-cut suffix trie suffix decoding reads; history.py: whether a sequence's
+  tokens still continue what a lookup proposer indexed.
 - draft_model.py: a smaller checkpoint, or the target's first layers (self-draft).
 - sampling_probs.py: the distribution a sampled token is drawn from, as probabilities.
 - mtp.py: a model's own multi-token-prediction block (Qwen3.5/3.6).
