@@ -9,8 +9,9 @@ produced itself, plus the target's own next token.
   depth-cut suffix trie suffix decoding reads; history.py: whether a sequence's
   tokens still continue what a lookup proposer indexed.
 - draft_model.py: a smaller checkpoint, or the target's first layers (self-draft).
-- sampling_probs.py: the distribution a sampled token is drawn from, as probabilities.
 - mtp.py: a model's own multi-token-prediction block (Qwen3.5/3.6).
 - verify.py: accepting drafts exactly (greedy, and rejection sampling).
 - controller.py: how many tokens each sequence drafts this step (its acceptance,
-  the measured cost of verify rows), and the acceptance counters."""
+  the measured cost of verify rows), and the acceptance counters.
+- speculator.py: the engine's side: after each step, which sequences draft how
+  many tokens, and asking the proposer for them; building the proposer."""

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
+if TYPE_CHECKING:   # annotations only: the lookup proposers stay free of numpy
+    import numpy as np
 
-if TYPE_CHECKING:
     from armllm.sampling import SamplingParams
 
 SeqKey = tuple[str, int]   # Sequence.key: (request id, completion index)
