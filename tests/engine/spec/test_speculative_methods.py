@@ -31,6 +31,25 @@ def llama_dir(tmp_path_factory):
 REPEATING = [5, 6, 7, 8, 9, 10, 11, 12] * 6
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_lookups(llama_dir, method):
+    prompts = [REPEATING, [3, 4, 5, 6, 7] * 4, list(range(20, 50))]
+    plain = LLM(llama_dir, dtype="float32", kv_cache_gib=0.01)
+    speculative = LLM(llama_dir, dtype="float32", kv_cache_gib=0.01,
+                      speculative_config=spec(method, prompt_lookup_min=1))
+    for params in (GREEDY, SAMPLED):
+        want = outputs(plain, prompts, params)
+        assert outputs(speculative, prompts, params) == want
+        # again: a suffix tree now holds these outputs, and drafts them whole
+        before = speculative.stats()
+        assert outputs(speculative, prompts, params) == want
+        after = speculative.stats()
+        assert after.spec_draft_tokens > before.spec_draft_tokens
+        if method == "suffix":
+            assert after.spec_accepted_tokens - before.spec_accepted_tokens > \
+                sum(len(c) for o in want for c in o) // 2
+
+
 @pytest.mark.parametrize("config", [spec("self_draft", draft_layers=1),
                                     spec("self_draft", draft_layers=2)],
                          ids=["self_draft-1", "self_draft-all"])
