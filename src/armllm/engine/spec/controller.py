@@ -35,7 +35,8 @@ DECAY = 0.8      # per verify: about the last 5 verifies weigh in a sequence's r
 # steps to halve the gap), so one whose drafts stopped paying tries one again now and
 # then (every few tens of steps where a row costs 4%); a kept one raises its rate
 IDLE_DECAY = 0.998
-PROBE_SECONDS_MIN = 0.05   # calibration: at least this long per row count, for a stable time
+# calibration: every row count runs at least this many times and this long in all
+PROBE_ROUNDS, PROBE_SECONDS_MIN = 5, 0.05
 
 
 class StepCost:
@@ -66,8 +67,9 @@ class StepCost:
     def measure(cls, forward: Callable[[int], None], max_rows: int, max_draft: int
                 ) -> StepCost:
         """Times forward(m) (a forward of m rows) for m = 1..max_draft + 2, then
-        doubling up to max_rows; each the fastest of repeats lasting at least
-        PROBE_SECONDS_MIN."""
+        doubling up to max_rows: rounds over every m in turn, each m's time the fastest
+        of its rounds (another process's burst slows some rounds, never all), until
+        every m has run at least PROBE_ROUNDS times and PROBE_SECONDS_MIN in all."""
         counts = list(range(1, min(max_draft + 2, max_rows) + 1))
         m = counts[-1] * 2
         while m < max_rows:
@@ -76,15 +78,17 @@ class StepCost:
         if max_rows > counts[-1]:
             counts.append(max_rows)
         forward(1)   # warm: first-touch of the workspace and the weights
-        points = []
-        for m in counts:
-            best, spent = float("inf"), 0.0
-            while spent < PROBE_SECONDS_MIN or best == float("inf"):
+        best = dict.fromkeys(counts, float("inf"))
+        spent = dict.fromkeys(counts, 0.0)
+        rounds = 0
+        while rounds < PROBE_ROUNDS or min(spent.values()) < PROBE_SECONDS_MIN:
+            for m in counts:
                 began = time.perf_counter()
                 forward(m)
                 took = time.perf_counter() - began
-                best, spent = min(best, took), spent + took
-            points.append((m, best))
+                best[m], spent[m] = min(best[m], took), spent[m] + took
+            rounds += 1
+        points = [(m, best[m]) for m in counts]
         # cost never falls with more rows: a noisy point takes its predecessor's
         for i in range(1, len(points)):
             points[i] = (points[i][0], max(points[i][1], points[i - 1][1]))
