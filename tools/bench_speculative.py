@@ -71,6 +71,7 @@ WARMUP_PROMPT = "Hello!"
 WARMUP_TOKENS = 8          # the unmeasured first request of every engine
 SERVER_READY_S = 120       # a cold start of llama-server on a 135M model takes seconds
 REQUEST_TIMEOUT_S = 600    # one request of --max-tokens on a loaded 2-core box
+DRAFT_ROOM = 128           # llama-server context past prompt + output: ngram-mod drafts 64
 NGRAM_SIMPLE_N = 3         # tokens matched by llama.cpp's ngram-simple (armllm: 2 to 4)
 
 
@@ -123,12 +124,11 @@ def armllm_supports_speculation() -> bool:
 
 
 def armllm_spec_counts(stats) -> SpecCounts | None:
-    """The engine's speculation counters, None when it keeps none."""
-    drafts = getattr(stats, "spec_num_drafts", None)
-    if drafts is None:
-        return None
-    return SpecCounts(drafts, stats.spec_num_draft_tokens, stats.spec_num_accepted_tokens,
-                      list(stats.spec_num_accepted_tokens_per_pos))
+    """EngineStats' speculation counters as llama-server counts them (accepted tokens at
+    each draft position over all verifies)."""
+    by_pos = stats.spec_accepted_by_position
+    return SpecCounts(stats.spec_verifies, stats.spec_draft_tokens, stats.spec_accepted_tokens,
+                      [by_pos.get(p, 0) for p in range(max(by_pos, default=-1) + 1)])
 
 
 def run_armllm(model: str, method: str, k: int, threads: int, prompts: list[list[int]],
@@ -142,7 +142,7 @@ def run_armllm(model: str, method: str, k: int, threads: int, prompts: list[list
     try:
         llm.generate(WARMUP_PROMPT, greedy(WARMUP_TOKENS))
         before = armllm_spec_counts(llm.stats())
-        runs = []
+        runs: list[RequestRun] = []
         for prompt in prompts:
             done = llm.generate(prompt, greedy(max_tokens))[0].outputs[0]
             ids, times = list(done.token_ids), done.metrics.token_times
@@ -155,8 +155,7 @@ def run_armllm(model: str, method: str, k: int, threads: int, prompts: list[list
         after = armllm_spec_counts(llm.stats())
     finally:
         llm.shutdown()
-    spec = after.minus(before) if after is not None and before is not None else None
-    return TaskRun(runs, spec, load)
+    return TaskRun(runs, after.minus(before) if method != "none" else None, load)
 
 
 # -- llama.cpp -----------------------------------------------------------------------------
@@ -201,11 +200,12 @@ def llama_spec_counts(client: httpx.Client) -> SpecCounts:
 
 
 def run_llama(binary: Path, model: str, method: str, k: int, threads: int,
-              prompts: list[list[int]], max_tokens: int, ctx: int, log: Path) -> TaskRun:
+              prompts: list[list[int]], max_tokens: int, ctx: int, flash_attn: str,
+              log: Path) -> TaskRun:
     port = free_port()
     cmd = [str(binary), "-m", model, "--host", "127.0.0.1", "--port", str(port), "-np", "1",
-           "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "--metrics",
-           *llama_method_args(method, k)]
+           "-c", str(ctx), "-t", str(threads), "-tb", str(threads), "-fa", flash_attn,
+           "--metrics", *llama_method_args(method, k)]
     load = os.getloadavg()[0]
     with open(log, "a") as log_file:
         log_file.write(f"\n#### {' '.join(cmd)}\n")
@@ -350,6 +350,11 @@ def main() -> int:
                     help="none and SpeculativeConfig methods; empty: no armllm runs")
     ap.add_argument("--llama-methods", default="none,ngram-simple,ngram-mod,ngram-cache",
                     help="none, ngram-simple, ngram-mod, ngram-cache; empty: no llama.cpp runs")
+    # llama-bench, SmolLM2-135M Q4_1, 2 threads, Xeon (Sapphire Rapids) KVM guest: tg64
+    # at 300 tokens of context 91 tok/s with flash attention off, 47 with it on (the
+    # server's default, auto, turns it on)
+    ap.add_argument("--llama-flash-attn", choices=("on", "off", "auto"), default="off",
+                    help="llama-server's -fa (default off: faster decode on CPU here)")
     ap.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
@@ -381,7 +386,7 @@ def main() -> int:
     tokenizer_llm.shutdown()
     del tokenizer_llm
     longest = max(len(p) for ps in prompts.values() for p in ps)
-    ctx = longest + args.max_tokens + WARMUP_TOKENS + 64  # + a margin for the draft rows
+    ctx = longest + args.max_tokens + WARMUP_TOKENS + DRAFT_ROOM
 
     configs = []  # interleaved: armllm and llama.cpp alternate
     for i in range(max(len(armllm_methods), len(llama_methods))):
@@ -401,12 +406,13 @@ def main() -> int:
                     run = run_armllm(model, method, k, args.threads, prompts[t], args.max_tokens)
                 else:
                     run = run_llama(server, model, method, k, args.threads, prompts[t],
-                                    args.max_tokens, ctx, log)
+                                    args.max_tokens, ctx, args.llama_flash_attn, log)
                 rows[t][(engine, method)].runs.append(run)
                 print(f"  rep {rep + 1} {t:<8} {engine:<9} {method:<12} {run.tok_s:7.1f} tok/s "
                       f"(load {run.load_1min:.2f})", flush=True)
 
     report = {"box": box(), "model": model, "threads": args.threads, "k": k,
+              "llama_flash_attn": args.llama_flash_attn,
               "max_tokens": args.max_tokens, "reps": args.reps, "started": started,
               "finished_load": os.getloadavg(),
               "measure": "decode tok/s = (output tokens - 1) / (last token time - first "
