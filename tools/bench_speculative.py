@@ -24,14 +24,21 @@ the requests share the engine, as a server's would. The configurations run inter
 (armllm and llama.cpp alternate) and repeat --reps times; tok/s is the median over the
 repetitions and the speedup is against the same engine's `none` in the same table.
 
-Speculation counters: drafts = verify steps that carried a draft, acceptance at position
-i = the fraction of drafts whose first i+1 tokens were all accepted (llama-server's
+Speculation counters (the table's columns): drafts = verify steps that carried a draft,
+len = mean draft tokens per draft, p1..pk = acceptance at position i: the fraction of
+drafts whose first i tokens were all accepted (llama-server's
 spec_decode_num_accepted_tokens_per_pos_total / spec_decode_num_drafts_total, from its
-/metrics, and armllm's EngineStats counters), accepted/draft = mean accepted tokens per
-verify step, tokens/forward = decode tokens / target forwards (each forward yields one
-token plus the accepted ones). "same" says whether every request's token ids equal the
-same engine's greedy output without speculation (a correctness check: speculation must
-not change greedy output).
+/metrics; armllm's EngineStats spec_accepted_by_position / spec_verifies; armllm's
+controller sizes each draft by its cost, so a position it never drafts reads 0 there,
+and the JSON adds acceptance given the position was drafted), acc/draft = mean
+accepted tokens per verify step, tok/fwd = decode tokens / target forwards (each
+forward yields one token plus the accepted ones). same = whether every request's token
+ids equal the same engine's greedy output without speculation (speculation must not
+change greedy output); the JSON gives the first differing position of each request.
+
+On a shared box, run it in its own session with a higher autogroup priority, or
+llama.cpp's spinning threads collapse when another process takes a core:
+    setsid bash -c 'echo -10 > /proc/$$/autogroup; exec python tools/bench_speculative.py'
 
 llama.cpp methods (this version's llama-server --spec-type; lookup decoding, the
 llama-lookup example's algorithm, is its ngram-cache type):
@@ -82,7 +89,6 @@ class RequestRun:
     token_ids: list[int]
     decode_tokens: int          # output tokens after the first
     decode_s: float             # from the first output token to the last
-    forwards: int | None = None  # decode forwards counted by the engine (armllm's step times)
 
 
 @dataclass
@@ -91,14 +97,20 @@ class SpecCounts:
     draft_tokens: int
     accepted: int
     accepted_per_pos: list[int]  # drafts whose first i+1 tokens were all accepted
+    # drafts of at least i+1 tokens (armllm's controller sizes each draft; llama-server
+    # does not count this)
+    proposed_per_pos: list[int] | None = None
 
     def minus(self, before: SpecCounts) -> SpecCounts:
-        n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
-        pad = lambda v: v + [0] * (n - len(v))  # noqa: E731
+        def diff(a: list[int], b: list[int]) -> list[int]:
+            n = max(len(a), len(b))
+            return [x - y for x, y in zip(a + [0] * (n - len(a)), b + [0] * (n - len(b)),
+                                          strict=True)]
+        proposed = None if self.proposed_per_pos is None or before.proposed_per_pos is None \
+            else diff(self.proposed_per_pos, before.proposed_per_pos)
         return SpecCounts(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
                           self.accepted - before.accepted,
-                          [a - b for a, b in zip(pad(self.accepted_per_pos),
-                                                 pad(before.accepted_per_pos), strict=True)])
+                          diff(self.accepted_per_pos, before.accepted_per_pos), proposed)
 
 
 @dataclass
@@ -126,9 +138,11 @@ def armllm_supports_speculation() -> bool:
 def armllm_spec_counts(stats) -> SpecCounts | None:
     """EngineStats' speculation counters as llama-server counts them (accepted tokens at
     each draft position over all verifies)."""
-    by_pos = stats.spec_accepted_by_position
+    accepted, proposed = stats.spec_accepted_by_position, stats.spec_proposed_by_position
+    positions = range(max(proposed, default=-1) + 1)
     return SpecCounts(stats.spec_verifies, stats.spec_draft_tokens, stats.spec_accepted_tokens,
-                      [by_pos.get(p, 0) for p in range(max(by_pos, default=-1) + 1)])
+                      [accepted.get(p, 0) for p in positions],
+                      [proposed.get(p, 0) for p in positions])
 
 
 def run_armllm(model: str, method: str, k: int, threads: int, prompts: list[list[int]],
@@ -148,10 +162,7 @@ def run_armllm(model: str, method: str, k: int, threads: int, prompts: list[list
             ids, times = list(done.token_ids), done.metrics.token_times
             if len(ids) != max_tokens or len(times) != max_tokens:
                 raise RuntimeError(f"armllm {method}: {len(ids)} tokens, not {max_tokens}")
-            # the tokens of one step share its time: distinct times after the first are
-            # the decode forwards
-            runs.append(RequestRun(ids, len(ids) - 1, times[-1] - times[0],
-                                   len(set(times)) - 1))
+            runs.append(RequestRun(ids, len(ids) - 1, times[-1] - times[0]))
         after = armllm_spec_counts(llm.stats())
     finally:
         llm.shutdown()
@@ -287,9 +298,6 @@ def summarize(row: Row, baseline: Row | None, k: int) -> dict:
                    for a, b in zip(run.requests, baseline.runs[0].requests, strict=True)]
         doc["same_as_greedy"] = all(d is None for d in diverge)
         doc["first_divergence"] = diverge
-    if all(r.forwards for r in run.requests):
-        doc["tokens_per_forward_measured"] = run.decode_tokens / sum(
-            r.forwards for r in run.requests)
     s = run.spec
     if s is not None:
         decode = run.decode_tokens
@@ -298,7 +306,12 @@ def summarize(row: Row, baseline: Row | None, k: int) -> dict:
                    acceptance_per_pos=[a / s.drafts if s.drafts else 0.0
                                        for a in s.accepted_per_pos],
                    accepted_per_draft=s.accepted / s.drafts if s.drafts else 0.0,
+                   draft_len=s.draft_tokens / s.drafts if s.drafts else 0.0,
                    tokens_per_forward=decode / (decode - s.accepted))
+        if s.proposed_per_pos is not None:
+            doc["proposed_per_pos"] = s.proposed_per_pos
+            doc["acceptance_given_proposed"] = [a / p if p else 0.0 for a, p in zip(
+                s.accepted_per_pos, s.proposed_per_pos, strict=True)]
     return doc
 
 
@@ -312,16 +325,16 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 def print_table(task: str, docs: list[dict], k: int, n_requests: int) -> None:
     print(f"\n== {task} ({n_requests} requests)")
     pos = " ".join(f"{'p' + str(i + 1):>5}" for i in range(k))
-    print(f"{'engine':<10} {'method':<13} {'tok/s':>7} {'speedup':>7} {'drafts':>6} {pos} "
-          f"{'acc/draft':>9} {'tok/fwd':>7} {'same':>5}")
+    print(f"{'engine':<10} {'method':<13} {'tok/s':>7} {'speedup':>7} {'drafts':>6} "
+          f"{'len':>5} {pos} {'acc/draft':>9} {'tok/fwd':>7} {'same':>5}")
     for d in docs:
         speedup = f"{d['speedup']:.2f}x" if d["speedup"] else ""
         if "drafts" in d:
             acc = " ".join(f"{a:5.2f}" for a in (d["acceptance_per_pos"] + [0.0] * k)[:k])
-            spec = f"{d['drafts']:>6} {acc} {d['accepted_per_draft']:9.2f} " \
-                   f"{d['tokens_per_forward']:7.2f}"
+            spec = f"{d['drafts']:>6} {d['draft_len']:5.1f} {acc} " \
+                   f"{d['accepted_per_draft']:9.2f} {d['tokens_per_forward']:7.2f}"
         else:
-            spec = f"{'':>6} {' ' * (6 * k - 1)} {'':>9} {'':>7}"
+            spec = f"{'':>6} {'':>5} {' ' * (6 * k - 1)} {'':>9} {'':>7}"
         same = {None: "", True: "yes", False: "NO"}[d["same_as_greedy"]]
         print(f"{d['engine']:<10} {d['method']:<13} {d['tok_s']:7.1f} {speedup:>7} {spec} "
               f"{same:>5}")
