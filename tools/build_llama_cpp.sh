@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # build_llama_cpp: builds llama.cpp's llama-bench, llama-server, llama-quantize and
-# llama-perplexity natively from the source that the llama-cpp-python 0.3.36 sdist
-# vendors (vendor/llama.cpp): the peer build of the benchmarks (tools/bench_matrix.py)
-# and the quantizer and perplexity tool the K-quant tests compare with.
+# llama-perplexity, and its prompt-lookup and speculative examples (llama-lookup,
+# llama-lookup-create/-merge/-stats, llama-speculative, llama-speculative-simple,
+# llama-lookahead), natively from the source that the llama-cpp-python 0.3.36 sdist
+# vendors (vendor/llama.cpp): the peer build of the benchmarks (tools/bench_matrix.py,
+# tools/bench_speculative.py) and the quantizer and perplexity tool the K-quant tests
+# compare with.
 #
 #     tools/build_llama_cpp.sh [DEST]
 #
@@ -17,8 +20,8 @@
 # this version's AMX matmul (ggml_backend_amx_mul_mat) dies on a general-protection
 # fault in ldtilecfg for every Q4_0/Q4_1/Q8_0 model, so -mno-amx-* keeps ggml on its
 # AVX-512 VNNI/BF16 kernels there (and changes nothing on CPUs without AMX). No curl/OpenSSL (nothing here downloads models), no web UI (the
-# prebuilt UI would be fetched from Hugging Face, which is unreachable), no tests or
-# examples: only the four targets named above are built.
+# prebuilt UI would be fetched from Hugging Face, which is unreachable), no tests; the
+# examples are configured but only the targets named above are built.
 set -euo pipefail
 
 VERSION=0.3.36
@@ -27,17 +30,20 @@ JOBS=${JOBS:-2}
 NICE=${NICE:-10}
 SRC=$DEST/src
 BUILD=$DEST/build
-TARGETS=(llama-bench llama-server llama-quantize llama-perplexity)
+TARGETS=(llama-bench llama-server llama-quantize llama-perplexity
+         llama-lookup llama-lookup-create llama-lookup-merge llama-lookup-stats
+         llama-speculative llama-speculative-simple llama-lookahead)
 
 built() {
     local t
     for t in "${TARGETS[@]}"; do
         [[ -x $BUILD/bin/$t ]] || return 1
     done
-    # llama-quantize answers --help with exit status 1: ask the other three
-    "$BUILD/bin/llama-bench" --help >/dev/null 2>&1 \
-        && "$BUILD/bin/llama-server" --help >/dev/null 2>&1 \
-        && "$BUILD/bin/llama-perplexity" --help >/dev/null 2>&1
+    # llama-quantize and llama-lookup-merge answer --help with exit status 1: ask the others
+    for t in "${TARGETS[@]}"; do
+        [[ $t == llama-quantize || $t == llama-lookup-merge ]] && continue
+        "$BUILD/bin/$t" --help >/dev/null 2>&1 || return 1
+    done
 }
 
 list() {
@@ -88,7 +94,7 @@ cmake -S "$SRC" -B "$BUILD" "${generator[@]}" \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_EXAMPLES=ON \
     -DLLAMA_BUILD_TOOLS=ON \
     -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_UI=OFF \
