@@ -54,38 +54,38 @@ class Speculator:
         self.controller.step_overhead(overhead)
         for seq in out.preempted:
             self.release(seq, finished=False)
-        inputs, seqs, wanted = [], [], {}
+        rows, wanted = [], {}   # (seq, its first row, rows kept), tokens it may draft
         for item, row in zip(out.scheduled, first_rows, strict=True):
             seq = item.seq
             if seq.finished or states[seq.key].pool is not None or seq not in \
                     scheduler.running:
                 continue
-            num_kept = kept.get(seq, item.num_new_tokens - item.num_draft)
-            start = seq.num_computed - num_kept
-            decoding = seq.num_computed == seq.num_tokens - 1
-            if decoding:
-                params = seq.params
+            rows.append((seq, row, kept.get(seq, item.num_new_tokens - item.num_draft)))
+            if seq.num_computed == seq.num_tokens - 1:   # decoding
                 wanted[seq.key] = max(0, min(
                     self.config.num_speculative_tokens,
-                    params.max_tokens - len(seq.output_ids) - 1,
+                    seq.params.max_tokens - len(seq.output_ids) - 1,
                     self.max_model_len - seq.num_tokens - 1))
-            inputs.append(ProposeInput(
-                seq.key, seq.all_ids, len(seq.prompt_ids), start, num_kept, 0, seq.params,
-                None if hidden is None else hidden[row:row + num_kept]))
-            seqs.append(seq)
-        if not inputs:
+        if not rows:
             return
         num_decoding = sum(1 for s in scheduler.running if s.num_computed == s.num_tokens - 1)
         ks = self.controller.plan({k: v for k, v in wanted.items() if v > 0}, num_decoding,
                                   scheduler.num_running, self.proposer.draft_seconds,
                                   self.max_drafting)
-        for item in inputs:
-            item.k = ks.get(item.key, 0)
-        if not self.proposer.wants_hidden:   # lookups and draft models catch up when asked
-            pairs = [(i, s) for i, s in zip(inputs, seqs, strict=True) if i.k]
-            if not pairs:
-                return
-            inputs, seqs = [p[0] for p in pairs], [p[1] for p in pairs]
+        # a proposer that follows every position sees every sequence's kept rows; lookups
+        # and draft models catch up when asked, so only drafting sequences are built
+        inputs, seqs = [], []
+        for seq, row, num_kept in rows:
+            k = ks.get(seq.key, 0)
+            if not k and not self.proposer.wants_hidden:
+                continue
+            inputs.append(ProposeInput(
+                seq.key, seq.all_ids, len(seq.prompt_ids), seq.num_computed - num_kept,
+                num_kept, k, seq.params,
+                None if hidden is None else hidden[row:row + num_kept]))
+            seqs.append(seq)
+        if not inputs:
+            return
         for seq, item, draft in zip(seqs, inputs, self.proposer.propose(inputs), strict=True):
             tokens = draft.tokens[:item.k]
             seq.draft_ids = list(tokens)
