@@ -38,6 +38,19 @@ def test_nearly_free_rows_are_drafted_while_acceptance_pays():
     assert controller.plan({("a", 0): 2}, 1, 1)[("a", 0)] == 2   # its tokens left
 
 
+def test_a_step_in_the_cost_curve_is_crossed_when_the_rows_past_it_pay():
+    # flat to 4 rows, a jump at 5 (a kernel's plan changes), flat again to 9
+    stepped = StepCost([(1, 1.0), (4, 1.05), (5, 1.5), (9, 1.55), (16, 3.0)])
+    controller = SpecController(stepped, max_draft=8, max_rows=64)
+    key = ("a", 0)
+    for _ in range(10):
+        controller.record(key, 8, 8)                # every draft kept: rate near 1
+    assert controller.plan({key: 8}, 1, 1)[key] == 8
+    for _ in range(10):
+        controller.record(key, 8, 2)                # two kept, then a rejection: 2/3
+    assert controller.plan({key: 8}, 1, 1)[key] == 3   # the rows past the jump lose
+
+
 def test_compute_bound_rows_are_never_drafted():
     linear = StepCost([(1, 1.0), (64, 64.0)])
     controller = SpecController(linear, max_draft=5, max_rows=64)

@@ -11,10 +11,10 @@ the tokens it expects to gain are worth the measured cost of the rows:
 - Each sequence's acceptance rate a (the share of its draft tokens kept, past
   verifies decayed so it follows the text) gives its i-th draft token a
   chance a^i of being kept: every earlier one must be.
-- The step's candidate draft rows, best chance first, are added while each
-  raises the expected tokens per second of the whole step:
-  (tokens + a^i) / cost(rows + 1) > tokens / cost(rows), where a step's cost is
-  the forward's and the engine's own time per step (scheduling, sampling,
+- The step's candidate draft rows, best chance first, are taken as far as the
+  prefix with the most expected tokens per second of the whole step,
+  (tokens + sum of the taken a^i) / cost(rows), where a step's cost is the
+  forward's and the engine's own time per step (scheduling, sampling,
   detokenizing: measured as it runs), a draft model's time counted once.
   At large batches the rows are compute-bound and nothing is worth drafting;
   a sequence whose drafts are never kept stops drafting until its rate would
@@ -195,21 +195,26 @@ class SpecController:
                 chance *= a
                 candidates.append((chance, key))
         candidates.sort(key=lambda c: -c[0])
+        # the step's rows grow along the candidates, best chance first; the plan is the
+        # prefix with the most expected tokens per second (not the first row that does
+        # not pay: the cost curve may jump where a kernel changes plan and flatten after)
         rows, tokens = num_rows, float(num_rows)
         seconds = self.cost(rows) + self.overhead
-        drafting = 0
+        best_rate, best_len, taken, drafting = tokens / seconds, 0, [], set()
         for chance, key in candidates:
             if rows + 1 > self.max_rows:
                 break
-            if not ks[key] and max_seqs is not None and drafting >= max_seqs:
+            if key not in drafting and max_seqs is not None and len(drafting) >= max_seqs:
                 continue
-            more = self.cost(rows + 1) - self.cost(rows)
-            if tokens == num_rows:   # the first draft row: proposing costs once
-                more += draft_seconds
-            if (tokens + chance) * seconds <= tokens * (seconds + more):
-                break
-            rows, tokens, seconds = rows + 1, tokens + chance, seconds + more
-            drafting += not ks[key]
+            seconds += self.cost(rows + 1) - self.cost(rows)
+            if not taken:   # the first draft row: proposing costs once
+                seconds += draft_seconds
+            rows, tokens = rows + 1, tokens + chance
+            drafting.add(key)
+            taken.append(key)
+            if tokens / seconds > best_rate:
+                best_rate, best_len = tokens / seconds, len(taken)
+        for key in taken[:best_len]:
             ks[key] += 1
         for key, k in ks.items():
             if not k and key in self._rates:
