@@ -27,7 +27,7 @@ from armllm.sampling import SamplingParams
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from tests.model.test_qwen3_5 import convert, write_tiny  # noqa: E402
+from tests.model.test_qwen3_5 import convert, tokenizer, write_tiny  # noqa: E402,F401 - a fixture
 
 K = 3   # draft tokens a step
 CONFIG = SpeculativeConfig(method="mtp", num_speculative_tokens=K)
@@ -35,13 +35,7 @@ PARAMS = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf, tmp_path_factory):
-    from tests import llama_cpp_tools as llama_cpp
-    return llama_cpp.smollm2_tokenizer(smollm2_gguf, tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tokenizer, tmp_path_factory):
+def tiny(tokenizer, tmp_path_factory):   # noqa: F811 - the fixture imported above
     """name -> (checkpoint path, transformers model, the raw tensors)."""
     made = {}
 

@@ -10,6 +10,7 @@ produced itself, plus the target's own next token.
   tokens still continue what a lookup proposer indexed.
 - draft_model.py: a smaller checkpoint, or the target's first layers (self-draft).
 - mtp.py: a model's own multi-token-prediction block (Qwen3.5/3.6).
+- draft_batch.py: the batch arrays of a draft model's or MTP block's own forward.
 - verify.py: accepting drafts exactly (greedy, and rejection sampling).
 - controller.py: how many tokens each sequence drafts this step (its acceptance,
   the measured cost of verify rows), and the acceptance counters.

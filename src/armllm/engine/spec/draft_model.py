@@ -44,8 +44,9 @@ import numpy as np
 from armllm.engine.args import EngineArgs
 from armllm.engine.runner import ModelRunner
 from armllm.engine.spec.config import SpeculativeConfig
+from armllm.engine.spec.draft_batch import DraftBatch
 from armllm.engine.spec.proposer import NO_DRAFT, Draft, ProposeInput, SeqKey
-from armllm.model.decoder import BatchMeta, DecoderModel
+from armllm.model.decoder import DecoderModel
 from armllm.model.kv_cache import KVCache
 from armllm.model.loader import LoadedModel
 from armllm.sampling import apply_penalties, sampling_probs
@@ -205,15 +206,7 @@ class DraftModelProposer:
         self._seqs: dict[SeqKey, _SeqDraft] = {}
         self._seconds = 0.0
         self._seed_source = np.random.default_rng()
-        # the batch arrays, filled in place by _forward (BatchMeta holds views of them)
-        t, b = self.max_tokens, max_num_seqs
-        self._ids, self._positions = np.empty(t, np.int32), np.empty(t, np.int32)
-        self._slots = np.empty(t, np.int32)
-        self._query_start = np.zeros(b + 1, np.int32)
-        self._seq_lens = np.empty(b, np.int32)
-        self._block_table = np.zeros((b, self.max_blocks), np.int32)
-        self._state_slots = np.zeros(b, np.int32)
-        self._logits_rows = np.empty(b, np.int64)
+        self._batch = DraftBatch(self.max_tokens, max_num_seqs, self.max_blocks, bs)
         what = f"self-draft ({c.num_layers} of {target.config.num_layers} layers)" \
             if self.loaded is None else f"draft model {self.loaded.path}"
         log.info("speculative %s: KV cache of %d blocks of %d tokens (%.2f GiB, %s), "
@@ -348,28 +341,11 @@ class DraftModelProposer:
         """One forward of the draft: per part (sequence, its token ids, the first one's
         position, its state slot, whether its last row needs logits). Returns the logits
         rows (a view of the workspace, valid until the next forward)."""
-        bs = self.block_size
-        row, num_logits = 0, 0
-        for b, (seq, ids, start, state_slot, wants_logits) in enumerate(parts):
-            end = row + len(ids)
-            self._ids[row:end] = ids
-            positions = self._positions[row:end]
-            positions[:] = np.arange(start, start + len(ids))
-            table = self._block_table[b]
-            table[:seq.num_blocks] = seq.table[:seq.num_blocks]
-            np.add(table[positions // bs] * bs, positions % bs, out=self._slots[row:end])
-            row = end
-            self._query_start[b + 1] = row
-            self._seq_lens[b] = start + len(ids)
-            self._state_slots[b] = max(state_slot, 0)
-            if wants_logits:
-                self._logits_rows[num_logits] = row - 1
-                num_logits += 1
-        n = len(parts)
-        meta = BatchMeta(self._ids[:row], self._positions[:row], self._slots[:row],
-                         self._query_start[:n + 1], self._seq_lens[:n], self._block_table[:n],
-                         self._logits_rows[:num_logits],
-                         state_slots=self._state_slots[:n] if self.hybrid else None)
+        batch = self._batch
+        batch.clear()
+        for seq, ids, start, state_slot, wants_logits in parts:
+            batch.add(ids, start, seq.table[:seq.num_blocks], wants_logits, state_slot)
+        meta = batch.meta(with_state_slots=self.hybrid)
         return self.runner.forward(meta, (), state_copies)
 
     def _choose(self, job: _Job, logits: np.ndarray) -> None:

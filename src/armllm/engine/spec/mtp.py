@@ -41,10 +41,11 @@ import numpy as np
 
 from armllm import ops
 from armllm.engine.spec.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
+from armllm.engine.spec.draft_batch import DraftBatch
 from armllm.engine.spec.proposer import NO_DRAFT, Draft, ProposeInput, SeqKey
 from armllm.model import arch
 from armllm.model.config import ModelConfig
-from armllm.model.decoder import BatchMeta, DecoderModel
+from armllm.model.decoder import DecoderModel
 from armllm.model.kv_cache import KVCache
 from armllm.model.loader import LoadedModel
 from armllm.model.weights import ModelWeights
@@ -110,45 +111,27 @@ class MTPBlock:
         h = c.hidden_size
         self._cat = np.empty((max_tokens, 2 * h), np.float32)   # [norm(embed) | norm(hidden)]
         self._fc_out = np.empty((max_tokens, h), np.float32)
-        self._ids, self._positions = np.empty(max_tokens, np.int32), np.empty(max_tokens, np.int32)
-        self._slots = np.empty(max_tokens, np.int32)
-        self._query_start = np.zeros(max_seqs + 1, np.int32)
-        self._seq_lens = np.empty(max_seqs, np.int32)
-        self._block_table = np.zeros((max_seqs, self.max_blocks), np.int32)
-        self._logits_rows = np.empty(max_seqs, np.int64)
+        self._batch = DraftBatch(max_tokens, max_seqs, self.max_blocks, block_size)
 
     def forward(self, batch: list[_Rows]) -> tuple[np.ndarray, np.ndarray]:
         """The logits [R, vocab] and the block's output g [R, hidden] (after its norm)
         of the last row of each entry of `batch` that wants logits, in order (views of
         the workspace, valid until the next call). At most max_seqs entries of at most
         max_tokens rows in all; each sequence's blocks cover its rows."""
-        bs, eps, h = self.kv.block_size, self.config.rms_norm_eps, self.config.hidden_size
-        row, r = 0, 0
-        for b, rows in enumerate(batch):
-            n, seq = len(rows.next_ids), rows.seq
-            end = row + n
-            self._ids[row:end] = rows.next_ids
-            self._cat[row:end, h:] = rows.hidden
-            pos = self._positions[row:end]
-            pos[:] = np.arange(rows.pos0 - seq.base, rows.pos0 - seq.base + n)
-            table = self._block_table[b]
-            table[:len(seq.blocks)] = seq.blocks
-            np.add(table[pos // bs] * bs, pos % bs, out=self._slots[row:end])
-            row = end
-            self._query_start[b + 1] = row
-            self._seq_lens[b] = pos[-1] + 1
-            if rows.logits:
-                self._logits_rows[r] = row - 1
-                r += 1
+        eps, h = self.config.rms_norm_eps, self.config.hidden_size
+        arrays = self._batch
+        arrays.clear()
+        for rows in batch:
+            seq = rows.seq
+            kept = arrays.add(rows.next_ids, rows.pos0 - seq.base, seq.blocks, rows.logits)
+            self._cat[kept, h:] = rows.hidden
+        row, r = arrays.num_rows, arrays.num_logits
         cat, embedded = self._cat[:row], self._cat[:row, :h]
-        ops.embedding(self._ids[:row], self.embed, out=embedded)
+        ops.embedding(arrays.ids[:row], self.embed, out=embedded)
         ops.rms_norm(embedded, self.mtp.embed_norm, eps, out=embedded)
         ops.rms_norm(cat[:, h:], self.mtp.hidden_norm, eps, out=cat[:, h:])
         x = ops.linear(cat, self.mtp.fc, out=self._fc_out[:row])
-        n = len(batch)
-        meta = BatchMeta(self._ids[:row], self._positions[:row], self._slots[:row],
-                         self._query_start[:n + 1], self._seq_lens[:n], self._block_table[:n],
-                         self._logits_rows[:r])
+        meta = arrays.meta()
         logits = self.model.forward(meta, self.kv, self.ws, inputs=x)
         # the head leaves each logits row's input, normalized by the block's norm, here
         return logits, self.ws.selected[:r]
