@@ -125,15 +125,17 @@ def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int,
                        kv_cache_dtype=args.kv_cache_dtype, num_blocks=target_blocks)
 
 
-def calibrate(runner, max_rows: int, max_draft: int, max_model_len: int) -> StepCost:
+def calibrate(runner, max_rows: int, max_draft: int, max_model_len: int,
+              context: int = CALIBRATION_CONTEXT) -> StepCost:
     """The seconds of the target's forward at 1..max_rows rows (controller.StepCost),
-    measured on this machine over CALIBRATION_CONTEXT tokens of context (fewer when
-    the context is shorter), in KV blocks no sequence holds yet."""
+    measured on this machine over `context` tokens of context (fewer when the
+    model's context is shorter), in KV blocks no sequence holds yet
+    (tools/bench_verify_cost.py prints them)."""
     import numpy as np
     bs = runner.kv.block_size
     room = min(max_model_len, min(n for _, n in runner.kv.pool_layout) * bs)
     max_rows = max(1, min(max_rows, room // 2))
-    context = max(1, min(CALIBRATION_CONTEXT, room - max_rows))
+    context = max(1, min(context, room - max_rows))
     blocks = np.arange(-(-(context + max_rows) // bs), dtype=np.int32)
     tables = [blocks for _ in runner.kv.groups]
     ids = np.zeros(context + max_rows, np.int32)   # token 0: any id of the vocabulary
