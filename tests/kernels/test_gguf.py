@@ -240,12 +240,13 @@ def test_gemm_gguf_model_shapes_any_thread_count(variant, pools, mix):
                           outs[0][:1].view(np.uint32))
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 259])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 6, 7, 8, 9, 259])
 @pytest.mark.parametrize("mix,k", [(("Q6_K", "Q4_K", "Q2_K"), 768),
                                    (("Q4_1", "IQ4_NL", "Q8_0", "Q5_0"), 288),
                                    (("Q3_K", "Q5_K"), 4352), (("Q4_0", "Q4_K"), 512)])
 def test_gemm_gguf_tile_and_plan_edges(variant, pools, m, mix, k):
-    """Decode at M = 1 and 3, the decode/prefill boundary (M = 4, 5), more rows
+    """Decode at M = 1 and 3, one and two register passes (M = 4, 5..8), the
+    decode/prefill boundary (M = 8, 9), more rows
     than a prefill row block (259), parts whose row counts end panels and panel
     pairs early (17, 33, 1) or fill enough panels for a decode thread's lockstep
     streams and a remainder (150),
@@ -263,6 +264,26 @@ def test_gemm_gguf_tile_and_plan_edges(variant, pools, m, mix, k):
         if want is None:
             want = np_gemm_gguf(xq, scale, parts, bias)
         assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_gemm_gguf_every_type_at_every_decode_m(variant, type_name):
+    """Every type at M = 1..8 (the decode plan's rows: a speculative verify step's
+    k + 1; above 4 two register passes over each chunk, the second reading the
+    first's kept bytes or unpacking again) and M = 9 (the prefill tiles), with
+    several chunks (and a 32-element type's tail chunk), enough panels for a
+    decode thread's lockstep streams and a lone one: the exact model's bits."""
+    rng = np.random.default_rng(TYPE_IDS[type_name])
+    k = 512 if BLOCKS[type_name][0] == 256 else 544
+    rows = [72]   # 4.5 panels of 16 (9 of 8): two lockstep streams and a lone panel
+    blocks, parts = make_parts(rng, (type_name,), rows, k, extremes=True)
+    x = rand(rng, (9, k))
+    for m in range(1, 10):
+        out, xq, scale = run_gguf(variant, x[:m], blocks, (type_name,), rows)
+        want = np_gemm_gguf(xq, scale, parts, None)
+        finite = np.isfinite(want)
+        assert np.array_equal(np.isfinite(out), finite), m
+        assert np.array_equal(out[finite].view(np.uint32), want[finite].view(np.uint32)), m
 
 
 def test_gemm_gguf_close_to_dequantized_float_gemm(pool):

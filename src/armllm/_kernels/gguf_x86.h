@@ -4,8 +4,9 @@
  * PANEL = 8 or 16 rows), the per-type constants of the kernels, the job and
  * the pool plans. Static functions, so each ISA file compiles them with its
  * own flags; the including file defines PANEL (output rows per panel: one
- * 32-bit lane each, so a vector holds 4 bytes of every row) and
- * GGUF_DECODE_STREAMS (panels a decode thread reads at once) first.
+ * 32-bit lane each, so a vector holds 4 bytes of every row),
+ * GGUF_DECODE_STREAMS (panels a decode thread reads at once) and GGUF_VF (its
+ * float vector type) and GGUF_VF_ZERO (a zero one) first.
  *
  * The packed matrix: the armllm_gguf_parts header (ARMLLM_GGUF_HEADER_BYTES),
  * then each part's panels of PANEL rows (its last one padded with zero
@@ -31,7 +32,9 @@
 #define GGUF_CHUNK_GROUPS 8    /* groups per chunk: 256 columns */
 #define GGUF_CHUNK_COLS (GGUF_GROUP * GGUF_CHUNK_GROUPS)
 #define GGUF_STEPS 8           /* 4-column steps of a group: one vector of bytes each */
-#define GGUF_DECODE_MAX_M 4    /* rows up to this take the decode plan */
+#define GGUF_DECODE_MAX_M 8    /* rows up to this take the decode plan (a verify step's k + 1) */
+#define GGUF_DECODE_ROWS 4     /* rows a decode pass holds in registers */
+_Static_assert(GGUF_DECODE_MAX_M <= 2 * GGUF_DECODE_ROWS, "a decode kernel runs at most 2 passes");
 #define GGUF_SUMS_CAP 32768    /* 16-column sums of x a task holds (int16: 64 KiB of stack) */
 
 /* X(type) for each ggml type the kernels specialize code on. */
@@ -495,12 +498,82 @@ static inline __attribute__((always_inline)) float gguf_sx(const gguf_job *job, 
 
 /* ------------------------------------------------------------ decode plan */
 
-/* The including file's decode kernel: np panels of `part` (p, p + stride, ...,
- * np memory streams read in lockstep), all mr rows of x, over the whole of K,
- * with the type, mr and np constants after inlining. */
+/* A decode pass's t: [stream][row of the pass]. */
+typedef GGUF_VF gguf_decode_t[GGUF_DECODE_STREAMS][GGUF_DECODE_ROWS];
+
+/* A chunk's groups unpacked by a decode kernel's first pass for its second:
+ * [stream][group][step], GGUF_VEC bytes each (at most 8 KiB). */
+typedef struct {
+  uint8_t u[GGUF_DECODE_STREAMS][GGUF_CHUNK_GROUPS][GGUF_STEPS][GGUF_VEC]
+      __attribute__((aligned(64)));
+} gguf_decode_u;
+
+/* What a decode pass over a chunk does with its groups' bytes. */
+enum {
+  GGUF_PASS_ONLY,   /* the only pass: unpacks into registers, prefetching ahead */
+  GGUF_PASS_KEEP,   /* the first of two: the same, and keeps them in L1 (gguf_decode_u) */
+  GGUF_PASS_REUSE,  /* the second: reads the kept bytes back */
+  GGUF_PASS_AGAIN,  /* the second, of a type that unpacks cheaply: unpacks again */
+};
+
+/* Types whose groups unpack with a few loads and ANDs: a second pass unpacks
+ * them again (from L1) rather than keep them (8 vector stores a group). */
+static inline int gguf_cheap_unpack(int type) {
+  return type == ARMLLM_GGML_Q4_0 || type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q4_K ||
+         type == ARMLLM_GGML_Q8_0 || type == ARMLLM_GGML_Q2_K;
+}
+
+/* The including file's decode kernel: rows r0 .. r0 + mr (mr <= GGUF_DECODE_ROWS)
+ * of x times np panels over chunk c (w[q]: panel q's chunk, np memory streams
+ * read in lockstep), t of those rows in and out, the groups' bytes as `pass`
+ * says (ub: the kept ones). The type, mr, np and pass are constants after
+ * inlining. */
+static inline __attribute__((always_inline)) void decode_chunk(
+    const int type, const int mr, const int np, const int pass, const gguf_job *job,
+    const uint8_t *const *w, int64_t c, int64_t r0, const int16_t *sums, gguf_decode_u *ub,
+    gguf_decode_t t);
+
+/* The including file's y rows r0 .. r0 + mr = t (+ bias), masked to N, for np
+ * panels (p, p + stride, ...) of part. */
+static inline __attribute__((always_inline)) void decode_store(
+    const int mr, const int np, const gguf_job *job, const gguf_part *part, int64_t p,
+    int64_t stride, int64_t r0, gguf_decode_t t);
+
+/* Decode: rows 0 .. mr (all M) of np panels (p, p + stride, ...) over the
+ * whole of K in lockstep, each group unpacked into registers and met by every
+ * row of a pass at once (no trip through L1). Up to GGUF_DECODE_ROWS rows are
+ * one pass, t in registers throughout; more (a speculative verify step) are
+ * two passes over each chunk, the second while the chunk is in L1 (it reads
+ * the bytes the first kept, or unpacks again: GGUF_PASS_*), so the weights
+ * come from memory once; t waits in memory between chunks (2 * np * mr loads
+ * and stores a chunk, beside 64 * np * mr dot products). */
 static inline __attribute__((always_inline)) void decode_panels(
     const int type, const int mr, const int np, const gguf_job *job, const gguf_part *part,
-    int64_t p, int64_t stride, const int16_t *sums);
+    int64_t p, int64_t stride, const int16_t *sums) {
+  const int m0 = mr < GGUF_DECODE_ROWS ? mr : GGUF_DECODE_ROWS, m1 = mr - m0; /* each pass's rows */
+  const uint8_t *w[GGUF_DECODE_STREAMS];
+  gguf_decode_t t[2];
+  gguf_decode_t *tp = t;
+  gguf_decode_u ub; /* two passes only */
+  if (m1) __asm__("" : "+r"(tp)); /* opaque: t stays in memory, not spilled in the loops */
+  for (int q = 0; q < np; q++) {
+    w[q] = part->w + (p + q * stride - part->panel0) * part->pbytes;
+    for (int r = 0; r < m0; r++) tp[0][q][r] = GGUF_VF_ZERO();
+    for (int r = 0; r < m1; r++) tp[1][q][r] = GGUF_VF_ZERO();
+  }
+  const int keep = m1 && !gguf_cheap_unpack(type);
+  for (int64_t c = 0; c < gguf_chunks(job->k); c++) {
+    decode_chunk(type, m0, np, keep ? GGUF_PASS_KEEP : GGUF_PASS_ONLY, job, w, c, 0, sums, &ub,
+                 tp[0]);
+    if (m1)
+      decode_chunk(type, m1, np, keep ? GGUF_PASS_REUSE : GGUF_PASS_AGAIN, job, w, c,
+                   GGUF_DECODE_ROWS, sums, &ub, tp[1]);
+    const int64_t cbytes = gguf_chunk_bytes(type, gguf_chunk_groups(job->k, c));
+    for (int q = 0; q < np; q++) w[q] += cbytes;
+  }
+  decode_store(m0, np, job, part, p, stride, 0, tp[0]);
+  if (m1) decode_store(m1, np, job, part, p, stride, GGUF_DECODE_ROWS, tp[1]);
+}
 
 /* Panels [p0, p1) of one part at mr rows: GGUF_DECODE_STREAMS equal runs in
  * lockstep (one hardware-prefetch stream each, as the read probe reads: a
@@ -523,7 +596,11 @@ static inline __attribute__((always_inline)) void gguf_decode_run(
   case 1: gguf_decode_streams(type, 1, job, part, p0, p1, sums); break;
   case 2: gguf_decode_streams(type, 2, job, part, p0, p1, sums); break;
   case 3: gguf_decode_streams(type, 3, job, part, p0, p1, sums); break;
-  default: gguf_decode_streams(type, 4, job, part, p0, p1, sums); break;
+  case 4: gguf_decode_streams(type, 4, job, part, p0, p1, sums); break;
+  case 5: gguf_decode_streams(type, 5, job, part, p0, p1, sums); break;
+  case 6: gguf_decode_streams(type, 6, job, part, p0, p1, sums); break;
+  case 7: gguf_decode_streams(type, 7, job, part, p0, p1, sums); break;
+  default: gguf_decode_streams(type, 8, job, part, p0, p1, sums); break;
   }
 }
 

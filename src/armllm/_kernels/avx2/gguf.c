@@ -47,6 +47,8 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 4096      /* decode: software prefetch distance in each panel stream */
 #define GGUF_DECODE_STREAMS 2 /* panels a decode thread reads at once: 2 * 4 t of the 16 ymm */
+#define GGUF_VF __m256
+#define GGUF_VF_ZERO _mm256_setzero_ps
 #define TBUF_LD PANEL
 
 #include "../gguf_x86.h"
@@ -567,10 +569,10 @@ static void run_panel(const gguf_job *job, int64_t p, int64_t r0, int64_t r1, fl
 #undef TYPE_CASE
 }
 
-/* y = t (+ bias), masked to N, for np panels (p, p + stride, ...) of part. */
-static ALWAYS_INLINE void decode_out(const int mr, const int np, const gguf_job *job,
-                                     const gguf_part *part, int64_t p, int64_t stride,
-                                     __m256 t[][GGUF_DECODE_MAX_M]) {
+/* gguf_x86.h's decode_store. */
+static ALWAYS_INLINE void decode_store(const int mr, const int np, const gguf_job *job,
+                                       const gguf_part *part, int64_t p, int64_t stride,
+                                       int64_t r0, gguf_decode_t t) {
   for (int q = 0; q < np; q++) {
     const int64_t lp = p + q * stride - part->panel0;
     const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
@@ -580,113 +582,112 @@ static ALWAYS_INLINE void decode_out(const int mr, const int np, const gguf_job 
     for (int r = 0; r < mr; r++) {
       __m256 v = t[q][r];
       if (job->bias) v = _mm256_add_ps(v, bv);
-      _mm256_maskstore_ps(job->y + r * job->ldy + col, mask, v);
+      _mm256_maskstore_ps(job->y + (r0 + r) * job->ldy + col, mask, v);
     }
   }
 }
 
-/* decode_panels of a super-block type: per super-block each row's isum in
- * int32, then one epilogue (with the linear term's 8 madds). */
-static ALWAYS_INLINE void decode_super(const int type, const int mr, const int np,
-                                       const gguf_job *job, const gguf_part *part, int64_t p,
-                                       int64_t stride, const int16_t *sums) {
+/* The bytes u of group gi of a decode chunk, as `pass` says (GGUF_PASS_*):
+ * unpacked from wg (prefetching ahead in the stream w) and kept, or read back
+ * from kept. */
+static ALWAYS_INLINE void decode_unpack(const int type, const int pass, prefetch_spread pfs,
+                                        const uint8_t *w, int64_t gi, const uint8_t *wg,
+                                        uint8_t kept[][GGUF_VEC], __m256i *u) {
+  if (pass == GGUF_PASS_REUSE) {
+    for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm256_load_si256((const __m256i *)kept[s]);
+    return;
+  }
+  if (pass != GGUF_PASS_AGAIN) prefetch_piece(pfs, w, gi, PF_BYTES);
+  unpack_group(type, wg, u);
+  if (pass == GGUF_PASS_KEEP)
+    for (int s = 0; s < GGUF_STEPS; s++) _mm256_store_si256((__m256i *)kept[s], u[s]);
+}
+
+/* decode_chunk of a super-block type: each row's isum in int32, then one
+ * epilogue (with the linear term's 8 madds). */
+static ALWAYS_INLINE void decode_super(const int type, const int mr, const int np, const int pass,
+                                       const gguf_job *job, const uint8_t *const *w, int64_t c,
+                                       int64_t r0, const int16_t *sums, gguf_decode_u *ub,
+                                       __m256 t[][GGUF_DECODE_ROWS]) {
   const int gl = armllm_gguf_group_len(type), offs = armllm_gguf_has_offsets(type);
   const int sgn = signed_type(type), lin = super_lin(type), bias = sgn ? 0 : gguf_bias(type);
   const int run = chain_steps(type) < gl / 4 ? chain_steps(type) : gl / 4;
-  const int64_t k = job->k, ldq = job->ldq;
+  const int64_t ldq = job->ldq, k0 = c * GGUF_CHUNK_COLS;
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
-  const int64_t cbytes = gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS);
-  const prefetch_spread pf = prefetch_spread_of(cbytes, GGUF_CHUNK_GROUPS);
-  const uint8_t *w[GGUF_DECODE_STREAMS];
-  __m256 t[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
-  for (int q = 0; q < np; q++) {
-    w[q] = part->w + (p + q * stride - part->panel0) * part->pbytes;
-    for (int r = 0; r < mr; r++) t[q][r] = _mm256_setzero_ps();
-  }
-  for (int64_t k0 = 0; k0 < k; k0 += GGUF_CHUNK_COLS) {
-    __m256i isum[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
-    for (int q = 0; q < np; q++)
-      for (int r = 0; r < mr; r++) isum[q][r] = _mm256_setzero_si256();
-    for (int gi = 0; gi < GGUF_CHUNK_GROUPS; gi++) {
-      for (int q = 0; q < np; q++) {
-        const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * GGUF_CHUNK_GROUPS;
-        __m256i u[GGUF_STEPS];
-        prefetch_piece(pf, w[q], gi, PF_BYTES);
-        unpack_group(type, wg, u);
-        for (int h = 0; h < GGUF_GROUP / gl; h++) {
-          const int s0 = h * (gl / 4);
-          const __m256i s16 = dup16(sub_scale(type, sc, 2 * gi + h));
-          for (int r = 0; r < mr; r++) {
-            const int8_t *xr = job->xq + r * ldq + k0 + 32 * gi;
-            if (sgn)
-              for (int s = s0; s < s0 + gl / 4; s++)
-                isum[q][r] = sdot_sign(isum[q][r], u[s], _mm256_abs_epi8(u[s]), xr + 4 * s, s16);
-            else
-              for (int s = s0; s < s0 + gl / 4; s += run)
-                isum[q][r] = sdot_run(isum[q][r], &u[s], run, xr + 4 * s, s16);
-          }
+  const prefetch_spread pfs =
+      prefetch_spread_of(gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS), GGUF_CHUNK_GROUPS);
+  __m256i isum[GGUF_DECODE_STREAMS][GGUF_DECODE_ROWS];
+  for (int q = 0; q < np; q++)
+    for (int r = 0; r < mr; r++) isum[q][r] = _mm256_setzero_si256();
+  for (int gi = 0; gi < GGUF_CHUNK_GROUPS; gi++) {
+    for (int q = 0; q < np; q++) {
+      const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * GGUF_CHUNK_GROUPS;
+      __m256i u[GGUF_STEPS];
+      decode_unpack(type, pass, pfs, w[q], gi, wg, ub->u[q][gi], u);
+      for (int h = 0; h < GGUF_GROUP / gl; h++) {
+        const int s0 = h * (gl / 4);
+        const __m256i s16 = dup16(sub_scale(type, sc, 2 * gi + h));
+        for (int r = 0; r < mr; r++) {
+          const int8_t *xr = job->xq + (r0 + r) * ldq + k0 + 32 * gi;
+          if (sgn)
+            for (int s = s0; s < s0 + gl / 4; s++)
+              isum[q][r] = sdot_sign(isum[q][r], u[s], _mm256_abs_epi8(u[s]), xr + 4 * s, s16);
+          else
+            for (int s = s0; s < s0 + gl / 4; s += run)
+              isum[q][r] = sdot_run(isum[q][r], &u[s], run, xr + 4 * s, s16);
         }
       }
     }
-    for (int q = 0; q < np; q++) {
-      const uint8_t *sc = w[q] + gbytes * GGUF_CHUNK_GROUPS;
-      const __m256 sd = f16x8(sc), so = offs ? f16x8(sc + 2 * PANEL) : _mm256_setzero_ps();
-      __m256i l[GGUF_DECODE_MAX_M];
-      for (int r = 0; r < mr; r++) l[r] = _mm256_setzero_si256();
-      if (lin)
-        for (int i = 0; i < lin_pairs(type); i++) {
-          const __m256i c = lin_pair(type, sc, i);
-          for (int r = 0; r < mr; r++)
-            l[r] = _mm256_add_epi32(l[r], _mm256_madd_epi16(c, xpair(gl, offs, job, sums, r, r,
-                                                                      k0, i)));
-        }
-      for (int r = 0; r < mr; r++)
-        t[q][r] = super_epilogue(offs, bias, isum[q][r], l[r],
-                                 job->scale[r * job->ldsc + k0 / GGUF_CHUNK_COLS], sd, so, t[q][r]);
-      w[q] += cbytes;
-    }
   }
-  decode_out(mr, np, job, part, p, stride, t);
+  for (int q = 0; q < np; q++) {
+    const uint8_t *sc = w[q] + gbytes * GGUF_CHUNK_GROUPS;
+    const __m256 sd = f16x8(sc), so = offs ? f16x8(sc + 2 * PANEL) : _mm256_setzero_ps();
+    __m256i l[GGUF_DECODE_ROWS];
+    for (int r = 0; r < mr; r++) l[r] = _mm256_setzero_si256();
+    if (lin)
+      for (int i = 0; i < lin_pairs(type); i++) {
+        const __m256i cp = lin_pair(type, sc, i);
+        for (int r = 0; r < mr; r++)
+          l[r] = _mm256_add_epi32(
+              l[r], _mm256_madd_epi16(cp, xpair(gl, offs, job, sums, r0 + r, r0 + r, k0, i)));
+      }
+    for (int r = 0; r < mr; r++)
+      t[q][r] = super_epilogue(offs, bias, isum[q][r], l[r],
+                               job->scale[(r0 + r) * job->ldsc + c], sd, so, t[q][r]);
+  }
 }
 
-/* Decode: rows 0 .. mr (all M) of np panels (p, p + stride, ...) over the
- * whole of K in lockstep, each group unpacked into registers and met by every
- * row at once (no trip through L1), t in registers throughout. */
-static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int np,
-                                        const gguf_job *job, const gguf_part *part, int64_t p,
-                                        int64_t stride, const int16_t *sums) {
+/* gguf_x86.h's decode_chunk: each group unpacked into registers and met by
+ * every row of the pass at once. */
+static ALWAYS_INLINE void decode_chunk(const int type, const int mr, const int np, const int pass,
+                                       const gguf_job *job, const uint8_t *const *w, int64_t c,
+                                       int64_t r0, const int16_t *sums, gguf_decode_u *ub,
+                                       gguf_decode_t tio) {
+  __m256 t[GGUF_DECODE_STREAMS][GGUF_DECODE_ROWS];
+  for (int q = 0; q < np; q++)
+    for (int r = 0; r < mr; r++) t[q][r] = tio[q][r];
   if (armllm_gguf_is_super(type)) {
-    decode_super(type, mr, np, job, part, p, stride, sums);
-    return;
-  }
-  const int offs = armllm_gguf_has_offsets(type);
-  const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
-  const int run = chain_steps(type);
-  const int64_t k = job->k, ldq = job->ldq;
-  const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
-  const int8_t *x = job->xq;
-  const uint8_t *w[GGUF_DECODE_STREAMS];
-  __m256 t[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
-  for (int q = 0; q < np; q++) {
-    w[q] = part->w + (p + q * stride - part->panel0) * part->pbytes;
-    for (int r = 0; r < mr; r++) t[q][r] = _mm256_setzero_ps();
-  }
-  for (int64_t c = 0; c < gguf_chunks(k); c++) {
-    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
-    const prefetch_spread pf = prefetch_spread_of(cbytes, ngr);
+    decode_super(type, mr, np, pass, job, w, c, r0, sums, ub, t);
+  } else {
+    const int offs = armllm_gguf_has_offsets(type);
+    const int sgn = signed_type(type), bias = sgn ? 0 : gguf_bias(type);
+    const int run = chain_steps(type);
+    const int64_t ldq = job->ldq, ngr = gguf_chunk_groups(job->k, c);
+    const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
+    const int8_t *x = job->xq + r0 * ldq;
+    const prefetch_spread pfs = prefetch_spread_of(gguf_chunk_bytes(type, ngr), ngr);
     for (int64_t gi = 0; gi < ngr; gi++) {
       const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
-      int32_t xs[GGUF_DECODE_MAX_M]; /* sum of x over the group */
-      float sx[GGUF_DECODE_MAX_M];
+      int32_t xs[GGUF_DECODE_ROWS]; /* sum of x over the group */
+      float sx[GGUF_DECODE_ROWS];
       for (int r = 0; r < mr; r++) {
-        xs[r] = gguf_xsum(job, sums, r, r, 2 * g, 2);
-        sx[r] = gguf_sx(job, r, g);
+        xs[r] = gguf_xsum(job, sums, r0 + r, r0 + r, 2 * g, 2);
+        sx[r] = gguf_sx(job, r0 + r, g);
       }
       for (int q = 0; q < np; q++) {
         const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
         __m256i u[GGUF_STEPS];
-        prefetch_piece(pf, w[q], gi, PF_BYTES);
-        unpack_group(type, wg, u);
+        decode_unpack(type, pass, pfs, w[q], gi, wg, ub->u[q][gi], u);
         __m256 d, o = _mm256_setzero_ps();
         group_scales(type, sc, ngr, gi, &d, &o);
         for (int r = 0; r < mr; r++) {
@@ -705,9 +706,9 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
         }
       }
     }
-    for (int q = 0; q < np; q++) w[q] += cbytes;
   }
-  decode_out(mr, np, job, part, p, stride, t);
+  for (int q = 0; q < np; q++)
+    for (int r = 0; r < mr; r++) tio[q][r] = t[q][r];
 }
 
 /* ------------------------------------------------------------ plans */

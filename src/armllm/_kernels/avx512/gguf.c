@@ -43,10 +43,12 @@
  * and one float epilogue per 256 columns follows. The float epilogue
  * is the header's, lane-wise: every result is ref's.
  *
- * Plans: decode (M <= 4) streams the panels, each thread a contiguous run
- * cut into GGUF_DECODE_STREAMS runs read in lockstep (prefetched ahead),
- * each group unpacked into registers and met by every row at once, t in
- * registers over the whole of K; prefill cuts M into row blocks of up to
+ * Plans: decode (M <= GGUF_DECODE_MAX_M = 8) streams the panels, each thread
+ * a contiguous run cut into GGUF_DECODE_STREAMS runs read in lockstep
+ * (prefetched ahead), each group unpacked into registers and met by every row
+ * of a pass at once (one pass of up to 4 rows, t in registers over the whole
+ * of K; two passes over each L1-resident chunk above: gguf_x86.h's
+ * decode_panels); prefill cuts M into row blocks of up to
  * MB_MAX rows and N into chunks of panels, and for each panel pair
  * (same part) and 256-column chunk unpacks once and runs every row tile of
  * MR rows x 2 panels over it (t waits in a stack buffer between chunks).
@@ -70,6 +72,8 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
  * read 14% faster with 2 than with 1 (4: 18%); Zen 5 30-40% slower with 4
  * than with 2, and 2 as fast as 1 */
 #define GGUF_DECODE_STREAMS 2
+#define GGUF_VF __m512
+#define GGUF_VF_ZERO _mm512_setzero_ps
 #define TBUF_LD (MAX_NC * PANEL)
 
 #include "../gguf_x86.h"
@@ -520,49 +524,49 @@ static void run_panels(const gguf_job *job, int64_t p, int nc, int64_t r0, int64
 #undef TYPE_CASE
 }
 
-/* Decode: rows 0 .. mr (all M) of np panels (p, p + stride, ...) over the
- * whole of K in lockstep, each group unpacked into registers and met by every
- * row at once (no trip through L1), t in registers throughout. */
-static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int np,
-                                        const gguf_job *job, const gguf_part *part, int64_t p,
-                                        int64_t stride, const int16_t *sums) {
+/* Decode (gguf_x86.h's decode_chunk): each group unpacked into registers and
+ * met by every row of the pass at once. */
+static ALWAYS_INLINE void decode_chunk(const int type, const int mr, const int np, const int pass,
+                                       const gguf_job *job, const uint8_t *const *w, int64_t c,
+                                       int64_t r0, const int16_t *sums, gguf_decode_u *ub,
+                                       gguf_decode_t tio) {
   const int gl = armllm_gguf_group_len(type), offs = armllm_gguf_has_offsets(type);
   const int bias = gguf_bias(type), sup = armllm_gguf_is_super(type);
   /* plain nibbles (the even steps low, the odd high, summed apart): the high
    * ones are used as stored, one shift a group instead of one a vector */
   const int high16 =
       type == ARMLLM_GGML_Q4_0 || type == ARMLLM_GGML_Q4_1 || type == ARMLLM_GGML_Q4_K;
-  const int64_t k = job->k, ldq = job->ldq;
+  const int64_t ldq = job->ldq, ngr = gguf_chunk_groups(job->k, c);
   const int64_t gbytes = PANEL * gguf_group_row_bytes(type);
-  const int8_t *x = job->xq;
-  const uint8_t *w[GGUF_DECODE_STREAMS];
-  __m512 t[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
-  for (int q = 0; q < np; q++) {
-    w[q] = part->w + (p + q * stride - part->panel0) * part->pbytes;
-    for (int r = 0; r < mr; r++) t[q][r] = _mm512_setzero_ps();
-  }
-  for (int64_t c = 0; c < gguf_chunks(k); c++) {
-    const int64_t ngr = gguf_chunk_groups(k, c), cbytes = gguf_chunk_bytes(type, ngr);
-    /* a super-block type's chunks are whole (K a multiple of 256): its spread a constant */
-    const prefetch_spread pf =
-        sup ? prefetch_spread_of(gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS), GGUF_CHUNK_GROUPS)
-            : prefetch_spread_of(cbytes, ngr);
-    __m512i isum[GGUF_DECODE_STREAMS][GGUF_DECODE_MAX_M];
-    for (int q = 0; q < np; q++)
-      for (int r = 0; r < mr; r++) isum[q][r] = _mm512_setzero_si512();
-    for (int64_t gi = 0; gi < ngr; gi++) {
-      const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
-      int32_t xs[GGUF_DECODE_MAX_M][2]; /* sum of x over each weight group of the 32 columns */
-      float sx[GGUF_DECODE_MAX_M];
-      for (int r = 0; r < mr; r++) {
-        for (int h = 0; h < GGUF_GROUP / gl; h++)
-          xs[r][h] = gguf_xsum(job, sums, r, r, 2 * g + h, gl / 16);
-        sx[r] = gguf_sx(job, r, g);
-      }
-      for (int q = 0; q < np; q++) {
-        const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
-        prefetch_piece(pf, w[q], gi, DECODE_PF_BYTES);
-        __m512i u[GGUF_STEPS];
+  const int8_t *x = job->xq + r0 * ldq;
+  /* a super-block type's chunks are whole (K a multiple of 256): its spread a constant */
+  const prefetch_spread pfs =
+      sup ? prefetch_spread_of(gguf_chunk_bytes(type, GGUF_CHUNK_GROUPS), GGUF_CHUNK_GROUPS)
+          : prefetch_spread_of(gguf_chunk_bytes(type, ngr), ngr);
+  __m512 t[GGUF_DECODE_STREAMS][GGUF_DECODE_ROWS];
+  __m512i isum[GGUF_DECODE_STREAMS][GGUF_DECODE_ROWS];
+  for (int q = 0; q < np; q++)
+    for (int r = 0; r < mr; r++) {
+      t[q][r] = tio[q][r];
+      isum[q][r] = _mm512_setzero_si512();
+    }
+  for (int64_t gi = 0; gi < ngr; gi++) {
+    const int64_t g = c * GGUF_CHUNK_GROUPS + gi, k0 = g * GGUF_GROUP;
+    int32_t xs[GGUF_DECODE_ROWS][2]; /* sum of x over each weight group of the 32 columns */
+    float sx[GGUF_DECODE_ROWS];
+    for (int r = 0; r < mr; r++) {
+      for (int h = 0; h < GGUF_GROUP / gl; h++)
+        xs[r][h] = gguf_xsum(job, sums, r0 + r, r0 + r, 2 * g + h, gl / 16);
+      sx[r] = gguf_sx(job, r0 + r, g);
+    }
+    for (int q = 0; q < np; q++) {
+      const uint8_t *wg = w[q] + gi * gbytes, *sc = w[q] + gbytes * ngr;
+      uint8_t(*kept)[GGUF_VEC] = ub->u[q][gi];
+      __m512i u[GGUF_STEPS];
+      if (pass == GGUF_PASS_REUSE) {
+        for (int s = 0; s < GGUF_STEPS; s++) u[s] = _mm512_load_si512(kept[s]);
+      } else {
+        if (pass != GGUF_PASS_AGAIN) prefetch_piece(pfs, w[q], gi, DECODE_PF_BYTES);
         if (high16) /* odd steps keep their high nibbles in place: 16 u */
           for (int i = 0; i < 4; i++) {
             const __m512i v = _mm512_loadu_si512(wg + GGUF_VEC * i);
@@ -571,58 +575,67 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
           }
         else
           unpack_group(type, wg, u);
-        for (int h = 0; h < GGUF_GROUP / gl; h++) {
-          const int s0 = h * (gl / 4);
-          __m512 d, o = _mm512_setzero_ps();
-          __m512i s32 = _mm512_setzero_si512();
-          if (sup) s32 = sub_scale(type, sc, 2 * (int)gi + h);
-          else group_scales(type, sc, ngr, gi, &d, &o);
-          for (int r = 0; r < mr; r++) {
-            const int8_t *xr = x + r * ldq + k0;
-            /* two chains of vpdpbusd (even and odd steps): half the latency */
-            __m512i acc = _mm512_set1_epi32(-bias * xs[r][h]), acc1 = _mm512_setzero_si512();
-            for (int s = s0; s < s0 + gl / 4; s += 2) {
-              acc = _mm512_dpbusd_epi32(acc, u[s], bcast4(xr + 4 * s));
-              acc1 = _mm512_dpbusd_epi32(acc1, u[s + 1], bcast4(xr + 4 * s + 4));
-            }
-            /* 16 times the odd steps' sum, a multiple of 16: the shift is exact */
-            acc = _mm512_add_epi32(acc, high16 ? _mm512_srai_epi32(acc1, 4) : acc1);
-            if (sup) {
-              isum[q][r] = _mm512_add_epi32(isum[q][r], _mm512_mullo_epi32(acc, s32));
-              continue;
-            }
-            const __m512 av =
-                no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sx[r])));
-            t[q][r] = _mm512_fmadd_ps(d, av, t[q][r]);
-            if (offs)
-              t[q][r] = _mm512_fmadd_ps(o, _mm512_set1_ps((float)xs[r][h] * sx[r]), t[q][r]);
+        if (pass == GGUF_PASS_KEEP)
+          for (int s = 0; s < GGUF_STEPS; s++) _mm512_store_si512(kept[s], u[s]);
+      }
+      for (int h = 0; h < GGUF_GROUP / gl; h++) {
+        const int s0 = h * (gl / 4);
+        __m512 d, o = _mm512_setzero_ps();
+        __m512i s32 = _mm512_setzero_si512();
+        if (sup) s32 = sub_scale(type, sc, 2 * (int)gi + h);
+        else group_scales(type, sc, ngr, gi, &d, &o);
+        for (int r = 0; r < mr; r++) {
+          const int8_t *xr = x + r * ldq + k0;
+          /* two chains of vpdpbusd (even and odd steps): half the latency */
+          __m512i acc = _mm512_set1_epi32(-bias * xs[r][h]), acc1 = _mm512_setzero_si512();
+          for (int s = s0; s < s0 + gl / 4; s += 2) {
+            acc = _mm512_dpbusd_epi32(acc, u[s], bcast4(xr + 4 * s));
+            acc1 = _mm512_dpbusd_epi32(acc1, u[s + 1], bcast4(xr + 4 * s + 4));
           }
+          /* 16 times the odd steps' sum, a multiple of 16: the shift is exact */
+          acc = _mm512_add_epi32(acc, high16 ? _mm512_srai_epi32(acc1, 4) : acc1);
+          if (sup) {
+            isum[q][r] = _mm512_add_epi32(isum[q][r], _mm512_mullo_epi32(acc, s32));
+            continue;
+          }
+          const __m512 av =
+              no_contract(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(sx[r])));
+          t[q][r] = _mm512_fmadd_ps(d, av, t[q][r]);
+          if (offs)
+            t[q][r] = _mm512_fmadd_ps(o, _mm512_set1_ps((float)xs[r][h] * sx[r]), t[q][r]);
         }
       }
     }
-    int32_t xp[GGUF_DECODE_MAX_M][GGUF_CHUNK_GROUPS]; /* x's sum pairs for the mins */
-    if (sup && offs)
+  }
+  if (sup) { /* the super-block's epilogue: the chunk is one block */
+    int32_t xp[GGUF_DECODE_ROWS][GGUF_CHUNK_GROUPS]; /* x's sum pairs for the mins */
+    if (offs)
       for (int r = 0; r < mr; r++)
         for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
-          xp[r][i] = gguf_lin_xpair(gl, offs, job, sums, r, r, 16 * c, i);
-    if (sup) /* the super-block's epilogue: the chunk is one block */
-      for (int q = 0; q < np; q++) {
-        const uint8_t *sc = w[q] + gbytes * ngr;
-        const __m512 sd = f16x16(sc), so = offs ? f16x16(sc + 2 * PANEL) : _mm512_setzero_ps();
-        for (int r = 0; r < mr; r++) {
-          __m512i msum = _mm512_setzero_si512();
-          if (offs)
-            for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
-              msum = _mm512_dpwssd_epi32(
-                  msum, gl == 32 ? min_pair32(sc, i) : min_pair(type, sc, i),
-                  _mm512_set1_epi32(xp[r][i]));
-          t[q][r] = super_epilogue(offs, isum[q][r], msum, job->scale[r * job->ldsc + c], sd, so,
-                                   t[q][r]);
-        }
+          xp[r][i] = gguf_lin_xpair(gl, offs, job, sums, r0 + r, r0 + r, 16 * c, i);
+    for (int q = 0; q < np; q++) {
+      const uint8_t *sc = w[q] + gbytes * ngr;
+      const __m512 sd = f16x16(sc), so = offs ? f16x16(sc + 2 * PANEL) : _mm512_setzero_ps();
+      for (int r = 0; r < mr; r++) {
+        __m512i msum = _mm512_setzero_si512();
+        if (offs)
+          for (int i = 0; i < gguf_lin_pairs(gl, offs); i++)
+            msum = _mm512_dpwssd_epi32(msum, gl == 32 ? min_pair32(sc, i) : min_pair(type, sc, i),
+                                       _mm512_set1_epi32(xp[r][i]));
+        t[q][r] = super_epilogue(offs, isum[q][r], msum, job->scale[(r0 + r) * job->ldsc + c], sd,
+                                 so, t[q][r]);
       }
-    for (int q = 0; q < np; q++) w[q] += cbytes;
+    }
   }
-  for (int q = 0; q < np; q++) { /* y = t (+ bias), masked to N */
+  for (int q = 0; q < np; q++)
+    for (int r = 0; r < mr; r++) tio[q][r] = t[q][r];
+}
+
+/* gguf_x86.h's decode_store. */
+static ALWAYS_INLINE void decode_store(const int mr, const int np, const gguf_job *job,
+                                       const gguf_part *part, int64_t p, int64_t stride,
+                                       int64_t r0, gguf_decode_t t) {
+  for (int q = 0; q < np; q++) {
     const int64_t lp = p + q * stride - part->panel0;
     const int64_t col = part->col0 + lp * PANEL, nv = part->rows - lp * PANEL;
     const __mmask16 mask = nv >= PANEL ? (__mmask16)0xffff : (__mmask16)((1u << nv) - 1);
@@ -631,7 +644,7 @@ static ALWAYS_INLINE void decode_panels(const int type, const int mr, const int 
     for (int r = 0; r < mr; r++) {
       __m512 v = t[q][r];
       if (job->bias) v = _mm512_add_ps(v, bv);
-      _mm512_mask_storeu_ps(job->y + r * job->ldy + col, mask, v);
+      _mm512_mask_storeu_ps(job->y + (r0 + r) * job->ldy + col, mask, v);
     }
   }
 }
