@@ -312,13 +312,14 @@ def strided_gemm_wq(kern, xq, scale, gsum, pw, bias, pool, pad):
     return ybuf[:, :n]
 
 
-# M around the decode limit (4) and the prefill tile heights (4, 6); N around the
-# 16- and 32-column tiles; K around the 32/64/128 groups and across several L1 K
-# blocks of a prefill tile (about 400 to 900 k a block, by format).
+# M around the decode limit (4), the prefill tile heights (4, 6) and a verify step's
+# k + 1 rows (up to 9); N around the 16- and 32-column tiles and the two panel streams
+# of a decode thread; K around the 32/64/128 groups and across several L1 K blocks of a
+# prefill tile (about 400 to 900 k a block, by format).
 TILE_EDGES = [(m, n, k) for m, n, k in [
     (1, 17, 31), (2, 33, 65), (3, 16, 129), (4, 31, 127), (5, 32, 64), (6, 47, 33),
-    (7, 48, 96), (11, 15, 160), (12, 49, 1000), (13, 1, 2100), (4, 50, 2100),
-    (25, 64, 257), (37, 80, 1537)]]
+    (7, 48, 96), (8, 97, 300), (5, 80, 2100), (8, 64, 1000), (9, 33, 96), (11, 15, 160),
+    (12, 49, 1000), (13, 1, 2100), (4, 50, 2100), (25, 64, 257), (37, 80, 1537)]]
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -492,7 +493,7 @@ def test_gemm_wq_extreme_values_do_not_saturate(variant):
 def test_variants_agree_with_ref_bitwise(ref, pools):
     rng = np.random.default_rng(4)
     for bits, group in [(8, 0), (4, 32), (4, 128), (8, 64), (4, 0), (8, 128)]:
-        for m in (1, 4, 67):
+        for m in (1, 4, 6, 8, 67):
             x = rand(rng, (m, 576))
             x[:, 100] *= 50  # an outlier channel
             q, d, o = make_weights(rng, 131, 576, bits, group)
@@ -511,7 +512,7 @@ def test_variants_agree_with_ref_bitwise(ref, pools):
 @pytest.mark.parametrize("bits,group", [(8, 0), (4, 64), (4, 0), (8, 128)])
 def test_gemm_wq_bit_identical_for_any_thread_count(variant, pools, bits, group):
     rng = np.random.default_rng(5)
-    for m in (1, 3, 4, 5, 8, 67):
+    for m in (1, 3, 4, 5, 7, 8, 9, 67):
         x = rand(rng, (m, 640))
         q, d, o = make_weights(rng, 300, 640, bits, group)
         outs = [run_wq(variant, x, q, d, o, bits, group, pool=p)
