@@ -40,9 +40,10 @@
  * Bits 8 need each row's sum of x per group: quant_act's gsum when the
  * caller passes it, else computed here.
  *
- * Tiles are mr rows x 1 panel, the whole of K. Decode (M <= 4): all rows,
- * panel after panel, each thread one contiguous run of panels (one stream,
- * prefetched ahead in software). Prefill: MR rows (4 for bits 8, 6 for bits
+ * Tiles are mr rows x 1 panel, the whole of K. Decode (M <= DECODE_MAX_M):
+ * all rows, in passes of up to DECODE_PASS_ROWS, panel after panel, each
+ * thread one contiguous run of panels (one stream, prefetched ahead in
+ * software). Prefill: MR rows (4 for bits 8, 6 for bits
  * 4); items are (row block, panel chunk) pairs sized so that a row block's
  * activations and a chunk's panels stay in L2, panel-major inside.
  */
@@ -55,7 +56,8 @@
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define PANEL 8         /* output rows per panel: one int32 / f32 lane each */
-#define DECODE_MAX_M 4  /* rows up to this take the streaming (decode) path */
+#define DECODE_MAX_M 8  /* rows up to this take the streaming (decode) path: a verify step's k + 1 */
+#define DECODE_PASS_ROWS 4 /* rows of one decode pass over a panel */
 #ifndef WQ_MR8
 #define WQ_MR8 4 /* prefill tile rows, bits 8: 2 int16 accumulators a row */
 #define WQ_MR4 6 /* bits 4: 1 int16 accumulator a row */
@@ -432,11 +434,25 @@ static ALWAYS_INLINE void tile_any(const int bits, const int pf, const wq_job *j
   }
 }
 
-/* Decode: all M (<= 4) rows, one panel at a time. */
+/* Decode: all M (<= DECODE_MAX_M) rows of panel p: up to DECODE_PASS_ROWS in
+ * one pass over its whole K; more (a speculative verify step's k + 1) in two,
+ * the second reading the panel the first brought in again from L1/L2 (8 bytes a
+ * column at bits 8: 64 KiB at K = 8K), so the weights come from memory once. */
+static ALWAYS_INLINE void decode_panel(const int bits, const wq_job *job, int64_t p,
+                                       const int32_t *xsum, int64_t ld_xsum, const float *boff) {
+  const int64_t m = job->m;
+  if (m <= DECODE_PASS_ROWS) {
+    tile_any(bits, 1, job, 0, m, p, xsum, ld_xsum, boff);
+    return;
+  }
+  const int64_t first = (m + 1) / 2; /* 5 -> 3 + 2, 8 -> 4 + 4: the passes as even as can be */
+  tile_any(bits, 1, job, 0, first, p, xsum, ld_xsum, boff);
+  tile_any(bits, 0, job, first, m - first, p, xsum ? xsum + first * ld_xsum : NULL, ld_xsum,
+           boff ? boff + first * job->ng : NULL);
+}
 static void decode_task8(void *ctx, int64_t p0, int64_t p1) {
   const wq_job *job = ctx;
-  for (int64_t p = p0; p < p1; p++)
-    tile_any(8, 1, job, 0, job->m, p, job->gsum, job->ldgs, NULL);
+  for (int64_t p = p0; p < p1; p++) decode_panel(8, job, p, job->gsum, job->ldgs, NULL);
 }
 static void decode_task4(void *ctx, int64_t p0, int64_t p1) {
   const wq_job *job = ctx;
@@ -446,7 +462,7 @@ static void decode_task4(void *ctx, int64_t p0, int64_t p1) {
     offset_terms(job, 0, job->m, boff_buf);
     boff = boff_buf;
   }
-  for (int64_t p = p0; p < p1; p++) tile_any(4, 1, job, 0, job->m, p, NULL, 0, boff);
+  for (int64_t p = p0; p < p1; p++) decode_panel(4, job, p, NULL, 0, boff);
 }
 
 /* Prefill item i: row block i / n_pc times panel chunk i % n_pc; panel by

@@ -37,9 +37,10 @@
  *
  * Tiles are mr rows x nc panels (nc <= 2: 32 columns) over a run of groups,
  * with both the int32 accumulators and the float sums t in registers
- * (2 * mr * nc of the 32 zmm). Decode (M <= 4): all rows, one panel at a
- * time over the whole of K, each thread one contiguous run of panels (one
- * memory stream, software-prefetched ahead). Prefill: WQ_MR rows x 2 panels;
+ * (2 * mr * nc of the 32 zmm). Decode (M <= DECODE_MAX_M): all rows, in
+ * passes of up to DECODE_PASS_ROWS, over DECODE_STREAMS panels at a time and
+ * the whole of K, each thread its own run of panels (software-prefetched
+ * ahead). Prefill: WQ_MR rows x 2 panels;
  * items are (row block of up to WQ_MB_MAX rows, panel chunk) pairs, about
  * WQ_ITEMS_PER_THREAD a thread; inside, panel pair by panel pair, K is cut
  * into blocks of whole groups whose weights fit half of L1d, and every row
@@ -59,7 +60,8 @@
 #define DECODE_STREAMS 2 /* panels a decode tile reads at once (M <= 2), far apart: 1B chain, Xeon,
                            M 1: w8 +12%, w4 +17% over one panel at a time with 4; Zen 5: a 1B
                            Q8_0 token 8-9% faster with 2 than with 4 */
-#define DECODE_MAX_M 4 /* rows up to this take the streaming (decode) path */
+#define DECODE_MAX_M 8 /* rows up to this take the streaming (decode) path: a verify step's k + 1 */
+#define DECODE_PASS_ROWS 4 /* rows of one decode pass over the panels (2 * 4 * 2 zmm of acc and t) */
 #ifndef WQ_MR
 /* prefill tile rows: 2 * 6 * 2 accumulators and t, 24 of the 32 zmm (4 rows x
  * 3 panels, fewer broadcasts per vpdpbusd, measured no faster on Zen 4) */
@@ -369,21 +371,42 @@ static ALWAYS_INLINE void tile_any(const int64_t nc, const int bits, const int p
   else tile_rows(1, bits, pf, job, r0, mr, p, 1, terms, g0, g1, tbuf);
 }
 
-/* A decode tile: all M (<= 4) rows of nc panels p, p + ps, .., the whole of K. */
-static ALWAYS_INLINE void decode_tile(const int nc, const int bits, const wq_job *job, int64_t p,
+/* Rows r0 .. r0 + mr (mr <= DECODE_PASS_ROWS) of a decode tile: nc panels p,
+ * p + ps, .., the whole of K; pf: prefetch the panels ahead (the pass that
+ * streams them in). */
+static ALWAYS_INLINE void decode_pass(const int nc, const int bits, const int pf,
+                                      const wq_job *job, int64_t r0, int64_t mr, int64_t p,
                                       int64_t ps, const void *terms) {
-  switch (job->m) {
-    case 1: tile(1, nc, bits, 1, job, 0, p, ps, terms, 0, job->ng, NULL); break;
-    case 2: tile(2, nc, bits, 1, job, 0, p, ps, terms, 0, job->ng, NULL); break;
-    case 3: tile(3, nc < 2 ? nc : 2, bits, 1, job, 0, p, ps, terms, 0, job->ng, NULL); break;
-    default: tile(4, nc < 2 ? nc : 2, bits, 1, job, 0, p, ps, terms, 0, job->ng, NULL); break;
+  if (terms) terms = (const int32_t *)terms + r0 * job->ng; /* int32 or float: 4 bytes */
+  switch (mr) {
+    case 1: tile(1, nc, bits, pf, job, r0, p, ps, terms, 0, job->ng, NULL); break;
+    case 2: tile(2, nc, bits, pf, job, r0, p, ps, terms, 0, job->ng, NULL); break;
+    case 3: tile(3, nc, bits, pf, job, r0, p, ps, terms, 0, job->ng, NULL); break;
+    default: tile(4, nc, bits, pf, job, r0, p, ps, terms, 0, job->ng, NULL); break;
   }
 }
 
-/* Decode items: panels [p0, p1), all M (<= 4) rows, the whole of K: cut into
+/* A decode tile: all M (<= DECODE_MAX_M) rows of nc panels p, p + ps, .., the
+ * whole of K: up to DECODE_PASS_ROWS rows in one pass over the panels; more
+ * (a speculative verify step's k + 1) in two, the second reading the panels
+ * the first brought in again from L2 (a panel pair's whole K: 32 bytes a
+ * column at bits 8, at most 512 KiB up to K = 16K), so the weights come from
+ * memory once whatever M is. */
+static ALWAYS_INLINE void decode_tile(const int nc, const int bits, const wq_job *job, int64_t p,
+                                      int64_t ps, const void *terms) {
+  const int64_t m = job->m;
+  if (m <= DECODE_PASS_ROWS) {
+    decode_pass(nc, bits, 1, job, 0, m, p, ps, terms);
+    return;
+  }
+  const int64_t first = (m + 1) / 2; /* 5 -> 3 + 2, 8 -> 4 + 4: the passes as even as can be */
+  decode_pass(nc, bits, 1, job, 0, first, p, ps, terms);
+  decode_pass(nc, bits, 0, job, first, m - first, p, ps, terms);
+}
+
+/* Decode items: panels [p0, p1), all M rows, the whole of K: cut into
  * DECODE_STREAMS equal runs read in lockstep (one hardware-prefetch stream
- * each, as the read probe reads), 2 at M > 2 (the accumulators and t of 4
- * panels would not fit the registers), the rest one panel at a time. */
+ * each, as the read probe reads), the rest one panel at a time. */
 static ALWAYS_INLINE void decode_task(const int bits, void *ctx, int64_t p0, int64_t p1) {
   const wq_job *job = ctx;
   union {
@@ -395,10 +418,9 @@ static ALWAYS_INLINE void decode_task(const int bits, void *ctx, int64_t p0, int
     row_terms(job, bits, 0, job->m, &buf);
     terms = &buf;
   }
-  const int streams = job->m <= 2 ? DECODE_STREAMS : 2;
-  const int64_t len = (p1 - p0) / streams;
+  const int64_t len = (p1 - p0) / DECODE_STREAMS;
   for (int64_t i = 0; i < len; i++) decode_tile(DECODE_STREAMS, bits, job, p0 + i, len, terms);
-  for (int64_t p = p0 + streams * len; p < p1; p++) decode_tile(1, bits, job, p, 1, terms);
+  for (int64_t p = p0 + DECODE_STREAMS * len; p < p1; p++) decode_tile(1, bits, job, p, 1, terms);
 }
 static void decode_task8(void *ctx, int64_t i0, int64_t i1) { decode_task(8, ctx, i0, i1); }
 static void decode_task4(void *ctx, int64_t i0, int64_t i1) { decode_task(4, ctx, i0, i1); }
