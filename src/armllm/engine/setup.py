@@ -7,6 +7,7 @@ other ranks start as processes (engine/tensor_parallel.py), loading their
 shards while rank 0 loads its own."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -231,7 +232,10 @@ def _speculator(loaded: LoadedModel, runner: ModelRunner, model_len: int, args: 
     drafting = _drafting_seqs(c, args)
     max_rows = min(args.max_num_batched_tokens,
                    args.max_num_seqs + spec.num_speculative_tokens * drafting)
-    proposer = build_proposer(spec, loaded, args, model_len, runner.kv.num_blocks)
+    # method draft_model: its checkpoint, loaded as the target was (the threads already set)
+    draft = load(spec.model, dataclasses.replace(args, threads=None)) \
+        if spec.method == "draft_model" else None
+    proposer = build_proposer(spec, loaded, args, model_len, runner.kv.num_blocks, draft)
     try:
         cost = calibrate(runner, max_rows, spec.num_speculative_tokens, model_len)
     except BaseException:

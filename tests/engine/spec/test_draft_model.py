@@ -79,7 +79,9 @@ def proposer(target, method: str, path: Path | None = None, layers: int | None =
              args: EngineArgs = ARGS) -> DraftModelProposer:
     config = SpeculativeConfig(method, k, model=None if path is None else str(path),
                                draft_layers=layers)
-    return DraftModelProposer(config, target, args, args.max_num_seqs, max_len, num_blocks)
+    draft = None if path is None else load(path, dataclasses.replace(args, threads=None))
+    return DraftModelProposer(config, target, args, args.max_num_seqs, max_len, num_blocks,
+                              draft)
 
 
 def one(key, ids: list[int], num_prompt: int, k: int, params=GREEDY) -> ProposeInput:

@@ -37,7 +37,6 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -87,13 +86,9 @@ def self_draft_model(target: LoadedModel, draft_layers: int | None) -> DecoderMo
     return DecoderModel(config, weights)
 
 
-def load_draft_model(path: str | Path, target: LoadedModel, args: EngineArgs) -> LoadedModel:
-    """The checkpoint at `path` (a directory, GGUF or hub name) loaded as the target was
-    (args' dtype and quantization flags, the threads already set), refused unless both
-    models are decoders with an lm_head whose vocabularies agree (check_same_vocabulary)."""
-    # imported here: setup builds the engine, which holds proposers
-    from armllm.engine.setup import load
-    draft = load(path, dataclasses.replace(args, threads=None))
+def check_draft_model(draft: LoadedModel, target: LoadedModel) -> None:
+    """Raises a ValueError naming the model unless both are decoders with an lm_head
+    whose vocabularies agree (check_same_vocabulary)."""
     c = draft.config
     if c.encoder is not None or not c.has_lm_head:
         raise ValueError(f"draft model {draft.path}: a {c.architecture} "
@@ -103,7 +98,6 @@ def load_draft_model(path: str | Path, target: LoadedModel, args: EngineArgs) ->
         raise ValueError(f"{target.path}: an encoder-decoder ({target.config.architecture}) "
                          f"cannot be verified against a draft model")
     check_same_vocabulary(target, draft)
-    return draft
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
@@ -166,7 +160,8 @@ class DraftModelProposer:
     wants_hidden = False
 
     def __init__(self, config: SpeculativeConfig, target: LoadedModel, args: EngineArgs,
-                 max_num_seqs: int, max_model_len: int, num_blocks: int | None = None):
+                 max_num_seqs: int, max_model_len: int, num_blocks: int | None = None,
+                 draft: LoadedModel | None = None):
         for name, value, least in (("max_num_seqs", max_num_seqs, 1),
                                    ("max_model_len", max_model_len, 2),
                                    ("num_blocks", 1 if num_blocks is None else num_blocks, 1)):
@@ -174,8 +169,12 @@ class DraftModelProposer:
                 raise ValueError(f"DraftModelProposer: {name} must be an integer >= {least}, "
                                  f"got {value!r}")
         if config.method == "draft_model":
-            self.loaded: LoadedModel | None = load_draft_model(config.model, target, args)
-            model = self.loaded.model
+            if draft is None:
+                raise ValueError(f"DraftModelProposer: method draft_model needs the loaded "
+                                 f"draft model ({config.model})")
+            check_draft_model(draft, target)
+            self.loaded: LoadedModel | None = draft
+            model = draft.model
         elif config.method == "self_draft":
             self.loaded, model = None, self_draft_model(target, config.draft_layers)
         else:

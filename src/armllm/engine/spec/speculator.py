@@ -104,10 +104,10 @@ CALIBRATION_CONTEXT = 256   # tokens of context the verify-cost probes attend ov
 
 
 def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int,
-                   target_blocks: int) -> Proposer:
+                   target_blocks: int, draft=None) -> Proposer:
     """The proposer of config.method for the loaded target model, whose KV cache holds
     target_blocks blocks (a draft model's holds what it holds, and every running
-    sequence's drafts beyond)."""
+    sequence's drafts beyond); draft: method draft_model's loaded checkpoint."""
     if config.method == "ngram":
         from armllm.engine.spec.ngram import NgramProposer
         return NgramProposer(config)
@@ -118,7 +118,7 @@ def build_proposer(config: SpeculativeConfig, loaded, args, max_model_len: int,
         from armllm.engine.spec.draft_model import DraftModelProposer
         drafts = -(-(config.num_speculative_tokens - 1) // args.block_size)
         return DraftModelProposer(config, loaded, args, args.max_num_seqs, max_model_len,
-                                  target_blocks + args.max_num_seqs * (1 + drafts))
+                                  target_blocks + args.max_num_seqs * (1 + drafts), draft)
     from armllm.engine.spec.mtp import MTPProposer
     return MTPProposer(config, loaded, args.max_num_seqs, max_model_len, args.block_size,
                        max_num_batched_tokens=args.max_num_batched_tokens,
