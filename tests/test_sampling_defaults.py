@@ -64,6 +64,19 @@ def test_a_gguf_s_sampling_keys_are_its_defaults(gguf_with_sampling):
     assert params.temperature == 0.0 and params.top_p == 0.95 and params.max_tokens == 3
 
 
+def test_the_defaults_read_without_loading_the_model(gguf_with_sampling, tiny):
+    """load_generation_config (what `bench serve` reads of its --tokenizer model) is the
+    loaded model's generation_config, weights unread."""
+    from armllm.model.loader import load_generation_config
+    from armllm.sampling import model_sampling_defaults
+    gen = load_generation_config(gguf_with_sampling)
+    assert gen == LLM(gguf_with_sampling, kv_cache_gib=0.01).loaded.generation_config
+    assert model_sampling_defaults(gen) == FROM_GGUF
+    assert load_generation_config(tiny) == {} and model_sampling_defaults({}) == {}
+    assert model_sampling_defaults({"do_sample": False, "top_p": 0.8}) == \
+        {"temperature": 0.0, "top_p": 0.8}
+
+
 def test_a_gguf_sampling_key_of_the_wrong_type_is_named(tmp_path):
     bad = write_tiny_gguf(tmp_path / "bad.gguf", {}, vocab=VOCAB, metadata={
         **tokenizer_metadata(), "general.sampling.temp": "hot"})

@@ -40,7 +40,7 @@ from armllm.engine.outputs import (
 )
 from armllm.engine.setup import EngineArgs, build_engine
 from armllm.model.loader import model_path
-from armllm.sampling import FALLBACK_DEFAULTS, MODEL_DEFAULT_FIELDS, SamplingParams
+from armllm.sampling import FALLBACK_DEFAULTS, SamplingParams, model_sampling_defaults
 
 __all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOutput",
            "EngineArgs", "RequestRejected", "ContextLengthExceeded", "EngineClosed",
@@ -85,10 +85,7 @@ class _LLMBase:
         GGUF's general.sampling.* keys: temperature, top_p, top_k, min_p,
         repetition_penalty; do_sample=false means greedy) or, for a model that sets
         none of them, FALLBACK_DEFAULTS; then `overrides` (None values are ignored)."""
-        gen = self.loaded.generation_config
-        kw = {k: gen[k] for k in MODEL_DEFAULT_FIELDS if gen.get(k) is not None}
-        if gen.get("do_sample") is False:
-            kw["temperature"] = 0.0
+        kw = model_sampling_defaults(self.loaded.generation_config)
         try:
             defaults = SamplingParams(**(kw or FALLBACK_DEFAULTS))
         except ValueError as exc:

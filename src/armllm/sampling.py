@@ -29,6 +29,17 @@ TOP_P_FLOOR_STEP = 1e-3
 TOP_P_MARGIN = 1e-9
 
 
+def model_sampling_defaults(generation_config: dict) -> dict:
+    """The MODEL_DEFAULT_FIELDS a model's generation_config (or what a GGUF's
+    general.sampling.* keys imply) sets; do_sample=false means greedy. Empty when it
+    sets none: then FALLBACK_DEFAULTS apply."""
+    defaults = {k: generation_config[k] for k in MODEL_DEFAULT_FIELDS
+                if generation_config.get(k) is not None}
+    if generation_config.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+    return defaults
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 16

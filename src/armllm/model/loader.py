@@ -252,3 +252,15 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
         tokenizer, tok_config = tokenizer_from_gguf(GGUFFile(path).metadata, str(path))
         return TextTokenizer(tokenizer, tok_config)
     return TextTokenizer(_hf_tokenizer(path), _read_json(path / "tokenizer_config.json"))
+
+
+def load_generation_config(path: str | Path) -> dict:
+    """Only the generation_config.json of a model directory, or the one a GGUF file
+    implies (LoadedModel.generation_config); no weights are read."""
+    path = model_path(path)
+    if is_ggml_file(path):
+        return _read_json(path.parent / "generation_config.json")
+    if path.is_file():
+        gguf = GGUFFile(path)
+        return gguf_generation_config(gguf, gguf_model_config(gguf))
+    return _read_json(path / "generation_config.json")
