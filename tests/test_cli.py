@@ -162,7 +162,7 @@ def test_generate_json_matches_the_library(tmp_path):
     from tests.tiny_model import write_tiny_llama
     model = write_tiny_llama(tmp_path / "tiny")
     r = armllm("generate", str(model), "--prompt", "w3 w4 w5", "--max-tokens", "7",
-               "--temperature", "0", "--ignore-eos", "--dtype", "float32", "--json")
+               "--greedy", "--ignore-eos", "--dtype", "float32", "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     want = LLM(model, dtype="float32", kv_cache_gib=0.01).generate(
@@ -184,7 +184,7 @@ def test_generate_errors_are_one_line_exit_2(tmp_path):
     r = armllm("generate", str(tmp_path / "missing"), "--prompt", "x")
     assert r.returncode == 2 and "no such model file or directory" in r.stderr
     r = armllm("generate", "--prompt", "x", "--temperature", "-1")
-    assert r.returncode == 2 and "temperature must be in [0, 100]" in r.stderr
+    assert r.returncode == 2 and "--temperature must be in [0, 100]" in r.stderr
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')

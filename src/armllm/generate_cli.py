@@ -21,15 +21,47 @@ if TYPE_CHECKING:
     from armllm.api import LLM
 
 
+# the sampling flags whose defaults are the model's own (sampling.MODEL_DEFAULT_FIELDS)
+MODEL_SAMPLING_FLAGS = {"temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+                        "min_p": "--min-p", "repetition_penalty": "--repetition-penalty"}
+
+
+def add_model_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """--temperature, --top-p, --top-k, --min-p, --repetition-penalty and --greedy: what
+    generate, chat and the benchmarks share (see sampling_overrides)."""
+    p.add_argument("--temperature", type=float, default=None,
+                   help="0 is greedy (default: the model's own sampling defaults, from its "
+                        "generation_config.json or a GGUF's general.sampling.* keys, else "
+                        "temperature 0.7, top-p 0.9, min-p 0.05)")
+    p.add_argument("--top-p", type=float, default=None, help="(default: the model's)")
+    p.add_argument("--top-k", type=int, default=None, help="0 or -1: off (default: the model's)")
+    p.add_argument("--min-p", type=float, default=None, help="(default: the model's)")
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="on prompt and output tokens, 1 is off (default: the model's)")
+    p.add_argument("--greedy", action="store_true", help="temperature 0 (the argmax token)")
+
+
+def sampling_overrides(args: argparse.Namespace) -> dict:
+    """The MODEL_SAMPLING_FLAGS' fields the command line sets (--greedy: temperature 0),
+    each checked as SamplingParams checks it; a bad value is a UsageError naming its flag."""
+    given = {field: getattr(args, field) for field in MODEL_SAMPLING_FLAGS
+             if getattr(args, field) is not None}
+    if args.greedy:
+        if given.get("temperature", 0.0) != 0.0:
+            raise UsageError(f"--greedy is --temperature 0; got --temperature "
+                             f"{given['temperature']} too")
+        given["temperature"] = 0.0
+    try:
+        SamplingParams(**given)
+    except ValueError as exc:   # SamplingParams names the field first
+        field, _, why = str(exc).partition(" ")
+        raise UsageError(f"{MODEL_SAMPLING_FLAGS.get(field, field)} {why}") from None
+    return given
+
+
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=None,
-                   help="0 is greedy (default: the model's own sampling defaults, else "
-                        "temperature 0.7, top-p 0.9, min-p 0.05)")
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=None)
+    add_model_sampling_arguments(p)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
@@ -37,11 +69,11 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 def sampling_params(llm: LLM, args: argparse.Namespace) -> SamplingParams:
     """The model's defaults, overridden by what the command line gives."""
+    overrides = sampling_overrides(args)
     try:
         return llm.default_sampling_params(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-            top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-            seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+            **overrides, max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
+            ignore_eos=args.ignore_eos)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
