@@ -1,7 +1,8 @@
 """`armllm bench throughput`, `armllm bench latency` and `armllm plan`: exact
-request and token counts, figures that agree with each other, and plan
-numbers equal to an independent calculation from the model config and to
-what loading the model really allocates."""
+request and token counts, figures that agree with each other, the sampling
+the requests use (the model's defaults unless the command line overrides them,
+stated in the results), and plan numbers equal to an independent calculation
+from the model config and to what loading the model really allocates."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from armllm.cli import main
+from armllm.engine.llm_engine import LLMEngine
 from armllm.model.arch import load_hf_config
 from armllm.model.decoder import Workspace
 from tests.tiny_model import write_tiny_llama
@@ -24,6 +26,17 @@ MiB = 2**20
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-offline"))
+
+
+# what the generation_config.json of tiny_with_defaults sets
+MODEL_DEFAULTS = {"temperature": 0.6, "top_p": 0.95}
+
+
+@pytest.fixture(scope="module")
+def tiny_with_defaults(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny-defaults"))
+    (path / "generation_config.json").write_text(json.dumps(MODEL_DEFAULTS))
+    return path
 
 
 def run_json(capsys, argv: list[str], path) -> tuple[dict, str]:
@@ -93,6 +106,76 @@ def test_throughput_counts_recomputed_rows_as_prefill(tiny, tmp_path, capsys):
     assert r["prefill"]["prompt_tokens"] > 8 * 14
 
 
+# -- the sampling of both --------------------------------------------------------------
+
+@pytest.fixture
+def engine_requests(monkeypatch) -> list:
+    """The (request id, SamplingParams) of every request the engine is given."""
+    seen = []
+    add_request = LLMEngine.add_request
+
+    def recording(self, request_id, prompt_ids, params, *args, **kwargs):
+        seen.append((request_id, params))
+        return add_request(self, request_id, prompt_ids, params, *args, **kwargs)
+
+    monkeypatch.setattr(LLMEngine, "add_request", recording)
+    return seen
+
+
+def sampling_of(params) -> dict:
+    return {k: getattr(params, k) for k in ("temperature", "top_p", "top_k", "min_p",
+                                            "repetition_penalty")}
+
+
+def test_throughput_samples_with_the_model_s_defaults(tiny_with_defaults, tmp_path, capsys,
+                                                      engine_requests):
+    """generation_config.json sets temperature and top_p; the other fields keep
+    SamplingParams' (Hugging Face's) defaults; request i is seeded with --seed + i."""
+    r, text = run_json(capsys, ["bench", "throughput", str(tiny_with_defaults),
+                                "--num-prompts", "3", "--input-len", "8", "--output-len", "5",
+                                "--seed", "11"], tmp_path / "t.json")
+    want = {**MODEL_DEFAULTS, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+    s = r["sampling"]
+    assert {k: s[k] for k in want} == want
+    assert (s["greedy"], s["defaults"], s["from_command_line"]) == (False, "model", [])
+    assert ("sampling: sampled (temperature 0.6, top_p 0.95, top_k 0, min_p 0, "
+            "repetition_penalty 1; the model's defaults; request i seeded with --seed + i)"
+            ) in text and s["description"] in text
+    assert all(q["num_output_tokens"] == 5 for q in r["requests"])
+    measured = {rid: params for rid, params in engine_requests if rid.startswith("bench-")}
+    assert sorted(measured) == ["bench-0", "bench-1", "bench-2"]
+    for i in range(3):
+        params = measured[f"bench-{i}"]
+        assert sampling_of(params) == want and params.seed == 11 + i and params.ignore_eos
+
+
+def test_greedy_and_overridden_runs_report_their_sampling(tiny_with_defaults, tiny, tmp_path,
+                                                          capsys, engine_requests):
+    r, text = run_json(capsys, ["bench", "latency", str(tiny_with_defaults), "--input-len",
+                                "8", "--output-len", "4", "--warmup", "1", "--repetitions",
+                                "2", "--greedy", "--repetition-penalty", "1.2"],
+                       tmp_path / "g.json")
+    s = r["sampling"]
+    assert s["greedy"] and s["temperature"] == 0.0 and s["repetition_penalty"] == 1.2
+    assert s["top_p"] == 0.95 and s["from_command_line"] == ["temperature",
+                                                             "repetition_penalty"]
+    assert "sampling: greedy (temperature 0, repetition_penalty 1.2; temperature, " \
+           "repetition_penalty from the command line, the rest the model's defaults)" in text
+    assert all(run["num_output_tokens"] == 4 for run in r["runs"])
+    assert [p.seed for _, p in engine_requests] == [0, 1, 2]   # warm-up, then measured
+    assert all(p.temperature == 0.0 and p.repetition_penalty == 1.2 for _, p in engine_requests)
+    # a model that sets no defaults: armllm's fallback, overridden field by field
+    r, text = run_json(capsys, ["bench", "throughput", str(tiny), "--num-prompts", "2",
+                                "--input-len", "8", "--output-len", "4", "--top-k", "5",
+                                "--min-p", "0.2"], tmp_path / "f.json")
+    s = r["sampling"]
+    assert {k: s[k] for k in ("temperature", "top_p", "top_k", "min_p")} == \
+        {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.2}
+    assert s["defaults"] == "fallback" and not s["greedy"]
+    assert "armllm's fallback defaults (the model sets none)" in text
+    assert all(q["num_output_tokens"] == 4 for q in r["requests"])
+
+
 # -- bench latency -----------------------------------------------------------------------
 
 def test_latency_counts_statistics_and_no_prefix_reuse(tiny, tmp_path, capsys):
@@ -160,6 +243,15 @@ def test_latency_profile_splits_each_decode_token(tiny, tmp_path, capsys):
     (["bench", "latency", "--repetitions", "0"], "--repetitions must be >= 1, got 0"),
     (["bench", "latency", "--input-len", "100", "--max-model-len", "50"],
      "--max-model-len 50 is shorter than --input-len + --output-len = 228"),
+    (["bench", "throughput", "--temperature", "-1"], "--temperature must be in [0, 100]"),
+    (["bench", "throughput", "--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    (["bench", "latency", "--top-k", "-2"], "--top-k must be -1, 0 (off) or a positive"),
+    (["bench", "latency", "--min-p", "1.5"], "--min-p must be in [0, 1], got 1.5"),
+    (["bench", "throughput", "--repetition-penalty", "0"],
+     "--repetition-penalty must be in (0, 10], got 0.0"),
+    (["bench", "throughput", "--greedy", "--temperature", "0.5"],
+     "--greedy is --temperature 0; got --temperature 0.5 too"),
+    (["bench", "latency", "--seed", "-1"], "--seed must be >= 0, got -1"),
 ])
 def test_bench_bad_arguments_exit_2(tiny, capsys, argv, message):
     assert message in one_line_error(capsys, [*argv[:2], str(tiny), *argv[2:]])

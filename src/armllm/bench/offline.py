@@ -1,7 +1,10 @@
 """`armllm bench throughput` and `armllm bench latency`: the engine in-process,
-on prompts of random token ids of exact lengths, greedy, ignoring EOS, so that
-every request computes exactly --input-len prompt tokens and generates exactly
---output-len tokens.
+on prompts of random token ids of exact lengths, ignoring EOS, so that every
+request computes exactly --input-len prompt tokens and generates exactly
+--output-len tokens. Requests sample with the model's own defaults unless
+--temperature, --top-p, --top-k, --min-p, --repetition-penalty or --greedy say
+otherwise, request i seeded with --seed + i (bench/workload_sampling.py); the
+results state the sampling used.
 
 throughput: all requests are queued at once, after one warm-up request, and
 this module drives `engine.step()` itself to time every step. A step is a
@@ -37,9 +40,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from armllm.bench.rss import peak_rss_bytes, rss_bytes
+from armllm.bench.workload_sampling import WorkloadSampling, request_seed
 from armllm.cmdline import UsageError, add_model_argument
 from armllm.engine.args import SERVER_ONLY, EngineArgs
-from armllm.generate_cli import load_llm
+from armllm.generate_cli import add_model_sampling_arguments, load_llm, sampling_overrides
 from armllm.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -56,7 +60,9 @@ def _add_common_arguments(p: argparse.ArgumentParser, input_len: int, output_len
                    help=f"prompt tokens per request (default {input_len})")
     p.add_argument("--output-len", type=int, default=output_len,
                    help=f"generated tokens per request (default {output_len})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    add_model_sampling_arguments(p)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random prompts; request i samples with seed + i")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     EngineArgs.add_cli_args(p, exclude=SERVER_ONLY,
                             unset={"max_model_len": "--input-len + --output-len"})
@@ -96,6 +102,14 @@ def random_prompts(rng: np.random.Generator, vocab_size: int, count: int,
 
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def _sampling(llm: LLM, overrides: dict) -> WorkloadSampling:
+    try:
+        return WorkloadSampling.resolve(llm.loaded.generation_config, overrides,
+                                        str(llm.loaded.path))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _load(args: argparse.Namespace) -> LLM:
@@ -182,14 +196,17 @@ def summary(values: list[float]) -> dict:
 
 def run_throughput(args: argparse.Namespace) -> int:
     _at_least(args, 1, "num_prompts", "input_len", "output_len")
+    _at_least(args, 0, "seed")
+    overrides = sampling_overrides(args)
     llm = _load(args)
     load_peak = peak_rss_bytes()
     engine = llm.engine
+    sampling = _sampling(llm, overrides)
     rng = np.random.default_rng(args.seed)
     warmup = random_prompts(rng, llm.vocab_size, 1, args.input_len)
     prompts = random_prompts(rng, llm.vocab_size, args.num_prompts, args.input_len)
-    params = greedy(args.output_len)
-    llm.generate(warmup, greedy(min(WARMUP_TOKENS, args.output_len)))
+    llm.generate(warmup, sampling.params(min(WARMUP_TOKENS, args.output_len),
+                                         request_seed(args.seed, args.num_prompts)))
     before = engine.stats()
 
     prefill = {"steps": 0, "time_s": 0.0, "prompt_tokens": 0, "decode_tokens": 0}
@@ -197,7 +214,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     metrics, produced = {}, {f"bench-{i}": 0 for i in range(args.num_prompts)}
     t0 = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"bench-{i}", prompt, params)
+        engine.add_request(f"bench-{i}", prompt,
+                           sampling.params(args.output_len, request_seed(args.seed, i)))
     while engine.has_unfinished():
         last = engine.stats()
         t_step = time.perf_counter()
@@ -234,7 +252,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     decode["mean_batch"] = decode["tokens"] / decode["steps"] if decode["steps"] else None
     result = {
         **_setup(llm, args), "num_prompts": args.num_prompts, "input_len": args.input_len,
-        "output_len": args.output_len, "seed": args.seed, "elapsed_s": elapsed,
+        "output_len": args.output_len, "seed": args.seed, "sampling": sampling.report(),
+        "elapsed_s": elapsed,
         "num_prompt_tokens": n_in, "num_output_tokens": n_out,
         "requests_per_s": args.num_prompts / elapsed, "output_tokens_per_s": n_out / elapsed,
         "total_tokens_per_s": (n_in + n_out) / elapsed,
@@ -282,8 +301,9 @@ def print_speculative(s: dict | None) -> None:
 def _print_throughput(r: dict) -> None:
     _print_setup("throughput", r)
     print(f"workload: {r['num_prompts']} requests x ({r['input_len']} prompt + "
-          f"{r['output_len']} output) tokens, random token ids (seed {r['seed']}), greedy, "
+          f"{r['output_len']} output) tokens, random token ids (seed {r['seed']}), "
           f"ignore_eos; all queued at once after 1 warm-up request")
+    print(f"sampling: {r['sampling']['description']}")
     print(f"Throughput: {r['requests_per_s']:.2f} requests/s, "
           f"{r['output_tokens_per_s']:.1f} output tok/s, "
           f"{r['total_tokens_per_s']:.1f} total tok/s "
@@ -311,27 +331,31 @@ def _print_throughput(r: dict) -> None:
 
 def run_latency(args: argparse.Namespace) -> int:
     _at_least(args, 1, "input_len", "repetitions")
-    _at_least(args, 0, "warmup")
+    _at_least(args, 0, "warmup", "seed")
     if args.output_len < 2:
         raise UsageError(f"--output-len must be >= 2 (TPOT needs two tokens), "
                          f"got {args.output_len}")
+    overrides = sampling_overrides(args)
     llm = _load(args)
     load_peak = peak_rss_bytes()
+    sampling = _sampling(llm, overrides)
     rng = np.random.default_rng(args.seed)
     prompts = random_prompts(rng, llm.vocab_size, args.warmup + args.repetitions,
                              args.input_len)
-    params = greedy(args.output_len)
-    for prompt in prompts[:args.warmup]:
-        llm.generate([prompt], params)
+    params = [sampling.params(args.output_len, request_seed(args.seed, i))
+              for i in range(len(prompts))]
+    for i in range(args.warmup):
+        llm.generate([prompts[i]], params[i])
     runs = []
     if args.profile:
         from armllm.bench.step_profile import StepProfile
     profile = StepProfile(llm.engine) if args.profile else contextlib.nullcontext()
     spec_before = llm.engine.stats()
-    for prompt in prompts[args.warmup:]:
+    for prompt, request_params in zip(prompts[args.warmup:], params[args.warmup:],
+                                      strict=True):
         before = llm.engine.stats()
         with profile:
-            completion = llm.generate([prompt], params)[0].outputs[0]
+            completion = llm.generate([prompt], request_params)[0].outputs[0]
         m = completion.metrics
         decode_steps = llm.engine.stats().num_decode_tokens - before.num_decode_tokens
         runs.append({"ttft_s": m.ttft_s, "tpot_s": m.tpot_s, "e2e_s": m.e2e_s,
@@ -348,6 +372,7 @@ def run_latency(args: argparse.Namespace) -> int:
             "tokens_per_forward")
     result = {**_setup(llm, args), "input_len": args.input_len, "output_len": args.output_len,
               "warmup": args.warmup, "repetitions": args.repetitions, "seed": args.seed,
+              "sampling": sampling.report(),
               "runs": runs, **{k: summary([r[k] for r in runs]) for k in keys},
               "memory": _memory(llm, args, load_peak)}
     result["speculative"] = speculative_summary(spec_before, llm.engine.stats())
@@ -363,9 +388,10 @@ def _print_latency(r: dict) -> None:
     _print_setup("latency", r)
     cached = sum(run["num_cached_prompt_tokens"] for run in r["runs"])
     print(f"workload: batch 1, {r['input_len']} prompt + {r['output_len']} output tokens, "
-          f"greedy, ignore_eos; {r['warmup']} warm-up + {r['repetitions']} measured requests, "
+          f"ignore_eos; {r['warmup']} warm-up + {r['repetitions']} measured requests, "
           f"a fresh random prompt each (seed {r['seed']}; {cached} prompt tokens from the "
           f"prefix cache)")
+    print(f"sampling: {r['sampling']['description']}")
     pp, tg = f"pp{r['input_len']} tok/s", f"tg{r['output_len']} tok/s"
     rows = [("TTFT ms", "ttft_s", 1e3), ("TPOT ms", "tpot_s", 1e3), ("e2e ms", "e2e_s", 1e3),
             (pp, "pp_tokens_per_s", 1.0), (tg, "tg_tokens_per_s", 1.0),
