@@ -1,9 +1,9 @@
 """llama.cpp's own tools for tests: its Hugging Face -> GGUF converter
 (convert_hf_to_gguf.py, from the source tools/build_llama_cpp.sh fetches, with
-that source's gguf-py), its llama-quantize (which that script builds) and the
-tiny checkpoints the converter accepts: random weights written by transformers
-over SmolLM2's tokenizer (the demo model's, written out by `armllm convert`), a
-BPE tokenizer whose pre-tokenizer the converter knows."""
+that source's gguf-py), its llama-quantize and llama-server (which that script
+builds) and the tiny checkpoints the converter accepts: random weights written
+by transformers over SmolLM2's tokenizer (the demo model's, written out by
+`armllm convert`), a BPE tokenizer whose pre-tokenizer the converter knows."""
 from __future__ import annotations
 
 import json
@@ -60,17 +60,23 @@ def convert(hf_dir: Path, out: Path, outtype: str = "f32") -> Path:
     return out
 
 
-def quantize(source: Path, out: Path, kind: str) -> Path:
-    """llama.cpp's llama-quantize (tools/build_llama_cpp.sh's) of source to `kind`
-    (Q8_0, Q4_K_M, ...); skips (fails under CI) without it."""
-    binary = LLAMA_CPP / "build" / "bin" / "llama-quantize"
-    if not binary.exists():
-        message = f"needs {binary}: run tools/build_llama_cpp.sh"
+def binary(name: str) -> Path:
+    """The path of a llama.cpp tool tools/build_llama_cpp.sh builds (llama-quantize,
+    llama-server, ...); skips (fails under CI) without it."""
+    path = LLAMA_CPP / "build" / "bin" / name
+    if not path.exists():
+        message = f"needs {path}: run tools/build_llama_cpp.sh"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    r = subprocess.run([str(binary), str(source), str(out), kind], capture_output=True,
-                       text=True, timeout=600)
+    return path
+
+
+def quantize(source: Path, out: Path, kind: str) -> Path:
+    """llama.cpp's llama-quantize (tools/build_llama_cpp.sh's) of source to `kind`
+    (Q8_0, Q4_K_M, ...); skips (fails under CI) without it."""
+    r = subprocess.run([str(binary("llama-quantize")), str(source), str(out), kind],
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 

@@ -1,11 +1,15 @@
 """`armllm bench serve` against a real armllm server (exact counts and lengths,
-the JSON schema) and against a small real HTTP server that streams at known
-intervals (TTFT/ITL/TPOT arithmetic, failures, SLOs and sweeps)."""
+the JSON schema, the sampling every request states), against llama.cpp's
+llama-server (its sampling fields and sampler chain), and against a small real
+HTTP server that streams at known intervals (TTFT/ITL/TPOT arithmetic,
+failures, SLOs and sweeps)."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -19,6 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from armllm.cli import main
+from tests import llama_cpp_tools
 from tests.server.conftest import ServerProcess, free_port
 from tests.tiny_model import write_tiny_llama
 
@@ -56,8 +61,8 @@ def test_counts_exact_lengths_and_json_schema(armllm_server, tiny, tmp_path, cap
     text = capsys.readouterr().out
     assert "completed 12, failed 0" in text and "model 'tiny'" in text
     doc = json.loads(out.read_text())
-    assert doc["schema_version"] == 1 and set(doc) == {"schema_version", "tool", "settings",
-                                                       "runs"}
+    assert doc["schema_version"] == 2 and set(doc) == {"schema_version", "tool", "settings",
+                                                       "sampling", "runs"}
     (run,) = doc["runs"]
     s = run["summary"]
     assert set(s) == SUMMARY_KEYS
@@ -72,6 +77,135 @@ def test_counts_exact_lengths_and_json_schema(armllm_server, tiny, tmp_path, cap
         assert len(r["itl_s"]) == 6   # one chunk per token from armllm
         assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / 6)
     assert s["output_throughput"] == pytest.approx(84 / s["duration_s"])
+
+
+# -- the sampling every request states -----------------------------------------------------
+
+# what the generation_config.json of tiny_with_defaults sets; the server's model (tiny)
+# sets nothing, so what a request omits gets armllm's fallback (min_p 0.05 among them)
+MODEL_DEFAULTS = {"temperature": 0.6, "top_p": 0.95}
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@pytest.fixture(scope="module")
+def tiny_with_defaults(tmp_path_factory):
+    path = write_tiny_llama(tmp_path_factory.mktemp("tiny-defaults"))
+    (path / "generation_config.json").write_text(json.dumps(MODEL_DEFAULTS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def observed_server(tiny):
+    """An armllm server on tiny, in this process (uvicorn in a thread), and the
+    SamplingParams of every request it hands its engine (AsyncLLM.generate, recorded
+    on the way through)."""
+    from armllm.api import AsyncLLM
+    from armllm.server.app import ServerConfig, create_app
+    llm = AsyncLLM(tiny, dtype="float32", kv_cache_gib=0.01)
+    seen = []
+    generate = llm.generate
+
+    def recording(prompt, params, *args, **kwargs):
+        seen.append(params)
+        return generate(prompt, params, *args, **kwargs)
+
+    llm.generate = recording
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(ServerConfig(tiny, "tiny"), llm),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}/v1", seen
+    server.should_exit = True
+    thread.join(30)
+    llm.shutdown()
+
+
+def sampling_of(params) -> dict:
+    return {k: getattr(params, k) for k in SAMPLING_FIELDS}
+
+
+def test_requests_state_the_tokenizer_model_s_defaults(observed_server, tiny_with_defaults,
+                                                       tmp_path, capsys):
+    """The defaults come from --tokenizer's model, and every field goes in the request:
+    min_p 0 where the server would fill in its own model's fallback 0.05."""
+    url, seen = observed_server
+    seen.clear()
+    out = tmp_path / "r.json"
+    assert main(["bench", "serve", "--base-url", url, "--tokenizer", str(tiny_with_defaults),
+                 "--input-len", "6", "--output-len", "4", "--num-prompts", "3", "--seed", "5",
+                 "--json", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    want = {**MODEL_DEFAULTS, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+    doc = json.loads(out.read_text())
+    assert {k: doc["sampling"][k] for k in want} == want
+    assert doc["sampling"]["defaults"] == "model" and not doc["sampling"]["greedy"]
+    assert not set(SAMPLING_FIELDS) & set(doc["settings"])   # stated once, as used
+    assert f"sampling: {doc['sampling']['description']}; openai fields" in text
+    assert doc["runs"][0]["summary"]["completed"] == 3
+    assert all(sampling_of(p) == want for p in seen)
+    assert sorted(p.seed for p in seen) == [5, 6, 7, 8]   # 3 measured, then the warm-up
+
+
+def test_greedy_and_overrides_reach_the_server(observed_server, tiny_with_defaults, capsys):
+    url, seen = observed_server
+    seen.clear()
+    assert main(["bench", "serve", "--base-url", url, "--tokenizer", str(tiny_with_defaults),
+                 "--endpoint", "chat", "--input-len", "6", "--output-len", "3",
+                 "--num-prompts", "2", "--greedy", "--top-k", "3", "--min-p", "0.1",
+                 "--repetition-penalty", "1.3", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "completed 2, failed 0" in text
+    assert "sampling: greedy (temperature 0, repetition_penalty 1.3; temperature, top_k, " \
+           "min_p, repetition_penalty from the command line, the rest the model's defaults)" \
+           in text
+    want = {"temperature": 0.0, "top_p": 0.95, "top_k": 3, "min_p": 0.1,
+            "repetition_penalty": 1.3}
+    assert len(seen) == 3 and all(sampling_of(p) == want for p in seen)
+
+
+def test_llama_cpp_backend_sets_llama_server_s_sampler(smollm2_gguf, tmp_path, capsys):
+    """llama-server takes the same values under its own names, its sampler chain cut to
+    armllm's steps in armllm's order and its repetition window over the whole context;
+    its /slots says what the last request ran with."""
+    server = llama_cpp_tools.binary("llama-server")
+    port = free_port()
+    with open(tmp_path / "llama-server.log", "w") as log:
+        proc = subprocess.Popen([str(server), "-m", str(smollm2_gguf), "--host", "127.0.0.1",
+                                 "--port", str(port), "-np", "1", "-c", "256", "-t", "1"],
+                                stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "LD_LIBRARY_PATH": str(server.parent)})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "llama-server.log").read_text()[-2000:]
+            try:
+                if httpx.get(url + "/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert main(["bench", "serve", "--base-url", url + "/v1", "--tokenizer",
+                     str(smollm2_gguf), "--backend", "llama.cpp", "--input-len", "8",
+                     "--output-len", "4", "--num-prompts", "1", "--warmup", "0", "--top-k",
+                     "7", "--repetition-penalty", "1.1", "--seed", "9",
+                     "--no-progress"]) == 0
+        assert "completed 1, failed 0" in capsys.readouterr().out
+        params = httpx.get(url + "/slots", timeout=10, trust_env=False).json()[0]["params"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    # SmolLM2's GGUF sets no sampling keys: armllm's fallback, then the command line
+    assert params["samplers"] == ["penalties", "top_k", "temperature", "top_p", "min_p"]
+    assert {k: params[k] for k in ("temperature", "top_p", "min_p", "repeat_penalty")} == \
+        pytest.approx({"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repeat_penalty": 1.1})
+    assert params["top_k"] == 7 and params["seed"] == 9 and params["ignore_eos"]
+    assert params["repeat_last_n"] >= 8 + 4
+    assert (params["mirostat"], params["dynatemp_range"]) == (0, 0.0)
 
 
 def prefix_cache_hits(server: ServerProcess) -> int:
@@ -212,6 +346,9 @@ def test_poisson_rate_spreads_arrivals(slow_server, tiny, tmp_path):
     (["--num-prompts", "0"], "--num-prompts"),
     (["--concurrency-sweep", "1,x"], "--concurrency-sweep"),
     (["--dataset", "json"], "--dataset-path"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--greedy", "--temperature", "1"], "--greedy is --temperature 0"),
+    (["--seed", "-3"], "--seed must be >= 0, got -3"),
 ])
 def test_bad_arguments_exit_2(slow_server, tiny, capsys, argv, message):
     assert main(["bench", "serve", "--base-url", slow_server, "--tokenizer", str(tiny),

@@ -13,7 +13,16 @@ output and total tok/s, peak concurrency; failed requests counted with their
 errors. SLOs (`--slo ttft_p95_ms=...`)
 give PASS/FAIL and goodput (completed requests meeting every per-request
 bound, per second); a `--concurrency-sweep` reports the highest concurrency
-that passes."""
+that passes.
+
+Every request states its sampling in full: the --tokenizer model's own
+defaults unless --temperature, --top-p, --top-k, --min-p, --repetition-penalty
+or --greedy say otherwise, request i seeded with --seed + i
+(bench/workload_sampling.py), so servers that default differently (llama-server
+has its own) sample the same workload. --backend names the fields:
+OpenAI's plus the vLLM-style top_k, min_p and repetition_penalty (armllm,
+vLLM, SGLang), or llama-server's, with its sampler chain cut to the same steps
+in the same order."""
 from __future__ import annotations
 
 import argparse
@@ -31,9 +40,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from armllm.bench.workload_sampling import WorkloadSampling, request_seed
 from armllm.cmdline import UsageError, progress_bar, resolve_model
+from armllm.generate_cli import (
+    MODEL_SAMPLING_FLAGS,
+    add_model_sampling_arguments,
+    sampling_overrides,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: the sampling used in "sampling", not in settings.temperature
 PERCENTILES = (50, 90, 95, 99)
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
 
@@ -149,9 +164,38 @@ class Record:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def _request_body(args, prompt: Prompt) -> dict:
+# llama-server's sampler chain cut to armllm's steps, in an order that samples the same
+# distribution: its default chain also holds DRY, top-n-sigma, typical-p and XTC (off at
+# their defaults, which a server's command line may change), and applies the
+# temperature last, after top-p and min-p, where armllm (like vLLM and transformers)
+# applies it first; top-k gives the same set either way
+LLAMA_CPP_SAMPLERS = ["penalties", "top_k", "temperature", "top_p", "min_p"]
+# what else a llama-server request sets, at off: Mirostat replaces the chain, a dynamic
+# temperature range changes its temperature, and OpenAI's penalties stay at armllm's 0
+LLAMA_CPP_OFF = {"mirostat": 0, "dynatemp_range": 0.0, "presence_penalty": 0.0,
+                 "frequency_penalty": 0.0}
+# tokens a chat template may add around a prompt: llama-server's repeat_last_n (64 by
+# default) must reach back over every prompt token, which armllm's repetition penalty,
+# like transformers', counts
+TEMPLATE_MARGIN = 256
+
+
+def sampling_fields(backend: str, sampling: WorkloadSampling, prompt: Prompt,
+                    seed: int) -> dict:
+    """The sampling fields of one request, as the backend names them."""
+    f = sampling.fields
+    if backend == "llama.cpp":
+        return {"temperature": f["temperature"], "top_k": f["top_k"], "top_p": f["top_p"],
+                "min_p": f["min_p"], "repeat_penalty": f["repetition_penalty"],
+                "repeat_last_n": prompt.input_tokens + prompt.output_tokens + TEMPLATE_MARGIN,
+                "samplers": LLAMA_CPP_SAMPLERS, **LLAMA_CPP_OFF, "seed": seed}
+    return {**f, "seed": seed}
+
+
+def _request_body(args, prompt: Prompt, seed: int) -> dict:
     body = {"model": args.model, "max_tokens": prompt.output_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": args.temperature}
+            "stream_options": {"include_usage": True},
+            **sampling_fields(args.backend, args.sampling, prompt, seed)}
     if args.ignore_eos:
         body["ignore_eos"] = True
     if args.endpoint == "chat":
@@ -161,12 +205,13 @@ def _request_body(args, prompt: Prompt) -> dict:
     return body
 
 
-async def _one(client, url: str, args, prompt: Prompt, rec: Record, t0: float, tok) -> None:
+async def _one(client, url: str, args, prompt: Prompt, seed: int, rec: Record, t0: float,
+               tok) -> None:
     sent = time.perf_counter()
     rec.start_s = sent - t0
     last, text = None, []
     try:
-        async with client.stream("POST", url, json=_request_body(args, prompt)) as resp:
+        async with client.stream("POST", url, json=_request_body(args, prompt, seed)) as resp:
             if resp.status_code != 200:
                 body = (await resp.aread()).decode(errors="replace")
                 raise RuntimeError(f"HTTP {resp.status_code}: {_error_message(body)}")
@@ -236,8 +281,9 @@ async def _run(args, workload: Workload, concurrency: int | None, progress) -> d
 
     async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits,
                                  trust_env=False) as client:
-        for p in workload.warmup_prompts:   # warm-up: not recorded
-            await _one(client, url, args, p, Record(-1, 0, 0), time.perf_counter(), workload.tok)
+        for j, p in enumerate(workload.warmup_prompts):   # warm-up: not recorded
+            await _one(client, url, args, p, request_seed(args.seed, len(records) + j),
+                       Record(-1, 0, 0), time.perf_counter(), workload.tok)
 
         async def guarded(p: Prompt, rec: Record, t0: float) -> None:
             nonlocal in_flight, peak, done
@@ -246,7 +292,8 @@ async def _run(args, workload: Workload, concurrency: int | None, progress) -> d
             in_flight += 1
             peak = max(peak, in_flight)
             try:
-                await _one(client, url, args, p, rec, t0, workload.tok)
+                await _one(client, url, args, p, request_seed(args.seed, rec.index), rec, t0,
+                           workload.tok)
             finally:
                 in_flight -= 1
                 done += 1
@@ -415,12 +462,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo", default=None,
                    help="e.g. ttft_p95_ms=1000,tpot_p95_ms=50 (METRIC in ttft, tpot, itl, e2e; "
                         "STAT mean, median or pNN)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    add_model_sampling_arguments(p)
+    p.add_argument("--backend", choices=["openai", "llama.cpp"], default="openai",
+                   help="how requests name the sampling fields: openai (OpenAI's and the "
+                        "vLLM-style top_k, min_p, repetition_penalty: armllm, vLLM, SGLang) or "
+                        "llama.cpp (llama-server's, its sampler chain cut to the same steps)")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests stop at EOS (then output lengths vary)")
     p.add_argument("--warmup", type=int, default=1, help="requests before each run, unrecorded")
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the prompts and arrivals; request i samples with seed + i")
     p.add_argument("--json", metavar="FILE", help="write every request record and the summary")
     p.add_argument("--plot", metavar="FILE.png", help="throughput and p95 TPOT against "
                    "concurrency (needs matplotlib)")
@@ -432,8 +484,9 @@ def _check(args) -> list[int | None]:
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got "
                              f"{getattr(args, name)}")
-    if args.warmup < 0:
-        raise UsageError(f"--warmup must be >= 0, got {args.warmup}")
+    for name in ("warmup", "seed"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")
     if not args.request_rate > 0:
         raise UsageError(f"--request-rate must be > 0 or inf, got {args.request_rate}")
     if args.max_concurrency is not None and args.max_concurrency < 1:
@@ -456,10 +509,15 @@ def _check(args) -> list[int | None]:
     return levels
 
 
-def _load_tokenizer(args):
-    from armllm.model.loader import load_tokenizer  # the model layer loads the kernels
+def _load_tokenizer(args, overrides: dict):
+    """The --tokenizer model's tokenizer, and the sampling of its defaults under the
+    command line's."""
+    # the model layer loads the kernels
+    from armllm.model.loader import load_generation_config, load_tokenizer
     try:
-        return load_tokenizer(resolve_model(args.tokenizer))
+        model = resolve_model(args.tokenizer)
+        return load_tokenizer(model), WorkloadSampling.resolve(
+            load_generation_config(model), overrides, model)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -477,9 +535,10 @@ def _server_model(args) -> str:
 
 def run(args: argparse.Namespace) -> int:
     levels = _check(args)
+    overrides = sampling_overrides(args)
     slo = parse_slo(args.slo)
     args.slo = slo
-    tok = _load_tokenizer(args)
+    tok, args.sampling = _load_tokenizer(args, overrides)
     if args.model is None:
         args.model = _server_model(args)
     # every level of a sweep gets fresh prompts (another seed), so a server's prefix cache
@@ -498,6 +557,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.base_url} model {args.model!r}, {args.endpoint}, dataset {args.dataset}, "
           f"{len(workload.prompts)} prompts, output {args.output_len} tokens, request rate "
           f"{args.request_rate:g}/s")
+    print(f"sampling: {args.sampling.describe()}; {args.backend} fields")
     runs = []
     for c, level_workload in zip(levels, workloads, strict=True):
         summary = asyncio.run(_run(args, level_workload, c, progress))
@@ -530,11 +590,13 @@ def _print_sweep(runs: list[dict], with_slo: bool) -> None:
 
 
 def _write_json(args, runs: list[dict], workload: Workload) -> None:
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "slo")}
+    sampling_flags = {*MODEL_SAMPLING_FLAGS, "greedy", "sampling"}   # as given: see "sampling"
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("func", "slo", *sampling_flags)}
     settings["slo"] = args.slo
     settings["request_rate"] = None if math.isinf(args.request_rate) else args.request_rate
     doc = {"schema_version": SCHEMA_VERSION, "tool": "armllm bench serve",
-           "settings": settings,
+           "settings": settings, "sampling": args.sampling.report(),
            "runs": [{"summary": {k: v for k, v in s.items() if not k.startswith("_")},
                      "requests": s["_records"]} for s in runs]}
     with open(args.json, "w") as f:
