@@ -29,7 +29,9 @@ def test_info_json_reports_cpu_threads_and_kernels():
         "gemm_bf16_pack", "gemm_bf16", "rmsnorm", "rope", "silu_mul", "gelu_tanh_mul", "embed_f32",
         "embed_bf16", "exp", "kv_write", "attention", "quant_act", "gemm_wq_packed_len",
         "gemm_wq_pack", "gemm_wq", "gemm_gguf_packed_len", "gemm_gguf_pack", "gemm_gguf",
-        "gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu"]
+        "gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu",
+        "sample_argmax", "sample_find_above", "sample_exp", "sample_block_sums",
+        "sample_collect"]
     # a built variant, then any run-time choice inside its code ("neon+dotprod")
     assert {impl.split("+")[0] for impl in info["kernels"].values()} <= set(info["isa_built"])
     if info["arch"] == "x86_64":
