@@ -5,7 +5,7 @@ Owns the argument validation every wrapper shares (dtype, shape, contiguity,
 aliasing; a ValueError naming the bad argument). Each family's wrappers live in
 their own .pxi, included below: dispatch (CPU features, kernel tables), pool
 (ThreadPool), gemm, quant, gguf, elementwise, attn, gdn and sample_slots (Kernels,
-one variant's dispatch table), sample, probe,
+one variant's dispatch table), sample (RowSampler: a step's rows to tokens), probe,
 comm, layer (a decoder layer as one call), head (the final norm and lm_head) and
 moe. Every kernel call releases the GIL and never allocates: outputs are passed in.
 """
