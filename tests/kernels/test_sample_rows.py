@@ -72,6 +72,10 @@ def logits_rows(rng: np.random.Generator, rows: int, n: int, kind: str) -> np.nd
         x[rng.random((rows, n)) < 0.05] = np.nan
     elif kind == "flat":
         x *= F32(1e-3)
+    elif kind == "head_tail":  # most mass in a tail below top-p's first floor (1e-3)
+        x = (F32(-8) + x * F32(0.03)).astype(F32)
+        for r in range(rows):
+            x[r, rng.integers(0, n, 3)] = F32(0)
     return x
 
 
@@ -155,16 +159,19 @@ def test_real_vocabularies_match_the_spec(n):
 
 
 @pytest.mark.parametrize("n", [300, 1000, 5000])
-@pytest.mark.parametrize("kind", ["spread", "flat", "ties"])
-def test_top_p_over_many_candidates_matches_the_spec(n, kind):
+@pytest.mark.parametrize("kind", ["spread", "flat", "ties", "head_tail"])
+@pytest.mark.parametrize("num_logprobs", [-1, 1])  # e over the row, or beside it
+def test_top_p_over_many_candidates_matches_the_spec(n, kind, num_logprobs):
     """Top-p sets found by the radix selection (hundreds to thousands of candidates),
-    and its hand-over to the heap, against the spec's full sort."""
+    and its hand-over to the heap, against the spec's full sort; head_tail rows need a
+    second, lower floor after a first collection that fell short."""
     rng = np.random.default_rng(n)
     params = [RowParams(temperature=t, top_p=p, top_k=k, min_p=mp, seed=n, counter=i,
-                        num_logprobs=1)
+                        num_logprobs=num_logprobs)
               for i, (t, p, k, mp) in enumerate([(1.0, 0.9, 0, 0.0), (2.0, 0.99, 0, 0.0),
                                                  (0.5, 0.3, 0, 0.0), (1.0, 0.6, n // 2, 0.0),
-                                                 (1.5, 0.95, 0, 1e-3), (100.0, 0.999999, 0, 0.0)])]
+                                                 (1.5, 0.95, 0, 1e-3), (100.0, 0.999999, 0, 0.0),
+                                                 (1.0, 0.9, n - 1, 0.0)])]
     rows = logits_rows(rng, len(params), n, kind)
     assert_matches_spec(rows, params, run_rows(rows, params))
 
@@ -174,14 +181,16 @@ def test_top_p_over_many_candidates_matches_the_spec(n, kind):
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 @settings(deadline=None, max_examples=examples(40))
-@given(n=st.integers(1, 300), m=st.sampled_from([0.0, 3.5, -2.0]),
+@given(n=st.integers(1, 300), above=st.sampled_from([0.0, 0.0, 3.5]),
        inv_t=st.sampled_from([1.0, 1.25, 10.0, 1e-3, 3.4e38]),
        keep_min=st.sampled_from([0.0, 1e-30, 1e-3, 0.5, 1.0]), seed=st.integers(0, 2**32 - 1))
-def test_slots_give_refs_bits(isa, n, m, inv_t, keep_min, seed):
+def test_slots_give_refs_bits(isa, n, above, inv_t, keep_min, seed):
+    """sample_exp's m is at least every x (the sampler's maximum, or above it)."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal(n) * 20).astype(F32)
     x[rng.random(n) < 0.1] = -np.inf
     x[rng.random(n) < 0.05] = np.nan
+    m = F32(above + (np.nanmax(x) if np.isfinite(x).any() else 0.0))
     k, ref = ops.kernels(isa), ops.kernels("ref")
     blocks = -(-n // 16)
     out = {}
@@ -237,12 +246,27 @@ def test_collect_slot_takes_the_kept_in_order(isa, n, keep_min, with_ids, densit
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 def test_exp_slot_in_place_and_at_the_cut(isa):
     k = ops.kernels(isa)
-    x = np.array([0, -80, -80.00001, -79.99999, -1e-30, np.inf, -np.inf, np.nan] * 3, F32)
+    x = np.array([0, -80, -80.00001, -79.99999, -1e-30, -0.0, -np.inf, np.nan, -1e30] * 3, F32)
     want = spec.e_values(x, 0.0, 1.0)
-    assert want[0] == 1 and want[1] > 0 and want[2] == 0 and want[6] == 0 and want[7] == 0
+    assert want[0] == want[5] == 1 and want[1] > 0 and want[2] == 0
+    assert want[6] == want[7] == want[8] == 0
     sums = np.empty(2, F32)
     k.sample_exp(x, 0.0, 1.0, 0.0, x, sums)
-    assert np.array_equal(x, want, equal_nan=True)
+    assert np.array_equal(x, want)
+
+
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+def test_exp_slot_is_the_shared_exp_over_minus_80_to_0(isa):
+    """Variants may drop the shared exp's clamp, NaN pass-through and two-step
+    scaling on [-80, 0]: every 97th float there (and both ends) against the
+    table's full exp, which gives ref's bits (test_elementwise)."""
+    lo = np.array([-80.0], F32).view(np.uint32)[0]
+    bits = np.append(np.arange(np.uint32(0x80000000), lo, 97, dtype=np.uint32), lo)
+    d = np.append(bits.view(F32), F32(0))
+    k = ops.kernels(isa)
+    e = np.empty_like(d)
+    k.sample_exp(d, 0.0, 1.0, 0.0, e, np.empty(-(-len(d) // 16), F32))
+    assert np.array_equal(e, k.exp(d, np.empty_like(d)))
 
 
 # ------------------------------------------------------------- distribution

@@ -333,11 +333,11 @@ static int64_t boundary_by_radix(const float *e, int64_t cnt, double target, dou
       above += bucket;
     }
     if (digit < 0) return -1;
-    int64_t kept = 0; /* the bucket's entries, in position order */
+    int64_t kept = 0; /* the bucket's entries, in position order (no branch) */
     for (int64_t j = 0; j < len; j++) {
       const int64_t p = level ? pos[j] : j;
-      if ((int64_t)(float_bits(e[p]) >> shift & (RADIX_SIZE - 1)) == digit)
-        pos[kept++] = (int32_t)p;
+      pos[kept] = (int32_t)p;
+      kept += (int64_t)(float_bits(e[p]) >> shift & (RADIX_SIZE - 1)) == digit;
     }
     len = kept;
   }
@@ -360,16 +360,20 @@ static int64_t top_p_list(const armllm_kernels *kt, const float *e, const int32_
                           float *out_e, int32_t *out_id) {
   const double target = (double)top_p * total;
   const double enough = target + TOP_P_MARGIN * total;
-  float tau = TOP_P_TAU_FIRST, floor_e;
-  for (;;) {
-    floor_e = tau > keep_min ? tau : keep_min;
-    const double mass = kt->sample_block_sums(e, len, floor_e, s->sums);
-    if (tau == 0.0f || mass >= enough) break;
-    tau *= TOP_P_TAU_STEP;
-    if (tau < TOP_P_TAU_MIN) tau = 0.0f;
+  /* the kept e >= tau (> 0: a zero adds nothing), for the first tau whose
+   * mass is enough: summed over the collected list (any order of summation
+   * would do), or, collecting in place, over e before a collection */
+  float tau = TOP_P_TAU_FIRST;
+  int64_t cnt = 0;
+  for (;; tau = tau * TOP_P_TAU_STEP < TOP_P_TAU_MIN ? 0.0f : tau * TOP_P_TAU_STEP) {
+    const float floor_e = tau > keep_min ? tau : keep_min;
+    if (out_e == e && tau > 0.0f &&
+        kt->sample_block_sums(e, len, floor_e, s->sums) < enough)
+      continue;
+    cnt = kt->sample_collect(e, e_ids, len, floor_e, out_e, out_id);
+    if (out_e == e || tau == 0.0f || kt->sample_block_sums(out_e, cnt, 0.0f, s->sums) >= enough)
+      break;
   }
-  /* the kept e >= tau (> 0: a zero adds nothing) */
-  const int64_t cnt = kt->sample_collect(e, e_ids, len, floor_e, out_e, out_id);
   /* two sums of cnt entries in double differ by at most about 2 cnt roundings
    * of total (2^-53 each); the radix walk adds RADIX_DIGITS * RADIX_SIZE *
    * RADIX_COPIES bucket sums; the margin doubles the count */
@@ -382,9 +386,10 @@ static int64_t top_p_list(const armllm_kernels *kt, const float *e, const int32_
   const float e_last = out_e[last];
   int64_t kept = 0; /* before the boundary in the order: larger e, or equal and not after it */
   for (int64_t p = 0; p < cnt; p++) { /* no branch: the test is a coin toss */
-    out_e[kept] = out_e[p];
+    const float v = out_e[p];
+    out_e[kept] = v;
     out_id[kept] = out_id[p];
-    kept += out_e[p] > e_last || (out_e[p] == e_last && p <= last);
+    kept += (v > e_last) | ((v == e_last) & (p <= last));
   }
   return kept;
 }

@@ -53,14 +53,14 @@
  *       reaches (>=) (double)top_p * total; every kept token if none does
  *       (rounding). It is a list like C (ascending id), and total becomes
  *       its block sum. (Found without sorting the vocabulary: for tau = 1e-3,
- *       1e-6, ... (float, x 1e-3 a step) the mass of the kept e >= tau, a
- *       block sum with floor max(tau, min_p), is compared with top_p * total
- *       + 1e-6 * total, a margin above the rounding of any order of summation,
- *       until it passes or tau < 1e-30, then tau = 0; only the e >= tau are
- *       looked at, by a radix selection on their bits that knows the bound
- *       of the roundings of its own sums and leaves a case too close to call
- *       to a heap, which adds in the defining order. The result does not
- *       depend on tau or on the method.)
+ *       1e-6, ... (float, x 1e-3 a step) the mass of the kept e >= tau (their
+ *       block sum as a list) is compared with top_p * total + 1e-6 * total, a
+ *       margin above the rounding of any order of summation, until it passes
+ *       or tau < 1e-30, then tau = 0; only the e >= tau are looked at, by a
+ *       radix selection on their bits that knows the bound of the roundings
+ *       of its own sums and leaves a case too close to call to a heap, which
+ *       adds in the defining order. The result does not depend on tau, on
+ *       how the masses are summed, or on the method.)
  *     - draw: target = u * total (double). The block sums (of the vocabulary
  *       or of the list) are added in double in block order up to the first
  *       block where the running sum exceeds target; inside that block the

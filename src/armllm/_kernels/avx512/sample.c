@@ -1,7 +1,8 @@
 /* avx512/sample.c: the sampler's vectorizable passes (armllm_kernels.h) on
- * 16-lane registers, with ref's bits: the shared exp (vexp_avx512.h), and the
- * block tree computed for 16 blocks at once, one level per shuffle-and-add,
- * each level adding exactly the lanes the definition pairs. */
+ * 16-lane registers, with ref's bits: the shared exp (vexp_avx512.h, as it is
+ * on [-80, 0]), and the block tree computed for 16 blocks at once, one level
+ * per shuffle-and-add, each level adding exactly the lanes the definition
+ * pairs. */
 #include <math.h>
 
 #include "../armllm_kernels.h"
@@ -142,9 +143,33 @@ double armllm_avx512_sample_block_sums(const float *e, int64_t n, float keep_min
   return add_block_sums(e, n, _mm512_set1_ps(keep_min), sums, 0.0);
 }
 
+/* The shared exp (armllm_exp_avx512) for d in [-80, 0], where its clamp and
+ * NaN pass-through change nothing and its two-step scaling by 2^n equals one
+ * (every product is a normal float, so both are exact): the same operations
+ * otherwise, so the same bits. Other lanes give unspecified values. */
+static inline __m512 exp_nonpositive(__m512 d) {
+  const __m512 round = _mm512_set1_ps(ARMLLM_EXP_ROUND);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(d, _mm512_set1_ps(ARMLLM_EXP_LOG2E), round), round);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ARMLLM_EXP_LN2_HI), d);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(ARMLLM_EXP_LN2_LO), r);
+  __m512 p = _mm512_set1_ps(ARMLLM_EXP_P0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P5));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n),
+                                                           _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+  __asm__("" : "+v"(y)); /* as the shared exp: never fused into a later add */
+  return y;
+}
+
 static inline __m512 e_of(__m512 x, __m512 m_v, __m512 inv_t_v, __m512 d_min) {
   const __m512 d = _mm512_mul_ps(_mm512_sub_ps(x, m_v), inv_t_v);
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, d_min, _CMP_GE_OQ), armllm_exp_avx512(d));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, d_min, _CMP_GE_OQ), exp_nonpositive(d));
 }
 
 double armllm_avx512_sample_exp(const float *x, float *e, int64_t n, float m, float inv_t,
@@ -174,7 +199,8 @@ double armllm_avx512_sample_exp(const float *x, float *e, int64_t n, float m, fl
 int64_t armllm_avx512_sample_collect(const float *e, const int32_t *ids, int64_t n,
                                      float keep_min, float *out_e, int32_t *out_id) {
   /* compress in registers, then whole-register stores (the slack takes the
-   * lanes past the count; in place they land on entries already read) */
+   * lanes past the count; in place they land on entries already read); no
+   * branch on the mask: whether a group holds any is a coin toss in a flat row */
   const __m512 floor_v = _mm512_set1_ps(keep_min), zero = _mm512_setzero_ps();
   const __m512i step = _mm512_set1_epi32(BLOCK);
   __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -184,7 +210,6 @@ int64_t armllm_avx512_sample_collect(const float *e, const int32_t *ids, int64_t
     const __m512 v = _mm512_maskz_loadu_ps(lanes, e + i);
     const __mmask16 keep = _mm512_mask_cmp_ps_mask(lanes, v, floor_v, _CMP_GE_OQ) &
                            _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
-    if (!keep) continue;
     const __m512i id = ids ? _mm512_maskz_loadu_epi32(lanes, ids + i) : at;
     _mm512_storeu_ps(out_e + count, _mm512_maskz_compress_ps(keep, v));
     _mm512_storeu_si512(out_id + count, _mm512_maskz_compress_epi32(keep, id));
