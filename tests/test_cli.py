@@ -29,7 +29,9 @@ def test_info_json_reports_cpu_threads_and_kernels():
         "gemm_bf16_pack", "gemm_bf16", "rmsnorm", "rope", "silu_mul", "gelu_tanh_mul", "embed_f32",
         "embed_bf16", "exp", "kv_write", "attention", "quant_act", "gemm_wq_packed_len",
         "gemm_wq_pack", "gemm_wq", "gemm_gguf_packed_len", "gemm_gguf_pack", "gemm_gguf",
-        "gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu"]
+        "gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu",
+        "sample_argmax", "sample_find_above", "sample_exp", "sample_block_sums",
+        "sample_collect"]
     # a built variant, then any run-time choice inside its code ("neon+dotprod")
     assert {impl.split("+")[0] for impl in info["kernels"].values()} <= set(info["isa_built"])
     if info["arch"] == "x86_64":
@@ -132,12 +134,29 @@ def test_bad_bench_arguments():
 def test_bench_kernels_runs_a_small_shape(tmp_path):
     out = tmp_path / "bench.json"
     r = armllm("bench", "kernels", "--models", "smollm2-135m", "--m", "1", "--threads", "1",
-               "--min-time", "0.01", "--json", str(out))
+               "--min-time", "0.01", "--parts", "gemm", "--json", str(out))
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert data["machine"]["1"]["read_gbs"] > 0 and data["machine"]["1"]["fma_gflops"] > 0
     assert len(data["gemm"]) == 8  # 4 layers x 2 dtypes at M=1
     assert all(row["armllm_s"] > 0 and row["numpy_f32_s"] > 0 for row in data["gemm"])
+
+
+def test_bench_kernels_times_the_sampler(tmp_path):
+    """--parts sampling: each case's time a row, new and old, at each --vocab."""
+    out = tmp_path / "bench.json"
+    r = armllm("bench", "kernels", "--parts", "sampling", "--vocab", "1000,3000",
+               "--min-time", "0.01", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["sampling"]
+    assert [(row["vocab"], row["case"]) for row in rows] == [
+        (n, case) for n in (1000, 3000) for case in ("greedy", "t0.8 top-p 0.95", "t1")]
+    for row in rows:
+        assert all(row[k] > 0 for k in ("one_row_us", "batch_us_per_row", "old_one_row_us",
+                                        "old_batch_us_per_row"))
+    assert "gemm" not in json.loads(out.read_text())
+    bad = armllm("bench", "kernels", "--parts", "gemm,sorting")
+    assert bad.returncode == 2 and "--parts must name some of gemm, sampling" in bad.stderr
 
 
 def test_bench_kernels_compares_variants(tmp_path):
@@ -147,7 +166,7 @@ def test_bench_kernels_compares_variants(tmp_path):
     isas = ["ref", ops.available_isas()[0]]
     r = armllm("bench", "kernels", "--isa", ",".join(isas), "--models", "smollm2-135m",
                "--m", "1", "--threads", "1", "--dtypes", "bf16", "--min-time", "0.01",
-               "--no-numpy", "--json", str(out))
+               "--no-numpy", "--parts", "gemm", "--json", str(out))
     assert r.returncode == 0, r.stderr
     rows = json.loads(out.read_text())["gemm"]
     assert [row["isa"] for row in rows] == isas * 4  # 4 layers at M=1

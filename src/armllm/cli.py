@@ -94,7 +94,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     benchmarks = [
-        ("kernels", "GEMM speed vs machine limits and numpy",
+        ("kernels", "GEMM speed vs machine limits and numpy; the sampler's time a row",
          kernels.add_arguments, kernels.run),
         ("comm", "the tensor-parallel all-reduce over shared memory: latency and bandwidth",
          comm.add_arguments, comm.run),

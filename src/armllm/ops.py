@@ -39,6 +39,7 @@ from armllm._kernels._ext import (
     probe_read,
     sample_scratch_bytes,
     sample_token,
+    sample_uniform,
 )
 from armllm._kernels._ext import q_group_len as quant_group_len
 from armllm._kernels._ext import q_groups as quant_groups
@@ -55,7 +56,8 @@ __all__ = [
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
-    "rms_norm_linear", "rope", "sample_scratch_bytes", "sample_token",
+    "rms_norm_linear", "rope", "RowSampler", "sample_scratch_bytes", "sample_token",
+    "sample_uniform",
     "restart_pool", "selected_isa", "set_num_threads", "sigmoid_mul", "silu_mul",
 ]
 
@@ -536,6 +538,29 @@ def embedding(ids: np.ndarray, table: np.ndarray | GGUFTable,
 def exp(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """The kernels' vectorized exp (1-D float32)."""
     return _KERNELS.exp(x, _out(out, getattr(x, "shape", (0,))))
+
+
+class RowSampler(_ext.RowSampler):
+    """A step's logits rows to tokens in one call on the pool (sample.h): mask, bias,
+    raw logprobs, penalties, greedy or temperature / top-k / min-p / top-p and the
+    seeded draw. Columns (max_rows long, the caller fills them before run): float32
+    temperature, top_p, min_p, repetition_penalty, presence_penalty,
+    frequency_penalty; int32 top_k, num_logprobs, mask_row; uint64 seed, stream,
+    counter; int64 prompt_len; outputs int32 token, float32 logprob, int32 top_ids and
+    float32 top_logprobs [max_rows, 20]. set_history / clear_history and set_bias /
+    clear_bias attach per-entry arrays (kept referenced). isa: the kernel variant
+    (default: the selected one)."""
+
+    def __init__(self, vocab_size: int, max_rows: int, isa: str | None = None):
+        super().__init__(kernels(isa), vocab_size, max_rows, max(1, min(_NUM_THREADS, max_rows)))
+
+    def run(self, logits: np.ndarray, begin: int, end: int, masks: np.ndarray | None = None,
+            pool: ThreadPool | None = None) -> None:
+        """Samples entries begin..end-1 from rows 0..end-begin-1 of logits (float32
+        [rows, vocab_size], rows contiguous, strided allowed; their values afterwards
+        are unspecified); masks: llguidance's int32/uint32 bitmask rows that mask_row
+        picks. pool: the default one unless given."""
+        super().run(logits, begin, end, masks, get_pool() if pool is None else pool)
 
 
 def kv_write(k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray, k_cache: np.ndarray,

@@ -4,10 +4,10 @@
 Owns the argument validation every wrapper shares (dtype, shape, contiguity,
 aliasing; a ValueError naming the bad argument). Each family's wrappers live in
 their own .pxi, included below: dispatch (CPU features, kernel tables), pool
-(ThreadPool), gemm, quant, gguf, elementwise, attn and gdn (Kernels, one variant's
-dispatch table), sample, probe, comm, layer (a decoder layer as one call), head (the
-final norm and lm_head) and moe. Every kernel call releases
-the GIL and never allocates: outputs are passed in.
+(ThreadPool), gemm, quant, gguf, elementwise, attn, gdn and sample_slots (Kernels,
+one variant's dispatch table), sample (RowSampler: a step's rows to tokens), probe,
+comm, layer (a decoder layer as one call), head (the final norm and lm_head) and
+moe. Every kernel call releases the GIL and never allocates: outputs are passed in.
 """
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
@@ -111,12 +111,13 @@ include "gguf.pxi"
 include "elementwise.pxi"
 include "attn.pxi"
 include "gdn.pxi"
+include "sample_slots.pxi"
 
 
-cdef class Kernels(_GDNKernels):
+cdef class Kernels(_SampleKernels):
     """One kernel variant's dispatch table ("ref", "avx2", "neon", ...) with a typed
     wrapper per slot: dispatch.pxi, gemm.pxi, quant.pxi, gguf.pxi, elementwise.pxi,
-    attn.pxi and gdn.pxi each add a family's."""
+    attn.pxi, gdn.pxi and sample_slots.pxi each add a family's."""
 
 
 include "sample.pxi"

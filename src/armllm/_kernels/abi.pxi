@@ -89,6 +89,7 @@ cdef extern from "armllm_kernels.h" nogil:
     enum:
         ARMLLM_Q_KALIGN
         ARMLLM_Q_CHANNEL_GROUP
+        ARMLLM_SAMPLE_BLOCK
     int64_t armllm_q_kpad(int64_t k)
     int64_t armllm_q_group_len(int64_t group)
     int64_t armllm_q_groups(int64_t k, int64_t group)
@@ -177,6 +178,14 @@ cdef extern from "armllm_kernels.h" nogil:
                           const float *bias, int64_t t, int64_t d, float eps, float *out,
                           int64_t ldo) noexcept nogil
         void (*gelu)(armllm_pool *pool, const float *x, float *y, int64_t n) noexcept nogil
+        int64_t (*sample_argmax)(const float *x, int64_t n) noexcept nogil
+        int64_t (*sample_find_above)(const float *x, int64_t n, float t) noexcept nogil
+        double (*sample_exp)(const float *x, float *e, int64_t n, float m, float inv_t,
+                             float keep_min, float *sums) noexcept nogil
+        double (*sample_block_sums)(const float *e, int64_t n, float keep_min,
+                                    float *sums) noexcept nogil
+        int64_t (*sample_collect)(const float *e, const int32_t *ids, int64_t n, float keep_min,
+                                  float *out_e, int32_t *out_id) noexcept nogil
 
     void armllm_rmsnorm_quant(const armllm_kernels *kt, armllm_pool *pool, const float *x,
                               int64_t ldx, float *residual, int64_t ldr, const float *weight,
@@ -238,6 +247,41 @@ cdef extern from "fused.h" nogil:
 
 
 cdef extern from "sample.h" nogil:
+    enum:
+        ARMLLM_SAMPLE_MAX_LOGPROBS
+    ctypedef struct armllm_sample_batch:
+        int64_t rows, n
+        float **row
+        const float *temperature
+        const float *top_p
+        const float *min_p
+        const float *repetition_penalty
+        const float *presence_penalty
+        const float *frequency_penalty
+        const int32_t *top_k
+        const int32_t *num_logprobs
+        const uint64_t *seed
+        const uint64_t *stream
+        const uint64_t *counter
+        const int32_t **history
+        const int64_t *history_len
+        const int64_t *prompt_len
+        const int32_t **bias_ids
+        const float **bias_values
+        const int64_t *bias_len
+        const uint32_t *masks
+        int64_t mask_ld
+        const int32_t *mask_row
+        int32_t *token
+        float *logprob
+        int32_t *top_ids
+        float *top_logprobs
+        void *scratch
+        int64_t slots
+    size_t armllm_sample_rows_slot_bytes(int64_t n)
+    void armllm_sample_rows(const armllm_kernels *kt, armllm_pool *pool,
+                            const armllm_sample_batch *b)
+    double armllm_sample_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
     size_t armllm_sample_scratch_bytes(int64_t n)
     void armllm_mask_logits(float *row, int64_t n, const uint32_t *words)
     int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,

@@ -110,6 +110,43 @@ static inline uint16_t armllm_f32_to_bf16(float f) {
 
 enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
 
+/* ------------------------------------------------------------ sampling
+ *
+ * The vectorizable passes of the batched sampler (sample.h, which defines
+ * the rest); every variant gives ref's bits. n >= 1.
+ *
+ * sample_argmax  the lowest i of the largest non-NaN x[i]; -1 when every x is
+ *   NaN.
+ *
+ * sample_find_above  the lowest i with x[i] > t (NaN never is); n if none
+ *   (n may be 0 here).
+ *
+ * Block sum with floor f (the slots' keep_min) of v[0..n): blocks of
+ *   ARMLLM_SAMPLE_BLOCK entries, the last padded with zeros; lanes
+ *   w_j = v[16b + j] >= f ? v[16b + j] : 0;
+ *   sums[b] = the float tree s8_j = w_j + w_{j+8}, s4_j = s8_j + s8_{j+4},
+ *   s2_j = s4_j + s4_{j+2}, s = s2_0 + s2_1; the return value is the sums
+ *   added in double in block order from 0. sums holds ceil(n / 16) floats.
+ *
+ * sample_exp  e[i] = d >= ARMLLM_SAMPLE_D_MIN ? exp(d) : 0 with d = (x[i] - m)
+ *   * inv_t (two float operations, unfused; exp the shared one, vexp.h; NaN
+ *   d gives 0), and the block sum of e with floor f (into sums, returned).
+ *   m is at least every non-NaN x[i] and finite, inv_t > 0, so d <= 0: on
+ *   [-80, 0] a variant may leave out the shared exp's clamp, its NaN
+ *   pass-through and its two-step scaling (every result there is a normal
+ *   float), which change no bit. e may equal x.
+ *
+ * sample_block_sums  the block sum of e with floor f (into sums, returned).
+ *
+ * sample_collect  the entries with e[i] >= f and e[i] > 0, in order: their e
+ *   into out_e, their ids (ids[i], or i when ids is NULL) into out_id;
+ *   returns their count. out_e may be e and out_id ids (entries only move
+ *   down); both hold ARMLLM_SAMPLE_BLOCK entries of slack past the count,
+ *   which a variant may overwrite.
+ */
+#define ARMLLM_SAMPLE_BLOCK 16
+#define ARMLLM_SAMPLE_D_MIN (-80.0f) /* exp(-80) < 2e-35: below any sum's rounding */
+
 /* ---------------------------------------------------------- attention
  *
  * Paged KV cache, per layer: K and V of [num_blocks, n_kv_heads, block_size,
@@ -466,7 +503,14 @@ typedef struct {
   X(variant, layernorm, void,                                                                      \
     (armllm_pool *pool, const float *x, int64_t ldx, const float *weight, const float *bias,       \
      int64_t t, int64_t d, float eps, float *out, int64_t ldo))                                    \
-  X(variant, gelu, void, (armllm_pool *pool, const float *x, float *y, int64_t n))
+  X(variant, gelu, void, (armllm_pool *pool, const float *x, float *y, int64_t n))                 \
+  X(variant, sample_argmax, int64_t, (const float *x, int64_t n))                                  \
+  X(variant, sample_find_above, int64_t, (const float *x, int64_t n, float t))                     \
+  X(variant, sample_exp, double,                                                                   \
+    (const float *x, float *e, int64_t n, float m, float inv_t, float keep_min, float *sums))      \
+  X(variant, sample_block_sums, double, (const float *e, int64_t n, float keep_min, float *sums)) \
+  X(variant, sample_collect, int64_t,                                                              \
+    (const float *e, const int32_t *ids, int64_t n, float keep_min, float *out_e, int32_t *out_id))
 
 #define ARMLLM_SLOT_TYPEDEF_(variant, name, ret, params) typedef ret(*armllm_##name##_fn) params;
 #define ARMLLM_SLOT_INDEX_(variant, name, ret, params) ARMLLM_K_##name,

@@ -1,34 +1,200 @@
-/* sample.c: random token choice over one logits row (sample.h).
+/* sample.c: armllm_sample_rows (sample.h defines its result), the uniform
+ * draw and the structured-output mask. Portable C around the kernel table's
+ * vectorizable passes (sample_argmax, sample_find_above, sample_exp,
+ * sample_block_sums, sample_collect); built with -ffp-contract=off, so every
+ * float and double operation is the one written.
  *
- * The candidates' probabilities are computed once; top-k is a selection
- * (quickselect of the k-th value, then one pass in id order), top-p a binary
- * heap popped only until the kept mass reaches top_p: at the usual settings a
- * few dozen pops, never a sort of the vocabulary. */
+ * A row reads its logits a few times and never sorts them: greedy is an
+ * argmax pass; top-k keeps a buffer of the largest values seen, shrunk by
+ * quickselect whenever it fills, behind a threshold that a vector search
+ * skips most entries under; top-p looks only at the e above a floor whose
+ * mass already passes top_p, and finds its boundary by a radix selection on
+ * their bits with exact bounds on the roundings (a heap, which adds in the
+ * defining order, when the bounds cannot decide, or for few entries); the
+ * draw walks block sums. */
+#define _GNU_SOURCE /* sync.h: syscall, clock_gettime */
 #include "sample.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
-size_t armllm_sample_scratch_bytes(int64_t n) {
-  /* probabilities (double), candidate ids, heap (int32), kept flags (uint8) */
-  return (size_t)n * (sizeof(double) + 2 * sizeof(int32_t) + 1);
+#include "sync.h"
+
+/* top-p: the floor tau starts at TAU_FIRST, shrinks by TAU_STEP, and is 0 below
+ * TAU_MIN; a floor passes once its mass reaches top_p * total + MARGIN * total
+ * (MARGIN: far above the rounding of any order of summing float e in double,
+ * and above the float block trees' 4 roundings of 2^-24) */
+#define TOP_P_TAU_FIRST 1e-3f
+#define TOP_P_TAU_STEP 1e-3f
+#define TOP_P_TAU_MIN 1e-30f
+#define TOP_P_MARGIN 1e-6
+/* top-p: from this many entries on, the radix selection (below it a heap is
+ * as quick) */
+#define TOP_P_RADIX_MIN 256
+/* top-k: the buffer of the largest values seen holds TOP_K_BUFFER_FACTOR * k
+ * entries, at least TOP_K_BUFFER_MIN (fewer shrinks), at most n */
+#define TOP_K_BUFFER_FACTOR 4
+#define TOP_K_BUFFER_MIN 1024
+
+#define BLOCK ARMLLM_SAMPLE_BLOCK
+#define TOP_N ARMLLM_SAMPLE_MAX_LOGPROBS
+
+/* ------------------------------------------------------------ scratch */
+
+/* One worker's arrays (armllm_sample_rows_slot_bytes). */
+typedef struct {
+  int32_t *mark; /* [n] 0 between rows; in a row, +-(1 + j) for an id the penalties
+                    touch, j its entry in raw and count (- once applied) */
+  float *raw;    /* [n] the touched ids' values before the penalties */
+  float *vals;   /* [n] e of the row, or a list's values (then e) */
+  int32_t *ids;  /* [n] a list's ids */
+  int32_t *work; /* [n] penalty counts, then a quickselect copy (float), or a heap */
+  float *sums;   /* [blocks] block sums */
+} slot_t;
+
+static int64_t blocks_of(int64_t n) { return (n + BLOCK - 1) / BLOCK; }
+
+/* an array of len 4-byte entries (and a block of slack), in whole cache lines */
+static size_t array_bytes(int64_t len) {
+  const size_t line = 64;
+  return ((size_t)(len + BLOCK) * 4 + line - 1) / line * line;
 }
 
-/* The k-th largest (1-based) of v[0..n) by quickselect; v is reordered. */
-static float kth_largest(float *v, int64_t n, int64_t k) {
-  int64_t lo = 0, hi = n - 1, want = k - 1;
+size_t armllm_sample_rows_slot_bytes(int64_t n) {
+  return 5 * array_bytes(n) + array_bytes(blocks_of(n));
+}
+
+static slot_t slot_at(void *scratch, int64_t n, int64_t i) {
+  char *p = (char *)scratch + (size_t)i * armllm_sample_rows_slot_bytes(n);
+  slot_t s;
+  s.mark = (int32_t *)p;
+  s.raw = (float *)(p += array_bytes(n));
+  s.vals = (float *)(p += array_bytes(n));
+  s.ids = (int32_t *)(p += array_bytes(n));
+  s.work = (int32_t *)(p += array_bytes(n));
+  s.sums = (float *)(p + array_bytes(n));
+  return s;
+}
+
+/* The largest non-NaN x (-inf when every x is NaN). */
+static float largest(const armllm_kernels *kt, const float *x, int64_t n) {
+  const int64_t i = kt->sample_argmax(x, n);
+  return i < 0 ? -INFINITY : x[i];
+}
+
+/* ------------------------------------------------------- log-probabilities */
+
+/* M + the log of the block sum (floor 0) of exp(x - M), M the largest x: the
+ * row's log-normalizer. e goes to vals (unused). */
+static double log_normalizer(const armllm_kernels *kt, const float *x, int64_t n, slot_t *s) {
+  const float m = largest(kt, x, n);
+  return (double)m + log(kt->sample_exp(x, s->vals, n, m, 1.0f, 0.0f, s->sums));
+}
+
+/* a ranks above b: a larger value, NaN below every number, ties to the lower id */
+static inline int ranks_above(float av, int64_t aid, float bv, int64_t bid) {
+  if (av != av) return bv != bv && aid < bid;
+  if (bv != bv) return 1;
+  return av > bv || (av == bv && aid < bid);
+}
+
+/* Puts (v, id) into the list of the best `len` (<= k) entries, best first,
+ * dropping the last when full. */
+static void insert_ranked(float v, int64_t id, int32_t *ids, float *values, int64_t *len,
+                          int64_t k) {
+  int64_t j = *len < k ? (*len)++ : k - 1;
+  for (; j > 0 && ranks_above(v, id, values[j - 1], ids[j - 1]); j--) {
+    values[j] = values[j - 1];
+    ids[j] = ids[j - 1];
+  }
+  values[j] = v;
+  ids[j] = (int32_t)id;
+}
+
+/* The k (1..TOP_N) highest-ranked entries of x, best first, into ids/values. */
+static int64_t top_entries(const armllm_kernels *kt, const float *x, int64_t n, int64_t k,
+                           int32_t *ids, float *values) {
+  int64_t len = 0, i = 0;
+  for (; i < n && len < k; i++) insert_ranked(x[i], i, ids, values, &len, k);
+  while (i < n) {
+    const float worst = values[k - 1];
+    if (worst == worst) /* a later entry ranks above only when larger: skip the rest */
+      i += kt->sample_find_above(x + i, n - i, worst);
+    else if (!ranks_above(x[i], i, worst, ids[k - 1])) { /* NaN kept: any number enters */
+      i++;
+      continue;
+    }
+    if (i < n) insert_ranked(x[i], i, ids, values, &len, k);
+    i++;
+  }
+  return len;
+}
+
+/* ------------------------------------------------------------ penalties */
+
+/* Row r's penalties on x (sample.h step 4); the touched ids keep their raw
+ * values in s->raw and a negative mark. Returns how many ids it touched. */
+static int64_t apply_penalties(const armllm_sample_batch *b, int64_t r, float *x, slot_t *s) {
+  const float rp = b->repetition_penalty[r];
+  const float presence = b->presence_penalty[r], frequency = b->frequency_penalty[r];
+  const int repeat = rp != 1.0f, add = presence != 0.0f || frequency != 0.0f;
+  const int32_t *hist = b->history ? b->history[r] : NULL;
+  const int64_t len = hist ? b->history_len[r] : 0, prompt = b->prompt_len[r];
+  if (!(repeat || add) || len == 0) return 0;
+  const int64_t from = repeat ? 0 : prompt;
+  int32_t *count = s->work;
+  int64_t touched = 0;
+  for (int64_t i = from; i < len; i++) {
+    int32_t j = s->mark[hist[i]];
+    if (j == 0) {
+      s->raw[touched] = x[hist[i]];
+      count[touched] = 0;
+      j = s->mark[hist[i]] = (int32_t)++touched;
+    }
+    if (i >= prompt) count[j - 1]++;
+  }
+  for (int64_t i = from; i < len; i++) {
+    const int32_t j = s->mark[hist[i]];
+    if (j <= 0) continue; /* applied already */
+    float v = s->raw[j - 1];
+    if (repeat) v = v > 0.0f ? v / rp : v * rp;
+    if (add && count[j - 1] > 0) v -= presence + frequency * (float)count[j - 1];
+    x[hist[i]] = v;
+    s->mark[hist[i]] = -j;
+  }
+  return touched;
+}
+
+/* x[t] as it was before the penalties (x itself unchanged since them). */
+static float raw_value(const float *x, int64_t t, const slot_t *s) {
+  return s->mark[t] != 0 ? s->raw[-s->mark[t] - 1] : x[t];
+}
+
+static void clear_marks(const armllm_sample_batch *b, int64_t r, slot_t *s) {
+  const int32_t *hist = b->history ? b->history[r] : NULL;
+  const int64_t len = hist ? b->history_len[r] : 0;
+  for (int64_t i = 0; i < len; i++) s->mark[hist[i]] = 0;
+}
+
+/* ------------------------------------------------------------ top-k */
+
+/* The k-th largest (1 <= k <= len) of v[0..len) (no NaN), by quickselect on
+ * a copy. */
+static float kth_largest(const float *v, int64_t len, int64_t k, float *copy) {
+  memcpy(copy, v, (size_t)len * sizeof *copy);
+  int64_t lo = 0, hi = len - 1;
+  const int64_t want = k - 1;
   while (lo < hi) {
-    const float pivot = v[lo + (hi - lo) / 2];
+    const float pivot = copy[lo + (hi - lo) / 2];
     int64_t i = lo, j = hi;
     while (i <= j) {
-      while (v[i] > pivot) i++;
-      while (v[j] < pivot) j--;
+      while (copy[i] > pivot) i++;
+      while (copy[j] < pivot) j--;
       if (i <= j) {
-        const float t = v[i];
-        v[i] = v[j];
-        v[j] = t;
-        i++;
-        j--;
+        const float t = copy[i];
+        copy[i++] = copy[j];
+        copy[j--] = t;
       }
     }
     if (want <= j)
@@ -36,69 +202,68 @@ static float kth_largest(float *v, int64_t n, int64_t k) {
     else if (want >= i)
       lo = i;
     else
-      return v[want];
+      break;
   }
-  return v[want];
+  return copy[want];
 }
 
-/* no-trapping-math (FP exceptions are never looked at here; no result changes)
- * lets GCC vectorize the exp loop's selects; both functions carry it, so that
- * one inlines into the other. */
-#if defined(__GNUC__) && !defined(__clang__)
-#define NO_TRAPPING_MATH __attribute__((optimize("no-trapping-math")))
-#else
-#define NO_TRAPPING_MATH
-#endif
-
-/* top-p heaps only the tokens of p >= tau (see armllm_sample); tau starts at
- * pmax * TOP_P_FLOOR_STEP and shrinks by that factor. TOP_P_MARGIN: far above
- * the rounding of a sum of probabilities in another order (~n * 2^-53). */
-#define TOP_P_FLOOR_STEP 1e-3
-#define TOP_P_MARGIN 1e-9
-
-/* exp(d) for d in [-ARMLLM_SAMPLE_EXP_CUT, 0], within 2 ulp: 2^k * e^r with
- * k = round(d / ln 2) (the 1.5 * 2^52 addition rounds), r = d - k ln 2 in two
- * parts (|r| <= ln 2 / 2), e^r by its Taylor series to r^13 (the next term is
- * below 5e-18). No calls and no branches, so the loop over a vocabulary
- * vectorizes; 2^k is built in the exponent bits (k >= -116: no subnormals). */
-NO_TRAPPING_MATH static inline double exp_nonpositive(double d) {
-  const double shifter = 0x1.8p52, log2e = 0x1.71547652b82fep0;
-  const double ln2_hi = 0x1.62e42fee00000p-1, ln2_lo = 0x1.a39ef35793c76p-33;
-  const double t = d * log2e + shifter, kd = t - shifter;
-  const double r = (d - kd * ln2_hi) - kd * ln2_lo;
-  double e = 1.0 / 6227020800.0; /* 1/13! */
-  e = e * r + 1.0 / 479001600.0;
-  e = e * r + 1.0 / 39916800.0;
-  e = e * r + 1.0 / 3628800.0;
-  e = e * r + 1.0 / 362880.0;
-  e = e * r + 1.0 / 40320.0;
-  e = e * r + 1.0 / 5040.0;
-  e = e * r + 1.0 / 720.0;
-  e = e * r + 1.0 / 120.0;
-  e = e * r + 1.0 / 24.0;
-  e = e * r + 1.0 / 6.0;
-  e = e * r + 0.5;
-  e = e * r + 1.0;
-  e = e * r + 1.0;
-  int64_t t_bits, shifter_bits; /* k itself sits in t's low mantissa bits */
-  memcpy(&t_bits, &t, sizeof t_bits);
-  memcpy(&shifter_bits, &shifter, sizeof shifter_bits);
-  const int64_t bits = (t_bits - shifter_bits + 1023) << 52;
-  double scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return e * scale;
+/* Shrinks the list (ascending ids) to its k best (larger value, then lower
+ * id), keeping the order; returns the k-th value. */
+static float keep_best(float *vals, int32_t *ids, int64_t *len, int64_t k, float *copy) {
+  const float kth = kth_largest(vals, *len, k, copy);
+  int64_t above = 0, out = 0;
+  for (int64_t j = 0; j < *len; j++) above += vals[j] > kth;
+  int64_t ties = k - above; /* of the k-th value, the lowest ids */
+  for (int64_t j = 0; j < *len; j++)
+    if (vals[j] > kth || (vals[j] == kth && ties-- > 0)) {
+      vals[out] = vals[j];
+      ids[out++] = ids[j];
+    }
+  *len = out;
+  return kth;
 }
 
-/* Heap order: a before b when its probability is higher, or equal with a lower id. */
-static inline int before(const double *p, const int32_t *ids, int32_t a, int32_t b) {
-  return p[a] > p[b] || (p[a] == p[b] && ids[a] < ids[b]);
-}
-
-static void sift_down(int32_t *heap, int64_t len, int64_t i, const double *p, const int32_t *ids) {
+/* The top_k candidates (0 < k < n) other than -inf and NaN, in ascending id,
+ * into s->vals / s->ids; returns their count (k, or fewer if the row has fewer). */
+static int64_t top_k_list(const armllm_kernels *kt, const float *x, int64_t n, int64_t k,
+                          slot_t *s) {
+  int64_t cap = k * TOP_K_BUFFER_FACTOR > TOP_K_BUFFER_MIN ? k * TOP_K_BUFFER_FACTOR
+                                                           : TOP_K_BUFFER_MIN;
+  cap = cap < n ? cap : n;
+  int64_t len = 0, i = 0;
+  for (; i < cap; i++) /* the first cap entries fill the buffer */
+    if (x[i] > -INFINITY) {
+      s->vals[len] = x[i];
+      s->ids[len++] = (int32_t)i;
+    }
+  /* entries at the threshold come later than k entries at least as large:
+   * only larger ones can be candidates */
+  float threshold = -INFINITY;
+  if (len == cap) threshold = keep_best(s->vals, s->ids, &len, k, (float *)s->work);
   for (;;) {
-    int64_t best = i, l = 2 * i + 1, r = l + 1;
-    if (l < len && before(p, ids, heap[l], heap[best])) best = l;
-    if (r < len && before(p, ids, heap[r], heap[best])) best = r;
+    i += kt->sample_find_above(x + i, n - i, threshold);
+    if (i >= n) break;
+    s->vals[len] = x[i];
+    s->ids[len] = (int32_t)i++;
+    if (++len == cap) threshold = keep_best(s->vals, s->ids, &len, k, (float *)s->work);
+  }
+  if (len > k) keep_best(s->vals, s->ids, &len, k, (float *)s->work);
+  return len;
+}
+
+/* ------------------------------------------------------------ top-p */
+
+/* heap order: a first when its e is larger, or equal with a lower position */
+static inline int heap_before(const float *e, int32_t a, int32_t b) {
+  return e[a] > e[b] || (e[a] == e[b] && a < b);
+}
+
+static void sift_down(int32_t *heap, int64_t len, int64_t i, const float *e) {
+  for (;;) {
+    int64_t best = i;
+    const int64_t l = 2 * i + 1, r = l + 1;
+    if (l < len && heap_before(e, heap[l], heap[best])) best = l;
+    if (r < len && heap_before(e, heap[r], heap[best])) best = r;
     if (best == i) return;
     const int32_t t = heap[i];
     heap[i] = heap[best];
@@ -107,95 +272,289 @@ static void sift_down(int32_t *heap, int64_t len, int64_t i, const double *p, co
   }
 }
 
-NO_TRAPPING_MATH
-int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
-                      double top_p, double min_p, double u, void *scratch) {
-  double *p = scratch;
-  int32_t *ids = (int32_t *)(p + n), *heap = ids + n;
-  uint8_t *keep = (uint8_t *)(heap + n);
-  int64_t c = n; /* candidates, in ascending id (all of them: ids[j] = j) */
-  float row_max = row[0];
-  for (int64_t i = 1; i < n; i++) row_max = row[i] > row_max ? row[i] : row_max;
-  if (top_k > 0 && top_k < n) {
-    /* x = row / temperature keeps the order of row (a float's double quotient by a
-       positive number is monotonic and keeps distinct floats distinct): select on row */
-    float *v = (float *)heap; /* heap and keep are free until top-p */
-    memcpy(v, row, (size_t)n * sizeof(float));
-    const float kth = kth_largest(v, n, top_k);
-    int64_t above = 0;
-    for (int64_t i = 0; i < n; i++) above += row[i] > kth;
-    int64_t ties = top_k - above; /* of the k-th value, the lowest ids */
-    c = 0;
-    for (int64_t i = 0; i < n && c < top_k; i++)
-      if (row[i] > kth || (row[i] == kth && ties-- > 0)) ids[c++] = (int32_t)i;
-    if (c == 0) /* NaN logits: the first k (the result is as undefined as numpy's) */
-      for (; c < top_k; c++) ids[c] = (int32_t)c;
-    for (int64_t j = 0; j < c; j++) p[j] = (double)row[ids[j]] / temperature;
-  } else {
-    for (int64_t i = 0; i < n; i++) {
-      ids[i] = (int32_t)i;
-      p[i] = (double)row[i] / temperature;
-    }
-  }
-  /* the largest x: row's maximum divided (for top-k, the maximum is a candidate) */
-  const double m = row_max == row_max ? (double)row_max / temperature : p[0];
-  for (int64_t j = 0; j < c; j++) { /* vectorizes; the sum below keeps its order */
-    const double d = p[j] - m, in_range = (double)(d >= -ARMLLM_SAMPLE_EXP_CUT);
-    p[j] = exp_nonpositive(d >= -ARMLLM_SAMPLE_EXP_CUT ? d : 0.0) * in_range;
-  }
+/* The top-p boundary of e[0..cnt) (ascending ids) by the definition: the
+ * entries in order (larger e, then lower position) added in double until the
+ * sum reaches target; returns the last one's position, or -1 if the sum never
+ * does. heap holds cnt entries. */
+static int64_t boundary_by_heap(const float *e, int64_t cnt, double target, int32_t *heap) {
+  for (int64_t i = 0; i < cnt; i++) heap[i] = (int32_t)i;
+  for (int64_t i = cnt / 2 - 1; i >= 0; i--) sift_down(heap, cnt, i, e);
   double sum = 0.0;
-  for (int64_t j = 0; j < c; j++) sum += p[j];
-  double pmax = 0.0;
-  for (int64_t j = 0; j < c; j++) {
-    p[j] /= sum;
-    pmax = p[j] > pmax ? p[j] : pmax;
+  for (int64_t left = cnt; left > 0;) {
+    const int32_t top = heap[0];
+    sum += e[top];
+    if (sum >= target) return top;
+    heap[0] = heap[--left];
+    sift_down(heap, left, 0, e);
   }
-  const double floor_p = min_p > 0.0 ? min_p * pmax : -1.0;
-  if (top_p < 1.0) {
-    /* the heap holds only tokens that can matter (p > 0): the others come last in
-       the order and their mass adds nothing */
-    /* ... and of those only the ones at or above a floor tau whose tokens' mass
-       already passes top_p (with a margin for the order of the additions): the
-       smallest set reaching top_p lies among them. tau drops 1000-fold until it
-       does (to 0: every token). */
-    double tau = pmax * TOP_P_FLOOR_STEP;
-    for (;;) {
-      double mass = 0.0;
-      for (int64_t j = 0; j < c; j++) mass += p[j] >= tau ? p[j] : 0.0;
-      if (mass >= top_p + TOP_P_MARGIN || tau == 0.0) break;
-      tau = tau > 1e-300 ? tau * TOP_P_FLOOR_STEP : 0.0;
-    }
-    int64_t len = 0;
-    for (int64_t j = 0; j < c; j++) {
-      keep[j] = 0;
-      if (p[j] > 0.0 && p[j] >= tau) heap[len++] = (int32_t)j;
-    }
-    for (int64_t i = len / 2 - 1; i >= 0; i--) sift_down(heap, len, i, p, ids);
-    double cum = 0.0;
-    while (len > 0) {
-      const int32_t top = heap[0];
-      keep[top] = 1;
-      cum += p[top];
-      if (cum >= top_p) break;
-      heap[0] = heap[--len];
-      sift_down(heap, len, 0, p, ids);
-    }
-    if (len == 0) /* never reached top_p (rounding): every token stays */
-      for (int64_t j = 0; j < c; j++) keep[j] = 1;
-    for (int64_t j = 0; j < c; j++) keep[j] = keep[j] && p[j] >= floor_p;
-  } else {
-    for (int64_t j = 0; j < c; j++) keep[j] = p[j] >= floor_p;
-  }
-  double total = 0.0;
-  for (int64_t j = 0; j < c; j++) total += keep[j] ? p[j] : 0.0;
-  const double target = u * total;
-  double cdf = 0.0;
-  for (int64_t j = 0; j < c; j++) {
-    cdf += keep[j] ? p[j] : 0.0;
-    if (cdf > target) return ids[j];
-  }
-  return ids[c - 1];
+  return -1;
 }
+
+/* The radix digits of a positive float's bits, most significant first: e <= 1
+ * keeps the first digit below 1024. */
+#define RADIX_DIGITS 3
+#define RADIX_SIZE 1024
+#define RADIX_COPIES 4 /* histograms, interleaved: entries of one bucket in a row
+                          do not wait on each other's additions */
+static const int RADIX_SHIFT[RADIX_DIGITS] = {20, 10, 0};
+
+static inline uint32_t float_bits(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+/* The top-p boundary as boundary_by_heap defines it, without ordering the
+ * entries: for each digit in turn, the masses of the candidates' buckets (in
+ * double) are walked from the largest e down to the bucket where the running
+ * sum reaches target; its entries are the next digit's candidates. After the
+ * last digit they hold equal e, walked in position order. Returns -1 unless
+ * the running sums before and at the boundary lie further from target than
+ * `margin`, a bound on the difference between any two ways of summing these
+ * entries in double: then the defining sum crosses target at the same entry.
+ * pos holds cnt entries. */
+static int64_t boundary_by_radix(const float *e, int64_t cnt, double target, double margin,
+                                 int32_t *pos) {
+  double mass[RADIX_COPIES][RADIX_SIZE];
+  double above = 0.0;
+  int64_t len = cnt;
+  for (int level = 0; level < RADIX_DIGITS; level++) {
+    const int shift = RADIX_SHIFT[level];
+    memset(mass, 0, sizeof mass);
+    for (int64_t j = 0; j < len; j++) {
+      const int64_t p = level ? pos[j] : j;
+      mass[j % RADIX_COPIES][float_bits(e[p]) >> shift & (RADIX_SIZE - 1)] += e[p];
+    }
+    int64_t digit = RADIX_SIZE - 1;
+    for (; digit >= 0; digit--) {
+      double bucket = 0.0;
+      for (int c = 0; c < RADIX_COPIES; c++) bucket += mass[c][digit];
+      if (above + bucket >= target) break;
+      above += bucket;
+    }
+    if (digit < 0) return -1;
+    int64_t kept = 0; /* the bucket's entries, in position order (no branch) */
+    for (int64_t j = 0; j < len; j++) {
+      const int64_t p = level ? pos[j] : j;
+      pos[kept] = (int32_t)p;
+      kept += (int64_t)(float_bits(e[p]) >> shift & (RADIX_SIZE - 1)) == digit;
+    }
+    len = kept;
+  }
+  double run = above;
+  for (int64_t j = 0; j < len; j++) {
+    const double before = run;
+    run += e[pos[j]];
+    if (run >= target)
+      return target - before > margin && run - target > margin ? pos[j] : -1;
+  }
+  return -1;
+}
+
+/* The top-p set of the kept e[0..len) (floor keep_min, of total `total`),
+ * in ascending order, into out_e / out_id (returns its size): e_ids[p] is
+ * position p's id (NULL: p itself). out_e may be e and out_id e_ids (the
+ * entries move down only). */
+static int64_t top_p_list(const armllm_kernels *kt, const float *e, const int32_t *e_ids,
+                          int64_t len, float keep_min, double total, float top_p, slot_t *s,
+                          float *out_e, int32_t *out_id) {
+  const double target = (double)top_p * total;
+  const double enough = target + TOP_P_MARGIN * total;
+  /* the kept e >= tau (> 0: a zero adds nothing), for the first tau whose
+   * mass is enough: summed over the collected list (any order of summation
+   * would do), or, collecting in place, over e before a collection */
+  float tau = TOP_P_TAU_FIRST;
+  int64_t cnt = 0;
+  for (;; tau = tau * TOP_P_TAU_STEP < TOP_P_TAU_MIN ? 0.0f : tau * TOP_P_TAU_STEP) {
+    const float floor_e = tau > keep_min ? tau : keep_min;
+    if (out_e == e && tau > 0.0f &&
+        kt->sample_block_sums(e, len, floor_e, s->sums) < enough)
+      continue;
+    cnt = kt->sample_collect(e, e_ids, len, floor_e, out_e, out_id);
+    if (out_e == e || tau == 0.0f || kt->sample_block_sums(out_e, cnt, 0.0f, s->sums) >= enough)
+      break;
+  }
+  /* two sums of cnt entries in double differ by at most about 2 cnt roundings
+   * of total (2^-53 each); the radix walk adds RADIX_DIGITS * RADIX_SIZE *
+   * RADIX_COPIES bucket sums; the margin doubles the count */
+  const double margin = (double)(4 * cnt + 2 * RADIX_DIGITS * RADIX_SIZE * RADIX_COPIES) *
+                        0x1p-53 * total;
+  int64_t last = cnt >= TOP_P_RADIX_MIN ? boundary_by_radix(out_e, cnt, target, margin, s->work)
+                                        : -1;
+  if (last < 0) last = boundary_by_heap(out_e, cnt, target, s->work);
+  if (last < 0) return cnt; /* never reached (rounding): every kept token stays */
+  const float e_last = out_e[last];
+  int64_t kept = 0; /* before the boundary in the order: larger e, or equal and not after it */
+  for (int64_t p = 0; p < cnt; p++) { /* no branch: the test is a coin toss */
+    const float v = out_e[p];
+    out_e[kept] = v;
+    out_id[kept] = out_id[p];
+    kept += (v > e_last) | ((v == e_last) & (p <= last));
+  }
+  return kept;
+}
+
+/* ------------------------------------------------------------ draws */
+
+/* Inside block blk of e[0..n): the running sum from `run` over its kept e in
+ * position order to the first > target, else its last kept position with
+ * e > 0 (-1 if none). */
+static int64_t draw_in_block(const float *e, int64_t n, int64_t blk, float keep_min,
+                             double run, double target) {
+  const int64_t end = (blk + 1) * BLOCK < n ? (blk + 1) * BLOCK : n;
+  int64_t last = -1;
+  for (int64_t i = blk * BLOCK; i < end; i++) {
+    if (!(e[i] >= keep_min && e[i] > 0.0f)) continue;
+    run += e[i];
+    last = i;
+    if (run > target) return i;
+  }
+  return last;
+}
+
+/* The position drawn for u from e[0..n) and its block sums under keep_min
+ * (of total `total`): the walk over the block sums, then inside a block. */
+static int64_t draw_blocks(const float *e, int64_t n, const float *sums, float keep_min,
+                           double total, double u) {
+  const double target = u * total;
+  const int64_t blocks = blocks_of(n);
+  double run = 0.0;
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    const double next = run + sums[blk];
+    if (next > target) return draw_in_block(e, n, blk, keep_min, run, target);
+    run = next;
+  }
+  for (int64_t blk = blocks - 1; blk >= 0; blk--) /* rounding: the last kept token */
+    if (sums[blk] > 0.0f) return draw_in_block(e, n, blk, keep_min, 0.0, INFINITY);
+  return 0; /* no kept e > 0: m not finite, handled before */
+}
+
+/* A list's token (ids in ascending order, e their e): the draw over its own
+ * block sums. */
+static int64_t draw_list(const armllm_kernels *kt, const float *e, const int32_t *ids,
+                         int64_t len, float keep_min, double u, float *sums) {
+  const double total = kt->sample_block_sums(e, len, keep_min, sums);
+  return ids[draw_blocks(e, len, sums, keep_min, total, u)];
+}
+
+/* Row r's token from its penalized x (sample.h steps 5 and 6). keep_x: write
+ * e to s->vals, not over x. */
+static int64_t choose_token(const armllm_kernels *kt, const armllm_sample_batch *b, int64_t r,
+                            float *x, slot_t *s, int keep_x) {
+  const int64_t n = b->n;
+  const float temperature = b->temperature[r];
+  const int64_t first_max = kt->sample_argmax(x, n);
+  if (first_max < 0) return 0; /* every x NaN */
+  const float m = x[first_max];
+  if (!(temperature > 0.0f) || !isfinite(m)) return first_max;
+  float inv_t = (float)(1.0 / (double)temperature);
+  if (inv_t > FLT_MAX) inv_t = FLT_MAX;
+  const float min_p = b->min_p[r], top_p = b->top_p[r];
+  const int64_t top_k = b->top_k[r];
+  const double u = armllm_sample_uniform(b->seed[r], b->stream[r], b->counter[r]);
+  float *e = keep_x ? s->vals : x;
+  const int32_t *e_ids = NULL; /* e's ids: NULL, positions */
+  int64_t len = n;
+  if (top_k > 0 && top_k < n) {
+    len = top_k_list(kt, x, n, top_k, s);
+    e = s->vals;
+    e_ids = s->ids;
+  }
+  const double total = kt->sample_exp(e_ids ? e : x, e, len, m, inv_t, min_p, s->sums);
+  if (top_p < 1.0f) {
+    len = top_p_list(kt, e, e_ids, len, min_p, total, top_p, s, s->vals, s->ids);
+    return draw_list(kt, s->vals, s->ids, len, min_p, u, s->sums);
+  }
+  const int64_t at = draw_blocks(e, len, s->sums, min_p, total, u);
+  return e_ids ? e_ids[at] : at;
+}
+
+/* ------------------------------------------------------------ a row */
+
+static void sample_row(const armllm_kernels *kt, const armllm_sample_batch *b, int64_t r,
+                       slot_t *s) {
+  const int64_t n = b->n;
+  float *x = b->row[r];
+  if (b->mask_row && b->mask_row[r] >= 0)
+    armllm_mask_logits(x, n, b->masks + (int64_t)b->mask_row[r] * b->mask_ld);
+  if (b->bias_len && b->bias_len[r] > 0) {
+    const int32_t *ids = b->bias_ids[r];
+    const float *values = b->bias_values[r];
+    for (int64_t j = 0; j < b->bias_len[r]; j++) x[ids[j]] += values[j];
+  }
+  const int32_t n_top = b->num_logprobs[r];
+  int32_t *top_ids = b->top_ids + r * TOP_N;
+  float *top_lp = b->top_logprobs + r * TOP_N;
+  for (int j = 0; j < TOP_N; j++) {
+    top_ids[j] = -1;
+    top_lp[j] = NAN;
+  }
+  const double lse = n_top >= 0 ? log_normalizer(kt, x, n, s) : NAN;
+  if (n_top > 0) {
+    float values[TOP_N];
+    const int64_t got = top_entries(kt, x, n, n_top < TOP_N ? n_top : TOP_N, top_ids, values);
+    for (int64_t j = 0; j < got; j++) top_lp[j] = (float)((double)values[j] - lse);
+  }
+  const int64_t touched = apply_penalties(b, r, x, s);
+  const int64_t token = choose_token(kt, b, r, x, s, n_top >= 0);
+  b->token[r] = (int32_t)token;
+  b->logprob[r] = n_top >= 0 ? (float)((double)raw_value(x, token, s) - lse) : NAN;
+  if (touched) clear_marks(b, r, s);
+}
+
+typedef struct {
+  const armllm_kernels *kt;
+  const armllm_sample_batch *b;
+  int64_t next_row; /* claimed with a fetch-add */
+} rows_job;
+
+/* Items are workers: worker w uses slot w and takes rows until none is left. */
+static void rows_task(void *ctx, int64_t begin, int64_t end) {
+  rows_job *job = ctx;
+  for (int64_t w = begin; w < end; w++) {
+    slot_t s = slot_at(job->b->scratch, job->b->n, w);
+    for (;;) {
+      const int64_t r = sync_fetch_add(&job->next_row, 1);
+      if (r >= job->b->rows) break;
+      sample_row(job->kt, job->b, r, &s);
+    }
+  }
+}
+
+void armllm_sample_rows(const armllm_kernels *kt, armllm_pool *pool,
+                        const armllm_sample_batch *b) {
+  if (b->rows <= 0) return;
+  sync_detect_atomics();
+  int64_t workers = pool ? armllm_pool_threads(pool) : 1;
+  workers = workers < b->slots ? workers : b->slots;
+  workers = workers < b->rows ? workers : b->rows;
+  rows_job job = {kt, b, 0};
+  if (workers <= 1)
+    rows_task(&job, 0, 1);
+  else
+    armllm_pool_run(pool, workers, 1, rows_task, &job);
+}
+
+/* ------------------------------------------------------------ uniform draw */
+
+#define GOLDEN_GAMMA UINT64_C(0x9e3779b97f4a7c15) /* splitmix64's increment */
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finalizer */
+  z ^= z >> 30;
+  z *= UINT64_C(0xbf58476d1ce4e5b9);
+  z ^= z >> 27;
+  z *= UINT64_C(0x94d049bb133111eb);
+  z ^= z >> 31;
+  return z;
+}
+
+double armllm_sample_uniform(uint64_t seed, uint64_t stream, uint64_t counter) {
+  const uint64_t key = mix64(seed ^ mix64(stream + GOLDEN_GAMMA));
+  const uint64_t x = mix64(key + (counter + 1) * GOLDEN_GAMMA);
+  return (double)(x >> 11) * 0x1p-53; /* the top 53 bits: exact in a double */
+}
+
+/* ------------------------------------------------------------ the mask */
 
 /* bit j of a mask word, as a lane constant the select below vectorizes over */
 static const uint32_t MASK_BIT[32] = {

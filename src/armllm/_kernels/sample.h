@@ -1,6 +1,152 @@
-/* sample.h: choosing a random token from one logits row (portable C, the
- * same on every ISA: a row is read a few times, never sorted). Greedy choice
- * is numpy's argmax (vectorized for the machine it runs on).
+/* sample.h: turning logits rows into tokens, every row of an engine step in
+ * one call on the pool (sample.c), and the structured-output mask.
+ *
+ * armllm_sample_rows(kt, pool, b) samples rows 0..b->rows-1. Row r's n
+ * logits x = b->row[r] are the row's own: the call uses the row as scratch
+ * and leaves it unspecified. Every ISA variant gives ref's bits (tokens,
+ * logprobs and the slots' e and block sums), whatever the thread count and
+ * the order threads claim rows in. Per row r, with its column entries:
+ *
+ *  1. mask (mask_row[r] >= 0): x[i] = -inf where bit i % 32 of
+ *     masks[mask_row[r] * mask_ld + i / 32] is 0 (llguidance's bitmask;
+ *     armllm_mask_logits).
+ *  2. logit bias: x[bias_ids[r][j]] += bias_values[r][j] for j < bias_len[r],
+ *     in list order (float adds; an id may repeat).
+ *  3. raw log-probabilities (num_logprobs[r] >= 0), of x now: M = the
+ *     largest non-NaN x (-inf if none); T = the block sum (below) with floor
+ *     0 of e_i = (x_i - M) >= -80 ? exp(x_i - M) : 0 (the shared exp, vexp.h;
+ *     NaN x gives 0); lse = (double)M + log(T) (double); logprob(i) =
+ *     (float)((double)x_i - lse). A row without a finite maximum (all -inf
+ *     or NaN, or a +inf) gets NaN log-probabilities, as IEEE arithmetic
+ *     gives. top_ids/top_logprobs[r][0..k), k = num_logprobs[r] <= 20: the k
+ *     largest x in descending order, ties to the lower id, NaN ranked below
+ *     -inf; entries [k, 20) are -1 and NaN. logprob[r] is the sampled
+ *     token's, of its x at this step (before the penalties); NaN when
+ *     num_logprobs[r] < 0.
+ *  4. penalties (HF / OpenAI, in this order per id): for each distinct id of
+ *     history[r][0..history_len[r]), when repetition_penalty != 1:
+ *     x = x > 0 ? x / rp : x * rp (float); then for each distinct id of
+ *     history[r][prompt_len[r]..history_len[r]) occurring c times there,
+ *     when presence or frequency != 0: x -= presence + frequency * (float)c
+ *     (float, unfused).
+ *  5. greedy (temperature 0): the lowest id of the largest non-NaN x; 0
+ *     when every x is NaN.
+ *  6. random (temperature > 0): u = armllm_sample_uniform(seed[r],
+ *     stream[r], counter[r]).
+ *     - candidates C: with 0 < top_k < n the top_k largest x (ties at the
+ *       k-th value to the lower ids), else every token. Only the members of C
+ *       whose e (below) is > 0 can be drawn, so which -inf or NaN tokens C
+ *       holds never matters.
+ *     - m = the largest non-NaN x (C holds it). If m is not finite (all
+ *       -inf or NaN, or a +inf), the token is step 5's.
+ *     - inv_t = (float)(1.0 / temperature), at most FLT_MAX; d_i = (x_i - m)
+ *       * inv_t (two float operations, unfused); e_i = d_i >= -80 ?
+ *       exp(d_i) : 0 (the shared exp; e of the maximum is exactly 1; NaN and
+ *       -inf x give 0).
+ *     - kept: e_i >= min_p (every token when min_p is 0; e_max = 1 is kept,
+ *       so this is p_i >= min_p * p_max).
+ *     - total: the block sum (below) with floor min_p of the candidates' e:
+ *       over the vocabulary when every token is a candidate; else over the
+ *       list C, its entries in ascending id standing at places 0, 1, ...
+ *     - top_p < 1: the kept set becomes the smallest set of the highest kept
+ *       e (ties to the lower id) whose sum, added in that order in double,
+ *       reaches (>=) (double)top_p * total; every kept token if none does
+ *       (rounding). It is a list like C (ascending id), and total becomes
+ *       its block sum. (Found without sorting the vocabulary: for tau = 1e-3,
+ *       1e-6, ... (float, x 1e-3 a step) the mass of the kept e >= tau (their
+ *       block sum as a list) is compared with top_p * total + 1e-6 * total, a
+ *       margin above the rounding of any order of summation, until it passes
+ *       or tau < 1e-30, then tau = 0; only the e >= tau are looked at, by a
+ *       radix selection on their bits that knows the bound of the roundings
+ *       of its own sums and leaves a case too close to call to a heap, which
+ *       adds in the defining order. The result does not depend on tau, on
+ *       how the masses are summed, or on the method.)
+ *     - draw: target = u * total (double). The block sums (of the vocabulary
+ *       or of the list) are added in double in block order up to the first
+ *       block where the running sum exceeds target; inside that block the
+ *       running sum continues over its kept e in order to the first > target,
+ *       else the block's last kept entry with e > 0; no block exceeds target
+ *       (rounding): the last kept entry with e > 0.
+ *  7. token[r] = the token.
+ *
+ * Block sum of values v[0..n) with floor f: blocks of ARMLLM_SAMPLE_BLOCK
+ * (16) consecutive entries, the last padded with zeros; block b's lanes are
+ * w_j = v[16b + j] >= f ? v[16b + j] : 0 and its sum is the fixed float tree
+ * s8_j = w_j + w_{j+8} (j < 8), s4_j = s8_j + s8_{j+4} (j < 4),
+ * s2_j = s4_j + s4_{j+2} (j < 2), s = s2_0 + s2_1; the block sums are added
+ * in double in block order, from 0. (The sample_exp and sample_block_sums
+ * slots, armllm_kernels.h.)
+ *
+ * Uniform draw: armllm_sample_uniform(seed, stream, counter) in [0, 1):
+ * mix(z) = splitmix64's finalizer (z ^= z >> 30; z *= 0xbf58476d1ce4e5b9;
+ * z ^= z >> 27; z *= 0x94d049bb133111eb; z ^= z >> 31), key = mix(seed ^
+ * mix(stream + 0x9e3779b97f4a7c15)), x = mix(key + (counter + 1) *
+ * 0x9e3779b97f4a7c15) (uint64, wrapping), u = (x >> 11) * 2^-53. (The
+ * engine: seed = the request's or a random one, stream = the completion's
+ * index, counter = the output position the row produces: a seed's tokens do
+ * not depend on batching, speculation or preemption.)
+ *
+ * The caller checks the columns (temperature in [0, 100], top_p in (0, 1],
+ * min_p in [0, 1], top_k >= -1, num_logprobs in [-1, 20], repetition_penalty
+ * > 0, every id in [0, n), 0 <= prompt_len <= history_len, mask_row a row of
+ * masks or -1) and gives scratch of `slots` * armllm_sample_rows_slot_bytes(n)
+ * bytes, 64-byte aligned and zeroed before its first use (the call leaves it
+ * as it needs it). Rows are shared out dynamically: min(slots, pool threads,
+ * rows) workers, each with its own slot, claim rows with a fetch-add.
+ */
+#ifndef ARMLLM_SAMPLE_H
+#define ARMLLM_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "armllm_kernels.h"
+
+#define ARMLLM_SAMPLE_MAX_LOGPROBS 20
+
+typedef struct {
+  int64_t rows, n;  /* rows to sample, logits per row (the vocabulary) */
+  float *const *row; /* [rows] each row's n logits: read, then used as scratch */
+  /* sampling parameters, one entry a row */
+  const float *temperature, *top_p, *min_p;
+  const float *repetition_penalty, *presence_penalty, *frequency_penalty;
+  const int32_t *top_k, *num_logprobs;
+  const uint64_t *seed, *stream, *counter;
+  /* the ids the penalties look at: prompt then output; NULL rows have length 0 */
+  const int32_t *const *history;
+  const int64_t *history_len, *prompt_len;
+  const int32_t *const *bias_ids; /* [rows] bias_len[r] ids and values each */
+  const float *const *bias_values;
+  const int64_t *bias_len;
+  const uint32_t *masks; /* mask rows of mask_ld words; mask_row[r] -1: none */
+  int64_t mask_ld;
+  const int32_t *mask_row;
+  /* outputs */
+  int32_t *token;
+  float *logprob;
+  int32_t *top_ids;     /* [rows, ARMLLM_SAMPLE_MAX_LOGPROBS] */
+  float *top_logprobs;  /* [rows, ARMLLM_SAMPLE_MAX_LOGPROBS] */
+  void *scratch;        /* slots * armllm_sample_rows_slot_bytes(n) bytes */
+  int64_t slots;
+} armllm_sample_batch;
+
+/* Bytes of one worker's scratch for rows of n logits. */
+size_t armllm_sample_rows_slot_bytes(int64_t n);
+
+void armllm_sample_rows(const armllm_kernels *kt, armllm_pool *pool,
+                        const armllm_sample_batch *b);
+
+double armllm_sample_uniform(uint64_t seed, uint64_t stream, uint64_t counter);
+
+/* armllm_mask_logits: a structured output's token mask applied to one logits
+ *   row: row[i] = -inf where bit i % 32 of words[i / 32] is 0 (llguidance's
+ *   bitmask layout: bit j of word w is token 32 w + j); the other entries are
+ *   untouched. words holds ceil(n / 32) entries. */
+void armllm_mask_logits(float *row, int64_t n, const uint32_t *words);
+
+/* ------------------------------------------------------------ legacy
+ * The one-row sampler sampling.py calls until it moves to
+ * armllm_sample_rows (sample_legacy.c); both go then.
  *
  * armllm_sample: a random token under temperature, top-k, min-p and top-p,
  *   for one uniform draw u in [0, 1), defined as this float64 computation:
@@ -14,25 +160,13 @@
  *     of the first cdf > u * cdf[last] (the last entry if none).
  *   Tokens with x more than ARMLLM_SAMPLE_EXP_CUT below the maximum count as
  *   p = 0 (their exp is below 1e-34: summed over any vocabulary, below the
- *   rounding of the sum); exp is sample.c's own, within 1 ulp of libm's and
- *   vectorized. `scratch` holds armllm_sample_scratch_bytes(n)
+ *   rounding of the sum); exp is sample_legacy.c's own, within 1 ulp of
+ *   libm's and vectorized. `scratch` holds armllm_sample_scratch_bytes(n)
  *   bytes, 8-byte aligned. Returns the token id.
  */
-#ifndef ARMLLM_SAMPLE_H
-#define ARMLLM_SAMPLE_H
-
-#include <stddef.h>
-#include <stdint.h>
-
 #define ARMLLM_SAMPLE_EXP_CUT 80.0
 
 size_t armllm_sample_scratch_bytes(int64_t n);
-
-/* armllm_mask_logits: a structured output's token mask applied to one logits
- *   row: row[i] = -inf where bit i % 32 of words[i / 32] is 0 (llguidance's
- *   bitmask layout: bit j of word w is token 32 w + j); the other entries are
- *   untouched. words holds ceil(n / 32) entries. */
-void armllm_mask_logits(float *row, int64_t n, const uint32_t *words);
 
 int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
                       double top_p, double min_p, double u, void *scratch);

@@ -1,4 +1,5 @@
-"""`armllm bench kernels`: GEMM speed next to this machine's limits and numpy.
+"""`armllm bench kernels`: GEMM speed next to this machine's limits and numpy, and
+the sampler's time a row (bench/sampling.py).
 
 Measures, in one run: the read bandwidth and fp32 FMA peak (own probes),
 then armllm's GEMM for decode (memory-bound: effective GB/s of weights) and
@@ -27,6 +28,7 @@ from functools import partial
 import numpy as np
 
 from armllm import _blas_threads
+from armllm.bench import sampling
 from armllm.cmdline import UsageError
 
 # (model, layer, N, K): y[M, N] = x[M, K] @ W[N, K].T
@@ -36,6 +38,8 @@ MODEL_SHAPES = {
     "llama-3.1-8b": [("qo", 4096, 4096), ("gate/up", 14336, 4096), ("down", 4096, 14336),
                      ("lm_head", 128256, 4096)],
 }
+PARTS = ("gemm", "sampling")
+SAMPLING_VOCAB = "49152,151936"  # SmolLM2 / Llama-style and Qwen2's vocabularies
 DECODE_MAX_M = 8  # rows at or below this are reported as memory-bound (GB/s)
 MIN_COLD_BYTES = 1 << 30  # decode rotates over weight copies this large (or 4x the last-level
                           # cache, whichever is more): read from DRAM, as in a real decode step
@@ -43,6 +47,10 @@ MIN_COLD_BYTES = 1 << 30  # decode rotates over weight copies this large (or 4x 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help="comma-separated parts to run: " + ", ".join(PARTS))
+    p.add_argument("--vocab", default=SAMPLING_VOCAB,
+                   help="comma-separated vocabulary sizes for the sampling part")
     p.add_argument("--models", default="smollm2-135m,llama-3.1-8b",
                    help="comma-separated: " + ", ".join(MODEL_SHAPES))
     p.add_argument("--m", default="1,4,128,512", help="comma-separated row counts M")
@@ -217,6 +225,27 @@ def probe_machine(pool, min_time: float) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from armllm import ops
+    parts = [v.strip() for v in args.parts.split(",") if v.strip()]
+    if not parts or not set(parts) <= set(PARTS):
+        raise UsageError(f"--parts must name some of {', '.join(PARTS)}, got {args.parts!r}")
+    vocab = _int_list(args.vocab, "vocab")
+    if args.min_time <= 0:
+        raise UsageError(f"--min-time must be > 0, got {args.min_time}")
+    results: dict = {"cpu": ops.cpu_info()}
+    print(f"armllm bench kernels: {results['cpu']['cpu']}")
+    if "gemm" in parts:
+        results.update(_run_gemm(args))
+    if "sampling" in parts:
+        results["sampling"] = sampling.run(vocab, args.min_time, ops.get_pool())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def _run_gemm(args: argparse.Namespace) -> dict:
+    """The GEMM part: machine probes, then every shape, dtype, thread count and variant."""
+    from armllm import ops
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in MODEL_SHAPES:
@@ -229,19 +258,13 @@ def run(args: argparse.Namespace) -> int:
     ms = _int_list(args.m, "m")
     threads = _int_list(args.threads, "threads") if args.threads else \
         sorted({1, ops.num_threads()})
-    if args.min_time <= 0:
-        raise UsageError(f"--min-time must be > 0, got {args.min_time}")
-
     isas = _isa_list(args.isa)
-
-    info = ops.cpu_info()
-    print(f"armllm bench kernels: {info['cpu']}")
     kerns = {isa: ops.kernels(isa) for isa in isas}
     for isa, kern in kerns.items():
         impl = kern.impl
         print(f"variant {isa}: gemm_f32 {impl['gemm_f32']}, gemm_bf16 {impl['gemm_bf16']} "
               f"(compute {kern.gemm_bf16_compute}), gemm_wq {impl['gemm_wq']}")
-    results: dict = {"cpu": info, "isas": isas, "machine": {}, "gemm": []}
+    results: dict = {"isas": isas, "machine": {}, "gemm": []}
     pools = {n: ops.ThreadPool(n) for n in threads}
     for n, pool in pools.items():
         probe = probe_machine(pool, args.min_time)
@@ -298,9 +321,6 @@ def run(args: argparse.Namespace) -> int:
           "speedup = numpy f32 time / armllm time. w8/w4 rows include the activation "
           "quantization; their GFLOP/s are GOP/s of int8 MACs (x2), compared with the same "
           "fp32 peak.")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
     for pool in pools.values():
         pool.close()
-    return 0
+    return results

@@ -41,4 +41,9 @@ const armllm_kernels armllm_kernels_amx = {
     ARMLLM_SLOT(sigmoid_mul, avx512),
     ARMLLM_SLOT(layernorm, avx512),
     ARMLLM_SLOT(gelu, avx512),
+    ARMLLM_SLOT(sample_argmax, avx512),
+    ARMLLM_SLOT(sample_find_above, avx512),
+    ARMLLM_SLOT(sample_exp, avx512),
+    ARMLLM_SLOT(sample_block_sums, avx512),
+    ARMLLM_SLOT(sample_collect, avx512),
 };

@@ -39,4 +39,9 @@ const armllm_kernels armllm_kernels_avx2 = {
     ARMLLM_SLOT(sigmoid_mul, avx2),
     ARMLLM_SLOT(layernorm, avx2),
     ARMLLM_SLOT(gelu, avx2),
+    ARMLLM_SLOT(sample_argmax, avx2),
+    ARMLLM_SLOT(sample_find_above, avx2),
+    ARMLLM_SLOT(sample_exp, avx2),
+    ARMLLM_SLOT(sample_block_sums, avx2),
+    ARMLLM_SLOT(sample_collect, avx2),
 };

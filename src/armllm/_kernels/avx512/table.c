@@ -40,4 +40,9 @@ const armllm_kernels armllm_kernels_avx512 = {
     ARMLLM_SLOT(sigmoid_mul, avx512),
     ARMLLM_SLOT(layernorm, avx512),
     ARMLLM_SLOT(gelu, avx512),
+    ARMLLM_SLOT(sample_argmax, avx512),
+    ARMLLM_SLOT(sample_find_above, avx512),
+    ARMLLM_SLOT(sample_exp, avx512),
+    ARMLLM_SLOT(sample_block_sums, avx512),
+    ARMLLM_SLOT(sample_collect, avx512),
 };

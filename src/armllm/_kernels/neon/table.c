@@ -40,4 +40,9 @@ const armllm_kernels armllm_kernels_neon = {
     ARMLLM_SLOT(sigmoid_mul, neon),
     ARMLLM_SLOT(layernorm, neon),
     ARMLLM_SLOT(gelu, neon),
+    ARMLLM_SLOT(sample_argmax, neon),
+    ARMLLM_SLOT(sample_find_above, neon),
+    ARMLLM_SLOT(sample_exp, neon),
+    ARMLLM_SLOT(sample_block_sums, neon),
+    ARMLLM_SLOT(sample_collect, neon),
 };

@@ -37,4 +37,9 @@ const armllm_kernels armllm_kernels_ref = {
     ARMLLM_SLOT(sigmoid_mul, ref),
     ARMLLM_SLOT(layernorm, ref),
     ARMLLM_SLOT(gelu, ref),
+    ARMLLM_SLOT(sample_argmax, ref),
+    ARMLLM_SLOT(sample_find_above, ref),
+    ARMLLM_SLOT(sample_exp, ref),
+    ARMLLM_SLOT(sample_block_sums, ref),
+    ARMLLM_SLOT(sample_collect, ref),
 };

@@ -41,4 +41,9 @@ const armllm_kernels armllm_kernels_sve = {
     ARMLLM_SLOT(sigmoid_mul, sve),
     ARMLLM_SLOT(layernorm, sve),
     ARMLLM_SLOT(gelu, sve),
+    ARMLLM_SLOT(sample_argmax, neon), /* memory-bound: NEON suffices */
+    ARMLLM_SLOT(sample_find_above, neon),
+    ARMLLM_SLOT(sample_exp, sve),
+    ARMLLM_SLOT(sample_block_sums, neon), /* the 16-lane tree as NEON groups it */
+    ARMLLM_SLOT(sample_collect, neon),
 };

@@ -1,0 +1,222 @@
+/* avx2/sample.c: the sampler's vectorizable passes (armllm_kernels.h) on
+ * 8-lane registers, with ref's bits: the shared exp (vexp_avx2.h, as it is on
+ * [-80, 0]), and the block tree computed for 8 blocks at once (two registers
+ * a block), one level per shuffle-and-add, each level adding exactly the
+ * lanes the definition pairs. */
+#include <math.h>
+
+#include "../armllm_kernels.h"
+#include "vexp_avx2.h"
+
+#define BLOCK ARMLLM_SAMPLE_BLOCK
+/* e is summed a chunk at a time, right after its exp: the in-order double
+ * additions of one chunk's sums overlap the next chunk's exp */
+#define CHUNK (ARMLLM_SAMPLE_BLOCK * ARMLLM_SAMPLE_BLOCK)
+
+/* Lanes of the 8 from i that lie below n (all, a tail, or none). */
+static inline __m256i lanes_below(int64_t left) {
+  if (left >= 8) return _mm256_set1_epi32(-1);
+  return left <= 0 ? _mm256_setzero_si256() : armllm_avx2_tail_mask(left);
+}
+
+/* 8 values of x from i (-inf past n) */
+static inline __m256 load_or_none(const float *x, int64_t left) {
+  if (left >= 8) return _mm256_loadu_ps(x);
+  const __m256i lanes = lanes_below(left);
+  return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(x, lanes),
+                          _mm256_castsi256_ps(lanes));
+}
+
+int64_t armllm_avx2_sample_argmax(const float *x, int64_t n) {
+  /* per lane the first largest value (strictly larger replaces it: NaN never
+   * does, nor -inf, whose rows the scalar scan below settles) */
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256 va = _mm256_set1_ps(-INFINITY), vb = va;
+  __m256i ia = _mm256_set1_epi32(-1), ib = ia;
+  __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) { /* two chains */
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    const __m256i at_b = _mm256_add_epi32(at, step);
+    const __m256 ga = _mm256_cmp_ps(a, va, _CMP_GT_OQ), gb = _mm256_cmp_ps(b, vb, _CMP_GT_OQ);
+    va = _mm256_blendv_ps(va, a, ga);
+    ia = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ia), _mm256_castsi256_ps(at), ga));
+    vb = _mm256_blendv_ps(vb, b, gb);
+    ib = _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(ib), _mm256_castsi256_ps(at_b), gb));
+    at = _mm256_add_epi32(at_b, step);
+  }
+  for (; i < n; i += 8) {
+    const __m256 a = load_or_none(x + i, n - i);
+    const __m256 ga = _mm256_cmp_ps(a, va, _CMP_GT_OQ);
+    va = _mm256_blendv_ps(va, a, ga);
+    ia = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ia), _mm256_castsi256_ps(at), ga));
+    at = _mm256_add_epi32(at, step);
+  }
+  float val[16];
+  int32_t idx[16];
+  _mm256_storeu_ps(val, va);
+  _mm256_storeu_ps(val + 8, vb);
+  _mm256_storeu_si256((__m256i *)idx, ia);
+  _mm256_storeu_si256((__m256i *)(idx + 8), ib);
+  int best = -1; /* lanes never updated hold -inf: never chosen */
+  for (int l = 0; l < 16; l++)
+    if (idx[l] >= 0 && (best < 0 || val[l] > val[best] ||
+                        (val[l] == val[best] && idx[l] < idx[best])))
+      best = l;
+  if (best >= 0) return idx[best];
+  for (int64_t j = 0; j < n; j++) /* no value above -inf: the first that is not NaN */
+    if (x[j] == x[j]) return j;
+  return -1;
+}
+
+int64_t armllm_avx2_sample_find_above(const float *x, int64_t n, float t) {
+  const __m256 tv = _mm256_set1_ps(t);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const uint32_t m0 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), tv,
+                                                                   _CMP_GT_OQ));
+    const uint32_t m1 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), tv,
+                                                                   _CMP_GT_OQ));
+    const uint32_t m2 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 16),
+                                                                   tv, _CMP_GT_OQ));
+    const uint32_t m3 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 24),
+                                                                   tv, _CMP_GT_OQ));
+    const uint32_t any = m0 | m1 << 8 | m2 << 16 | m3 << 24;
+    if (any) return i + __builtin_ctz(any);
+  }
+  for (; i < n; i += 8) { /* -inf past n is never above */
+    const uint32_t m = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(load_or_none(x + i, n - i), tv,
+                                                                  _CMP_GT_OQ));
+    if (m) return i + __builtin_ctz(m);
+  }
+  return n;
+}
+
+static inline __m256 floored(__m256 v, __m256 floor_v) {
+  return _mm256_and_ps(v, _mm256_cmp_ps(v, floor_v, _CMP_GE_OQ));
+}
+
+/* One block's tree over lo (lanes 0..7) and hi (8..15): (j, j+8), then
+ * (j, j+4), (j, j+2), (0, 1). */
+static inline float block_tree(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+/* The trees of 8 whole blocks at e, in block order. Level 1 adds a block's
+ * two registers, level 2 the halves of two blocks' s8, level 3 lanes 0|2 and
+ * 1|3 of each half's s4 (four blocks), level 4 lanes 0|1 of each s2; a permute
+ * puts the blocks back in order. */
+static inline __m256 eight_trees(const float *e, __m256 floor_v) {
+  __m256 s8[8], s4[4], s2[2];
+  for (int b = 0; b < 8; b++)
+    s8[b] = _mm256_add_ps(floored(_mm256_loadu_ps(e + BLOCK * b), floor_v),
+                          floored(_mm256_loadu_ps(e + BLOCK * b + 8), floor_v));
+  for (int i = 0; i < 4; i++) /* half h: block 2i + h */
+    s4[i] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x20),
+                          _mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x31));
+  for (int i = 0; i < 2; i++) /* half h: blocks 4i + h, 4i + 2 + h */
+    s2[i] = _mm256_add_ps(_mm256_shuffle_ps(s4[2 * i], s4[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm256_shuffle_ps(s4[2 * i], s4[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  /* half h: blocks h, 2 + h, 4 + h, 6 + h */
+  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The block sums of e[0..n) (n a multiple of 16 except at the row's end) into
+ * sums, added to total in block order. */
+static double add_block_sums(const float *e, int64_t n, __m256 floor_v, float *sums,
+                             double total) {
+  int64_t i = 0, b = 0;
+  for (; i + 8 * BLOCK <= n; i += 8 * BLOCK, b += 8) {
+    _mm256_storeu_ps(sums + b, eight_trees(e + i, floor_v));
+    for (int j = 0; j < 8; j++) total += sums[b + j];
+  }
+  for (; i < n; i += BLOCK, b++) { /* zeros past n */
+    const __m256 lo = _mm256_maskload_ps(e + i, lanes_below(n - i));
+    const __m256 hi = _mm256_maskload_ps(e + i + 8, lanes_below(n - i - 8));
+    sums[b] = block_tree(floored(lo, floor_v), floored(hi, floor_v));
+    total += sums[b];
+  }
+  return total;
+}
+
+double armllm_avx2_sample_block_sums(const float *e, int64_t n, float keep_min, float *sums) {
+  return add_block_sums(e, n, _mm256_set1_ps(keep_min), sums, 0.0);
+}
+
+/* The shared exp (armllm_exp_avx2) for d in [-80, 0], where its clamp and NaN
+ * pass-through change nothing and its two-step scaling by 2^n equals one
+ * (every product is a normal float, so both are exact): the same operations
+ * otherwise, so the same bits. Other lanes give unspecified values. */
+static inline __m256 exp_nonpositive(__m256 d) {
+  const __m256 round = _mm256_set1_ps(ARMLLM_EXP_ROUND);
+  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(d, _mm256_set1_ps(ARMLLM_EXP_LOG2E), round), round);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ARMLLM_EXP_LN2_HI), d);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(ARMLLM_EXP_LN2_LO), r);
+  __m256 p = _mm256_set1_ps(ARMLLM_EXP_P0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P5));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n),
+                                                           _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+  __asm__("" : "+x"(y)); /* as the shared exp: never fused into a later add */
+  return y;
+}
+
+static inline __m256 e_of(__m256 x, __m256 m_v, __m256 inv_t_v, __m256 d_min) {
+  const __m256 d = _mm256_mul_ps(_mm256_sub_ps(x, m_v), inv_t_v);
+  return _mm256_and_ps(exp_nonpositive(d), _mm256_cmp_ps(d, d_min, _CMP_GE_OQ));
+}
+
+double armllm_avx2_sample_exp(const float *x, float *e, int64_t n, float m, float inv_t,
+                              float keep_min, float *sums) {
+  const __m256 m_v = _mm256_set1_ps(m), inv_t_v = _mm256_set1_ps(inv_t);
+  const __m256 d_min = _mm256_set1_ps(ARMLLM_SAMPLE_D_MIN), floor_v = _mm256_set1_ps(keep_min);
+  double total = 0.0;
+  for (int64_t c = 0; c < n; c += CHUNK) {
+    const int64_t end = c + CHUNK < n ? c + CHUNK : n;
+    int64_t i = c;
+    for (; i + 16 <= end; i += 16) { /* two chains */
+      const __m256 a = e_of(_mm256_loadu_ps(x + i), m_v, inv_t_v, d_min);
+      const __m256 b = e_of(_mm256_loadu_ps(x + i + 8), m_v, inv_t_v, d_min);
+      _mm256_storeu_ps(e + i, a);
+      _mm256_storeu_ps(e + i + 8, b);
+    }
+    for (; i < end; i += 8) {
+      const __m256i lanes = lanes_below(end - i);
+      const __m256 a = e_of(_mm256_maskload_ps(x + i, lanes), m_v, inv_t_v, d_min);
+      _mm256_maskstore_ps(e + i, lanes, a);
+    }
+    total = add_block_sums(e + c, end - c, floor_v, sums + c / BLOCK, total);
+  }
+  return total;
+}
+
+int64_t armllm_avx2_sample_collect(const float *e, const int32_t *ids, int64_t n,
+                                   float keep_min, float *out_e, int32_t *out_id) {
+  /* a vector test skips the groups with nothing to take; the others go lane
+   * by lane */
+  const __m256 floor_v = _mm256_set1_ps(keep_min), zero = _mm256_setzero_ps();
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_maskload_ps(e + i, lanes_below(n - i)); /* zeros past n */
+    uint32_t keep = (uint32_t)_mm256_movemask_ps(_mm256_and_ps(
+        _mm256_cmp_ps(v, floor_v, _CMP_GE_OQ), _mm256_cmp_ps(v, zero, _CMP_GT_OQ)));
+    for (; keep; keep &= keep - 1) {
+      const int64_t at = i + __builtin_ctz(keep);
+      out_e[count] = e[at];
+      out_id[count++] = ids ? ids[at] : (int32_t)at;
+    }
+  }
+  return count;
+}
