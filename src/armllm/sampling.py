@@ -1,9 +1,12 @@
-"""sampling: per-request sampling parameters, and turning logits rows into
-tokens: penalties, temperature, top-k, top-p, min-p, seeded randomness,
-greedy, and the log-probabilities a request asked for. A random token is
-chosen in C (ops.sample_token: a selection, never a sort of the vocabulary),
-a greedy one by numpy's vectorized argmax; penalties and log-probabilities,
-which only some requests ask for, stay in numpy."""
+"""sampling: per-request sampling parameters (SamplingParams), a sampled
+token's result (SampleResult), and numpy forms of the sampler's steps for the
+few places that need a row's whole distribution rather than one token: a
+drafted token drawn from a distribution q (speculative decoding's rejection
+sampling, engine/spec/verify.py) and a draft model's own q
+(engine/spec/draft_model.py). The engine samples every row of a step in one
+kernel call (engine/sampler.py over ops.RowSampler, defined in sample.h);
+the functions here follow the same definition in float32 numpy, equal to it
+up to the order of sums."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,11 +25,8 @@ FALLBACK_DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}
 # sample.h's ARMLLM_SAMPLE_EXP_CUT: a token more than this below the maximum (after the
 # temperature) gets probability 0
 EXP_CUT = 80.0
-# sample.c's top-p shortcut: only tokens of p >= tau can be in the kept set once the
-# tokens at or above tau hold top_p (+ a margin far above the rounding of the sums);
-# tau starts at pmax * FLOOR_STEP and shrinks by that factor
-TOP_P_FLOOR_STEP = 1e-3
-TOP_P_MARGIN = 1e-9
+# OpenAI's range for a logit_bias value
+MAX_LOGIT_BIAS = 100.0
 
 
 def model_sampling_defaults(generation_config: dict) -> dict:
@@ -57,6 +57,8 @@ class SamplingParams:
     logprobs: int | None = None       # None: none; k >= 0: the sampled token's and the top k
     skip_special_tokens: bool = True
     n: int = 1                        # completions of the prompt (sharing its KV blocks)
+    # token id -> a value in [-100, 100] added to its logit before penalties (OpenAI's)
+    logit_bias: dict[int, float] | None = None
     # what the output must match (a StructuredOutput or a dict of its fields):
     # the grammar's token mask applies before penalties, temperature, top-k/p
     structured_output: StructuredOutput | dict | None = None
@@ -97,6 +99,8 @@ class SamplingParams:
         if self.logprobs is not None and (not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "must be an integer in [0, 20]")
+        if self.logit_bias is not None:
+            self.logit_bias = _logit_bias(self.logit_bias)
         self.structured_output = StructuredOutput.coerce(self.structured_output)
         self.logits_processors = tuple(self.logits_processors)
         if not all(callable(p) for p in self.logits_processors):
@@ -114,75 +118,68 @@ class SampleResult:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x64 = x.astype(np.float64)
+
+
+def _logit_bias(bias) -> dict[int, float]:
+    """A logit_bias map with int ids (as JSON gives them: strings of digits) and float
+    values in [-100, 100]; a ValueError naming the bad entry."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a map of token ids to values, got {bias!r}")
+    out = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if type(token) is not int or token < 0:
+            raise ValueError(f"logit_bias keys must be token ids (non-negative integers), "
+                             f"got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
+                             f"{MAX_LOGIT_BIAS:g}], got {value!r} for {key!r}")
+        out[token] = float(value)
+    return out
+
+
+def raw_logprobs(row: np.ndarray) -> np.ndarray:
+    """log softmax of a float32 row, in float64 (the logprobs a request sees are of
+    the row after its mask and logit bias, before penalties and temperature)."""
+    x64 = row.astype(np.float64)
     m = x64.max()
     return x64 - m - np.log(np.exp(x64 - m).sum())
 
 
+def apply_bias(row: np.ndarray, params: SamplingParams) -> None:
+    """The request's logit_bias added to one float32 logits row, in place."""
+    if params.logit_bias:
+        for token, value in params.logit_bias.items():
+            row[token] += np.float32(value)
+
+
 def apply_penalties(row: np.ndarray, params: SamplingParams, prompt_ids: list[int],
                     output_ids: list[int]) -> None:
-    """In place on one logits row."""
+    """In place on one float32 logits row, as sample.h: repetition_penalty on every
+    distinct prompt and output id (x / rp above 0, x * rp otherwise), then presence
+    and frequency on each distinct output id with count c (x -= presence + frequency
+    * c, in float32)."""
     if params.repetition_penalty != 1.0:
         seen = np.unique(np.asarray(prompt_ids + output_ids, dtype=np.int64))
         vals = row[seen]
-        row[seen] = np.where(vals > 0, vals / params.repetition_penalty,
-                             vals * params.repetition_penalty)
+        rp = np.float32(params.repetition_penalty)
+        row[seen] = np.where(vals > 0, vals / rp, vals * rp)
     if output_ids and (params.presence_penalty or params.frequency_penalty):
         ids, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
-        row[ids] -= params.presence_penalty + params.frequency_penalty * counts
-
-
-def sample_scratch(vocab_size: int) -> np.ndarray:
-    """The scratch sample_row reuses for rows of vocab_size logits (allocate once)."""
-    from armllm import ops  # the kernels load with the engine, not with SamplingParams
-    return np.empty(ops.sample_scratch_bytes(vocab_size), np.uint8)
-
-
-def sample_row(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-               prompt_ids: list[int], output_ids: list[int],
-               scratch: np.ndarray | None = None) -> SampleResult:
-    """One token from one float32 logits row (the row is modified). The random token
-    is, for the draw u = rng.random(), the one sample.h defines: temperature, then
-    top-k, then min-p and top-p on the candidates' softmax, then the token whose
-    interval of the kept mass (in id order) holds u. scratch: sample_scratch(len(row)),
-    allocated for the call when not given."""
-    raw_logprobs = prepare_row(row, params, prompt_ids, output_ids)
-    return with_logprobs(choose_token(row, params, rng, scratch), params, raw_logprobs)
-
-
-def prepare_row(row: np.ndarray, params: SamplingParams, prompt_ids: list[int],
-                output_ids: list[int]) -> np.ndarray | None:
-    """The row's logits processors and penalties, in place; returns the raw
-    log-probabilities (before penalties) when the request asked for logprobs."""
-    for processor in params.logits_processors:
-        processor(output_ids, row)
-    raw_logprobs = _log_softmax(row) if params.logprobs is not None else None
-    apply_penalties(row, params, prompt_ids, output_ids)
-    return raw_logprobs
-
-
-def choose_token(row: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-                 scratch: np.ndarray | None = None) -> int:
-    """The token of a prepared row: its argmax (greedy), or sample.h's draw for
-    u = rng.random()."""
-    if params.greedy:
-        return int(np.argmax(row))
-    from armllm import ops
-    if scratch is None:
-        scratch = sample_scratch(len(row))
-    return ops.sample_token(row, params.temperature, params.top_k, params.top_p,
-                            params.min_p, rng.random(), scratch)
+        row[ids] -= np.float32(params.presence_penalty) \
+            + np.float32(params.frequency_penalty) * counts.astype(np.float32)
 
 
 def sampling_probs(row: np.ndarray, params: SamplingParams, out: np.ndarray | None = None
                    ) -> np.ndarray:
-    """The probabilities (float32, summing to 1) with which choose_token draws each
-    token of a prepared float32 logits row under params' temperature (> 0), top_k,
-    top_p and min_p: sample.h's definition, where the kernel only returns the token
-    (what rejection sampling weighs draft tokens with); written into `out` (as long as
-    row) when given. The computation is sample.h's in float64 (its sums in numpy's
-    order: equal up to rounding)."""
+    """The probabilities (float32, summing to 1) with which the sampler draws each
+    token of a prepared float32 logits row (mask, bias and penalties applied) under
+    params' temperature (> 0), top_k, top_p and min_p: sample.h's definition, where
+    the kernel only returns the token (what rejection sampling weighs draft tokens
+    with); written into `out` (as long as row) when given. The exp is the kernels'
+    own (ops.exp), the sums numpy's: equal to the kernel's up to their order."""
+    from armllm import ops  # the kernels load with the engine, not with SamplingParams
     if not params.temperature > 0:
         raise ValueError(f"sampling_probs needs a temperature > 0, got {params.temperature}")
     n = len(row)
@@ -194,17 +191,17 @@ def sampling_probs(row: np.ndarray, params: SamplingParams, out: np.ndarray | No
         above = np.flatnonzero(row > kth)
         ties = np.flatnonzero(row == kth)[:top_k - len(above)]
         candidates = np.sort(np.concatenate([above, ties]))
+        x = row[candidates]
     else:
-        candidates = None
-    x = (row if candidates is None else row[candidates]).astype(np.float64) / params.temperature
-    d = x - x.max()
-    p = np.where(d >= -EXP_CUT, np.exp(np.maximum(d, -EXP_CUT)), 0.0)
-    p /= p.sum()
-    keep = p >= params.min_p * p.max() if params.min_p > 0 else np.ones(len(p), bool)
+        candidates, x = None, row
+    inv_t = np.float32(1.0 / params.temperature)
+    d = (x - x.max()) * inv_t
+    e = np.where(d >= -EXP_CUT, ops.exp(np.maximum(d, np.float32(-EXP_CUT))), 0.0)
+    if params.min_p > 0:
+        e = np.where(e >= np.float32(params.min_p), e, 0.0)
     if params.top_p < 1.0:
-        keep &= _top_p_set(p, params.top_p)
-    q = np.where(keep, p, 0.0)
-    q /= q.sum()
+        e = np.where(_top_p_set(e, params.top_p), e, 0.0)
+    q = e.astype(np.float64) / e.sum(dtype=np.float64)
     out[:] = 0
     if candidates is None:
         out[:] = q
@@ -213,33 +210,16 @@ def sampling_probs(row: np.ndarray, params: SamplingParams, out: np.ndarray | No
     return out
 
 
-def _top_p_set(p: np.ndarray, top_p: float) -> np.ndarray:
-    """The smallest set of the highest p (ties: lower index first) whose sum, added in
-    that order, reaches top_p (every token when rounding keeps it from doing so)."""
-    pmax = p.max()
-    tau = pmax * TOP_P_FLOOR_STEP
-    while tau > 0 and p[p >= tau].sum() < top_p + TOP_P_MARGIN:
-        tau = tau * TOP_P_FLOOR_STEP if tau > 1e-300 else 0.0
-    heads = np.flatnonzero((p > 0) & (p >= tau))
-    order = heads[np.argsort(-p[heads], kind="stable")]   # heads ascend: ties by index
-    cum = np.cumsum(p[order])
-    reached = np.flatnonzero(cum >= top_p)
-    keep = np.zeros(len(p), bool)
+def _top_p_set(e: np.ndarray, top_p: float) -> np.ndarray:
+    """The smallest set of the highest e (ties: lower index first) whose sum, added in
+    that order, reaches top_p of the total (every token when rounding keeps it from
+    doing so)."""
+    order = np.lexsort((np.arange(len(e)), -e))
+    cum = np.cumsum(e[order], dtype=np.float64)
+    reached = np.flatnonzero(cum >= top_p * cum[-1])
+    keep = np.zeros(len(e), bool)
     if len(reached):
         keep[order[:reached[0] + 1]] = True
     else:
         keep[:] = True
     return keep
-
-
-def with_logprobs(token: int, params: SamplingParams, raw_logprobs: np.ndarray | None
-                  ) -> SampleResult:
-    """The SampleResult of a chosen token, with the log-probabilities asked for."""
-    if raw_logprobs is None:
-        return SampleResult(token)
-    top = []
-    if params.logprobs:
-        best = np.argpartition(-raw_logprobs, params.logprobs - 1)[:params.logprobs]
-        best = best[np.argsort(-raw_logprobs[best], kind="stable")]
-        top = [(int(t), float(raw_logprobs[t])) for t in best]
-    return SampleResult(token, float(raw_logprobs[token]), top)

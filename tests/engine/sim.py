@@ -4,8 +4,8 @@ FakeRunner has ModelRunner's interface: run() makes the step's block copies,
 writes each scheduled token id (instead of its K/V) into a simulated cache at
 the slot its block table gives, and makes a "logits" row for each sequence
 that samples from the last tokens it reads back from that cache, as attention
-would; sample() turns a row into a token and spoils the row, as the real
-sampler edits rows in place. So a wrong block table, a missed copy on write
+would; sample() turns each job's row into a token and spoils the row, as the
+real sampler edits rows in place. So a wrong block table, a missed copy on write
 or a fork sharing its parent's row changes the tokens, and check() finds
 every sequence's own tokens in the cache. Either call can be made to fail,
 as a model or a sampler might."""
@@ -20,6 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from armllm.engine.block_manager import BlockManager
 from armllm.engine.llm_engine import LLMEngine
 from armllm.engine.request_state import RequestState, SeqKey
+from armllm.engine.sampler import SampleJob
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence
 from armllm.model.config import ModelConfig
@@ -87,15 +88,18 @@ class FakeRunner:
         # rows as the engine slices and copies them (a copy for each forked completion)
         return sampling, np.array(logits, dtype=object).reshape(len(logits), 1)
 
-    def sample(self, seq: Sequence, row: list[int], state: RequestState) -> SampleResult:
-        assert row[0] is not None, "a logits row sampled twice"
-        if seq.request_id in self.fail_sample:
-            self.fail_sample.discard(seq.request_id)
-            raise RuntimeError("injected sampling failure")
-        token = (row[0] + seq.index) % NUM_SAMPLED
-        row[0] = None
-        self.sampled.setdefault(seq.request_id, {})[seq.index] = seq
-        return SampleResult(token)
+    def sample(self, jobs: list[SampleJob], logits, masks) -> None:
+        for job in jobs:
+            seq, row = job.seq, job.rows[0]
+            assert row[0] is not None, "a logits row sampled twice"
+            if seq.request_id in self.fail_sample:
+                self.fail_sample.discard(seq.request_id)
+                job.error = RuntimeError("injected sampling failure")
+                continue
+            token = (row[0] + seq.index) % NUM_SAMPLED
+            row[0] = None
+            self.sampled.setdefault(seq.request_id, {})[seq.index] = seq
+            job.results.append(SampleResult(token))
 
 
 def expected_tokens(prompt: list[int], index: int, count: int) -> list[int]:

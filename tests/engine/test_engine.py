@@ -198,10 +198,11 @@ def test_a_failing_request_does_not_stop_the_others(model_dir, monkeypatch):
     engine = llm.engine
     sample = engine.runner.sample
 
-    def flaky(seq, row, state):
-        if seq.request_id == "bad" and len(seq.output_ids) == 2:
-            raise RuntimeError("sampler exploded")
-        return sample(seq, row, state)
+    def flaky(jobs, logits, masks):
+        sample(jobs, logits, masks)
+        for job in jobs:
+            if job.seq.request_id == "bad" and len(job.seq.output_ids) == 2:
+                job.error = RuntimeError("sampler exploded")
 
     monkeypatch.setattr(engine.runner, "sample", flaky)
     engine.add_request("bad", [3, 4, 5], GREEDY)

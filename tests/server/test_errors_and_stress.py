@@ -52,7 +52,9 @@ def error_of(r: httpx.Response, status: int = 400) -> dict:
     ({"prompt": "w1 " * 600}, "prompt"),
     ({"prompt": "w1", "max_tokens": 600}, "max_tokens"),
     ({"prompt": "w1", "echo": True}, "echo"),
-    ({"prompt": "w1", "logit_bias": {"5": 10}}, "logit_bias"),
+    ({"prompt": "w1", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "w1", "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"prompt": "w1", "logit_bias": {"100000": 1}}, "logit_bias"),
 ])
 def test_completion_validation_names_the_field(server, body, param):
     err = error_of(post(server.url + CMPL, body))
@@ -338,10 +340,11 @@ def test_a_failing_request_gets_500_and_others_are_served(tiny_model):
     llm = AsyncLLM(tiny_model, dtype="float32", kv_cache_gib=0.01)
     sample = llm.engine.runner.sample
 
-    def flaky(seq, row, state):
-        if seq.prompt_ids[-1] == 77:
-            raise RuntimeError("injected sampling failure")
-        return sample(seq, row, state)
+    def flaky(jobs, logits, masks):
+        sample(jobs, logits, masks)
+        for job in jobs:
+            if job.seq.prompt_ids[-1] == 77:
+                job.error = RuntimeError("injected sampling failure")
 
     llm.engine.runner.sample = flaky
     port = free_port()

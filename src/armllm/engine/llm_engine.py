@@ -27,6 +27,7 @@ from armllm.engine.completion import CompletionState
 from armllm.engine.embedding import PoolingParams, PoolState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.request_state import RequestState, SeqKey
+from armllm.engine.sampler import SampleJob
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
 from armllm.engine.spec.speculator import Speculator
@@ -76,14 +77,18 @@ class Runner(Protocol):
         pooling takes its rows); returns the sequences that sample a token and their
         logits rows (indexable in that order; a row has .copy())."""
 
-    def sample(self, seq: Sequence, row: Any, state: RequestState) -> SampleResult:
-        """seq's next token from its logits row (which it may modify), drawn with the
-        random generator in its state (which it may make)."""
+    def sample(self, jobs: list[SampleJob], logits: Any, masks: Any) -> None:
+        """Every job's tokens from the step's logits rows (it may modify them) and the
+        grammar masks its mask_rows index: fills each job's results and num_agreeing,
+        or its error (engine/sampler.py)."""
 
-    def verify(self, seq: Sequence, row: Any, state: RequestState, draft_token: int | None,
-               draft_probs: Any) -> tuple[SampleResult, bool]:
-        """The target's token at a speculative verify's row, and whether it accepts the
-        draft token there (engine/spec/verify.py)."""
+    def resample(self, jobs: list[SampleJob], masks: Any) -> None:
+        """Lazy jobs whose token their grammar refused: their first rows as they were
+        before the step's sampling, drawn again with their masks (a fresh uniform)."""
+
+    def sample_row(self, job: SampleJob, i: int, masks: Any) -> tuple[SampleResult, bool]:
+        """Row i of a job alone, with the mask its mask_rows[i] gives in masks; and
+        whether the token keeps the job's draft there."""
 
     def end_verify(self, seq: Sequence, rejected: bool) -> bool:
         """seq's drafts are verified; True when its recurrent state is restored to
@@ -239,6 +244,12 @@ class LLMEngine:
         except ValueError as exc:
             raise RequestRejected(str(exc), "n" if params.n > self.scheduler.max_num_seqs
                                   else "max_tokens") from None
+        bias = getattr(params, "logit_bias", None)
+        if bias:
+            bad = next((t for t in bias if t >= vocab), None)
+            if bad is not None:
+                raise RequestRejected(f"logit_bias token id {bad} is outside the vocabulary "
+                                      f"[0, {vocab})", "logit_bias")
         if params.structured_output is not None:
             try:
                 self.structured.new_state(params.structured_output)
@@ -352,13 +363,16 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return outputs
-        # the constrained completions that sample an answer token: their masks
+        # the constrained completions that sample an answer token: their masks (a lazy
+        # one's only if its token is refused, after the step's batch)
         states = self._states
         self.structured.start([state.grammar for s in out.scheduled
                                if (state := states[s.seq.key]).grammar is not None
                                and s.seq.num_computed + s.num_new_tokens - s.num_draft
                                == s.seq.num_tokens
-                               and state.completion.phase != REASONING])
+                               and state.completion.phase != REASONING
+                               and (s.num_draft or not self.structured.lazy(
+                                   s.seq.params, state.completion))])
         try:
             sampling, logits = self.runner.run(out, states)
         except EngineDead as exc:  # nothing can run: every request ends with the reason
@@ -373,67 +387,85 @@ class LLMEngine:
             if pool is not None and seq.num_computed == seq.num_tokens:
                 outputs.append(self._embedded(seq, pool))
         num_drafts = {item.seq: item.num_draft for item in out.scheduled if item.num_draft}
-        for seq, rows in self._sampling_rows(sampling, logits, forks, num_drafts):
+        jobs = list(self._sample_jobs(sampling, logits, forks, num_drafts))
+        batched = [job for job in jobs if not self._sequential(job)]
+        try:
+            self.runner.sample(batched, logits, self.structured.masks)
+            refused = [job for job in batched if job.lazy and job.error is None
+                       and not self.structured.allows(job.state.grammar,
+                                                      job.results[0].token)]
+            if refused:   # their masks now, and their rows drawn again under them
+                self.structured.compute_now([job.state.grammar for job in refused])
+                for job in refused:
+                    job.mask_rows = [job.state.grammar.row]
+                self.runner.resample(refused, self.structured.masks)
+        except Exception as exc:  # the sampler itself failed: this step's completions end
+            for job in batched:
+                job.error = job.error or exc
+        for job in jobs:
+            if job.seq.finished:   # its request failed earlier in this loop
+                continue
             try:
-                outputs.append(self._emit(seq, states[seq.key], rows, num_drafts.get(seq, 0)))
+                if job.error is not None:
+                    raise job.error
+                outputs.append(self._emit(job))
             except Exception as exc:  # this request ends alone
-                outputs += self._fail([seq.request_id], exc)
+                outputs += self._fail([job.seq.request_id], exc)
         if self.speculator is not None:   # the next step's drafts
             self.speculator.propose(out, self.scheduler, states, self.runner.first_rows,
                                     self.runner.hidden, time.perf_counter() - began
                                     - self.runner.forward_seconds)
         return outputs
 
-    def _emit(self, seq: Sequence, state: RequestState, rows: Any, num_draft: int
-              ) -> StepOutput:
-        """The tokens seq's logits rows give: one, or with num_draft draft tokens to
-        verify, the target's own token at each row as long as the draft agrees (and
-        one more after a fully kept draft), until the completion ends."""
-        if not num_draft:
-            self._mask(state, rows[0], first=True)
-            return self._postprocess(seq, state, self.runner.sample(seq, rows[0], state))
-        drafts, probs = list(seq.draft_ids), state.draft_probs
-        state.draft_probs = None
+    def _sequential(self, job: SampleJob) -> bool:
+        """Whether a job's rows are sampled one by one after the step's batch: a
+        constrained completion's verify rows, whose masks follow the tokens before
+        them."""
+        return job.state.grammar is not None and bool(job.drafts) \
+            and job.state.completion.phase != REASONING
+
+    def _emit(self, job: SampleJob) -> StepOutput:
+        """The tokens a job's rows give: one, or with draft tokens to verify, the
+        target's own token at each row as long as the draft agrees (and one more after
+        a fully kept draft), until the completion ends."""
+        seq, state = job.seq, job.state
+        num_draft = len(job.drafts)
         step = None
         accepted = 0
         try:
             for i in range(num_draft + 1):
-                self._mask(state, rows[i], first=i == 0)
-                draft = drafts[i] if i < num_draft else None
-                sample, agrees = self.runner.verify(
-                    seq, rows[i], state, draft, None if probs is None or draft is None
-                    else probs[i])
-                out = self._postprocess(seq, state, sample)
+                if self._sequential(job):
+                    masks, job.mask_rows = self.structured.mask_now(state.grammar,
+                                                                    state.completion, i)
+                    result, agrees = self.runner.sample_row(job, i, masks)
+                elif i < len(job.results):
+                    result, agrees = job.results[i], i < job.num_agreeing
+                else:
+                    break
+                out = self._postprocess(seq, state, result)
                 step = out if step is None else _merge(step, out)
                 if out.finish_reason is not None or not agrees:
                     break
                 accepted += 1
         finally:
-            recompute = self.runner.end_verify(seq, accepted < num_draft)
-            if not seq.finished:
-                self.scheduler.accept_drafts(seq, num_draft, accepted, recompute)
-                self.speculator.verified(seq, num_draft, accepted, recompute)
+            if num_draft:
+                recompute = self.runner.end_verify(seq, accepted < num_draft)
+                if not seq.finished:
+                    self.scheduler.accept_drafts(seq, num_draft, accepted, recompute)
+                    self.speculator.verified(seq, num_draft, accepted, recompute)
         return step
 
-    def _mask(self, state: RequestState, row: Any, first: bool) -> None:
-        """A constrained completion's grammar mask on its answer's logits row (a
-        verify's later rows: computed now, after the tokens before them)."""
-        if state.grammar is not None and state.completion.phase != REASONING:
-            if first:
-                self.structured.apply(state.grammar, state.completion, row)
-            else:
-                self.structured.apply_now(state.grammar, state.completion, row)
-
-    def _sampling_rows(self, sampling: list[Sequence], logits: Any,
-                       forks: dict[Sequence, list[Sequence]], num_drafts: dict[Sequence, int]
-                       ) -> Iterator[tuple[Sequence, Any]]:
-        """Each completion that samples this step, with its logits rows (one, and one
-        per draft token it verifies). The completions forked from a prompt that
-        finished this step start their own state and sample from copies of its row
-        (sampling edits a row in place). Skips completions whose request failed
-        earlier in the step."""
+    def _sample_jobs(self, sampling: list[Sequence], logits: Any,
+                     forks: dict[Sequence, list[Sequence]], num_drafts: dict[Sequence, int]
+                     ) -> Iterator[SampleJob]:
+        """A SampleJob for each completion that samples this step, with its logits rows
+        (one, and one per draft token it verifies) and its grammar's mask. The
+        completions forked from a prompt that finished this step start their own state
+        and sample from copies of its row (sampling edits a row in place). Skips
+        completions whose request failed earlier in the step."""
         at = 0
         for seq in sampling:
+            first = at
             rows = logits[at:at + 1 + num_drafts.get(seq, 0)]
             at += len(rows)
             if seq.finished:   # and so are its forks
@@ -448,12 +480,30 @@ class LLMEngine:
                         completion=self._completion_state(child),
                         grammar=None if grammar is None else grammar.fork())
                 copies = [rows.copy() for _ in children]
-            yield seq, rows
+            yield self._job(seq, rows, first)
             if children:
-                yield from ((c, r) for c, r in zip(children, copies, strict=True)
+                yield from (self._job(c, r, None) for c, r in zip(children, copies, strict=True)
                             if not c.finished)
         if at != len(logits):
             raise RuntimeError(f"the step returned {len(logits)} logits rows for {at}")
+
+    def _job(self, seq: Sequence, rows: Any, first: int | None) -> SampleJob:
+        """seq's SampleJob; a constrained completion's first row gets its step mask
+        (a GrammarDeadEnd is the job's error: it fails alone)."""
+        state = self._states[seq.key]
+        job = SampleJob(seq, state, rows, first, list(seq.draft_ids[:len(rows) - 1]),
+                        state.draft_probs)
+        state.draft_probs = None
+        if state.grammar is not None and state.completion.phase != REASONING \
+                and not self._sequential(job):
+            job.lazy = self.structured.lazy(seq.params, state.completion)
+            if job.lazy:   # masked only if its token is refused
+                return job
+            try:
+                job.mask_rows = [self.structured.mask_row(state.grammar, state.completion)]
+            except Exception as exc:  # noqa: BLE001 - this completion fails alone
+                job.error = exc
+        return job
 
     def _postprocess(self, seq: Sequence, state: RequestState, sample: SampleResult
                      ) -> StepOutput:

@@ -1,9 +1,9 @@
 """request_state: what the engine keeps for each completion beside its Sequence
 (which holds only what scheduling needs): how its sampled tokens become output,
-its grammar's place, an embedding's pooling, and its sampler's random
-generator. LLMEngine owns one RequestState per unfinished sequence, keyed by
-the sequence's key (request id, completion index), and lends them to the
-runner each step."""
+its grammar's place, an embedding's pooling, and what its sampling keeps
+(its seed, the ids its penalties read, its logit bias as arrays). LLMEngine
+owns one RequestState per unfinished sequence, keyed by the sequence's key
+(request id, completion index), and lends them to the runner each step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +22,13 @@ class RequestState:
     completion: CompletionState | None = None   # a generation's stop checks and text so far
     grammar: GrammarState | None = None         # a structured output's matcher
     pool: PoolState | None = None               # an embedding's pooling: it samples nothing
-    rng: np.random.Generator | None = None      # the sampler's, made by the runner when first used
+    # sampling (engine/sampler.py): the request's seed, or a random one drawn when the
+    # completion first samples; its prompt and output ids for penalties (an int32 buffer,
+    # the first history_len of them current); its logit bias as (ids, values) arrays
+    seed: int | None = None
+    history: np.ndarray | None = None
+    history_len: int = 0
+    bias: tuple[np.ndarray, np.ndarray] | None = None
     # an encoder-decoder's encoder input, kept until the sequence ends (a preempted
     # sequence runs its encoder again)
     encoder_input: np.ndarray | None = None

@@ -2,10 +2,9 @@
 
 Owns the KV cache and the workspace; builds the flattened BatchMeta (numpy)
 the model reads (the forward makes the copy-on-write block copies first), and
-samples each sequence's token with its own random generator (kept in the
-engine's RequestState for it). An embedding request's prompt rows sample
-nothing: after the forward, the rows its pooling reads go to its PoolState
-(engine/embedding.py).
+samples the step's tokens in one call (engine/sampler.py). An embedding
+request's prompt rows sample nothing: after the forward, the rows its pooling
+reads go to its PoolState (engine/embedding.py).
 
 Speculative decoding: a sequence with draft tokens gets a logits row for its
 last token and for each draft token. A hybrid model's recurrent state takes
@@ -24,11 +23,11 @@ import numpy as np
 
 from armllm.engine.embedding import PoolState
 from armllm.engine.request_state import RequestState, SeqKey
+from armllm.engine.sampler import SampleJob, StepSampler
 from armllm.engine.scheduler import SchedulerOutput
 from armllm.engine.sequence import Sequence, Status
-from armllm.engine.spec.verify import verify_row
 from armllm.model.decoder import BatchMeta, DecoderModel, KVCache
-from armllm.sampling import SampleResult, sample_row, sample_scratch
+from armllm.sampling import SampleResult
 
 
 class ModelRunner:
@@ -57,8 +56,8 @@ class ModelRunner:
         self.workspace = model.new_workspace(max_num_batched_tokens, max_logits,
                                              max_seq_len=max_model_len, logits_cols=logits_cols)
         self.max_blocks = -(-max_model_len // kv.block_size)
-        self._seed_source = np.random.default_rng()
-        self._sample_scratch = sample_scratch(model.config.vocab_size)
+        # a step's logits rows, and a copy for each completion forked from a prompt
+        self.sampler = StepSampler(model.config.vocab_size, max_logits, max_num_seqs)
         # the batch arrays, filled in place every step (BatchMeta holds views of them)
         t, b = max_num_batched_tokens, max_num_seqs
         groups = len(kv.groups)
@@ -254,26 +253,17 @@ class ModelRunner:
                          None if self._state_slots is None else self._state_slots[:1])
         return self.forward(meta, ())
 
-    def sample(self, seq: Sequence, row: np.ndarray, state: RequestState) -> SampleResult:
-        """seq's next token from its logits row (modified in place), drawn from the
-        random generator in seq's `state` (made here the first time)."""
-        return sample_row(row, seq.params, self._rng(seq, state), seq.prompt_ids,
-                          seq.output_ids, self._sample_scratch)
+    def sample(self, jobs: list[SampleJob], logits: np.ndarray,
+               masks: np.ndarray | None = None) -> None:
+        """Every job's tokens from the step's logits (engine/sampler.py): one kernel
+        call over the rows; a job whose sampling failed has its `error` set."""
+        self.sampler.sample(jobs, logits, masks)
 
-    def verify(self, seq: Sequence, row: np.ndarray, state: RequestState,
-               draft_token: int | None, draft_probs: np.ndarray | None
-               ) -> tuple[SampleResult, bool]:
-        """The target's token at a verified position of seq (row: its logits, modified
-        in place) and whether it accepts draft_token (engine/spec/verify.py)."""
-        return verify_row(row, seq.params, self._rng(seq, state), seq.prompt_ids,
-                          seq.output_ids, draft_token, draft_probs, self._sample_scratch)
+    def resample(self, jobs: list[SampleJob], masks: np.ndarray) -> None:
+        """Lazy constrained jobs whose token was refused, drawn again masked."""
+        self.sampler.resample(jobs, masks)
 
-    def _rng(self, seq: Sequence, state: RequestState) -> np.random.Generator:
-        """seq's random generator, kept in its state (made the first time)."""
-        if state.rng is None:
-            seed = seq.params.seed
-            if seed is None:
-                seed = int(self._seed_source.integers(2**63))
-            # completion i > 0 of a seeded request draws from its own stream
-            state.rng = np.random.default_rng(seed if seq.index == 0 else [seed, seq.index])
-        return state.rng
+    def sample_row(self, job: SampleJob, i: int, masks: np.ndarray | None
+                   ) -> tuple[SampleResult, bool]:
+        """Row i of a job alone (a constrained completion's verify rows)."""
+        return self.sampler.sample_row(job, i, masks)

@@ -1,6 +1,6 @@
 """structured: structured outputs in the engine: each constrained completion's
 grammar state (an llguidance matcher that follows its tokens), and the step's
-token masks, applied to the logits rows before sampling.
+token masks, which the sampler applies to the logits rows (engine/sampler.py).
 
 Where the masks are computed depends on whether the machine has a CPU the
 kernel thread pool leaves free. If it has, they are computed there, on a
@@ -9,10 +9,18 @@ and are ready when the logits are. If the pool has every CPU (the default),
 a mask thread could only run by preempting a pool thread, and a pool thread
 preempted in the middle of its chunk stalls the whole kernel for a scheduler
 time slice (measured: +8% TPOT at 32 sequences for ~1% of mask work); the
-masks are then computed on the engine's thread just before the forward, while
-the pool is idle and the matchers' data is still in cache from the tokens
-they took (measured: a third less time per mask than right after the forward,
-whose weights evict it).
+masks are then computed on the engine's thread, off the forward, and most of
+them not at all: a lazy completion (greedy, or a plain temperature: no top-k,
+top-p or min-p; no logprobs) samples its row unmasked, and only when its
+grammar refuses the token is its mask computed and the row drawn again, masked,
+with a fresh uniform (llguidance's "lazy" mode). That is exact: greedy keeps
+the masked argmax when the argmax is allowed, and a draw from p kept when
+allowed, else drawn again from p masked, gives each allowed token
+p / mass(allowed), as masking first does. The other completions' masks are
+computed on the engine's thread just before the forward, while the pool is
+idle and the matchers' data is still in cache from the tokens they took
+(measured: a third less time per mask than right after the forward, whose
+weights evict it).
 
 The llguidance tokenizer is built once per engine, on first use, from the
 model's `tokenizers` JSON (a GGUF's rebuilt tokenizer included), with the
@@ -30,7 +38,9 @@ import numpy as np
 
 from armllm import ops
 from armllm.engine.completion import CompletionState
+from armllm.model.reasoning import CONTENT
 from armllm.model.tokenizer import TextTokenizer
+from armllm.sampling import SamplingParams
 from armllm.structured_output import StructuredOutput
 
 MASK_BITS = 32  # tokens per mask word (llguidance's int32 bitmask)
@@ -65,7 +75,7 @@ class GrammarState:
 
 class StructuredOutputs:
     """The engine's grammar machinery: new_state() per constrained completion, then
-    per step start() (before the forward) and apply() (per sampling row, after)."""
+    per step start() (before the forward) and mask_row() (per constrained row, after)."""
 
     def __init__(self, tokenizer: TextTokenizer, vocab_size: int, eos_token_ids: frozenset[int],
                  max_num_seqs: int, overlap: bool | None = None):
@@ -77,7 +87,8 @@ class StructuredOutputs:
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()      # check_request builds it from any thread
         self._masks = np.full((max_num_seqs, -(-vocab_size // MASK_BITS)), -1, np.int32)
-        self._verify_mask = np.full(self._masks.shape[1], -1, np.int32)   # see apply_now
+        self._verify_mask = np.full(self._masks.shape[1], -1, np.int32)   # see mask_now
+        self._num_rows = 0                 # rows of _masks the step uses
         self._worker: ThreadPoolExecutor | None = None
         self._executor: Any = None
         self._pending: Future | None = None
@@ -113,9 +124,25 @@ class StructuredOutputs:
 
     # -- per step --------------------------------------------------------------------------
 
+    def lazy(self, params: SamplingParams, completion: CompletionState) -> bool:
+        """Whether a completion's mask may wait for its sampled token: with no spare
+        CPU for the masks, a completion sampled greedily or with a plain temperature
+        (no top-k, top-p, min-p), without logprobs or logits processors, in its
+        answer, samples unmasked first (see the module's docstring)."""
+        return not self.overlap and completion.phase == CONTENT \
+            and params.logprobs is None and not params.logits_processors \
+            and (params.greedy or (params.top_k <= 0 and params.top_p == 1.0
+                                   and params.min_p == 0.0))
+
+    @staticmethod
+    def allows(state: GrammarState, token: int) -> bool:
+        """Whether the completion's grammar takes `token` next."""
+        return state.matcher.validate_tokens([token]) == 1
+
     def start(self, states: list[GrammarState]) -> None:
         """Computes the masks of the constrained completions that sample this step, or
         starts computing them on the worker thread."""
+        self._num_rows = len(states)
         if not states:
             return
         for i, state in enumerate(states):
@@ -130,6 +157,17 @@ class StructuredOutputs:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="armllm-grammar")
             self._executor = llguidance.LLExecutor(self.spare_cpus)
         self._pending = self._worker.submit(self._compute, states)
+
+    def compute_now(self, states: list[GrammarState]) -> None:
+        """The masks of completions that sampled a token their grammar refused (lazy
+        ones), computed now on the engine's thread, in rows after the step's."""
+        self.wait()
+        began = time.perf_counter()
+        for i, state in enumerate(states):
+            state.row = self._num_rows + i
+        self._num_rows += len(states)
+        self._compute(states)
+        self.wait_seconds += time.perf_counter() - began
 
     def _compute(self, states: list[GrammarState]) -> None:
         began = time.perf_counter()
@@ -155,19 +193,26 @@ class StructuredOutputs:
             pending.result()
             self.wait_seconds += time.perf_counter() - began
 
-    def apply(self, state: GrammarState, completion: CompletionState, row: np.ndarray
-              ) -> None:
-        """Sets the tokens the completion's grammar forbids to -inf in its logits row
-        (waiting for the step's masks the first time); GrammarDeadEnd if it allows
-        none."""
-        self.wait()
-        self._apply(state, completion, row, self._masks[state.row])
+    @property
+    def masks(self) -> np.ndarray:
+        """The step's masks, a row per constrained completion (GrammarState.row)."""
+        return self._masks
 
-    def apply_now(self, state: GrammarState, completion: CompletionState, row: np.ndarray
-                  ) -> None:
-        """apply() for a row whose mask was not computed with the step's: a speculative
-        verify's later positions, whose grammar state is known only once the tokens
-        before them are accepted. Computed here, on the engine's thread."""
+    def mask_row(self, state: GrammarState, completion: CompletionState) -> int:
+        """The row of the step's masks that holds the completion's (waiting for them
+        the first time); GrammarDeadEnd if its grammar allows no token."""
+        self.wait()
+        self._check(state, completion, self._masks[state.row])
+        return state.row
+
+    def mask_now(self, state: GrammarState, completion: CompletionState, i: int
+                 ) -> tuple[np.ndarray, list[int]]:
+        """The masks and a job's mask_rows for row i of a constrained completion's
+        verify (engine/sampler.py's sample_row): the step's mask for the first row;
+        for a later one, whose grammar state is known only once the tokens before it
+        are accepted, a mask computed here, on the engine's thread."""
+        if i == 0:
+            return self._masks, [self.mask_row(state, completion)]
         self.wait()
         began = time.perf_counter()
         mask = self._verify_mask
@@ -175,11 +220,13 @@ class StructuredOutputs:
         self.mask_seconds += time.perf_counter() - began
         self.wait_seconds += time.perf_counter() - began
         self.num_masks += 1
-        self._apply(state, completion, row, mask)
+        self._check(state, completion, mask)
+        return mask[None], [-1] * i + [0]
 
     @staticmethod
-    def _apply(state: GrammarState, completion: CompletionState, row: np.ndarray,
-               mask: np.ndarray) -> None:
+    def _check(state: GrammarState, completion: CompletionState, mask: np.ndarray) -> None:
+        """GrammarDeadEnd if the mask allows nothing; an undecided completion (the
+        answer, or a reasoning block first) may open its reasoning block too."""
         if state.matcher.is_error() or not mask.any():
             raise GrammarDeadEnd("structured output: the grammar allows no token here"
                                  + (f": {state.matcher.get_error()}"
@@ -188,7 +235,6 @@ class StructuredOutputs:
             opener = completion.opener
             mask[opener // MASK_BITS] |= np.int32(np.uint32(1 << opener % MASK_BITS)
                                                   .view(np.int32))
-        ops.mask_logits(row, mask)
 
     def close(self) -> None:
         if self._worker is not None:

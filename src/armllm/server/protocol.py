@@ -5,7 +5,7 @@ A body is read within a size limit and a deadline, and must be JSON nested at
 most MAX_DEPTH levels whose strings are valid Unicode (no lone surrogates, which
 the tokenizer cannot take). Each endpoint has a table of the fields it knows.
 A known field of the wrong type or range is a 400 naming it; a known field
-armllm cannot honour (tools, echo, logit_bias, ...) is a 400 saying
+armllm cannot honour (echo, suffix, predicted outputs, ...) is a 400 saying
 so rather than a silently wrong answer; an unknown field is ignored and logged."""
 from __future__ import annotations
 
@@ -207,8 +207,6 @@ def refuse_unsupported(req: dict) -> None:
         raise no("echo", "echoing the prompt")
     if req.get("suffix"):
         raise no("suffix", "a suffix (fill in the middle)")
-    if req.get("logit_bias"):
-        raise no("logit_bias", "logit_bias")
     if req.get("best_of") not in (None, req.get("n", 1)):
         raise no("best_of", "best_of other than n")
     mods = req.get("modalities")
@@ -389,7 +387,8 @@ def sampling_options(req: dict, chat: bool, default_params) -> Options:
     overrides = {k: req.get(k) for k in ("temperature", "top_p", "top_k", "min_p",
                                          "presence_penalty", "frequency_penalty",
                                          "repetition_penalty", "seed", "stop_token_ids",
-                                         "ignore_eos", "skip_special_tokens")}
+                                         "ignore_eos", "skip_special_tokens",
+                                         "logit_bias")}
     overrides.update(max_tokens=max_tokens or 1, stop=stop, n=n, logprobs=logprobs,
                      structured_output=structured_output(req))
     try:
