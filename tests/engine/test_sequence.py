@@ -9,7 +9,8 @@ import re
 from armllm.engine.request_state import RequestState
 from armllm.engine.sequence import Sequence
 
-ENGINE_OWNED = {"completion", "grammar", "pool", "rng", "encoder_input", "draft_probs"}
+ENGINE_OWNED = {"completion", "grammar", "pool", "seed", "history", "history_len", "bias",
+                "encoder_input", "draft_probs"}
 
 
 def test_a_sequence_holds_only_scheduling_state():

@@ -27,7 +27,7 @@ from armllm.engine.completion import CompletionState
 from armllm.engine.embedding import PoolingParams, PoolState
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.request_state import RequestState, SeqKey
-from armllm.engine.sampler import SampleJob
+from armllm.engine.sampler import RESAMPLE_STREAM, SampleJob
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
 from armllm.engine.spec.speculator import Speculator
@@ -86,9 +86,11 @@ class Runner(Protocol):
         """Lazy jobs whose token their grammar refused: their first rows as they were
         before the step's sampling, drawn again with their masks (a fresh uniform)."""
 
-    def sample_row(self, job: SampleJob, i: int, masks: Any) -> tuple[SampleResult, bool]:
-        """Row i of a job alone, with the mask its mask_rows[i] gives in masks; and
-        whether the token keeps the job's draft there."""
+    def sample_row(self, job: SampleJob, i: int, masks: Any, stream: int = 0
+                   ) -> tuple[SampleResult, bool]:
+        """Row i of a job alone, with the mask its mask_rows[i] gives in masks (stream:
+        added to the completion's uniform stream); and whether the token keeps the
+        job's draft there."""
 
     def end_verify(self, seq: Sequence, rejected: bool) -> bool:
         """seq's drafts are verified; True when its recurrent state is restored to
@@ -364,15 +366,17 @@ class LLMEngine:
         if not out.scheduled:
             return outputs
         # the constrained completions that sample an answer token: their masks (a lazy
-        # one's only if its token is refused, after the step's batch)
+        # one's only if its token is refused, after the step's batch, unless a spare CPU
+        # computes them during the forward anyway)
         states = self._states
         self.structured.start([state.grammar for s in out.scheduled
                                if (state := states[s.seq.key]).grammar is not None
                                and s.seq.num_computed + s.num_new_tokens - s.num_draft
                                == s.seq.num_tokens
                                and state.completion.phase != REASONING
-                               and (s.num_draft or not self.structured.lazy(
-                                   s.seq.params, state.completion))])
+                               and (s.num_draft or self.structured.overlap
+                                    or not self.structured.lazy(s.seq.params,
+                                                                state.completion))])
         try:
             sampling, logits = self.runner.run(out, states)
         except EngineDead as exc:  # nothing can run: every request ends with the reason
@@ -394,11 +398,17 @@ class LLMEngine:
             refused = [job for job in batched if job.lazy and job.error is None
                        and not self.structured.allows(job.state.grammar,
                                                       job.results[0].token)]
-            if refused:   # their masks now, and their rows drawn again under them
-                self.structured.compute_now([job.state.grammar for job in refused])
+            if refused:   # their masks, and their rows drawn again under them
+                self.structured.refused([job.state.grammar for job in refused])
                 for job in refused:
-                    job.mask_rows = [job.state.grammar.row]
-                self.runner.resample(refused, self.structured.masks)
+                    try:
+                        job.mask_rows = [self.structured.mask_row(job.state.grammar,
+                                                                  job.state.completion)]
+                    except Exception as exc:  # noqa: BLE001 - a dead end fails alone
+                        job.error = exc
+                refused = [job for job in refused if job.error is None]
+                if refused:
+                    self.runner.resample(refused, self.structured.masks)
         except Exception as exc:  # the sampler itself failed: this step's completions end
             for job in batched:
                 job.error = job.error or exc
@@ -435,9 +445,7 @@ class LLMEngine:
         try:
             for i in range(num_draft + 1):
                 if self._sequential(job):
-                    masks, job.mask_rows = self.structured.mask_now(state.grammar,
-                                                                    state.completion, i)
-                    result, agrees = self.runner.sample_row(job, i, masks)
+                    result, agrees = self._sample_constrained(job, i)
                 elif i < len(job.results):
                     result, agrees = job.results[i], i < job.num_agreeing
                 else:
@@ -454,6 +462,25 @@ class LLMEngine:
                     self.scheduler.accept_drafts(seq, num_draft, accepted, recompute)
                     self.speculator.verified(seq, num_draft, accepted, recompute)
         return step
+
+    def _sample_constrained(self, job: SampleJob, i: int) -> tuple[SampleResult, bool]:
+        """Row i of a constrained completion's verify, alone, masked as the batch masks
+        it: a lazy completion's row unmasked first, masked and drawn again only if its
+        grammar refuses the token (so its tokens are the ones it gets without
+        speculation)."""
+        state = job.state
+        grammar, completion = state.grammar, state.completion
+        if self.structured.lazy(job.seq.params, completion):
+            unmasked = np.array(job.rows[i])
+            job.mask_rows = []
+            result, agrees = self.runner.sample_row(job, i, None)
+            if self.structured.allows(grammar, result.token):
+                return result, agrees
+            job.rows[i] = unmasked
+            masks, job.mask_rows = self.structured.mask_now(grammar, completion, i)
+            return self.runner.sample_row(job, i, masks, RESAMPLE_STREAM)
+        masks, job.mask_rows = self.structured.mask_now(grammar, completion, i)
+        return self.runner.sample_row(job, i, masks)
 
     def _sample_jobs(self, sampling: list[Sequence], logits: Any,
                      forks: dict[Sequence, list[Sequence]], num_drafts: dict[Sequence, int]

@@ -263,7 +263,7 @@ class ModelRunner:
         """Lazy constrained jobs whose token was refused, drawn again masked."""
         self.sampler.resample(jobs, masks)
 
-    def sample_row(self, job: SampleJob, i: int, masks: np.ndarray | None
+    def sample_row(self, job: SampleJob, i: int, masks: np.ndarray | None, stream: int = 0
                    ) -> tuple[SampleResult, bool]:
         """Row i of a job alone (a constrained completion's verify rows)."""
-        return self.sampler.sample_row(job, i, masks)
+        return self.sampler.sample_row(job, i, masks, stream)

@@ -58,7 +58,12 @@ class SampleJob:
     results: list[SampleResult] = field(default_factory=list)
     num_agreeing: int = 0
     error: Exception | None = None
+    output_len: int = -1   # the completion's output length when the job was made
     lazy: bool = False   # a grammar mask applied only if its token is refused (structured.py)
+
+    def __post_init__(self):
+        if self.output_len < 0:
+            self.output_len = len(self.seq.output_ids)
 
 
 class StepSampler:
@@ -137,18 +142,19 @@ class StepSampler:
         for i, job in enumerate(jobs):
             self._unmasked[i] = job.rows[0]
 
-    def sample_row(self, job: SampleJob, i: int, masks: np.ndarray | None
+    def sample_row(self, job: SampleJob, i: int, masks: np.ndarray | None, stream: int = 0
                    ) -> tuple[SampleResult, bool]:
         """Row i of a job alone, after the step's batch (a constrained completion's
         verify rows, whose masks are known only once the tokens before them are); and
-        whether its token keeps the job's draft there."""
+        whether its token keeps the job's draft there. stream: added to the
+        completion's uniform stream (RESAMPLE_STREAM: a refused lazy row's redraw)."""
         draft = job.drafts[i] if i < len(job.drafts) else None
         if job.drafts and job.draft_probs is not None and not job.seq.params.greedy:
             return self._verify_drawn_row(job, i, masks)
         column = 0   # any: the batch's results are collected already
         self._defaults(column, column + 1)
         self._process(job, i, masks)
-        self._fill_row(job, i, column)
+        self._fill_row(job, i, column, stream)
         self.kernel.run(job.rows[i:i + 1], column, column + 1, masks)
         result = self._result(job.seq.params, column)
         return result, result.token == draft
@@ -188,7 +194,7 @@ class StepSampler:
         if i < len(job.mask_rows) and job.mask_rows[i] >= 0:
             ops.mask_logits(row, masks[job.mask_rows[i]])
             job.mask_rows[i] = -1
-        output = job.seq.output_ids + job.drafts[:i]
+        output = job.seq.output_ids[:job.output_len] + job.drafts[:i]
         for processor in processors:
             processor(output, row)
 
@@ -207,13 +213,13 @@ class StepSampler:
                 else int(self._seed_source.integers(_SEED_BOUND))
         k.seed[column] = state.seed
         k.stream[column] = seq.index + stream
-        k.counter[column] = len(seq.output_ids) + i
+        k.counter[column] = job.output_len + i
         if params.repetition_penalty != 1.0 or params.presence_penalty \
                 or params.frequency_penalty:
             k.repetition_penalty[column] = params.repetition_penalty
             k.presence_penalty[column] = params.presence_penalty
             k.frequency_penalty[column] = params.frequency_penalty
-            ids, length = history(seq, state, job.drafts)
+            ids, length = history(seq, state, job.output_len, job.drafts)
             k.set_history(column, ids, length - len(job.drafts) + i, len(seq.prompt_ids))
             self._attached.add(column)
         if params.logit_bias:
@@ -267,15 +273,17 @@ class StepSampler:
             and job.mask_rows[i] >= 0 else None
         draft = job.drafts[i] if i < len(job.drafts) else None
         return verify_drawn(job.rows[i], params, seq.prompt_ids,
-                            seq.output_ids + job.drafts[:i], mask, draft,
+                            seq.output_ids[:job.output_len] + job.drafts[:i], mask, draft,
                             None if draft is None else job.draft_probs[i], state.seed,
-                            seq.index, len(seq.output_ids) + i)
+                            seq.index, job.output_len + i)
 
 
-def history(seq: Sequence, state: RequestState, drafts: list[int]) -> tuple[np.ndarray, int]:
-    """seq's prompt and output ids, then `drafts`, in its state's int32 buffer (grown
-    and brought up to date here); returns the buffer and the ids' count."""
-    known = len(seq.prompt_ids) + len(seq.output_ids)
+def history(seq: Sequence, state: RequestState, output_len: int, drafts: list[int]
+            ) -> tuple[np.ndarray, int]:
+    """seq's prompt and first output_len output ids, then `drafts`, in its state's
+    int32 buffer (grown and brought up to date here); returns the buffer and the ids'
+    count."""
+    known = len(seq.prompt_ids) + output_len
     need = known + len(drafts)
     buf = state.history
     if buf is None or len(buf) < need:
@@ -287,8 +295,8 @@ def history(seq: Sequence, state: RequestState, drafts: list[int]) -> tuple[np.n
             state.history_len = len(seq.prompt_ids)
         state.history = buf = grown
     if state.history_len < known:
-        missing = known - state.history_len
-        buf[state.history_len:known] = seq.output_ids[-missing:]
-        state.history_len = known
+        buf[state.history_len:known] = seq.output_ids[state.history_len
+                                                      - len(seq.prompt_ids):output_len]
+    state.history_len = known
     buf[known:need] = drafts
     return buf, need

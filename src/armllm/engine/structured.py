@@ -9,8 +9,8 @@ and are ready when the logits are. If the pool has every CPU (the default),
 a mask thread could only run by preempting a pool thread, and a pool thread
 preempted in the middle of its chunk stalls the whole kernel for a scheduler
 time slice (measured: +8% TPOT at 32 sequences for ~1% of mask work); the
-masks are then computed on the engine's thread, off the forward, and most of
-them not at all: a lazy completion (greedy, or a plain temperature: no top-k,
+masks are then computed on the engine's thread, and most of them not at all:
+a lazy completion (greedy, or a plain temperature: no top-k,
 top-p or min-p; no logprobs) samples its row unmasked, and only when its
 grammar refuses the token is its mask computed and the row drawn again, masked,
 with a fresh uniform (llguidance's "lazy" mode). That is exact: greedy keeps
@@ -87,8 +87,9 @@ class StructuredOutputs:
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()      # check_request builds it from any thread
         self._masks = np.full((max_num_seqs, -(-vocab_size // MASK_BITS)), -1, np.int32)
-        self._verify_mask = np.full(self._masks.shape[1], -1, np.int32)   # see mask_now
+        self._verify_mask = np.full((1, self._masks.shape[1]), -1, np.int32)   # see mask_now
         self._num_rows = 0                 # rows of _masks the step uses
+        self._started: set[GrammarState] = set()   # the states start() took this step
         self._worker: ThreadPoolExecutor | None = None
         self._executor: Any = None
         self._pending: Future | None = None
@@ -124,25 +125,29 @@ class StructuredOutputs:
 
     # -- per step --------------------------------------------------------------------------
 
-    def lazy(self, params: SamplingParams, completion: CompletionState) -> bool:
-        """Whether a completion's mask may wait for its sampled token: with no spare
-        CPU for the masks, a completion sampled greedily or with a plain temperature
-        (no top-k, top-p, min-p), without logprobs or logits processors, in its
-        answer, samples unmasked first (see the module's docstring)."""
-        return not self.overlap and completion.phase == CONTENT \
+    @staticmethod
+    def lazy(params: SamplingParams, completion: CompletionState) -> bool:
+        """Whether a completion samples unmasked first and is masked only when its
+        grammar refuses the token (see the module's docstring): sampled greedily or
+        with a plain temperature (no top-k, top-p, min-p), without logprobs or logits
+        processors, in its answer. (Whether or not a spare CPU computes masks: a
+        seed's tokens do not depend on it.)"""
+        return completion.phase == CONTENT \
             and params.logprobs is None and not params.logits_processors \
             and (params.greedy or (params.top_k <= 0 and params.top_p == 1.0
                                    and params.min_p == 0.0))
 
-    @staticmethod
-    def allows(state: GrammarState, token: int) -> bool:
-        """Whether the completion's grammar takes `token` next."""
+    def allows(self, state: GrammarState, token: int) -> bool:
+        """Whether the completion's grammar takes `token` next (after the worker, if
+        it computes the step's masks, is done with the matchers)."""
+        self.wait()
         return state.matcher.validate_tokens([token]) == 1
 
     def start(self, states: list[GrammarState]) -> None:
         """Computes the masks of the constrained completions that sample this step, or
         starts computing them on the worker thread."""
         self._num_rows = len(states)
+        self._started = set(states)
         if not states:
             return
         for i, state in enumerate(states):
@@ -158,15 +163,20 @@ class StructuredOutputs:
             self._executor = llguidance.LLExecutor(self.spare_cpus)
         self._pending = self._worker.submit(self._compute, states)
 
-    def compute_now(self, states: list[GrammarState]) -> None:
-        """The masks of completions that sampled a token their grammar refused (lazy
-        ones), computed now on the engine's thread, in rows after the step's."""
+    def refused(self, states: list[GrammarState]) -> None:
+        """The masks of lazy completions whose grammar refused their token: the step's
+        when the worker computed them during the forward (with a spare CPU, start()
+        takes lazy completions too), else computed now on the engine's thread, in
+        rows after the step's."""
         self.wait()
+        late = [state for state in states if state not in self._started]
+        if not late:
+            return
         began = time.perf_counter()
-        for i, state in enumerate(states):
+        for i, state in enumerate(late):
             state.row = self._num_rows + i
-        self._num_rows += len(states)
-        self._compute(states)
+        self._num_rows += len(late)
+        self._compute(late)
         self.wait_seconds += time.perf_counter() - began
 
     def _compute(self, states: list[GrammarState]) -> None:
@@ -177,7 +187,7 @@ class StructuredOutputs:
         # threads contend with the pool's spinning ones and lose more than they gain)
         if len(states) > 1 and self._executor is not None:
             self._executor.unsafe_compute_mask_ptr([(s.matcher, s.row) for s in states],
-                                                   masks.ctypes.data, row_bytes, len(states))
+                                                   masks.ctypes.data, row_bytes, len(masks))
         else:
             for s in states:
                 s.matcher.unsafe_compute_mask_ptr(masks[s.row].ctypes.data, row_bytes)
@@ -208,10 +218,11 @@ class StructuredOutputs:
     def mask_now(self, state: GrammarState, completion: CompletionState, i: int
                  ) -> tuple[np.ndarray, list[int]]:
         """The masks and a job's mask_rows for row i of a constrained completion's
-        verify (engine/sampler.py's sample_row): the step's mask for the first row;
-        for a later one, whose grammar state is known only once the tokens before it
-        are accepted, a mask computed here, on the engine's thread."""
-        if i == 0:
+        verify (engine/sampler.py's sample_row): the step's mask for the first row if
+        start() computed it; else (a later row, whose grammar state is known only once
+        the tokens before it are accepted, or a lazy completion's refused token) a
+        mask computed here, on the engine's thread."""
+        if i == 0 and state in self._started:
             return self._masks, [self.mask_row(state, completion)]
         self.wait()
         began = time.perf_counter()
@@ -220,8 +231,8 @@ class StructuredOutputs:
         self.mask_seconds += time.perf_counter() - began
         self.wait_seconds += time.perf_counter() - began
         self.num_masks += 1
-        self._check(state, completion, mask)
-        return mask[None], [-1] * i + [0]
+        self._check(state, completion, mask[0])
+        return mask, [-1] * i + [0]
 
     @staticmethod
     def _check(state: GrammarState, completion: CompletionState, mask: np.ndarray) -> None:
