@@ -427,12 +427,13 @@ class LLMEngine:
                                     - self.runner.forward_seconds)
         return outputs
 
-    def _sequential(self, job: SampleJob) -> bool:
+    @staticmethod
+    def _sequential(job: SampleJob) -> bool:
         """Whether a job's rows are sampled one by one after the step's batch: a
-        constrained completion's verify rows, whose masks follow the tokens before
-        them."""
-        return job.state.grammar is not None and bool(job.drafts) \
-            and job.state.completion.phase != REASONING
+        constrained completion's verify rows, whose masks (and whether the grammar
+        applies yet: a reasoning block may end inside the draft) follow the tokens
+        before them."""
+        return job.state.grammar is not None and bool(job.drafts)
 
     def _emit(self, job: SampleJob) -> StepOutput:
         """The tokens a job's rows give: one, or with draft tokens to verify, the
@@ -470,6 +471,9 @@ class LLMEngine:
         speculation)."""
         state = job.state
         grammar, completion = state.grammar, state.completion
+        if completion.phase == REASONING:   # the grammar constrains the answer only
+            job.mask_rows = []
+            return self.runner.sample_row(job, i, None)
         if self.structured.lazy(job.seq.params, completion):
             unmasked = np.array(job.rows[i])
             job.mask_rows = []
