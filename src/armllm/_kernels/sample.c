@@ -77,20 +77,7 @@ static slot_t slot_at(void *scratch, int64_t n, int64_t i) {
   return s;
 }
 
-/* The largest non-NaN x (-inf when every x is NaN). */
-static float largest(const armllm_kernels *kt, const float *x, int64_t n) {
-  const int64_t i = kt->sample_argmax(x, n);
-  return i < 0 ? -INFINITY : x[i];
-}
-
 /* ------------------------------------------------------- log-probabilities */
-
-/* M + the log of the block sum (floor 0) of exp(x - M), M the largest x: the
- * row's log-normalizer. e goes to vals (unused). */
-static double log_normalizer(const armllm_kernels *kt, const float *x, int64_t n, slot_t *s) {
-  const float m = largest(kt, x, n);
-  return (double)m + log(kt->sample_exp(x, s->vals, n, m, 1.0f, 0.0f, s->sums));
-}
 
 /* a ranks above b: a larger value, NaN below every number, ties to the lower id */
 static inline int ranks_above(float av, int64_t aid, float bv, int64_t bid) {
@@ -437,13 +424,22 @@ static int64_t draw_list(const armllm_kernels *kt, const float *e, const int32_t
   return ids[draw_blocks(e, len, sums, keep_min, total, u)];
 }
 
+/* The pass of the log-probabilities over a row: the exp at temperature 1
+ * (e in s->vals, floor-0 block sums in s->sums) and its total. */
+typedef struct {
+  int64_t first_max; /* the row's argmax (sample_argmax) */
+  int e_ready;       /* x is unchanged since the pass: its e are there */
+  double total;
+} raw_pass;
+
 /* Row r's token from its penalized x (sample.h steps 5 and 6). keep_x: write
- * e to s->vals, not over x. */
+ * e to s->vals, not over x; raw: the log-probabilities' pass, when they were
+ * asked for. */
 static int64_t choose_token(const armllm_kernels *kt, const armllm_sample_batch *b, int64_t r,
-                            float *x, slot_t *s, int keep_x) {
+                            float *x, slot_t *s, int keep_x, const raw_pass *raw) {
   const int64_t n = b->n;
   const float temperature = b->temperature[r];
-  const int64_t first_max = kt->sample_argmax(x, n);
+  const int64_t first_max = raw->first_max;
   if (first_max < 0) return 0; /* every x NaN */
   const float m = x[first_max];
   if (!(temperature > 0.0f) || !isfinite(m)) return first_max;
@@ -460,7 +456,11 @@ static int64_t choose_token(const armllm_kernels *kt, const armllm_sample_batch 
     e = s->vals;
     e_ids = s->ids;
   }
-  const double total = kt->sample_exp(e_ids ? e : x, e, len, m, inv_t, min_p, s->sums);
+  double total;
+  if (raw->e_ready && !e_ids && inv_t == 1.0f) /* the same e: (x - m) * 1 */
+    total = min_p > 0.0f ? kt->sample_block_sums(e, n, min_p, s->sums) : raw->total;
+  else
+    total = kt->sample_exp(e_ids ? e : x, e, len, m, inv_t, min_p, s->sums);
   if (top_p < 1.0f) {
     len = top_p_list(kt, e, e_ids, len, min_p, total, top_p, s, s->vals, s->ids);
     return draw_list(kt, s->vals, s->ids, len, min_p, u, s->sums);
@@ -489,14 +489,25 @@ static void sample_row(const armllm_kernels *kt, const armllm_sample_batch *b, i
     top_ids[j] = -1;
     top_lp[j] = NAN;
   }
-  const double lse = n_top >= 0 ? log_normalizer(kt, x, n, s) : NAN;
+  raw_pass raw = {kt->sample_argmax(x, n), 0, NAN};
+  double lse = NAN; /* M + log of the block sum (floor 0) of exp(x - M), M the largest x */
+  if (n_top >= 0) {
+    const float m = raw.first_max < 0 ? -INFINITY : x[raw.first_max];
+    raw.total = kt->sample_exp(x, s->vals, n, m, 1.0f, 0.0f, s->sums);
+    raw.e_ready = 1;
+    lse = (double)m + log(raw.total);
+  }
   if (n_top > 0) {
     float values[TOP_N];
     const int64_t got = top_entries(kt, x, n, n_top < TOP_N ? n_top : TOP_N, top_ids, values);
     for (int64_t j = 0; j < got; j++) top_lp[j] = (float)((double)values[j] - lse);
   }
   const int64_t touched = apply_penalties(b, r, x, s);
-  const int64_t token = choose_token(kt, b, r, x, s, n_top >= 0);
+  if (touched) {
+    raw.first_max = kt->sample_argmax(x, n);
+    raw.e_ready = 0;
+  }
+  const int64_t token = choose_token(kt, b, r, x, s, n_top >= 0, &raw);
   b->token[r] = (int32_t)token;
   b->logprob[r] = n_top >= 0 ? (float)((double)raw_value(x, token, s) - lse) : NAN;
   if (touched) clear_marks(b, r, s);
