@@ -12,6 +12,8 @@
 #include <math.h>
 #include <string.h>
 
+#define BLOCK ARMLLM_SAMPLE_BLOCK
+
 /* top-p: the floor tau starts at TAU_FIRST, shrinks by TAU_STEP, and is 0 below
  * TAU_MIN; a floor passes once its mass reaches top_p * total + MARGIN * total
  * (MARGIN: far above the rounding of any order of summing float e in double,
@@ -200,11 +202,38 @@ static int64_t boundary_by_radix(const float *e, int64_t cnt, double target, dou
   return -1;
 }
 
+/* The kept e >= floor_e (and > 0) in order, into out_e / out_id, from the
+ * blocks whose sum (floor keep_min <= floor_e) reaches floor_e: a sum of
+ * non-negative floats is at least each of its terms, so the other blocks hold
+ * none. Runs of such blocks go to sample_collect as one. */
+static int64_t collect_from_blocks(const armllm_kernels *kt, const float *e,
+                                   const int32_t *e_ids, int64_t len, const float *sums,
+                                   float floor_e, float *out_e, int32_t *out_id) {
+  const int64_t blocks = (len + BLOCK - 1) / BLOCK;
+  int64_t cnt = 0;
+  for (int64_t b = 0; b < blocks;) {
+    if (!(sums[b] >= floor_e)) {
+      b++;
+      continue;
+    }
+    const int64_t first = b;
+    while (b < blocks && sums[b] >= floor_e) b++;
+    const int64_t lo = first * BLOCK, hi = b * BLOCK < len ? b * BLOCK : len;
+    const int64_t got = kt->sample_collect(e + lo, e_ids ? e_ids + lo : NULL, hi - lo, floor_e,
+                                           out_e + cnt, out_id + cnt);
+    if (!e_ids) /* positions are the ids: the collect counted them from lo */
+      for (int64_t j = cnt; j < cnt + got; j++) out_id[j] += (int32_t)lo;
+    cnt += got;
+  }
+  return cnt;
+}
+
 int64_t armllm_sample_top_p(const armllm_kernels *kt, const float *e, const int32_t *e_ids,
-                            int64_t len, float keep_min, double total, float top_p, float *sums,
-                            int32_t *work, float *out_e, int32_t *out_id) {
+                            int64_t len, float keep_min, double total, float top_p,
+                            const float *sums, int32_t *work, float *out_e, int32_t *out_id) {
   const double target = (double)top_p * total;
   const double enough = target + TOP_P_MARGIN * total;
+  float *mass_sums = (float *)work; /* the block sums of a mass check */
   /* the kept e >= tau (> 0: a zero adds nothing), for the first tau whose
    * mass is enough: summed over the collected list (any order of summation
    * would do), or, collecting in place, over e before a collection */
@@ -213,10 +242,11 @@ int64_t armllm_sample_top_p(const armllm_kernels *kt, const float *e, const int3
   for (;; tau = tau * TOP_P_TAU_STEP < TOP_P_TAU_MIN ? 0.0f : tau * TOP_P_TAU_STEP) {
     const float floor_e = tau > keep_min ? tau : keep_min;
     if (out_e == e && tau > 0.0f &&
-        kt->sample_block_sums(e, len, floor_e, sums) < enough)
+        kt->sample_block_sums(e, len, floor_e, mass_sums) < enough)
       continue;
-    cnt = kt->sample_collect(e, e_ids, len, floor_e, out_e, out_id);
-    if (out_e == e || tau == 0.0f || kt->sample_block_sums(out_e, cnt, 0.0f, sums) >= enough)
+    cnt = collect_from_blocks(kt, e, e_ids, len, sums, floor_e, out_e, out_id);
+    if (out_e == e || tau == 0.0f ||
+        kt->sample_block_sums(out_e, cnt, 0.0f, mass_sums) >= enough)
       break;
   }
   /* two sums of cnt entries in double differ by at most about 2 cnt roundings
