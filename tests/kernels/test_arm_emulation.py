@@ -44,6 +44,11 @@ def test_arm_kernels_under_qemu(tmp_path):
         assert re.search(rf"^neon +{slot} +neon +.* PASS$", r.stdout, re.M)
         assert re.search(rf"^neon_mmla +{slot} +neon +.* PASS$", r.stdout, re.M)
         assert re.search(rf"^sve +{slot} +sve +.* PASS$", r.stdout, re.M)
+    # the sampler's slots and whole batches against ref's (neon's; sve's exp pass)
+    for check in ("sample_exp", "sample_rows"):
+        assert re.search(rf"^neon +{check} +neon +.* PASS$", r.stdout, re.M)
+        assert re.search(rf"^neon_mmla +{check} +neon +.* PASS$", r.stdout, re.M)
+        assert re.search(rf"^sve +{check} +sve +.* PASS$", r.stdout, re.M)
     assert re.search(r"^neon_mmla +attn_bidir +neon_mmla +.* PASS$", r.stdout, re.M)
     assert re.search(r"^sve +attn_bidir +sve +.* PASS$", r.stdout, re.M)
     assert "fetch-add ldaxr/stlxr" in r.stdout  # the cortex-a72 run used the LL/SC loop

@@ -505,6 +505,7 @@ def test_set_history_and_bias_check_what_enters():
     ("mask_row", 0, r"mask_row\[1\] must be -1 or a row of masks \[0, 0\), got 0"),
     ("repetition_penalty", 0.0, r"repetition_penalty\[1\] must be finite and > 0"),
     ("presence_penalty", np.inf, r"presence_penalty\[1\]"),
+    ("prompt_len", -1, r"prompt_len\[1\] must be in \[0, 0\] \(the history's length\), got -1"),
 ])
 def test_run_names_the_bad_value_and_its_row(column, value, match):
     s = ops.RowSampler(10, 3)

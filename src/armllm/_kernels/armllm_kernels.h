@@ -131,7 +131,7 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  * sample_exp  e[i] = d >= ARMLLM_SAMPLE_D_MIN ? exp(d) : 0 with d = (x[i] - m)
  *   * inv_t (two float operations, unfused; exp the shared one, vexp.h; NaN
  *   d gives 0), and the block sum of e with floor f (into sums, returned).
- *   m is at least every non-NaN x[i] and finite, inv_t > 0, so d <= 0: on
+ *   m is at least every non-NaN x[i] and inv_t > 0, so d <= 0 (or NaN): on
  *   [-80, 0] a variant may leave out the shared exp's clamp, its NaN
  *   pass-through and its two-step scaling (every result there is a normal
  *   float), which change no bit. e may equal x.

@@ -5,13 +5,8 @@
  * float and double operation is the one written.
  *
  * A row reads its logits a few times and never sorts them: greedy is an
- * argmax pass; top-k keeps a buffer of the largest values seen, shrunk by
- * quickselect whenever it fills, behind a threshold that a vector search
- * skips most entries under; top-p looks only at the e above a floor whose
- * mass already passes top_p, and finds its boundary by a radix selection on
- * their bits with exact bounds on the roundings (a heap, which adds in the
- * defining order, when the bounds cannot decide, or for few entries); the
- * draw walks block sums. */
+ * argmax pass, top-k and top-p are selections (sample_sets.c), the draw
+ * walks block sums. */
 #define _GNU_SOURCE /* sync.h: syscall, clock_gettime */
 #include "sample.h"
 
@@ -19,23 +14,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "sample_sets.h"
 #include "sync.h"
-
-/* top-p: the floor tau starts at TAU_FIRST, shrinks by TAU_STEP, and is 0 below
- * TAU_MIN; a floor passes once its mass reaches top_p * total + MARGIN * total
- * (MARGIN: far above the rounding of any order of summing float e in double,
- * and above the float block trees' 4 roundings of 2^-24) */
-#define TOP_P_TAU_FIRST 1e-3f
-#define TOP_P_TAU_STEP 1e-3f
-#define TOP_P_TAU_MIN 1e-30f
-#define TOP_P_MARGIN 1e-6
-/* top-p: from this many entries on, the radix selection (below it a heap is
- * as quick) */
-#define TOP_P_RADIX_MIN 256
-/* top-k: the buffer of the largest values seen holds TOP_K_BUFFER_FACTOR * k
- * entries, at least TOP_K_BUFFER_MIN (fewer shrinks), at most n */
-#define TOP_K_BUFFER_FACTOR 4
-#define TOP_K_BUFFER_MIN 1024
 
 #define BLOCK ARMLLM_SAMPLE_BLOCK
 #define TOP_N ARMLLM_SAMPLE_MAX_LOGPROBS
@@ -77,20 +57,7 @@ static slot_t slot_at(void *scratch, int64_t n, int64_t i) {
   return s;
 }
 
-/* The largest non-NaN x (-inf when every x is NaN). */
-static float largest(const armllm_kernels *kt, const float *x, int64_t n) {
-  const int64_t i = kt->sample_argmax(x, n);
-  return i < 0 ? -INFINITY : x[i];
-}
-
 /* ------------------------------------------------------- log-probabilities */
-
-/* M + the log of the block sum (floor 0) of exp(x - M), M the largest x: the
- * row's log-normalizer. e goes to vals (unused). */
-static double log_normalizer(const armllm_kernels *kt, const float *x, int64_t n, slot_t *s) {
-  const float m = largest(kt, x, n);
-  return (double)m + log(kt->sample_exp(x, s->vals, n, m, 1.0f, 0.0f, s->sums));
-}
 
 /* a ranks above b: a larger value, NaN below every number, ties to the lower id */
 static inline int ranks_above(float av, int64_t aid, float bv, int64_t bid) {
@@ -177,223 +144,6 @@ static void clear_marks(const armllm_sample_batch *b, int64_t r, slot_t *s) {
   for (int64_t i = 0; i < len; i++) s->mark[hist[i]] = 0;
 }
 
-/* ------------------------------------------------------------ top-k */
-
-/* The k-th largest (1 <= k <= len) of v[0..len) (no NaN), by quickselect on
- * a copy. */
-static float kth_largest(const float *v, int64_t len, int64_t k, float *copy) {
-  memcpy(copy, v, (size_t)len * sizeof *copy);
-  int64_t lo = 0, hi = len - 1;
-  const int64_t want = k - 1;
-  while (lo < hi) {
-    const float pivot = copy[lo + (hi - lo) / 2];
-    int64_t i = lo, j = hi;
-    while (i <= j) {
-      while (copy[i] > pivot) i++;
-      while (copy[j] < pivot) j--;
-      if (i <= j) {
-        const float t = copy[i];
-        copy[i++] = copy[j];
-        copy[j--] = t;
-      }
-    }
-    if (want <= j)
-      hi = j;
-    else if (want >= i)
-      lo = i;
-    else
-      break;
-  }
-  return copy[want];
-}
-
-/* Shrinks the list (ascending ids) to its k best (larger value, then lower
- * id), keeping the order; returns the k-th value. */
-static float keep_best(float *vals, int32_t *ids, int64_t *len, int64_t k, float *copy) {
-  const float kth = kth_largest(vals, *len, k, copy);
-  int64_t above = 0, out = 0;
-  for (int64_t j = 0; j < *len; j++) above += vals[j] > kth;
-  int64_t ties = k - above; /* of the k-th value, the lowest ids */
-  for (int64_t j = 0; j < *len; j++)
-    if (vals[j] > kth || (vals[j] == kth && ties-- > 0)) {
-      vals[out] = vals[j];
-      ids[out++] = ids[j];
-    }
-  *len = out;
-  return kth;
-}
-
-/* The top_k candidates (0 < k < n) other than -inf and NaN, in ascending id,
- * into s->vals / s->ids; returns their count (k, or fewer if the row has fewer). */
-static int64_t top_k_list(const armllm_kernels *kt, const float *x, int64_t n, int64_t k,
-                          slot_t *s) {
-  int64_t cap = k * TOP_K_BUFFER_FACTOR > TOP_K_BUFFER_MIN ? k * TOP_K_BUFFER_FACTOR
-                                                           : TOP_K_BUFFER_MIN;
-  cap = cap < n ? cap : n;
-  int64_t len = 0, i = 0;
-  for (; i < cap; i++) /* the first cap entries fill the buffer */
-    if (x[i] > -INFINITY) {
-      s->vals[len] = x[i];
-      s->ids[len++] = (int32_t)i;
-    }
-  /* entries at the threshold come later than k entries at least as large:
-   * only larger ones can be candidates */
-  float threshold = -INFINITY;
-  if (len == cap) threshold = keep_best(s->vals, s->ids, &len, k, (float *)s->work);
-  for (;;) {
-    i += kt->sample_find_above(x + i, n - i, threshold);
-    if (i >= n) break;
-    s->vals[len] = x[i];
-    s->ids[len] = (int32_t)i++;
-    if (++len == cap) threshold = keep_best(s->vals, s->ids, &len, k, (float *)s->work);
-  }
-  if (len > k) keep_best(s->vals, s->ids, &len, k, (float *)s->work);
-  return len;
-}
-
-/* ------------------------------------------------------------ top-p */
-
-/* heap order: a first when its e is larger, or equal with a lower position */
-static inline int heap_before(const float *e, int32_t a, int32_t b) {
-  return e[a] > e[b] || (e[a] == e[b] && a < b);
-}
-
-static void sift_down(int32_t *heap, int64_t len, int64_t i, const float *e) {
-  for (;;) {
-    int64_t best = i;
-    const int64_t l = 2 * i + 1, r = l + 1;
-    if (l < len && heap_before(e, heap[l], heap[best])) best = l;
-    if (r < len && heap_before(e, heap[r], heap[best])) best = r;
-    if (best == i) return;
-    const int32_t t = heap[i];
-    heap[i] = heap[best];
-    heap[best] = t;
-    i = best;
-  }
-}
-
-/* The top-p boundary of e[0..cnt) (ascending ids) by the definition: the
- * entries in order (larger e, then lower position) added in double until the
- * sum reaches target; returns the last one's position, or -1 if the sum never
- * does. heap holds cnt entries. */
-static int64_t boundary_by_heap(const float *e, int64_t cnt, double target, int32_t *heap) {
-  for (int64_t i = 0; i < cnt; i++) heap[i] = (int32_t)i;
-  for (int64_t i = cnt / 2 - 1; i >= 0; i--) sift_down(heap, cnt, i, e);
-  double sum = 0.0;
-  for (int64_t left = cnt; left > 0;) {
-    const int32_t top = heap[0];
-    sum += e[top];
-    if (sum >= target) return top;
-    heap[0] = heap[--left];
-    sift_down(heap, left, 0, e);
-  }
-  return -1;
-}
-
-/* The radix digits of a positive float's bits, most significant first: e <= 1
- * keeps the first digit below 1024. */
-#define RADIX_DIGITS 3
-#define RADIX_SIZE 1024
-#define RADIX_COPIES 4 /* histograms, interleaved: entries of one bucket in a row
-                          do not wait on each other's additions */
-static const int RADIX_SHIFT[RADIX_DIGITS] = {20, 10, 0};
-
-static inline uint32_t float_bits(float v) {
-  uint32_t u;
-  memcpy(&u, &v, sizeof u);
-  return u;
-}
-
-/* The top-p boundary as boundary_by_heap defines it, without ordering the
- * entries: for each digit in turn, the masses of the candidates' buckets (in
- * double) are walked from the largest e down to the bucket where the running
- * sum reaches target; its entries are the next digit's candidates. After the
- * last digit they hold equal e, walked in position order. Returns -1 unless
- * the running sums before and at the boundary lie further from target than
- * `margin`, a bound on the difference between any two ways of summing these
- * entries in double: then the defining sum crosses target at the same entry.
- * pos holds cnt entries. */
-static int64_t boundary_by_radix(const float *e, int64_t cnt, double target, double margin,
-                                 int32_t *pos) {
-  double mass[RADIX_COPIES][RADIX_SIZE];
-  double above = 0.0;
-  int64_t len = cnt;
-  for (int level = 0; level < RADIX_DIGITS; level++) {
-    const int shift = RADIX_SHIFT[level];
-    memset(mass, 0, sizeof mass);
-    for (int64_t j = 0; j < len; j++) {
-      const int64_t p = level ? pos[j] : j;
-      mass[j % RADIX_COPIES][float_bits(e[p]) >> shift & (RADIX_SIZE - 1)] += e[p];
-    }
-    int64_t digit = RADIX_SIZE - 1;
-    for (; digit >= 0; digit--) {
-      double bucket = 0.0;
-      for (int c = 0; c < RADIX_COPIES; c++) bucket += mass[c][digit];
-      if (above + bucket >= target) break;
-      above += bucket;
-    }
-    if (digit < 0) return -1;
-    int64_t kept = 0; /* the bucket's entries, in position order (no branch) */
-    for (int64_t j = 0; j < len; j++) {
-      const int64_t p = level ? pos[j] : j;
-      pos[kept] = (int32_t)p;
-      kept += (int64_t)(float_bits(e[p]) >> shift & (RADIX_SIZE - 1)) == digit;
-    }
-    len = kept;
-  }
-  double run = above;
-  for (int64_t j = 0; j < len; j++) {
-    const double before = run;
-    run += e[pos[j]];
-    if (run >= target)
-      return target - before > margin && run - target > margin ? pos[j] : -1;
-  }
-  return -1;
-}
-
-/* The top-p set of the kept e[0..len) (floor keep_min, of total `total`),
- * in ascending order, into out_e / out_id (returns its size): e_ids[p] is
- * position p's id (NULL: p itself). out_e may be e and out_id e_ids (the
- * entries move down only). */
-static int64_t top_p_list(const armllm_kernels *kt, const float *e, const int32_t *e_ids,
-                          int64_t len, float keep_min, double total, float top_p, slot_t *s,
-                          float *out_e, int32_t *out_id) {
-  const double target = (double)top_p * total;
-  const double enough = target + TOP_P_MARGIN * total;
-  /* the kept e >= tau (> 0: a zero adds nothing), for the first tau whose
-   * mass is enough: summed over the collected list (any order of summation
-   * would do), or, collecting in place, over e before a collection */
-  float tau = TOP_P_TAU_FIRST;
-  int64_t cnt = 0;
-  for (;; tau = tau * TOP_P_TAU_STEP < TOP_P_TAU_MIN ? 0.0f : tau * TOP_P_TAU_STEP) {
-    const float floor_e = tau > keep_min ? tau : keep_min;
-    if (out_e == e && tau > 0.0f &&
-        kt->sample_block_sums(e, len, floor_e, s->sums) < enough)
-      continue;
-    cnt = kt->sample_collect(e, e_ids, len, floor_e, out_e, out_id);
-    if (out_e == e || tau == 0.0f || kt->sample_block_sums(out_e, cnt, 0.0f, s->sums) >= enough)
-      break;
-  }
-  /* two sums of cnt entries in double differ by at most about 2 cnt roundings
-   * of total (2^-53 each); the radix walk adds RADIX_DIGITS * RADIX_SIZE *
-   * RADIX_COPIES bucket sums; the margin doubles the count */
-  const double margin = (double)(4 * cnt + 2 * RADIX_DIGITS * RADIX_SIZE * RADIX_COPIES) *
-                        0x1p-53 * total;
-  int64_t last = cnt >= TOP_P_RADIX_MIN ? boundary_by_radix(out_e, cnt, target, margin, s->work)
-                                        : -1;
-  if (last < 0) last = boundary_by_heap(out_e, cnt, target, s->work);
-  if (last < 0) return cnt; /* never reached (rounding): every kept token stays */
-  const float e_last = out_e[last];
-  int64_t kept = 0; /* before the boundary in the order: larger e, or equal and not after it */
-  for (int64_t p = 0; p < cnt; p++) { /* no branch: the test is a coin toss */
-    const float v = out_e[p];
-    out_e[kept] = v;
-    out_id[kept] = out_id[p];
-    kept += (v > e_last) | ((v == e_last) & (p <= last));
-  }
-  return kept;
-}
-
 /* ------------------------------------------------------------ draws */
 
 /* Inside block blk of e[0..n): the running sum from `run` over its kept e in
@@ -437,13 +187,22 @@ static int64_t draw_list(const armllm_kernels *kt, const float *e, const int32_t
   return ids[draw_blocks(e, len, sums, keep_min, total, u)];
 }
 
+/* The pass of the log-probabilities over a row: the exp at temperature 1
+ * (e in s->vals, floor-0 block sums in s->sums) and its total. */
+typedef struct {
+  int64_t first_max; /* the row's argmax (sample_argmax) */
+  int e_ready;       /* x is unchanged since the pass: its e are there */
+  double total;
+} raw_pass;
+
 /* Row r's token from its penalized x (sample.h steps 5 and 6). keep_x: write
- * e to s->vals, not over x. */
+ * e to s->vals, not over x; raw: the log-probabilities' pass, when they were
+ * asked for. */
 static int64_t choose_token(const armllm_kernels *kt, const armllm_sample_batch *b, int64_t r,
-                            float *x, slot_t *s, int keep_x) {
+                            float *x, slot_t *s, int keep_x, const raw_pass *raw) {
   const int64_t n = b->n;
   const float temperature = b->temperature[r];
-  const int64_t first_max = kt->sample_argmax(x, n);
+  const int64_t first_max = raw->first_max;
   if (first_max < 0) return 0; /* every x NaN */
   const float m = x[first_max];
   if (!(temperature > 0.0f) || !isfinite(m)) return first_max;
@@ -456,13 +215,18 @@ static int64_t choose_token(const armllm_kernels *kt, const armllm_sample_batch 
   const int32_t *e_ids = NULL; /* e's ids: NULL, positions */
   int64_t len = n;
   if (top_k > 0 && top_k < n) {
-    len = top_k_list(kt, x, n, top_k, s);
+    len = armllm_sample_top_k(kt, x, n, top_k, s->vals, s->ids, (float *)s->work);
     e = s->vals;
     e_ids = s->ids;
   }
-  const double total = kt->sample_exp(e_ids ? e : x, e, len, m, inv_t, min_p, s->sums);
+  double total;
+  if (raw->e_ready && !e_ids && inv_t == 1.0f) /* the same e: (x - m) * 1 */
+    total = min_p > 0.0f ? kt->sample_block_sums(e, n, min_p, s->sums) : raw->total;
+  else
+    total = kt->sample_exp(e_ids ? e : x, e, len, m, inv_t, min_p, s->sums);
   if (top_p < 1.0f) {
-    len = top_p_list(kt, e, e_ids, len, min_p, total, top_p, s, s->vals, s->ids);
+    len = armllm_sample_top_p(kt, e, e_ids, len, min_p, total, top_p, s->sums, s->work, s->vals,
+                              s->ids);
     return draw_list(kt, s->vals, s->ids, len, min_p, u, s->sums);
   }
   const int64_t at = draw_blocks(e, len, s->sums, min_p, total, u);
@@ -489,14 +253,25 @@ static void sample_row(const armllm_kernels *kt, const armllm_sample_batch *b, i
     top_ids[j] = -1;
     top_lp[j] = NAN;
   }
-  const double lse = n_top >= 0 ? log_normalizer(kt, x, n, s) : NAN;
+  raw_pass raw = {kt->sample_argmax(x, n), 0, NAN};
+  double lse = NAN; /* M + log of the block sum (floor 0) of exp(x - M), M the largest x */
+  if (n_top >= 0) {
+    const float m = raw.first_max < 0 ? -INFINITY : x[raw.first_max];
+    raw.total = kt->sample_exp(x, s->vals, n, m, 1.0f, 0.0f, s->sums);
+    raw.e_ready = 1;
+    lse = (double)m + log(raw.total);
+  }
   if (n_top > 0) {
     float values[TOP_N];
     const int64_t got = top_entries(kt, x, n, n_top < TOP_N ? n_top : TOP_N, top_ids, values);
     for (int64_t j = 0; j < got; j++) top_lp[j] = (float)((double)values[j] - lse);
   }
   const int64_t touched = apply_penalties(b, r, x, s);
-  const int64_t token = choose_token(kt, b, r, x, s, n_top >= 0);
+  if (touched) {
+    raw.first_max = kt->sample_argmax(x, n);
+    raw.e_ready = 0;
+  }
+  const int64_t token = choose_token(kt, b, r, x, s, n_top >= 0, &raw);
   b->token[r] = (int32_t)token;
   b->logprob[r] = n_top >= 0 ? (float)((double)raw_value(x, token, s) - lse) : NAN;
   if (touched) clear_marks(b, r, s);

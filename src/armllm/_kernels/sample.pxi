@@ -18,7 +18,8 @@ cdef class RowSampler:
     prompt_len (set by set_history). run() writes token (int32), logprob (float32, the
     sampled token's, NaN without num_logprobs) and top_ids / top_logprobs (int32 /
     float32 [max_rows, 20]: the num_logprobs best, then -1 / NaN). Histories and
-    biases are the caller's arrays, referenced until cleared or replaced."""
+    biases are the caller's arrays, referenced until cleared or replaced. One run at a
+    time: the workers' scratch is the sampler's."""
     cdef const armllm_kernels *kt
     cdef readonly int64_t vocab_size, max_rows, slots
     cdef readonly object temperature, top_p, min_p, repetition_penalty, presence_penalty
@@ -31,8 +32,8 @@ cdef class RowSampler:
     cdef void *scratch_p
 
     def __init__(self, Kernels kernels, int64_t vocab_size, int64_t max_rows, int64_t slots):
-        """kernels: the table whose slots run; slots: the most rows sampled at once
-        (each a worker's scratch of about 20 bytes a token)."""
+        """kernels: the table whose slots run; slots: the most workers a run uses (each
+        has scratch of about 20 bytes a token: armllm_sample_rows_slot_bytes)."""
         if vocab_size < 1 or vocab_size > 2**31 - 1:
             raise ValueError(f"vocab_size must be in [1, 2**31 - 1], got {vocab_size}")
         if max_rows < 1:
@@ -57,10 +58,12 @@ cdef class RowSampler:
         self.row_ptrs, self.history_ptrs = col(np.uintp, 0), col(np.uintp, 0)
         self.bias_id_ptrs, self.bias_value_ptrs = col(np.uintp, 0), col(np.uintp, 0)
         self.histories, self.biases = [None] * max_rows, [None] * max_rows
-        cdef size_t nbytes = slots * armllm_sample_rows_slot_bytes(vocab_size)
-        self.scratch = np.zeros(nbytes + 64, np.uint8)  # zeroed: the kernel's marks start at 0
+        # zeroed (the kernel's marks start at 0) and 64-byte aligned (sample.h): a spare
+        # cache line to align within
+        cdef size_t line = 64, nbytes = slots * armllm_sample_rows_slot_bytes(vocab_size)
+        self.scratch = np.zeros(nbytes + line, np.uint8)
         cdef uintptr_t base = _addr(self.scratch)
-        self.scratch_p = <void *>((base + 63) // 64 * 64)
+        self.scratch_p = <void *>((base + line - 1) // line * line)
 
     cdef int64_t _entry(self, int64_t r) except -1:
         if not 0 <= r < self.max_rows:
@@ -197,6 +200,7 @@ cdef class RowSampler:
         cdef const int32_t *mask_row = <const int32_t *>_col(self.mask_row, 0)
         cdef const int64_t *bias_len = <const int64_t *>_col(self.bias_len, 0)
         cdef const int64_t *prompt = <const int64_t *>_col(self.prompt_len, 0)
+        cdef const int64_t *hist_len = <const int64_t *>_col(self.history_len, 0)
         cdef int64_t r
         for r in range(begin, end):
             if not 0 <= temp[r] <= MAX_TEMPERATURE:
@@ -217,10 +221,13 @@ cdef class RowSampler:
             if not (-INFINITY < pres[r] < INFINITY and -INFINITY < freq[r] < INFINITY):
                 raise ValueError(f"presence_penalty[{r}] and frequency_penalty[{r}] must be "
                                  f"finite, got {pres[r]} and {freq[r]}")
+            if not 0 <= prompt[r] <= hist_len[r]:
+                raise ValueError(f"prompt_len[{r}] must be in [0, {hist_len[r]}] (the history's "
+                                 f"length), got {prompt[r]}")
             if rep[r] != 1 or pres[r] != 0 or freq[r] != 0:
                 hist = self.histories[r]
                 if hist is not None:
-                    _check_ids(hist, self.history_len[r], self.vocab_size,
+                    _check_ids(hist, hist_len[r], self.vocab_size,
                                f"history ids of row {r}")
             if bias_len[r] > 0:
                 _check_ids(self.biases[r][0], bias_len[r], self.vocab_size,

@@ -24,6 +24,7 @@
 #include "comm.h"
 #include "cpu.h"
 #include "gguf_blocks.h"
+#include "sample.h"
 
 static int failures;
 
@@ -1330,6 +1331,196 @@ static void check_whisper_kernels(const armllm_kernels *v, armllm_pool *pool) {
   rng_state = saved;
 }
 
+/* ------------------------------------------------------------ sampling */
+
+/* A logits-like row: a normal-ish bulk, a few large entries, and (specials)
+ * -inf, NaN and exact ties. */
+static void fill_logits(float *x, int64_t n, int specials) {
+  for (int64_t i = 0; i < n; i++) x[i] = frand() * 6.0f;
+  for (int k = 0; k < 3; k++) x[(int64_t)((frand() + 1.0f) * 0.5f * (float)n) % n] = 9.0f + frand();
+  if (!specials) return;
+  for (int64_t i = 0; i < n; i++) {
+    const float u = frand();
+    if (u > 0.9f) x[i] = -INFINITY;
+    else if (u < -0.95f) x[i] = NAN;
+    else if (u < -0.9f) x[i] = 2.0f;
+  }
+}
+
+static int same_bits(const void *a, const void *b, size_t bytes) { return !memcmp(a, b, bytes); }
+
+/* The sampling slots against ref's, bit for bit: argmax, find_above, the exp
+ * pass (e, block sums, total) at several floors, block sums, collect; and the
+ * exp pass against the table's full exp over every 9973rd float of [-80, 0]. */
+static void check_sample_slots(const armllm_kernels *v) {
+  report r;
+  report_start(&r, v->isa, "sample_exp");
+  const armllm_kernels *ref = &armllm_kernels_ref;
+  const int64_t max_n = 1100;
+  float *x = xmalloc(sizeof(float) * max_n), *e = xmalloc(sizeof(float) * max_n);
+  float *e2 = xmalloc(sizeof(float) * max_n), *sums = xmalloc(sizeof(float) * max_n);
+  float *sums2 = xmalloc(sizeof(float) * max_n);
+  float *ce = xmalloc(sizeof(float) * (max_n + 16)), *ce2 = xmalloc(sizeof(float) * (max_n + 16));
+  int32_t *ci = xmalloc(sizeof(int32_t) * (max_n + 16)), *ci2 = xmalloc(sizeof(int32_t) * (max_n + 16));
+  int32_t *ids = xmalloc(sizeof(int32_t) * max_n);
+  static const float floors[] = {0.0f, 1e-3f, 0.5f, 1.0f};
+  static const float inv_ts[] = {1.0f, 1.25f, 0.05f, 3.0e38f};
+  for (int64_t n = 1; n <= max_n; n = n < 40 ? n + 1 : n * 5 / 3) {
+    for (int specials = 0; specials < 2; specials++) {
+      fill_logits(x, n, specials);
+      for (int64_t i = 0; i < n; i++) ids[i] = (int32_t)(3 * i + 1);
+      const int64_t at = v->sample_argmax(x, n);
+      if (at != ref->sample_argmax(x, n)) r.bad++;
+      const float m = at < 0 ? 0.0f : x[at];
+      if (!isfinite(m)) continue; /* the sampler never runs the exp pass then */
+      if (v->sample_find_above(x, n, 8.5f) != ref->sample_find_above(x, n, 8.5f)) r.bad++;
+      if (v->sample_find_above(x, n, INFINITY) != n) r.bad++;
+      for (size_t t = 0; t < sizeof inv_ts / sizeof *inv_ts; t++)
+        for (size_t f = 0; f < sizeof floors / sizeof *floors; f++) {
+          const double total = v->sample_exp(x, e, n, m, inv_ts[t], floors[f], sums);
+          const double total2 = ref->sample_exp(x, e2, n, m, inv_ts[t], floors[f], sums2);
+          const size_t blocks = (size_t)((n + 15) / 16);
+          if (!same_bits(e, e2, sizeof(float) * (size_t)n) ||
+              !same_bits(sums, sums2, sizeof(float) * blocks) || total != total2)
+            r.bad++;
+          if (v->sample_block_sums(e2, n, floors[f], sums) != total2 ||
+              !same_bits(sums, sums2, sizeof(float) * blocks))
+            r.bad++;
+          const int64_t c = v->sample_collect(e2, f % 2 ? ids : NULL, n, floors[f], ce, ci);
+          const int64_t c2 = ref->sample_collect(e2, f % 2 ? ids : NULL, n, floors[f], ce2, ci2);
+          if (c != c2 || !same_bits(ce, ce2, sizeof(float) * (size_t)c) ||
+              !same_bits(ci, ci2, sizeof(int32_t) * (size_t)c))
+            r.bad++;
+          memcpy(e, x, sizeof(float) * (size_t)n); /* in place */
+          v->sample_exp(e, e, n, m, inv_ts[t], floors[f], sums);
+          if (!same_bits(e, e2, sizeof(float) * (size_t)n)) r.bad++;
+          r.cases++;
+        }
+    }
+  }
+  /* the exp pass on [-80, 0] is the shared exp (the table's own exp slot) */
+  uint32_t lo;
+  const float minus_80 = -80.0f;
+  memcpy(&lo, &minus_80, sizeof lo);
+  int64_t k = 0;
+  for (uint32_t bits = 0x80000000u; bits <= lo; bits += 9973u) {
+    memcpy(&x[k++], &bits, sizeof bits);
+    if (k == max_n || bits + 9973u > lo) {
+      v->sample_exp(x, e, k, 0.0f, 1.0f, 0.0f, sums);
+      v->exp(x, e2, k);
+      if (!same_bits(e, e2, sizeof(float) * (size_t)k)) r.bad++;
+      r.cases++;
+      k = 0;
+    }
+  }
+  free(x); free(e); free(e2); free(sums); free(sums2); free(ce); free(ce2); free(ci); free(ci2);
+  free(ids);
+  report_end(&r, impl_of(v, ARMLLM_K_sample_exp));
+}
+
+enum { SAMPLE_ROWS = 13 };
+
+/* One batch of SAMPLE_ROWS rows of n logits, each row its own mix of the
+ * parameters, sampled with table t on pool; outputs into out_* ([rows] and
+ * [rows, 20]). */
+static void sample_batch(const armllm_kernels *t, armllm_pool *pool, const float *logits,
+                         int64_t n, void *scratch, int64_t slots, int32_t *token, float *logprob,
+                         int32_t *top_ids, float *top_lp) {
+  enum { R = SAMPLE_ROWS };
+  static const float temperature[R] = {0, 0.8f, 1, 0.5f, 1.5f, 1, 0.8f, 0, 1, 2, 0.7f, 1, 1};
+  static const float top_p[R] = {1, 0.95f, 1, 0.5f, 1, 0.9f, 1, 1, 0.999f, 0.3f, 0.8f, 1, 1};
+  static const float min_p[R] = {0, 0, 0.05f, 0, 0.1f, 0, 0, 0, 0, 0, 0.02f, 0, 1};
+  static const int32_t top_k[R] = {0, 0, 0, 7, 0, 40, 3, 0, 0, 0, 20, 1, 0};
+  static const int32_t n_lp[R] = {3, -1, 0, 20, -1, 5, 1, 2, -1, 4, 0, -1, 1};
+  static const float rep[R] = {1, 1.2f, 1, 1, 0.8f, 1, 1, 1.3f, 1, 1, 1, 1, 1};
+  static const float pres[R] = {0, 0.5f, 0, 0, 0, -0.5f, 0, 0, 0, 0, 0, 0, 0};
+  static const float freq[R] = {0, 0.25f, 0, 0, 0, 0.5f, 0, 0.1f, 0, 0, 0, 0, 0};
+  static const int32_t mask_row[R] = {-1, -1, 0, -1, -1, -1, 1, -1, -1, -1, -1, -1, -1};
+  uint64_t seed[R], stream[R], counter[R];
+  int64_t hist_len[R], prompt_len[R], bias_len[R];
+  float *rows[R];
+  const int32_t *hist[R], *bias_ids[R];
+  const float *bias_values[R];
+  static int32_t history[40], bias_id[3];
+  static const float bias_value[3] = {5.0f, -3.0f, 2.5f};
+  for (int i = 0; i < 40; i++) history[i] = (int32_t)((i * 7919) % n);
+  for (int i = 0; i < 3; i++) bias_id[i] = (int32_t)((i * 104729 + 5) % n);
+  const int64_t words = (n + 31) / 32;
+  uint32_t *masks = xmalloc(sizeof(uint32_t) * (size_t)(2 * words));
+  for (int64_t w = 0; w < 2 * words; w++) masks[w] = (uint32_t)(0x9e3779b9u * (uint32_t)(w + 1));
+  float *work = xmalloc(sizeof(float) * (size_t)(R * n));
+  memcpy(work, logits, sizeof(float) * (size_t)(R * n));
+  for (int i = 0; i < R; i++) {
+    rows[i] = work + (int64_t)i * n;
+    seed[i] = 42 + (uint64_t)i;
+    stream[i] = (uint64_t)(i % 2);
+    counter[i] = 1000 + (uint64_t)i;
+    hist[i] = i % 3 == 1 ? history : NULL;
+    hist_len[i] = i % 3 == 1 ? 40 : 0;
+    prompt_len[i] = i % 3 == 1 ? 25 : 0;
+    bias_ids[i] = bias_id;
+    bias_values[i] = bias_value;
+    bias_len[i] = i % 4 == 2 ? 3 : 0;
+  }
+  armllm_sample_batch b = {
+      .rows = R, .n = n, .row = rows, .temperature = temperature, .top_p = top_p,
+      .min_p = min_p, .repetition_penalty = rep, .presence_penalty = pres,
+      .frequency_penalty = freq, .top_k = top_k, .num_logprobs = n_lp, .seed = seed,
+      .stream = stream, .counter = counter, .history = hist, .history_len = hist_len,
+      .prompt_len = prompt_len, .bias_ids = bias_ids, .bias_values = bias_values,
+      .bias_len = bias_len, .masks = masks, .mask_ld = words, .mask_row = mask_row,
+      .token = token, .logprob = logprob, .top_ids = top_ids, .top_logprobs = top_lp,
+      .scratch = scratch, .slots = slots};
+  armllm_sample_rows(t, pool, &b);
+  free(masks);
+  free(work);
+}
+
+/* Whole batches with the variant's table against ref's: the same tokens,
+ * logprobs and top lists, on 1 thread and on the pool; vocabularies from a
+ * few tokens to 20000 (top-p's radix path). */
+static void check_sample_rows(const armllm_kernels *v, armllm_pool *pool) {
+  report r;
+  report_start(&r, v->isa, "sample_rows");
+  enum { R = SAMPLE_ROWS, TOP = ARMLLM_SAMPLE_MAX_LOGPROBS, SLOTS = 3 };
+  static const int64_t vocab[] = {1, 17, 300, 2049, 20000};
+  for (size_t k = 0; k < sizeof vocab / sizeof *vocab; k++) {
+    const int64_t n = vocab[k];
+    float *logits = xmalloc(sizeof(float) * (size_t)(R * n));
+    for (int i = 0; i < R; i++) fill_logits(logits + (int64_t)i * n, n, i % 5 == 4);
+    const size_t bytes = SLOTS * armllm_sample_rows_slot_bytes(n);
+    void *scratch = xmalloc64(bytes), *scratch2 = xmalloc64(bytes);
+    memset(scratch, 0, bytes); /* the kernel's marks start at 0 */
+    memset(scratch2, 0, bytes);
+    int32_t tok[2][R], ids[2][R * TOP];
+    float lp[2][R], top_lp[2][R * TOP];
+    for (int threads = 0; threads < 2; threads++) {
+      sample_batch(&armllm_kernels_ref, NULL, logits, n, scratch2, SLOTS, tok[0], lp[0], ids[0],
+                   top_lp[0]);
+      sample_batch(v, threads ? pool : NULL, logits, n, scratch, SLOTS, tok[1], lp[1], ids[1],
+                   top_lp[1]);
+      if (!same_bits(tok[0], tok[1], sizeof tok[0]) || !same_bits(lp[0], lp[1], sizeof lp[0]) ||
+          !same_bits(ids[0], ids[1], sizeof ids[0]) ||
+          !same_bits(top_lp[0], top_lp[1], sizeof top_lp[0]))
+        r.bad++;
+      for (int i = 0; i < R; i++)
+        if (tok[1][i] < 0 || tok[1][i] >= n) r.bad++;
+      r.cases++;
+    }
+    free(logits);
+    free(scratch);
+    free(scratch2);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_sample_exp));
+}
+
+static void check_sample_kernels(const armllm_kernels *v, armllm_pool *pool) {
+  const uint64_t saved = rng_state;
+  check_sample_slots(v);
+  check_sample_rows(v, pool);
+  rng_state = saved;
+}
+
 /* --------------------------------------------------------------- pool */
 
 static void check_pool(void) {
@@ -1540,6 +1731,7 @@ int main(int argc, char **argv) {
     check_gated_rmsnorm(v, pool);
     check_sigmoid_mul(v, pool);
     check_whisper_kernels(v, pool);
+    check_sample_kernels(v, pool);
   }
   armllm_pool_destroy(pool);
   printf("%s: %d failed\n", failures ? "FAIL" : "PASS", failures);
