@@ -37,8 +37,6 @@ from armllm._kernels._ext import (
     moe_route,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
-    sample_scratch_bytes,
-    sample_token,
     sample_uniform,
 )
 from armllm._kernels._ext import q_group_len as quant_group_len
@@ -56,7 +54,7 @@ __all__ = [
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
-    "rms_norm_linear", "rope", "RowSampler", "sample_scratch_bytes", "sample_token",
+    "rms_norm_linear", "rope", "RowSampler",
     "sample_uniform",
     "restart_pool", "selected_isa", "set_num_threads", "sigmoid_mul", "silu_mul",
 ]

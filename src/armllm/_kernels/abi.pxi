@@ -282,7 +282,4 @@ cdef extern from "sample.h" nogil:
     void armllm_sample_rows(const armllm_kernels *kt, armllm_pool *pool,
                             const armllm_sample_batch *b)
     double armllm_sample_uniform(uint64_t seed, uint64_t stream, uint64_t counter)
-    size_t armllm_sample_scratch_bytes(int64_t n)
     void armllm_mask_logits(float *row, int64_t n, const uint32_t *words)
-    int64_t armllm_sample(const float *row, int64_t n, double temperature, int64_t top_k,
-                          double top_p, double min_p, double u, void *scratch)

@@ -1,7 +1,6 @@
 # sample.pxi: included by _ext.pyx: RowSampler (a step's logits rows to tokens in one
 # call on the pool: sample.h), the uniform draw it uses, the structured-output mask of
-# a row, and the legacy one-row sample_token (sampling.py's until it moves to
-# RowSampler).
+# a row.
 
 from libc.math cimport INFINITY
 
@@ -268,38 +267,6 @@ def sample_uniform(seed, stream, counter):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < 2**64:
             raise ValueError(f"{name} must be an integer in [0, 2**64), got {v!r}")
     return armllm_sample_uniform(<uint64_t>int(seed), <uint64_t>int(stream), <uint64_t>int(counter))
-
-
-def sample_scratch_bytes(int64_t n):
-    """Bytes of scratch sample_token needs for a row of n logits."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    return armllm_sample_scratch_bytes(n)
-
-
-def sample_token(row, double temperature, int64_t top_k, double top_p, double min_p, double u,
-                 scratch):
-    """A token of a float32 logits row under temperature (> 0), top_k (<= 0: off),
-    top_p (in (0, 1]) and min_p (in [0, 1]) for the uniform draw u in [0, 1)
-    (sample.h); scratch: a uint8 array of sample_scratch_bytes(len(row))."""
-    cdef cnp.ndarray ra = _array(row, "row", np.float32, 1)
-    cdef cnp.ndarray sa = _array(scratch, "scratch", np.uint8, 1)
-    _writable(sa, "scratch")
-    cdef int64_t n = ra.shape[0], token
-    if <size_t>sa.shape[0] < armllm_sample_scratch_bytes(n) or _addr(sa) % 8:
-        raise ValueError(f"scratch must be 8-byte aligned and hold "
-                         f"{armllm_sample_scratch_bytes(n)} bytes, got {sa.shape[0]}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if not 0 < top_p <= 1 or not 0 <= min_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] and min_p in [0, 1], got {top_p}, {min_p}")
-    if not 0 <= u < 1:
-        raise ValueError(f"u must be in [0, 1), got {u}")
-    cdef const float *rp = <const float *>cnp.PyArray_DATA(ra)
-    cdef void *sp = cnp.PyArray_DATA(sa)
-    with nogil:
-        token = armllm_sample(rp, n, temperature, top_k, top_p, min_p, u, sp)
-    return token
 
 
 def mask_logits(row, words):

@@ -1,9 +1,7 @@
 """The sampling part of `armllm bench kernels`: ops.RowSampler's time a row at real
 vocabulary sizes, for greedy, temperature 0.8 with top-p 0.95, and temperature 1 with
 nothing truncated; one row on one thread, and BATCH rows in one call on the pool (the
-call's wall time / BATCH); beside the one-row sampler it replaces on the same rows
-(ops.sample_token, and numpy's argmax for greedy: one call a row, as sampling.py makes
-them).
+call's wall time / BATCH).
 
 The rows are LM-like logits, calibrated on SmolLM2-135M's next-token logits: a normal
 bulk (standard deviation 3.8) and a head of HEAD tokens at top - 2.5 ln(1 + rank), the
@@ -55,7 +53,7 @@ def _median_us(call, prepare, min_time: float) -> float:
 
 
 class _Case:
-    """One (vocabulary, parameters) case: the new sampler and the old, on the same rows."""
+    """One (vocabulary, parameters) case on its rows."""
 
     def __init__(self, rows: np.ndarray, params: dict, pool, one_pool):
         from armllm import ops
@@ -67,7 +65,6 @@ class _Case:
             getattr(self.sampler, name)[:] = value
         self.sampler.seed[:] = 1
         self.sampler.counter[:] = np.arange(BATCH)
-        self.scratch = np.empty(ops.sample_scratch_bytes(n), np.uint8)
         self.next = 0
 
     def _fresh_row(self) -> None:
@@ -77,14 +74,6 @@ class _Case:
     def _fresh_rows(self) -> None:
         self.work[:] = self.rows
 
-    def _old_row(self, r: int) -> int:
-        from armllm import ops
-        p = self.params
-        if p["temperature"] == 0:
-            return int(np.argmax(self.work[r]))
-        return ops.sample_token(self.work[r], p["temperature"], 0, p.get("top_p", 1.0), 0.0,
-                                0.5, self.scratch)
-
     def measure(self, min_time: float) -> dict:
         s = self.sampler
         return {
@@ -92,10 +81,6 @@ class _Case:
                                      self._fresh_row, min_time),
             "batch_us_per_row": _median_us(lambda: s.run(self.work, 0, BATCH, pool=self.pool),
                                            self._fresh_rows, min_time) / BATCH,
-            "old_one_row_us": _median_us(lambda: self._old_row(0), self._fresh_row, min_time),
-            "old_batch_us_per_row": _median_us(
-                lambda: [self._old_row(r) for r in range(BATCH)], self._fresh_rows,
-                min_time) / BATCH,
         }
 
 
@@ -104,8 +89,7 @@ def run(vocab: list[int], min_time: float, pool) -> list[dict]:
     from armllm import ops
     print(f"sampling: {BATCH} LM-like rows; threads {pool.num_threads}; load average "
           f"{os.getloadavg()[0]:.2f} (1 min)")
-    print(f"{'vocab':>7} {'case':<16} {'1 row us':>9} {'32 rows us/row':>15} "
-          f"{'old 1 row':>10} {'old loop us/row':>16}")
+    print(f"{'vocab':>7} {'case':<16} {'1 row us':>9} {'32 rows us/row':>15}")
     one_pool = ops.ThreadPool(1)
     rng = np.random.default_rng(0)
     results = []
@@ -115,10 +99,9 @@ def run(vocab: list[int], min_time: float, pool) -> list[dict]:
             row = {"vocab": n, "case": name, **_Case(rows, params, pool, one_pool).measure(
                 min_time)}
             results.append(row)
-            print(f"{n:>7} {name:<16} {row['one_row_us']:9.1f} {row['batch_us_per_row']:15.1f} "
-                  f"{row['old_one_row_us']:10.1f} {row['old_batch_us_per_row']:16.1f}",
+            print(f"{n:>7} {name:<16} {row['one_row_us']:9.1f} {row['batch_us_per_row']:15.1f}",
                   flush=True)
     one_pool.close()
     print("1 row: one call for one row on a 1-thread pool; 32 rows: one call on the pool, "
-          "wall time / 32; old: ops.sample_token (numpy's argmax for greedy) a row at a time.")
+          "wall time / 32.")
     return results
