@@ -62,7 +62,7 @@ def test_parse_returns_valid_objects_for_random_schemas(chat_client):
 
     def one(k: int):
         return chat_client.chat.completions.parse(
-            model="tiny", messages=MESSAGES, response_format=models[k], max_tokens=400,
+            model="tiny", messages=MESSAGES, response_format=models[k], max_tokens=1000,
             temperature=1.0, seed=k)
 
     with ThreadPoolExecutor(8) as pool:
