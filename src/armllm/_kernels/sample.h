@@ -53,7 +53,7 @@
  *       reaches (>=) (double)top_p * total; every kept token if none does
  *       (rounding). It is a list like C (ascending id), and total becomes
  *       its block sum. (Found without sorting the vocabulary: for tau = 1e-3,
- *       1e-6, ... (float, x 1e-3 a step) the mass of the kept e >= tau (their
+ *       1e-4, ... (float, x 1e-1 a step) the mass of the kept e >= tau (their
  *       block sum as a list) is compared with top_p * total + 1e-6 * total, a
  *       margin above the rounding of any order of summation, until it passes
  *       or tau < 1e-30, then tau = 0; only the e >= tau are looked at, by a

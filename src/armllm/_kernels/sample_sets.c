@@ -14,12 +14,14 @@
 
 #define BLOCK ARMLLM_SAMPLE_BLOCK
 
-/* top-p: the floor tau starts at TAU_FIRST, shrinks by TAU_STEP, and is 0 below
+/* top-p: the floor tau starts at TAU_FIRST, shrinks by TAU_STEP (1e-1: on a flat
+ * row, a random prompt's on SmolLM2, 1e-3 steps took 20-45k of 49k tokens to the
+ * boundary search, 137 us a row against 72 with 1e-1), and is 0 below
  * TAU_MIN; a floor passes once its mass reaches top_p * total + MARGIN * total
  * (MARGIN: far above the rounding of any order of summing float e in double,
  * and above the float block trees' 4 roundings of 2^-24) */
 #define TOP_P_TAU_FIRST 1e-3f
-#define TOP_P_TAU_STEP 1e-3f
+#define TOP_P_TAU_STEP 1e-1f
 #define TOP_P_TAU_MIN 1e-30f
 #define TOP_P_MARGIN 1e-6
 /* top-p: from this many entries on, the radix selection (below it a heap is
