@@ -26,10 +26,11 @@ def test_info_json_reports_cpu_threads_and_kernels():
     assert info["isa"] == (os.environ.get("ARMLLM_ISA") or ops.available_isas()[0])
     assert list(info["kernels"]) == [
         "gemm_f32_packed_len", "gemm_f32_pack", "gemm_f32", "gemm_bf16_packed_len",
-        "gemm_bf16_pack", "gemm_bf16", "rmsnorm", "rope", "silu_mul", "gelu_tanh_mul", "embed_f32",
-        "embed_bf16", "exp", "kv_write", "attention", "quant_act", "gemm_wq_packed_len",
-        "gemm_wq_pack", "gemm_wq", "gemm_gguf_packed_len", "gemm_gguf_pack", "gemm_gguf",
-        "gdn_conv", "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu",
+        "gemm_bf16_pack", "gemm_bf16", "gemm_f32_cols", "gemm_bf16_cols", "rmsnorm", "rope",
+        "silu_mul", "gelu_tanh_mul", "embed_f32", "embed_bf16", "exp", "kv_write", "attention",
+        "quant_act", "gemm_wq_packed_len", "gemm_wq_pack", "gemm_wq", "gemm_wq_cols",
+        "gemm_gguf_packed_len", "gemm_gguf_pack", "gemm_gguf", "gemm_gguf_cols", "gdn_conv",
+        "gdn_rule", "gated_rmsnorm", "sigmoid_mul", "layernorm", "gelu",
         "sample_argmax", "sample_find_above", "sample_exp", "sample_block_sums",
         "sample_collect"]
     # a built variant, then any run-time choice inside its code ("neon+dotprod")

@@ -34,6 +34,7 @@ from armllm._kernels._ext import (
     comm_init,
     comm_segment_bytes,
     mask_logits,
+    moe_accumulate,
     moe_route,
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
@@ -48,7 +49,8 @@ __all__ = [
     "PackedWeight", "SparseLayer", "StepBatch", "ThreadPool", "bind_delta_net",
     "attn_scratch_len", "available_isas", "comm_atomic_impl", "comm_init",
     "comm_segment_bytes", "bf16_to_f32", "bind_decoder_layer", "bind_norm_head",
-    "bind_sparse_layer", "cpu_info", "mask_logits", "moe_route", "gelu_tanh_mul",
+    "bind_sparse_layer", "cpu_info", "mask_logits", "moe_accumulate", "moe_route",
+    "gelu_tanh_mul",
     "decoder_layer", "embedding", "norm_head", "exp", "f32_to_bf16", "gated_rmsnorm",
     "gdn_conv", "gdn_rule", "gelu", "get_pool", "kernels", "layer_norm",
     "GGUFTable", "gguf_act_group", "gguf_dequantize", "kv_write", "linear", "num_threads",
@@ -663,8 +665,8 @@ def bind_sparse_layer(router: PackedWeight, router_bias: np.ndarray | None,
                       shared: tuple | None = None) -> SparseLayer:
     """A sparse layer's router and experts (and shared expert: (gate_up, down, gate))
     bound to a workspace's buffers (normed, hidden, router_logits, expert_in,
-    expert_gate_up, expert_act, expert_out), for a decoder layer's sparse_mlp step
-    (see SparseLayer)."""
+    expert_gate_up, expert_act), for a decoder layer's sparse_mlp step (see
+    SparseLayer)."""
     return SparseLayer(Kernels(_ISA), router, router_bias, gate_up, gate_up_bias, down,
                        down_bias, gate_up_scratch, down_scratch, top_k, renormalize,
                        clamped_swiglu, buffers, shared)

@@ -101,6 +101,47 @@ def test_gemm_rows_do_not_depend_on_batch(variant, pool, dtype, k):
         assert np.array_equal(part, full[rows])
 
 
+def col_windows(n, panel):
+    """Column windows (n0, n1) of an n-column GEMM: the whole, from a later panel on,
+    ending mid-panel, one panel, the last (short) panel."""
+    last = (n - 1) // panel * panel
+    return [(0, n), (panel, n), (panel, min(n, 2 * panel + 5)), (2 * panel, 3 * panel),
+            (last, n), (0, 1)]
+
+
+@pytest.mark.parametrize("k", [77, 600])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemm_cols_are_the_whole_calls_columns(variant, pool, dtype, k):
+    """gemm(cols=(n0, n1)) writes exactly columns [n0, n1) of the whole call, bit for
+    bit, for decode and prefill row counts, with a bias."""
+    rng = np.random.default_rng(9)
+    panel = variant.gemm_panels[dtype]
+    n = 5 * panel + 3
+    w, _ = weights(rng, n, k, dtype)
+    bias = rand(rng, n)
+    pw = variant.pack(w, dtype)
+    for m in (1, 3, 5, 9, 40):
+        x = rand(rng, (m, k))
+        full = np.empty((m, n), np.float32)
+        variant.gemm(x, pw, full, bias, pool)
+        for n0, n1 in col_windows(n, panel):
+            y = np.full((m, n), np.nan, np.float32)
+            variant.gemm(x, pw, y, bias, cols=(n0, n1))
+            assert np.array_equal(y[:, n0:n1], full[:, n0:n1]), (m, n0, n1)
+            assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all(), (m, n0, n1)
+
+
+def test_gemm_cols_must_start_on_a_panel(variant):
+    x = np.ones((2, 8), np.float32)
+    pw = variant.pack(np.ones((40, 8), np.float32), "f32")
+    y = np.empty((2, 40), np.float32)
+    with pytest.raises(ValueError, match="0 <= n0 < n1 <= 40"):
+        variant.gemm(x, pw, y, cols=(3, 3))
+    if variant.gemm_panels["f32"] > 1:
+        with pytest.raises(ValueError, match="start on a packed panel"):
+            variant.gemm(x, pw, y, cols=(1, 40))
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_gemm_rows_do_not_depend_on_batch_across_blocks(variant, pool, dtype):
     """The same across row blocks, tile-row counts (AMX tiles have M rows below 16) and

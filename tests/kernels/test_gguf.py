@@ -240,6 +240,35 @@ def test_gemm_gguf_model_shapes_any_thread_count(variant, pools, mix):
                           outs[0][:1].view(np.uint32))
 
 
+@pytest.mark.parametrize("mix,rows,k", [(("MXFP4",), [83], 96), (("Q4_0", "Q4_0"), [40, 40], 64),
+                                        (("Q4_K", "Q6_K"), [21, 37], 512)])
+def test_gemm_gguf_cols_are_the_whole_calls_columns(variant, pool, mix, rows, k):
+    """gemm_gguf(cols=(n0, n1)) writes exactly columns [n0, n1) of the whole call, bit
+    for bit: windows from any panel of a part (parts of rows that end mid-panel), across
+    parts, ending mid-panel; decode and prefill row counts."""
+    rng = np.random.default_rng(11)
+    blocks, _ = make_parts(rng, mix, rows, k)
+    pw = variant.pack_gguf(blocks, k, [TYPE_IDS[t] for t in mix], rows)
+    n, panel, G = pw.n, variant.gemm_panels["gguf"], act_group(mix)
+    bias = rand(rng, (n,))
+    starts = sorted({s0 + p for s0, r in zip(np.cumsum([0, *rows[:-1]]), rows, strict=True)
+                     for p in range(0, r, panel)})
+    for m in (1, 5, 9, 40):
+        x = rand(rng, (m, k))
+        xq = np.empty((m, k), np.int8)
+        scale = np.empty((m, k // G), np.float32)
+        gsum = np.empty((m, k // G), np.int32)
+        variant.quant_act(x, xq, scale, gsum, G, pool)
+        full = np.empty((m, n), np.float32)
+        variant.gemm_gguf(xq, scale, gsum, pw, full, bias, pool)
+        for n0 in starts[::3] + [starts[-1]]:
+            for n1 in {min(n, n0 + 2 * panel + 1), n}:
+                y = np.full((m, n), np.nan, np.float32)
+                variant.gemm_gguf(xq, scale, gsum, pw, y, bias, cols=(int(n0), n1))
+                assert np.array_equal(y[:, n0:n1], full[:, n0:n1]), (m, n0, n1)
+                assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all(), (m, n0, n1)
+
+
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 6, 7, 8, 9, 259])
 @pytest.mark.parametrize("mix,k", [(("Q6_K", "Q4_K", "Q2_K"), 768),
                                    (("Q4_1", "IQ4_NL", "Q8_0", "Q5_0"), 288),

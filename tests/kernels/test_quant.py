@@ -295,6 +295,28 @@ def test_gemm_wq_model_shapes(variant, pool, bits, group):
         assert np.array_equal(y, np_gemm_wq(xq, scale, gsum, q, d, o, bits, group, bias))
 
 
+@pytest.mark.parametrize("bits,group", [(8, 0), (8, 32), (4, 32), (4, 128)])
+def test_gemm_wq_cols_are_the_whole_calls_columns(variant, pool, bits, group):
+    """gemm_wq(cols=(n0, n1)) writes exactly columns [n0, n1) of the whole call, bit for
+    bit: decode and prefill row counts, a bias, windows from any packed panel."""
+    from tests.kernels.test_gemm import col_windows
+    rng = np.random.default_rng(10)
+    panel = variant.gemm_panels["wq"]
+    n, k = 5 * panel + 3, 576
+    q, d, o = make_weights(rng, n, k, bits, group)
+    bias = rand(rng, n)
+    pw = variant.pack_wq(q, d, o, bits, group)
+    for m in (1, 3, 5, 9, 40):
+        xq, scale, gsum = quantize(variant, rand(rng, (m, k)), group)
+        full = np.empty((m, n), np.float32)
+        variant.gemm_wq(xq, scale, gsum, pw, full, bias, pool)
+        for n0, n1 in col_windows(n, panel):
+            y = np.full((m, n), np.nan, np.float32)
+            variant.gemm_wq(xq, scale, gsum, pw, y, bias, cols=(n0, n1))
+            assert np.array_equal(y[:, n0:n1], full[:, n0:n1]), (m, n0, n1)
+            assert np.isnan(y[:, :n0]).all() and np.isnan(y[:, n1:]).all(), (m, n0, n1)
+
+
 def strided_gemm_wq(kern, xq, scale, gsum, pw, bias, pool, pad):
     """gemm_wq with every row stride `pad` elements longer than its row (xq, scale,
     gsum, out); checks that nothing past N was written and returns out[:, :N]."""

@@ -108,6 +108,7 @@ cdef extern from "armllm_kernels.h" nogil:
         const char *gemm_bf16_layout
         const char *gemm_wq_layout
         const char *gemm_gguf_layout
+        int gemm_f32_panel, gemm_bf16_panel, gemm_wq_panel, gemm_gguf_panel
         const char *gemm_bf16_compute
         const char *attention_bf16_compute
         size_t (*gemm_f32_packed_len)(int64_t n, int64_t k) noexcept nogil
@@ -122,6 +123,12 @@ cdef extern from "armllm_kernels.h" nogil:
         void (*gemm_bf16)(armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,
                           const uint16_t *packed_w, int64_t n, const float *bias, float *y,
                           int64_t ldy) noexcept nogil
+        void (*gemm_f32_cols)(const float *x, int64_t m, int64_t k, int64_t ldx,
+                              const float *packed_w, int64_t n, int64_t n0, int64_t n1,
+                              const float *bias, float *y, int64_t ldy) noexcept nogil
+        void (*gemm_bf16_cols)(const float *x, int64_t m, int64_t k, int64_t ldx,
+                               const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                               const float *bias, float *y, int64_t ldy) noexcept nogil
         void (*rmsnorm)(armllm_pool *pool, const float *x, int64_t ldx, float *residual,
                         int64_t ldr, const float *weight, int64_t t, int64_t d, float eps,
                         float *out, int64_t ldo) noexcept nogil
@@ -158,6 +165,10 @@ cdef extern from "armllm_kernels.h" nogil:
                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                         const void *packed_w, int64_t n, int bits, int64_t group,
                         const float *bias, float *y, int64_t ldy) noexcept nogil
+        void (*gemm_wq_cols)(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                             const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                             const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                             int64_t n1, const float *bias, float *y, int64_t ldy) noexcept nogil
         size_t (*gemm_gguf_packed_len)(int64_t k, int64_t nparts, const int32_t *types,
                                        const int64_t *rows) noexcept nogil
         void (*gemm_gguf_pack)(const uint8_t *blocks, int64_t k, int64_t nparts,
@@ -167,6 +178,11 @@ cdef extern from "armllm_kernels.h" nogil:
                           int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
                           int64_t ldgs, const void *packed_w, int64_t n, const float *bias,
                           float *y, int64_t ldy) noexcept nogil
+        void (*gemm_gguf_cols)(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                               const float *scale, int64_t ldsc, const int32_t *gsum,
+                               int64_t ldgs, const void *packed_w, int64_t n, int64_t n0,
+                               int64_t n1, const float *bias, float *y,
+                               int64_t ldy) noexcept nogil
         int64_t (*gdn_conv)(armllm_pool *pool, const armllm_gdn_conv_args *args) noexcept nogil
         int64_t (*gdn_rule)(armllm_pool *pool, const armllm_gdn_args *args) noexcept nogil
         void (*gated_rmsnorm)(armllm_pool *pool, const float *x, int64_t ldx, const float *z,

@@ -62,6 +62,17 @@ static inline uint16_t armllm_f32_to_bf16(float f) {
  *   round activations to bf16 (BFMMLA/BFDOT, round-to-nearest-even,
  *   gemm_bf16_compute "bf16") are within 2^-8 * sum_k |x*w|.
  *
+ * GEMM columns (gemm_f32_cols, gemm_bf16_cols, gemm_wq_cols, gemm_gguf_cols):
+ *   the same call without a pool, restricted to the output columns
+ *   [n0, n1), 0 <= n0 < n1 <= N: x and W are the whole call's, y and bias
+ *   the window's (output column n0 + c at y + c and bias[c]), and the
+ *   window's n1 - n0 columns are computed on the calling thread with the
+ *   whole call's bits (an output depends only on its x row and W row,
+ *   whatever M's path). n0 starts a packed panel: a multiple of the table's
+ *   gemm_*_panel (GGUF blocks: counted from the first row of n0's part). A
+ *   layer that runs many small GEMMs (a mixture of experts' active experts)
+ *   cuts them into column windows and runs them all as one pool job.
+ *
  * RMSNorm  r = x (+ residual);  out = r / sqrt(mean(r^2) + eps) * weight
  *   For each of T rows of D elements. With residual != NULL, residual is
  *   updated in place to r (fused residual add). out may equal x (same
@@ -443,6 +454,12 @@ typedef struct {
   X(variant, gemm_bf16, void,                                                                      \
     (armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx,                         \
      const uint16_t *packed_w, int64_t n, const float *bias, float *y, int64_t ldy))               \
+  X(variant, gemm_f32_cols, void,                                                                  \
+    (const float *x, int64_t m, int64_t k, int64_t ldx, const float *packed_w, int64_t n,          \
+     int64_t n0, int64_t n1, const float *bias, float *y, int64_t ldy))                            \
+  X(variant, gemm_bf16_cols, void,                                                                 \
+    (const float *x, int64_t m, int64_t k, int64_t ldx, const uint16_t *packed_w, int64_t n,       \
+     int64_t n0, int64_t n1, const float *bias, float *y, int64_t ldy))                            \
   X(variant, rmsnorm, void,                                                                        \
     (armllm_pool *pool, const float *x, int64_t ldx, float *residual, int64_t ldr,                 \
      const float *weight, int64_t t, int64_t d, float eps, float *out, int64_t ldo))               \
@@ -482,6 +499,10 @@ typedef struct {
      const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,                          \
      const void *packed_w, int64_t n, int bits, int64_t group, const float *bias, float *y,        \
      int64_t ldy))                                                                                 \
+  X(variant, gemm_wq_cols, void,                                                                   \
+    (const int8_t *xq, int64_t m, int64_t k, int64_t ldq, const float *scale, int64_t ldsc,        \
+     const int32_t *gsum, int64_t ldgs, const void *packed_w, int64_t n, int bits, int64_t group,  \
+     int64_t n0, int64_t n1, const float *bias, float *y, int64_t ldy))                            \
   X(variant, gemm_gguf_packed_len, size_t,                                                         \
     (int64_t k, int64_t nparts, const int32_t *types, const int64_t *rows))                        \
   X(variant, gemm_gguf_pack, void,                                                                 \
@@ -491,6 +512,10 @@ typedef struct {
     (armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,                       \
      const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs, const void *packed_w,    \
      int64_t n, const float *bias, float *y, int64_t ldy))                                         \
+  X(variant, gemm_gguf_cols, void,                                                                 \
+    (const int8_t *xq, int64_t m, int64_t k, int64_t ldq, const float *scale, int64_t ldsc,        \
+     const int32_t *gsum, int64_t ldgs, const void *packed_w, int64_t n, int64_t n0, int64_t n1,   \
+     const float *bias, float *y, int64_t ldy))                                                    \
   X(variant, gdn_conv, int64_t, (armllm_pool *pool, const armllm_gdn_conv_args *args))             \
   X(variant, gdn_rule, int64_t, (armllm_pool *pool, const armllm_gdn_args *args))                  \
   X(variant, gated_rmsnorm, void,                                                                  \
@@ -534,6 +559,8 @@ typedef struct armllm_kernels {
   const char *gemm_bf16_layout;
   const char *gemm_wq_layout;         /* packed layout of quantized weights */
   const char *gemm_gguf_layout;       /* packed layout of GGUF-block weights */
+  int gemm_f32_panel, gemm_bf16_panel, /* columns per packed panel of each layout: */
+      gemm_wq_panel, gemm_gguf_panel;  /* where a *_cols window may start */
   const char *gemm_bf16_compute;      /* "f32": weights widened; "bf16": activations rounded too */
   const char *attention_bf16_compute; /* with a bf16 cache: "f32" (K/V widened) or "bf16" (q and
                                          the softmax weights rounded to bf16 too, e.g. BFMMLA) */

@@ -76,6 +76,13 @@ cdef class _GemmKernels(_KernelTable):
                 "wq": self.t.gemm_wq_layout.decode(), "gguf": self.t.gemm_gguf_layout.decode()}
 
     @property
+    def gemm_panels(self):
+        """Columns per packed panel of each layout (by format, as gemm_layouts): where a
+        column window (the GEMMs' cols=) may start."""
+        return {"f32": self.t.gemm_f32_panel, "bf16": self.t.gemm_bf16_panel,
+                "wq": self.t.gemm_wq_panel, "gguf": self.t.gemm_gguf_panel}
+
+    @property
     def gemm_bf16_compute(self):
         """"f32" (bf16 weights widened) or "bf16" (activations rounded to bf16 too)."""
         return self.t.gemm_bf16_compute.decode()
@@ -123,8 +130,10 @@ cdef class _GemmKernels(_KernelTable):
             return 2 * self.t.gemm_bf16_packed_len(n, k)
         raise ValueError(f"dtype must be 'f32' or 'bf16', got {dtype!r}")
 
-    def gemm(self, x, w_obj, out, bias=None, ThreadPool pool=None):
-        """out[M, N] = x[M, K] @ W.T (+ bias) with W packed by pack()."""
+    def gemm(self, x, w_obj, out, bias=None, ThreadPool pool=None, cols=None):
+        """out[M, N] = x[M, K] @ W.T (+ bias) with W packed by pack(); with cols = (n0,
+        n1) only out's columns [n0, n1) are written, on the calling thread (the *_cols
+        slots: n0 on a packed panel, gemm_panels)."""
         if not isinstance(w_obj, PackedWeight):
             raise ValueError(f"w must be a PackedWeight, got {type(w_obj).__name__}")
         cdef PackedWeight w = <PackedWeight>w_obj
@@ -154,6 +163,20 @@ cdef class _GemmKernels(_KernelTable):
         cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
         cdef float *yp = <float *>cnp.PyArray_DATA(oa)
         cdef void *wp = cnp.PyArray_DATA(w.data)
+        cdef int64_t n0, n1
+        if cols is not None:
+            n0, n1 = _cols_window(cols, n, self.t.gemm_f32_panel if w.dtype == "f32"
+                                  else self.t.gemm_bf16_panel, (n,))
+            bias_ptr = bias_ptr + n0 if bias_ptr != NULL else NULL
+            if w.dtype == "f32":
+                with nogil:
+                    self.t.gemm_f32_cols(xp, m, k, ldx, <const float *>wp, n, n0, n1, bias_ptr,
+                                         yp + n0, ldy)
+            else:
+                with nogil:
+                    self.t.gemm_bf16_cols(xp, m, k, ldx, <const uint16_t *>wp, n, n0, n1,
+                                          bias_ptr, yp + n0, ldy)
+            return out
         if w.dtype == "f32":
             with nogil:
                 self.t.gemm_f32(p, xp, m, k, ldx, <const float *>wp, n, bias_ptr, yp, ldy)
@@ -161,3 +184,21 @@ cdef class _GemmKernels(_KernelTable):
             with nogil:
                 self.t.gemm_bf16(p, xp, m, k, ldx, <const uint16_t *>wp, n, bias_ptr, yp, ldy)
         return out
+
+
+cdef tuple _cols_window(object cols, int64_t n, int64_t panel, tuple parts):
+    """(n0, n1) of a GEMM's column window cols, checked: 0 <= n0 < n1 <= n, n0 on a
+    packed panel of `panel` columns counted from the first row of its part (parts:
+    the row counts of the matrix's parts in order)."""
+    n0, n1 = cols
+    if not 0 <= n0 < n1 <= n:
+        raise ValueError(f"cols must be (n0, n1) with 0 <= n0 < n1 <= {n}, got {cols}")
+    start = 0
+    for rows in parts:
+        if n0 < start + rows:
+            break
+        start += rows
+    if (n0 - start) % panel:
+        raise ValueError(f"cols must start on a packed panel: n0 - {start} a multiple of "
+                         f"{panel}, got n0 = {n0}")
+    return n0, n1

@@ -116,9 +116,12 @@ cdef class _GGUFKernels(_QuantKernels):
         pw.layout = self.t.gemm_gguf_layout.decode()
         return pw
 
-    def gemm_gguf(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None):
+    def gemm_gguf(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None,
+                  cols=None):
         """out[M, N] = the GGUF-block GEMM (armllm_kernels.h) of xq, scale, gsum from
-        quant_act in groups of w.group (gguf_act_group) and W from pack_gguf."""
+        quant_act in groups of w.group (gguf_act_group) and W from pack_gguf; cols =
+        (n0, n1): only out's columns [n0, n1), on the calling thread (gemm_gguf_cols:
+        n0 on a panel of its part)."""
         if not isinstance(w_obj, PackedWeight) or (<PackedWeight>w_obj).dtype != "gguf":
             raise ValueError(f"w must be a PackedWeight from pack_gguf, got {w_obj!r}")
         cdef PackedWeight w = <PackedWeight>w_obj
@@ -161,6 +164,14 @@ cdef class _GGUFKernels(_QuantKernels):
         cdef const int32_t *gp = <const int32_t *>cnp.PyArray_DATA(ga)
         cdef const void *wp = cnp.PyArray_DATA(w.data)
         cdef float *yp = <float *>cnp.PyArray_DATA(oa)
+        cdef int64_t n0, n1
+        if cols is not None:
+            n0, n1 = _cols_window(cols, n, self.t.gemm_gguf_panel, w.gguf_rows)
+            bias_ptr = bias_ptr + n0 if bias_ptr != NULL else NULL
+            with nogil:
+                self.t.gemm_gguf_cols(qp, m, k, ldq, sp, ldsc, gp, ldgs, wp, n, n0, n1, bias_ptr,
+                                      yp + n0, ldy)
+            return out
         with nogil:
             self.t.gemm_gguf(p, qp, m, k, ldq, sp, ldsc, gp, ldgs, wp, n, bias_ptr, yp, ldy)
         return out

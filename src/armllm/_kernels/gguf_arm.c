@@ -302,9 +302,9 @@ static void ga_prefill_items(void *ctx, int64_t i0, int64_t i1) {
   }
 }
 
-void armllm_ga_gemm(armllm_pool *pool, const armllm_ga_args *a, const void *packed_w, int64_t n,
-                    const armllm_ga_decode_set *decode, const armllm_ga_prefill *prefill) {
-  (void)n; /* the parts' rows */
+void armllm_ga_gemm(armllm_pool *pool, const armllm_ga_args *a, const void *packed_w, int64_t n0,
+                    int64_t n1, const armllm_ga_decode_set *decode,
+                    const armllm_ga_prefill *prefill) {
   const armllm_gguf_parts *hdr = packed_w;
   armllm_ga_args args = *a;
   const int G = armllm_gguf_act_group(hdr); /* 32 or 256 */
@@ -314,26 +314,32 @@ void armllm_ga_gemm(armllm_pool *pool, const armllm_ga_args *a, const void *pack
   ga_job job;
   memset(&job, 0, sizeof job);
   job.a = a;
-  job.nparts = hdr->nparts;
   job.decode = decode;
   job.prefill = a->m > ARMLLM_GEMM_DECODE_MAX_M ? prefill : NULL;
   job.n_mc = (a->m + MC - 1) / MC;
   const uint8_t *base = (const uint8_t *)packed_w + ARMLLM_GGUF_HEADER_BYTES;
-  int64_t n0 = 0, panels = 0, groups = 0;
+  /* the parts' rows in the window [n0, n1) (y and bias its own, columns counted
+   * from n0): from n0's panel on, cut at n1 */
+  int64_t col = 0, panels = 0, groups = 0;
   for (int p = 0; p < hdr->nparts; p++) {
-    ga_part *pt = &job.part[p];
-    pt->type = hdr->types[p];
-    pt->ti = armllm_ga_index(pt->type);
-    pt->n0 = n0;
-    pt->rows = hdr->rows[p];
-    pt->panels = (pt->rows + NR - 1) / NR;
-    pt->pstride = (a->k / ga_elems(pt->type)) * ga_pb(pt->type);
-    pt->groups = (pt->panels + PG - 1) / PG;
-    pt->base = base;
-    base += part_bytes(pt->type, a->k, pt->rows);
-    n0 += pt->rows;
-    panels += pt->panels;
-    groups += pt->groups;
+    const int type = hdr->types[p];
+    const int64_t rows = hdr->rows[p], pstride = (a->k / ga_elems(type)) * ga_pb(type);
+    const int64_t lo = col > n0 ? col : n0, hi = col + rows < n1 ? col + rows : n1;
+    if (lo < hi) {
+      ga_part *pt = &job.part[job.nparts++];
+      pt->type = type;
+      pt->ti = armllm_ga_index(type);
+      pt->n0 = lo - n0;
+      pt->rows = hi - lo;
+      pt->panels = (pt->rows + NR - 1) / NR;
+      pt->pstride = pstride;
+      pt->groups = (pt->panels + PG - 1) / PG;
+      pt->base = base + (lo - col) / NR * pstride;
+      panels += pt->panels;
+      groups += pt->groups;
+    }
+    base += part_bytes(type, a->k, rows);
+    col += rows;
   }
   if (!job.prefill) {
     /* a panel is 4 x k MACs per row; at least about 2^16 MACs per chunk */

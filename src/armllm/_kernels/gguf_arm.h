@@ -500,9 +500,12 @@ size_t armllm_ga_packed_len(int64_t k, int64_t nparts, const int32_t *types, con
 void armllm_ga_pack(const uint8_t *blocks, int64_t k, int64_t nparts, const int32_t *types,
                     const int64_t *rows, void *packed);
 /* gemm_gguf: decode kernels for M <= ARMLLM_GEMM_DECODE_MAX_M (and every M
- * when prefill is NULL: 4-row tiles), else prefill tiles. */
-void armllm_ga_gemm(armllm_pool *pool, const armllm_ga_args *a, const void *packed_w, int64_t n,
-                    const armllm_ga_decode_set *decode, const armllm_ga_prefill *prefill);
+ * when prefill is NULL: 4-row tiles), else prefill tiles, over the output
+ * columns [n0, n1) (gemm_gguf_cols: n0 on a panel of its part, y and bias
+ * the window's; the whole call: 0, N). */
+void armllm_ga_gemm(armllm_pool *pool, const armllm_ga_args *a, const void *packed_w, int64_t n0,
+                    int64_t n1, const armllm_ga_decode_set *decode,
+                    const armllm_ga_prefill *prefill);
 
 /* neon/gguf.c's decode kernels (SDOT, or Armv8.0 SMULL), which every Arm
  * variant runs for small M. */

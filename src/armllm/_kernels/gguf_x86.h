@@ -375,6 +375,29 @@ static inline gguf_job gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64
   return job;
 }
 
+/* The job narrowed to the columns [n0, n1) (gemm_gguf_cols: n0 on a panel of
+ * its part; y and bias the window's): the parts' panels that hold them, cut
+ * at n1, their columns counted from n0. */
+static inline void gguf_job_window(gguf_job *job, int64_t n0, int64_t n1) {
+  int nparts = 0;
+  int64_t panel = 0;
+  for (int i = 0; i < job->nparts; i++) {
+    const gguf_part p = job->part[i];
+    const int64_t lo = p.col0 > n0 ? p.col0 : n0, hi = p.col0 + p.rows < n1 ? p.col0 + p.rows : n1;
+    if (lo >= hi) continue;
+    gguf_part *q = &job->part[nparts++];
+    *q = p;
+    q->w = p.w + (lo - p.col0) / PANEL * p.pbytes;
+    q->col0 = lo - n0;
+    q->rows = hi - lo;
+    q->panel0 = panel;
+    q->panels = gguf_panels(q->rows);
+    panel += q->panels;
+  }
+  job->nparts = nparts;
+  job->panels = panel;
+}
+
 /* The part that holds panel p (of the whole matrix). */
 static inline const gguf_part *gguf_part_of(const gguf_job *job, int64_t p) {
   int i = 0;

@@ -1,6 +1,7 @@
-# moe.pxi: included by _ext.pyx after linear.pxi (it uses LinearArgs, Buf, _bind_linear,
-# _matmul and _quant); SparseLayer, a mixture-of-experts layer's MLP as one call, and
-# moe_route, its routing for Python.
+# moe.pxi: included by _ext.pyx after linear.pxi (it uses LinearArgs, Buf, _bind_linear and
+# _matmul); SparseLayer, a mixture-of-experts layer's MLP as one call (its router GEMM,
+# then moe.h's armllm_moe_run), moe_route, its routing, and moe_accumulate, its weighted
+# add, for Python.
 
 cdef extern from "moe.h" nogil:
     void armllm_moe_route(const float *logits, int64_t ldl, int64_t rows, int64_t experts,
@@ -14,9 +15,58 @@ cdef extern from "moe.h" nogil:
     void armllm_moe_accumulate(const float *y, int64_t ldy, int64_t n, int64_t d,
                                const int32_t *row, const float *w, float *out, int64_t ldo)
 
-from libc.math cimport expf
+    ctypedef struct armllm_moe_weights:
+        int kind
+        int64_t n, k
+        int bits
+        int64_t group
+        const void *const *w
+        const float *const *bias
+        const float *const *corr
+    ctypedef struct armllm_moe_act:
+        int8_t *xq
+        int64_t ldq
+        float *scale
+        int64_t ldsc
+        int32_t *gsum
+        int64_t ldgs
+        int32_t *zp
+        int64_t ldzp
+        float *szp
+        int64_t ldszp
+        float *corr
+        int64_t ldc
+    ctypedef struct armllm_moe_layer:
+        int64_t experts, top_k, hidden, inter
+        int renormalize, clamped
+        float alpha, limit
+        int shared
+        const float *shared_gate
+        armllm_moe_weights gate_up, down
+        int64_t max_tokens
+        float *gate_up_out
+        int64_t ldg
+        float *x_pairs
+        int64_t ldx
+        float *act
+        int64_t lda
+        armllm_moe_act in_q, act_q
+        int32_t *ids
+        int32_t *counts
+        int32_t *start
+        int32_t *pair_row
+        int32_t *active
+        float *weights
+        float *pair_weight
+        float *shared_scale
+        uint8_t *taken
+    int armllm_moe_check(const armllm_kernels *kt, const armllm_moe_layer *layer, char *err,
+                         size_t err_len)
+    void armllm_moe_run(const armllm_kernels *kt, armllm_pool *pool,
+                        const armllm_moe_layer *layer, const float *x, int64_t ldx,
+                        const float *logits, int64_t ldl, int64_t t, float *out, int64_t ldo)
+
 from libc.stdlib cimport calloc, free
-from libc.string cimport memset
 
 
 def moe_route(logits, int64_t top_k, bint renormalize):
@@ -38,26 +88,49 @@ def moe_route(logits, int64_t top_k, bint renormalize):
     return ids, w
 
 
+def moe_accumulate(y, rows, w, out):
+    """out[rows[i]] += w[i] * y[i] (float32; rows None: out[i]), in place, as a sparse
+    layer adds each expert's weighted rows (moe.h)."""
+    cdef cnp.ndarray ya = _array(y, "y", np.float32, 2)
+    cdef cnp.ndarray wa = _array(w, "w", np.float32, 1)
+    cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
+    cdef cnp.ndarray ra
+    cdef const int32_t *rp = NULL
+    _writable(oa, "out")
+    cdef int64_t n = ya.shape[0], d = ya.shape[1]
+    if wa.shape[0] != n or oa.shape[1] != d:
+        raise ValueError(f"w must have {n} entries and out {d} columns, got {_shp(wa)} and "
+                         f"{_shp(oa)}")
+    if rows is None:
+        if oa.shape[0] < n:
+            raise ValueError(f"out has {oa.shape[0]} rows, y {n}")
+    else:
+        ra = _array(rows, "rows", np.int32, 1)
+        if ra.shape[0] != n or (n and (ra.min() < 0 or ra.max() >= oa.shape[0])):
+            raise ValueError(f"rows must be {n} indices of out's {oa.shape[0]} rows")
+        rp = <const int32_t *>cnp.PyArray_DATA(ra)
+    cdef int64_t ldy = _ld(ya), ldo = _ld(oa)
+    with nogil:
+        armllm_moe_accumulate(<const float *>cnp.PyArray_DATA(ya), ldy, n, d, rp,
+                              <const float *>cnp.PyArray_DATA(wa), <float *>cnp.PyArray_DATA(oa),
+                              ldo)
+    return out
+
+
 cdef struct SparseArgs:
     LinearArgs router
-    LinearArgs *gate_up       # [experts]
-    LinearArgs *down
-    int64_t experts, top_k, hidden, inter, max_rows
-    int renormalize, clamped
-    float alpha, limit
-    Buf normed, out, logits, xin, gate_up_buf, act, y
-    int32_t *ids
-    float *weights
-    uint8_t *taken
-    int32_t *counts
-    int32_t *start
-    int32_t *pair_row
-    float *pair_weight
-    int shared                # a shared expert runs on every row (Qwen3.5-MoE)
-    LinearArgs shared_gate_up
-    LinearArgs shared_down
-    const float *shared_gate  # [hidden]: its rows are scaled by sigmoid(normed . gate)
-    float *shared_scale       # [max_rows]
+    Buf normed, out, logits
+    int64_t max_rows          # rows of normed / hidden / logits
+    armllm_moe_layer moe
+
+
+cdef armllm_moe_act _moe_act(LinearArgs *L):
+    """A quantized expert's activation scratch as moe.h takes it (from its bound linear)."""
+    cdef armllm_moe_act q
+    q.xq, q.ldq, q.scale, q.ldsc, q.gsum, q.ldgs = L.xq, L.ldq, L.scale, L.ldsc, L.gsum, L.ldgs
+    q.zp, q.ldzp, q.szp, q.ldszp = L.zp, L.ldzp, L.szp, L.ldszp
+    q.corr, q.ldc = L.corr, L.n
+    return q
 
 
 cdef class SparseLayer:
@@ -66,34 +139,37 @@ cdef class SparseLayer:
     writes the weighted sum of each row's k experts to `hidden`, in one call:
 
         logits = normed @ router.T (+ bias); ids, w = moe_route(logits)
-        pairs grouped by expert (a counting sort); hidden = 0
-        for each expert e with rows, in ascending e: x = its rows of normed;
-            y = down_e(act(x @ gate_up_e.T (+ bias))) (+ bias)
-            hidden[row] += w * y  for each of its rows
+        hidden[r] = sum over r's experts e, in ascending e, of
+                    w * down_e(act(normed[r] @ gate_up_e.T (+ bias))) (+ bias)
 
     act: silu(gate) * up (the silu_mul slot), or with clamped_swiglu = (alpha, limit)
     GPT-OSS's (moe.h). shared: None, or a shared expert (gate_up, down, gate): after
-    the routed experts, hidden[r] += sigmoid(normed[r] . gate) * down(act(normed[r] @
-    gate_up.T)) on every row (Qwen3.5-MoE), its weights in the experts' format and
-    sizes (it uses their scratch). Every expert's GEMMs are the GEMM slots' own in its packed
-    format, so a row's result does not depend on the rows it shares an expert with,
-    and only the experts some row routes to are read.
+    the routed experts, hidden[r] += sigmoid(normed[r] . gate) * down(silu_mul(
+    normed[r] @ gate_up.T)) on every row (Qwen3.5-MoE), its weights in the experts'
+    format and sizes. The experts run as moe.h's armllm_moe_run: each row quantized
+    once, every active expert's gate/up, activation and down as two pool jobs over
+    column windows of the GEMM slots (the same bits as each expert's GEMMs on its rows
+    alone: a row's result does not depend on its batch), and only the experts some row
+    routes to are read.
 
     gate_up, down: lists of the experts' PackedWeights (one format); gate_up_bias
     [E, 2 inter] and down_bias [E, hidden] float32 or None; gate_up_scratch,
-    down_scratch: the ActScratch of quantized experts' activations (None: float);
-    buffers: the Workspace's normed, hidden, router_logits, expert_in,
-    expert_gate_up, expert_act, expert_out."""
+    down_scratch: the ActScratch of quantized experts' activations (None: float), of
+    at least the pair rows; buffers: the Workspace's normed, hidden, router_logits (of
+    max_rows rows), expert_in ([pairs, hidden]: float gate_up weights' inputs, else
+    None), expert_gate_up ([pairs, max(2 inter, hidden)]) and expert_act ([pairs,
+    inter]: a float down's inputs, else None). pairs = max_tokens * (top_k + 1): a pass
+    of the layer takes max_tokens rows (more run in passes)."""
     cdef SparseArgs s
     cdef const armllm_kernels *kt
     cdef list keep
+    cdef void **ptrs           # the experts' weight, bias and correction pointers
 
     def __cinit__(self):
-        self.s.gate_up = self.s.down = NULL
+        self.ptrs = NULL
 
     def __dealloc__(self):
-        free(self.s.gate_up)
-        free(self.s.down)
+        free(self.ptrs)
 
     def __init__(self, Kernels kernels, router, router_bias, gate_up, gate_up_bias, down,
                  down_bias, gate_up_scratch, down_scratch, int64_t top_k, bint renormalize,
@@ -104,27 +180,30 @@ cdef class SparseLayer:
                              f"got {len(gate_up)} and {len(down)}")
         if not 1 <= top_k <= n:
             raise ValueError(f"top_k must be in [1, {n}] (the experts), got {top_k}")
-        normed, hidden, logits, xin, gu, act, y = buffers
-        self.s.experts, self.s.top_k, self.s.renormalize = n, top_k, renormalize
-        self.s.hidden, self.s.inter = gate_up[0].k, gate_up[0].n // 2
-        self.s.clamped = clamped_swiglu is not None
-        self.s.alpha, self.s.limit = clamped_swiglu if self.s.clamped else (1.0, 0.0)
+        normed, hidden, logits, x_pairs, gu_out, act = buffers
+        cdef armllm_moe_layer *m = &self.s.moe
+        m.experts, m.top_k, m.renormalize = n, top_k, renormalize
+        m.hidden, m.inter = gate_up[0].k, gate_up[0].n // 2
+        m.clamped = clamped_swiglu is not None
+        m.alpha, m.limit = clamped_swiglu if m.clamped else (1.0, 0.0)
         if not isinstance(router, PackedWeight) or router.quantized:
             raise ValueError(f"the router must be a float weight, got {router!r}")
-        if router.n != n or router.k != self.s.hidden:
+        if router.n != n or router.k != m.hidden:
             raise ValueError(f"the router is {router.shape}, the layer has {n} experts of "
-                             f"input {self.s.hidden}")
-        self.s.normed = _buf(normed, "normed", self.s.hidden)
-        self.s.out = _buf(hidden, "hidden", self.s.hidden)
+                             f"input {m.hidden}")
+        self.s.normed = _buf(normed, "normed", m.hidden)
+        self.s.out = _buf(hidden, "hidden", m.hidden)
         self.s.logits = _buf(logits, "router_logits", n)
-        self.s.xin = _buf(xin, "expert_in", self.s.hidden)
-        self.s.gate_up_buf = _buf(gu, "expert_gate_up", 2 * self.s.inter)
-        self.s.act = _buf(act, "expert_act", self.s.inter)
-        self.s.y = _buf(y, "expert_out", self.s.hidden)
-        self.s.max_rows = min(a.shape[0] for a in buffers)
+        self.s.max_rows = min(a.shape[0] for a in (normed, hidden, logits))
+        cdef Buf b = _buf(gu_out, "expert_gate_up", max(2 * m.inter, m.hidden))
+        m.gate_up_out, m.ldg = b.p, b.ld
+        pairs = gu_out.shape[0]
+        m.max_tokens = pairs // (top_k + 1)
+        if m.max_tokens < 1:
+            raise ValueError(f"expert_gate_up's {pairs} rows hold no pass of top_k + 1 = "
+                             f"{top_k + 1} pair rows a token")
         for e in range(n):
-            if gate_up[e].shape != gate_up[0].shape or down[e].shape != (self.s.hidden,
-                                                                         self.s.inter):
+            if gate_up[e].shape != gate_up[0].shape or down[e].shape != (m.hidden, m.inter):
                 raise ValueError(f"expert {e}: gate_up {gate_up[e].shape} and down "
                                  f"{down[e].shape} do not chain with expert 0's "
                                  f"{gate_up[0].shape}")
@@ -133,47 +212,99 @@ cdef class SparseLayer:
         if len(gub) != n or len(db) != n:
             raise ValueError(f"expert biases for {len(gub)} / {len(db)} experts, the layer "
                              f"has {n}")
-        self.s.router = _bind_linear(kernels, router, router_bias, None, self.s.max_rows)
-        self.s.gate_up = <LinearArgs *>calloc(n, sizeof(LinearArgs))
-        self.s.down = <LinearArgs *>calloc(n, sizeof(LinearArgs))
-        if self.s.gate_up == NULL or self.s.down == NULL:
-            raise MemoryError()
-        for e in range(n):
-            self.s.gate_up[e] = _bind_linear(kernels, gate_up[e], gub[e], gate_up_scratch,
-                                             self.s.max_rows)
-            self.s.down[e] = _bind_linear(kernels, down[e], db[e], down_scratch,
-                                          self.s.max_rows)
-        pairs = self.s.max_rows * top_k
-        ints = [np.empty(pairs, np.int32), np.empty(n, np.int32), np.empty(n + 1, np.int32),
-                np.empty(pairs, np.int32)]
-        floats = [np.empty(pairs, np.float32), np.empty(pairs, np.float32)]
-        taken = np.empty(n, np.uint8)
-        self.s.ids, self.s.counts, self.s.start, self.s.pair_row = (
-            <int32_t *>cnp.PyArray_DATA(ints[0]), <int32_t *>cnp.PyArray_DATA(ints[1]),
-            <int32_t *>cnp.PyArray_DATA(ints[2]), <int32_t *>cnp.PyArray_DATA(ints[3]))
-        self.s.weights = <float *>cnp.PyArray_DATA(floats[0])
-        self.s.pair_weight = <float *>cnp.PyArray_DATA(floats[1])
-        self.s.taken = <uint8_t *>cnp.PyArray_DATA(taken)
-        self.s.shared = shared is not None
+        gate_ups, downs = list(gate_up), list(down)
+        m.shared = shared is not None
         if shared is not None:
             shared_gate_up, shared_down, gate = shared
             if shared_gate_up.shape != gate_up[0].shape or shared_down.shape != down[0].shape:
                 raise ValueError(f"the shared expert ({shared_gate_up.shape}, "
                                  f"{shared_down.shape}) must have the experts' sizes")
-            self.s.shared_gate_up = _bind_linear(kernels, shared_gate_up, None, gate_up_scratch,
-                                                 self.s.max_rows)
-            self.s.shared_down = _bind_linear(kernels, shared_down, None, down_scratch,
-                                              self.s.max_rows)
-            self.s.shared_gate = _vector(gate, "shared_gate", self.s.hidden)
-            floats.append(np.empty(self.s.max_rows, np.float32))
-            self.s.shared_scale = <float *>cnp.PyArray_DATA(floats[2])
-        self.keep = [router, router_bias, gate_up, gate_up_bias, down, down_bias,
+            m.shared_gate = _vector(gate, "shared_gate", m.hidden)
+            gate_ups.append(shared_gate_up)
+            downs.append(shared_down)
+            gub.append(None)
+            db.append(None)
+        if gate_up_scratch is not None and gate_up_scratch is down_scratch:
+            raise ValueError("the experts' inputs and activations need scratches of their "
+                             "own: a pass holds both at once")
+        self.s.router = _bind_linear(kernels, router, router_bias, None, self.s.max_rows)
+        cdef int64_t count = len(gate_ups)
+        self.ptrs = <void **>calloc(6 * count, sizeof(void *))
+        if self.ptrs == NULL:
+            raise MemoryError()
+        cdef LinearArgs gu0, d0
+        gu0 = self._weights(kernels, &m.gate_up, gate_ups, gub, gate_up_scratch, pairs, 0)
+        d0 = self._weights(kernels, &m.down, downs, db, down_scratch, pairs, 3 * count)
+        if m.gate_up.kind >= LIN_WQ:
+            m.in_q = _moe_act(&gu0)
+            m.x_pairs, m.ldx = NULL, 0
+        else:
+            b = _buf(x_pairs, "expert_in", m.hidden)
+            m.x_pairs, m.ldx = b.p, b.ld
+        if m.down.kind >= LIN_WQ:
+            m.act_q = _moe_act(&d0)
+            m.act, m.lda = NULL, 0
+        else:
+            b = _buf(act, "expert_act", m.inter)
+            m.act, m.lda = b.p, b.ld
+        for name, a in (("expert_in", x_pairs), ("expert_act", act)):
+            if a is not None and a.shape[0] < pairs:
+                raise ValueError(f"{name} has {a.shape[0]} rows, expert_gate_up {pairs}")
+        cdef int64_t routed = m.max_tokens * top_k
+        ints = [np.empty(routed, np.int32), np.empty(n, np.int32), np.empty(n + 1, np.int32),
+                np.empty(routed, np.int32), np.empty(n + 1, np.int32)]
+        floats = [np.empty(routed, np.float32), np.empty(routed, np.float32),
+                  np.empty(m.max_tokens, np.float32)]
+        taken = np.empty(n, np.uint8)
+        m.ids, m.counts, m.start, m.pair_row, m.active = (
+            <int32_t *>cnp.PyArray_DATA(ints[0]), <int32_t *>cnp.PyArray_DATA(ints[1]),
+            <int32_t *>cnp.PyArray_DATA(ints[2]), <int32_t *>cnp.PyArray_DATA(ints[3]),
+            <int32_t *>cnp.PyArray_DATA(ints[4]))
+        m.weights = <float *>cnp.PyArray_DATA(floats[0])
+        m.pair_weight = <float *>cnp.PyArray_DATA(floats[1])
+        m.shared_scale = <float *>cnp.PyArray_DATA(floats[2])
+        m.taken = <uint8_t *>cnp.PyArray_DATA(taken)
+        cdef char err[256]
+        if armllm_moe_check(kernels.t, m, err, sizeof(err)):
+            raise ValueError(err.decode())
+        self.keep = [router, router_bias, gate_ups, gate_up_bias, downs, down_bias,
                      gate_up_scratch, down_scratch, buffers, ints, floats, taken, shared]
         self.kt = kernels.t
+
+    cdef LinearArgs _weights(self, Kernels kernels, armllm_moe_weights *mw, list weights,
+                             list biases, scratch, int64_t pairs, int64_t slot) except *:
+        """Fills mw with the experts' (and shared expert's) weights, each bound and
+        checked like a linear layer's (its format, layout and activation scratch of
+        `pairs` rows), their pointers from self.ptrs[slot]; returns expert 0's."""
+        cdef int64_t e, count = len(weights)
+        cdef LinearArgs L, L0
+        cdef PackedWeight w0 = weights[0]
+        for e in range(count):
+            w = weights[e]
+            L = _bind_linear(kernels, w, biases[e], scratch, pairs)
+            if e == 0:
+                L0 = L
+            elif (w.dtype, w.bits, w.group, w.zp_correction is None) != (
+                    w0.dtype, w0.bits, w0.group, w0.zp_correction is None):
+                raise ValueError(f"expert {e}'s {w!r} is not in the experts' format {w0!r}")
+            self.ptrs[slot + e] = <void *>L.w
+            self.ptrs[slot + count + e] = <void *>L.bias
+            self.ptrs[slot + 2 * count + e] = <void *>L.corr_w
+        mw.kind, mw.n, mw.k, mw.bits, mw.group = L0.kind, L0.n, L0.k, L0.bits, L0.group
+        mw.w = <const void *const *>(self.ptrs + slot)
+        mw.bias = <const float *const *>(self.ptrs + slot + count)
+        mw.corr = <const float *const *>(self.ptrs + slot + 2 * count) if L0.corr_w != NULL \
+            else NULL
+        return L0
 
     @property
     def max_rows(self):
         return self.s.max_rows
+
+    @property
+    def max_tokens(self):
+        """Rows of one pass (the pair buffers' rows / (top_k + 1))."""
+        return self.s.moe.max_tokens
 
     def run(self, int64_t rows, ThreadPool pool=None):
         """The MLP of the first `rows` rows of `normed` into `hidden`."""
@@ -186,68 +317,11 @@ cdef class SparseLayer:
 
 cdef void _run_sparse(const armllm_kernels *kt, armllm_pool *p, SparseArgs *s,
                       int64_t t) noexcept nogil:
-    cdef int64_t e, i, n
-    cdef const int32_t *rows
-    cdef LinearArgs *L
     if t == 0:
         return
     _matmul(kt, p, &s.router, s.normed.p, s.normed.ld, t, s.logits.p, s.logits.ld)
-    armllm_moe_route(s.logits.p, s.logits.ld, t, s.experts, s.top_k, s.renormalize, s.ids,
-                     s.weights, s.taken)
-    armllm_moe_group(s.ids, s.weights, t, s.top_k, s.experts, s.counts, s.start, s.pair_row,
-                     s.pair_weight)
-    for i in range(t):
-        memset(s.out.p + i * s.out.ld, 0, s.hidden * sizeof(float))
-    for e in range(s.experts):
-        n = s.counts[e]
-        if n == 0:
-            continue
-        rows = s.pair_row + s.start[e]
-        for i in range(n):
-            memcpy(s.xin.p + i * s.xin.ld, s.normed.p + rows[i] * s.normed.ld,
-                   s.hidden * sizeof(float))
-        L = &s.gate_up[e]
-        if L.kind >= LIN_WQ:
-            _quant(kt, p, L, s.xin.p, s.xin.ld, n)
-        _matmul(kt, p, L, s.xin.p, s.xin.ld, n, s.gate_up_buf.p, s.gate_up_buf.ld)
-        if s.clamped:
-            armllm_swiglu_clamped(s.gate_up_buf.p, s.gate_up_buf.ld, n, s.inter, s.alpha,
-                                  s.limit, s.act.p, s.act.ld)
-        else:
-            kt.silu_mul(p, s.gate_up_buf.p, s.gate_up_buf.ld, n, s.inter, s.act.p, s.act.ld)
-        L = &s.down[e]
-        if L.kind >= LIN_WQ:
-            _quant(kt, p, L, s.act.p, s.act.ld, n)
-        _matmul(kt, p, L, s.act.p, s.act.ld, n, s.y.p, s.y.ld)
-        armllm_moe_accumulate(s.y.p, s.y.ld, n, s.hidden, rows, s.pair_weight + s.start[e],
-                              s.out.p, s.out.ld)
-    if s.shared:
-        _run_shared(kt, p, s, t)
-
-
-cdef void _run_shared(const armllm_kernels *kt, armllm_pool *p, SparseArgs *s,
-                      int64_t t) noexcept nogil:
-    """hidden[r] += sigmoid(normed[r] . shared_gate) * the shared expert of normed[r]."""
-    cdef int64_t r, j
-    cdef float dot
-    cdef LinearArgs *L = &s.shared_gate_up
-    for r in range(t):
-        dot = 0
-        for j in range(s.hidden):
-            dot = dot + s.normed.p[r * s.normed.ld + j] * s.shared_gate[j]
-        s.shared_scale[r] = 1.0 / (1.0 + expf(-dot))
-    if L.kind >= LIN_WQ:
-        _quant(kt, p, L, s.normed.p, s.normed.ld, t)
-    _matmul(kt, p, L, s.normed.p, s.normed.ld, t, s.gate_up_buf.p, s.gate_up_buf.ld)
-    kt.silu_mul(p, s.gate_up_buf.p, s.gate_up_buf.ld, t, s.inter, s.act.p, s.act.ld)
-    L = &s.shared_down
-    if L.kind >= LIN_WQ:
-        _quant(kt, p, L, s.act.p, s.act.ld, t)
-    _matmul(kt, p, L, s.act.p, s.act.ld, t, s.y.p, s.y.ld)
-    for r in range(t):
-        for j in range(s.hidden):
-            s.out.p[r * s.out.ld + j] = s.out.p[r * s.out.ld + j] + \
-                s.shared_scale[r] * s.y.p[r * s.y.ld + j]
+    armllm_moe_run(kt, p, &s.moe, s.normed.p, s.normed.ld, s.logits.p, s.logits.ld, t, s.out.p,
+                   s.out.ld)
 
 
 cdef void *_sparse_args(object layer, int64_t hidden) except NULL:
@@ -255,8 +329,8 @@ cdef void *_sparse_args(object layer, int64_t hidden) except NULL:
     if not isinstance(layer, SparseLayer):
         raise ValueError(f"a sparse_mlp step needs a SparseLayer, got {type(layer).__name__}")
     cdef SparseLayer sparse = <SparseLayer>layer
-    if sparse.s.hidden != hidden:
-        raise ValueError(f"the sparse layer's hidden size {sparse.s.hidden} is not the "
+    if sparse.s.moe.hidden != hidden:
+        raise ValueError(f"the sparse layer's hidden size {sparse.s.moe.hidden} is not the "
                          f"layer's {hidden}")
     return &sparse.s
 

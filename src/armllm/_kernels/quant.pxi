@@ -177,11 +177,12 @@ cdef class _QuantKernels(_GemmKernels):
         pw.layout = self.t.gemm_wq_layout.decode()
         return pw
 
-    def gemm_wq(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None):
+    def gemm_wq(self, xq, scale, gsum, w_obj, out, bias=None, ThreadPool pool=None, cols=None):
         """out[M, N] = sum_g scale[m, g] * (d * (xq . q over g) + o * gsum[m, g])
         (+ bias), with xq, scale, gsum from quant_act in the weight's groups
         (gsum required for 4-bit weights, optional for 8-bit, which then
-        compute it) and W from pack_wq."""
+        compute it) and W from pack_wq; cols = (n0, n1): only out's columns [n0,
+        n1), on the calling thread (gemm_wq_cols)."""
         if not isinstance(w_obj, PackedWeight):
             raise ValueError(f"w must be a PackedWeight, got {type(w_obj).__name__}")
         cdef PackedWeight w = <PackedWeight>w_obj
@@ -234,6 +235,14 @@ cdef class _QuantKernels(_GemmKernels):
         cdef const float *sp = <const float *>cnp.PyArray_DATA(sa)
         cdef const void *wp = cnp.PyArray_DATA(w.data)
         cdef float *yp = <float *>cnp.PyArray_DATA(oa)
+        cdef int64_t n0, n1
+        if cols is not None:
+            n0, n1 = _cols_window(cols, n, self.t.gemm_wq_panel, (n,))
+            bias_ptr = bias_ptr + n0 if bias_ptr != NULL else NULL
+            with nogil:
+                self.t.gemm_wq_cols(qp, m, k, ldq, sp, ldsc, gs_ptr, ldgs, wp, n, bits, group, n0,
+                                    n1, bias_ptr, yp + n0, ldy)
+            return out
         with nogil:
             self.t.gemm_wq(p, qp, m, k, ldq, sp, ldsc, gs_ptr, ldgs, wp, n, bits, group, bias_ptr,
                            yp, ldy)

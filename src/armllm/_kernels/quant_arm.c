@@ -180,9 +180,13 @@ static void qa_items(void *ctx, int64_t i0, int64_t i1) {
 
 void armllm_qa_gemm(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
                     const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
-                    const void *packed_w, int64_t n, int bits, int64_t group, const float *bias,
-                    float *y, int64_t ldy, armllm_qa_kind kind, int64_t min_chunk_macs) {
+                    const void *packed_w, int64_t n0, int64_t n1, int bits, int64_t group,
+                    const float *bias, float *y, int64_t ldy, armllm_qa_kind kind,
+                    int64_t min_chunk_macs) {
   const qa_geom G = geom_of(k, bits, group);
+  /* the window (y and bias its own): the matrix from n0's panel on, cut at n1 */
+  const int64_t n = n1 - n0;
+  packed_w = (const uint8_t *)packed_w + n0 / NR * G.pstride;
   const int64_t n_panels = (n + NR - 1) / NR, n_tiles = (n_panels + kind.panels - 1) / kind.panels;
   qa_job job = {xq, m, ldq, scale, ldsc, bits == 4 ? gsum : NULL, ldgs, packed_w, n_panels, G,
                 kind, {m, n, kind.rows, kind.panels * NR, n_tiles, G.nblk, KC_BLOCKS, 0, 0, y, ldy,

@@ -96,10 +96,13 @@ void armllm_qa_pack(const int8_t *q, int64_t n, int64_t k, int bits, int64_t gro
 
 /* gemm_wq (armllm_kernels.h) with tiles of `kind` (decode for M <=
  * ARMLLM_GEMM_DECODE_MAX_M: one tile of all rows; the variant picks a kind
- * of that many rows or more). */
+ * of that many rows or more), of the output columns [n0, n1) (gemm_wq_cols:
+ * n0 a multiple of ARMLLM_QA_NR, y and bias the window's; the whole call: 0,
+ * n). */
 void armllm_qa_gemm(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
                     const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
-                    const void *packed_w, int64_t n, int bits, int64_t group, const float *bias,
-                    float *y, int64_t ldy, armllm_qa_kind kind, int64_t min_chunk_macs);
+                    const void *packed_w, int64_t n0, int64_t n1, int bits, int64_t group,
+                    const float *bias, float *y, int64_t ldy, armllm_qa_kind kind,
+                    int64_t min_chunk_macs);
 
 #endif /* ARMLLM_QUANT_ARM_H */

@@ -174,6 +174,14 @@ static inline wq_job wq_job_of(const int8_t *xq, int64_t m, int64_t k, int64_t l
                   .ldy = ldy};
 }
 
+/* The job narrowed to the columns [n0, n1) (gemm_wq_cols: n0 on a panel; y
+ * and bias the window's): the matrix from n0's panel on, cut at n1. */
+static inline void wq_job_window(wq_job *job, int64_t n0, int64_t n1) {
+  job->w += n0 / PANEL * job->pbytes;
+  job->n = n1 - n0;
+  job->panels = n_panels(job->n);
+}
+
 /* Decode (M <= DECODE_MAX_M): memory-bound, so contiguous runs of panels per
  * thread; small ones stay serial. */
 static inline void wq_run_decode(armllm_pool *pool, wq_job *job, armllm_task_fn task) {

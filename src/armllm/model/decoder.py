@@ -34,7 +34,7 @@ from armllm.model.layer import (
     Step,
     has_step,
 )
-from armllm.model.moe import bind_experts
+from armllm.model.moe import bind_experts, pass_rows
 from armllm.model.rope import rope_cos_sin
 from armllm.model.weights import LinearFormats, ModelWeights, QuantFormat, linear_shapes
 
@@ -78,10 +78,10 @@ class Workspace:
     gate_up: np.ndarray           # [max_tokens, 2 intermediate] (of the dense layers)
     act: np.ndarray               # [max_tokens, intermediate] silu(gate) * up
     router_logits: np.ndarray | None   # [max_tokens, experts] (mixture of experts)
-    expert_in: np.ndarray | None       # [max_tokens, hidden] one expert's input rows
-    expert_gate_up: np.ndarray | None  # [max_tokens, 2 expert intermediate]
-    expert_act: np.ndarray | None      # [max_tokens, expert intermediate]
-    expert_out: np.ndarray | None      # [max_tokens, hidden]
+    # a sparse layer's (row, expert) pair rows (moe.pass_rows):
+    expert_in: np.ndarray | None       # [pairs, hidden] float experts' inputs
+    expert_gate_up: np.ndarray | None  # [pairs, max(2 expert intermediate, hidden)]
+    expert_act: np.ndarray | None      # [pairs, expert intermediate] a float down's inputs
     selected: np.ndarray          # [max_logits, hidden] the rows that need logits
     selected_residual: np.ndarray  # [max_logits, hidden] the residual stream at those rows
     logits: np.ndarray            # [max_logits, vocab]
@@ -93,7 +93,7 @@ class Workspace:
         self.max_tokens, self.max_logits, self.formats = max_tokens, max_logits, formats
         self.max_seq_len = max_seq_len or config.max_position_embeddings
         for name, shape in self._arrays(config, max_tokens, max_logits, max_split_rows,
-                                        max_seq_len, logits_cols).items():
+                                        max_seq_len, logits_cols, formats).items():
             setattr(self, name, None if shape is None else np.empty(shape, np.float32))
         scratch_args, layer_keys, head_key = self._scratch_plan(config, max_tokens, max_logits,
                                                                 formats)
@@ -111,21 +111,26 @@ class Workspace:
                max_seq_len: int | None = None, logits_cols: int | None = None) -> int:
         """Bytes a Workspace of these arguments allocates: the engine's working memory."""
         arrays = cls._arrays(config, max_tokens, max_logits, max_split_rows, max_seq_len,
-                             logits_cols)
+                             logits_cols, formats)
         scratches = cls._scratch_plan(config, max_tokens, max_logits, formats)[0]
         return (sum(4 * math.prod(shape) for shape in arrays.values() if shape is not None)
                 + sum(ops.ActScratch.nbytes_for(**args) for args in scratches.values()))
 
     @staticmethod
     def _arrays(c: ModelConfig, max_tokens: int, max_logits: int, max_split_rows: int,
-                max_seq_len: int | None, logits_cols: int | None = None
-                ) -> dict[str, tuple[int, ...] | None]:
+                max_seq_len: int | None, logits_cols: int | None = None,
+                formats: LinearFormats | None = None) -> dict[str, tuple[int, ...] | None]:
         """The float32 buffers' shapes, by attribute name."""
         t, h = max_tokens, c.hidden_size
         steps = layer_steps(c)
         dense = max((c.intermediate_size for i, s in enumerate(steps) if has_step(s, Act)),
                     default=0)
-        moe = any(has_step(s, SparseMLP) for s in steps)
+        sparse = [i for i, s in enumerate(steps) if has_step(s, SparseMLP)]
+        moe = bool(sparse)
+        # the experts' float (gate_up, down): their inputs are float pair rows
+        float_in = [formats is None or formats.layers[i][j] is None for i in sparse
+                    for j in (2, 3)]
+        pairs = pass_rows(c, t) if moe else 0
         qk_norm = any(has_step(s, QKNorm) for s in steps)
         e_inter = c.moe_intermediate_size
         shapes = [linear_shapes(c, i) for i in range(c.num_layers)]
@@ -140,10 +145,9 @@ class Workspace:
             "delta_ba": (t, 2 * delta.v_heads) if delta else None,
             "gate_up": (t, 2 * dense), "act": (t, dense),
             "router_logits": (t, c.num_experts) if moe else None,
-            "expert_in": (t, h) if moe else None,
-            "expert_gate_up": (t, 2 * e_inter) if moe else None,
-            "expert_act": (t, e_inter) if moe else None,
-            "expert_out": (t, h) if moe else None,
+            "expert_in": (pairs, h) if any(float_in[0::2]) else None,
+            "expert_gate_up": (pairs, max(2 * e_inter, h)) if moe else None,
+            "expert_act": (pairs, e_inter) if any(float_in[1::2]) else None,
             "selected": (max_logits, h), "selected_residual": (max_logits, h),
             # an embedding model has no lm_head: no logits
             "logits": (max_logits, (logits_cols or c.vocab_size) if c.has_lm_head else 0),
@@ -166,18 +170,29 @@ class Workspace:
                              f"{c.num_layers}")
         scratches: dict[tuple, dict] = {}
 
-        def key(fmt: QuantFormat | None, n: int, k: int, rows: int) -> tuple | None:
+        def key(fmt: QuantFormat | None, n: int, k: int, rows: int,
+                role: str = "") -> tuple | None:
             if fmt is None:
                 return None
-            kk = (rows, k, ops.quant_group_len(fmt.group))
+            kk = (rows, k, ops.quant_group_len(fmt.group), role)
             args = scratches.setdefault(kk, {"rows": rows, "k": k, "group": fmt.group,
                                              "sums": True, "asym_n": 0})
             if not fmt.act_symmetric:
                 args["asym_n"] = max(args["asym_n"], n)
             return kk
 
-        layers = [tuple(key(fmt, n, k, max_tokens) for fmt, (n, k) in zip(
-                      layer, linear_shapes(c, i), strict=True))
+        # a sparse layer's experts quantize pair rows (moe.pass_rows), their inputs and
+        # activations in scratches of their own (both hold a whole pass at once)
+        steps = layer_steps(c)
+        pairs = pass_rows(c, max_tokens)
+
+        def layer_key(i: int, j: int, fmt: QuantFormat | None, n: int, k: int) -> tuple | None:
+            if j < 2 or not has_step(steps[i], SparseMLP):
+                return key(fmt, n, k, max_tokens)
+            return key(fmt, n, k, pairs, "experts" if j == 2 else "experts_act")
+
+        layers = [tuple(layer_key(i, j, fmt, n, k) for j, (fmt, (n, k)) in enumerate(
+                      zip(layer, linear_shapes(c, i), strict=True)))
                   for i, layer in enumerate(formats.layers)]
         return scratches, layers, key(formats.lm_head, c.vocab_size, c.hidden_size, max_logits)
 

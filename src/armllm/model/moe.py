@@ -13,16 +13,29 @@ outputs in `hidden`, where the next layer's residual add picks it up:
 
 with act = silu(gate) * up, or GPT-OSS's clamped SwiGLU (see ModelConfig), and the
 experts' biases (GPT-OSS) added to gate_up and down. The whole MLP is one C call
-(ops.SparseLayer): rows grouped by expert with a counting sort, each active
-expert's two GEMMs once over all of its rows in the expert's own format (float,
-w8a8/w4a8 or GGUF/MXFP4 as stored) with the same kernels as the dense layers,
-and its weighted rows added into `hidden` in the order transformers adds them.
+(ops.SparseLayer, moe.h): rows grouped by expert with a counting sort, each row's
+activations quantized once, every active expert's gate/up, activation and down as
+two pool jobs over column windows of the GEMM slots in the experts' own format
+(float, w8a8/w4a8 or GGUF/MXFP4 as stored: the bits of each expert's GEMMs on its
+rows alone), and the weighted rows added into `hidden` in the order transformers
+adds them. Its buffers hold the (row, expert) pairs of a pass of up to
+pass_rows(...) // (top_k + 1) rows; larger batches run in passes.
 """
 from __future__ import annotations
 
 from armllm import ops
 from armllm.model.config import ModelConfig
 from armllm.model.weights import MoEWeights
+
+PASS_PAIRS = 8192   # pair rows of a sparse layer's buffers, at most (a pass's)
+
+
+def pass_rows(config: ModelConfig, max_tokens: int) -> int:
+    """Pair rows of a sparse layer's buffers for batches of up to max_tokens rows: a
+    pass takes up to PASS_PAIRS // (top_k + 1) rows (a longer batch runs in passes),
+    each with top_k + 1 pair rows (its routed pairs, then the row itself)."""
+    per_row = config.experts_per_token + 1
+    return min(max_tokens, max(1, PASS_PAIRS // per_row)) * per_row
 
 
 def bind_experts(config: ModelConfig, weights: MoEWeights, ws,
@@ -38,4 +51,4 @@ def bind_experts(config: ModelConfig, weights: MoEWeights, ws,
         weights.down, weights.down_bias, gate_up_in, down_in, config.experts_per_token,
         config.norm_topk_prob, config.clamped_swiglu,
         (ws.normed, ws.hidden, ws.router_logits, ws.expert_in, ws.expert_gate_up,
-         ws.expert_act, ws.expert_out), shared)
+         ws.expert_act), shared)

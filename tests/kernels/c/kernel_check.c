@@ -4,8 +4,9 @@
  * tools/arm_kernel_check.sh runs it under qemu-user at several CPU levels
  * (NEON only, dotprod+LSE, BF16/I8MM, SVE at 128/256/512 bits). Prints one
  * line per (variant, kernel) with the worst error as a fraction of the
- * tolerance, checks the thread pool and the all-reduce between processes
- * (fork), and exits non-zero on any failure.
+ * tolerance, checks the thread pool, the all-reduce between processes (fork),
+ * the GEMMs' column windows and the mixture-of-experts layer (moe.h) against
+ * the per-expert composition of the slots, and exits non-zero on any failure.
  *
  *   kernel_check [--isa NAME ...] [--quick]
  */
@@ -24,6 +25,7 @@
 #include "comm.h"
 #include "cpu.h"
 #include "gguf_blocks.h"
+#include "moe.h"
 #include "sample.h"
 
 static int failures;
@@ -1086,6 +1088,411 @@ static void check_gemm_gguf(const armllm_kernels *v, armllm_pool *pool, int quic
   if (pool4) armllm_pool_destroy(pool4);
 }
 
+/* ------------------------------------------------- mixture of experts */
+
+/* A weight of one format, packed for v: float bits (f32, or bf16 widened),
+ * w8/w4 (d, o exact in f16; asymmetric: the zero points' correction weight
+ * too) or GGUF parts of the given types (tame scales: finite layers). */
+typedef struct {
+  int kind;            /* ARMLLM_MOE_* */
+  int bits;            /* wq */
+  int64_t group;       /* wq: weights' group; gguf: the activations' */
+  int asym;            /* wq: asymmetric activations */
+  int nparts;          /* gguf */
+  int32_t types[2];
+  int64_t rows[2];
+} moe_format;
+
+typedef struct {
+  void *w;     /* packed */
+  float *corr; /* asymmetric wq: the correction weight, packed f32 */
+} moe_packed;
+
+/* random GGUF rows with small finite scales (MXFP4: exponents near 2^-6) */
+static void fill_gguf_tame(uint8_t *dst, int type, int64_t rows, int64_t k) {
+  const int be = armllm_gguf_block_elems(type), bb = armllm_gguf_block_bytes(type);
+  int fd, fs;
+  f16_fields(type, &fd, &fs);
+  for (int64_t b = 0; b < rows * (k / be); b++) {
+    uint8_t *blk = dst + b * bb;
+    for (int i = 0; i < bb; i++) blk[i] = (uint8_t)rand_u32();
+    if (type == ARMLLM_GGML_MXFP4) {
+      blk[0] = (uint8_t)(118 + rand_u32() % 4);
+      continue;
+    }
+    const uint16_t h = (uint16_t)(0x1400 + rand_u32() % 0x400); /* about 2^-10 */
+    memcpy(blk + fd, &h, 2);
+    if (fs >= 0) memcpy(blk + fs, &h, 2);
+  }
+}
+
+/* An [n, k] weight of format f, packed for v (gguf: the format's parts, scaled
+ * to n rows). */
+static moe_packed moe_pack(const armllm_kernels *v, const moe_format *f, int64_t n, int64_t k) {
+  moe_packed p = {NULL, NULL};
+  if (f->kind == ARMLLM_MOE_F32 || f->kind == ARMLLM_MOE_BF16) {
+    float *w = xmalloc(sizeof(float) * (size_t)(n * k));
+    fill(w, n * k, 1.0f / sqrtf((float)k));
+    if (f->kind == ARMLLM_MOE_F32) {
+      p.w = xmalloc64(sizeof(float) * v->gemm_f32_packed_len(n, k));
+      v->gemm_f32_pack(w, n, k, p.w);
+    } else {
+      uint16_t *wb = xmalloc(sizeof(uint16_t) * (size_t)(n * k));
+      for (int64_t i = 0; i < n * k; i++) wb[i] = armllm_f32_to_bf16(w[i]);
+      p.w = xmalloc64(sizeof(uint16_t) * v->gemm_bf16_packed_len(n, k));
+      v->gemm_bf16_pack(wb, n, k, p.w);
+      free(wb);
+    }
+    free(w);
+    return p;
+  }
+  if (f->kind == ARMLLM_MOE_GGUF) {
+    int64_t rows[2];
+    size_t bytes = 0;
+    for (int i = 0; i < f->nparts; i++) {
+      rows[i] = f->nparts == 1 ? n : n / 2;
+      bytes += armllm_gguf_row_bytes(f->types[i], k) * (size_t)rows[i];
+    }
+    uint8_t *blocks = xmalloc(bytes), *b = blocks;
+    for (int i = 0; i < f->nparts; i++) {
+      fill_gguf_tame(b, f->types[i], rows[i], k);
+      b += armllm_gguf_row_bytes(f->types[i], k) * (size_t)rows[i];
+    }
+    p.w = xmalloc64(v->gemm_gguf_packed_len(k, f->nparts, f->types, rows));
+    v->gemm_gguf_pack(blocks, k, f->nparts, f->types, rows, p.w);
+    free(blocks);
+    return p;
+  }
+  const int64_t ng = armllm_q_groups(k, f->group), gl = armllm_q_group_len(f->group);
+  int8_t *q = xmalloc((size_t)(n * k));
+  float *d = xmalloc(sizeof(float) * (size_t)(n * ng)), *o = xmalloc(sizeof(float) * (size_t)(n * ng));
+  for (int64_t i = 0; i < n * k; i++) {
+    const int u = (int)(rand_u32() % 255);
+    q[i] = (int8_t)(f->bits == 4 ? u % 16 : u - 127);
+  }
+  for (int64_t i = 0; i < n * ng; i++) {
+    d[i] = round_f16((0.5f + 0.5f * fabsf(frand())) * (f->bits == 4 ? 0.1f : 0.01f) /
+                     sqrtf((float)k));
+    o[i] = f->bits == 4 ? round_f16(-7.5f * d[i] * (1.0f + 0.1f * frand())) : 0.0f;
+  }
+  const float *op = f->bits == 4 ? o : NULL;
+  p.w = xmalloc64(v->gemm_wq_packed_len(n, k, f->bits, f->group, d, op));
+  v->gemm_wq_pack(q, n, k, f->bits, f->group, d, op, p.w);
+  if (f->asym) { /* C[n, g] = d * (sum of q over g's real columns) + o * (their count) */
+    float *c = xmalloc(sizeof(float) * (size_t)(n * ng));
+    for (int64_t j = 0; j < n; j++)
+      for (int64_t g = 0; g < ng; g++) {
+        int32_t sum = 0, cols = 0;
+        for (int64_t i = g * gl; i < (g + 1) * gl && i < k; i++, cols++) sum += q[j * k + i];
+        c[j * ng + g] = d[j * ng + g] * (float)sum + o[j * ng + g] * (float)cols;
+      }
+    p.corr = xmalloc64(sizeof(float) * v->gemm_f32_packed_len(n, ng));
+    v->gemm_f32_pack(c, n, ng, p.corr);
+    free(c);
+  }
+  free(q); free(d); free(o);
+  return p;
+}
+
+/* Activations of m rows of k columns for format f (quant_act's outputs; the
+ * zero points' scaled copy and correction of an n-output weight). */
+typedef struct {
+  armllm_moe_act q;
+  int64_t rows;
+} moe_scratch;
+
+static moe_scratch moe_scratch_of(const moe_format *f, int64_t rows, int64_t k, int64_t n) {
+  moe_scratch s;
+  memset(&s, 0, sizeof s);
+  s.rows = rows;
+  if (f->kind == ARMLLM_MOE_F32 || f->kind == ARMLLM_MOE_BF16) return s;
+  const int64_t ng = armllm_q_groups(k, f->group);
+  s.q.ldq = armllm_q_kpad(k) + 16;
+  s.q.ldsc = s.q.ldgs = s.q.ldzp = s.q.ldszp = ng + 1;
+  s.q.xq = xmalloc((size_t)(rows * s.q.ldq));
+  s.q.scale = xmalloc(sizeof(float) * (size_t)(rows * s.q.ldsc));
+  s.q.gsum = xmalloc(sizeof(int32_t) * (size_t)(rows * s.q.ldgs));
+  if (f->asym) {
+    s.q.zp = xmalloc(sizeof(int32_t) * (size_t)(rows * s.q.ldzp));
+    s.q.szp = xmalloc(sizeof(float) * (size_t)(rows * s.q.ldszp));
+    s.q.ldc = n;
+    s.q.corr = xmalloc(sizeof(float) * (size_t)(rows * n));
+  }
+  return s;
+}
+
+static void moe_scratch_free(moe_scratch *s) {
+  free(s->q.xq); free(s->q.scale); free(s->q.gsum); free(s->q.zp); free(s->q.szp); free(s->q.corr);
+}
+
+/* y[m, n] = x[m, k] @ W.T (+ bias) as one bound linear runs it: x quantized
+ * in the weight's groups (into s), the whole GEMM slot on one thread, an
+ * asymmetric weight's correction taken off. */
+static void moe_linear(const armllm_kernels *v, const moe_format *f, const moe_packed *p,
+                       moe_scratch *s, const float *x, int64_t ldx, int64_t m, int64_t n,
+                       int64_t k, const float *bias, float *y, int64_t ldy) {
+  armllm_moe_act *q = &s->q;
+  switch (f->kind) {
+  case ARMLLM_MOE_F32: v->gemm_f32(NULL, x, m, k, ldx, p->w, n, bias, y, ldy); return;
+  case ARMLLM_MOE_BF16: v->gemm_bf16(NULL, x, m, k, ldx, p->w, n, bias, y, ldy); return;
+  default: break;
+  }
+  v->quant_act(NULL, x, m, k, ldx, f->group, q->xq, q->ldq, q->scale, q->ldsc, q->gsum, q->ldgs,
+               q->zp, q->ldzp);
+  if (f->kind == ARMLLM_MOE_GGUF) {
+    v->gemm_gguf(NULL, q->xq, m, k, q->ldq, q->scale, q->ldsc, q->gsum, q->ldgs, p->w, n, bias, y,
+                 ldy);
+    return;
+  }
+  v->gemm_wq(NULL, q->xq, m, k, q->ldq, q->scale, q->ldsc, q->gsum, q->ldgs, p->w, n, f->bits,
+             f->group, bias, y, ldy);
+  if (!f->asym) return;
+  const int64_t ng = armllm_q_groups(k, f->group);
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t g = 0; g < ng; g++)
+      q->szp[r * q->ldszp + g] = (float)q->zp[r * q->ldzp + g] * q->scale[r * q->ldsc + g];
+  v->gemm_f32(NULL, q->szp, m, ng, q->ldszp, p->corr, n, NULL, q->corr, n);
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t j = 0; j < n; j++) y[r * ldy + j] = y[r * ldy + j] - q->corr[r * n + j];
+}
+
+/* One layer case: E experts (and a shared one), top-k, t rows, against the
+ * per-expert composition of v's slots (each active expert in ascending order
+ * on its rows alone, whole GEMMs; then the shared expert), bit for bit. */
+static void moe_case(report *r, const armllm_kernels *v, armllm_pool *pool,
+                     const moe_format *fgu, const moe_format *fd, int64_t h, int64_t inter,
+                     int64_t t, int shared, int clamped, int64_t max_tokens) {
+  const int64_t E = 6, k = 2, ne = E + shared, pairs = max_tokens * (k + 1);
+  moe_packed *gu = xmalloc(sizeof *gu * (size_t)ne), *dn = xmalloc(sizeof *dn * (size_t)ne);
+  const void **guw = xmalloc(sizeof(void *) * (size_t)ne), **dnw = xmalloc(sizeof(void *) * (size_t)ne);
+  const float **gub = xmalloc(sizeof(float *) * (size_t)ne), **dnb = xmalloc(sizeof(float *) * (size_t)ne);
+  const float **guc = xmalloc(sizeof(float *) * (size_t)ne), **dnc = xmalloc(sizeof(float *) * (size_t)ne);
+  float *bias_gu = xmalloc(sizeof(float) * (size_t)(E * 2 * inter));
+  float *bias_dn = xmalloc(sizeof(float) * (size_t)(E * h));
+  fill(bias_gu, E * 2 * inter, 0.1f);
+  fill(bias_dn, E * h, 0.1f);
+  for (int64_t e = 0; e < ne; e++) {
+    gu[e] = moe_pack(v, fgu, 2 * inter, h);
+    dn[e] = moe_pack(v, fd, h, inter);
+    guw[e] = gu[e].w, dnw[e] = dn[e].w, guc[e] = gu[e].corr, dnc[e] = dn[e].corr;
+    gub[e] = e < E && (e & 1) ? bias_gu + e * 2 * inter : NULL;
+    dnb[e] = e < E && (e & 2) ? bias_dn + e * h : NULL;
+  }
+  float *x = xmalloc(sizeof(float) * (size_t)(t * h)), *logits = xmalloc(sizeof(float) * (size_t)(t * E));
+  float *gate = xmalloc(sizeof(float) * (size_t)h);
+  fill(x, t * h, 1.0f);
+  fill(logits, t * E, 2.0f);
+  for (int64_t i = 0; i < t; i++) logits[i * E + 1] += 2.0f; /* expert 1: most rows (prefill tiles) */
+  fill(gate, h, 0.1f);
+  const int qgu = fgu->kind >= ARMLLM_MOE_WQ, qd = fd->kind >= ARMLLM_MOE_WQ;
+  armllm_moe_layer L;
+  memset(&L, 0, sizeof L);
+  L.experts = E, L.top_k = k, L.hidden = h, L.inter = inter, L.renormalize = 1;
+  L.clamped = clamped, L.alpha = 1.702f, L.limit = 1.5f, L.shared = shared;
+  L.shared_gate = gate;
+  L.gate_up = (armllm_moe_weights){fgu->kind, 2 * inter, h, fgu->bits, fgu->group, guw, gub,
+                                   fgu->asym ? guc : NULL};
+  L.down = (armllm_moe_weights){fd->kind, h, inter, fd->bits, fd->group, dnw, dnb,
+                                fd->asym ? dnc : NULL};
+  L.max_tokens = max_tokens;
+  L.ldg = (2 * inter > h ? 2 * inter : h) + 3;
+  L.gate_up_out = xmalloc(sizeof(float) * (size_t)(pairs * L.ldg));
+  L.ldx = h + 1, L.lda = inter + 2;
+  L.x_pairs = qgu ? NULL : xmalloc(sizeof(float) * (size_t)(pairs * L.ldx));
+  L.act = qd ? NULL : xmalloc(sizeof(float) * (size_t)(pairs * L.lda));
+  moe_scratch in_s = moe_scratch_of(fgu, pairs, h, 2 * inter), act_s = moe_scratch_of(fd, pairs, inter, h);
+  L.in_q = in_s.q, L.act_q = act_s.q;
+  const int64_t routed = max_tokens * k;
+  L.ids = xmalloc(sizeof(int32_t) * (size_t)routed), L.pair_row = xmalloc(sizeof(int32_t) * (size_t)routed);
+  L.weights = xmalloc(sizeof(float) * (size_t)routed), L.pair_weight = xmalloc(sizeof(float) * (size_t)routed);
+  L.counts = xmalloc(sizeof(int32_t) * (size_t)E), L.start = xmalloc(sizeof(int32_t) * (size_t)(E + 1));
+  L.active = xmalloc(sizeof(int32_t) * (size_t)(E + 1)), L.taken = xmalloc((size_t)E);
+  L.shared_scale = xmalloc(sizeof(float) * (size_t)max_tokens);
+  char err[256];
+  if (armllm_moe_check(v, &L, err, sizeof err)) {
+    printf("  moe: %s\n", err);
+    r->bad++;
+  }
+  const int64_t ldo = h + 5;
+  float *out = xmalloc(sizeof(float) * (size_t)(t * ldo)), *want = xmalloc(sizeof(float) * (size_t)(t * ldo));
+  for (int64_t i = 0; i < t * ldo; i++) out[i] = want[i] = -777.0f;
+  armllm_moe_run(v, pool, &L, x, h, logits, E, t, out, ldo);
+
+  /* the per-expert composition */
+  int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(t * k));
+  float *w = xmalloc(sizeof(float) * (size_t)(t * k));
+  uint8_t *taken = xmalloc((size_t)E);
+  armllm_moe_route(logits, E, t, E, k, 1, ids, w, taken);
+  for (int64_t i = 0; i < t; i++) memset(want + i * ldo, 0, sizeof(float) * (size_t)h);
+  float *xin = xmalloc(sizeof(float) * (size_t)(t * h)), *gbuf = xmalloc(sizeof(float) * (size_t)(t * 2 * inter));
+  float *abuf = xmalloc(sizeof(float) * (size_t)(t * inter)), *ybuf = xmalloc(sizeof(float) * (size_t)(t * h));
+  int32_t *rows = xmalloc(sizeof(int32_t) * (size_t)t);
+  float *rw = xmalloc(sizeof(float) * (size_t)t);
+  moe_scratch s1 = moe_scratch_of(fgu, t, h, 2 * inter), s2 = moe_scratch_of(fd, t, inter, h);
+  for (int64_t e = 0; e < ne; e++) {
+    int64_t m = 0;
+    if (e < E) {
+      for (int64_t i = 0; i < t; i++)
+        for (int64_t j = 0; j < k; j++)
+          if (ids[i * k + j] == e) rows[m] = (int32_t)i, rw[m++] = w[i * k + j];
+    } else {
+      for (int64_t i = 0; i < t; i++) {
+        float dot = 0;
+        for (int64_t j = 0; j < h; j++) dot = dot + x[i * h + j] * gate[j];
+        rw[i] = (float)(1.0 / (1.0 + (double)expf(-dot)));
+      }
+      m = t;
+    }
+    if (!m) continue;
+    for (int64_t i = 0; i < m; i++)
+      memcpy(xin + i * h, x + (e < E ? rows[i] : i) * h, sizeof(float) * (size_t)h);
+    moe_linear(v, fgu, &gu[e], &s1, xin, h, m, 2 * inter, h, gub[e], gbuf, 2 * inter);
+    if (clamped && e < E) armllm_swiglu_clamped(gbuf, 2 * inter, m, inter, 1.702f, 1.5f, abuf, inter);
+    else v->silu_mul(NULL, gbuf, 2 * inter, m, inter, abuf, inter);
+    moe_linear(v, fd, &dn[e], &s2, abuf, inter, m, h, inter, dnb[e], ybuf, h);
+    armllm_moe_accumulate(ybuf, h, m, h, e < E ? rows : NULL, rw, want, ldo);
+  }
+  if (!same_floats(out, want, t * ldo)) {
+    if (r->bad < 3)
+      for (int64_t i = 0; i < t * ldo; i++)
+        if (!same_floats(&out[i], &want[i], 1)) {
+          printf("  moe kinds %d/%d t=%lld shared=%d clamped=%d passes of %lld: out[%lld,%lld] "
+                 "= %.9g, composition %.9g\n", fgu->kind, fd->kind, (long long)t, shared, clamped,
+                 (long long)max_tokens, (long long)(i / ldo), (long long)(i % ldo), out[i], want[i]);
+          break;
+        }
+    r->bad++;
+  }
+  r->cases++;
+  for (int64_t e = 0; e < ne; e++) free(gu[e].w), free(gu[e].corr), free(dn[e].w), free(dn[e].corr);
+  free(gu); free(dn); free(guw); free(dnw); free(gub); free(dnb); free(guc); free(dnc);
+  free(bias_gu); free(bias_dn); free(x); free(logits); free(gate);
+  free(L.gate_up_out); free(L.x_pairs); free(L.act);
+  moe_scratch_free(&in_s); moe_scratch_free(&act_s); moe_scratch_free(&s1); moe_scratch_free(&s2);
+  free(L.ids); free(L.pair_row); free(L.weights); free(L.pair_weight); free(L.counts);
+  free(L.start); free(L.active); free(L.taken); free(L.shared_scale);
+  free(out); free(want); free(ids); free(w); free(taken); free(xin); free(gbuf); free(abuf);
+  free(ybuf); free(rows); free(rw);
+}
+
+/* Every expert format: f32, bf16, w8 (channelwise, group 32), w4 (group 32,
+ * symmetric and asymmetric activations), GGUF Q4_0, Q8_0 gate/up with a
+ * Q4_0 down, K-quants (Q4_K gate | Q6_K up, Q4_K down), MXFP4; one row
+ * (decode), 13 and 27 rows (prefill tiles), passes of 5 rows, a shared
+ * expert, GPT-OSS's clamped SwiGLU; inter off the float panels (12, 16). */
+static void check_moe(const armllm_kernels *v, armllm_pool *pool, int quick) {
+  static const moe_format
+      f32 = {ARMLLM_MOE_F32, 0, 0, 0, 0, {0, 0}, {0, 0}},
+      bf16 = {ARMLLM_MOE_BF16, 0, 0, 0, 0, {0, 0}, {0, 0}},
+      w8 = {ARMLLM_MOE_WQ, 8, 0, 0, 0, {0, 0}, {0, 0}},
+      w8g = {ARMLLM_MOE_WQ, 8, 32, 0, 0, {0, 0}, {0, 0}},
+      w4 = {ARMLLM_MOE_WQ, 4, 32, 0, 0, {0, 0}, {0, 0}},
+      w4a = {ARMLLM_MOE_WQ, 4, 32, 1, 0, {0, 0}, {0, 0}},
+      q40 = {ARMLLM_MOE_GGUF, 0, 32, 0, 1, {ARMLLM_GGML_Q4_0, 0}, {0, 0}},
+      q80 = {ARMLLM_MOE_GGUF, 0, 32, 0, 1, {ARMLLM_GGML_Q8_0, 0}, {0, 0}},
+      kgu = {ARMLLM_MOE_GGUF, 0, 256, 0, 2, {ARMLLM_GGML_Q4_K, ARMLLM_GGML_Q6_K}, {0, 0}},
+      kd = {ARMLLM_MOE_GGUF, 0, 256, 0, 1, {ARMLLM_GGML_Q4_K, 0}, {0, 0}},
+      mx = {ARMLLM_MOE_GGUF, 0, 32, 0, 1, {ARMLLM_GGML_MXFP4, 0}, {0, 0}};
+  static const struct {
+    const moe_format *gu, *down;
+    int64_t h, inter;
+  } cases[] = {{&f32, &f32, 48, 100}, {&bf16, &bf16, 48, 100}, {&w8, &w8, 64, 100},
+               {&w8g, &w8g, 96, 100}, {&w4, &w4, 64, 100},     {&w4a, &w4a, 64, 100},
+               {&q80, &q40, 64, 96},   {&kgu, &kd, 256, 256},   {&mx, &mx, 64, 160}};
+  static const int64_t ts[] = {1, 13, 27};
+  report r;
+  report_start(&r, v->isa, "moe_layer");
+  int c = 0;
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (size_t it = 0; it < sizeof ts / sizeof *ts; it++, c++) {
+      if (quick && it == 2) continue;
+      const int64_t t = ts[it];
+      moe_case(&r, v, pool, cases[i].gu, cases[i].down, cases[i].h, cases[i].inter, t, c & 1,
+               (c >> 1) & 1, t);
+      if (t > 1) /* passes of 5 rows, one thread */
+        moe_case(&r, v, NULL, cases[i].gu, cases[i].down, cases[i].h, cases[i].inter, t, c & 1,
+                 0, 5);
+    }
+  report_end(&r, impl_of(v, ARMLLM_K_gemm_wq));
+}
+
+/* One column-window case of each GEMM: the window of the whole call's y, bit
+ * for bit, and nothing written outside it. */
+static void cols_compare(report *r, const float *full, const float *win, int64_t m, int64_t n,
+                         int64_t n0, int64_t n1) {
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      const float *a = &win[i * n + j];
+      if (j < n0 || j >= n1) {
+        if (*a != -777.0f) r->bad++;
+      } else if (!same_floats(a, &full[i * n + j], 1)) {
+        r->bad++;
+      }
+    }
+  r->cases++;
+}
+
+static void check_gemm_cols(const armllm_kernels *v) {
+  static const int64_t ms[] = {1, 3, 5, 9, 20};
+  report r;
+  report_start(&r, v->isa, "gemm_cols");
+  for (int fmt = 0; fmt < 6; fmt++) {
+    static const moe_format formats[6] = {
+        {ARMLLM_MOE_F32, 0, 0, 0, 0, {0, 0}, {0, 0}},
+        {ARMLLM_MOE_BF16, 0, 0, 0, 0, {0, 0}, {0, 0}},
+        {ARMLLM_MOE_WQ, 8, 0, 0, 0, {0, 0}, {0, 0}},
+        {ARMLLM_MOE_WQ, 4, 32, 0, 0, {0, 0}, {0, 0}},
+        {ARMLLM_MOE_GGUF, 0, 256, 0, 2, {ARMLLM_GGML_Q4_K, ARMLLM_GGML_Q6_K}, {0, 0}},
+        {ARMLLM_MOE_GGUF, 0, 32, 0, 1, {ARMLLM_GGML_MXFP4, 0}, {0, 0}}};
+    const moe_format *f = &formats[fmt];
+    const int64_t panel = f->kind == ARMLLM_MOE_F32 ? v->gemm_f32_panel
+                          : f->kind == ARMLLM_MOE_BF16 ? v->gemm_bf16_panel
+                          : f->kind == ARMLLM_MOE_WQ ? v->gemm_wq_panel : v->gemm_gguf_panel;
+    const int64_t k = f->kind == ARMLLM_MOE_GGUF && f->group == 256 ? 512 : 96;
+    const int64_t n = f->nparts == 2 ? 2 * (3 * panel + 2) : 5 * panel + 3; /* parts end mid-panel */
+    const moe_packed p = moe_pack(v, f, n, k);
+    float *bias = xmalloc(sizeof(float) * (size_t)n);
+    fill(bias, n, 1.0f);
+    for (size_t im = 0; im < sizeof ms / sizeof *ms; im++) {
+      const int64_t m = ms[im];
+      float *x = xmalloc(sizeof(float) * (size_t)(m * k));
+      float *full = xmalloc(sizeof(float) * (size_t)(m * n)), *y = xmalloc(sizeof(float) * (size_t)(m * n));
+      fill(x, m * k, 1.0f);
+      moe_scratch s = moe_scratch_of(f, m, k, n);
+      armllm_moe_act *q = &s.q;
+      moe_linear(v, f, &p, &s, x, k, m, n, k, bias, full, n); /* quantizes x into s */
+      /* windows from each panel start of each part (the second part starts off
+       * the panels), to N, past the next panel's first column, or one column */
+      const int64_t half = f->nparts == 2 ? n / 2 : n;
+      for (int64_t n0 = 0; n0 < n; n0 = n0 + panel < half || n0 >= half ? n0 + panel : half) {
+        for (int e = 0; e < 3; e++) {
+          int64_t n1 = e == 0 ? n : e == 1 ? n0 + panel + 1 : n0 + 1;
+          if (n1 > n) n1 = n;
+          for (int64_t i = 0; i < m * n; i++) y[i] = -777.0f;
+          const float *b = bias + n0;
+          float *yw = y + n0;
+          switch (f->kind) {
+          case ARMLLM_MOE_F32: v->gemm_f32_cols(x, m, k, k, p.w, n, n0, n1, b, yw, n); break;
+          case ARMLLM_MOE_BF16: v->gemm_bf16_cols(x, m, k, k, p.w, n, n0, n1, b, yw, n); break;
+          case ARMLLM_MOE_WQ:
+            v->gemm_wq_cols(q->xq, m, k, q->ldq, q->scale, q->ldsc, q->gsum, q->ldgs, p.w, n,
+                            f->bits, f->group, n0, n1, b, yw, n);
+            break;
+          default:
+            v->gemm_gguf_cols(q->xq, m, k, q->ldq, q->scale, q->ldsc, q->gsum, q->ldgs, p.w, n,
+                              n0, n1, b, yw, n);
+          }
+          cols_compare(&r, full, y, m, n, n0, n1);
+        }
+      }
+      moe_scratch_free(&s);
+      free(x); free(full); free(y);
+    }
+    free(bias); free(p.w); free(p.corr);
+  }
+  report_end(&r, impl_of(v, ARMLLM_K_gemm_f32));
+}
+
 /* ----------------------------------------------------- Gated DeltaNet */
 
 /* Varlen metadata of sequences with q_lens rows after starts tokens, in
@@ -1726,6 +2133,8 @@ int main(int argc, char **argv) {
     check_rmsnorm_quant(v, pool);
     check_gemm_wq(v, pool, quick);
     check_gemm_gguf(v, pool, quick);
+    check_gemm_cols(v);
+    check_moe(v, pool, quick);
     check_gdn_conv(v, pool);
     check_gdn_rule(v, pool, quick);
     check_gated_rmsnorm(v, pool);

@@ -287,3 +287,12 @@ void armllm_amx_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t 
   job.groups = (job.panels + job.gp - 1) / job.gp;
   armllm_pool_run(pool, mblocks * job.groups, 1, gemm_task, &job);
 }
+
+/* Column windows: panels are contiguous (16 * 2 * KP bf16 each), so a window
+ * starting on a panel is the matrix from that panel on. */
+void armllm_amx_gemm_bf16_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                               const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                               const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_amx_gemm_bf16(NULL, x, m, k, ldx, packed_w + n0 * 2 * k_pairs(k), n1 - n0, bias, y, ldy);
+}

@@ -378,6 +378,31 @@ static void task8_64(void *ctx, int64_t i0, int64_t i1) { task(8, 64, ctx, i0, i
 static void task4_32(void *ctx, int64_t i0, int64_t i1) { task(4, 32, ctx, i0, i1); }
 static void task4_64(void *ctx, int64_t i0, int64_t i1) { task(4, 64, ctx, i0, i1); }
 
+/* Runs a gemm_wq job of at least AMX_MIN_M rows (the whole call's or a
+ * column window's) on the pool. */
+static void amx_run(armllm_pool *pool, amx_job *job) {
+  wq_job *wq = &job->wq;
+  const int64_t m = wq->m, n = wq->n;
+  const int bits = job->bits;
+  job->mr = m < TILE_ROWS ? m : TILE_ROWS; /* < 16 only with AMX_MIN_M lowered */
+  job->kstep = wq->gl == 32 ? 32 : 64;
+  job->sgb = round_up(wq->gl, job->kstep) * PANEL + 2 * PANEL * (int64_t)sizeof(float);
+  if ((double)m * (double)n * (double)wq->kpad < 4.0e6) pool = NULL;
+  wq->kb = STAGE_BYTES / (2 * job->sgb);
+  wq->kb = wq->kb < 1 ? 1 : wq->kb > KB_MAX ? KB_MAX : wq->kb;
+  job->n_rb = (m + TBUF_ROWS - 1) / TBUF_ROWS;
+  /* about ITEMS_PER_THREAD items a thread: chunks of an even number of panels */
+  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
+  int64_t n_pc = (ITEMS_PER_THREAD * threads + job->n_rb - 1) / job->n_rb;
+  const int64_t pairs = (wq->panels + 1) / 2;
+  n_pc = n_pc > pairs ? pairs : n_pc;
+  wq->cp = 2 * ((pairs + n_pc - 1) / n_pc);
+  wq->n_pc = (wq->panels + wq->cp - 1) / wq->cp;
+  armllm_task_fn fn = bits == 4 ? (job->kstep == 32 ? task4_32 : task4_64)
+                                : (job->kstep == 32 ? task8_32 : task8_64);
+  armllm_pool_run(pool, job->n_rb * wq->n_pc, 1, fn, job);
+}
+
 void armllm_amx_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                         const void *packed_w, int64_t n, int bits, int64_t group,
@@ -390,22 +415,21 @@ void armllm_amx_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t 
   amx_job job = {.wq = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits,
                                  group, bias, y, ldy),
                  .bits = bits};
-  wq_job *wq = &job.wq;
-  job.mr = m < TILE_ROWS ? m : TILE_ROWS; /* < 16 only with AMX_MIN_M lowered */
-  job.kstep = wq->gl == 32 ? 32 : 64;
-  job.sgb = round_up(wq->gl, job.kstep) * PANEL + 2 * PANEL * (int64_t)sizeof(float);
-  if ((double)m * (double)n * (double)wq->kpad < 4.0e6) pool = NULL;
-  wq->kb = STAGE_BYTES / (2 * job.sgb);
-  wq->kb = wq->kb < 1 ? 1 : wq->kb > KB_MAX ? KB_MAX : wq->kb;
-  job.n_rb = (m + TBUF_ROWS - 1) / TBUF_ROWS;
-  /* about ITEMS_PER_THREAD items a thread: chunks of an even number of panels */
-  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
-  int64_t n_pc = (ITEMS_PER_THREAD * threads + job.n_rb - 1) / job.n_rb;
-  const int64_t pairs = (wq->panels + 1) / 2;
-  n_pc = n_pc > pairs ? pairs : n_pc;
-  wq->cp = 2 * ((pairs + n_pc - 1) / n_pc);
-  wq->n_pc = (wq->panels + wq->cp - 1) / wq->cp;
-  armllm_task_fn fn = bits == 4 ? (job.kstep == 32 ? task4_32 : task4_64)
-                                : (job.kstep == 32 ? task8_32 : task8_64);
-  armllm_pool_run(pool, job.n_rb * wq->n_pc, 1, fn, &job);
+  amx_run(pool, &job);
+}
+
+void armllm_amx_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                             const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                             const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                             int64_t n1, const float *bias, float *y, int64_t ldy) {
+  if (m < (armllm_q_group_len(group) == 32 ? AMX_MIN_M_G32 : AMX_MIN_M)) {
+    armllm_avx512_gemm_wq_cols(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group,
+                               n0, n1, bias, y, ldy);
+    return;
+  }
+  amx_job job = {.wq = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits,
+                                 group, bias, y, ldy),
+                 .bits = bits};
+  wq_job_window(&job.wq, n0, n1);
+  amx_run(NULL, &job);
 }

@@ -411,3 +411,19 @@ void armllm_avx2_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t
   gemm_job job = {x, m, k, ldx, packed_w, n, bias, y, ldy, n_panels(n), 0, 0, 0, 0};
   gemm_run(pool, &job, sizeof(uint16_t), decode_bf16_task, prefill_bf16_task);
 }
+
+/* Column windows: panels are contiguous (16 * K elements each, f32 and bf16
+ * alike), so a window starting on a panel is the matrix from that panel on. */
+void armllm_avx2_gemm_f32_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                               const float *packed_w, int64_t n, int64_t n0, int64_t n1,
+                               const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_avx2_gemm_f32(NULL, x, m, k, ldx, packed_w + n0 * k, n1 - n0, bias, y, ldy);
+}
+
+void armllm_avx2_gemm_bf16_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                                const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                                const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_avx2_gemm_bf16(NULL, x, m, k, ldx, packed_w + n0 * k, n1 - n0, bias, y, ldy);
+}

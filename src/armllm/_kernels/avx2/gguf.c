@@ -730,15 +730,30 @@ static void prefill_task(void *ctx, int64_t i0, int64_t i1) {
   }
 }
 
+/* Runs a gemm_gguf job (the whole call's or a column window's) on the pool. */
+static void gguf_run(armllm_pool *pool, gguf_job *job) {
+  if (job->m <= GGUF_DECODE_MAX_M) {
+    gguf_run_decode(pool, job, gguf_decode_task);
+    return;
+  }
+  gguf_run_prefill(pool, job, MB_MAX, MR, ITEMS_PER_THREAD, prefill_task);
+}
+
 void armllm_avx2_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
                            int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
                            int64_t ldgs, const void *packed_w, int64_t n, const float *bias,
                            float *y, int64_t ldy) {
   (void)n;
   gguf_job job = gguf_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, bias, y, ldy);
-  if (m <= GGUF_DECODE_MAX_M) {
-    gguf_run_decode(pool, &job, gguf_decode_task);
-    return;
-  }
-  gguf_run_prefill(pool, &job, MB_MAX, MR, ITEMS_PER_THREAD, prefill_task);
+  gguf_run(pool, &job);
+}
+
+void armllm_avx2_gemm_gguf_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                const float *scale, int64_t ldsc, const int32_t *gsum,
+                                int64_t ldgs, const void *packed_w, int64_t n, int64_t n0,
+                                int64_t n1, const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  gguf_job job = gguf_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, bias, y, ldy);
+  gguf_job_window(&job, n0, n1);
+  gguf_run(NULL, &job);
 }

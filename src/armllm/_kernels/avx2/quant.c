@@ -516,31 +516,46 @@ static void prefill_task4(void *ctx, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; i++) prefill_item(4, ctx, i, NULL, boff);
 }
 
+/* Runs a gemm_wq job (the whole call's or a column window's) on the pool. */
+static void wq_run(armllm_pool *pool, wq_job *job, int bits) {
+  const int64_t m = job->m, n = job->n, kpad = job->kpad;
+  if (m <= DECODE_MAX_M) {
+    wq_run_decode(pool, job, bits == 4 ? decode_task4 : decode_task8);
+    return;
+  }
+  if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
+  const int64_t mr = bits == 8 ? WQ_MR8 : WQ_MR4;
+  int64_t mb = WQ_L2_BYTES / kpad;
+  if (bits == 8 && !job->gsum && mb * job->ng > WQ_XSUM_CAP) mb = WQ_XSUM_CAP / job->ng; /* on the stack */
+  mb = mb / mr * mr;
+  mb = mb < mr ? mr : mb;
+  int64_t cp = WQ_L2_BYTES / job->pbytes;
+  cp = cp < 1 ? 1 : cp;
+  /* enough items for the threads: shrink the panel chunk */
+  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
+  const int64_t n_rb = (m + mb - 1) / mb;
+  while (cp > 1 && n_rb * ((job->panels + cp - 1) / cp) < 4 * threads) cp--;
+  job->mb = mb;
+  job->cp = cp;
+  job->n_pc = (job->panels + cp - 1) / cp;
+  armllm_pool_run(pool, n_rb * job->n_pc, 1, bits == 4 ? prefill_task4 : prefill_task8, job);
+}
+
 void armllm_avx2_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
                          const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                          const void *packed_w, int64_t n, int bits, int64_t group,
                          const float *bias, float *y, int64_t ldy) {
   wq_job job = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias,
                          y, ldy);
-  const int64_t kpad = job.kpad;
-  if (m <= DECODE_MAX_M) {
-    wq_run_decode(pool, &job, bits == 4 ? decode_task4 : decode_task8);
-    return;
-  }
-  if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
-  const int64_t mr = bits == 8 ? WQ_MR8 : WQ_MR4;
-  int64_t mb = WQ_L2_BYTES / kpad;
-  if (bits == 8 && !gsum && mb * job.ng > WQ_XSUM_CAP) mb = WQ_XSUM_CAP / job.ng; /* on the stack */
-  mb = mb / mr * mr;
-  mb = mb < mr ? mr : mb;
-  int64_t cp = WQ_L2_BYTES / job.pbytes;
-  cp = cp < 1 ? 1 : cp;
-  /* enough items for the threads: shrink the panel chunk */
-  const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
-  const int64_t n_rb = (m + mb - 1) / mb;
-  while (cp > 1 && n_rb * ((job.panels + cp - 1) / cp) < 4 * threads) cp--;
-  job.mb = mb;
-  job.cp = cp;
-  job.n_pc = (job.panels + cp - 1) / cp;
-  armllm_pool_run(pool, n_rb * job.n_pc, 1, bits == 4 ? prefill_task4 : prefill_task8, &job);
+  wq_run(pool, &job, bits);
+}
+
+void armllm_avx2_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                              const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                              const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                              int64_t n1, const float *bias, float *y, int64_t ldy) {
+  wq_job job = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias,
+                         y, ldy);
+  wq_job_window(&job, n0, n1);
+  wq_run(NULL, &job, bits);
 }

@@ -474,21 +474,17 @@ static void prefill_task4(void *ctx, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; i++) prefill_item(4, ctx, i, buf, tbuf);
 }
 
-void armllm_avx512_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
-                           int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
-                           int64_t ldgs, const void *packed_w, int64_t n, int bits, int64_t group,
-                           const float *bias, float *y, int64_t ldy) {
-  wq_job job = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias,
-                         y, ldy);
-  const int64_t kpad = job.kpad;
+/* Runs a gemm_wq job (the whole call's or a column window's) on the pool. */
+static void wq_run(armllm_pool *pool, wq_job *job, int bits) {
+  const int64_t m = job->m, n = job->n, kpad = job->kpad;
   if (m <= DECODE_MAX_M) {
-    wq_run_decode(pool, &job, bits == 4 ? decode_task4 : decode_task8);
+    wq_run_decode(pool, job, bits == 4 ? decode_task4 : decode_task8);
     return;
   }
   if ((double)m * (double)n * (double)kpad < 4.0e6) pool = NULL;
   /* a K block of a panel pair in L1: whole groups, at least one */
-  job.kb = WQ_L1_BYTES / (MAX_NC * group_offset(&job, bits, 1));
-  job.kb = job.kb < 1 ? 1 : job.kb;
+  job->kb = WQ_L1_BYTES / (MAX_NC * group_offset(job, bits, 1));
+  job->kb = job->kb < 1 ? 1 : job->kb;
   /* Row blocks as tall as the stack's t buffer allows, evenly cut: every
    * block streams the whole weight from memory once. */
   const int64_t n_rb = (m + WQ_MB_MAX - 1) / WQ_MB_MAX;
@@ -496,11 +492,30 @@ void armllm_avx512_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64
   /* about ITEMS_PER_THREAD items a thread: chunks of an even number of panels */
   const int64_t threads = pool ? armllm_pool_threads(pool) : 1;
   int64_t n_pc = (WQ_ITEMS_PER_THREAD * threads + n_rb - 1) / n_rb;
-  const int64_t pairs = (job.panels + 1) / 2;
+  const int64_t pairs = (job->panels + 1) / 2;
   n_pc = n_pc > pairs ? pairs : n_pc;
   const int64_t cp = 2 * ((pairs + n_pc - 1) / n_pc);
-  job.mb = mb;
-  job.cp = cp;
-  job.n_pc = (job.panels + cp - 1) / cp;
-  armllm_pool_run(pool, n_rb * job.n_pc, 1, bits == 4 ? prefill_task4 : prefill_task8, &job);
+  job->mb = mb;
+  job->cp = cp;
+  job->n_pc = (job->panels + cp - 1) / cp;
+  armllm_pool_run(pool, n_rb * job->n_pc, 1, bits == 4 ? prefill_task4 : prefill_task8, job);
+}
+
+void armllm_avx512_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
+                           int64_t ldq, const float *scale, int64_t ldsc, const int32_t *gsum,
+                           int64_t ldgs, const void *packed_w, int64_t n, int bits, int64_t group,
+                           const float *bias, float *y, int64_t ldy) {
+  wq_job job = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias,
+                         y, ldy);
+  wq_run(pool, &job, bits);
+}
+
+void armllm_avx512_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                                const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                                int64_t n1, const float *bias, float *y, int64_t ldy) {
+  wq_job job = wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias,
+                         y, ldy);
+  wq_job_window(&job, n0, n1);
+  wq_run(NULL, &job, bits);
 }

@@ -333,3 +333,19 @@ void armllm_neon_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t
                            float *y, int64_t ldy) {
   neon_gemm(pool, x, m, k, ldx, packed_w, n, bias, y, ldy, 1);
 }
+
+/* Column windows: panels are contiguous (12 * K elements each), so a window
+ * starting on a panel is the matrix from that panel on. */
+void armllm_neon_gemm_f32_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                               const float *packed_w, int64_t n, int64_t n0, int64_t n1,
+                               const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  neon_gemm(NULL, x, m, k, ldx, packed_w + n0 * k, n1 - n0, bias, y, ldy, 0);
+}
+
+void armllm_neon_gemm_bf16_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                                const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                                const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  neon_gemm(NULL, x, m, k, ldx, packed_w + n0 * k, n1 - n0, bias, y, ldy, 1);
+}

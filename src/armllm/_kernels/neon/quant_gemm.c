@@ -591,10 +591,8 @@ static const armllm_qa_kind tile_kinds[2][2][DECODE_MAX_M + 1] = {
 #undef MULL_KINDS
 #undef DOT_KINDS
 
-void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
-                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
-                         const void *packed_w, int64_t n, int bits, int64_t group,
-                         const float *bias, float *y, int64_t ldy) {
+/* The tile kind of a GEMM of m rows. */
+static armllm_qa_kind kind_of(int64_t m, int bits, int64_t group) {
   const int dot = armllm_neon_sdot(); /* what `armllm info` reports as neon+dotprod */
   const int b4 = bits == 4;
   armllm_qa_kind kind = tile_kinds[b4][dot][m <= DECODE_MAX_M ? m : 0];
@@ -602,6 +600,22 @@ void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t
   if (dot && group == BLK && !b4 && m > DECODE_MAX_M)
     kind = (armllm_qa_kind){dot_4x1_b8_g32, 4, 1, 0};
   if (dot && group == BLK && b4 && m > G32_MIN_M) kind = (armllm_qa_kind){dot_6x1_b4_g32, 6, 1, 0};
-  armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
-                 ldy, kind, MIN_CHUNK_MACS);
+  return kind;
+}
+
+void armllm_neon_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                         const void *packed_w, int64_t n, int bits, int64_t group,
+                         const float *bias, float *y, int64_t ldy) {
+  armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, 0, n, bits, group, bias,
+                 y, ldy, kind_of(m, bits, group), MIN_CHUNK_MACS);
+}
+
+void armllm_neon_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                              const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                              const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                              int64_t n1, const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_qa_gemm(NULL, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n0, n1, bits, group, bias,
+                 y, ldy, kind_of(m, bits, group), MIN_CHUNK_MACS);
 }

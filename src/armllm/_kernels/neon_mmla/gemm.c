@@ -274,3 +274,13 @@ void armllm_neon_mmla_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, in
   armllm_gemm_run(pool, &job, &job.grid, k, m <= DECODE_MAX_M ? decode_panels[m] : 1, CP_MAX,
                   MIN_CHUNK_MACS, decode_items, prefill_items);
 }
+
+/* Column windows: panels are contiguous (8 rows x 4 G bf16 each), so a window
+ * starting on a panel is the matrix from that panel on. */
+void armllm_neon_mmla_gemm_bf16_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                                     const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                                     const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_neon_mmla_gemm_bf16(NULL, x, m, k, ldx, packed_w + n0 * groups_of(k) * 4, n1 - n0, bias,
+                             y, ldy);
+}

@@ -258,5 +258,15 @@ void armllm_neon_mmla_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, 
                                 int64_t n, const float *bias, float *y, int64_t ldy) {
   const armllm_ga_args a = {.xq = xq, .m = m, .k = k, .ldq = ldq, .scale = scale, .ldsc = ldsc,
                             .gsum = gsum, .ldgs = ldgs, .bias = bias, .y = y, .ldy = ldy};
-  armllm_ga_gemm(pool, &a, packed_w, n, armllm_neon_gguf_decode(1), &mmla_prefill);
+  armllm_ga_gemm(pool, &a, packed_w, 0, n, armllm_neon_gguf_decode(1), &mmla_prefill);
+}
+
+void armllm_neon_mmla_gemm_gguf_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                     const float *scale, int64_t ldsc, const int32_t *gsum,
+                                     int64_t ldgs, const void *packed_w, int64_t n, int64_t n0,
+                                     int64_t n1, const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  const armllm_ga_args a = {.xq = xq, .m = m, .k = k, .ldq = ldq, .scale = scale, .ldsc = ldsc,
+                            .gsum = gsum, .ldgs = ldgs, .bias = bias, .y = y, .ldy = ldy};
+  armllm_ga_gemm(NULL, &a, packed_w, n0, n1, armllm_neon_gguf_decode(1), &mmla_prefill);
 }

@@ -509,13 +509,28 @@ static __attribute__((noinline)) void mmla_3x1_b4_g32(const armllm_qa_tile *a) {
 static const armllm_qa_kind tile_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 #undef KINDS
 
+/* The tile kind of a GEMM of m rows. */
+static armllm_qa_kind kind_of(int64_t m, int bits, int64_t group) {
+  armllm_qa_kind kind = tile_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
+  if (group == BLK && m > G32_MIN_M) /* {kernel, rows, panels, packed rows} */
+    kind = (armllm_qa_kind){bits == 4 ? mmla_3x1_b4_g32 : mmla_3x1_b8_g32, 6, 1, 1};
+  return kind;
+}
+
 void armllm_neon_mmla_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k,
                               int64_t ldq, const float *scale, int64_t ldsc,
                               const int32_t *gsum, int64_t ldgs, const void *packed_w, int64_t n,
                               int bits, int64_t group, const float *bias, float *y, int64_t ldy) {
-  armllm_qa_kind kind = tile_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
-  if (group == BLK && m > G32_MIN_M) /* {kernel, rows, panels, packed rows} */
-    kind = (armllm_qa_kind){bits == 4 ? mmla_3x1_b4_g32 : mmla_3x1_b8_g32, 6, 1, 1};
-  armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
-                 ldy, kind, MIN_CHUNK_MACS);
+  armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, 0, n, bits, group, bias,
+                 y, ldy, kind_of(m, bits, group), MIN_CHUNK_MACS);
+}
+
+void armllm_neon_mmla_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                   const float *scale, int64_t ldsc, const int32_t *gsum,
+                                   int64_t ldgs, const void *packed_w, int64_t n, int bits,
+                                   int64_t group, int64_t n0, int64_t n1, const float *bias,
+                                   float *y, int64_t ldy) {
+  (void)n;
+  armllm_qa_gemm(NULL, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n0, n1, bits, group, bias,
+                 y, ldy, kind_of(m, bits, group), MIN_CHUNK_MACS);
 }

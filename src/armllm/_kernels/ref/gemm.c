@@ -69,3 +69,19 @@ void armllm_ref_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t 
   ref_gemm_job job = {x, m, k, ldx, packed_w, bias, y, ldy};
   armllm_pool_run(pool, n, armllm_pool_grain(pool, n, 4, 16), ref_gemm_bf16_cols, &job);
 }
+
+void armllm_ref_gemm_f32_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                              const float *packed_w, int64_t n, int64_t n0, int64_t n1,
+                              const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  ref_gemm_job job = {x, m, k, ldx, packed_w + n0 * k, bias, y, ldy};
+  ref_gemm_f32_cols(&job, 0, n1 - n0);
+}
+
+void armllm_ref_gemm_bf16_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                               const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                               const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  ref_gemm_job job = {x, m, k, ldx, packed_w + n0 * k, bias, y, ldy};
+  ref_gemm_bf16_cols(&job, 0, n1 - n0);
+}

@@ -75,6 +75,7 @@ typedef struct {
   const float *bias;
   float *y;
   int64_t ldy;
+  int64_t col0; /* the output column at y and bias[0]: a window's first */
 } ref_gguf_job;
 
 /* sum over [k0, k0 + len) of x * w (w NULL: of x), exact in int32 */
@@ -116,21 +117,38 @@ static void ref_gemm_gguf_cols(void *ctx, int64_t n0, int64_t n1) {
         }
       }
       float v = t;
-      if (job->bias) v = v + job->bias[j];
-      job->y[r * job->ldy + j] = v;
+      if (job->bias) v = v + job->bias[j - job->col0];
+      job->y[r * job->ldy + j - job->col0] = v;
     }
   }
+}
+
+static ref_gguf_job ref_gguf_job_of(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                    const float *scale, int64_t ldsc, const void *packed_w,
+                                    int64_t n, const float *bias, float *y, int64_t ldy) {
+  const armllm_gguf_parts *parts = packed_w;
+  const int8_t *pv = (const int8_t *)packed_w + ARMLLM_GGUF_HEADER_BYTES;
+  const float *pd = (const float *)((const char *)pv + v_bytes(n, k));
+  const ref_gguf_job job = {xq, m, k, ldq, ldsc, scale, parts, armllm_gguf_act_group(parts), pv,
+                            pd, pd + n * (k / SC), pd + 2 * n * (k / SC), bias, y, ldy, 0};
+  return job;
 }
 
 void armllm_ref_gemm_gguf(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
                           const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                           const void *packed_w, int64_t n, const float *bias, float *y,
                           int64_t ldy) {
-  const armllm_gguf_parts *parts = packed_w;
-  const int8_t *pv = (const int8_t *)packed_w + ARMLLM_GGUF_HEADER_BYTES;
-  const float *pd = (const float *)((const char *)pv + v_bytes(n, k));
   (void)gsum, (void)ldgs; /* the group sums are summed here, with the products */
-  ref_gguf_job job = {xq, m, k, ldq, ldsc, scale, parts, armllm_gguf_act_group(parts), pv, pd,
-                      pd + n * (k / SC), pd + 2 * n * (k / SC), bias, y, ldy};
+  ref_gguf_job job = ref_gguf_job_of(xq, m, k, ldq, scale, ldsc, packed_w, n, bias, y, ldy);
   armllm_pool_run(pool, n, armllm_pool_grain(pool, n, 4, 16), ref_gemm_gguf_cols, &job);
+}
+
+void armllm_ref_gemm_gguf_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                               const float *scale, int64_t ldsc, const int32_t *gsum,
+                               int64_t ldgs, const void *packed_w, int64_t n, int64_t n0,
+                               int64_t n1, const float *bias, float *y, int64_t ldy) {
+  (void)gsum, (void)ldgs;
+  ref_gguf_job job = ref_gguf_job_of(xq, m, k, ldq, scale, ldsc, packed_w, n, bias, y, ldy);
+  job.col0 = n0;
+  ref_gemm_gguf_cols(&job, n0, n1);
 }

@@ -144,13 +144,34 @@ static void ref_gemm_wq_cols(void *ctx, int64_t n0, int64_t n1) {
   }
 }
 
+static ref_wq_job ref_wq_job_of(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                                const float *scale, int64_t ldsc, const int32_t *gsum,
+                                int64_t ldgs, const void *packed_w, int64_t n, int bits,
+                                int64_t group, const float *bias, float *y, int64_t ldy) {
+  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
+  const float *pd = (const float *)((const char *)packed_w + q_bytes(n, k));
+  const ref_wq_job job = {xq, m, kpad, ldq, ng, armllm_q_group_len(group), ldsc, ldgs, scale,
+                          gsum, packed_w, pd, pd + n * ng, bits == 4, bias, y, ldy};
+  return job;
+}
+
 void armllm_ref_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
                         const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
                         const void *packed_w, int64_t n, int bits, int64_t group,
                         const float *bias, float *y, int64_t ldy) {
-  const int64_t kpad = armllm_q_kpad(k), ng = armllm_q_groups(k, group);
-  const float *pd = (const float *)((const char *)packed_w + q_bytes(n, k));
-  ref_wq_job job = {xq, m, kpad, ldq, ng, armllm_q_group_len(group), ldsc, ldgs, scale, gsum,
-                    packed_w, pd, pd + n * ng, bits == 4, bias, y, ldy};
+  ref_wq_job job = ref_wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group,
+                                 bias, y, ldy);
   armllm_pool_run(pool, n, armllm_pool_grain(pool, n, 4, 16), ref_gemm_wq_cols, &job);
+}
+
+void armllm_ref_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                             const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                             const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                             int64_t n1, const float *bias, float *y, int64_t ldy) {
+  ref_wq_job job = ref_wq_job_of(xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group,
+                                 bias, y, ldy);
+  job.pq += n0 * job.kpad; /* the window's rows of q, d and o */
+  job.pd += n0 * job.ng;
+  job.po += n0 * job.ng;
+  ref_gemm_wq_cols(&job, 0, n1 - n0);
 }

@@ -423,3 +423,20 @@ void armllm_sve_gemm_bf16(armllm_pool *pool, const float *x, int64_t m, int64_t 
   int64_t n_panels = (n + 15) / 16;
   armllm_pool_run(pool, n_panels, panel_grain(pool, n_panels, np), bf16_tasks[cls][idx].fn, &job);
 }
+
+/* Column windows: panels are contiguous (f32: 16 * K elements, bf16: 16 * K4),
+ * so a window starting on a panel is the matrix from that panel on. */
+void armllm_sve_gemm_f32_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                              const float *packed_w, int64_t n, int64_t n0, int64_t n1,
+                              const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_sve_gemm_f32(NULL, x, m, k, ldx, packed_w + n0 * k, n1 - n0, bias, y, ldy);
+}
+
+void armllm_sve_gemm_bf16_cols(const float *x, int64_t m, int64_t k, int64_t ldx,
+                               const uint16_t *packed_w, int64_t n, int64_t n0, int64_t n1,
+                               const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_sve_gemm_bf16(NULL, x, m, k, ldx, packed_w + n0 * ((k + 3) / 4 * 4), n1 - n0, bias, y,
+                       ldy);
+}

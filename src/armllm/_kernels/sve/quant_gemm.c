@@ -231,16 +231,30 @@ typedef struct {
 static const sve_kind sve_kinds[2][DECODE_MAX_M + 1] = {KINDS(8), KINDS(4)};
 #undef KINDS
 
-void armllm_sve_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
-                        const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
-                        const void *packed_w, int64_t n, int bits, int64_t group,
-                        const float *bias, float *y, int64_t ldy) {
+/* The tile kind of a GEMM of m rows. */
+static armllm_qa_kind kind_of(int64_t m, int bits, int64_t group) {
   const sve_kind sk = sve_kinds[bits == 4][m <= DECODE_MAX_M ? m : 0];
   armllm_qa_kind kind = {sk.fn, 2 * sk.mp, (int)(sk.nbv * segments() / 4), 1};
   if (group == BLK && m > G32_MIN_M) { /* 3 pairs x 4 B vectors, t in registers */
     kind.fn = bits == 4 ? sve_3x4_b4_g32 : sve_3x4_b8_g32;
     kind.rows = 6;
   }
-  armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n, bits, group, bias, y,
-                 ldy, kind, MIN_CHUNK_MACS);
+  return kind;
+}
+
+void armllm_sve_gemm_wq(armllm_pool *pool, const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                        const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                        const void *packed_w, int64_t n, int bits, int64_t group,
+                        const float *bias, float *y, int64_t ldy) {
+  armllm_qa_gemm(pool, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, 0, n, bits, group, bias,
+                 y, ldy, kind_of(m, bits, group), MIN_CHUNK_MACS);
+}
+
+void armllm_sve_gemm_wq_cols(const int8_t *xq, int64_t m, int64_t k, int64_t ldq,
+                             const float *scale, int64_t ldsc, const int32_t *gsum, int64_t ldgs,
+                             const void *packed_w, int64_t n, int bits, int64_t group, int64_t n0,
+                             int64_t n1, const float *bias, float *y, int64_t ldy) {
+  (void)n;
+  armllm_qa_gemm(NULL, xq, m, k, ldq, scale, ldsc, gsum, ldgs, packed_w, n0, n1, bits, group, bias,
+                 y, ldy, kind_of(m, bits, group), MIN_CHUNK_MACS);
 }
