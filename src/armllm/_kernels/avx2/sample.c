@@ -149,33 +149,9 @@ double armllm_avx2_sample_block_sums(const float *e, int64_t n, float keep_min, 
   return add_block_sums(e, n, _mm256_set1_ps(keep_min), sums, 0.0);
 }
 
-/* The shared exp (armllm_exp_avx2) for d in [-80, 0], where its clamp and NaN
- * pass-through change nothing and its two-step scaling by 2^n equals one
- * (every product is a normal float, so both are exact): the same operations
- * otherwise, so the same bits. Other lanes give unspecified values. */
-static inline __m256 exp_nonpositive(__m256 d) {
-  const __m256 round = _mm256_set1_ps(ARMLLM_EXP_ROUND);
-  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(d, _mm256_set1_ps(ARMLLM_EXP_LOG2E), round), round);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ARMLLM_EXP_LN2_HI), d);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(ARMLLM_EXP_LN2_LO), r);
-  __m256 p = _mm256_set1_ps(ARMLLM_EXP_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P5));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
-  p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n),
-                                                           _mm256_set1_epi32(127)), 23);
-  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-  __asm__("" : "+x"(y)); /* as the shared exp: never fused into a later add */
-  return y;
-}
-
 static inline __m256 e_of(__m256 x, __m256 m_v, __m256 inv_t_v, __m256 d_min) {
   const __m256 d = _mm256_mul_ps(_mm256_sub_ps(x, m_v), inv_t_v);
-  return _mm256_and_ps(exp_nonpositive(d), _mm256_cmp_ps(d, d_min, _CMP_GE_OQ));
+  return _mm256_and_ps(armllm_exp_nonpositive_avx2(d), _mm256_cmp_ps(d, d_min, _CMP_GE_OQ));
 }
 
 double armllm_avx2_sample_exp(const float *x, float *e, int64_t n, float m, float inv_t,

@@ -12,13 +12,13 @@
 
 #include "../vexp.h"
 
-static inline __m256 armllm_exp_avx2(__m256 x) {
-  /* clamp; max(x, LO) returns LO for NaN lanes, which are restored at the end */
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(ARMLLM_EXP_LO)),
-                            _mm256_set1_ps(ARMLLM_EXP_HI));
+/* The core of the shared exp: n = round(x * log2(e)), r = x - n * ln2 in two
+ * parts, and p = exp(r) by the polynomial, so that exp(x) = p * 2^n. The
+ * full exp and the one for [-80, 0] below both use it. */
+static inline __m256 armllm_exp_core_avx2(__m256 x, __m256 *n_out) {
   const __m256 round = _mm256_set1_ps(ARMLLM_EXP_ROUND);
-  __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(ARMLLM_EXP_LOG2E), round), round);
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ARMLLM_EXP_LN2_HI), xc);
+  __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(ARMLLM_EXP_LOG2E), round), round);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-ARMLLM_EXP_LN2_HI), x);
   r = _mm256_fmadd_ps(n, _mm256_set1_ps(ARMLLM_EXP_LN2_LO), r);
   __m256 p = _mm256_set1_ps(ARMLLM_EXP_P0);
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P1));
@@ -28,6 +28,16 @@ static inline __m256 armllm_exp_avx2(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(ARMLLM_EXP_P5));
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
   p = _mm256_add_ps(p, _mm256_set1_ps(1.0f));
+  *n_out = n;
+  return p;
+}
+
+static inline __m256 armllm_exp_avx2(__m256 x) {
+  /* clamp; max(x, LO) returns LO for NaN lanes, which are restored at the end */
+  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(ARMLLM_EXP_LO)),
+                            _mm256_set1_ps(ARMLLM_EXP_HI));
+  __m256 n;
+  const __m256 p = armllm_exp_core_avx2(xc, &n);
   __m256i ni = _mm256_cvttps_epi32(n); /* n is an integer in [-150, 128]: exact */
   __m256i half = _mm256_srai_epi32(ni, 1);
   __m256i rest = _mm256_sub_epi32(ni, half);
@@ -40,6 +50,21 @@ static inline __m256 armllm_exp_avx2(__m256 x) {
   /* opaque to the optimizer: a caller's later add is never fused into the
    * last multiply, whatever -ffp-contract says */
   __asm__("" : "+x"(y));
+  return y;
+}
+
+/* The shared exp (armllm_exp_avx2) for d in [-80, 0], where its clamp and NaN
+ * pass-through change nothing and its two-step scaling by 2^n equals one
+ * (every product is a normal float, so both are exact): the same operations
+ * otherwise, so the same bits. Other lanes give unspecified values. For the
+ * sampler's exp pass (sample.c). */
+static inline __m256 armllm_exp_nonpositive_avx2(__m256 d) {
+  __m256 n;
+  const __m256 p = armllm_exp_core_avx2(d, &n);
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n),
+                                                           _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+  __asm__("" : "+x"(y)); /* as the shared exp: never fused into a later add */
   return y;
 }
 

@@ -143,33 +143,10 @@ double armllm_avx512_sample_block_sums(const float *e, int64_t n, float keep_min
   return add_block_sums(e, n, _mm512_set1_ps(keep_min), sums, 0.0);
 }
 
-/* The shared exp (armllm_exp_avx512) for d in [-80, 0], where its clamp and
- * NaN pass-through change nothing and its two-step scaling by 2^n equals one
- * (every product is a normal float, so both are exact): the same operations
- * otherwise, so the same bits. Other lanes give unspecified values. */
-static inline __m512 exp_nonpositive(__m512 d) {
-  const __m512 round = _mm512_set1_ps(ARMLLM_EXP_ROUND);
-  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(d, _mm512_set1_ps(ARMLLM_EXP_LOG2E), round), round);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ARMLLM_EXP_LN2_HI), d);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(ARMLLM_EXP_LN2_LO), r);
-  __m512 p = _mm512_set1_ps(ARMLLM_EXP_P0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P5));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
-  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
-  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n),
-                                                           _mm512_set1_epi32(127)), 23);
-  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
-  __asm__("" : "+v"(y)); /* as the shared exp: never fused into a later add */
-  return y;
-}
-
 static inline __m512 e_of(__m512 x, __m512 m_v, __m512 inv_t_v, __m512 d_min) {
   const __m512 d = _mm512_mul_ps(_mm512_sub_ps(x, m_v), inv_t_v);
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, d_min, _CMP_GE_OQ), exp_nonpositive(d));
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, d_min, _CMP_GE_OQ),
+                             armllm_exp_nonpositive_avx512(d));
 }
 
 double armllm_avx512_sample_exp(const float *x, float *e, int64_t n, float m, float inv_t,

@@ -12,13 +12,13 @@
 
 #include "../vexp.h"
 
-static inline __m512 armllm_exp_avx512(__m512 x) {
-  /* clamp; max(x, LO) returns LO for NaN lanes, which are restored at the end */
-  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(ARMLLM_EXP_LO)),
-                            _mm512_set1_ps(ARMLLM_EXP_HI));
+/* The core of the shared exp: n = round(x * log2(e)), r = x - n * ln2 in two
+ * parts, and p = exp(r) by the polynomial, so that exp(x) = p * 2^n. The
+ * full exp and the one for [-80, 0] below both use it. */
+static inline __m512 armllm_exp_core_avx512(__m512 x, __m512 *n_out) {
   const __m512 round = _mm512_set1_ps(ARMLLM_EXP_ROUND);
-  __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(ARMLLM_EXP_LOG2E), round), round);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ARMLLM_EXP_LN2_HI), xc);
+  __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(ARMLLM_EXP_LOG2E), round), round);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-ARMLLM_EXP_LN2_HI), x);
   r = _mm512_fmadd_ps(n, _mm512_set1_ps(ARMLLM_EXP_LN2_LO), r);
   __m512 p = _mm512_set1_ps(ARMLLM_EXP_P0);
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P1));
@@ -28,6 +28,16 @@ static inline __m512 armllm_exp_avx512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(ARMLLM_EXP_P5));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
   p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  *n_out = n;
+  return p;
+}
+
+static inline __m512 armllm_exp_avx512(__m512 x) {
+  /* clamp; max(x, LO) returns LO for NaN lanes, which are restored at the end */
+  __m512 xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(ARMLLM_EXP_LO)),
+                            _mm512_set1_ps(ARMLLM_EXP_HI));
+  __m512 n;
+  const __m512 p = armllm_exp_core_avx512(xc, &n);
   __m512i ni = _mm512_cvttps_epi32(n); /* n is an integer in [-150, 128]: exact */
   __m512i half = _mm512_srai_epi32(ni, 1);
   __m512i rest = _mm512_sub_epi32(ni, half);
@@ -40,6 +50,21 @@ static inline __m512 armllm_exp_avx512(__m512 x) {
   /* opaque to the optimizer: a caller's later add is never fused into the
    * last multiply, whatever -ffp-contract says */
   __asm__("" : "+v"(y));
+  return y;
+}
+
+/* The shared exp (armllm_exp_avx512) for d in [-80, 0], where its clamp and
+ * NaN pass-through change nothing and its two-step scaling by 2^n equals one
+ * (every product is a normal float, so both are exact): the same operations
+ * otherwise, so the same bits. Other lanes give unspecified values. For the
+ * sampler's exp pass (sample.c). */
+static inline __m512 armllm_exp_nonpositive_avx512(__m512 d) {
+  __m512 n;
+  const __m512 p = armllm_exp_core_avx512(d, &n);
+  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n),
+                                                           _mm512_set1_epi32(127)), 23);
+  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+  __asm__("" : "+v"(y)); /* as the shared exp: never fused into a later add */
   return y;
 }
 

@@ -129,34 +129,11 @@ double armllm_neon_sample_block_sums(const float *e, int64_t n, float keep_min, 
   return add_block_sums(e, n, vdupq_n_f32(keep_min), sums, 0.0);
 }
 
-/* The shared exp (armllm_vexpq_f32) for d in [-80, 0], where its clamp and
- * NaN pass-through change nothing and its two-step scaling by 2^n equals one
- * (every product is a normal float, so both are exact): the same operations
- * otherwise, so the same bits. Other lanes give unspecified values. */
-static inline __attribute__((always_inline)) float32x4_t exp_nonpositive(float32x4_t d) {
-  const float32x4_t round = vdupq_n_f32(ARMLLM_EXP_ROUND);
-  const float32x4_t n = vsubq_f32(vfmaq_f32(round, d, vdupq_n_f32(ARMLLM_EXP_LOG2E)), round);
-  float32x4_t r = vfmaq_f32(d, n, vdupq_n_f32(-ARMLLM_EXP_LN2_HI));
-  r = vfmaq_f32(r, n, vdupq_n_f32(ARMLLM_EXP_LN2_LO));
-  float32x4_t p = vdupq_n_f32(ARMLLM_EXP_P0);
-  p = vfmaq_f32(vdupq_n_f32(ARMLLM_EXP_P1), p, r);
-  p = vfmaq_f32(vdupq_n_f32(ARMLLM_EXP_P2), p, r);
-  p = vfmaq_f32(vdupq_n_f32(ARMLLM_EXP_P3), p, r);
-  p = vfmaq_f32(vdupq_n_f32(ARMLLM_EXP_P4), p, r);
-  p = vfmaq_f32(vdupq_n_f32(ARMLLM_EXP_P5), p, r);
-  p = vfmaq_f32(r, p, vmulq_f32(r, r));
-  p = vaddq_f32(p, vdupq_n_f32(1.0f));
-  const int32x4_t scale = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-  float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(scale));
-  ARMLLM_NEON_OPAQUE(y);
-  return y;
-}
-
 static inline float32x4_t e_of(float32x4_t x, float32x4_t m_v, float32x4_t inv_t_v,
                                float32x4_t d_min) {
   const float32x4_t d = vmulq_f32(vsubq_f32(x, m_v), inv_t_v);
-  return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(exp_nonpositive(d)),
-                                         vcgeq_f32(d, d_min)));
+  return vreinterpretq_f32_u32(
+      vandq_u32(vreinterpretq_u32_f32(armllm_exp_nonpositive_neon(d)), vcgeq_f32(d, d_min)));
 }
 
 double armllm_neon_sample_exp(const float *x, float *e, int64_t n, float m, float inv_t,
