@@ -85,9 +85,10 @@ void armllm_moe_accumulate(const float *y, int64_t ldy, int64_t n, int64_t d,
 
 /* ---------------------------------------------------------- the layer */
 
-#define MOE_ITEMS_PER_THREAD 8 /* items of a job per thread: evens out uneven progress */
+#define MOE_ITEMS_PER_THREAD 4 /* items of a job per thread: evens out uneven progress */
 #define MOE_MIN_WINDOW 32      /* the narrowest window a plan cuts (but the panel's) */
 #define MOE_GATHER_SERIAL (1 << 16) /* bytes of pair rows a prepass copies on the caller */
+#define MOE_SUM_SERIAL (1 << 17)    /* products of the weighted sum below which it stays serial */
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -171,7 +172,7 @@ typedef struct {
   int64_t t, pairs;          /* rows, routed pairs (t * top_k) */
   int64_t n_active;          /* experts with rows, ascending, then the shared one */
   int64_t w1, nw1, up_panel; /* job 1: gate window, windows per expert, up's start panel */
-  int64_t w2;                /* job 2: output window */
+  int64_t w2, nw2;           /* job 2: output window, windows per expert */
 } moe_pass;
 
 /* Expert e's pair rows: [*r0, *r0 + *m). */
@@ -270,29 +271,39 @@ static void job1_task(void *ctx, int64_t i0, int64_t i1) {
   }
 }
 
-/* Job 2's item: output window [h0, h1), every active expert's down on it in
- * ascending order, the shared expert last, each added into out. */
+/* Job 2's item: expert a's down on output window wi, into its pair rows' y
+ * (gate_up_out, whose job-1 contents a quantized down no longer needs). */
 static void job2_task(void *ctx, int64_t i0, int64_t i1) {
   const moe_pass *ps = ctx;
   const armllm_moe_layer *L = ps->L;
   for (int64_t i = i0; i < i1; i++) {
-    const int64_t h0 = i * ps->w2, h1 = min64(L->hidden, h0 + ps->w2), c = h1 - h0;
-    for (int64_t r = 0; r < ps->t; r++)
-      memset(ps->out + r * ps->ldo + h0, 0, (size_t)c * sizeof(float));
-    for (int64_t a = 0; a < ps->n_active; a++) {
-      const int64_t e = L->active[a];
-      int64_t r0, m;
-      rows_of(ps, e, &r0, &m);
-      float *y = L->gate_up_out + r0 * L->ldg + h0;
-      gemm_window(ps->kt, &L->down, &L->act_q, e, L->act ? L->act + r0 * L->lda : NULL, L->lda,
-                  r0, m, h0, h1, y, L->ldg,
-                  L->act_q.corr ? L->act_q.corr + r0 * L->act_q.ldc + h0 : NULL);
-      if (e < L->experts)
-        armllm_moe_accumulate(y, L->ldg, m, c, L->pair_row + r0, L->pair_weight + r0,
-                              ps->out + h0, ps->ldo);
-      else
-        armllm_moe_accumulate(y, L->ldg, m, c, NULL, L->shared_scale, ps->out + h0, ps->ldo);
-    }
+    const int64_t e = L->active[i / ps->nw2], wi = i % ps->nw2;
+    const int64_t h0 = wi * ps->w2, h1 = min64(L->hidden, h0 + ps->w2);
+    int64_t r0, m;
+    rows_of(ps, e, &r0, &m);
+    gemm_window(ps->kt, &L->down, &L->act_q, e, L->act ? L->act + r0 * L->lda : NULL, L->lda, r0,
+                m, h0, h1, L->gate_up_out + r0 * L->ldg + h0, L->ldg,
+                L->act_q.corr ? L->act_q.corr + r0 * L->act_q.ldc + h0 : NULL);
+  }
+}
+
+/* The weighted sum of output columns [c0, c1): zeroed, then each active
+ * expert's y rows added in ascending order, the shared expert last. */
+static void sum_task(void *ctx, int64_t c0, int64_t c1) {
+  const moe_pass *ps = ctx;
+  const armllm_moe_layer *L = ps->L;
+  for (int64_t r = 0; r < ps->t; r++)
+    memset(ps->out + r * ps->ldo + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+  for (int64_t a = 0; a < ps->n_active; a++) {
+    const int64_t e = L->active[a];
+    int64_t r0, m;
+    rows_of(ps, e, &r0, &m);
+    const float *y = L->gate_up_out + r0 * L->ldg + c0;
+    if (e < L->experts)
+      armllm_moe_accumulate(y, L->ldg, m, c1 - c0, L->pair_row + r0, L->pair_weight + r0,
+                            ps->out + c0, ps->ldo);
+    else
+      armllm_moe_accumulate(y, L->ldg, m, c1 - c0, NULL, L->shared_scale, ps->out + c0, ps->ldo);
   }
 }
 
@@ -333,7 +344,7 @@ static void moe_pass_run(const armllm_kernels *kt, armllm_pool *pool, const arml
                          const float *x, int64_t ldx, const float *logits, int64_t ldl, int64_t t,
                          float *out, int64_t ldo) {
   const int64_t k = L->top_k, E = L->experts;
-  moe_pass ps = {kt, L, x, ldx, out, ldo, t, t * k, 0, 0, 0, 0, 0};
+  moe_pass ps = {kt, L, x, ldx, out, ldo, t, t * k, 0, 0, 0, 0, 0, 0};
   armllm_moe_route(logits, ldl, t, E, k, L->renormalize, L->ids, L->weights, L->taken);
   armllm_moe_group(L->ids, L->weights, t, k, E, L->counts, L->start, L->pair_row,
                    L->pair_weight);
@@ -370,9 +381,13 @@ static void moe_pass_run(const armllm_kernels *kt, armllm_pool *pool, const arml
   ps.w1 = window_of(pool, L->inter, ps.n_active, align1);
   ps.nw1 = (L->inter + ps.w1 - 1) / ps.w1;
   armllm_pool_run(pool, ps.n_active * ps.nw1, 1, job1_task, &ps);
-  /* job 2 */
-  ps.w2 = window_of(pool, L->hidden, 1, panel_of(kt, &L->down));
-  armllm_pool_run(pool, (L->hidden + ps.w2 - 1) / ps.w2, 1, job2_task, &ps);
+  /* job 2, then the sum in place (columns apart: each output's order is fixed) */
+  ps.w2 = window_of(pool, L->hidden, ps.n_active, panel_of(kt, &L->down));
+  ps.nw2 = (L->hidden + ps.w2 - 1) / ps.w2;
+  armllm_pool_run(pool, ps.n_active * ps.nw2, 1, job2_task, &ps);
+  armllm_pool *sum_pool = (ps.pairs + t) * L->hidden < MOE_SUM_SERIAL ? NULL : pool;
+  armllm_pool_run(sum_pool, L->hidden, armllm_pool_grain(sum_pool, L->hidden, 2, 64), sum_task,
+                  &ps);
 }
 
 void armllm_moe_run(const armllm_kernels *kt, armllm_pool *pool, const armllm_moe_layer *layer,

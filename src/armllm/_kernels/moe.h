@@ -65,11 +65,15 @@ void armllm_moe_accumulate(const float *y, int64_t ldy, int64_t n, int64_t d,
  *      the up and gate columns of the window (gemm_*_cols), their
  *      activation and, for a quantized down, its quantization (windows are
  *      whole activation groups);
- *   4. job 2, one pool job over windows of output columns: each runs every
- *      active expert's down on the window for its rows, in ascending expert
- *      order, the shared expert last, adding w * y into its columns of out
- *      (no two items touch one output).
- * Decode at batch 1 reads each active expert's weights exactly once. */
+ *   4. job 2, one pool job over (active expert, window of output columns):
+ *      the down columns of the window for the expert's rows;
+ *   5. the weighted sum in place, over windows of output columns (on the
+ *      caller when small): out zeroed, then w * y of every active expert in
+ *      ascending order, the shared expert last (no two windows touch one
+ *      output; each output's order is fixed).
+ * Items are whole expert windows: each streams one contiguous run of its
+ * expert's weights, and decode at batch 1 reads each active expert's
+ * weights exactly once. */
 
 enum { ARMLLM_MOE_F32, ARMLLM_MOE_BF16, ARMLLM_MOE_WQ, ARMLLM_MOE_GGUF };
 
