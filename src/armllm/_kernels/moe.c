@@ -393,8 +393,11 @@ static void moe_pass_run(const armllm_kernels *kt, armllm_pool *pool, const arml
 void armllm_moe_run(const armllm_kernels *kt, armllm_pool *pool, const armllm_moe_layer *layer,
                     const float *x, int64_t ldx, const float *logits, int64_t ldl, int64_t t,
                     float *out, int64_t ldo) {
-  for (int64_t r0 = 0; r0 < t; r0 += layer->max_tokens) {
-    const int64_t n = min64(layer->max_tokens, t - r0);
+  /* passes of even length: a short last pass would read every expert again for a few rows */
+  const int64_t passes = (t + layer->max_tokens - 1) / layer->max_tokens;
+  const int64_t rows = (t + passes - 1) / passes;
+  for (int64_t r0 = 0; r0 < t; r0 += rows) {
+    const int64_t n = min64(rows, t - r0);
     moe_pass_run(kt, pool, layer, x + r0 * ldx, ldx, logits + r0 * ldl, ldl, n, out + r0 * ldo,
                  ldo);
   }

@@ -56,7 +56,7 @@ void armllm_moe_accumulate(const float *y, int64_t ldy, int64_t n, int64_t d,
  * order, from +0: the result is the same as running each expert's GEMMs on
  * its rows alone, whatever the batch, the pool or the ISA.
  *
- * A pass of up to max_tokens rows (more run in passes) is:
+ * A pass of up to max_tokens rows (more run in passes of even length) is:
  *   1. routing and a counting sort of the t * top_k (row, expert) pairs;
  *   2. quantized experts: each row's activations quantized once, into the
  *      pair rows' scratch after the routed pairs, then copied to each of
