@@ -28,45 +28,38 @@ static inline __m256 load_or_none(const float *x, int64_t left) {
 }
 
 int64_t armllm_avx2_sample_argmax(const float *x, int64_t n) {
-  /* per lane the first largest value (strictly larger replaces it: NaN never
-   * does, nor -inf, whose rows the scalar scan below settles) */
-  const __m256i step = _mm256_set1_epi32(8);
-  __m256 va = _mm256_set1_ps(-INFINITY), vb = va;
-  __m256i ia = _mm256_set1_epi32(-1), ib = ia;
-  __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  /* two passes, each a load and one operation a register: the largest value
+   * (max(x, acc) keeps acc for a NaN x), then the first x equal to it (a
+   * maximum of -inf finds the first x that is not NaN; none: every x NaN) */
+  const __m256 none = _mm256_set1_ps(-INFINITY);
+  __m256 m0 = none, m1 = none, m2 = none, m3 = none;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) { /* two chains */
-    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-    const __m256i at_b = _mm256_add_epi32(at, step);
-    const __m256 ga = _mm256_cmp_ps(a, va, _CMP_GT_OQ), gb = _mm256_cmp_ps(b, vb, _CMP_GT_OQ);
-    va = _mm256_blendv_ps(va, a, ga);
-    ia = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ia), _mm256_castsi256_ps(at), ga));
-    vb = _mm256_blendv_ps(vb, b, gb);
-    ib = _mm256_castps_si256(
-        _mm256_blendv_ps(_mm256_castsi256_ps(ib), _mm256_castsi256_ps(at_b), gb));
-    at = _mm256_add_epi32(at_b, step);
+  for (; i + 32 <= n; i += 32) { /* four chains */
+    m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+    m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+    m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
   }
-  for (; i < n; i += 8) {
-    const __m256 a = load_or_none(x + i, n - i);
-    const __m256 ga = _mm256_cmp_ps(a, va, _CMP_GT_OQ);
-    va = _mm256_blendv_ps(va, a, ga);
-    ia = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(ia), _mm256_castsi256_ps(at), ga));
-    at = _mm256_add_epi32(at, step);
+  for (; i < n; i += 8) m0 = _mm256_max_ps(load_or_none(x + i, n - i), m0);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  float m = lanes[0];
+  for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+  const __m256 mv = _mm256_set1_ps(m);
+  for (i = 0; i + 32 <= n; i += 32) {
+    const uint32_t e0 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv,
+                                                                   _CMP_EQ_OQ));
+    const uint32_t e1 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), mv,
+                                                                   _CMP_EQ_OQ));
+    const uint32_t e2 = (uint32_t)_mm256_movemask_ps(
+        _mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), mv, _CMP_EQ_OQ));
+    const uint32_t e3 = (uint32_t)_mm256_movemask_ps(
+        _mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), mv, _CMP_EQ_OQ));
+    const uint32_t any = e0 | e1 << 8 | e2 << 16 | e3 << 24;
+    if (any) return i + __builtin_ctz(any);
   }
-  float val[16];
-  int32_t idx[16];
-  _mm256_storeu_ps(val, va);
-  _mm256_storeu_ps(val + 8, vb);
-  _mm256_storeu_si256((__m256i *)idx, ia);
-  _mm256_storeu_si256((__m256i *)(idx + 8), ib);
-  int best = -1; /* lanes never updated hold -inf: never chosen */
-  for (int l = 0; l < 16; l++)
-    if (idx[l] >= 0 && (best < 0 || val[l] > val[best] ||
-                        (val[l] == val[best] && idx[l] < idx[best])))
-      best = l;
-  if (best >= 0) return idx[best];
-  for (int64_t j = 0; j < n; j++) /* no value above -inf: the first that is not NaN */
-    if (x[j] == x[j]) return j;
+  for (; i < n; i++)
+    if (x[i] == m) return i;
   return -1;
 }
 
@@ -93,7 +86,11 @@ int64_t armllm_avx2_sample_find_above(const float *x, int64_t n, float t) {
   return n;
 }
 
-static inline __m256 floored(__m256 v, __m256 floor_v) {
+/* v where v >= the floor, else 0; floor_on 0: v (e >= 0 without NaN, the exp
+ * pass's with a floor of 0 or below, keeps every lane as it is) */
+static inline __attribute__((always_inline)) __m256 floored(__m256 v, __m256 floor_v,
+                                                      int floor_on) {
+  if (!floor_on) return v;
   return _mm256_and_ps(v, _mm256_cmp_ps(v, floor_v, _CMP_GE_OQ));
 }
 
@@ -110,11 +107,12 @@ static inline float block_tree(__m256 lo, __m256 hi) {
  * two registers, level 2 the halves of two blocks' s8, level 3 lanes 0|2 and
  * 1|3 of each half's s4 (four blocks), level 4 lanes 0|1 of each s2; a permute
  * puts the blocks back in order. */
-static inline __m256 eight_trees(const float *e, __m256 floor_v) {
+static inline __attribute__((always_inline)) __m256 eight_trees(const float *e, __m256 floor_v,
+                                                          int floor_on) {
   __m256 s8[8], s4[4], s2[2];
   for (int b = 0; b < 8; b++)
-    s8[b] = _mm256_add_ps(floored(_mm256_loadu_ps(e + BLOCK * b), floor_v),
-                          floored(_mm256_loadu_ps(e + BLOCK * b + 8), floor_v));
+    s8[b] = _mm256_add_ps(floored(_mm256_loadu_ps(e + BLOCK * b), floor_v, floor_on),
+                          floored(_mm256_loadu_ps(e + BLOCK * b + 8), floor_v, floor_on));
   for (int i = 0; i < 4; i++) /* half h: block 2i + h */
     s4[i] = _mm256_add_ps(_mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x20),
                           _mm256_permute2f128_ps(s8[2 * i], s8[2 * i + 1], 0x31));
@@ -129,24 +127,24 @@ static inline __m256 eight_trees(const float *e, __m256 floor_v) {
 
 /* The block sums of e[0..n) (n a multiple of 16 except at the row's end) into
  * sums, added to total in block order. */
-static double add_block_sums(const float *e, int64_t n, __m256 floor_v, float *sums,
-                             double total) {
+static inline __attribute__((always_inline)) double add_block_sums(
+    const float *e, int64_t n, __m256 floor_v, int floor_on, float *sums, double total) {
   int64_t i = 0, b = 0;
   for (; i + 8 * BLOCK <= n; i += 8 * BLOCK, b += 8) {
-    _mm256_storeu_ps(sums + b, eight_trees(e + i, floor_v));
+    _mm256_storeu_ps(sums + b, eight_trees(e + i, floor_v, floor_on));
     for (int j = 0; j < 8; j++) total += sums[b + j];
   }
   for (; i < n; i += BLOCK, b++) { /* zeros past n */
     const __m256 lo = _mm256_maskload_ps(e + i, lanes_below(n - i));
     const __m256 hi = _mm256_maskload_ps(e + i + 8, lanes_below(n - i - 8));
-    sums[b] = block_tree(floored(lo, floor_v), floored(hi, floor_v));
+    sums[b] = block_tree(floored(lo, floor_v, floor_on), floored(hi, floor_v, floor_on));
     total += sums[b];
   }
   return total;
 }
 
 double armllm_avx2_sample_block_sums(const float *e, int64_t n, float keep_min, float *sums) {
-  return add_block_sums(e, n, _mm256_set1_ps(keep_min), sums, 0.0);
+  return add_block_sums(e, n, _mm256_set1_ps(keep_min), 1, sums, 0.0);
 }
 
 static inline __m256 e_of(__m256 x, __m256 m_v, __m256 inv_t_v, __m256 d_min) {
@@ -173,7 +171,10 @@ double armllm_avx2_sample_exp(const float *x, float *e, int64_t n, float m, floa
       const __m256 a = e_of(_mm256_maskload_ps(x + i, lanes), m_v, inv_t_v, d_min);
       _mm256_maskstore_ps(e + i, lanes, a);
     }
-    total = add_block_sums(e + c, end - c, floor_v, sums + c / BLOCK, total);
+    /* exp's e are >= 0 and never NaN: a floor of 0 or below keeps them all */
+    total = keep_min > 0.0f
+                ? add_block_sums(e + c, end - c, floor_v, 1, sums + c / BLOCK, total)
+                : add_block_sums(e + c, end - c, floor_v, 0, sums + c / BLOCK, total);
   }
   return total;
 }

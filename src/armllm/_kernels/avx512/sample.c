@@ -17,52 +17,38 @@ static inline __mmask16 lanes_below(int64_t left) {
   return left >= BLOCK ? (__mmask16)0xffff : armllm_avx512_tail16(left);
 }
 
-/* The lowest index of the largest value over the lanes' (value, index) pairs:
- * pairs of larger values win, equal values the lower index. */
-static inline void better(__m512 *val, __m512i *idx, __m512 v, __m512i i) {
-  const __mmask16 take = _mm512_cmp_ps_mask(v, *val, _CMP_GT_OQ) |
-                         (_mm512_cmp_ps_mask(v, *val, _CMP_EQ_OQ) &
-                          _mm512_cmp_epu32_mask(i, *idx, _MM_CMPINT_LT));
-  *val = _mm512_mask_mov_ps(*val, take, v);
-  *idx = _mm512_mask_mov_epi32(*idx, take, i);
-}
-
 int64_t armllm_avx512_sample_argmax(const float *x, int64_t n) {
-  /* per lane the first largest value (strictly larger replaces it: NaN never
-   * does, nor -inf, whose rows the scalar scan below settles) */
+  /* two passes, each a load and one operation a register: the largest value
+   * (max(x, acc) keeps acc for a NaN x), then the first x equal to it (a
+   * maximum of -inf finds the first x that is not NaN; none: every x NaN) */
   const __m512 none = _mm512_set1_ps(-INFINITY);
-  const __m512i step = _mm512_set1_epi32(BLOCK);
-  __m512 va = none, vb = none;
-  __m512i ia = _mm512_set1_epi32(-1), ib = ia;
-  __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512 m0 = none, m1 = none, m2 = none, m3 = none;
   int64_t i = 0;
-  for (; i + 2 * BLOCK <= n; i += 2 * BLOCK) { /* two chains */
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + BLOCK);
-    const __m512i at_b = _mm512_add_epi32(at, step);
-    const __mmask16 ga = _mm512_cmp_ps_mask(a, va, _CMP_GT_OQ);
-    const __mmask16 gb = _mm512_cmp_ps_mask(b, vb, _CMP_GT_OQ);
-    va = _mm512_mask_mov_ps(va, ga, a);
-    ia = _mm512_mask_mov_epi32(ia, ga, at);
-    vb = _mm512_mask_mov_ps(vb, gb, b);
-    ib = _mm512_mask_mov_epi32(ib, gb, at_b);
-    at = _mm512_add_epi32(at_b, step);
+  for (; i + 4 * BLOCK <= n; i += 4 * BLOCK) { /* four chains */
+    m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + BLOCK), m1);
+    m2 = _mm512_max_ps(_mm512_loadu_ps(x + i + 2 * BLOCK), m2);
+    m3 = _mm512_max_ps(_mm512_loadu_ps(x + i + 3 * BLOCK), m3);
+  }
+  for (; i < n; i += BLOCK)
+    m0 = _mm512_max_ps(_mm512_mask_loadu_ps(none, lanes_below(n - i), x + i), m0);
+  const float m = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+  const __m512 mv = _mm512_set1_ps(m);
+  for (i = 0; i + 4 * BLOCK <= n; i += 4 * BLOCK) {
+    const uint64_t e0 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), mv, _CMP_EQ_OQ);
+    const uint64_t e1 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 16), mv, _CMP_EQ_OQ);
+    const uint64_t e2 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 32), mv, _CMP_EQ_OQ);
+    const uint64_t e3 = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i + 48), mv, _CMP_EQ_OQ);
+    const uint64_t any = e0 | e1 << 16 | e2 << 32 | e3 << 48;
+    if (any) return i + __builtin_ctzll(any);
   }
   for (; i < n; i += BLOCK) {
-    const __m512 a = _mm512_mask_loadu_ps(none, lanes_below(n - i), x + i);
-    const __mmask16 ga = _mm512_cmp_ps_mask(a, va, _CMP_GT_OQ);
-    va = _mm512_mask_mov_ps(va, ga, a);
-    ia = _mm512_mask_mov_epi32(ia, ga, at);
-    at = _mm512_add_epi32(at, step);
+    const __mmask16 lanes = lanes_below(n - i);
+    const __mmask16 eq = _mm512_mask_cmp_ps_mask(lanes, _mm512_maskz_loadu_ps(lanes, x + i), mv,
+                                                 _CMP_EQ_OQ);
+    if (eq) return i + __builtin_ctz(eq);
   }
-  better(&va, &ia, vb, ib); /* lanes never updated hold -inf and index -1: never better */
-  const float m = _mm512_reduce_max_ps(va);
-  if (m == -INFINITY) { /* no value above -inf: the first that is not NaN */
-    for (int64_t j = 0; j < n; j++)
-      if (x[j] == x[j]) return j;
-    return -1;
-  }
-  const __mmask16 at_max = _mm512_cmp_ps_mask(va, _mm512_set1_ps(m), _CMP_EQ_OQ);
-  return _mm512_mask_reduce_min_epu32(at_max, ia);
+  return -1;
 }
 
 int64_t armllm_avx512_sample_find_above(const float *x, int64_t n, float t) {
@@ -85,7 +71,11 @@ int64_t armllm_avx512_sample_find_above(const float *x, int64_t n, float t) {
   return n;
 }
 
-static inline __m512 floored(__m512 v, __m512 floor_v) {
+/* v where v >= the floor, else 0; floor_on 0: v (e >= 0 without NaN, the exp
+ * pass's with a floor of 0 or below, keeps every lane as it is) */
+static inline __attribute__((always_inline)) __m512 floored(__m512 v, __m512 floor_v,
+                                                      int floor_on) {
+  if (!floor_on) return v;
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, floor_v, _CMP_GE_OQ), v);
 }
 
@@ -102,11 +92,12 @@ static inline float block_tree(__m512 w) {
  * block's s8 for four blocks, level 3 lanes 0|2 and 1|3 of each quarter's s4
  * (eight blocks), level 4 the lanes 0|1 of each s2; a permute puts the
  * blocks back in order. */
-static inline __m512 sixteen_trees(const float *e, __m512 floor_v) {
+static inline __attribute__((always_inline)) __m512 sixteen_trees(const float *e, __m512 floor_v,
+                                                          int floor_on) {
   __m512 l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; i++) {
-    const __m512 a = floored(_mm512_loadu_ps(e + 32 * i), floor_v);
-    const __m512 b = floored(_mm512_loadu_ps(e + 32 * i + 16), floor_v);
+    const __m512 a = floored(_mm512_loadu_ps(e + 32 * i), floor_v, floor_on);
+    const __m512 b = floored(_mm512_loadu_ps(e + 32 * i + 16), floor_v, floor_on);
     l1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
                           _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
   }
@@ -125,28 +116,27 @@ static inline __m512 sixteen_trees(const float *e, __m512 floor_v) {
 
 /* The block sums of e[0..n) (n a multiple of 16 except at the row's end) into
  * sums, added to total in block order. */
-static double add_block_sums(const float *e, int64_t n, __m512 floor_v, float *sums,
-                             double total) {
+static inline __attribute__((always_inline)) double add_block_sums(
+    const float *e, int64_t n, __m512 floor_v, int floor_on, float *sums, double total) {
   int64_t i = 0, b = 0;
   for (; i + BLOCK * BLOCK <= n; i += BLOCK * BLOCK, b += BLOCK) {
-    _mm512_storeu_ps(sums + b, sixteen_trees(e + i, floor_v));
+    _mm512_storeu_ps(sums + b, sixteen_trees(e + i, floor_v, floor_on));
     for (int j = 0; j < BLOCK; j++) total += sums[b + j];
   }
   for (; i < n; i += BLOCK, b++) {
-    sums[b] = block_tree(floored(_mm512_maskz_loadu_ps(lanes_below(n - i), e + i), floor_v));
+    sums[b] = block_tree(floored(_mm512_maskz_loadu_ps(lanes_below(n - i), e + i), floor_v, floor_on));
     total += sums[b];
   }
   return total;
 }
 
 double armllm_avx512_sample_block_sums(const float *e, int64_t n, float keep_min, float *sums) {
-  return add_block_sums(e, n, _mm512_set1_ps(keep_min), sums, 0.0);
+  return add_block_sums(e, n, _mm512_set1_ps(keep_min), 1, sums, 0.0);
 }
 
 static inline __m512 e_of(__m512 x, __m512 m_v, __m512 inv_t_v, __m512 d_min) {
   const __m512 d = _mm512_mul_ps(_mm512_sub_ps(x, m_v), inv_t_v);
-  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(d, d_min, _CMP_GE_OQ),
-                             armllm_exp_nonpositive_avx512(d));
+  return armllm_exp_nonpositive_avx512(_mm512_cmp_ps_mask(d, d_min, _CMP_GE_OQ), d);
 }
 
 double armllm_avx512_sample_exp(const float *x, float *e, int64_t n, float m, float inv_t,
@@ -168,7 +158,10 @@ double armllm_avx512_sample_exp(const float *x, float *e, int64_t n, float m, fl
       const __m512 a = e_of(_mm512_maskz_loadu_ps(lanes, x + i), m_v, inv_t_v, d_min);
       _mm512_mask_storeu_ps(e + i, lanes, a);
     }
-    total = add_block_sums(e + c, end - c, floor_v, sums + c / BLOCK, total);
+    /* exp's e are >= 0 and never NaN: a floor of 0 or below keeps them all */
+    total = keep_min > 0.0f
+                ? add_block_sums(e + c, end - c, floor_v, 1, sums + c / BLOCK, total)
+                : add_block_sums(e + c, end - c, floor_v, 0, sums + c / BLOCK, total);
   }
   return total;
 }

@@ -56,14 +56,14 @@ static inline __m512 armllm_exp_avx512(__m512 x) {
 /* The shared exp (armllm_exp_avx512) for d in [-80, 0], where its clamp and
  * NaN pass-through change nothing and its two-step scaling by 2^n equals one
  * (every product is a normal float, so both are exact): the same operations
- * otherwise, so the same bits. Other lanes give unspecified values. For the
- * sampler's exp pass (sample.c). */
-static inline __m512 armllm_exp_nonpositive_avx512(__m512 d) {
+ * otherwise, so the same bits, in lanes `keep`; other lanes are 0. The scaling
+ * is one vscalefps (p * 2^n, exact for a normal result like the product it
+ * stands for), which also zeroes the lanes outside keep. For the sampler's
+ * exp pass (sample.c). */
+static inline __m512 armllm_exp_nonpositive_avx512(__mmask16 keep, __m512 d) {
   __m512 n;
   const __m512 p = armllm_exp_core_avx512(d, &n);
-  const __m512i scale = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n),
-                                                           _mm512_set1_epi32(127)), 23);
-  __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(scale));
+  __m512 y = _mm512_maskz_scalef_ps(keep, p, n);
   __asm__("" : "+v"(y)); /* as the shared exp: never fused into a later add */
   return y;
 }
