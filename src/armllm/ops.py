@@ -545,7 +545,9 @@ class RowSampler(_ext.RowSampler):
     raw logprobs, penalties, greedy or temperature / top-k / min-p / top-p and the
     seeded draw. Columns (max_rows long, the caller fills them before run): float32
     temperature, top_p, min_p, repetition_penalty, presence_penalty,
-    frequency_penalty; int32 top_k, num_logprobs, mask_row; uint64 seed, stream,
+    frequency_penalty; int32 top_k, num_logprobs, mask_row; int8 keep_row (nonzero:
+    the draw leaves the row as it is: only its mask, bias and penalties change it);
+    uint64 seed, stream,
     counter; int64 prompt_len; outputs int32 token, float32 logprob, int32 top_ids and
     float32 top_logprobs [max_rows, 20]. set_history / clear_history and set_bias /
     clear_bias attach per-entry arrays (kept referenced). isa: the kernel variant
@@ -558,7 +560,7 @@ class RowSampler(_ext.RowSampler):
             pool: ThreadPool | None = None) -> None:
         """Samples entries begin..end-1 from rows 0..end-begin-1 of logits (float32
         [rows, vocab_size], rows contiguous, strided allowed; their values afterwards
-        are unspecified); masks: llguidance's int32/uint32 bitmask rows that mask_row
+        are unspecified, except keep_row's); masks: llguidance's int32/uint32 bitmask rows that mask_row
         picks. pool: the default one unless given."""
         super().run(logits, begin, end, masks, get_pool() if pool is None else pool)
 

@@ -420,6 +420,36 @@ def test_scratch_is_left_ready_for_the_next_rows():
     assert same_outputs(run_rows(x, plain, sampler=s), run_rows(x, plain))
 
 
+@pytest.mark.parametrize("isa", RUNNABLE_ISAS)
+def test_keep_row_leaves_rows_as_they_were(isa):
+    """keep_row: the same tokens and logprobs as without it (the spec's), and a row
+    without mask, bias or penalties left bit for bit as it was; with penalties or a
+    mask, only those change it."""
+    rng = np.random.default_rng(8)
+    n = 3000
+    x = logits_rows(rng, 8, n, "spread")
+    params = [RowParams(temperature=t, top_p=p, top_k=k, min_p=mp, num_logprobs=lp, seed=5,
+                        counter=i)
+              for i, (t, p, k, mp, lp) in enumerate([
+                  (0.0, 1.0, 0, 0.0, -1), (0.8, 0.95, 0, 0.0, -1), (1.0, 1.0, 0, 0.0, -1),
+                  (1.3, 1.0, 40, 0.0, -1), (0.7, 0.9, 0, 0.05, 2), (1.0, 0.5, 0, 0.0, -1),
+                  (0.9, 1.0, 0, 0.0, -1), (1.0, 0.99, 0, 0.0, 0)])]
+    params[6].repetition_penalty, params[6].history, params[6].prompt_len = 1.3, [1, 2, 3], 1
+    s = ops.RowSampler(n, len(params), isa)
+    for i, p in enumerate(params):
+        spec.fill(s, i, p)
+    s.keep_row[:] = 1
+    work = x.copy()
+    s.run(work, 0, len(params))
+    for i, p in enumerate(params):
+        want = spec.sample_row(x[i], p)
+        assert s.token[i] == want.token, i
+        if i != 6:
+            assert np.array_equal(work[i], x[i], equal_nan=True), i
+    edited = work[6] != x[6]
+    assert edited.any() and set(np.flatnonzero(edited)) <= {1, 2, 3}
+
+
 # ------------------------------------------------------------------ run
 
 

@@ -288,6 +288,7 @@ cdef extern from "sample.h" nogil:
         const uint32_t *masks
         int64_t mask_ld
         const int32_t *mask_row
+        const int8_t *keep_row
         int32_t *token
         float *logprob
         int32_t *top_ids

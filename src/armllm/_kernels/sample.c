@@ -271,7 +271,8 @@ static void sample_row(const armllm_kernels *kt, const armllm_sample_batch *b, i
     raw.first_max = kt->sample_argmax(x, n);
     raw.e_ready = 0;
   }
-  const int64_t token = choose_token(kt, b, r, x, s, n_top >= 0, &raw);
+  const int keep_x = n_top >= 0 || (b->keep_row && b->keep_row[r]);
+  const int64_t token = choose_token(kt, b, r, x, s, keep_x, &raw);
   b->token[r] = (int32_t)token;
   b->logprob[r] = n_top >= 0 ? (float)((double)raw_value(x, token, s) - lse) : NAN;
   if (touched) clear_marks(b, r, s);

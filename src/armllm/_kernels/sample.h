@@ -3,7 +3,9 @@
  *
  * armllm_sample_rows(kt, pool, b) samples rows 0..b->rows-1. Row r's n
  * logits x = b->row[r] are the row's own: the call uses the row as scratch
- * and leaves it unspecified. Every ISA variant gives ref's bits (tokens,
+ * and leaves it unspecified, unless keep_row[r] is nonzero: then only steps
+ * 1, 2 and 4 write it (the draw works in the worker's scratch), so a row
+ * without a mask, bias and penalties is left as it was. Every ISA variant gives ref's bits (tokens,
  * logprobs and the slots' e and block sums), whatever the thread count and
  * the order threads claim rows in. Per row r, with its column entries:
  *
@@ -121,6 +123,7 @@ typedef struct {
   const uint32_t *masks; /* mask rows of mask_ld words; mask_row[r] -1: none */
   int64_t mask_ld;
   const int32_t *mask_row;
+  const int8_t *keep_row; /* nonzero: the draw leaves the row as it is (NULL: none) */
   /* outputs */
   int32_t *token;
   float *logprob;

@@ -13,7 +13,8 @@ cdef class RowSampler:
     one numpy column per parameter, max_rows long, that the caller fills: float32
     temperature, top_p, min_p, repetition_penalty, presence_penalty,
     frequency_penalty; int32 top_k (<= 0: off), num_logprobs (-1: none), mask_row (-1:
-    none); uint64 seed, stream, counter (the draw's, armllm_sample_uniform); int64
+    none); int8 keep_row (nonzero: the draw leaves the row as it is: only its mask,
+    bias and penalties change it); uint64 seed, stream, counter (the draw's, armllm_sample_uniform); int64
     prompt_len (set by set_history). run() writes token (int32), logprob (float32, the
     sampled token's, NaN without num_logprobs) and top_ids / top_logprobs (int32 /
     float32 [max_rows, 20]: the num_logprobs best, then -1 / NaN). Histories and
@@ -22,7 +23,7 @@ cdef class RowSampler:
     cdef const armllm_kernels *kt
     cdef readonly int64_t vocab_size, max_rows, slots
     cdef readonly object temperature, top_p, min_p, repetition_penalty, presence_penalty
-    cdef readonly object frequency_penalty, top_k, num_logprobs, mask_row
+    cdef readonly object frequency_penalty, top_k, num_logprobs, mask_row, keep_row
     cdef readonly object seed, stream, counter, prompt_len
     cdef readonly object token, logprob, top_ids, top_logprobs
     cdef object history_len, bias_len, row_ptrs, history_ptrs, bias_id_ptrs, bias_value_ptrs
@@ -47,6 +48,7 @@ cdef class RowSampler:
         self.presence_penalty, self.frequency_penalty = col(np.float32, 0), col(np.float32, 0)
         self.top_k, self.num_logprobs, self.mask_row = col(np.int32, 0), col(np.int32, -1), \
             col(np.int32, -1)
+        self.keep_row = col(np.int8, 0)
         self.seed, self.stream, self.counter = col(np.uint64, 0), col(np.uint64, 0), \
             col(np.uint64, 0)
         self.prompt_len, self.history_len, self.bias_len = col(np.int64, 0), col(np.int64, 0), \
@@ -177,6 +179,7 @@ cdef class RowSampler:
         b.bias_values = <const float **>_col(self.bias_value_ptrs, begin)
         b.bias_len = <const int64_t *>_col(self.bias_len, begin)
         b.mask_row = <const int32_t *>_col(self.mask_row, begin)
+        b.keep_row = <const int8_t *>_col(self.keep_row, begin)
         b.token = <int32_t *>_col(self.token, begin)
         b.logprob = <float *>_col(self.logprob, begin)
         b.top_ids = <int32_t *>_col(self.top_ids, begin)

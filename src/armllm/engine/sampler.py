@@ -66,6 +66,13 @@ class SampleJob:
             self.output_len = len(self.seq.output_ids)
 
 
+
+def _edits_row(params: SamplingParams) -> bool:
+    """Whether the sampling kernel writes a row of these parameters even with keep_row
+    (its bias and penalties apply in place)."""
+    return bool(params.logit_bias) or params.repetition_penalty != 1.0 \
+        or bool(params.presence_penalty) or bool(params.frequency_penalty)
+
 class StepSampler:
     """The engine's sampling over a RowSampler sized for a step's rows: max_rows logits
     rows and max_forks forked completions' copies (one row each)."""
@@ -76,9 +83,10 @@ class StepSampler:
         self.kernel = ops.RowSampler(vocab_size, max_rows + max_forks)
         self._seed_source = np.random.default_rng()
         self._attached: set[int] = set()   # columns holding a history or a bias
-        # lazy jobs' rows as they were before sampling (resample draws them again)
+        # lazy jobs' rows as they were before sampling (resample draws them again): the
+        # rows themselves (keep_row) or, where the kernel edits them, copies
         self._unmasked = np.empty((0, vocab_size), np.float32)
-        self._unmasked_of: dict[int, int] = {}
+        self._unmasked_of: dict[int, np.ndarray] = {}
 
     def sample(self, jobs: list[SampleJob], logits: np.ndarray,
                masks: np.ndarray | None = None) -> None:
@@ -106,7 +114,7 @@ class StepSampler:
             except Exception as exc:  # noqa: BLE001 - this completion fails alone
                 job.error = exc
                 self._defaults(first, first + len(job.rows))
-        self._keep_unmasked([job for job, _ in batched if job.lazy])
+        self._keep_unmasked([(job, first) for job, first in batched if job.lazy])
         k.run(logits, 0, n, masks)
         if forks:   # their rows, after any logits processor ran on them
             k.run(np.stack([job.rows[0] for job in forks]), n, total, masks)
@@ -123,7 +131,7 @@ class StepSampler:
         """Lazy jobs whose grammar refused their token: their rows as they were before
         sample(), drawn again under their masks (mask_rows) with a fresh uniform (the
         completion's resample stream), in one kernel call."""
-        rows = np.stack([self._unmasked[self._unmasked_of[id(job)]] for job in jobs])
+        rows = np.stack([self._unmasked_of[id(job)] for job in jobs])
         self._defaults(0, len(jobs))
         for column, job in enumerate(jobs):
             job.results.clear()
@@ -133,14 +141,23 @@ class StepSampler:
         for column, job in enumerate(jobs):
             job.results.append(self._result(job.seq.params, column))
 
-    def _keep_unmasked(self, jobs: list[SampleJob]) -> None:
-        """Copies of lazy jobs' rows (the kernel edits rows in place)."""
-        self._unmasked_of = {id(job): i for i, job in enumerate(jobs)}
-        if len(self._unmasked) < len(jobs):
-            self._unmasked = np.empty((max(len(jobs), 2 * len(self._unmasked)),
+    def _keep_unmasked(self, jobs: list[tuple[SampleJob, int]]) -> None:
+        """Lazy jobs' rows as they are before the draw (jobs: with their columns): the
+        kernel leaves a row without bias or penalties as it is (keep_row; a lazy row
+        has no mask), the others are copied."""
+        edited = [job for job, _ in jobs if _edits_row(job.seq.params)]
+        if len(self._unmasked) < len(edited):
+            self._unmasked = np.empty((max(len(edited), 2 * len(self._unmasked)),
                                        self.vocab_size), np.float32)
-        for i, job in enumerate(jobs):
-            self._unmasked[i] = job.rows[0]
+        self._unmasked_of = {}
+        for job, column in jobs:
+            if _edits_row(job.seq.params):
+                copy = self._unmasked[len(self._unmasked_of)]
+                copy[:] = job.rows[0]
+                self._unmasked_of[id(job)] = copy
+            else:
+                self.kernel.keep_row[column] = 1
+                self._unmasked_of[id(job)] = job.rows[0]
 
     def sample_row(self, job: SampleJob, i: int, masks: np.ndarray | None, stream: int = 0
                    ) -> tuple[SampleResult, bool]:
@@ -173,6 +190,7 @@ class StepSampler:
         k.frequency_penalty[begin:end] = 0.0
         k.num_logprobs[begin:end] = -1
         k.mask_row[begin:end] = -1
+        k.keep_row[begin:end] = 0
         for column in [c for c in self._attached if begin <= c < end]:
             k.clear_history(column)
             k.clear_bias(column)
@@ -208,6 +226,7 @@ class StepSampler:
         k.top_k[column] = max(params.top_k, 0)
         k.num_logprobs[column] = -1 if params.logprobs is None else params.logprobs
         k.mask_row[column] = job.mask_rows[i] if i < len(job.mask_rows) else -1
+        k.keep_row[column] = 0
         if state.seed is None:
             state.seed = params.seed if params.seed is not None \
                 else int(self._seed_source.integers(_SEED_BOUND))
