@@ -27,40 +27,53 @@ static inline __m256 load_or_none(const float *x, int64_t left) {
                           _mm256_castsi256_ps(lanes));
 }
 
-int64_t armllm_avx2_sample_argmax(const float *x, int64_t n) {
-  /* two passes, each a load and one operation a register: the largest value
-   * (max(x, acc) keeps acc for a NaN x), then the first x equal to it (a
-   * maximum of -inf finds the first x that is not NaN; none: every x NaN) */
-  const __m256 none = _mm256_set1_ps(-INFINITY);
-  __m256 m0 = none, m1 = none, m2 = none, m3 = none;
+/* Blocks of the argmax's first pass: each block's largest value (one load and
+ * one max a register), and the first block whose maximum beats every earlier
+ * one's holds the row's first maximum; only that block is read again. */
+#define ARGMAX_SPAN 1024
+
+/* The first x[j] == v in x[0..n), or -1. */
+static int64_t first_equal(const float *x, int64_t n, float v) {
+  const __m256 vv = _mm256_set1_ps(v);
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) { /* four chains */
-    m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
-    m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
-    m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
-    m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
-  }
-  for (; i < n; i += 8) m0 = _mm256_max_ps(load_or_none(x + i, n - i), m0);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
-  float m = lanes[0];
-  for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
-  const __m256 mv = _mm256_set1_ps(m);
-  for (i = 0; i + 32 <= n; i += 32) {
-    const uint32_t e0 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv,
-                                                                   _CMP_EQ_OQ));
-    const uint32_t e1 = (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i + 8), mv,
-                                                                   _CMP_EQ_OQ));
-    const uint32_t e2 = (uint32_t)_mm256_movemask_ps(
-        _mm256_cmp_ps(_mm256_loadu_ps(x + i + 16), mv, _CMP_EQ_OQ));
-    const uint32_t e3 = (uint32_t)_mm256_movemask_ps(
-        _mm256_cmp_ps(_mm256_loadu_ps(x + i + 24), mv, _CMP_EQ_OQ));
-    const uint32_t any = e0 | e1 << 8 | e2 << 16 | e3 << 24;
-    if (any) return i + __builtin_ctz(any);
+  for (; i + 8 <= n; i += 8) {
+    const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vv, _CMP_EQ_OQ));
+    if (eq) return i + __builtin_ctz((unsigned)eq);
   }
   for (; i < n; i++)
-    if (x[i] == m) return i;
+    if (x[i] == v) return i;
   return -1;
+}
+
+int64_t armllm_avx2_sample_argmax(const float *x, int64_t n) {
+  /* max(x, acc) keeps acc for a NaN x; a maximum of -inf (no block beats the
+   * start) is the first x that is not NaN, -1 if every x is NaN */
+  const __m256 none = _mm256_set1_ps(-INFINITY);
+  float best = -INFINITY;
+  int64_t best_at = -1;
+  for (int64_t s = 0; s < n; s += ARGMAX_SPAN) {
+    const int64_t end = s + ARGMAX_SPAN < n ? s + ARGMAX_SPAN : n;
+    __m256 m0 = none, m1 = none, m2 = none, m3 = none;
+    int64_t i = s;
+    for (; i + 32 <= end; i += 32) { /* four chains */
+      m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+      m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+      m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+      m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
+    }
+    for (; i < end; i += 8) m0 = _mm256_max_ps(load_or_none(x + i, end - i), m0);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+    float m = lanes[0];
+    for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+    if (m > best) {
+      best = m;
+      best_at = s;
+    }
+  }
+  if (best_at < 0) return first_equal(x, n, -INFINITY);
+  const int64_t end = best_at + ARGMAX_SPAN < n ? best_at + ARGMAX_SPAN : n;
+  return best_at + first_equal(x + best_at, end - best_at, best);
 }
 
 int64_t armllm_avx2_sample_find_above(const float *x, int64_t n, float t) {
