@@ -560,8 +560,8 @@ class RowSampler(_ext.RowSampler):
             pool: ThreadPool | None = None) -> None:
         """Samples entries begin..end-1 from rows 0..end-begin-1 of logits (float32
         [rows, vocab_size], rows contiguous, strided allowed; their values afterwards
-        are unspecified, except keep_row's); masks: llguidance's int32/uint32 bitmask rows that mask_row
-        picks. pool: the default one unless given."""
+        are unspecified, except keep_row's); masks: llguidance's int32/uint32 bitmask
+        rows that mask_row picks. pool: the default one unless given."""
         super().run(logits, begin, end, masks, get_pool() if pool is None else pool)
 
 
