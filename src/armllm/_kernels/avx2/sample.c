@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../sample_argmax.h"
 #include "vexp_avx2.h"
 
 #define BLOCK ARMLLM_SAMPLE_BLOCK
@@ -27,11 +28,6 @@ static inline __m256 load_or_none(const float *x, int64_t left) {
                           _mm256_castsi256_ps(lanes));
 }
 
-/* Blocks of the argmax's first pass: each block's largest value (one load and
- * one max a register), and the first block whose maximum beats every earlier
- * one's holds the row's first maximum; only that block is read again. */
-#define ARGMAX_SPAN 1024
-
 /* The first x[j] == v in x[0..n), or -1. */
 static int64_t first_equal(const float *x, int64_t n, float v) {
   const __m256 vv = _mm256_set1_ps(v);
@@ -45,35 +41,28 @@ static int64_t first_equal(const float *x, int64_t n, float v) {
   return -1;
 }
 
-int64_t armllm_avx2_sample_argmax(const float *x, int64_t n) {
-  /* max(x, acc) keeps acc for a NaN x; a maximum of -inf (no block beats the
-   * start) is the first x that is not NaN, -1 if every x is NaN */
+/* The largest value of x[0..n) that is not NaN (-inf if none): four chains of
+ * max(x, acc), which keeps acc for a NaN x. */
+static float span_max(const float *x, int64_t n) {
   const __m256 none = _mm256_set1_ps(-INFINITY);
-  float best = -INFINITY;
-  int64_t best_at = -1;
-  for (int64_t s = 0; s < n; s += ARGMAX_SPAN) {
-    const int64_t end = s + ARGMAX_SPAN < n ? s + ARGMAX_SPAN : n;
-    __m256 m0 = none, m1 = none, m2 = none, m3 = none;
-    int64_t i = s;
-    for (; i + 32 <= end; i += 32) { /* four chains */
-      m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
-      m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
-      m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
-      m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
-    }
-    for (; i < end; i += 8) m0 = _mm256_max_ps(load_or_none(x + i, end - i), m0);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
-    float m = lanes[0];
-    for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
-    if (m > best) {
-      best = m;
-      best_at = s;
-    }
+  __m256 m0 = none, m1 = none, m2 = none, m3 = none;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    m0 = _mm256_max_ps(_mm256_loadu_ps(x + i), m0);
+    m1 = _mm256_max_ps(_mm256_loadu_ps(x + i + 8), m1);
+    m2 = _mm256_max_ps(_mm256_loadu_ps(x + i + 16), m2);
+    m3 = _mm256_max_ps(_mm256_loadu_ps(x + i + 24), m3);
   }
-  if (best_at < 0) return first_equal(x, n, -INFINITY);
-  const int64_t end = best_at + ARGMAX_SPAN < n ? best_at + ARGMAX_SPAN : n;
-  return best_at + first_equal(x + best_at, end - best_at, best);
+  for (; i < n; i += 8) m0 = _mm256_max_ps(load_or_none(x + i, n - i), m0);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  float m = lanes[0];
+  for (int l = 1; l < 8; l++) m = lanes[l] > m ? lanes[l] : m;
+  return m;
+}
+
+int64_t armllm_avx2_sample_argmax(const float *x, int64_t n) {
+  return armllm_argmax_by_spans(x, n, span_max, first_equal);
 }
 
 int64_t armllm_avx2_sample_find_above(const float *x, int64_t n, float t) {

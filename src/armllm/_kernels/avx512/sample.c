@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../sample_argmax.h"
 #include "vexp_avx512.h"
 
 #define BLOCK ARMLLM_SAMPLE_BLOCK
@@ -16,11 +17,6 @@
 static inline __mmask16 lanes_below(int64_t left) {
   return left >= BLOCK ? (__mmask16)0xffff : armllm_avx512_tail16(left);
 }
-
-/* Blocks of the argmax's first pass: each block's largest value (one load and
- * one max a register), and the first block whose maximum beats every earlier
- * one's holds the row's first maximum; only that block is read again. */
-#define ARGMAX_SPAN 1024
 
 /* The first x[j] == v in x[0..n), or -1. */
 static int64_t first_equal(const float *x, int64_t n, float v) {
@@ -34,34 +30,25 @@ static int64_t first_equal(const float *x, int64_t n, float v) {
   return -1;
 }
 
-int64_t armllm_avx512_sample_argmax(const float *x, int64_t n) {
-  /* max(x, acc) keeps acc for a NaN x; a maximum of -inf (no block beats the
-   * start) is the first x that is not NaN, -1 if every x is NaN */
+/* The largest value of x[0..n) that is not NaN (-inf if none): four chains of
+ * max(x, acc), which keeps acc for a NaN x. */
+static float span_max(const float *x, int64_t n) {
   const __m512 none = _mm512_set1_ps(-INFINITY);
-  float best = -INFINITY;
-  int64_t best_at = -1;
-  for (int64_t s = 0; s < n; s += ARGMAX_SPAN) {
-    const int64_t end = s + ARGMAX_SPAN < n ? s + ARGMAX_SPAN : n;
-    __m512 m0 = none, m1 = none, m2 = none, m3 = none;
-    int64_t i = s;
-    for (; i + 4 * BLOCK <= end; i += 4 * BLOCK) { /* four chains */
-      m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
-      m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + BLOCK), m1);
-      m2 = _mm512_max_ps(_mm512_loadu_ps(x + i + 2 * BLOCK), m2);
-      m3 = _mm512_max_ps(_mm512_loadu_ps(x + i + 3 * BLOCK), m3);
-    }
-    for (; i < end; i += BLOCK)
-      m0 = _mm512_max_ps(_mm512_mask_loadu_ps(none, lanes_below(end - i), x + i), m0);
-    const float m =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
-    if (m > best) {
-      best = m;
-      best_at = s;
-    }
+  __m512 m0 = none, m1 = none, m2 = none, m3 = none;
+  int64_t i = 0;
+  for (; i + 4 * BLOCK <= n; i += 4 * BLOCK) {
+    m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+    m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + BLOCK), m1);
+    m2 = _mm512_max_ps(_mm512_loadu_ps(x + i + 2 * BLOCK), m2);
+    m3 = _mm512_max_ps(_mm512_loadu_ps(x + i + 3 * BLOCK), m3);
   }
-  if (best_at < 0) return first_equal(x, n, -INFINITY);
-  const int64_t end = best_at + ARGMAX_SPAN < n ? best_at + ARGMAX_SPAN : n;
-  return best_at + first_equal(x + best_at, end - best_at, best);
+  for (; i < n; i += BLOCK)
+    m0 = _mm512_max_ps(_mm512_mask_loadu_ps(none, lanes_below(n - i), x + i), m0);
+  return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+}
+
+int64_t armllm_avx512_sample_argmax(const float *x, int64_t n) {
+  return armllm_argmax_by_spans(x, n, span_max, first_equal);
 }
 
 int64_t armllm_avx512_sample_find_above(const float *x, int64_t n, float t) {
