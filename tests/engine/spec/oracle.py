@@ -4,8 +4,19 @@ drafts wrong at one position, so that a test decides how much a verify keeps."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from armllm.engine.spec.controller import StepCost
 from armllm.engine.spec.proposer import Draft, ProposeInput
+
+
+def flat_step_cost(patch: pytest.MonkeyPatch) -> None:
+    """Engines built under `patch` take every verify row as free (a memory-bound
+    step) instead of timing their forwards: they draft whatever the proposer
+    offers, however loaded this machine is (the policy's own tests are
+    test_controller's)."""
+    patch.setattr(StepCost, "measure",
+                  classmethod(lambda cls, forward, max_rows, max_draft: cls([(1, 1.0), (2, 1.0)])))
 
 
 class OracleProposer:

@@ -12,7 +12,7 @@ import pytest
 from armllm.api import LLM
 from armllm.engine import setup
 from armllm.sampling import SamplingParams
-from tests.engine.spec.oracle import OracleProposer, with_oracle
+from tests.engine.spec.oracle import OracleProposer, flat_step_cost, with_oracle
 from tests.engine.test_structured import SCHEMA
 from tests.tiny_model import write_tiny_chat_llama, write_tiny_llama
 
@@ -28,6 +28,7 @@ def oracle_factory():
     """Engines built here draft with an OracleProposer (set per test by with_oracle)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(setup, "build_proposer", lambda *args: OracleProposer({}, 0.0))
+        flat_step_cost(patch)
         yield
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from armllm import LLM, SamplingParams
 from armllm.engine import setup
-from tests.engine.spec.oracle import OracleProposer, with_oracle
+from tests.engine.spec.oracle import OracleProposer, flat_step_cost, with_oracle
 from tests.engine.spec.test_speculative_engine import NGRAM, reference
 from tests.model.test_qwen3_5 import ENGINE, IDS, tiny, tokenizer  # noqa: F401 - fixtures
 
@@ -19,6 +19,7 @@ GREEDY = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
 def oracle_factory():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(setup, "build_proposer", lambda *args: OracleProposer({}, 0.0))
+        flat_step_cost(patch)
         yield
 
 
