@@ -107,6 +107,34 @@ def test_constrained_and_plain_requests_share_steps_without_changing_the_plain(l
     assert llm.tokenizer.decode(tokens["c"]).startswith("{")
 
 
+def test_lazy_rows_with_and_without_penalties_share_a_step(llm):
+    """Lazy constrained completions (greedy or plain temperature) whose tokens the
+    grammar refuses are drawn again from their rows as they were: the kernel keeps a
+    plain row, one with penalties or a bias is copied first; in one step, in either
+    order, each gives its tokens alone."""
+    so = {"choice": ["alpha beta", "gamma delta", "epsilon"]}
+    kinds = [SamplingParams(max_tokens=40, temperature=0.0, structured_output=so),
+             SamplingParams(max_tokens=40, temperature=0.0, repetition_penalty=1.5,
+                            structured_output=so),
+             SamplingParams(max_tokens=40, temperature=1.0, seed=2, structured_output=so),
+             SamplingParams(max_tokens=40, temperature=1.0, seed=2, frequency_penalty=1.0,
+                            logit_bias={5: 3.0}, structured_output=so)]
+    prompts = ["Pick one:", "Choose:", "Pick one:", "Choose:"]
+    alone = [llm.generate([p], k)[0].outputs[0].token_ids for p, k in zip(prompts, kinds,
+                                                                         strict=True)]
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
+        engine = llm.engine
+        for i in order:
+            engine.add_request(f"r{i}", llm.prompt_ids(prompts[i]), kinds[i])
+        tokens: dict[str, list[int]] = {}
+        while engine.has_unfinished():
+            for step in engine.step():
+                tokens.setdefault(step.request_id, []).extend(step.new_token_ids)
+        assert [tokens[f"r{i}"] for i in range(4)] == alone
+    texts = [llm.tokenizer.decode(t) for t in alone]
+    assert all(t in so["choice"] for t in texts), texts
+
+
 def test_bad_grammars_raise_before_anything_runs(llm):
     with pytest.raises(ValueError, match=r"(?s)structured_output.regex: .*unclosed group"):
         SamplingParams(structured_output={"regex": "(a"})

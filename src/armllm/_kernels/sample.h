@@ -5,9 +5,9 @@
  * logits x = b->row[r] are the row's own: the call uses the row as scratch
  * and leaves it unspecified, unless keep_row[r] is nonzero: then only steps
  * 1, 2 and 4 write it (the draw works in the worker's scratch), so a row
- * without a mask, bias and penalties is left as it was. Every ISA variant gives ref's bits (tokens,
- * logprobs and the slots' e and block sums), whatever the thread count and
- * the order threads claim rows in. Per row r, with its column entries:
+ * without a mask, bias and penalties is left as it was. Every ISA variant
+ * gives ref's bits (tokens, logprobs and the slots' e and block sums),
+ * whatever the thread count and the order threads claim rows in. Per row r, with its column entries:
  *
  *  1. mask (mask_row[r] >= 0): x[i] = -inf where bit i % 32 of
  *     masks[mask_row[r] * mask_ld + i / 32] is 0 (llguidance's bitmask;

@@ -66,12 +66,12 @@ class SampleJob:
             self.output_len = len(self.seq.output_ids)
 
 
-
 def _edits_row(params: SamplingParams) -> bool:
     """Whether the sampling kernel writes a row of these parameters even with keep_row
     (its bias and penalties apply in place)."""
     return bool(params.logit_bias) or params.repetition_penalty != 1.0 \
         or bool(params.presence_penalty) or bool(params.frequency_penalty)
+
 
 class StepSampler:
     """The engine's sampling over a RowSampler sized for a step's rows: max_rows logits
@@ -150,12 +150,11 @@ class StepSampler:
             self._unmasked = np.empty((max(len(edited), 2 * len(self._unmasked)),
                                        self.vocab_size), np.float32)
         self._unmasked_of = {}
+        for copy, job in zip(self._unmasked[:len(edited)], edited, strict=True):
+            copy[:] = job.rows[0]
+            self._unmasked_of[id(job)] = copy
         for job, column in jobs:
-            if _edits_row(job.seq.params):
-                copy = self._unmasked[len(self._unmasked_of)]
-                copy[:] = job.rows[0]
-                self._unmasked_of[id(job)] = copy
-            else:
+            if id(job) not in self._unmasked_of:
                 self.kernel.keep_row[column] = 1
                 self._unmasked_of[id(job)] = job.rows[0]
 
