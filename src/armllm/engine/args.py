@@ -8,6 +8,7 @@ building the command line's parser loads nothing heavier."""
 from __future__ import annotations
 
 import argparse
+import os
 import typing
 from dataclasses import dataclass, field, fields
 
@@ -65,6 +66,14 @@ class EngineArgs:
     enable_prefix_caching: bool = _flag(
         True, "do not reuse the KV cache of earlier prompts' shared prefixes",
         flag="--no-prefix-caching")
+    prefix_cache_dir: str | None = _flag(
+        None, "keep the prefix cache's blocks in this folder too, so they outlive the "
+        "process: blocks evicted from memory and all cached blocks at shutdown are written "
+        "there, and a prompt whose prefix is there loads it instead of computing it (one "
+        "folder per model, weight format and KV dtype)", metavar="DIR", unset="off")
+    prefix_cache_gib: float = _flag(
+        16.0, "the most the --prefix-cache-dir files take; the least recently used go "
+        "first", metavar="GIB")
     threads: int | None = _flag(
         None, "kernel threads, one count per process (per rank with tensor parallel)",
         metavar="N", unset="$ARMLLM_NUM_THREADS, else the CPUs this process (rank) may "
@@ -112,6 +121,16 @@ class EngineArgs:
             raise ValueError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib!r}")
         if self.quantization != "auto":
             parse_scheme(self.quantization)  # raises ValueError naming the value
+        if self.prefix_cache_dir is not None:
+            if not isinstance(self.prefix_cache_dir, (str, os.PathLike)) or \
+                    not str(self.prefix_cache_dir):
+                raise ValueError(f"prefix_cache_dir must be a folder path, got "
+                                 f"{self.prefix_cache_dir!r}")
+            if not self.enable_prefix_caching:
+                raise ValueError("prefix_cache_dir needs prefix caching (it was turned off)")
+        if not isinstance(self.prefix_cache_gib, (int, float)) or isinstance(
+                self.prefix_cache_gib, bool) or not self.prefix_cache_gib > 0:
+            raise ValueError(f"prefix_cache_gib must be > 0, got {self.prefix_cache_gib!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be 'bf16' or 'f32', got "
                              f"{self.kv_cache_dtype!r}")

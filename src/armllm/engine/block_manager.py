@@ -31,17 +31,29 @@ checkpoint: a multiple of the pool's interval whose blocks every KV pool
 serves and whose state was saved when a sequence's computed tokens reached it
 (commit); the hit's state is copied into the new sequence's live slot.
 
+With a PrefixStore (engine/prefix_store.py, --prefix-cache-dir; one full pool
+and no recurrent state), the cache has a second tier on disk: a hashed block
+is written there when it is evicted (before it is handed out again) and every
+cached block when the engine closes; cached_prefix() continues a prompt's
+in-memory run with the blocks the store has, loading each into a free block
+that then sits in the cache as any freed block does (the run's in-memory
+blocks are kept from eviction while it loads).
+
 The scheduler asks once per sequence and step: allocate_slots() gives a
 sequence room for its next tokens (a new one first takes the CachedPrefix
 that cached_prefix() found), or changes nothing when they do not fit."""
 from __future__ import annotations
 
 import hashlib
+import weakref
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import Protocol
 
+from armllm.engine.prefix_store import PrefixStore
 from armllm.engine.sequence import Sequence
 from armllm.engine.state_pool import StatePool
 
@@ -64,9 +76,20 @@ class CachedPrefix:
     state: int | None = None    # the state checkpoint at num_tokens (a hybrid model's)
 
 
+class BlockIO(Protocol):
+    """The bytes of the KV cache's blocks (model/kv_cache.py's KVCache)."""
+
+    def read_block(self, group: int, block: int) -> bytes: ...
+
+    def write_block(self, group: int, block: int, data: bytes) -> None: ...
+
+
 class BlockPool:
     """The blocks of one KV group: reference counts, the free list (in reuse order)
-    and the prefix cache's entries."""
+    and the prefix cache's entries; `evicting(block, hash)`, if set, is told of a
+    cached block before it is handed out to hold other tokens."""
+
+    evicting: Callable[[int, bytes], None] | None = None
 
     def __init__(self, num_blocks: int, window: int):
         self.num_blocks, self.window = num_blocks, window
@@ -87,6 +110,8 @@ class BlockPool:
         if h is not None:  # evict: the block is about to hold other tokens
             if self.cached.get(h) == block:
                 del self.cached[h]
+                if self.evicting is not None:
+                    self.evicting(block, h)
             self.hash_of[block] = None
         self.ref_count[block] = 1
         return block
@@ -129,14 +154,30 @@ class BlockPool:
             j -= 1
 
 
+def _spill(store: PrefixStore, kv: BlockIO, block: int, h: bytes) -> None:
+    """A cached block's bytes go to the store, if it lacks them (an evicted block's
+    before the next step overwrites it)."""
+    if h not in store:
+        store.save(h, kv.read_block(0, block))
+
+
+def _save_and_close(pool: BlockPool, store: PrefixStore, kv: BlockIO) -> None:
+    for h, block in list(pool.cached.items()):
+        _spill(store, kv, block, h)
+    store.close()
+
+
 class BlockManager:
     """num_blocks: one pool of that many blocks for layers that attend the whole
     sequence, or each pool's (window, num_blocks) in KV-group order (window 0: the
     whole sequence); states: a hybrid model's StatePool (None: no recurrent layers),
-    whose checkpoint interval must be a multiple of block_size."""
+    whose checkpoint interval must be a multiple of block_size; store: the prefix
+    cache's disk tier, with kv the cache whose block bytes it keeps (one full pool,
+    no states, prefix caching on)."""
 
     def __init__(self, num_blocks: int | Seq[tuple[int, int]], block_size: int,
-                 enable_prefix_caching: bool = True, states: StatePool | None = None):
+                 enable_prefix_caching: bool = True, states: StatePool | None = None,
+                 store: PrefixStore | None = None, kv: BlockIO | None = None):
         layout = [(0, num_blocks)] if isinstance(num_blocks, int) else list(num_blocks)
         if not layout or block_size < 1 or any(n < 1 or w < 0 for w, n in layout):
             raise ValueError(f"num_blocks and block_size must be >= 1 (and windows >= 0), got "
@@ -150,6 +191,55 @@ class BlockManager:
             raise ValueError(f"the state checkpoint interval {states.interval} is no multiple "
                              f"of the block size {block_size}")
         self.states = states
+        self.store, self.kv = store, kv
+        self.disk_hits = 0                          # blocks a prefix took from the store
+        if store is not None:
+            if kv is None or states is not None or not enable_prefix_caching or \
+                    layout != [(0, layout[0][1])]:
+                raise ValueError("a prefix store needs prefix caching, one full KV pool, no "
+                                 "recurrent state and the KV cache's bytes (kv)")
+            self.pools[0].evicting = lambda block, h: _spill(store, kv, block, h)
+            # at the latest when the interpreter exits (a script that never closes)
+            self._closer = weakref.finalize(self, _save_and_close, self.pools[0], store, kv)
+
+    def _load_from_store(self, pool: BlockPool, hashes: list[bytes], run: int) -> None:
+        """Loads the blocks after the in-memory run hashes[:run] that the store has, in
+        order, into free blocks entered in the cache (blocks met in memory on the way
+        are kept); the prefix's free blocks move to the recent end of the free list,
+        and no load evicts one of them."""
+        room = len(pool.free)    # free blocks a load may take without evicting the prefix's
+
+        def keep(block: int) -> None:
+            nonlocal room
+            if pool.ref_count[block] == 0:
+                pool.free.move_to_end(block)
+                room -= 1
+        for h in hashes[:run]:
+            keep(pool.cached[h])
+        for h in hashes[run:]:
+            if h in pool.cached:
+                keep(pool.cached[h])
+                continue
+            if room <= 0 or h not in self.store or (payload := self.store.load(h)) is None:
+                break
+            block = pool.take_free()
+            self.kv.write_block(0, block, payload)
+            pool.cached[h] = block
+            pool.hash_of[block] = h
+            pool.drop(block)        # cached and free: at the recent end of the free list
+            room -= 1
+            self.disk_hits += 1
+
+    def close(self, save: bool = True) -> None:
+        """With a store: writes every cached block to it (save) and waits for the
+        writes."""
+        if self.store is None:
+            return
+        if save:
+            self._closer()
+        else:
+            self._closer.detach()
+            self.store.close()
 
     def _tables(self, seq: Sequence) -> list[list[int]]:
         """seq's block tables, empty ones for a sequence that holds no block."""
@@ -184,6 +274,10 @@ class BlockManager:
         for pool in self.pools:  # a full pool serves a run from the first block
             if not pool.window:
                 miss = next((i for i, h in enumerate(hashes) if h not in pool.cached), None)
+                if miss is not None and self.store is not None:
+                    self._load_from_store(pool, hashes, miss)
+                    miss = next((i for i, h in enumerate(hashes) if h not in pool.cached),
+                                None)
                 del hashes[len(hashes) if miss is None else miss:]
         found = [[p.cached.get(h) for h in hashes] for p in self.pools]
 

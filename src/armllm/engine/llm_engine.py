@@ -341,8 +341,10 @@ class LLMEngine:
         return outputs + self._fail(list(self._requests), EngineDead(self._dead))
 
     def close(self) -> None:
-        """Releases the runner's processes (tensor parallel); the engine is unusable
+        """Writes the prefix cache's blocks to its disk tier (--prefix-cache-dir) and
+        releases the runner's processes (tensor parallel); the engine is unusable
         afterwards."""
+        self.blocks.close(save=not self._dead)
         self._dead = self._dead or "the engine is shut down"
         close = getattr(self.runner, "close", None)
         if close is not None:

@@ -8,6 +8,7 @@ shards while rank 0 loads its own."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import threading
@@ -19,6 +20,7 @@ from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
 from armllm.engine.block_manager import BlockManager
 from armllm.engine.comm import DEFAULT_MAX_FLOATS
 from armllm.engine.llm_engine import LLMEngine
+from armllm.engine.prefix_store import PrefixStore
 from armllm.engine.runner import ModelRunner
 from armllm.engine.scheduler import Scheduler
 from armllm.engine.spec.config import SpeculativeConfig
@@ -143,6 +145,10 @@ def build_engine(model: str | Path, args: EngineArgs, progress=None) -> LLMEngin
         raise ValueError(f"data_parallel_size={args.data_parallel_size}: replicas run behind "
                          "AsyncLLM (armllm serve); build one engine per replica")
     if args.tensor_parallel_size > 1:
+        if args.prefix_cache_dir is not None:
+            raise ValueError("prefix_cache_dir: the disk tier of the prefix cache runs in one "
+                             "process; with tensor_parallel_size > 1 each rank holds a part "
+                             "of every block")
         return _build_tensor_parallel(model, args, progress)
     if args.cpus is not None:   # one rank on the CPUs given (a data-parallel replica's)
         (cpus, nodes), = topology.placements(1, args.cpus)
@@ -209,10 +215,54 @@ def _engine(loaded: LoadedModel, kv: KVCache, model_len: int, runner, args: Engi
     live, saved = state_slots(loaded.model.config, args.max_num_seqs,
                               args.enable_prefix_caching)
     states = StatePool(live, saved, checkpoint_interval(args.block_size)) if live else None
-    blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching, states)
+    store = _prefix_store(loaded, kv, args)
+    blocks = BlockManager(kv.pool_layout, args.block_size, args.enable_prefix_caching, states,
+                          store, kv if store is not None else None)
     scheduler = Scheduler(blocks, args.max_num_seqs, args.max_num_batched_tokens, model_len)
     speculator = _speculator(loaded, runner, model_len, args)
     return LLMEngine(loaded, scheduler, runner, args.reasoning_parser, speculator)
+
+
+FINGERPRINT_SAMPLE = 1 << 20  # bytes read from each end of each weight file
+
+
+def store_fingerprint(loaded: LoadedModel, kv: KVCache) -> bytes:
+    """What a prefix store's blocks are valid for: the model's config, its weight
+    files (each one's name, size and first and last MiB: another fine-tune's
+    tensors differ there), the format its layers run in, and the KV cache's dtype,
+    block size and per-block layout."""
+    h = hashlib.blake2b(digest_size=32)
+    h.update(repr(loaded.config).encode())
+    h.update(repr((loaded.model.weights.quantization, loaded.tensor_types, kv.dtype,
+                   kv.block_size, [(g.window, g.layers) for g in kv.groups])).encode())
+    path = Path(loaded.path)
+    files = [path] if path.is_file() else sorted(
+        p for p in path.iterdir() if p.suffix in (".safetensors", ".gguf", ".bin", ".json"))
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(FINGERPRINT_SAMPLE))
+            fh.seek(max(0, size - FINGERPRINT_SAMPLE))
+            h.update(fh.read(FINGERPRINT_SAMPLE))
+    return h.digest()
+
+
+def _prefix_store(loaded: LoadedModel, kv: KVCache, args: EngineArgs) -> PrefixStore | None:
+    """The prefix cache's disk tier that --prefix-cache-dir asks for, or None."""
+    if args.prefix_cache_dir is None:
+        return None
+    c = loaded.model.config
+    why = ("its recurrent layers' states are not blocks" if c.linear_layers else
+           "an encoder-decoder caches no prefixes" if c.encoder is not None else
+           "its sliding-window layers keep a second pool" if len(kv.groups) > 1 else None)
+    if why is not None:
+        raise ValueError(f"prefix_cache_dir: this model's prefix cache stays in memory: {why}")
+    store = PrefixStore(args.prefix_cache_dir, store_fingerprint(loaded, kv),
+                        len(kv.read_block(0, 0)), int(args.prefix_cache_gib * 2**30))
+    log.info("prefix cache on disk: %s, %d blocks (%.2f GiB of %.2f)", store.dir, len(store),
+             store.nbytes / 2**30, args.prefix_cache_gib)
+    return store
 
 
 def _speculator(loaded: LoadedModel, runner: ModelRunner, model_len: int, args: EngineArgs

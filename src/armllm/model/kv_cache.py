@@ -218,6 +218,22 @@ class KVCache:
                 k[:, dst] = k[:, src]
                 v[:, dst] = v[:, src]
 
+    def read_block(self, group: int, block: int) -> bytes:
+        """A copy of one block's K then V in every layer of the group (the prefix
+        cache's files hold these bytes)."""
+        k, v = self._arrays[group]
+        return k[:, block].tobytes() + v[:, block].tobytes()
+
+    def write_block(self, group: int, block: int, data: bytes) -> None:
+        """Fills one block of the group from read_block's bytes."""
+        k, v = self._arrays[group]
+        half = k[:, block].nbytes
+        if len(data) != 2 * half:
+            raise ValueError(f"a block of KV group {group} is {2 * half} bytes, got {len(data)}")
+        k[:, block] = np.frombuffer(data, k.dtype, count=half // k.itemsize).reshape(
+            k[:, block].shape)
+        v[:, block] = np.frombuffer(data, v.dtype, offset=half).reshape(v[:, block].shape)
+
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: str) -> int:
         """K and V of one block in every attention layer."""

@@ -1,0 +1,251 @@
+"""The prefix cache's disk tier (--prefix-cache-dir): blocks outlive the engine,
+are written when evicted, guarded by the model's fingerprint and their digest
+(a corrupt or foreign file is never served), capped with LRU eviction; an
+engine that loads a prefix from disk gives the tokens of one that computes it."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from armllm.api import LLM
+from armllm.engine.args import EngineArgs
+from armllm.engine.block_manager import BlockManager
+from armllm.engine.prefix_store import HEADER, PrefixStore
+from armllm.engine.setup import build_engine
+from armllm.engine.state_pool import StatePool
+from armllm.sampling import SamplingParams
+from tests.tiny_model import write_tiny_llama
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+FP_A, FP_B = bytes(range(32)), bytes(range(1, 33))
+
+
+def block(seed: int, n: int = 4096) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, np.uint8).tobytes()
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "little")
+
+
+def written(store: PrefixStore) -> PrefixStore:
+    store.flush()
+    return store
+
+
+# ------------------------------------------------------------ the store alone
+
+
+def test_blocks_round_trip_and_outlive_the_store(tmp_path):
+    store = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    for i in range(3):
+        store.save(key(i), block(i))
+    store.close()
+    again = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    assert len(again) == 3 and key(1) in again and key(5) not in again
+    assert again.load(key(1)) == block(1)
+    assert again.load(key(5)) is None
+    assert not list(again.dir.glob("*.tmp"))
+    again.close()
+
+
+def test_a_corrupt_file_is_logged_removed_and_never_served(tmp_path, caplog):
+    store = written(PrefixStore(tmp_path, FP_A, 4096, 1 << 20))
+    store.save(key(0), block(0))
+    store.save(key(1), block(1))
+    written(store)
+    path = store.dir / (key(0).hex() + ".kv")
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + 100] ^= 1               # one bit of the payload
+    path.write_bytes(bytes(data))
+    short = store.dir / (key(1).hex() + ".kv")
+    short.write_bytes(short.read_bytes()[:-10])  # a torn write
+    with caplog.at_level(logging.WARNING, "armllm"):
+        assert store.load(key(0)) is None
+        assert store.load(key(1)) is None
+    assert len([r for r in caplog.records if "prefix cache: ignoring" in r.message]) == 2
+    assert not path.exists() and not short.exists() and key(0) not in store
+    store.close()
+
+
+def test_another_models_blocks_are_not_served(tmp_path):
+    a = written(PrefixStore(tmp_path, FP_A, 4096, 1 << 20))
+    a.save(key(0), block(0))
+    written(a).close()
+    b = PrefixStore(tmp_path, FP_B, 4096, 1 << 20)
+    assert b.dir != a.dir and key(0) not in b
+    # a file moved into the other model's folder fails its fingerprint check
+    os.replace(a.dir / (key(0).hex() + ".kv"), b.dir / (key(0).hex() + ".kv"))
+    b.close()
+    b = PrefixStore(tmp_path, FP_B, 4096, 1 << 20)
+    assert key(0) in b and b.load(key(0)) is None and b.rejected == 1
+    b.close()
+
+
+def test_the_cap_evicts_the_least_recently_used(tmp_path):
+    file_bytes = HEADER.size + 4096
+    store = PrefixStore(tmp_path, FP_A, 4096, 3 * file_bytes)
+    for i in range(3):
+        store.save(key(i), block(i))
+        written(store)
+    assert store.load(key(0)) == block(0)    # 0 is now more recent than 1
+    store.save(key(3), block(3))
+    written(store)
+    assert [key(i) in store for i in range(4)] == [True, False, True, True]
+    assert store.nbytes == 3 * file_bytes
+    assert len(list(store.dir.glob("*.kv"))) == 3
+    store.close()
+
+
+def test_leftovers_of_a_crash_are_removed(tmp_path):
+    store = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    store.close()
+    (store.dir / "abc.1.2.tmp").write_bytes(b"partial")
+    (store.dir / "notes.txt").write_bytes(b"not a block")
+    again = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    assert len(again) == 0 and not (store.dir / "abc.1.2.tmp").exists()
+    again.close()
+
+
+def test_bad_settings_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="must hold at least one block"):
+        PrefixStore(tmp_path, FP_A, 4096, 100)
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(ValueError, match="prefix_cache_dir"):
+        PrefixStore(tmp_path / "file", FP_A, 4096, 1 << 20)
+    with pytest.raises(ValueError, match="prefix_cache_gib"):
+        EngineArgs(prefix_cache_dir=str(tmp_path), prefix_cache_gib=0)
+    with pytest.raises(ValueError, match="needs prefix caching"):
+        EngineArgs(prefix_cache_dir=str(tmp_path), enable_prefix_caching=False)
+
+
+# ------------------------------------------------------------ in the engine
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny"))
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    return list(map(int, np.random.default_rng(seed).integers(2, 120, n)))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """Tokens as an engine that computes every prompt gives them."""
+    ref = LLM(model_dir, dtype="float32", kv_cache_gib=0.01, enable_prefix_caching=False)
+    yield lambda p: ref.generate(p, GREEDY)[0].outputs[0].token_ids
+    ref.shutdown()
+
+
+def test_a_restarted_engine_loads_the_prefix_and_gives_the_same_tokens(model_dir, reference,
+                                                                      tmp_path):
+    shared = prompt(70, 1)
+    kw = dict(dtype="float32", kv_cache_gib=0.01, block_size=4, prefix_cache_dir=tmp_path)
+    first = LLM(model_dir, **kw)
+    first.generate(shared + [5], GREEDY)
+    first.shutdown()                       # writes every cached block
+    second = LLM(model_dir, **kw)
+    out = second.generate(shared + [6, 7], GREEDY)[0]
+    cached = len(shared) // 4 * 4
+    assert out.outputs[0].metrics.num_cached_prompt_tokens == cached
+    assert second.engine.blocks.disk_hits == cached // 4
+    assert out.outputs[0].token_ids == reference(shared + [6, 7])
+    second.shutdown()
+
+
+def test_evicted_blocks_come_back_from_disk(model_dir, reference, tmp_path):
+    # 48 blocks of 4 tokens (K and V, 2 layers, 2 KV heads of 16, bf16): the other
+    # prompts evict the first one's blocks
+    small = 48 * 2 * 2 * 2 * 4 * 16 * 2 / 2**30
+    llm = LLM(model_dir, dtype="float32", kv_cache_gib=small, block_size=4,
+              prefix_cache_dir=tmp_path)
+    assert llm.engine.blocks.num_blocks == 48
+    shared = prompt(60, 2)
+    llm.generate(shared + [9], GREEDY)
+    for s in range(3, 7):
+        llm.generate(prompt(80, s), GREEDY)
+    blocks = llm.engine.blocks
+    assert not any(h in blocks.pools[0].cached for h in _hashes(blocks, shared))
+    blocks.store.flush()
+    out = llm.generate(shared + [10, 11], GREEDY)[0]
+    assert out.outputs[0].metrics.num_cached_prompt_tokens == 60
+    assert blocks.disk_hits == 15
+    assert out.outputs[0].token_ids == reference(shared + [10, 11])
+    assert blocks.num_free == blocks.num_blocks
+    llm.shutdown()
+
+
+def test_a_prefix_half_in_memory_half_on_disk(model_dir, reference, tmp_path):
+    small = 48 * 2 * 2 * 2 * 4 * 16 * 2 / 2**30
+    llm = LLM(model_dir, dtype="float32", kv_cache_gib=small, block_size=4,
+              prefix_cache_dir=tmp_path)
+    shared = prompt(60, 4)
+    llm.generate(shared + [9], GREEDY)
+    blocks = llm.engine.blocks
+    hashes = _hashes(blocks, shared)
+    for n in range(8, 120, 8):   # evict the prefix's tail (freed first), not its head
+        llm.generate(prompt(n, n), GREEDY)
+        in_memory = sum(h in blocks.pools[0].cached for h in hashes)
+        if in_memory < len(hashes):
+            break
+    assert 0 < in_memory < len(hashes)
+    assert all(h in blocks.pools[0].cached for h in hashes[:in_memory])
+    blocks.store.flush()
+    out = llm.generate(shared + [10, 11], GREEDY)[0]
+    assert out.outputs[0].metrics.num_cached_prompt_tokens == 60
+    assert blocks.disk_hits == len(hashes) - in_memory
+    assert out.outputs[0].token_ids == reference(shared + [10, 11])
+    llm.shutdown()
+
+
+def _hashes(blocks, ids: list[int]) -> list[bytes]:
+    from armllm.engine.block_manager import _ROOT_HASH, block_hash
+    out, parent, bs = [], _ROOT_HASH, blocks.block_size
+    for i in range(len(ids) // bs):
+        parent = block_hash(parent, ids[i * bs:(i + 1) * bs])
+        out.append(parent)
+    return out
+
+
+def test_another_kv_dtype_does_not_read_the_blocks(model_dir, tmp_path):
+    shared = prompt(40, 3)
+    kw = dict(dtype="float32", kv_cache_gib=0.01, block_size=4, prefix_cache_dir=tmp_path)
+    first = LLM(model_dir, kv_cache_dtype="f32", **kw)
+    first.generate(shared + [5], GREEDY)
+    first.shutdown()
+    second = LLM(model_dir, kv_cache_dtype="bf16", **kw)
+    out = second.generate(shared + [6], GREEDY)[0]
+    assert out.outputs[0].metrics.num_cached_prompt_tokens == 0
+    assert second.engine.blocks.disk_hits == 0
+    second.shutdown()
+
+
+def test_a_store_needs_one_full_pool_and_no_states(tmp_path):
+    store = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    with pytest.raises(ValueError, match="one full KV pool"):
+        BlockManager([(0, 8), (64, 8)], 4, True, None, store, object())
+    with pytest.raises(ValueError, match="one full KV pool"):
+        BlockManager(8, 4, True, StatePool(2, 2, 4), store, object())
+    store.close()
+
+
+def test_tensor_parallel_is_refused_before_anything_starts(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="prefix_cache_dir"):
+        build_engine(model_dir, EngineArgs(tensor_parallel_size=2,
+                                           prefix_cache_dir=str(tmp_path)))
+
+
+def test_a_script_that_never_shuts_down_still_writes_its_blocks(model_dir, tmp_path):
+    script = (f"from armllm.api import LLM; from armllm.sampling import SamplingParams\n"
+              f"llm = LLM({str(model_dir)!r}, dtype='float32', kv_cache_gib=0.01, "
+              f"block_size=4, prefix_cache_dir={str(tmp_path)!r})\n"
+              f"llm.generate(list(range(2, 40)), SamplingParams(max_tokens=2))\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert len(list(tmp_path.glob("*/*.kv"))) == 38 // 4
