@@ -4,10 +4,12 @@ are written when evicted, guarded by the model's fingerprint and their digest
 engine that loads a prefix from disk gives the tokens of one that computes it."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from armllm.api import LLM
 from armllm.engine.args import EngineArgs
 from armllm.engine.block_manager import BlockManager
 from armllm.engine.prefix_store import HEADER, PrefixStore
+from armllm.engine.sequence import Sequence
 from armllm.engine.setup import build_engine
 from armllm.engine.state_pool import StatePool
 from armllm.sampling import SamplingParams
@@ -25,12 +28,18 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 FP_A, FP_B = bytes(range(32)), bytes(range(1, 33))
 
 
+@dataclass
+class Params:
+    max_tokens: int = 8
+    n: int = 1
+
+
 def block(seed: int, n: int = 4096) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, n, np.uint8).tobytes()
 
 
-def key(i: int) -> bytes:
-    return i.to_bytes(16, "little")
+def key(i: int, group: int = 0) -> tuple[int, bytes]:
+    return group, i.to_bytes(16, "little")
 
 
 def written(store: PrefixStore) -> PrefixStore:
@@ -42,28 +51,32 @@ def written(store: PrefixStore) -> PrefixStore:
 
 
 def test_blocks_round_trip_and_outlive_the_store(tmp_path):
-    store = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    store = PrefixStore(tmp_path, FP_A, [4096, 1024], 1 << 20)
     for i in range(3):
         store.save(key(i), block(i))
+    store.save(key(1, group=1), block(7, 1024))
+    with pytest.raises(ValueError, match="group 1 is 1024 bytes"):
+        store.save(key(2, group=1), block(2))
     store.close()
-    again = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
-    assert len(again) == 3 and key(1) in again and key(5) not in again
+    again = PrefixStore(tmp_path, FP_A, [4096, 1024], 1 << 20)
+    assert len(again) == 4 and key(1) in again and key(5) not in again
     assert again.load(key(1)) == block(1)
-    assert again.load(key(5)) is None
+    assert again.load(key(1, group=1)) == block(7, 1024)
+    assert again.load(key(5)) is None and again.load(key(2, group=1)) is None
     assert not list(again.dir.glob("*.tmp"))
     again.close()
 
 
 def test_a_corrupt_file_is_logged_removed_and_never_served(tmp_path, caplog):
-    store = written(PrefixStore(tmp_path, FP_A, 4096, 1 << 20))
+    store = written(PrefixStore(tmp_path, FP_A, [4096], 1 << 20))
     store.save(key(0), block(0))
     store.save(key(1), block(1))
     written(store)
-    path = store.dir / (key(0).hex() + ".kv")
+    path = store.dir / f"0-{key(0)[1].hex()}.kv"
     data = bytearray(path.read_bytes())
     data[HEADER.size + 100] ^= 1               # one bit of the payload
     path.write_bytes(bytes(data))
-    short = store.dir / (key(1).hex() + ".kv")
+    short = store.dir / f"0-{key(1)[1].hex()}.kv"
     short.write_bytes(short.read_bytes()[:-10])  # a torn write
     with caplog.at_level(logging.WARNING, "armllm"):
         assert store.load(key(0)) is None
@@ -74,22 +87,23 @@ def test_a_corrupt_file_is_logged_removed_and_never_served(tmp_path, caplog):
 
 
 def test_another_models_blocks_are_not_served(tmp_path):
-    a = written(PrefixStore(tmp_path, FP_A, 4096, 1 << 20))
+    a = written(PrefixStore(tmp_path, FP_A, [4096], 1 << 20))
     a.save(key(0), block(0))
     written(a).close()
-    b = PrefixStore(tmp_path, FP_B, 4096, 1 << 20)
+    b = PrefixStore(tmp_path, FP_B, [4096], 1 << 20)
     assert b.dir != a.dir and key(0) not in b
     # a file moved into the other model's folder fails its fingerprint check
-    os.replace(a.dir / (key(0).hex() + ".kv"), b.dir / (key(0).hex() + ".kv"))
+    name = f"0-{key(0)[1].hex()}.kv"
+    os.replace(a.dir / name, b.dir / name)
     b.close()
-    b = PrefixStore(tmp_path, FP_B, 4096, 1 << 20)
+    b = PrefixStore(tmp_path, FP_B, [4096], 1 << 20)
     assert key(0) in b and b.load(key(0)) is None and b.rejected == 1
     b.close()
 
 
 def test_the_cap_evicts_the_least_recently_used(tmp_path):
     file_bytes = HEADER.size + 4096
-    store = PrefixStore(tmp_path, FP_A, 4096, 3 * file_bytes)
+    store = PrefixStore(tmp_path, FP_A, [4096], 3 * file_bytes)
     for i in range(3):
         store.save(key(i), block(i))
         written(store)
@@ -103,21 +117,21 @@ def test_the_cap_evicts_the_least_recently_used(tmp_path):
 
 
 def test_leftovers_of_a_crash_are_removed(tmp_path):
-    store = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    store = PrefixStore(tmp_path, FP_A, [4096], 1 << 20)
     store.close()
     (store.dir / "abc.1.2.tmp").write_bytes(b"partial")
     (store.dir / "notes.txt").write_bytes(b"not a block")
-    again = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
+    again = PrefixStore(tmp_path, FP_A, [4096], 1 << 20)
     assert len(again) == 0 and not (store.dir / "abc.1.2.tmp").exists()
     again.close()
 
 
 def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="must hold at least one block"):
-        PrefixStore(tmp_path, FP_A, 4096, 100)
+        PrefixStore(tmp_path, FP_A, [4096], 100)
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(ValueError, match="prefix_cache_dir"):
-        PrefixStore(tmp_path / "file", FP_A, 4096, 1 << 20)
+        PrefixStore(tmp_path / "file", FP_A, [4096], 1 << 20)
     with pytest.raises(ValueError, match="prefix_cache_gib"):
         EngineArgs(prefix_cache_dir=str(tmp_path), prefix_cache_gib=0)
     with pytest.raises(ValueError, match="needs prefix caching"):
@@ -227,13 +241,94 @@ def test_another_kv_dtype_does_not_read_the_blocks(model_dir, tmp_path):
     second.shutdown()
 
 
-def test_a_store_needs_one_full_pool_and_no_states(tmp_path):
-    store = PrefixStore(tmp_path, FP_A, 4096, 1 << 20)
-    with pytest.raises(ValueError, match="one full KV pool"):
-        BlockManager([(0, 8), (64, 8)], 4, True, None, store, object())
-    with pytest.raises(ValueError, match="one full KV pool"):
+def test_a_store_needs_no_states_and_the_caches_bytes(tmp_path):
+    store = PrefixStore(tmp_path, FP_A, [4096], 1 << 20)
+    with pytest.raises(ValueError, match="no recurrent state"):
         BlockManager(8, 4, True, StatePool(2, 2, 4), store, object())
+    with pytest.raises(ValueError, match="no recurrent state"):
+        BlockManager(8, 4, True, None, store, None)
     store.close()
+
+
+class FakeKV:
+    """Block bytes per KV group, as KVCache.read_block/write_block keep them."""
+
+    def __init__(self, layout, nbytes):
+        self.data = [[bytes(nbytes[g])] * (n + 1) for g, (_, n) in enumerate(layout)]
+
+    def read_block(self, group, block):
+        return self.data[group][block]
+
+    def write_block(self, group, block, data):
+        self.data[group][block] = data
+
+
+def test_a_full_and_a_window_pool_reload_what_each_needs(tmp_path):
+    """Blocks of both pools go to disk; after a restart a prompt's full pool gets its
+    whole run from there, its window pool only the blocks inside the window."""
+    layout, nbytes, bs = [(0, 12), (8, 12)], [64, 32], 4
+    ids = list(range(100, 125))                 # 6 full blocks, then one token
+    store = PrefixStore(tmp_path, FP_A, nbytes, 1 << 20)
+    kv = FakeKV(layout, nbytes)
+    bm = BlockManager(layout, bs, True, None, store, kv)
+    a = Sequence("a", ids, Params())
+    assert bm.allocate_slots(a, len(ids)) is not None
+    want = {}
+    for g, table in enumerate(a.block_tables):  # the step writes every block it holds
+        for i, b in enumerate(table):
+            if b != bm.pools[g].null:
+                kv.write_block(g, b, block(10 * g + i, nbytes[g]))
+                want[g, i] = kv.read_block(g, b)
+    a.num_computed = len(ids)
+    bm.commit(a)
+    bm.release(a)
+    bm.close()
+    kv2 = FakeKV(layout, nbytes)
+    bm2 = BlockManager(layout, bs, True, None, PrefixStore(tmp_path, FP_A, nbytes, 1 << 20),
+                       kv2)
+    b = Sequence("b", ids[:24] + [7, 8], Params())
+    prefix = bm2.cached_prefix(b)
+    assert prefix.num_tokens == 24
+    full, window = prefix.tables
+    live = bm2.pools[1].first_live(24, bs)      # the window of the first token left
+    assert live == 4 and window[:live] == [bm2.pools[1].null] * live
+    assert [kv2.read_block(0, blk) for blk in full] == [want[0, i] for i in range(6)]
+    assert [kv2.read_block(1, blk) for blk in window[live:]] == [want[1, i]
+                                                                 for i in range(live, 6)]
+    assert bm2.disk_hits == 6 + 6 - live
+    assert bm2.allocate_slots(b, 26, prefix) is not None and b.num_computed == 24
+    bm2.release(b)
+    bm2.close()
+
+
+def write_tiny_mistral(path, window: int):
+    """The tiny Llama as a Mistral whose every layer attends `window` tokens back."""
+    write_tiny_llama(path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                  sliding_window=window)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_a_sliding_window_model_reloads_its_window(tmp_path_factory):
+    model = write_tiny_mistral(tmp_path_factory.mktemp("mistral"), 8)
+    folder = tmp_path_factory.mktemp("store")
+    ref = LLM(model, dtype="float32", kv_cache_gib=0.01, enable_prefix_caching=False)
+    shared = prompt(50, 6)
+    want = ref.generate(shared + [6, 7], GREEDY)[0].outputs[0].token_ids
+    ref.shutdown()
+    kw = dict(dtype="float32", kv_cache_gib=0.01, block_size=4, prefix_cache_dir=folder)
+    first = LLM(model, **kw)
+    assert len(first.engine.runner.kv.groups) == 1 and first.engine.blocks.pools[0].window
+    first.generate(shared + [5], GREEDY)
+    first.shutdown()
+    second = LLM(model, **kw)
+    out = second.generate(shared + [6, 7], GREEDY)[0].outputs[0]
+    assert out.metrics.num_cached_prompt_tokens == 48
+    assert 0 < second.engine.blocks.disk_hits < 12    # the window's blocks, not all 12
+    assert out.token_ids == want
+    second.shutdown()
 
 
 def test_tensor_parallel_is_refused_before_anything_starts(model_dir, tmp_path):

@@ -31,19 +31,22 @@ checkpoint: a multiple of the pool's interval whose blocks every KV pool
 serves and whose state was saved when a sequence's computed tokens reached it
 (commit); the hit's state is copied into the new sequence's live slot.
 
-With a PrefixStore (engine/prefix_store.py, --prefix-cache-dir; one full pool
-and no recurrent state), the cache has a second tier on disk: a hashed block
-is written there when it is evicted (before it is handed out again) and every
-cached block when the engine closes; cached_prefix() continues a prompt's
-in-memory run with the blocks the store has, loading each into a free block
-that then sits in the cache as any freed block does (the run's in-memory
-blocks are kept from eviction while it loads).
+With a PrefixStore (engine/prefix_store.py, --prefix-cache-dir; no recurrent
+state), the cache has a second tier on disk: a hashed block of any pool is
+written there when it is evicted (before it is handed out again) and every
+cached block when the engine closes. cached_prefix() fills the blocks a
+prompt's prefix needs from the store where memory lacks them (a full pool's
+run on from its first block, then each window pool's blocks inside the
+window), loading each into a free block that then sits in the cache as any
+freed block does; the prefix's blocks already in memory are kept from
+eviction while it loads.
 
 The scheduler asks once per sequence and step: allocate_slots() gives a
 sequence room for its next tokens (a new one first takes the CachedPrefix
 that cached_prefix() found), or changes nothing when they do not fit."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import weakref
 from array import array
@@ -154,16 +157,17 @@ class BlockPool:
             j -= 1
 
 
-def _spill(store: PrefixStore, kv: BlockIO, block: int, h: bytes) -> None:
+def _spill(store: PrefixStore, kv: BlockIO, group: int, block: int, h: bytes) -> None:
     """A cached block's bytes go to the store, if it lacks them (an evicted block's
     before the next step overwrites it)."""
-    if h not in store:
-        store.save(h, kv.read_block(0, block))
+    if (group, h) not in store:
+        store.save((group, h), kv.read_block(group, block))
 
 
-def _save_and_close(pool: BlockPool, store: PrefixStore, kv: BlockIO) -> None:
-    for h, block in list(pool.cached.items()):
-        _spill(store, kv, block, h)
+def _save_and_close(pools: list[BlockPool], store: PrefixStore, kv: BlockIO) -> None:
+    for group, pool in enumerate(pools):
+        for h, block in list(pool.cached.items()):
+            _spill(store, kv, group, block, h)
     store.close()
 
 
@@ -172,8 +176,8 @@ class BlockManager:
     sequence, or each pool's (window, num_blocks) in KV-group order (window 0: the
     whole sequence); states: a hybrid model's StatePool (None: no recurrent layers),
     whose checkpoint interval must be a multiple of block_size; store: the prefix
-    cache's disk tier, with kv the cache whose block bytes it keeps (one full pool,
-    no states, prefix caching on)."""
+    cache's disk tier, with kv the cache whose block bytes it keeps (no states,
+    prefix caching on)."""
 
     def __init__(self, num_blocks: int | Seq[tuple[int, int]], block_size: int,
                  enable_prefix_caching: bool = True, states: StatePool | None = None,
@@ -194,36 +198,33 @@ class BlockManager:
         self.store, self.kv = store, kv
         self.disk_hits = 0                          # blocks a prefix took from the store
         if store is not None:
-            if kv is None or states is not None or not enable_prefix_caching or \
-                    layout != [(0, layout[0][1])]:
-                raise ValueError("a prefix store needs prefix caching, one full KV pool, no "
-                                 "recurrent state and the KV cache's bytes (kv)")
-            self.pools[0].evicting = lambda block, h: _spill(store, kv, block, h)
+            if kv is None or states is not None or not enable_prefix_caching:
+                raise ValueError("a prefix store needs prefix caching, no recurrent state "
+                                 "and the KV cache's bytes (kv)")
+            for group, pool in enumerate(self.pools):
+                pool.evicting = functools.partial(_spill, store, kv, group)
             # at the latest when the interpreter exits (a script that never closes)
-            self._closer = weakref.finalize(self, _save_and_close, self.pools[0], store, kv)
+            self._closer = weakref.finalize(self, _save_and_close, self.pools, store, kv)
 
-    def _load_from_store(self, pool: BlockPool, hashes: list[bytes], run: int) -> None:
-        """Loads the blocks after the in-memory run hashes[:run] that the store has, in
-        order, into free blocks entered in the cache (blocks met in memory on the way
-        are kept); the prefix's free blocks move to the recent end of the free list,
-        and no load evicts one of them."""
+    def _load_from_store(self, group: int, hashes: list[bytes]) -> None:
+        """Makes pool `group` cache hashes' blocks, in order, up to the first that
+        neither memory nor the store has: each missing one is loaded into a free block
+        entered in the cache; the prefix's free blocks move to the recent end of the
+        free list, and no load evicts one of them."""
+        pool = self.pools[group]
         room = len(pool.free)    # free blocks a load may take without evicting the prefix's
-
-        def keep(block: int) -> None:
-            nonlocal room
-            if pool.ref_count[block] == 0:
-                pool.free.move_to_end(block)
-                room -= 1
-        for h in hashes[:run]:
-            keep(pool.cached[h])
-        for h in hashes[run:]:
+        for h in hashes:
             if h in pool.cached:
-                keep(pool.cached[h])
+                block = pool.cached[h]
+                if pool.ref_count[block] == 0:
+                    pool.free.move_to_end(block)
+                    room -= 1
                 continue
-            if room <= 0 or h not in self.store or (payload := self.store.load(h)) is None:
+            if room <= 0 or (group, h) not in self.store or \
+                    (payload := self.store.load((group, h))) is None:
                 break
             block = pool.take_free()
-            self.kv.write_block(0, block, payload)
+            self.kv.write_block(group, block, payload)
             pool.cached[h] = block
             pool.hash_of[block] = h
             pool.drop(block)        # cached and free: at the recent end of the free list
@@ -271,14 +272,16 @@ class BlockManager:
         limit = (seq.num_tokens - 1) // bs
         self._extend_hashes(seq, limit * bs)
         hashes = seq.block_hashes[:limit]
-        for pool in self.pools:  # a full pool serves a run from the first block
+        for g, pool in enumerate(self.pools):  # a full pool serves a run from the first block
             if not pool.window:
+                if self.store is not None:
+                    self._load_from_store(g, hashes)
                 miss = next((i for i, h in enumerate(hashes) if h not in pool.cached), None)
-                if miss is not None and self.store is not None:
-                    self._load_from_store(pool, hashes, miss)
-                    miss = next((i for i, h in enumerate(hashes) if h not in pool.cached),
-                                None)
                 del hashes[len(hashes) if miss is None else miss:]
+        if self.store is not None:   # a window pool: the blocks inside the run's window
+            for g, pool in enumerate(self.pools):
+                if pool.window:
+                    self._load_from_store(g, hashes[pool.first_live(len(hashes) * bs, bs):])
         found = [[p.cached.get(h) for h in hashes] for p in self.pools]
 
         def window_pools_serve(k: int) -> bool:

@@ -254,12 +254,12 @@ def _prefix_store(loaded: LoadedModel, kv: KVCache, args: EngineArgs) -> PrefixS
         return None
     c = loaded.model.config
     why = ("its recurrent layers' states are not blocks" if c.linear_layers else
-           "an encoder-decoder caches no prefixes" if c.encoder is not None else
-           "its sliding-window layers keep a second pool" if len(kv.groups) > 1 else None)
+           "an encoder-decoder caches no prefixes" if c.encoder is not None else None)
     if why is not None:
         raise ValueError(f"prefix_cache_dir: this model's prefix cache stays in memory: {why}")
     store = PrefixStore(args.prefix_cache_dir, store_fingerprint(loaded, kv),
-                        len(kv.read_block(0, 0)), int(args.prefix_cache_gib * 2**30))
+                        [len(kv.read_block(g, 0)) for g in range(len(kv.groups))],
+                        int(args.prefix_cache_gib * 2**30))
     log.info("prefix cache on disk: %s, %d blocks (%.2f GiB of %.2f)", store.dir, len(store),
              store.nbytes / 2**30, args.prefix_cache_gib)
     return store
