@@ -241,26 +241,71 @@ def test_another_kv_dtype_does_not_read_the_blocks(model_dir, tmp_path):
     second.shutdown()
 
 
-def test_a_store_needs_no_states_and_the_caches_bytes(tmp_path):
+def test_a_store_needs_the_caches_bytes(tmp_path):
     store = PrefixStore(tmp_path, FP_A, [4096], 1 << 20)
-    with pytest.raises(ValueError, match="no recurrent state"):
-        BlockManager(8, 4, True, StatePool(2, 2, 4), store, object())
-    with pytest.raises(ValueError, match="no recurrent state"):
+    with pytest.raises(ValueError, match="the KV cache's bytes"):
         BlockManager(8, 4, True, None, store, None)
     store.close()
 
 
 class FakeKV:
-    """Block bytes per KV group, as KVCache.read_block/write_block keep them."""
+    """Block bytes per KV group and state slot bytes, as KVCache's read_block,
+    write_block, read_state and write_state keep them."""
 
-    def __init__(self, layout, nbytes):
+    def __init__(self, layout, nbytes, slots=0, state_bytes=16):
         self.data = [[bytes(nbytes[g])] * (n + 1) for g, (_, n) in enumerate(layout)]
+        self.states = [bytes(state_bytes)] * slots
 
     def read_block(self, group, block):
         return self.data[group][block]
 
     def write_block(self, group, block, data):
         self.data[group][block] = data
+
+    def read_state(self, slot):
+        return self.states[slot]
+
+    def write_state(self, slot, data):
+        self.states[slot] = data
+
+
+def test_state_checkpoints_go_to_disk_when_evicted_and_come_back(tmp_path):
+    """A hybrid's checkpoints (interval 8, one checkpoint slot): the second prompt's
+    checkpoint evicts the first's, which goes to disk; the first prompt's prefix
+    then comes back with its state loaded into a checkpoint slot, the pending copy of
+    the second's not disturbed."""
+    bs, nbytes, sb = 4, [64], 16
+    store = PrefixStore(tmp_path, FP_A, nbytes + [sb], 1 << 20)
+    states = StatePool(2, 1, 8)
+    kv = FakeKV([(0, 16)], nbytes, slots=3, state_bytes=sb)
+    bm = BlockManager(16, bs, True, states, store, kv)
+    first = list(range(100, 109))
+    a = Sequence("a", first, Params())
+    assert bm.allocate_slots(a, 8) is not None
+    a.num_computed = 8
+    bm.commit(a)                               # checkpoint of a's 8 tokens: slot 2, pending
+    assert states.copies() == [(a.state_slot, 2)]
+    kv.write_state(2, block(1, sb))            # the step makes the copy
+    bm.release(a)
+    b = Sequence("b", list(range(200, 209)), Params())
+    assert bm.allocate_slots(b, 8) is not None
+    b.num_computed = 8
+    bm.commit(b)                               # evicts a's checkpoint: spilled first
+    assert states.pending == [(b.state_slot, 2)]
+    bm.release(b)
+    store.flush()
+    assert (1, a.block_hashes[1]) in store
+    c = Sequence("c", first[:8] + [5], Params())
+    prefix = bm.cached_prefix(c)
+    # slot 2 is a pending copy's target: no free slot the load may write now
+    assert prefix.num_tokens == 0
+    states.copies()                            # the next step made it
+    kv.write_state(2, block(2, sb))
+    prefix = bm.cached_prefix(c)
+    assert prefix.num_tokens == 8 and prefix.state == 2
+    assert kv.read_state(2) == block(1, sb) and bm.disk_hits == 1
+    assert (1, b.block_hashes[1]) in store      # b's checkpoint went to disk in its turn
+    bm.close()
 
 
 def test_a_full_and_a_window_pool_reload_what_each_needs(tmp_path):

@@ -217,6 +217,30 @@ def test_prefix_cache_hit_equals_a_miss_bit_for_bit(tiny):
     assert stats.prefix_cache_hits == 256
 
 
+def test_prefix_cache_on_disk_outlives_the_engine(tiny, tmp_path):
+    """--prefix-cache-dir: a restarted engine takes the 256-token prefix's KV blocks
+    and its state checkpoint from disk and gives the logprobs of an engine that
+    computes the prompt whole, to the bit."""
+    path, _ = tiny("dense")
+    shared = (IDS * 3)[:300]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
+
+    def run(llm: LLM, prompt: list[int]):
+        out = llm.generate(prompt, params)[0].outputs[0]
+        return out.token_ids, out.logprobs, out.metrics.num_cached_prompt_tokens
+
+    kw = dict(max_num_seqs=2, block_size=16, prefix_cache_dir=tmp_path, **ENGINE)
+    first = LLM(path, **kw)
+    run(first, shared + [7, 8])
+    first.shutdown()
+    second = LLM(path, **kw)
+    hit = run(second, shared + [9])
+    # every stored block of the prompt (its run to 300 // 16 blocks) and the checkpoint
+    assert hit[2] == 256 and second.engine.blocks.disk_hits == 300 // 16 + 1
+    assert hit[:2] == run(LLM(path, max_num_seqs=2, block_size=16, **ENGINE), shared + [9])[:2]
+    second.shutdown()
+
+
 def write_tiny_multimodal(path, name: str, tokenizer):
     """A tiny *ForConditionalGeneration checkpoint: the tiny text model beside a
     one-block vision tower."""

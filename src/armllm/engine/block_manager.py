@@ -31,15 +31,16 @@ checkpoint: a multiple of the pool's interval whose blocks every KV pool
 serves and whose state was saved when a sequence's computed tokens reached it
 (commit); the hit's state is copied into the new sequence's live slot.
 
-With a PrefixStore (engine/prefix_store.py, --prefix-cache-dir; no recurrent
-state), the cache has a second tier on disk: a hashed block of any pool is
-written there when it is evicted (before it is handed out again) and every
-cached block when the engine closes. cached_prefix() fills the blocks a
-prompt's prefix needs from the store where memory lacks them (a full pool's
-run on from its first block, then each window pool's blocks inside the
-window), loading each into a free block that then sits in the cache as any
-freed block does; the prefix's blocks already in memory are kept from
-eviction while it loads.
+With a PrefixStore (engine/prefix_store.py, --prefix-cache-dir), the cache
+has a second tier on disk: a hashed block of any pool, and a hybrid's state
+checkpoint, is written there when it is evicted (before its block or slot is
+handed out again), and every one when the engine closes. cached_prefix()
+fills what a prompt's prefix needs from the store where memory lacks it (a
+full pool's run on from its first block; then, for the prefix it settles
+on, each window pool's blocks inside the window and the state checkpoint),
+loading each block into a free block that then sits in the cache as any
+freed block does (the prefix's blocks already in memory are kept from
+eviction while it loads) and a checkpoint into a checkpoint slot.
 
 The scheduler asks once per sequence and step: allocate_slots() gives a
 sequence room for its next tokens (a new one first takes the CachedPrefix
@@ -85,6 +86,10 @@ class BlockIO(Protocol):
     def read_block(self, group: int, block: int) -> bytes: ...
 
     def write_block(self, group: int, block: int, data: bytes) -> None: ...
+
+    def read_state(self, slot: int) -> bytes: ...
+
+    def write_state(self, slot: int, data: bytes) -> None: ...
 
 
 class BlockPool:
@@ -164,10 +169,22 @@ def _spill(store: PrefixStore, kv: BlockIO, group: int, block: int, h: bytes) ->
         store.save((group, h), kv.read_block(group, block))
 
 
-def _save_and_close(pools: list[BlockPool], store: PrefixStore, kv: BlockIO) -> None:
+def _spill_state(store: PrefixStore, kv: BlockIO, group: int, key: bytes, slot: int) -> None:
+    """A state checkpoint's bytes go to the store (as group `group`: after the KV
+    groups), if it lacks them."""
+    if (group, key) not in store:
+        store.save((group, key), kv.read_state(slot))
+
+
+def _save_and_close(pools: list[BlockPool], states: StatePool | None, store: PrefixStore,
+                    kv: BlockIO) -> None:
     for group, pool in enumerate(pools):
         for h, block in list(pool.cached.items()):
             _spill(store, kv, group, block, h)
+    if states is not None:   # the checkpoints whose state is in their slot
+        for key, slot in list(states.saved.items()):
+            if states.settled(slot):
+                _spill_state(store, kv, len(pools), key, slot)
     store.close()
 
 
@@ -198,13 +215,16 @@ class BlockManager:
         self.store, self.kv = store, kv
         self.disk_hits = 0                          # blocks a prefix took from the store
         if store is not None:
-            if kv is None or states is not None or not enable_prefix_caching:
-                raise ValueError("a prefix store needs prefix caching, no recurrent state "
-                                 "and the KV cache's bytes (kv)")
+            if kv is None or not enable_prefix_caching:
+                raise ValueError("a prefix store needs prefix caching and the KV cache's "
+                                 "bytes (kv)")
             for group, pool in enumerate(self.pools):
                 pool.evicting = functools.partial(_spill, store, kv, group)
+            if states is not None:
+                states.evicting = functools.partial(_spill_state, store, kv, len(self.pools))
             # at the latest when the interpreter exits (a script that never closes)
-            self._closer = weakref.finalize(self, _save_and_close, self.pools, store, kv)
+            self._closer = weakref.finalize(self, _save_and_close, self.pools, states, store,
+                                            kv)
 
     def _load_from_store(self, group: int, hashes: list[bytes]) -> None:
         """Makes pool `group` cache hashes' blocks, in order, up to the first that
@@ -230,6 +250,17 @@ class BlockManager:
             pool.drop(block)        # cached and free: at the recent end of the free list
             room -= 1
             self.disk_hits += 1
+
+    def _load_state(self, key: bytes) -> int | None:
+        """The checkpoint saved under key, loaded from the store into a checkpoint
+        slot, or None."""
+        payload = self.store.load((len(self.pools), key))
+        if payload is None:
+            return None
+        slot = self.states.load(key, lambda s: self.kv.write_state(s, payload))
+        if slot is not None:
+            self.disk_hits += 1
+        return slot
 
     def close(self, save: bool = True) -> None:
         """With a store: writes every cached block to it (save) and waits for the
@@ -263,7 +294,8 @@ class BlockManager:
         """The longest prefix of seq's tokens that every pool serves from its cache
         (window pools: the blocks in the window of the first token left to compute;
         null before), leaving at least one token to compute; no blocks on a miss.
-        Takes nothing."""
+        Takes nothing; with a store, it first loads what the prefix needs from there
+        into the cache (the blocks, a hybrid's state checkpoint)."""
         empty = CachedPrefix([[] for _ in self.pools], 0)
         if not self.enable_prefix_caching or seq.block_tables or not seq.reuse_prefix \
                 or (self.states is not None and not self.states.interval):
@@ -272,36 +304,51 @@ class BlockManager:
         limit = (seq.num_tokens - 1) // bs
         self._extend_hashes(seq, limit * bs)
         hashes = seq.block_hashes[:limit]
+        store = self.store
         for g, pool in enumerate(self.pools):  # a full pool serves a run from the first block
             if not pool.window:
-                if self.store is not None:
+                if store is not None:
                     self._load_from_store(g, hashes)
                 miss = next((i for i, h in enumerate(hashes) if h not in pool.cached), None)
                 del hashes[len(hashes) if miss is None else miss:]
-        if self.store is not None:   # a window pool: the blocks inside the run's window
-            for g, pool in enumerate(self.pools):
-                if pool.window:
-                    self._load_from_store(g, hashes[pool.first_live(len(hashes) * bs, bs):])
-        found = [[p.cached.get(h) for h in hashes] for p in self.pools]
 
         def window_pools_serve(k: int) -> bool:
-            return all(found[i][j] is not None for i, p in enumerate(self.pools) if p.window
+            return all(hashes[j] in p.cached or (store is not None and (g, hashes[j]) in store)
+                       for g, p in enumerate(self.pools) if p.window
                        for j in range(p.first_live(k * bs, bs), k))
-        def state_serves(k: int) -> int | None:   # the checkpoint after k blocks
+
+        def state_serves(k: int) -> bool:   # a checkpoint after k blocks, in memory or stored
             if self.states is None:
-                return -1
-            return self.states.find(hashes[k - 1]) \
-                if self.states.is_boundary(k * bs) else None
+                return True
+            if not self.states.is_boundary(k * bs):
+                return False
+            key = hashes[k - 1]
+            return key in self.states.saved or (store is not None and
+                                                (len(self.pools), key) in store)
         k = len(hashes)
-        while k and (not window_pools_serve(k) or state_serves(k) is None):
+        while k and (not window_pools_serve(k) or not state_serves(k)):
             k -= 1
         if not k:
             return empty
+        state = None
+        if store is not None:
+            for g, pool in enumerate(self.pools):
+                if pool.window:
+                    self._load_from_store(g, hashes[pool.first_live(k * bs, bs):k])
+        if self.states is not None:
+            state = self.states.find(hashes[k - 1])
+            if state is None:
+                state = self._load_state(hashes[k - 1])
         tables = []
-        for pool, hits in zip(self.pools, found, strict=True):
+        for pool in self.pools:
             live = pool.first_live(k * bs, bs)
-            tables.append([pool.null] * live + hits[live:k])
-        return CachedPrefix(tables, k * bs, None if self.states is None else state_serves(k))
+            hits = [pool.cached.get(h) for h in hashes[live:k]]
+            if None in hits:   # a stored block failed its checks: compute the prompt
+                return empty
+            tables.append([pool.null] * live + hits)
+        if self.states is not None and state is None:
+            return empty
+        return CachedPrefix(tables, k * bs, state)
 
     # -- accounting -----------------------------------------------------------------------
 

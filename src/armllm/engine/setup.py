@@ -253,12 +253,12 @@ def _prefix_store(loaded: LoadedModel, kv: KVCache, args: EngineArgs) -> PrefixS
     if args.prefix_cache_dir is None:
         return None
     c = loaded.model.config
-    why = ("its recurrent layers' states are not blocks" if c.linear_layers else
-           "an encoder-decoder caches no prefixes" if c.encoder is not None else None)
-    if why is not None:
-        raise ValueError(f"prefix_cache_dir: this model's prefix cache stays in memory: {why}")
-    store = PrefixStore(args.prefix_cache_dir, store_fingerprint(loaded, kv),
-                        [len(kv.read_block(g, 0)) for g in range(len(kv.groups))],
+    if c.encoder is not None:
+        raise ValueError("prefix_cache_dir: an encoder-decoder (Whisper) caches no prefixes")
+    sizes = [len(kv.read_block(g, 0)) for g in range(len(kv.groups))]
+    if c.linear_layers:   # a hybrid's state checkpoints, as one more group
+        sizes.append(len(kv.read_state(0)))
+    store = PrefixStore(args.prefix_cache_dir, store_fingerprint(loaded, kv), sizes,
                         int(args.prefix_cache_gib * 2**30))
     log.info("prefix cache on disk: %s, %d blocks (%.2f GiB of %.2f)", store.dir, len(store),
              store.nbytes / 2**30, args.prefix_cache_gib)

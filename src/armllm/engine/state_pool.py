@@ -15,15 +15,20 @@ chunk at each such boundary (step_limit), so a hit starts where a miss's
 chunk did and computes the rest exactly as the miss did, bit for bit.
 
 Copies between slots are not made here: copies() hands them, in order, to
-the next step, which makes them before any layer runs."""
+the next step, which makes them before any layer runs. With the prefix
+cache on disk, `evicting(key, slot)` is told of a checkpoint before its slot
+is reused, and load() puts a checkpoint read from disk in a slot of its own."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class StatePool:
     """`live` slots for running sequences (ids 0..live-1) and `checkpoints` slots
     (the ids after) for states at multiples of `interval` tokens (0: none)."""
+
+    evicting: Callable[[bytes, int], None] | None = None
 
     def __init__(self, live: int, checkpoints: int = 0, interval: int = 0):
         if live < 1 or checkpoints < 0 or (checkpoints and interval < 1):
@@ -74,14 +79,46 @@ class StatePool:
         if key in self.saved:
             self.saved.move_to_end(key)
             return
-        if self.free_checkpoints:
-            slot = self.free_checkpoints.pop()
-        elif self.saved:
-            _, slot = self.saved.popitem(last=False)
-        else:
+        slot = self._checkpoint_slot()
+        if slot is None:
             return
         self.saved[key] = slot
         self.copy(src, slot)
+
+    def _checkpoint_slot(self) -> int | None:
+        """A free checkpoint slot, else the least recently used checkpoint's (told to
+        `evicting` first if its state is in the slot, not still a pending copy)."""
+        if self.free_checkpoints:
+            return self.free_checkpoints.pop()
+        if not self.saved:
+            return None
+        key, slot = self.saved.popitem(last=False)
+        if self.evicting is not None and self.settled(slot):
+            self.evicting(key, slot)
+        return slot
+
+    def settled(self, slot: int) -> bool:
+        """Whether slot holds its state now (no pending copy writes it)."""
+        return all(dst != slot for _, dst in self.pending)
+
+    def load(self, key: bytes, fill: Callable[[int], None]) -> int | None:
+        """Saves a checkpoint read from elsewhere under key: fill(slot) writes its
+        state into the slot it takes, now rather than as a pending copy, so the slot
+        is one no pending copy reads or writes (a free one, else the least recently
+        used such checkpoint's); None when there is none."""
+        busy = {slot for pair in self.pending for slot in pair}
+        if self.free_checkpoints:
+            slot = self.free_checkpoints.pop()
+        else:
+            old = next((k for k, s in self.saved.items() if s not in busy), None)
+            if old is None:
+                return None
+            slot = self.saved.pop(old)
+            if self.evicting is not None:
+                self.evicting(old, slot)
+        fill(slot)
+        self.saved[key] = slot
+        return slot
 
     def find(self, key: bytes) -> int | None:
         """The checkpoint saved under key (now the most recently used), or None."""

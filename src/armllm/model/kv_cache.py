@@ -234,6 +234,26 @@ class KVCache:
             k[:, block].shape)
         v[:, block] = np.frombuffer(data, v.dtype, offset=half).reshape(v[:, block].shape)
 
+    def _recurrent_arrays(self) -> list[np.ndarray]:
+        return [a for a in (*self.conv_state, *self.delta_state) if a is not None]
+
+    def read_state(self, slot: int) -> bytes:
+        """A copy of one state slot of every recurrent layer (the prefix cache's
+        checkpoint files hold these bytes)."""
+        return b"".join(a[slot].tobytes() for a in self._recurrent_arrays())
+
+    def write_state(self, slot: int, data: bytes) -> None:
+        """Fills one state slot of every recurrent layer from read_state's bytes."""
+        arrays = self._recurrent_arrays()
+        want = sum(a[slot].nbytes for a in arrays)
+        if len(data) != want:
+            raise ValueError(f"a state slot is {want} bytes, got {len(data)}")
+        at = 0
+        for a in arrays:
+            n = a[slot].nbytes
+            a[slot] = np.frombuffer(data, a.dtype, n // a.itemsize, at).reshape(a[slot].shape)
+            at += n
+
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: str) -> int:
         """K and V of one block in every attention layer."""
