@@ -178,14 +178,18 @@ def _spill_state(store: PrefixStore, kv: BlockIO, group: int, key: bytes, slot: 
 
 def _save_and_close(pools: list[BlockPool], states: StatePool | None, store: PrefixStore,
                     kv: BlockIO) -> None:
-    for group, pool in enumerate(pools):
-        for h, block in list(pool.cached.items()):
-            _spill(store, kv, group, block, h)
-    if states is not None:   # the checkpoints whose state is in their slot
-        for key, slot in list(states.saved.items()):
-            if states.settled(slot):
-                _spill_state(store, kv, len(pools), key, slot)
-    store.close()
+    try:
+        for group, pool in enumerate(pools):
+            for h, block in list(pool.cached.items()):
+                _spill(store, kv, group, block, h)
+        if states is not None:   # the checkpoints whose state is in their slot
+            for key, slot in list(states.saved.items()):
+                if states.settled(slot):
+                    _spill_state(store, kv, len(pools), key, slot)
+    except RuntimeError:   # at exit, an engine thread still stepping changed the cache
+        pass
+    finally:
+        store.close()
 
 
 class BlockManager:
@@ -193,8 +197,8 @@ class BlockManager:
     sequence, or each pool's (window, num_blocks) in KV-group order (window 0: the
     whole sequence); states: a hybrid model's StatePool (None: no recurrent layers),
     whose checkpoint interval must be a multiple of block_size; store: the prefix
-    cache's disk tier, with kv the cache whose block bytes it keeps (no states,
-    prefix caching on)."""
+    cache's disk tier (prefix caching on), with kv the cache whose block and state
+    bytes it keeps."""
 
     def __init__(self, num_blocks: int | Seq[tuple[int, int]], block_size: int,
                  enable_prefix_caching: bool = True, states: StatePool | None = None,
@@ -305,12 +309,6 @@ class BlockManager:
         self._extend_hashes(seq, limit * bs)
         hashes = seq.block_hashes[:limit]
         store = self.store
-        for g, pool in enumerate(self.pools):  # a full pool serves a run from the first block
-            if not pool.window:
-                if store is not None:
-                    self._load_from_store(g, hashes)
-                miss = next((i for i, h in enumerate(hashes) if h not in pool.cached), None)
-                del hashes[len(hashes) if miss is None else miss:]
 
         def window_pools_serve(k: int) -> bool:
             return all(hashes[j] in p.cached or (store is not None and (g, hashes[j]) in store)
@@ -325,6 +323,17 @@ class BlockManager:
             key = hashes[k - 1]
             return key in self.states.saved or (store is not None and
                                                 (len(self.pools), key) in store)
+        if self.states is not None:   # a hybrid's prefix ends at its last checkpoint
+            k = len(hashes)
+            while k and not state_serves(k):
+                k -= 1
+            del hashes[k:]
+        for g, pool in enumerate(self.pools):  # a full pool serves a run from the first block
+            if not pool.window:
+                if store is not None:
+                    self._load_from_store(g, hashes)
+                miss = next((i for i, h in enumerate(hashes) if h not in pool.cached), None)
+                del hashes[len(hashes) if miss is None else miss:]
         k = len(hashes)
         while k and (not window_pools_serve(k) or not state_serves(k)):
             k -= 1
