@@ -194,25 +194,29 @@ def test_preemption_and_forks_continue_the_right_states(tiny):
     assert greedy(roomy, [prompts[0]], 24, n=3) == [want[0]] * 3
 
 
+SHARED = (IDS * 3)[:300]   # a prompt prefix past the first state checkpoint (256 tokens)
+LOGPROBS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
+
+
+def run_cached(llm: LLM, prompt: list[int]) -> tuple:
+    """(token ids, logprobs, prompt tokens from the prefix cache) of one request."""
+    out = llm.generate(prompt, LOGPROBS)[0].outputs[0]
+    return out.token_ids, out.logprobs, out.metrics.num_cached_prompt_tokens
+
+
 def test_prefix_cache_hit_equals_a_miss_bit_for_bit(tiny):
     """A second prompt sharing 300 tokens with the first starts from the state
     checkpoint after 256 of them (the interval for 16-token blocks) and the KV blocks
     before it, and gives the logprobs of an engine that computes it whole, to the
     bit; a third sharing fewer than 256 tokens finds no checkpoint."""
     path, _ = tiny("dense")
-    shared = (IDS * 3)[:300]
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
-
-    def run(llm: LLM, prompt: list[int]):
-        out = llm.generate(prompt, params)[0].outputs[0]
-        return out.token_ids, out.logprobs, out.metrics.num_cached_prompt_tokens
-
     cached = LLM(path, max_num_seqs=2, block_size=16, **ENGINE)
-    run(cached, shared + [7, 8])
-    hit = run(cached, shared + [9])
+    run_cached(cached, SHARED + [7, 8])
+    hit = run_cached(cached, SHARED + [9])
     assert hit[2] == 256
-    assert hit[:2] == run(LLM(path, max_num_seqs=2, block_size=16, **ENGINE), shared + [9])[:2]
-    assert run(cached, shared[:250] + [5])[2] == 0
+    fresh = LLM(path, max_num_seqs=2, block_size=16, **ENGINE)
+    assert hit[:2] == run_cached(fresh, SHARED + [9])[:2]
+    assert run_cached(cached, SHARED[:250] + [5])[2] == 0
     stats = cached.stats()
     assert stats.prefix_cache_hits == 256
 
@@ -222,22 +226,16 @@ def test_prefix_cache_on_disk_outlives_the_engine(tiny, tmp_path):
     and its state checkpoint from disk and gives the logprobs of an engine that
     computes the prompt whole, to the bit."""
     path, _ = tiny("dense")
-    shared = (IDS * 3)[:300]
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=2)
-
-    def run(llm: LLM, prompt: list[int]):
-        out = llm.generate(prompt, params)[0].outputs[0]
-        return out.token_ids, out.logprobs, out.metrics.num_cached_prompt_tokens
-
     kw = dict(max_num_seqs=2, block_size=16, prefix_cache_dir=tmp_path, **ENGINE)
     first = LLM(path, **kw)
-    run(first, shared + [7, 8])
+    run_cached(first, SHARED + [7, 8])
     first.shutdown()
     second = LLM(path, **kw)
-    hit = run(second, shared + [9])
+    hit = run_cached(second, SHARED + [9])
     # the blocks up to the checkpoint (none past it) and the checkpoint
     assert hit[2] == 256 and second.engine.blocks.disk_hits == 256 // 16 + 1
-    assert hit[:2] == run(LLM(path, max_num_seqs=2, block_size=16, **ENGINE), shared + [9])[:2]
+    fresh = LLM(path, max_num_seqs=2, block_size=16, **ENGINE)
+    assert hit[:2] == run_cached(fresh, SHARED + [9])[:2]
     second.shutdown()
 
 
