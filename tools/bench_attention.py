@@ -3,7 +3,7 @@
 real models' head shapes, for a prefill chunk and for decode.
 
     python tools/bench_attention.py [--isa avx512,amx] [--threads 2]
-        [--cache bf16] [--min-time 0.5] [--rounds 3] [--json FILE]
+        [--cache bf16] [--min-time 0.5] [--rounds 3] [--long] [--json FILE]
 
 Each case is one attention call per layer over a paged cache (blocks of 16,
 scrambled) holding random K/V: a prefill chunk (its rows attend causally to
@@ -12,7 +12,12 @@ its own cache, as in a model, so a decode reads its K/V from wherever a
 layer's worth of other data left it (--layers). Variants run interleaved,
 --rounds times; each figure is the fastest round's mean time per layer
 (this machine is shared: the fastest round is the least disturbed), with the
-split-KV scratch the engine passes.
+split-KV scratch the engine passes. A decode case also gives the K/V bytes it
+reads over its time, against the read probe (passes before and after the
+case, their mean): issue 41's target is 80% of the probe at 4K-32K. --long
+adds decode at 4K, 16K and 32K tokens, and 4K x 8 sequences. The caches are
+allocated as the engine's are (written through: huge pages where numpy asks
+for them), so a decode reads them as a model's would.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import time
 import numpy as np
 
 from armllm import ops
+from armllm.bench.kernels import cold_bytes
 
 # (name, n_heads, n_kv_heads, head_dim)
 SHAPES = [("smollm2-135m", 9, 3, 64), ("llama-3.2-1b", 32, 8, 64), ("llama-3.1-8b", 32, 8, 128)]
@@ -31,6 +37,8 @@ SHAPES = [("smollm2-135m", 9, 3, 64), ("llama-3.2-1b", 32, 8, 64), ("llama-3.1-8
 CASES = [("prefill 1024", 1024, 0, 1), ("prefill 512", 512, 0, 1),
          ("decode ctx 256", 1, 255, 1), ("decode ctx 1024", 1, 1023, 1),
          ("decode ctx 1024 x 8", 1, 1023, 8)]
+LONG_CASES = [("decode ctx 4096", 1, 4095, 1), ("decode ctx 16384", 1, 16383, 1),
+              ("decode ctx 32768", 1, 32767, 1), ("decode ctx 4096 x 8", 1, 4095, 8)]
 BLOCK = 16  # tokens per cache block (the engine's default)
 
 
@@ -42,8 +50,11 @@ class Layer:
         blocks = -(-seq_len // BLOCK)
         self.table = rng.permutation(blocks * seqs).astype(np.int32).reshape(seqs, blocks)
         dtype = np.uint16 if bf16 else np.float32
-        self.k = np.zeros((blocks * seqs, n_kv, BLOCK, hd), dtype)
-        self.v = np.zeros_like(self.k)
+        # empty + fill as model/kv_cache.py does (np.zeros would map 4 KiB zero pages)
+        self.k = np.empty((blocks * seqs, n_kv, BLOCK, hd), dtype)
+        self.v = np.empty_like(self.k)
+        self.k.fill(0)
+        self.v.fill(0)
         for b in range(seqs):
             pos = np.arange(seq_len)
             slots = (self.table[b, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
@@ -56,6 +67,7 @@ class Layer:
         self.scratch = np.empty(ops.attn_scratch_len(rows * seqs, n_heads, hd, seq_len),
                                 np.float32)
         self.n_heads, self.scale = n_heads, hd ** -0.5
+        self.kv_bytes = self.k.itemsize * 2 * n_kv * hd * seq_len * seqs   # a decode reads
 
     def run(self, kernels, pool):
         kernels.attention(self.q, self.k, self.v, self.table, self.lens, self.starts,
@@ -82,6 +94,8 @@ def main(argv=None) -> int:
                     help="separate caches cycled through (default 16)")
     ap.add_argument("--min-time", type=float, default=0.5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--long", action="store_true",
+                    help="also decode at 4K, 16K and 32K tokens and 4K x 8 sequences")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     selected = ops.kernels().isa
@@ -93,22 +107,38 @@ def main(argv=None) -> int:
         return 2
     pool = ops.ThreadPool(args.threads) if args.threads else ops.get_pool()
     rng = np.random.default_rng(0)
+    probe_buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
+
+    def read_gbs() -> float:
+        t0 = time.perf_counter()
+        ops.probe_read(probe_buf, pool)
+        return probe_buf.nbytes / (time.perf_counter() - t0) / 1e9
+
     results = []
     print(f"{'model':14} {'case':20} " + " ".join(f"{isa + ' us':>12}" for isa in isas)
-          + (f" {isas[0] + '/' + isas[-1]:>12}" if len(isas) > 1 else ""))
+          + (f" {isas[0] + '/' + isas[-1]:>12}" if len(isas) > 1 else "")
+          + f" {'GB/s':>6} {'/probe':>6}")
     for name, n_heads, n_kv, hd in SHAPES:
-        for case, rows, ctx, seqs in CASES:
+        for case, rows, ctx, seqs in CASES + (LONG_CASES if args.long else []):
             layers = [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, args.cache == "bf16")
                       for _ in range(args.layers if rows == 1 else 2)]
             best = {isa: float("inf") for isa in isas}
+            probe = read_gbs()
             for _ in range(args.rounds):
                 for isa, kern in zip(isas, variants, strict=True):
                     best[isa] = min(best[isa], time_layers(kern, layers, pool, args.min_time))
+            probe = (probe + read_gbs()) / 2
             us = {isa: best[isa] * 1e6 for isa in isas}
             ratio = us[isas[0]] / us[isas[-1]]
+            row = {"model": name, "case": case, "us_per_layer": us}
+            read = ""
+            if rows == 1:   # decode: the K/V bytes over the time, the first variant's
+                gbs = layers[0].kv_bytes / best[isas[0]] / 1e9
+                row.update(read_gbs=round(gbs, 2), probe_gbs=round(probe, 2))
+                read = f" {gbs:6.1f} {gbs / probe:6.2f}"
             print(f"{name:14} {case:20} " + " ".join(f"{us[isa]:12.1f}" for isa in isas)
-                  + (f" {ratio:12.2f}" if len(isas) > 1 else ""))
-            results.append({"model": name, "case": case, "us_per_layer": us})
+                  + (f" {ratio:12.2f}" if len(isas) > 1 else "") + read, flush=True)
+            results.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": pool.num_threads, "cache": args.cache, "results": results}, f,
