@@ -60,6 +60,13 @@ def decode_bytes(path: Path) -> int:
     return json.loads(r.stdout)["decode"]["batch_1"]["bytes"]
 
 
+def read_gbs(buf: np.ndarray) -> float:
+    """One pass of the read probe over buf on the kernel pool: GB/s."""
+    t0 = time.perf_counter()
+    ops.probe_read(buf, ops.get_pool())
+    return buf.nbytes / (time.perf_counter() - t0) / 1e9
+
+
 def tpot_steps(path: Path, requests: int) -> dict:
     """{"tpots": plain requests' TPOTs (s), "steps": [(read GB/s, step s)]: the same
     requests again, each decode step between two passes of the read probe} (see the
@@ -70,23 +77,18 @@ def tpot_steps(path: Path, requests: int) -> dict:
     llm.generate([prompts[0]], params)   # warm-up
     tpots = [llm.generate([p], params)[0].outputs[0].metrics.tpot_s for p in prompts[1:]]
     buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
-    pool, engine = ops.get_pool(), llm.engine
-
-    def read_gbs() -> float:
-        t0 = time.perf_counter()
-        ops.probe_read(buf, pool)
-        return buf.nbytes / (time.perf_counter() - t0) / 1e9
+    engine = llm.engine
 
     steps = []
     for i, prompt in enumerate(prompts[1:]):
         engine.add_request(f"steps-{i}", prompt, params)
         engine.step()   # the prompt and the first token
-        before = read_gbs()
+        before = read_gbs(buf)
         while engine.has_unfinished():
             t0 = time.perf_counter()
             engine.step()
             step = time.perf_counter() - t0
-            after = read_gbs()
+            after = read_gbs(buf)
             steps.append(((before + after) / 2, step))
             before = after
     return {"tpots": tpots, "steps": steps}

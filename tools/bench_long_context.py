@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_gguf import read_gbs  # tools/ beside this script
 
-from armllm import LLM, ops
+from armllm import LLM
 from armllm.bench.kernels import cold_bytes
 from armllm.bench.offline import greedy, random_prompts
 from armllm.demo_model import cache_dir
@@ -62,12 +63,7 @@ def decode_steps(path: Path, kv: str, context: int, output_len: int, reps: int) 
     llm.generate([prompts[0][:128]], greedy(8))   # warm-up
     tpots = [llm.generate([p], params)[0].outputs[0].metrics.tpot_s for p in prompts]
     buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
-    pool, engine = ops.get_pool(), llm.engine
-
-    def read_gbs() -> float:
-        t0 = time.perf_counter()
-        ops.probe_read(buf, pool)
-        return buf.nbytes / (time.perf_counter() - t0) / 1e9
+    engine = llm.engine
 
     steps = []
     for i, prompt in enumerate(prompts):
@@ -75,12 +71,12 @@ def decode_steps(path: Path, kv: str, context: int, output_len: int, reps: int) 
         while engine.scheduler.running == [] or \
                 engine.scheduler.running[0].num_computed < context:
             engine.step()   # the prompt (in chunks) and the first token
-        before, tokens = read_gbs(), context + 1
+        before, tokens = read_gbs(buf), context + 1
         while engine.has_unfinished():
             t0 = time.perf_counter()
             engine.step()
             step = time.perf_counter() - t0
-            after = read_gbs()
+            after = read_gbs(buf)
             steps.append(((before + after) / 2, tokens, step))
             before, tokens = after, tokens + 1
     return {"tpots": tpots, "steps": steps}
