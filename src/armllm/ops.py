@@ -566,26 +566,30 @@ class RowSampler(_ext.RowSampler):
 
 
 def kv_write(k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray, k_cache: np.ndarray,
-             v_cache: np.ndarray) -> None:
-    """Stores K/V rows [T, n_kv_heads*head_dim] at cache slots (-1 skips a row)."""
-    _KERNELS.kv_write(k, v, slot_mapping, k_cache, v_cache, get_pool())
+             v_cache: np.ndarray, k_scale: np.ndarray | None = None,
+             v_scale: np.ndarray | None = None) -> None:
+    """Stores K/V rows [T, n_kv_heads*head_dim] at cache slots (-1 skips a row); an int8
+    cache quantizes each (row, head) with its bf16 scale into k_scale / v_scale."""
+    _KERNELS.kv_write(k, v, slot_mapping, k_cache, v_cache, get_pool(), k_scale, v_scale)
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                     block_table: np.ndarray, seq_lens: np.ndarray, query_start: np.ndarray,
                     n_heads: int, scale: float, out: np.ndarray | None = None,
                     sliding_window: int = 0, scratch: np.ndarray | None = None,
-                    sinks: np.ndarray | None = None, causal: bool = True) -> np.ndarray:
+                    sinks: np.ndarray | None = None, causal: bool = True,
+                    k_scale: np.ndarray | None = None,
+                    v_scale: np.ndarray | None = None) -> np.ndarray:
     """Varlen attention of q [T, n_heads*head_dim] over the paged cache, causal, or with
     causal=False every row over all seq_lens[b] keys of its sequence (Whisper's encoder
     and cross-attention; no sliding window); sinks: float32 [n_heads] logits each head's
-    softmax denominator also holds (GPT-OSS)."""
+    softmax denominator also holds (GPT-OSS); k_scale, v_scale: an int8 cache's."""
     head_dim = k_cache.shape[-1] if isinstance(k_cache, np.ndarray) and k_cache.ndim == 4 else 0
     shape = (q.shape[0], n_heads * head_dim) if isinstance(q, np.ndarray) and q.ndim == 2 \
         else (0, 0)
     return _KERNELS.attention(q, k_cache, v_cache, block_table, seq_lens, query_start, n_heads,
                               scale, _out(out, shape), sliding_window, scratch, get_pool(),
-                              sinks, causal)
+                              sinks, causal, k_scale, v_scale)
 
 
 def gdn_conv(x: np.ndarray, weight: np.ndarray, state: np.ndarray, state_slots: np.ndarray,
@@ -630,15 +634,18 @@ def bind_decoder_layer(steps: list[tuple],
                        rot_dim: int, scale: float, sliding_window: int, first: bool,
                        sinks: np.ndarray | None = None, comm: Comm | None = None,
                        sparse: SparseLayer | None = None,
-                       delta: DeltaNetMixer | None = None) -> DecoderLayer:
+                       delta: DeltaNetMixer | None = None,
+                       k_scale: np.ndarray | None = None,
+                       v_scale: np.ndarray | None = None) -> DecoderLayer:
     """A decoder layer's steps (("norm_linear", "qkv", norm), ("qk_norm",), ...: see
     DecoderLayer) bound to its weights ((weight, bias, act_scratch) for qkv, o,
     gate_up, down), its workspace buffers and KV cache layer (None for a recurrent
     layer), checked once, for decoder_layer() (comm: a tensor-parallel rank's; sparse:
-    the sparse_mlp step's; delta: the delta_net step's)."""
+    the sparse_mlp step's; delta: the delta_net step's; k_scale, v_scale: an int8
+    cache's row scales)."""
     return DecoderLayer(Kernels(_ISA), steps, linears, q_norm, k_norm, eps, buffers, k_cache,
                         v_cache, cos_sin, n_heads, n_kv_heads, head_dim, rot_dim, scale,
-                        sliding_window, first, sinks, comm, sparse, delta)
+                        sliding_window, first, sinks, comm, sparse, delta, k_scale, v_scale)
 
 
 def bind_delta_net(ba: PackedWeight, conv: np.ndarray, a_neg: np.ndarray,

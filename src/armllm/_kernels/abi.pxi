@@ -24,13 +24,18 @@ cdef extern from "armllm_kernels.h" nogil:
     enum:
         ARMLLM_ROPE_NEOX
         ARMLLM_ROPE_GPTJ
+        ARMLLM_KV_F32
+        ARMLLM_KV_BF16
+        ARMLLM_KV_I8
 
     ctypedef struct armllm_attn_args:
         const float *q
         int64_t ldq
         const void *k_cache
         const void *v_cache
-        int cache_bf16
+        int cache_dtype
+        const uint16_t *k_scale
+        const uint16_t *v_scale
         const int32_t *block_table
         int64_t max_blocks
         const int32_t *seq_lens
@@ -149,7 +154,8 @@ cdef extern from "armllm_kernels.h" nogil:
         void (*exp)(const float *x, float *y, int64_t n) noexcept nogil
         int64_t (*kv_write)(armllm_pool *pool, const float *k, int64_t ldk, const float *v,
                             int64_t ldv, const int32_t *slot_mapping, int64_t t,
-                            void *k_cache, void *v_cache, int cache_bf16, int64_t n_kv_heads,
+                            void *k_cache, void *v_cache, int cache_dtype, uint16_t *k_scale,
+                            uint16_t *v_scale, int64_t n_kv_heads,
                             int64_t head_dim, int64_t block_size,
                             int64_t num_blocks) noexcept nogil
         int64_t (*attention)(armllm_pool *pool, const armllm_attn_args *args) noexcept nogil
@@ -258,7 +264,8 @@ cdef extern from "fused.h" nogil:
                                  int64_t head_dim, int64_t rot_dim, int style,
                                  const int32_t *positions, const float *cos_sin,
                                  int64_t max_pos, const int32_t *slot_mapping, int64_t t,
-                                 void *k_cache, void *v_cache, int cache_bf16,
+                                 void *k_cache, void *v_cache, int cache_dtype,
+                                 uint16_t *k_scale, uint16_t *v_scale,
                                  int64_t block_size, int64_t num_blocks, int *bad_slot)
 
 

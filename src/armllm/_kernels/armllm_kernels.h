@@ -161,15 +161,18 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
 /* ---------------------------------------------------------- attention
  *
  * Paged KV cache, per layer: K and V of [num_blocks, n_kv_heads, block_size,
- * head_dim] (head-major: one head's block is contiguous), float32 or bf16
- * bits (cache_bf16). Token slot s lives in block s / block_size at row
- * s % block_size.
+ * head_dim] (head-major: one head's block is contiguous) in cache_dtype
+ * (armllm_kv_dtype): float32, bf16 bits, or int8 with one scale per (token,
+ * head) in k_scale / v_scale [num_blocks, n_kv_heads, block_size] (bf16
+ * bits; NULL for the other dtypes): element d of a row is row[d] * scale.
+ * Token slot s lives in block s / block_size at row s % block_size.
  *
  * KV write: for each of T rows, K row k + t*ldk and V row v + t*ldv
  *   (n_kv_heads*head_dim floats, head-major) go to slot slot_mapping[t]
- *   (bf16: rounded to nearest even); slot -1 skips the row. Returns -1, or
- *   the first t whose slot is outside [-1, num_blocks*block_size) (then
- *   nothing was written).
+ *   (bf16: rounded to nearest even; int8: armllm_kv_quantize_row in
+ *   attn_common.h, the same bits on every variant); slot -1 skips the row.
+ *   Returns -1, or the first t whose slot is outside [-1,
+ *   num_blocks*block_size) (then nothing was written).
  *
  * Attention (varlen, one call for prefill chunks and decodes): sequence b
  *   owns query rows [query_start[b], query_start[b+1]) of q (n_heads heads
@@ -200,16 +203,21 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
  *   max_blocks; 0 for bidirectional with a sliding window); then nothing was
  *   written.
  *   Accuracy vs exact softmax attention in float64: 2e-6 * max|V| (f32 cache),
- *   bf16 caches hold bf16-rounded K/V, to which the same bound applies.
+ *   bf16 caches hold bf16-rounded K/V and int8 caches K/V = row * scale, to
+ *   which the same bound applies.
  */
 #define ARMLLM_ATTN_PARTITION 256
 #define ARMLLM_ATTN_MAX_HEAD_DIM 256
+
+/* A KV cache's element type (cache_dtype). */
+typedef enum { ARMLLM_KV_F32 = 0, ARMLLM_KV_BF16 = 1, ARMLLM_KV_I8 = 2 } armllm_kv_dtype;
 
 typedef struct {
   const float *q;
   int64_t ldq;
   const void *k_cache, *v_cache;
-  int cache_bf16;
+  int cache_dtype;                    /* armllm_kv_dtype */
+  const uint16_t *k_scale, *v_scale;  /* int8 caches: bf16 scale a (block, head, row) */
   const int32_t *block_table;
   int64_t max_blocks;
   const int32_t *seq_lens;    /* [n_seqs] */
@@ -482,8 +490,9 @@ typedef struct {
   X(variant, exp, void, (const float *x, float *y, int64_t n))                                     \
   X(variant, kv_write, int64_t,                                                                    \
     (armllm_pool *pool, const float *k, int64_t ldk, const float *v, int64_t ldv,                  \
-     const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache, int cache_bf16,         \
-     int64_t n_kv_heads, int64_t head_dim, int64_t block_size, int64_t num_blocks))                \
+     const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache, int cache_dtype,        \
+     uint16_t *k_scale, uint16_t *v_scale, int64_t n_kv_heads, int64_t head_dim,                  \
+     int64_t block_size, int64_t num_blocks))                                                      \
   X(variant, attention, int64_t, (armllm_pool *pool, const armllm_attn_args *args))                \
   X(variant, quant_act, void,                                                                      \
     (armllm_pool *pool, const float *x, int64_t m, int64_t k, int64_t ldx, int64_t group,          \

@@ -12,8 +12,8 @@ cdef cnp.ndarray _kv_cache(object a, str name):
     if not isinstance(a, cnp.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
     cdef cnp.ndarray arr = <cnp.ndarray>a
-    if arr.dtype != np.float32 and arr.dtype != np.uint16:
-        raise ValueError(f"{name} must be float32 or uint16 (bf16 bits), got {arr.dtype}")
+    if arr.dtype != np.float32 and arr.dtype != np.uint16 and arr.dtype != np.int8:
+        raise ValueError(f"{name} must be float32, uint16 (bf16 bits) or int8, got {arr.dtype}")
     if arr.ndim != 4:
         raise ValueError(f"{name} must be 4-D [num_blocks, n_kv_heads, block_size, head_dim],"
                          f" got shape {_shp(arr)}")
@@ -32,6 +32,42 @@ cdef void _same_cache(cnp.ndarray k, cnp.ndarray v) except *:
     _no_overlap(k, "k_cache", v, "v_cache")
 
 
+cdef int _cache_dtype(cnp.ndarray cache):
+    """A checked cache's armllm_kv_dtype."""
+    if cache.dtype == np.int8:
+        return ARMLLM_KV_I8
+    return ARMLLM_KV_BF16 if cache.dtype == np.uint16 else ARMLLM_KV_F32
+
+
+cdef tuple _kv_scales(cnp.ndarray kc, k_scale, v_scale):
+    """An int8 cache's row scales: uint16 (bf16 bits) [num_blocks, n_kv_heads, block_size],
+    C-contiguous and writable, both given; (None, None) for the other dtypes, which take
+    none."""
+    if kc.dtype != np.int8:
+        if k_scale is not None or v_scale is not None:
+            raise ValueError(f"k_scale and v_scale belong to int8 caches, not {kc.dtype}")
+        return None, None
+    if k_scale is None or v_scale is None:
+        raise ValueError("an int8 KV cache needs k_scale and v_scale")
+    cdef tuple shape = _shp(kc)[:3]
+    out = []
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not isinstance(s, cnp.ndarray) or s.dtype != np.uint16 or _shp(s) != shape:
+            raise ValueError(f"{name} must be a uint16 (bf16 bits) array of shape {shape}, got "
+                             f"{getattr(s, 'dtype', type(s).__name__)} "
+                             f"{getattr(s, 'shape', '')}")
+        if not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>s):
+            raise ValueError(f"{name} must be C-contiguous")
+        _writable(<cnp.ndarray>s, name)
+        out.append(s)
+    _no_overlap(<cnp.ndarray>out[0], "k_scale", <cnp.ndarray>out[1], "v_scale")
+    return tuple(out)
+
+
+cdef uint16_t *_scale_ptr(object s):
+    return NULL if s is None else <uint16_t *>cnp.PyArray_DATA(<cnp.ndarray>s)
+
+
 cdef class _AttentionKernels(_ElementwiseKernels):
     """Kernels' KV-cache write and paged attention slots."""
 
@@ -40,14 +76,20 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         """With a bf16 cache: "f32" (K/V widened) or "bf16" (q and weights rounded too)."""
         return self.t.attention_bf16_compute.decode()
 
-    def kv_write(self, k, v, slot_mapping, k_cache, v_cache, ThreadPool pool=None):
-        """Writes K/V rows [T, n_kv_heads*head_dim] to cache slots (-1 skips a row)."""
+    def kv_write(self, k, v, slot_mapping, k_cache, v_cache, ThreadPool pool=None,
+                 k_scale=None, v_scale=None):
+        """Writes K/V rows [T, n_kv_heads*head_dim] to cache slots (-1 skips a row); an
+        int8 cache quantizes each (row, head) with its scale into k_scale / v_scale."""
         cdef cnp.ndarray ka = _array(k, "k", np.float32, 2)
         cdef cnp.ndarray va = _array(v, "v", np.float32, 2)
         cdef cnp.ndarray sa = _array(slot_mapping, "slot_mapping", np.int32, 1)
         cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
         cdef cnp.ndarray vc = _kv_cache(v_cache, "v_cache")
         _same_cache(kc, vc)
+        ks, vs = _kv_scales(kc, k_scale, v_scale)
+        cdef uint16_t *ksp = _scale_ptr(ks)
+        cdef uint16_t *vsp = _scale_ptr(vs)
+        cdef int dtype = _cache_dtype(kc)
         cdef int64_t num_blocks = kc.shape[0], n_kv = kc.shape[1], bs = kc.shape[2]
         cdef int64_t hd = kc.shape[3], t = ka.shape[0]
         if ka.shape[1] != n_kv * hd or va.shape[1] != n_kv * hd:
@@ -57,7 +99,6 @@ cdef class _AttentionKernels(_ElementwiseKernels):
             raise ValueError(f"k, v and slot_mapping must have the same rows, got {t}, "
                              f"{va.shape[0]}, {sa.shape[0]}")
         cdef armllm_pool *p = _pool_ptr(pool)
-        cdef int bf16 = kc.dtype == np.uint16
         cdef int64_t ldk = _ld(ka), ldv = _ld(va), bad
         cdef const float *kp = <const float *>cnp.PyArray_DATA(ka)
         cdef const float *vp = <const float *>cnp.PyArray_DATA(va)
@@ -65,19 +106,21 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         cdef void *kcp = cnp.PyArray_DATA(kc)
         cdef void *vcp = cnp.PyArray_DATA(vc)
         with nogil:
-            bad = self.t.kv_write(p, kp, ldk, vp, ldv, sp, t, kcp, vcp, bf16, n_kv, hd, bs,
-                                  num_blocks)
+            bad = self.t.kv_write(p, kp, ldk, vp, ldv, sp, t, kcp, vcp, dtype, ksp, vsp, n_kv, hd,
+                                  bs, num_blocks)
         if bad >= 0:
             raise ValueError(f"slot_mapping[{bad}] = {slot_mapping[bad]} is outside the cache "
                              f"[-1, {num_blocks * bs})")
 
     def attention(self, q, k_cache, v_cache, block_table, seq_lens, query_start,
                   int64_t n_heads, float scale, out, int64_t sliding_window=0, scratch=None,
-                  ThreadPool pool=None, sinks=None, bint causal=True):
+                  ThreadPool pool=None, sinks=None, bint causal=True, k_scale=None,
+                  v_scale=None):
         """Varlen paged attention of q [T, n_heads*head_dim] into out (see the C header);
         sinks: None or float32 [n_heads], each head's logit in the softmax denominator;
         causal False: every row sees all seq_lens[b] keys of its sequence (an encoder's
-        self-attention, cross-attention), with no sliding window."""
+        self-attention, cross-attention), with no sliding window; k_scale, v_scale: an
+        int8 cache's row scales (see kv_write)."""
         cdef cnp.ndarray qa = _array(q, "q", np.float32, 2)
         cdef cnp.ndarray oa = _array(out, "out", np.float32, 2)
         cdef cnp.ndarray kc = _kv_cache(k_cache, "k_cache")
@@ -87,6 +130,7 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         cdef cnp.ndarray qs = _array(query_start, "query_start", np.int32, 1)
         cdef cnp.ndarray sc
         _same_cache(kc, vc)
+        ks, vs = _kv_scales(kc, k_scale, v_scale)
         _writable(oa, "out")
         cdef int64_t n_kv = kc.shape[1], hd = kc.shape[3], n_seqs = sl.shape[0]
         if n_heads < 1 or n_heads % n_kv:
@@ -119,7 +163,8 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         args.ldq = _ld(qa)
         args.k_cache = cnp.PyArray_DATA(kc)
         args.v_cache = cnp.PyArray_DATA(vc)
-        args.cache_bf16 = kc.dtype == np.uint16
+        args.cache_dtype = _cache_dtype(kc)
+        args.k_scale, args.v_scale = _scale_ptr(ks), _scale_ptr(vs)
         args.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
         args.max_blocks = bt.shape[1]
         args.seq_lens = <const int32_t *>cnp.PyArray_DATA(sl)

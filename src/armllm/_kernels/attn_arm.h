@@ -49,6 +49,7 @@ typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int
  * repeating the last. */
 typedef struct {
   const void *kr[ARMLLM_ATTN_PARTITION], *vr[ARMLLM_ATTN_PARTITION];
+  float ksc[ARMLLM_ATTN_PARTITION], vsc[ARMLLM_ATTN_PARTITION]; /* int8 caches: row scales */
   int64_t k0, n, n4;
 } armllm_attn_keys;
 
@@ -56,7 +57,7 @@ static inline __attribute__((always_inline)) void armllm_attn_keys_of(
     armllm_attn_keys *keys, const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
     const int64_t *lo, const int64_t *hi, int64_t p, size_t esz) {
   keys->n = armllm_attn_partition_rows(a, b, kvh, nq, lo, hi, p, esz, keys->kr, keys->vr,
-                                       &keys->k0);
+                                       keys->ksc, keys->vsc, &keys->k0);
   keys->n4 = (keys->n + 3) & ~(int64_t)3;
 }
 

@@ -4,6 +4,9 @@
 #ifndef ARMLLM_ATTN_COMMON_H
 #define ARMLLM_ATTN_COMMON_H
 
+#include <math.h>
+#include <string.h>
+
 #include "armllm_kernels.h"
 #include "vexp.h"
 
@@ -66,35 +69,84 @@ static inline int64_t armllm_attn_first_bad_slot(const int32_t *slot_mapping, in
   return -1;
 }
 
+/* Bytes of one cache element. */
+static inline size_t armllm_kv_esz(int cache_dtype) {
+  return cache_dtype == ARMLLM_KV_F32 ? 4 : cache_dtype == ARMLLM_KV_BF16 ? 2 : 1;
+}
+
+/* bf16 bits of x >= 0 rounded up (toward +inf; inf and NaN kept): an int8
+ * row's scale, so that its largest |element| maps to at most 127. */
+static inline uint16_t armllm_bf16_round_up(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u && (u & 0xffffu)) u += 0x10000u;
+  return (uint16_t)(u >> 16);
+}
+
+/* One int8 cache row and its scale: scale = amax / 127 rounded up to bf16
+ * (amax = max |src[d]|, NaN ignored), row[d] = src[d] / scale rounded to
+ * nearest even (times the scale's reciprocal), clamped to [-127, 127]
+ * (NaN: 0). Scalar and shared, so every variant writes the same bits; a
+ * decode writes one row a head, a prefill a few per thousand GEMM flops. */
+static inline void armllm_kv_quantize_row(int8_t *dst, uint16_t *scale, const float *src,
+                                          int64_t n) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < n; d++) {
+    const float a = fabsf(src[d]);
+    if (a > amax) amax = a;
+  }
+  *scale = armllm_bf16_round_up(amax / 127.0f);
+  const float s = armllm_bf16_to_f32(*scale);
+  const float inv = s > 0.0f && s < INFINITY ? 1.0f / s : 0.0f;
+  for (int64_t d = 0; d < n; d++) {
+    float y = src[d] * inv;
+    y = y > 127.0f ? 127.0f : y < -127.0f ? -127.0f : y;
+    dst[d] = y == y ? (int8_t)nearbyintf(y) : 0;
+  }
+}
+
 /* Stores one row of head_dim floats into a cache row (float or bf16 bits). */
 typedef void (*armllm_kv_row_store)(void *dst, const float *src, int64_t head_dim);
 
+/* Stores K and V row (ks, vs) of KV head h at `slot` (>= 0) of a cache: f32
+ * rows copied, bf16 rows with `store_bf16`, int8 rows quantized with their
+ * scales. */
+static inline void armllm_kv_store_head(const float *ks, const float *vs, int64_t slot, int64_t h,
+                                        void *k_cache, void *v_cache, int cache_dtype,
+                                        uint16_t *k_scale, uint16_t *v_scale,
+                                        int64_t n_kv_heads, int64_t head_dim,
+                                        int64_t block_size, armllm_kv_row_store store_bf16) {
+  const int64_t row = (slot / block_size * n_kv_heads + h) * block_size + slot % block_size;
+  const size_t dst = (size_t)(row * head_dim) * armllm_kv_esz(cache_dtype);
+  if (cache_dtype == ARMLLM_KV_I8) {
+    armllm_kv_quantize_row((int8_t *)k_cache + dst, k_scale + row, ks, head_dim);
+    armllm_kv_quantize_row((int8_t *)v_cache + dst, v_scale + row, vs, head_dim);
+  } else if (cache_dtype == ARMLLM_KV_BF16) {
+    store_bf16((char *)k_cache + dst, ks, head_dim);
+    store_bf16((char *)v_cache + dst, vs, head_dim);
+  } else {
+    memcpy((char *)k_cache + dst, ks, (size_t)head_dim * sizeof *ks);
+    memcpy((char *)v_cache + dst, vs, (size_t)head_dim * sizeof *vs);
+  }
+}
+
 /* The KV write every variant shares: check the slots, then store each head's
- * K and V row with `store` (f32 caches) or `store_bf16` (bf16 caches). */
+ * K and V row (armllm_kv_store_head). */
 static inline int64_t armllm_kv_write_rows(const float *k, int64_t ldk, const float *v,
                                            int64_t ldv, const int32_t *slot_mapping, int64_t t,
-                                           void *k_cache, void *v_cache, int cache_bf16,
+                                           void *k_cache, void *v_cache, int cache_dtype,
+                                           uint16_t *k_scale, uint16_t *v_scale,
                                            int64_t n_kv_heads, int64_t head_dim,
                                            int64_t block_size, int64_t num_blocks,
                                            armllm_kv_row_store store_bf16) {
   const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
   if (bad >= 0) return bad;
-  const size_t esz = cache_bf16 ? 2 : 4;
   for (int64_t i = 0; i < t; i++) {
-    const int64_t slot = slot_mapping[i];
-    if (slot < 0) continue;
-    const int64_t block = slot / block_size, off = slot % block_size;
-    for (int64_t h = 0; h < n_kv_heads; h++) {
-      const size_t dst = (size_t)(((block * n_kv_heads + h) * block_size + off) * head_dim) * esz;
-      const float *ks = k + i * ldk + h * head_dim, *vs = v + i * ldv + h * head_dim;
-      if (cache_bf16) {
-        store_bf16((char *)k_cache + dst, ks, head_dim);
-        store_bf16((char *)v_cache + dst, vs, head_dim);
-      } else {
-        memcpy((char *)k_cache + dst, ks, (size_t)head_dim * sizeof *ks);
-        memcpy((char *)v_cache + dst, vs, (size_t)head_dim * sizeof *vs);
-      }
-    }
+    if (slot_mapping[i] < 0) continue;
+    for (int64_t h = 0; h < n_kv_heads; h++)
+      armllm_kv_store_head(k + i * ldk + h * head_dim, v + i * ldv + h * head_dim,
+                           slot_mapping[i], h, k_cache, v_cache, cache_dtype, k_scale, v_scale,
+                           n_kv_heads, head_dim, block_size, store_bf16);
   }
   return -1;
 }
@@ -105,21 +157,31 @@ static inline int64_t armllm_kv_write_rows(const float *k, int64_t ldk, const fl
 #define ARMLLM_KV_WRITE_ON_CALLER(name, store_bf16)                                              \
   int64_t name(armllm_pool *pool, const float *k, int64_t ldk, const float *v, int64_t ldv,      \
                const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache,            \
-               int cache_bf16, int64_t n_kv_heads, int64_t head_dim, int64_t block_size,         \
-               int64_t num_blocks) {                                                             \
+               int cache_dtype, uint16_t *k_scale, uint16_t *v_scale, int64_t n_kv_heads,       \
+               int64_t head_dim, int64_t block_size, int64_t num_blocks) {                       \
     (void)pool;                                                                                  \
-    return armllm_kv_write_rows(k, ldk, v, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16,   \
-                                n_kv_heads, head_dim, block_size, num_blocks, store_bf16);       \
+    return armllm_kv_write_rows(k, ldk, v, ldv, slot_mapping, t, k_cache, v_cache, cache_dtype,  \
+                                k_scale, v_scale, n_kv_heads, head_dim, block_size, num_blocks,  \
+                                store_bf16);                                                     \
   }
+
+/* An int8 cache's scale of the row at element offset `elem` (int8 rows:
+ * elements are bytes) as a float; 1 for the other dtypes. */
+static inline float armllm_kv_row_scale(const armllm_attn_args *a, const uint16_t *scales,
+                                        int64_t elem) {
+  return a->cache_dtype == ARMLLM_KV_I8 ? armllm_bf16_to_f32(scales[elem / a->head_dim]) : 1.0f;
+}
 
 /* The keys of partition p that any of nq queries (key ranges [lo[i], hi[i]))
  * sees: [*k0, *k0 + n), with n returned, and the K/V row addresses of each in
- * kr/vr (element size esz), padded to a multiple of 4 by repeating the last. */
+ * kr/vr (element size esz), padded to a multiple of 4 by repeating the last;
+ * for int8 caches their scales as floats in ksc/vsc (padded alike; NULL: not
+ * wanted). */
 static inline int64_t armllm_attn_partition_rows(const armllm_attn_args *a, int64_t b,
                                                  int64_t kvh, int nq, const int64_t *lo,
                                                  const int64_t *hi, int64_t p, size_t esz,
-                                                 const void **kr, const void **vr,
-                                                 int64_t *k0_out) {
+                                                 const void **kr, const void **vr, float *ksc,
+                                                 float *vsc, int64_t *k0_out) {
   int64_t k0 = p * ARMLLM_ATTN_PARTITION, k1 = (p + 1) * ARMLLM_ATTN_PARTITION;
   int64_t lmin = lo[0], hmax = hi[0];
   for (int i = 1; i < nq; i++) {
@@ -132,12 +194,20 @@ static inline int64_t armllm_attn_partition_rows(const armllm_attn_args *a, int6
   int64_t blk = k0 / a->block_size, off = k0 % a->block_size;
   for (int64_t j = 0; j < n; j++) {
     const int64_t id = a->block_table[b * a->max_blocks + blk];
-    const size_t o = (size_t)(((id * a->n_kv_heads + kvh) * a->block_size + off) * a->head_dim) * esz;
+    const int64_t row = (id * a->n_kv_heads + kvh) * a->block_size + off;
+    const size_t o = (size_t)(row * a->head_dim) * esz;
     kr[j] = (const char *)a->k_cache + o;
     vr[j] = (const char *)a->v_cache + o;
+    if (ksc && a->cache_dtype == ARMLLM_KV_I8) {
+      ksc[j] = armllm_bf16_to_f32(a->k_scale[row]);
+      vsc[j] = armllm_bf16_to_f32(a->v_scale[row]);
+    }
     if (++off == a->block_size) off = 0, blk++;
   }
-  for (int64_t j = n; j < n4; j++) kr[j] = kr[n - 1], vr[j] = vr[n - 1];
+  for (int64_t j = n; j < n4; j++) {
+    kr[j] = kr[n - 1], vr[j] = vr[n - 1];
+    if (ksc && a->cache_dtype == ARMLLM_KV_I8) ksc[j] = ksc[n - 1], vsc[j] = vsc[n - 1];
+  }
   *k0_out = k0;
   return n;
 }

@@ -72,7 +72,7 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
 /* Row pointers of keys [k0, k1) into t->rows (K, then V). */
 static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
   const armllm_attn_args *a = t->a;
-  const size_t esz = a->cache_bf16 ? 2 : 4;
+  const size_t esz = armllm_kv_esz(a->cache_dtype);
   const char *kbase = a->k_cache, *vbase = a->v_cache;
   const int32_t *table = a->block_table + t->b * a->max_blocks;
   const int64_t bs = a->block_size, stride = bs * a->n_kv_heads * a->head_dim;
@@ -91,7 +91,7 @@ static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
 
 /* Prefetches rows [s0, s1) of t->rows. */
 static inline void tile_prefetch(const tile_ctx *t, int64_t s0, int64_t s1) {
-  const int64_t bytes = t->hd * (t->a->cache_bf16 ? 2 : 4);
+  const int64_t bytes = t->hd * (int64_t)armllm_kv_esz(t->a->cache_dtype);
   if (s1 > 2 * t->nrows) s1 = 2 * t->nrows;
   for (int64_t s = s0; s < s1; s++) {
     const char *p = t->rows[s];

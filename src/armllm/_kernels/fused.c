@@ -67,7 +67,8 @@ typedef struct {
   const float *cos_sin;
   int64_t max_pos;
   void *k_cache, *v_cache;
-  int cache_bf16;
+  int cache_dtype;
+  uint16_t *k_scale, *v_scale;
   int64_t block_size, num_blocks;
 } rope_kv_job;
 
@@ -79,7 +80,8 @@ static void rope_kv_rows(void *ctx, int64_t r0, int64_t r1) {
   j->kt->rope(NULL, j->k + r0 * j->ldk, n, j->n_kv_heads, j->head_dim, j->ldk,
               j->positions + r0, j->cos_sin, j->max_pos, j->rot_dim, j->style);
   j->kt->kv_write(NULL, j->k + r0 * j->ldk, j->ldk, j->v + r0 * j->ldv, j->ldv,
-                  j->slot_mapping + r0, n, j->k_cache, j->v_cache, j->cache_bf16, j->n_kv_heads,
+                  j->slot_mapping + r0, n, j->k_cache, j->v_cache, j->cache_dtype, j->k_scale, j->v_scale,
+                  j->n_kv_heads,
                   j->head_dim, j->block_size, j->num_blocks);
 }
 
@@ -92,7 +94,8 @@ int64_t armllm_rope_kv_write(const armllm_kernels *kt, armllm_pool *pool, float 
                              int64_t n_kv_heads, int64_t head_dim, int64_t rot_dim, int style,
                              const int32_t *positions, const float *cos_sin, int64_t max_pos,
                              const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache,
-                             int cache_bf16, int64_t block_size, int64_t num_blocks,
+                             int cache_dtype, uint16_t *k_scale, uint16_t *v_scale,
+                             int64_t block_size, int64_t num_blocks,
                              int *bad_slot) {
   int64_t bad = armllm_first_out_of_range(positions, t, max_pos);
   if (bad >= 0) {
@@ -106,7 +109,7 @@ int64_t armllm_rope_kv_write(const armllm_kernels *kt, armllm_pool *pool, float 
       return i;
     }
   rope_kv_job job = {kt, q, k, v, ldq, ldk, ldv, n_heads, n_kv_heads, head_dim, rot_dim, style,
-                     positions, slot_mapping, cos_sin, max_pos, k_cache, v_cache, cache_bf16,
+                     positions, slot_mapping, cos_sin, max_pos, k_cache, v_cache, cache_dtype, k_scale, v_scale,
                      block_size, num_blocks};
   const int64_t per_row = (n_heads + 2 * n_kv_heads) * head_dim;
   const int64_t min_rows = (ROPE_KV_MIN_ELEMS + per_row - 1) / per_row;

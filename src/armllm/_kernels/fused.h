@@ -18,7 +18,8 @@ int64_t armllm_rope_kv_write(const armllm_kernels *kt, armllm_pool *pool, float 
                              int64_t n_kv_heads, int64_t head_dim, int64_t rot_dim, int style,
                              const int32_t *positions, const float *cos_sin, int64_t max_pos,
                              const int32_t *slot_mapping, int64_t t, void *k_cache, void *v_cache,
-                             int cache_bf16, int64_t block_size, int64_t num_blocks,
+                             int cache_dtype, uint16_t *k_scale, uint16_t *v_scale,
+                             int64_t block_size, int64_t num_blocks,
                              int *bad_slot);
 
 #endif /* ARMLLM_FUSED_H */

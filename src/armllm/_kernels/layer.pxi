@@ -70,7 +70,9 @@ cdef struct LayerArgs:
     size_t attn_scratch_len
     void *k_cache
     void *v_cache
-    int cache_bf16
+    int cache_dtype
+    uint16_t *k_scale
+    uint16_t *v_scale
     int64_t num_blocks, block_size
     int first
     void *sparse              # the STEP_SPARSE_MLP's SparseArgs (moe.pxi)
@@ -104,7 +106,7 @@ cdef class DecoderLayer:
     holds this rank's heads and MLP columns, and the o and down projections' (and
     the experts') partial outputs are all-reduced before each residual add.
     sparse: the SparseLayer the sparse_mlp step runs (its input `normed`, its
-    output `hidden`)."""
+    output `hidden`). k_scale, v_scale: an int8 cache's row scales (kv_write)."""
     cdef LayerArgs a
     cdef const armllm_kernels *kt
     cdef list keep
@@ -112,15 +114,17 @@ cdef class DecoderLayer:
     def __init__(self, Kernels kernels, steps, linears, q_norm, k_norm, float eps, buffers,
                  k_cache, v_cache, cos_sin, int64_t n_heads, int64_t n_kv_heads,
                  int64_t head_dim, int64_t rot_dim, float scale, int64_t sliding_window,
-                 bint first, sinks=None, Comm comm=None, sparse=None, delta=None):
+                 bint first, sinks=None, Comm comm=None, sparse=None, delta=None,
+                 k_scale=None, v_scale=None):
         self.keep = [steps, linears, q_norm, k_norm, buffers, k_cache, v_cache, cos_sin, sinks,
-                     comm, sparse, delta]
+                     comm, sparse, delta, k_scale, v_scale]
         self.a.comm, self.a.rank = NULL, 0
         if comm is not None:
             self.a.comm, self.a.rank = comm.seg, comm.rank
         cdef cnp.ndarray kc, vc
         self.a.k_cache = self.a.v_cache = self.a.delta = NULL
-        self.a.num_blocks, self.a.block_size, self.a.cache_bf16 = 0, 1, 0
+        self.a.num_blocks, self.a.block_size, self.a.cache_dtype = 0, 1, ARMLLM_KV_F32
+        self.a.k_scale = self.a.v_scale = NULL
         if delta is None:
             kc, vc = _kv_cache(k_cache, "k_cache"), _kv_cache(v_cache, "v_cache")
             _same_cache(kc, vc)
@@ -128,9 +132,11 @@ cdef class DecoderLayer:
                 raise ValueError(f"the KV cache holds {kc.shape[1]} heads of {kc.shape[3]}, "
                                  f"the layer {n_kv_heads} of {head_dim}")
             self.a.k_cache, self.a.v_cache = cnp.PyArray_DATA(kc), cnp.PyArray_DATA(vc)
-            self.a.cache_bf16 = kc.dtype == np.uint16
+            self.a.cache_dtype = _cache_dtype(kc)
+            ks, vs = _kv_scales(kc, k_scale, v_scale)
+            self.a.k_scale, self.a.v_scale = _scale_ptr(ks), _scale_ptr(vs)
             self.a.num_blocks, self.a.block_size = kc.shape[0], kc.shape[2]
-        elif k_cache is not None or v_cache is not None:
+        elif k_cache is not None or v_cache is not None or k_scale is not None:
             raise ValueError("a recurrent (delta_net) layer keeps no KV cache")
         if n_heads < 1 or n_heads % n_kv_heads or head_dim > ARMLLM_ATTN_MAX_HEAD_DIM:
             raise ValueError(f"unsupported heads: {n_heads} q / {n_kv_heads} kv of {head_dim}")
@@ -348,7 +354,8 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
             bad = armllm_rope_kv_write(kt, p, q, ldq, d.n_heads, k, ldk, v, d.qkv.ld,
                                        d.n_kv_heads, d.head_dim, d.rot_dim, ARMLLM_ROPE_NEOX,
                                        b.positions, d.cos_sin, d.max_pos, b.slot_mapping, t,
-                                       d.k_cache, d.v_cache, d.cache_bf16, d.block_size,
+                                       d.k_cache, d.v_cache, d.cache_dtype, d.k_scale,
+                                       d.v_scale, d.block_size,
                                        d.num_blocks, &bad_slot)
             if bad >= 0:
                 err[0] = ERR_KV_WRITE if bad_slot else ERR_ROPE
@@ -356,7 +363,8 @@ cdef int64_t _run_layer(const armllm_kernels *kt, armllm_pool *p, LayerArgs *d, 
             _tick(times, 1, &t0)
         elif s.op == STEP_ATTENTION:
             args.q, args.ldq = q, ldq
-            args.k_cache, args.v_cache, args.cache_bf16 = d.k_cache, d.v_cache, d.cache_bf16
+            args.k_cache, args.v_cache, args.cache_dtype = d.k_cache, d.v_cache, d.cache_dtype
+            args.k_scale, args.v_scale = d.k_scale, d.v_scale
             args.block_table, args.max_blocks = b.block_table, b.max_blocks
             args.seq_lens, args.query_start = b.seq_lens, b.query_start
             args.n_seqs, args.n_heads, args.n_kv_heads = b.n_seqs, d.n_heads, d.n_kv_heads

@@ -421,6 +421,6 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 }
 
 int64_t armllm_amx_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  if (!args->cache_bf16 || args->head_dim % DS != 0) return armllm_avx512_attention(pool, args);
+  if (args->cache_dtype != ARMLLM_KV_BF16 || args->head_dim % DS != 0) return armllm_avx512_attention(pool, args);
   return armllm_x86_attention(pool, args);
 }

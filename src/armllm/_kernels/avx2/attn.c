@@ -273,7 +273,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int bf16 = a->cache_bf16;
+  const int bf16 = a->cache_dtype == ARMLLM_KV_BF16;
   const int widen = bf16 && nq > 3; /* widen once, use for every query triple */
   const void *ptrs[KC];
 

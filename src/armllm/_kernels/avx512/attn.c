@@ -305,7 +305,7 @@ typedef struct {
 
 /* bf16 caches: q16[i], q rounded to bf16 for vdpbf16ps. */
 static inline void tile_q_extra(tile_ctx *t, int64_t i) {
-  if (t->a->cache_bf16)
+  if (t->a->cache_dtype == ARMLLM_KV_BF16)
     for (int64_t d = 0; d < t->hdp; d += 16)
       _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
                           (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
@@ -323,7 +323,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int bf16 = a->cache_bf16;
+  const int bf16 = a->cache_dtype == ARMLLM_KV_BF16;
   const int64_t pfbytes = hd * (bf16 ? 2 : 4);
 
   /* scores s[i][j - pbase], j in [k0, k1) */

@@ -38,12 +38,8 @@ static inline uint16x8_t bf16_round8(float32x4_t x0, float32x4_t x1) {
   return vshrn_high_n_u32(vshrn_n_u32(r0, 16), r1, 16);
 }
 
-static void store_row(const float *src, void *cache, int64_t dst, int bf16, int64_t hd) {
-  if (!bf16) {
-    memcpy((float *)cache + dst, src, (size_t)hd * sizeof(float));
-    return;
-  }
-  uint16_t *o = (uint16_t *)cache + dst;
+static void store_bf16_row(void *dst_bytes, const float *src, int64_t hd) {
+  uint16_t *o = dst_bytes;
   int64_t d = 0;
   for (; d + 8 <= hd; d += 8) vst1q_u16(o + d, bf16_round8(vld1q_f32(src + d), vld1q_f32(src + d + 4)));
   for (; d < hd; d++) o[d] = armllm_f32_to_bf16(src[d]);
@@ -55,7 +51,8 @@ typedef struct {
   const int32_t *slots;
   int64_t t;
   void *kc, *vc;
-  int bf16;
+  int dtype;
+  uint16_t *ks, *vs;
   int64_t n_kv_heads, hd, bs;
 } kv_job;
 
@@ -67,20 +64,21 @@ static void kv_write_heads(void *ctx, int64_t h0, int64_t h1) {
     for (int64_t i = 0; i < j->t; i++) {
       const int64_t slot = j->slots[i];
       if (slot < 0) continue;
-      const int64_t dst = (((slot / j->bs) * j->n_kv_heads + h) * j->bs + slot % j->bs) * j->hd;
-      store_row(j->k + i * j->ldk + h * j->hd, j->kc, dst, j->bf16, j->hd);
-      store_row(j->v + i * j->ldv + h * j->hd, j->vc, dst, j->bf16, j->hd);
+      armllm_kv_store_head(j->k + i * j->ldk + h * j->hd, j->v + i * j->ldv + h * j->hd, slot,
+                           h, j->kc, j->vc, j->dtype, j->ks, j->vs, j->n_kv_heads, j->hd, j->bs,
+                           store_bf16_row);
     }
 }
 
 int64_t armllm_neon_kv_write(armllm_pool *pool, const float *k, int64_t ldk, const float *v,
                              int64_t ldv, const int32_t *slot_mapping, int64_t t, void *k_cache,
-                             void *v_cache, int cache_bf16, int64_t n_kv_heads, int64_t head_dim,
+                             void *v_cache, int cache_dtype, uint16_t *k_scale,
+                             uint16_t *v_scale, int64_t n_kv_heads, int64_t head_dim,
                              int64_t block_size, int64_t num_blocks) {
   const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
   if (bad >= 0) return bad;
-  kv_job job = {k, v, ldk, ldv, slot_mapping, t, k_cache, v_cache, cache_bf16, n_kv_heads,
-                head_dim, block_size};
+  kv_job job = {k, v, ldk, ldv, slot_mapping, t, k_cache, v_cache, cache_dtype, k_scale,
+                v_scale, n_kv_heads, head_dim, block_size};
   /* memory-bound: threads only for prefill-sized writes (>= 256 KB) */
   armllm_pool *p = t * n_kv_heads * head_dim >= 65536 ? pool : NULL;
   armllm_pool_run(p, n_kv_heads, 1, kv_write_heads, &job);
@@ -307,5 +305,5 @@ ARMLLM_ATTN_PARTIAL(neon_partial_f32, neon_partial_t, 0)
 ARMLLM_ATTN_PARTIAL(neon_partial_bf16, neon_partial_t, 1)
 
 int64_t armllm_neon_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  return armllm_arm_attn_run(pool, args, args->cache_bf16 ? neon_partial_bf16 : neon_partial_f32);
+  return armllm_arm_attn_run(pool, args, args->cache_dtype == ARMLLM_KV_BF16 ? neon_partial_bf16 : neon_partial_f32);
 }

@@ -356,6 +356,7 @@ static void mmla_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh,
 }
 
 int64_t armllm_neon_mmla_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  if (!args->cache_bf16) return armllm_neon_attention(pool, args); /* exact f32 path */
+  /* f32 and int8 caches: neon's exact f32 path */
+  if (args->cache_dtype != ARMLLM_KV_BF16) return armllm_neon_attention(pool, args);
   return armllm_arm_attn_run(pool, args, mmla_partial_bf16);
 }

@@ -12,8 +12,11 @@ static void store_bf16_row(void *dst_bytes, const float *src, int64_t n) {
 
 ARMLLM_KV_WRITE_ON_CALLER(armllm_ref_kv_write, store_bf16_row)
 
-static inline float cache_at(const void *cache, int bf16, int64_t i) {
-  return bf16 ? armllm_bf16_to_f32(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+/* Element i of a cache as stored (int8: without its row's scale). */
+static inline float cache_at(const void *cache, int dtype, int64_t i) {
+  if (dtype == ARMLLM_KV_BF16) return armllm_bf16_to_f32(((const uint16_t *)cache)[i]);
+  if (dtype == ARMLLM_KV_I8) return (float)((const int8_t *)cache)[i];
+  return ((const float *)cache)[i];
 }
 
 static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
@@ -33,8 +36,8 @@ static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
       for (int64_t j = k0; j < k1; j++) {
         const int64_t off = armllm_attn_kv_offset(a, b, kvh, j);
         float dot = 0.0f;
-        for (int64_t d = 0; d < hd; d++) dot = fmaf(q[d], cache_at(a->k_cache, a->cache_bf16, off + d), dot);
-        scores[j - k0] = dot * a->scale;
+        for (int64_t d = 0; d < hd; d++) dot = fmaf(q[d], cache_at(a->k_cache, a->cache_dtype, off + d), dot);
+        scores[j - k0] = dot * armllm_kv_row_scale(a, a->k_scale, off) * a->scale;
         if (scores[j - k0] > mp) mp = scores[j - k0];
       }
       float lp = 0.0f;
@@ -42,8 +45,9 @@ static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
       for (int64_t j = k0; j < k1; j++) {
         const float e = armllm_exp_scalar(scores[j - k0] - mp);
         const int64_t off = armllm_attn_kv_offset(a, b, kvh, j);
+        const float w = e * armllm_kv_row_scale(a, a->v_scale, off); /* int8: V's scale */
         lp += e;
-        for (int64_t d = 0; d < hd; d++) accp[d] = fmaf(e, cache_at(a->v_cache, a->cache_bf16, off + d), accp[d]);
+        for (int64_t d = 0; d < hd; d++) accp[d] = fmaf(w, cache_at(a->v_cache, a->cache_dtype, off + d), accp[d]);
       }
       armllm_attn_merge(&st, acc, mp, lp, accp, hd);
     }

@@ -272,5 +272,5 @@ ARMLLM_ATTN_PARTIAL(sve_partial_f32, sve_partial_t, 0)
 ARMLLM_ATTN_PARTIAL(sve_partial_bf16, sve_partial_t, 1)
 
 int64_t armllm_sve_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  return armllm_arm_attn_run(pool, args, args->cache_bf16 ? sve_partial_bf16 : sve_partial_f32);
+  return armllm_arm_attn_run(pool, args, args->cache_dtype == ARMLLM_KV_BF16 ? sve_partial_bf16 : sve_partial_f32);
 }
