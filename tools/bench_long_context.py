@@ -17,7 +17,7 @@ Per file, context L and KV type, one JSON line and a table row:
               plan F --json`; bound_ms is the bytes at L + N/2 over the passes'
               median. Contexts past the model's are skipped
   llama_ms    llama.cpp's llama-bench -p 0 -n N -d L -fa 1 with -ctk/-ctv f16
-              (beside armllm's bf16) or f32, 1 / avg t/s
+              (beside armllm's bf16), f32, or q8_0 (beside int8), 1 / avg t/s
 llama.cpp is tools/build_llama_cpp.sh's build; 2 threads. The box is shared:
 compare the ratios of one run, not absolute figures across runs.
 """
@@ -41,7 +41,7 @@ from armllm.demo_model import cache_dir
 
 THREADS = "2"
 # llama.cpp's cache type beside each of ours (an int8 cache goes beside q8_0)
-LLAMA_KV = {"bf16": "f16", "f32": "f32"}
+LLAMA_KV = {"bf16": "f16", "f32": "f32", "int8": "q8_0"}
 
 
 def plan(path: Path, kv: str, model_len: int | None = None) -> dict:

@@ -473,6 +473,23 @@ def test_plan_smollm2_default_model(capsys, smollm2_gguf):
     assert p["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * 64 * 2
 
 
+def test_plan_int8_kv_cache_holds_twice_the_tokens(capsys, smollm2_gguf):
+    """SmolLM2's int8 rows (64 bytes and a 2-byte scale a head) against bf16's 128: 1.94x
+    the tokens at the same --kv-cache-gib, as the engine allocates them."""
+    from armllm import LLM
+    seqs = {}
+    for dtype in ("bf16", "int8"):
+        p = plan_json(capsys, [str(smollm2_gguf), "--max-model-len", "2048", "--kv-cache-gib",
+                               "0.05", "--kv-cache-dtype", dtype, "--bandwidth-gbs", "20"])
+        seqs[dtype] = p["kv_cache"]["sequences_at_full_length"]
+    assert p["kv_cache"]["bytes_per_token"] == 2 * 30 * 3 * (64 + 2)
+    assert seqs["int8"] / seqs["bf16"] == pytest.approx(128 / 66, rel=1e-2)  # whole blocks
+    with LLM(smollm2_gguf, kv_cache_dtype="int8", kv_cache_gib=0.05) as llm:
+        kv = llm.engine.runner.kv
+        assert kv.num_blocks == p["kv_cache"]["blocks"]
+        assert kv.k[0].dtype == np.int8 and kv.k_scale[0].shape == kv.k[0].shape[:3]
+
+
 def test_plan_honours_kv_cache_gib_and_block_size(tiny, capsys):
     c = load_hf_config(tiny)
     per_block = 2 * c.num_layers * c.num_kv_heads * 8 * c.head_dim * 4   # f32, 8 tokens

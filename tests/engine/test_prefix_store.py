@@ -174,6 +174,25 @@ def test_a_restarted_engine_loads_the_prefix_and_gives_the_same_tokens(model_dir
     second.shutdown()
 
 
+def test_an_int8_cache_restarts_with_its_scales(model_dir, tmp_path):
+    """An int8 cache's files hold its rows and their scales: a restarted engine's tokens
+    and logprobs are those of an int8 engine that computes the whole prompt."""
+    shared = prompt(70, 5)
+    with_logprobs = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=0)
+    kw = dict(dtype="float32", kv_cache_dtype="int8", kv_cache_gib=0.01, block_size=4)
+    first = LLM(model_dir, prefix_cache_dir=tmp_path, **kw)
+    first.generate(shared + [5], GREEDY)
+    first.shutdown()
+    second = LLM(model_dir, prefix_cache_dir=tmp_path, **kw)
+    out = second.generate(shared + [6, 7], with_logprobs)[0].outputs[0]
+    assert second.engine.blocks.disk_hits == len(shared) // 4
+    second.shutdown()
+    cold = LLM(model_dir, enable_prefix_caching=False, **kw)
+    want = cold.generate(shared + [6, 7], with_logprobs)[0].outputs[0]
+    cold.shutdown()
+    assert out.token_ids == want.token_ids and out.logprobs == want.logprobs
+
+
 def test_evicted_blocks_come_back_from_disk(model_dir, reference, tmp_path):
     # 48 blocks of 4 tokens (K and V, 2 layers, 2 KV heads of 16, bf16): the other
     # prompts evict the first one's blocks

@@ -128,8 +128,10 @@ def test_tiny_models_match_transformers(tmp_path, name):
 
 
 # f32 caches; bf16 caches with head_dim 32, which AMX attention computes on tiles (its
-# decode tiles hold one row's queries, its prefill tiles many rows: the same bits)
-@pytest.mark.parametrize(("extra", "kv_dtype"), [({}, "f32"), ({"head_dim": 32}, "bf16")])
+# decode tiles hold one row's queries, its prefill tiles many rows: the same bits); int8
+# caches (each row quantized once, when written)
+@pytest.mark.parametrize(("extra", "kv_dtype"), [({}, "f32"), ({"head_dim": 32}, "bf16"),
+                                                 ({}, "int8")])
 def test_incremental_paged_decode_equals_full_recompute(tmp_path, extra, kv_dtype):
     hf = make_tiny(tmp_path, "LlamaConfig", "LlamaForCausalLM", extra)
     del hf

@@ -226,6 +226,11 @@ def test_engine_refuses_mismatched_inputs(tiny_whisper, tmp_path):
     assert cfg["architectures"] == ["WhisperForConditionalGeneration"]
 
 
+def test_an_int8_kv_cache_is_refused(tiny_whisper):
+    with pytest.raises(ValueError, match="an int8 KV cache is for decoder-only models"):
+        LLM(tiny_whisper, dtype="f32", kv_cache_dtype="int8")
+
+
 def test_text_model_refuses_audio(smollm2_gguf):
     llm = LLM(smollm2_gguf, max_num_seqs=2, kv_cache_gib=0.05)
     with pytest.raises(RequestRejected, match="no encoder"):

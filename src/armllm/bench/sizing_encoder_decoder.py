@@ -21,7 +21,13 @@ from armllm.bench.sizing import ITEM_BYTES, PROCESS_BYTES, format_name
 from armllm.engine.args import DEFAULT_KV_FRACTION, WEIGHT_DTYPES, EngineArgs
 from armllm.model.arch.whisper import DEC, ENC, ct2_tensor
 from armllm.model.config import ModelConfig
-from armllm.model.kv_cache import KV_DTYPE_BYTES, bytes_per_block, state_bytes, state_slots
+from armllm.model.kv_cache import (
+    KV_DTYPE_BYTES,
+    bytes_per_block,
+    check_kv_dtype,
+    state_bytes,
+    state_slots,
+)
 from armllm.model.quantize import Scheme, parse_scheme
 from armllm.model.sources import QuantFormat
 from armllm.model.whisper import WhisperWorkspace, is_ct2_dir
@@ -136,6 +142,7 @@ def make_plan(path: Path, c: ModelConfig, engine: EngineArgs, max_model_len: int
     """Every figure of an encoder-decoder's plan, in bytes, seconds and tokens."""
     dense, seqs, block = WEIGHT_DTYPES[engine.dtype], engine.max_num_seqs, engine.block_size
     dtype = engine.kv_cache_dtype
+    check_kv_dtype(c, dtype)
     quantization = engine.quantization if engine.quantization in ("auto", "none") else \
         parse_scheme(engine.quantization)
     weights, formats = weight_bytes(path, c, dense, quantization)

@@ -19,7 +19,7 @@ from armllm.model.reasoning import REASONING_PARSERS
 
 WEIGHT_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32",
                  "f32": "f32"}
-KV_CACHE_DTYPES = ("bf16", "f32")
+KV_CACHE_DTYPES = ("bf16", "f32", "int8")
 QUANTIZATION_CHOICES = ("auto", "none", *SCHEME_NAMES)
 MAX_THREADS = 4096  # what the kernel thread pool accepts
 MAX_RANKS = 64     # tensor-parallel ranks the all-reduce segment holds (comm.h)
@@ -58,7 +58,8 @@ class EngineArgs:
         None, "KV cache size", metavar="GIB",
         unset=f"--max-num-seqs sequences at full length, within {DEFAULT_KV_FRACTION:.0%} of "
               "the memory left after the weights")
-    kv_cache_dtype: str = _flag("bf16", "KV cache precision", choices=KV_CACHE_DTYPES)
+    kv_cache_dtype: str = _flag("bf16", "KV cache precision (int8: a bf16 scale per token "
+                                "and head, about half bf16's memory)", choices=KV_CACHE_DTYPES)
     block_size: int = _flag(16, "tokens per KV cache block", metavar="TOKENS")
     max_num_seqs: int = _flag(32, "sequences decoded together in one step", metavar="N")
     max_num_batched_tokens: int = _flag(
@@ -132,8 +133,8 @@ class EngineArgs:
                 self.prefix_cache_gib, bool) or not self.prefix_cache_gib > 0:
             raise ValueError(f"prefix_cache_gib must be > 0, got {self.prefix_cache_gib!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be 'bf16' or 'f32', got "
-                             f"{self.kv_cache_dtype!r}")
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")

@@ -338,7 +338,7 @@ class DecoderModel:
                 self.rope_table(rope_kv.table, ws.max_seq_len), c.num_heads, c.num_kv_heads,
                 c.head_dim, c.rot_dim, attention.scale or c.head_dim ** -0.5,
                 attention.window, first=i == 0, sinks=lw.sinks, comm=self.comm,
-                sparse=sparse, delta=delta))
+                sparse=sparse, delta=delta, k_scale=kv.k_scale[i], v_scale=kv.v_scale[i]))
         # rank 0 of several: its vocabulary shard's columns come first in the whole rows
         head = None if w.lm_head is None else ops.bind_norm_head(
             w.lm_head, ws.head_scratch, w.final_norm, c.rms_norm_eps, ws.hidden, ws.residual,

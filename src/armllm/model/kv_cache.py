@@ -19,7 +19,13 @@ An encoder-decoder (Whisper) keeps its cross-attention K and V the same way: per
 decoder layer, `state_slots` slots of [heads, encoder positions, head_dim] in the
 KV dtype, each a block of all its window's encoder frames (the attention kernel
 reads slot s as block s of a cache whose block size is the encoder's length),
-written once when the sequence's encoder runs and freed with the sequence."""
+written once when the sequence's encoder runs and freed with the sequence.
+
+An int8 cache (`--kv-cache-dtype int8`) holds each (token, head) row of K and V as
+int8 with one bf16 scale beside it, in k_scale / v_scale [blocks, n_kv_heads,
+block_size] per layer: quantized by the KV-write kernel, dequantized inside the
+attention tiles (armllm_kernels.h). A row of head_dim 64 takes 66 bytes against
+bf16's 128, so the same memory holds 1.94x the tokens."""
 from __future__ import annotations
 
 import math
@@ -30,7 +36,23 @@ import numpy as np
 
 from armllm.model.config import ModelConfig
 
-KV_DTYPE_BYTES = {"bf16": 2, "f32": 4}
+KV_DTYPE_BYTES = {"bf16": 2, "f32": 4, "int8": 1}
+KV_NUMPY_DTYPES = {"bf16": np.uint16, "f32": np.float32, "int8": np.int8}
+SCALE_BYTES = 2   # an int8 row's bf16 scale
+
+
+def check_kv_dtype(config: ModelConfig, dtype: str) -> None:
+    """Raises ValueError unless the model's cache can hold dtype."""
+    if dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"KV cache dtype must be 'bf16', 'f32' or 'int8', got {dtype!r}")
+    if dtype == "int8" and config.encoder is not None:
+        raise ValueError("an int8 KV cache is for decoder-only models: an encoder-decoder "
+                         "(Whisper) keeps 'bf16' or 'f32'")
+
+
+def row_bytes(config: ModelConfig, dtype: str) -> int:
+    """One token's K (or V) row of one KV head, with an int8 row's scale."""
+    return config.head_dim * KV_DTYPE_BYTES[dtype] + (SCALE_BYTES if dtype == "int8" else 0)
 
 
 @dataclass(frozen=True)
@@ -56,9 +78,8 @@ def kv_groups(config: ModelConfig, num_blocks: int,
 
 
 def bytes_per_block(config: ModelConfig, num_layers: int, block_size: int, dtype: str) -> int:
-    """K and V of one block of num_layers layers."""
-    return (2 * num_layers * config.num_kv_heads * block_size * config.head_dim
-            * KV_DTYPE_BYTES[dtype])
+    """K and V of one block of num_layers layers (with an int8 cache's scales)."""
+    return 2 * num_layers * config.num_kv_heads * block_size * row_bytes(config, dtype)
 
 
 # the delta rule kernel's prefill chunk (ARMLLM_GDN_CHUNK): a state checkpoint sits on a
@@ -121,25 +142,28 @@ class KVCache:
     conv and delta states of `state_slots` sequences (a hybrid model needs >= 1)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int = 16,
-                 dtype: Literal["bf16", "f32"] = "bf16", num_window_blocks: int | None = None,
+                 dtype: Literal["bf16", "f32", "int8"] = "bf16",
+                 num_window_blocks: int | None = None,
                  state_slots: int = 0):
         if num_blocks < 1 or block_size < 1 or (num_window_blocks is not None
                                                  and num_window_blocks < 1):
             raise ValueError(f"num_blocks, num_window_blocks and block_size must be >= 1, got "
                              f"{num_blocks}, {num_window_blocks}, {block_size}")
-        if dtype not in KV_DTYPE_BYTES:
-            raise ValueError(f"KV cache dtype must be 'bf16' or 'f32', got {dtype!r}")
+        check_kv_dtype(config, dtype)
         stateful = bool(config.linear_layers) or config.encoder is not None
         if stateful and state_slots < 1:
             raise ValueError(f"a hybrid or encoder-decoder model's cache needs state_slots "
                              f">= 1 (one a running sequence), got {state_slots}")
-        np_dtype = np.uint16 if dtype == "bf16" else np.float32
+        np_dtype = KV_NUMPY_DTYPES[dtype]
         self.groups = kv_groups(config, num_blocks, num_window_blocks)
         # each layer's group (a recurrent layer's: 0, whose batch carries the state slots)
         self.group_of = [0] * config.num_layers
         self.k: list[np.ndarray] = [None] * config.num_layers
         self.v: list[np.ndarray] = [None] * config.num_layers
-        self._arrays = []
+        # an int8 cache's row scales (bf16 bits) [blocks, n_kv_heads, block_size]
+        self.k_scale: list[np.ndarray | None] = [None] * config.num_layers
+        self.v_scale: list[np.ndarray | None] = [None] * config.num_layers
+        self._arrays: list[tuple[np.ndarray, ...]] = []   # per group: k, v (, scales)
         for g, group in enumerate(self.groups):
             blocks = group.num_blocks + (1 if group.window else 0)  # + the null block
             shape = (len(group.layers), blocks, config.num_kv_heads, block_size,
@@ -148,13 +172,17 @@ class KVCache:
             # a decode step touched for the first time cost it a fault each, ~0.5 ms a
             # token on SmolLM2, and the memory is committed up front as llama.cpp and
             # vLLM do.
-            k, v = np.empty(shape, np_dtype), np.empty(shape, np_dtype)
-            k.fill(0)
-            v.fill(0)
-            self._arrays.append((k, v))
+            arrays = [np.empty(shape, np_dtype), np.empty(shape, np_dtype)]
+            if dtype == "int8":
+                arrays += [np.empty(shape[:-1], np.uint16), np.empty(shape[:-1], np.uint16)]
+            for a in arrays:
+                a.fill(0)
+            self._arrays.append(tuple(arrays))
             for j, layer in enumerate(group.layers):
                 self.group_of[layer] = g
-                self.k[layer], self.v[layer] = k[j], v[j]
+                self.k[layer], self.v[layer] = arrays[0][j], arrays[1][j]
+                if dtype == "int8":
+                    self.k_scale[layer], self.v_scale[layer] = arrays[2][j], arrays[3][j]
         self.block_size, self.dtype = block_size, dtype
         self.state_slots = state_slots if stateful else 0
         self.conv_state: list[np.ndarray | None] = [None] * config.num_layers
@@ -187,7 +215,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self._arrays) + self.state_nbytes
+        return sum(a.nbytes for arrays in self._arrays for a in arrays) + self.state_nbytes
 
     @property
     def state_nbytes(self) -> int:
@@ -210,29 +238,31 @@ class KVCache:
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copies whole blocks (group, src, dst) in every layer of the group: copy on
         write of shared blocks."""
-        for g, (k, v) in enumerate(self._arrays):
+        for g, arrays in enumerate(self._arrays):
             pairs = [(src, dst) for group, src, dst in copies if group == g]
             if pairs:
                 src = np.fromiter((p[0] for p in pairs), np.intp, len(pairs))
                 dst = np.fromiter((p[1] for p in pairs), np.intp, len(pairs))
-                k[:, dst] = k[:, src]
-                v[:, dst] = v[:, src]
+                for a in arrays:
+                    a[:, dst] = a[:, src]
 
     def read_block(self, group: int, block: int) -> bytes:
-        """A copy of one block's K then V in every layer of the group (the prefix
-        cache's files hold these bytes)."""
-        k, v = self._arrays[group]
-        return k[:, block].tobytes() + v[:, block].tobytes()
+        """A copy of one block's K then V (then an int8 cache's K and V scales) in every
+        layer of the group (the prefix cache's files hold these bytes)."""
+        return b"".join(a[:, block].tobytes() for a in self._arrays[group])
 
     def write_block(self, group: int, block: int, data: bytes) -> None:
         """Fills one block of the group from read_block's bytes."""
-        k, v = self._arrays[group]
-        half = k[:, block].nbytes
-        if len(data) != 2 * half:
-            raise ValueError(f"a block of KV group {group} is {2 * half} bytes, got {len(data)}")
-        k[:, block] = np.frombuffer(data, k.dtype, count=half // k.itemsize).reshape(
-            k[:, block].shape)
-        v[:, block] = np.frombuffer(data, v.dtype, offset=half).reshape(v[:, block].shape)
+        arrays = self._arrays[group]
+        want = sum(a[:, block].nbytes for a in arrays)
+        if len(data) != want:
+            raise ValueError(f"a block of KV group {group} is {want} bytes, got {len(data)}")
+        at = 0
+        for a in arrays:
+            n = a[:, block].nbytes
+            a[:, block] = np.frombuffer(data, a.dtype, n // a.itemsize, at).reshape(
+                a[:, block].shape)
+            at += n
 
     def _recurrent_arrays(self) -> list[np.ndarray]:
         return [a for a in (*self.conv_state, *self.delta_state) if a is not None]

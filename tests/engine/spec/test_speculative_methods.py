@@ -75,6 +75,18 @@ def test_model_drafts_on_a_dense_model(llama_dir, config, params):
         assert stats.spec_accepted_tokens == stats.spec_draft_tokens
 
 
+def test_an_int8_cache_drafts_and_verifies(llama_dir):
+    """int8 caches in the target and its draft (the whole model, drafting itself): the
+    output is the int8 engine's without speculation, and every draft is kept."""
+    prompts = [REPEATING, [3, 4, 5, 6, 7], list(range(20, 50))]
+    kw = dict(dtype="float32", kv_cache_dtype="int8", kv_cache_gib=0.01)
+    plain = LLM(llama_dir, **kw)
+    speculative = LLM(llama_dir, **kw, speculative_config=spec("self_draft", draft_layers=2))
+    assert outputs(speculative, prompts, GREEDY) == outputs(plain, prompts, GREEDY)
+    stats = speculative.stats()
+    assert stats.spec_accepted_tokens == stats.spec_draft_tokens > 0
+
+
 def test_a_draft_checkpoint(llama_dir):
     plain = LLM(llama_dir, dtype="float32", kv_cache_gib=0.01)
     speculative = LLM(llama_dir, dtype="float32", kv_cache_gib=0.01,
