@@ -3,7 +3,8 @@
 real models' head shapes, for a prefill chunk and for decode.
 
     python tools/bench_attention.py [--isa avx512,amx] [--threads 2]
-        [--cache bf16] [--min-time 0.5] [--rounds 3] [--long] [--json FILE]
+        [--cache bf16,int8] [--model llama-3.2-1b] [--min-time 0.5] [--rounds 3]
+        [--long] [--json FILE]
 
 Each case is one attention call per layer over a paged cache (blocks of 16,
 scrambled) holding random K/V: a prefill chunk (its rows attend causally to
@@ -14,7 +15,9 @@ layer's worth of other data left it (--layers). Variants run interleaved,
 (this machine is shared: the fastest round is the least disturbed), with the
 split-KV scratch the engine passes. A decode case also gives the K/V bytes it
 reads over its time, against the read probe (passes before and after the
-case, their mean): issue 41's target is 80% of the probe at 4K-32K. --long
+case, their mean): issue 41's target is 80% of the probe at 4K-32K. An int8
+cache's bytes are its rows and their bf16 scales. --cache takes several cache
+dtypes, each a column per variant, run interleaved with the variants. --long
 adds decode at 4K, 16K and 32K tokens, and 4K x 8 sequences. The caches are
 allocated as the engine's are (written through: huge pages where numpy asks
 for them), so a decode reads them as a model's would.
@@ -40,26 +43,27 @@ CASES = [("prefill 1024", 1024, 0, 1), ("prefill 512", 512, 0, 1),
 LONG_CASES = [("decode ctx 4096", 1, 4095, 1), ("decode ctx 16384", 1, 16383, 1),
               ("decode ctx 32768", 1, 32767, 1), ("decode ctx 4096 x 8", 1, 4095, 8)]
 BLOCK = 16  # tokens per cache block (the engine's default)
+CACHE_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8}
+SCALE_BYTES = 2  # an int8 cache row's bf16 scale
 
 
 class Layer:
     """One layer's paged cache and a batch of queries over it."""
 
-    def __init__(self, rng, n_heads, n_kv, hd, rows, ctx, seqs, bf16):
+    def __init__(self, rng, n_heads, n_kv, hd, rows, ctx, seqs, cache):
         seq_len = rows + ctx
         blocks = -(-seq_len // BLOCK)
         self.table = rng.permutation(blocks * seqs).astype(np.int32).reshape(seqs, blocks)
-        dtype = np.uint16 if bf16 else np.float32
+        shape = (blocks * seqs, n_kv, BLOCK, hd)
         # empty + fill as model/kv_cache.py does (np.zeros would map 4 KiB zero pages)
-        self.k = np.empty((blocks * seqs, n_kv, BLOCK, hd), dtype)
-        self.v = np.empty_like(self.k)
-        self.k.fill(0)
-        self.v.fill(0)
+        self.k, self.v = (filled(shape, CACHE_DTYPES[cache]) for _ in range(2))
+        self.k_scale, self.v_scale = ((filled(shape[:3], np.uint16) for _ in range(2))
+                                      if cache == "int8" else (None, None))
         for b in range(seqs):
             pos = np.arange(seq_len)
             slots = (self.table[b, pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
             kv = rng.standard_normal((2, seq_len, n_kv * hd)).astype(np.float32)
-            ops.kv_write(kv[0], kv[1], slots, self.k, self.v)
+            ops.kv_write(kv[0], kv[1], slots, self.k, self.v, self.k_scale, self.v_scale)
         self.q = rng.standard_normal((rows * seqs, n_heads * hd)).astype(np.float32)
         self.out = np.empty_like(self.q)
         self.lens = np.full(seqs, seq_len, np.int32)
@@ -67,11 +71,20 @@ class Layer:
         self.scratch = np.empty(ops.attn_scratch_len(rows * seqs, n_heads, hd, seq_len),
                                 np.float32)
         self.n_heads, self.scale = n_heads, hd ** -0.5
-        self.kv_bytes = self.k.itemsize * 2 * n_kv * hd * seq_len * seqs   # a decode reads
+        row_bytes = self.k.itemsize * hd + (SCALE_BYTES if cache == "int8" else 0)
+        self.kv_bytes = row_bytes * 2 * n_kv * seq_len * seqs   # a decode reads
 
     def run(self, kernels, pool):
         kernels.attention(self.q, self.k, self.v, self.table, self.lens, self.starts,
-                          self.n_heads, self.scale, self.out, 0, self.scratch, pool)
+                          self.n_heads, self.scale, self.out, 0, self.scratch, pool,
+                          k_scale=self.k_scale, v_scale=self.v_scale)
+
+
+def filled(shape, dtype):
+    """A zeroed array written through (its pages mapped now, as the engine's caches)."""
+    a = np.empty(shape, dtype)
+    a.fill(0)
+    return a
 
 
 def time_layers(kernels, layers, pool, min_time):
@@ -89,7 +102,11 @@ def main(argv=None) -> int:
     ap.add_argument("--isa", default=None,
                     help="comma-separated variants (default: avx512 and the selected one)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--cache", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--cache", default="bf16",
+                    help="comma-separated KV cache dtypes: f32, bf16, int8 (default bf16)")
+    ap.add_argument("--model", default=None,
+                    help="comma-separated head shapes (default all: "
+                         + ", ".join(s[0] for s in SHAPES) + ")")
     ap.add_argument("--layers", type=int, default=16,
                     help="separate caches cycled through (default 16)")
     ap.add_argument("--min-time", type=float, default=0.5)
@@ -100,11 +117,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     selected = ops.kernels().isa
     isas = args.isa.split(",") if args.isa else list(dict.fromkeys(["avx512", selected]))
+    caches = args.cache.split(",")
+    shapes = [s for s in SHAPES if args.model is None or s[0] in args.model.split(",")]
+    if not set(caches) <= set(CACHE_DTYPES):
+        print(f"bench_attention: --cache takes {', '.join(CACHE_DTYPES)}", file=sys.stderr)
+        return 2
     try:
-        variants = [ops.kernels(isa) for isa in isas]
+        variants = dict(zip(isas, (ops.kernels(isa) for isa in isas), strict=True))
     except ValueError as e:
         print(f"bench_attention: {e}", file=sys.stderr)
         return 2
+    # the columns: every variant on every cache dtype, named by the variant alone for one
+    configs = [(isa, cache) for cache in caches for isa in isas]
+    names = [isa if len(caches) == 1 else f"{isa} {cache}" for isa, cache in configs]
     pool = ops.ThreadPool(args.threads) if args.threads else ops.get_pool()
     rng = np.random.default_rng(0)
     probe_buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
@@ -115,33 +140,43 @@ def main(argv=None) -> int:
         return probe_buf.nbytes / (time.perf_counter() - t0) / 1e9
 
     results = []
-    print(f"{'model':14} {'case':20} " + " ".join(f"{isa + ' us':>12}" for isa in isas)
-          + (f" {isas[0] + '/' + isas[-1]:>12}" if len(isas) > 1 else "")
-          + f" {'GB/s':>6} {'/probe':>6}")
-    for name, n_heads, n_kv, hd in SHAPES:
+    us_labels = [f"{n} us" for n in names]
+    ratio_label = f"{names[0]}/{names[-1]}" if len(names) > 1 else None
+    # decode: the first variant's K/V read rate on each cache dtype
+    gbs_labels = {c: f"{isas[0]} {c} GB/s" if len(caches) > 1 else "GB/s" for c in caches}
+    print(f"{'model':14} {'case':20}" + "".join(f" {x:>12}" for x in us_labels)
+          + (f" {ratio_label:>12}" if ratio_label else "")
+          + "".join(f" {x:>6} {'/probe':>6}" for x in gbs_labels.values()))
+    for name, n_heads, n_kv, hd in shapes:
         for case, rows, ctx, seqs in CASES + (LONG_CASES if args.long else []):
-            layers = [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, args.cache == "bf16")
-                      for _ in range(args.layers if rows == 1 else 2)]
-            best = {isa: float("inf") for isa in isas}
+            layers = {cache: [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, cache)
+                              for _ in range(args.layers if rows == 1 else 2)]
+                      for cache in caches}
+            best = dict.fromkeys(configs, float("inf"))
             probe = read_gbs()
             for _ in range(args.rounds):
-                for isa, kern in zip(isas, variants, strict=True):
-                    best[isa] = min(best[isa], time_layers(kern, layers, pool, args.min_time))
+                for isa, cache in configs:
+                    t = time_layers(variants[isa], layers[cache], pool, args.min_time)
+                    best[isa, cache] = min(best[isa, cache], t)
             probe = (probe + read_gbs()) / 2
-            us = {isa: best[isa] * 1e6 for isa in isas}
-            ratio = us[isas[0]] / us[isas[-1]]
+            us = {n: best[c] * 1e6 for n, c in zip(names, configs, strict=True)}
             row = {"model": name, "case": case, "us_per_layer": us}
-            read = ""
-            if rows == 1:   # decode: the K/V bytes over the time, the first variant's
-                gbs = layers[0].kv_bytes / best[isas[0]] / 1e9
-                row.update(read_gbs=round(gbs, 2), probe_gbs=round(probe, 2))
-                read = f" {gbs:6.1f} {gbs / probe:6.2f}"
-            print(f"{name:14} {case:20} " + " ".join(f"{us[isa]:12.1f}" for isa in isas)
-                  + (f" {ratio:12.2f}" if len(isas) > 1 else "") + read, flush=True)
+            line = f"{name:14} {case:20}" + "".join(
+                f" {us[n]:{max(12, len(x))}.1f}" for n, x in zip(names, us_labels, strict=True))
+            if ratio_label:
+                line += f" {us[names[0]] / us[names[-1]]:{max(12, len(ratio_label))}.2f}"
+            if rows == 1:   # decode: the K/V bytes over the time
+                gbs = {c: layers[c][0].kv_bytes / best[isas[0], c] / 1e9 for c in caches}
+                row.update(read_gbs={c: round(g, 2) for c, g in gbs.items()},
+                           probe_gbs=round(probe, 2))
+                line += "".join(f" {gbs[c]:{max(6, len(x))}.1f} {gbs[c] / probe:6.2f}"
+                                for c, x in gbs_labels.items())
+            print(line, flush=True)
             results.append(row)
+            del layers
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": pool.num_threads, "cache": args.cache, "results": results}, f,
+            json.dump({"threads": pool.num_threads, "cache": caches, "results": results}, f,
                       indent=1)
     return 0
 

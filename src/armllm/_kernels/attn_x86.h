@@ -69,24 +69,43 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
   t->pos_u = t->pos[t->nq - 1];
 }
 
-/* Row pointers of keys [k0, k1) into t->rows (K, then V). */
+/* Row pointers of keys [k0, k1) into t->rows (K, then V), and for int8
+ * caches their scales into t->ksc, t->vsc (same index). */
 static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
   const armllm_attn_args *a = t->a;
-  const size_t esz = armllm_kv_esz(a->cache_dtype);
+  const int64_t row_bytes = a->head_dim * (int64_t)armllm_kv_esz(a->cache_dtype);
+  const int i8 = a->cache_dtype == ARMLLM_KV_I8;
   const char *kbase = a->k_cache, *vbase = a->v_cache;
   const int32_t *table = a->block_table + t->b * a->max_blocks;
-  const int64_t bs = a->block_size, stride = bs * a->n_kv_heads * a->head_dim;
+  const int64_t bs = a->block_size;
   for (int64_t j = k0; j < k1;) {
     const int64_t blk = j / bs, end = (blk + 1) * bs < k1 ? (blk + 1) * bs : k1;
-    const int64_t off = ((int64_t)table[blk] * stride + (t->kvh * bs + j % bs) * a->head_dim) *
-                        (int64_t)esz;
-    for (const char *kp = kbase + off, *vp = vbase + off; j < end;
-         j++, kp += a->head_dim * (int64_t)esz, vp += a->head_dim * (int64_t)esz) {
-      t->rows[j - k0] = kp;
-      t->rows[k1 - k0 + j - k0] = vp;
+    /* the cache row index: what a row's scale is indexed by */
+    int64_t row = ((int64_t)table[blk] * a->n_kv_heads + t->kvh) * bs + j % bs;
+    for (; j < end; j++, row++) {
+      t->rows[j - k0] = kbase + row * row_bytes;
+      t->rows[k1 - k0 + j - k0] = vbase + row * row_bytes;
+      if (i8) {
+        t->ksc[j - k0] = armllm_bf16_to_f32(a->k_scale[row]);
+        t->vsc[j - k0] = armllm_bf16_to_f32(a->v_scale[row]);
+      }
     }
   }
   t->nrows = k1 - k0;
+}
+
+/* int8 caches: a query's scores s[0..nrows) over the partition's keys (as
+ * t->rows) times each key's K scale, before its softmax. */
+static void tile_scale_scores(const tile_ctx *t, float *s) {
+  for (int64_t j = 0; j < t->nrows; j++) s[j] *= t->ksc[j];
+}
+
+/* int8 caches: a query's softmax weights s[0..nrows) times each key's V
+ * scale, the weights PV takes (ref's w = e * v_scale), after the softmax
+ * summed them unscaled. Keys the query does not see keep weight 0 (not 0 *
+ * scale: an inf scale would make it NaN). */
+static void tile_scale_weights(const tile_ctx *t, float *s) {
+  for (int64_t j = 0; j < t->nrows; j++) s[j] = s[j] != 0.0f ? s[j] * t->vsc[j] : 0.0f;
 }
 
 /* Prefetches rows [s0, s1) of t->rows. */

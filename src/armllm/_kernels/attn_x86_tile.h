@@ -15,6 +15,7 @@
   float mp[TILE_Q], lp[TILE_Q];                                                              \
   int valid[TILE_Q];             /* query has keys in the partition */                       \
   const void *rows[2 * PART];    /* K rows of the partition's keys, then V rows */           \
+  float ksc[PART], vsc[PART];    /* int8 caches: their rows' scales, as rows */              \
   int64_t nrows;                 /* keys: V rows start at rows + nrows */
 
 #endif /* ARMLLM_ATTN_X86_TILE_H */

@@ -1,6 +1,6 @@
 /* amx/attn.c: varlen paged attention on AMX tiles for bf16 caches (the
- * amx variant's attention slot). f32 caches, and head dims that are not a
- * multiple of 32 (a tile row's 32 bf16), run avx512's kernel: both are
+ * amx variant's attention slot). f32 and int8 caches, and head dims that are
+ * not a multiple of 32 (a tile row's 32 bf16), run avx512's kernel: both are
  * fixed for a model, so every query of a model takes one path, decode and
  * prefill alike (paged incremental decode gives a full recompute's bits).
  *
@@ -421,6 +421,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 }
 
 int64_t armllm_amx_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  if (args->cache_dtype != ARMLLM_KV_BF16 || args->head_dim % DS != 0) return armllm_avx512_attention(pool, args);
+  if (args->cache_dtype != ARMLLM_KV_BF16 || args->head_dim % DS != 0)
+    return armllm_avx512_attention(pool, args);
   return armllm_x86_attention(pool, args);
 }

@@ -16,8 +16,12 @@
  * attn_x86.h's, shared with the other x86 variant; this file holds the
  * micro-kernels and the tile (tile_ctx, tile_partition, finish).
  *
- * bf16 caches are widened with a 16-bit shift (into a stack buffer once per
- * key chunk when a tile has more than 3 queries). */
+ * bf16 caches are widened with a 16-bit shift, int8 caches with a sign
+ * extension and a conversion (K and V rows as stored, without their
+ * scales), either in registers or, when a tile has more than 3 queries, into
+ * a stack buffer once per key chunk. An int8 row's scale multiplies its
+ * key's score before the softmax (K) and its weight after it (V: the
+ * softmax sums the weights unscaled), as in ref. */
 #include <math.h>
 
 #include "../armllm_kernels.h"
@@ -28,7 +32,7 @@
 #define PART ARMLLM_ATTN_PARTITION
 #define MAXD ARMLLM_ATTN_MAX_HEAD_DIM
 #define TILE_Q 12 /* query vectors per tile */
-#define KC 32     /* keys per chunk (bf16 widening, PV blocking) */
+#define KC 32     /* keys per chunk (bf16/int8 widening, PV blocking) */
 #define QPAD 8    /* q rows padded to whole vectors */
 
 #define AINLINE static inline __attribute__((always_inline))
@@ -67,22 +71,37 @@ ARMLLM_KV_WRITE_ON_CALLER(armllm_avx2_kv_write, store_bf16_row)
 
 /* ------------------------------------------------------------ loads */
 
+/* 8 bf16 (the low 128 bits of h) as floats. */
 static inline __m256 widen8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* 8 elements at p + d of an f32 (bf16 == 0) or bf16 row. */
-AINLINE __m256 load8(const void *p, int64_t d, int bf16) {
-  if (bf16) return widen8(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + d)));
+/* 8 int8 (the low 64 bits of b) as floats. */
+static inline __m256 widen8_i8(__m128i b) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+/* 8 elements at p + d of a row of cache dtype KV (f32, bf16, or int8
+ * without its scale) as floats. */
+AINLINE __m256 load8(const void *p, int64_t d, const int KV) {
+  if (KV == ARMLLM_KV_BF16)
+    return widen8(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + d)));
+  if (KV == ARMLLM_KV_I8)
+    return widen8_i8(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + d)));
   return _mm256_loadu_ps((const float *)p + d);
 }
 
 /* The first n (1..7) elements at p + d, zeros after. */
-static inline __m256 load_tail(const void *p, int64_t d, int64_t n, int bf16) {
-  if (bf16) {
+static inline __m256 load_tail(const void *p, int64_t d, int64_t n, const int KV) {
+  if (KV == ARMLLM_KV_BF16) {
     uint16_t t[8] = {0};
     memcpy(t, (const uint16_t *)p + d, (size_t)n * sizeof t[0]);
     return widen8(_mm_loadu_si128((const __m128i *)t));
+  }
+  if (KV == ARMLLM_KV_I8) {
+    int8_t t[16] = {0};
+    memcpy(t, (const int8_t *)p + d, (size_t)n);
+    return widen8_i8(_mm_loadu_si128((const __m128i *)t));
   }
   return _mm256_maskload_ps((const float *)p + d, armllm_avx2_tail_mask(n));
 }
@@ -118,27 +137,28 @@ static inline float hmax1(__m256 a) {
     a22 = _mm256_fmadd_ps(qc, k2v, a22); a23 = _mm256_fmadd_ps(qc, k3v, a23);       \
   } while (0)
 
-/* Dots of 3 query rows (q + r*ldq, zero-padded) with 4 key rows kp[0..4),
- * times scale, into d[r][c]. Unused queries/keys repeat real ones (their
+/* Dots of 3 query rows (q + r*ldq, zero-padded) with 4 key rows kp[0..4)
+ * of cache dtype kv (load8), times scale, into d[r][c]. Unused queries/keys repeat real ones (their
  * results are dropped): every dot is the same operations whatever the
  * neighbours. */
-AINLINE void qk_3x4(const float *q0, const float *q1, const float *q2, const void *k0, const void *k1, const void *k2,
-                    const void *k3, int64_t hd, int bf16, float scale, float d[3][4]) {
+AINLINE void qk_3x4(const float *q0, const float *q1, const float *q2, const void *k0,
+                    const void *k1, const void *k2,
+                    const void *k3, int64_t hd, const int kv, float scale, float d[3][4]) {
   __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
   __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
   __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
   int64_t x = 0;
   for (; x + 8 <= hd; x += 8) {
-    const __m256 k0v = load8(k0, x, bf16), k1v = load8(k1, x, bf16);
-    const __m256 k2v = load8(k2, x, bf16), k3v = load8(k3, x, bf16);
+    const __m256 k0v = load8(k0, x, kv), k1v = load8(k1, x, kv);
+    const __m256 k2v = load8(k2, x, kv), k3v = load8(k3, x, kv);
     const __m256 qa = _mm256_loadu_ps(q0 + x), qb = _mm256_loadu_ps(q1 + x),
                  qc = _mm256_loadu_ps(q2 + x);
     FMA3x4(qa, qb, qc);
   }
   if (x < hd) {
     const int64_t n = hd - x;
-    const __m256 k0v = load_tail(k0, x, n, bf16), k1v = load_tail(k1, x, n, bf16);
-    const __m256 k2v = load_tail(k2, x, n, bf16), k3v = load_tail(k3, x, n, bf16);
+    const __m256 k0v = load_tail(k0, x, n, kv), k1v = load_tail(k1, x, n, kv);
+    const __m256 k2v = load_tail(k2, x, n, kv), k3v = load_tail(k3, x, n, kv);
     const __m256 qa = _mm256_loadu_ps(q0 + x), qb = _mm256_loadu_ps(q1 + x),
                  qc = _mm256_loadu_ps(q2 + x);
     FMA3x4(qa, qb, qc);
@@ -149,9 +169,10 @@ AINLINE void qk_3x4(const float *q0, const float *q1, const float *q2, const voi
   _mm_storeu_ps(d[2], _mm_mul_ps(hsum4(a20, a21, a22, a23), sc));
 }
 
-/* s[r*lds + j] = scale * q_r . k_j for nq (<= 3) queries and keys j < nj. */
+/* s[r*lds + j] = scale * q_r . k_j for nq (<= 3) queries and keys j < nj of
+ * cache dtype kv. */
 static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, int64_t nj,
-                    int64_t hd, int bf16, float scale, float *s, int64_t lds,
+                    int64_t hd, int kv, float scale, float *s, int64_t lds,
                     const void *const *pf, int64_t npf, int64_t pfbytes) {
   float d[3][4];
   /* spare query slots repeat query 0 */
@@ -160,9 +181,11 @@ static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, 
     for (int64_t u = j; u < j + 4 && u < npf; u++)
       for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
     const int64_t m = nj - j < 4 ? nj - j : 4;
-    const void *k0 = kp[j], *k1 = kp[j + (m > 1)], *k2 = kp[j + (m > 2) * 2], *k3 = kp[j + (m > 3) * 3];
-    if (bf16) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, 1, scale, d);
-    else qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, 0, scale, d);
+    const void *k0 = kp[j], *k1 = kp[j + (m > 1)], *k2 = kp[j + (m > 2) * 2],
+               *k3 = kp[j + (m > 3) * 3];
+    if (kv == ARMLLM_KV_BF16) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_BF16, scale, d);
+    else if (kv == ARMLLM_KV_I8) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_I8, scale, d);
+    else qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_F32, scale, d);
     for (int r = 0; r < nq; r++)
       for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
   }
@@ -171,9 +194,10 @@ static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, 
 /* ------------------------------------------------------------ PV tile */
 
 /* acc_r[x..x+8) += sum_{j<nj} e_r[j] * v_j[x..x+8), 3 queries x 4 vectors of
- * head_dim from x (all full), keys in order. */
+ * head_dim from x (all full), V rows of cache dtype kv (load8), keys in
+ * order. */
 AINLINE void pv_3x4(float *c0, float *c1, float *c2, const float *e0, const float *e1,
-                    const float *e2, const void *const *vp, int64_t nj, int64_t x, int bf16,
+                    const float *e2, const void *const *vp, int64_t nj, int64_t x, const int kv,
                     const void *const *pf, int64_t npf, int64_t pfbytes) {
   __m256 a00 = _mm256_loadu_ps(c0 + x), a01 = _mm256_loadu_ps(c0 + x + 8),
          a02 = _mm256_loadu_ps(c0 + x + 16), a03 = _mm256_loadu_ps(c0 + x + 24);
@@ -184,8 +208,8 @@ AINLINE void pv_3x4(float *c0, float *c1, float *c2, const float *e0, const floa
   for (int64_t j = 0; j < nj; j++) {
     if (j < npf)
       for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
-    const __m256 k0v = load8(vp[j], x, bf16), k1v = load8(vp[j], x + 8, bf16);
-    const __m256 k2v = load8(vp[j], x + 16, bf16), k3v = load8(vp[j], x + 24, bf16);
+    const __m256 k0v = load8(vp[j], x, kv), k1v = load8(vp[j], x + 8, kv);
+    const __m256 k2v = load8(vp[j], x + 16, kv), k3v = load8(vp[j], x + 24, kv);
     const __m256 qa = _mm256_broadcast_ss(e0 + j), qb = _mm256_broadcast_ss(e1 + j),
                  qc = _mm256_broadcast_ss(e2 + j);
     FMA3x4(qa, qb, qc);
@@ -201,10 +225,10 @@ AINLINE void pv_3x4(float *c0, float *c1, float *c2, const float *e0, const floa
 /* The same for one vector of n (1..8) elements at x. */
 AINLINE void pv_3x1(float *c0, float *c1, float *c2, const float *e0, const float *e1,
                     const float *e2, const void *const *vp, int64_t nj, int64_t x, int64_t n,
-                    int bf16) {
+                    const int kv) {
   __m256 a0 = _mm256_loadu_ps(c0 + x), a1 = _mm256_loadu_ps(c1 + x), a2 = _mm256_loadu_ps(c2 + x);
   for (int64_t j = 0; j < nj; j++) {
-    const __m256 v = n == 8 ? load8(vp[j], x, bf16) : load_tail(vp[j], x, n, bf16);
+    const __m256 v = n == 8 ? load8(vp[j], x, kv) : load_tail(vp[j], x, n, kv);
     a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(e0 + j), v, a0);
     a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(e1 + j), v, a1);
     a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(e2 + j), v, a2);
@@ -215,21 +239,25 @@ AINLINE void pv_3x1(float *c0, float *c1, float *c2, const float *e0, const floa
 }
 
 /* acc rows c0..c2 (padded to a multiple of 8) += weights e0..e2 times V rows
- * vp[0..nj), all of head_dim. */
+ * vp[0..nj) of cache dtype kv, all of head_dim. */
 static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const float *e1,
-                    const float *e2, const void *const *vp, int64_t nj, int64_t hd, int bf16,
+                    const float *e2, const void *const *vp, int64_t nj, int64_t hd, int kv,
                     const void *const *pf, int64_t npf, int64_t pfbytes) {
   int64_t x = 0;
+#define PV4(KV) pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, KV, pf, npf, pfbytes)
   for (; x + 32 <= hd; x += 32, npf = 0) {
-    if (bf16) pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, 1, pf, npf, pfbytes);
-    else pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, 0, pf, npf, pfbytes);
+    if (kv == ARMLLM_KV_BF16) PV4(ARMLLM_KV_BF16);
+    else if (kv == ARMLLM_KV_I8) PV4(ARMLLM_KV_I8);
+    else PV4(ARMLLM_KV_F32);
   }
+#undef PV4
   for (int64_t u = 0; u < npf; u++)
     for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
   for (; x < hd; x += 8) {
     const int64_t n = hd - x < 8 ? hd - x : 8;
-    if (bf16) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, 1);
-    else pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, 0);
+    if (kv == ARMLLM_KV_BF16) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_BF16);
+    else if (kv == ARMLLM_KV_I8) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_I8);
+    else pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_F32);
   }
 }
 
@@ -240,7 +268,7 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
 typedef struct {
   ARMLLM_X86_TILE_FIELDS
   float s[TILE_Q][PART];           /* scores, then weights */
-  float buf[KC][MAXD];             /* widened bf16 rows */
+  float buf[KC][MAXD];             /* widened bf16 or int8 rows */
   float zero_e[PART];              /* weights of spare query slots */
   float spare[MAXD];               /* accumulators of spare query slots */
 } tile_ctx;
@@ -253,17 +281,27 @@ static inline void tile_q_extra(tile_ctx *t, int64_t i) {
   (void)i;
 }
 
-/* Widens bf16 rows src[0..n) into t->buf, pointing dst at them. */
-static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, int64_t n) {
+/* Widens bf16 or int8 (KV) rows src[0..n) into t->buf, pointing dst at
+ * them. */
+AINLINE void tile_widen_as(const int KV, tile_ctx *t, const void *const *src, const void **dst,
+                           int64_t n) {
   const int64_t hd = t->hd;
   for (int64_t j = 0; j < n; j++) {
-    const uint16_t *p = src[j];
     float *o = t->buf[j];
     int64_t d = 0;
-    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(o + d, load8(p, d, 1));
-    for (; d < hd; d++) o[d] = armllm_bf16_to_f32(p[d]);
+    for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(o + d, load8(src[j], d, KV));
+    if (d < hd) {
+      float tail[8];
+      _mm256_storeu_ps(tail, load_tail(src[j], d, hd - d, KV));
+      memcpy(o + d, tail, (size_t)(hd - d) * sizeof tail[0]);
+    }
     dst[j] = o;
   }
+}
+
+static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, int64_t n) {
+  if (t->a->cache_dtype == ARMLLM_KV_I8) tile_widen_as(ARMLLM_KV_I8, t, src, dst, n);
+  else tile_widen_as(ARMLLM_KV_BF16, t, src, dst, n);
 }
 
 /* The partial (mp, lp, accp) of every query of the tile over partition p:
@@ -273,8 +311,10 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int bf16 = a->cache_dtype == ARMLLM_KV_BF16;
-  const int widen = bf16 && nq > 3; /* widen once, use for every query triple */
+  const int kv = a->cache_dtype, i8 = kv == ARMLLM_KV_I8;
+  const int widen = kv != ARMLLM_KV_F32 && nq > 3; /* widen once, use for every query triple */
+  const int kv_in = widen ? ARMLLM_KV_F32 : kv;    /* the rows the micro-kernels read */
+  const int64_t pfbytes = hd * (int64_t)armllm_kv_esz(kv), ks = k0 - pbase;
   const void *ptrs[KC];
 
   /* scores s[i][j - pbase], j in [k0, k1) */
@@ -291,15 +331,16 @@ static void tile_partition(tile_ctx *t, int64_t p) {
       const int mq = nq - i < 3 ? (int)(nq - i) : 3;
       const void *const *pf;
       const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first triple */
-      qk_rows(t->q[i], MAXD, mq, kp, nj, hd, bf16 && !widen, a->scale, &t->s[i][jc - pbase],
-              PART, pf, i == 0 ? npf : 0, t->hd * (bf16 ? 2 : 4));
+      qk_rows(t->q[i], MAXD, mq, kp, nj, hd, kv_in, a->scale, &t->s[i][jc - pbase], PART, pf,
+              i == 0 ? npf : 0, pfbytes);
     }
   }
 
   /* softmax weights; lanes are key positions, so a query's results do not
    * depend on the rest of the tile */
-  const int64_t u0 = (k0 - pbase) & ~(int64_t)7, u1 = k1 - pbase;
+  const int64_t u0 = ks & ~(int64_t)7, u1 = k1 - pbase;
   for (int64_t i = 0; i < nq; i++) {
+    if (i8) tile_scale_scores(t, t->s[i] + ks);
     const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
     const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
     float *s = t->s[i];
@@ -315,7 +356,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
       const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
       const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
           _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
-      mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + j), in));
+      mx = _mm256_max_ps(
+          mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + j), in));
     }
     const float m = hmax1(mx);
     const __m256 m8 = _mm256_set1_ps(m);
@@ -331,6 +373,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
     }
     t->mp[i] = m;
     t->lp[i] = hsum1(sum);
+    if (i8) tile_scale_weights(t, s + ks);
   }
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
@@ -348,10 +391,10 @@ static void tile_partition(tile_ctx *t, int64_t p) {
       const int64_t js = jc - pbase;
       const float *e1 = i + 1 < nq ? t->s[i + 1] + js : t->zero_e;
       const float *e2 = i + 2 < nq ? t->s[i + 2] + js : t->zero_e;
-      float *c1 = i + 1 < nq ? t->accp[i + 1] : t->spare, *c2 = i + 2 < nq ? t->accp[i + 2] : t->spare;
-      pv_rows(t->accp[i], c1, c2, t->s[i] + js, e1, e2, vp, nj, hd, bf16 && !widen,
-              pf, i == 0 ? npf : 0,
-              t->hd * (bf16 ? 2 : 4));
+      float *c1 = i + 1 < nq ? t->accp[i + 1] : t->spare;
+      float *c2 = i + 2 < nq ? t->accp[i + 2] : t->spare;
+      pv_rows(t->accp[i], c1, c2, t->s[i] + js, e1, e2, vp, nj, hd, kv_in, pf,
+              i == 0 ? npf : 0, pfbytes);
     }
   }
 }
@@ -359,7 +402,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 static __attribute__((noinline)) void finish(float *out, const float *acc, float l, int64_t hd) {
   const __m256 l8 = _mm256_set1_ps(l);
   int64_t d = 0;
-  for (; d + 8 <= hd; d += 8) _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_loadu_ps(acc + d), l8));
+  for (; d + 8 <= hd; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_loadu_ps(acc + d), l8));
   for (; d < hd; d++) out[d] = acc[d] / l;
 }
 

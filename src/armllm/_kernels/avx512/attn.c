@@ -27,7 +27,10 @@
  * them by at most 0.0166, rounding the weights too by 0.027, so only q is
  * rounded. Splitting the weights into bf16 hi + lo parts for vdpbf16ps PV is
  * as accurate as f32 and was no faster than the FMAs here. f32 caches: f32
- * FMAs throughout.
+ * FMAs throughout. int8 caches: f32 FMAs over K and V rows widened in
+ * registers (load16: sign extension and conversion, the values as stored);
+ * each key's K scale multiplies its scores before the softmax and its V
+ * scale its weights after it (attn_x86.h), as ref does.
  */
 #include <math.h>
 
@@ -47,7 +50,8 @@ static inline __m256i bf16_round16(__m512 x) {
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                                 _mm512_set1_epi32(0x7f800000));
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i bias = _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
   r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
   return _mm512_cvtepi32_epi16(r);
 }
@@ -78,9 +82,16 @@ ARMLLM_KV_WRITE_ON_CALLER(armllm_avx512_kv_write, store_bf16_row)
 /* register tiles are arrays indexed by constants once these loops unroll */
 #define UNROLL _Pragma("GCC unroll 4")
 
-/* 16 floats at p + d of an f32 row, the first n (1..16) of them (zeros
- * after). */
-AINLINE __m512 load16(const void *p, int64_t d, int64_t n) {
+/* 16 elements at p + d of an f32 (KV == ARMLLM_KV_F32) or int8 row
+ * (ARMLLM_KV_I8: widened, without the row's scale) as floats, the first n
+ * (1..16) of them (zeros after). */
+AINLINE __m512 load16(const int KV, const void *p, int64_t d, int64_t n) {
+  if (KV == ARMLLM_KV_I8) {
+    const int8_t *b = (const int8_t *)p + d;
+    const __m128i raw = n == 16 ? _mm_loadu_si128((const __m128i *)b)
+                                : _mm_maskz_loadu_epi8(armllm_avx512_tail16(n), b);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+  }
   if (n == 16) return _mm512_loadu_ps((const float *)p + d);
   return _mm512_maskz_loadu_ps(armllm_avx512_tail16(n), (const float *)p + d);
 }
@@ -102,11 +113,12 @@ AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 
 /* ------------------------------------------------------------ QK^T tile */
 
-/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n), f32 K */
-AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, int64_t x,
-                     int64_t n, __m512 acc[QB][4]) {
+/* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n), f32
+ * or int8 K (KV, load16) */
+AINLINE void qk_step(const int NQ, const int KV, const float *const *q, const void *const *k,
+                     int64_t x, int64_t n, __m512 acc[QB][4]) {
   __m512 kv[4];
-  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n);
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(KV, k[c], x, n);
   UNROLL for (int r = 0; r < NQ; r++) {
     const __m512 qv = _mm512_loadu_ps(q[r] + x);
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -115,10 +127,12 @@ AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, 
 
 /* ------------------------------------------------------------ PV tile */
 
-/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), f32 V rows, NQ (1..4)
- * queries, NV (1..4) vectors of 16 from x, the last with n (1..16)
- * elements; keys in order. */
-AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *const *e,
+/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), f32 or int8 V rows
+ * (KV, load16: int8 weights carry the rows' scales), NQ (1..4) queries, NV
+ * (1..4) vectors of 16 from x, the last with n (1..16) elements; keys in
+ * order. */
+AINLINE void pv_tile(const int NQ, const int NV, const int KV, float *const *c,
+                     const float *const *e,
                      const void *const *vp, int64_t nj, int64_t x, int64_t n,
                      const void *const *pf, int64_t npf, int64_t pfbytes) {
   __m512 acc[QB][4];
@@ -129,7 +143,8 @@ AINLINE void pv_tile(const int NQ, const int NV, float *const *c, const float *c
       for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
     __m512 vv[4];
     UNROLL for (int v = 0; v < NV; v++)
-      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16) : load16(vp[j], x + 16 * v, n);
+      vv[v] = v < NV - 1 || n == 16 ? load16(KV, vp[j], x + 16 * v, 16)
+                                    : load16(KV, vp[j], x + 16 * v, n);
     UNROLL for (int r = 0; r < NQ; r++) {
       const __m512 w = _mm512_set1_ps(e[r][j]);
       UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
@@ -183,14 +198,14 @@ static void unpermute_accp(float *acc, int64_t hdp) {
 }
 
 /* acc rows c[0..nq) (padded to a multiple of 32) += weights e[0..nq) times V
- * rows vp[0..nj) (f32, or bf16 with the result in pvb_tile's order), all of
- * head_dim. */
+ * rows vp[0..nj) of cache dtype kv (f32, int8, or bf16 with the result in
+ * pvb_tile's order), all of head_dim. */
 static void pv_rows(float *const *c, const float *const *e, int nq, const void *const *vp,
-                    int64_t nj, int64_t hd, int bf16, const void *const *pf, int64_t npf,
+                    int64_t nj, int64_t hd, int kv, const void *const *pf, int64_t npf,
                     int64_t pfbytes) {
   for (int64_t x = 0; x < hd; x += 64, npf = 0) {
     const int64_t left = hd - x;
-    if (bf16) {
+    if (kv == ARMLLM_KV_BF16) {
       const int64_t nb = left >= 64 ? 2 : (left + 31) / 32;
       const int64_t n = left >= 64 ? 32 : left - 32 * (nb - 1);
 #define PVB_CASE(NQ, NB) \
@@ -204,8 +219,13 @@ static void pv_rows(float *const *c, const float *const *e, int nq, const void *
     }
     const int64_t nv = left >= 64 ? 4 : (left + 15) / 16;
     const int64_t n = left >= 64 ? 16 : left - 16 * (nv - 1);
-#define PV_CASE(NQ, NV) \
-  case (NQ) * 8 + (NV): pv_tile(NQ, NV, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
+#define PV_CASE(NQ, NV)                                                          \
+  case (NQ) * 8 + (NV):                                                          \
+    if (kv == ARMLLM_KV_I8)                                                      \
+      pv_tile(NQ, NV, ARMLLM_KV_I8, c, e, vp, nj, x, n, pf, npf, pfbytes);       \
+    else                                                                         \
+      pv_tile(NQ, NV, ARMLLM_KV_F32, c, e, vp, nj, x, n, pf, npf, pfbytes);      \
+    break;
     switch (nq * 8 + (int)nv) {
       PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(1, 4)
       PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) PV_CASE(2, 4)
@@ -240,24 +260,25 @@ AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const 
 
 /* Dots of NQ (1..4) query rows q[r] with 4 key rows k[0..4), times scale,
  * into s[r * lds + c] for the first m (1..4) keys (a masked store: no copy
- * through memory): f32 q rows zero-padded to a multiple of 16 and f32 K
- * (BF16 == 0, qk_step), or bf16 q rows zero-padded to a multiple of 32 and
- * bf16 K (BF16 == 1, qkh_step). Spare keys repeat real ones (their results
- * are dropped): every dot is the same operations whatever the neighbours. */
-AINLINE void qk_tile(const int NQ, const int BF16, const void *const *q, const void *const *k,
+ * through memory): f32 q rows zero-padded to a multiple of 16 and f32 or
+ * int8 K (KV, qk_step; int8 dots without the rows' scales), or bf16 q rows
+ * zero-padded to a multiple of 32 and bf16 K (KV == ARMLLM_KV_BF16,
+ * qkh_step). Spare keys repeat real ones (their results are dropped): every
+ * dot is the same operations whatever the neighbours. */
+AINLINE void qk_tile(const int NQ, const int KV, const void *const *q, const void *const *k,
                      int64_t hd, float scale, float *s, int64_t lds, __mmask8 m) {
   __m512 acc[QB][4];
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t x = 0;
-  if (BF16) {
+  if (KV == ARMLLM_KV_BF16) {
     const uint16_t *const *qh = (const uint16_t *const *)q;
     for (; x + 32 <= hd; x += 32) qkh_step(NQ, qh, k, x, 32, acc);
     if (x < hd) qkh_step(NQ, qh, k, x, hd - x, acc);
   } else {
     const float *const *qf = (const float *const *)q;
-    for (; x + 16 <= hd; x += 16) qk_step(NQ, qf, k, x, 16, acc);
-    if (x < hd) qk_step(NQ, qf, k, x, hd - x, acc);
+    for (; x + 16 <= hd; x += 16) qk_step(NQ, KV, qf, k, x, 16, acc);
+    if (x < hd) qk_step(NQ, KV, qf, k, x, hd - x, acc);
   }
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
@@ -265,10 +286,11 @@ AINLINE void qk_tile(const int NQ, const int BF16, const void *const *q, const v
                        _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), sc));
 }
 
-/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj:
- * f32 q rows and K (bf16 == 0), or bf16 q rows and K (bf16 == 1). */
+/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj
+ * of cache dtype kv: f32 q rows and f32 or int8 K, or bf16 q rows and bf16
+ * K. */
 static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
-                    int bf16, float scale, float *s, int64_t lds, const void *const *pf,
+                    int kv, float scale, float *s, int64_t lds, const void *const *pf,
                     int64_t npf, int64_t pfbytes) {
   for (int64_t j = 0; j < nj; j += 4) {
     for (int64_t u = j; u < j + 4 && u < npf; u++)
@@ -276,10 +298,11 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
     const int64_t m = nj - j < 4 ? nj - j : 4;
     const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
     const __mmask8 mask = (__mmask8)((1u << m) - 1);
-#define QK_CASE(NQ)                                             \
-  case NQ:                                                      \
-    if (bf16) qk_tile(NQ, 1, q, k, hd, scale, s + j, lds, mask); \
-    else qk_tile(NQ, 0, q, k, hd, scale, s + j, lds, mask);      \
+#define QK_CASE(NQ)                                                                    \
+  case NQ:                                                                             \
+    if (kv == ARMLLM_KV_BF16) qk_tile(NQ, ARMLLM_KV_BF16, q, k, hd, scale, s + j, lds, mask); \
+    else if (kv == ARMLLM_KV_I8) qk_tile(NQ, ARMLLM_KV_I8, q, k, hd, scale, s + j, lds, mask); \
+    else qk_tile(NQ, ARMLLM_KV_F32, q, k, hd, scale, s + j, lds, mask);                \
     break;
     switch (nq) {
       QK_CASE(1)
@@ -323,8 +346,8 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int bf16 = a->cache_dtype == ARMLLM_KV_BF16;
-  const int64_t pfbytes = hd * (bf16 ? 2 : 4);
+  const int kv = a->cache_dtype, bf16 = kv == ARMLLM_KV_BF16, i8 = kv == ARMLLM_KV_I8;
+  const int64_t pfbytes = hd * (int64_t)armllm_kv_esz(kv), ks = k0 - pbase;
 
   /* scores s[i][j - pbase], j in [k0, k1) */
   tile_rows(t, k0, k1);
@@ -340,13 +363,17 @@ static void tile_partition(tile_ctx *t, int64_t p) {
       const void *q[QB];
       for (int u = 0; u < QB; u++)
         q[u] = bf16 ? (const void *)t->q16[r[u]] : (const void *)t->q[r[u]];
-      qk_rows(q, mq, kp, nj, hd, bf16, a->scale, &t->s[i][jc - pbase], PART, pf,
+      qk_rows(q, mq, kp, nj, hd, kv, a->scale, &t->s[i][jc - pbase], PART, pf,
               i == 0 ? npf : 0, pfbytes);
     }
   }
 
-  const int64_t u0 = (k0 - pbase) & ~(int64_t)15, u1 = k1 - pbase;
-  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1);
+  const int64_t u0 = ks & ~(int64_t)15, u1 = k1 - pbase;
+  for (int64_t i = 0; i < nq; i++) {
+    if (i8) tile_scale_scores(t, t->s[i] + ks);
+    tile_softmax(t, i, pbase, u0, u1);
+    if (i8 && t->valid[i]) tile_scale_weights(t, t->s[i] + ks);
+  }
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
@@ -359,7 +386,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
       float *c[QB];
       const float *e[QB];
       for (int r = 0; r < mq; r++) c[r] = t->accp[i + r], e[r] = t->s[i + r] + js;
-      pv_rows(c, e, mq, vp, nj, hd, bf16, pf, i == 0 ? npf : 0, pfbytes);
+      pv_rows(c, e, mq, vp, nj, hd, kv, pf, i == 0 ? npf : 0, pfbytes);
     }
   }
   if (bf16)
