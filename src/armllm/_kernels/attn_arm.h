@@ -35,12 +35,13 @@ typedef void (*armllm_attn_partial_fn)(const armllm_attn_args *a, int64_t b, int
                                        float *accp);
 
 /* Defines `name`, a partial kernel that runs the always-inline template
- * `impl` (the partial kernel's arguments, then bf16) for bf16 caches or not. */
-#define ARMLLM_ATTN_PARTIAL(name, impl, bf16)                                                   \
+ * `impl` (the partial kernel's arguments, then the cache's armllm_kv_dtype,
+ * a constant in each instance) for one cache dtype. */
+#define ARMLLM_ATTN_PARTIAL(name, impl, dtype)                                                  \
   static void name(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,                   \
                    const float *const *q, const int64_t *lo, const int64_t *hi, int64_t p,      \
                    float *m, float *l, float *accp) {                                           \
-    impl(a, b, kvh, nq, q, lo, hi, p, m, l, accp, bf16);                                        \
+    impl(a, b, kvh, nq, q, lo, hi, p, m, l, accp, dtype);                                       \
   }
 
 /* The keys of one partition as a partial kernel reads them (on its own
@@ -84,6 +85,26 @@ static inline __attribute__((always_inline)) void armllm_attn_softmax(
       continue;
     }
     m[i] = row(si, a0, a1, l ? &l[i] : NULL);
+  }
+}
+
+/* int8 -> f32 without SCVTF (2 uops on one vector pipe of Neoverse N2, so
+ * it would bound the int8 tiles): the float 1.5 * 2^23 has the bits
+ * ARMLLM_I8_F32_BITS, and for |x| < 2^22 adding x to those bits as an
+ * integer gives the float 1.5 * 2^23 + x (its ulp is 1); subtracting
+ * ARMLLM_I8_F32_BIAS leaves x exactly. Both are plain adds, on any pipe. */
+#define ARMLLM_I8_F32_BITS 0x4b400000
+#define ARMLLM_I8_F32_BIAS 12582912.0f /* 1.5 * 2^23 */
+
+/* Int8 caches: a partition's softmax numerators s[i][0, n4) (nq rows of
+ * stride ARMLLM_ATTN_PARTITION) to PV weights, e * vsc[j] (the V rows'
+ * scales, keys.vsc), as ref's w = e * v_scale: after the sums l, which add
+ * the unscaled e. n4 is a multiple of 4 (4 lanes a step, no tail). */
+static inline void armllm_attn_scale_weights(float *s, int nq, const float *vsc, int64_t n4) {
+  for (int i = 0; i < nq; i++) {
+    float *si = s + i * ARMLLM_ATTN_PARTITION;
+    for (int64_t j = 0; j < n4; j += 4)
+      for (int u = 0; u < 4; u++) si[j + u] *= vsc[j + u];
   }
 }
 

@@ -430,59 +430,102 @@ static void check_exp(const armllm_kernels *v) {
 
 /* ---------------------------------------------------------- attention */
 
-/* Sequences (q_len, seq_len): decodes, prefill chunks after cached context,
- * a whole prompt, and contexts spanning several partitions. */
-static const int32_t attn_seqs[][2] = {{1, 1}, {1, 37}, {5, 5}, {3, 20}, {1, 300}, {7, 530}, {2, 17}};
-#define ATTN_NSEQ ((int64_t)(sizeof attn_seqs / sizeof *attn_seqs))
+/* A batch of sequences (q_len, seq_len) of an attention case. */
+typedef struct {
+  const int32_t (*seqs)[2];
+  int64_t n; /* <= ATTN_MAXSEQ, >= 4 (sequence 3 gets a bad block id) */
+} attn_batch;
+#define ATTN_MAXSEQ 8
 
-/* One attention case of dims (head_dim, n_heads, n_kv_heads, block_size) against ref:
- * mode 0 causal, 1 sliding window + sinks, 2 bidirectional. */
+/* Decodes, prefill chunks after cached context, a whole prompt, and contexts
+ * spanning several partitions. */
+static const int32_t attn_mixed[][2] = {{1, 1},   {1, 37},  {5, 5}, {3, 20},
+                                        {1, 300}, {7, 530}, {2, 17}};
+static const attn_batch attn_seqs = {attn_mixed, sizeof attn_mixed / sizeof *attn_mixed};
+
+/* Decodes over up to 3 partitions: with one KV head, 4 tiles, fewer than twice
+ * the pool's 3 threads, so the variants split the keys (split-KV). */
+static const int32_t attn_decode[][2] = {{1, 530}, {1, 1}, {2, 300}, {1, 257}};
+static const attn_batch attn_split_seqs = {attn_decode, sizeof attn_decode / sizeof *attn_decode};
+
+/* The cache dtypes (armllm_kv_dtype: f32, bf16, int8) the checks loop over. */
+#define KV_NDTYPES 3
+
+/* An int8 cache of n rows of hd elements and its scales as the KV write
+ * leaves them: elements in [-127, 127], each row's bf16 scale in (0, 1/127]
+ * so that |row * scale| <= 1, and rows 3 and 4 all zero (scale 0, as an
+ * all-zero input row writes). */
+static void fill_i8_cache(int8_t *rows, uint16_t *scales, int64_t n, int64_t hd) {
+  for (int64_t r = 0; r < n; r++) {
+    const int zero = r == 3 || r == 4;
+    scales[r] = zero ? 0 : armllm_f32_to_bf16((1.5f + 0.5f * frand()) / (2.0f * 127.0f));
+    for (int64_t d = 0; d < hd; d++)
+      rows[r * hd + d] = zero ? 0 : (int8_t)lrintf(127.0f * frand());
+  }
+}
+
+/* One attention case of batch `batch` and dims (head_dim, n_heads, n_kv_heads,
+ * block_size) against ref with a cache of dtype dt (armllm_kv_dtype): mode 0 causal,
+ * 1 sliding window + sinks, 2 bidirectional; split-KV or not (pool and scratch, or
+ * neither), the same bits. */
 static void attention_case(report *r, const armllm_kernels *v, armllm_pool *pool,
-                           const int64_t *dims, int bf16, int mode) {
+                           const attn_batch *batch, const int64_t *dims, int dt, int mode) {
   const int window = mode == 1;
-  const int64_t hd = dims[0], nh = dims[1], nkv = dims[2], bs = dims[3];
-  int32_t qs[ATTN_NSEQ + 1], lens[ATTN_NSEQ];
-  int64_t max_blocks = 0, total_blocks = 0;
+  const int64_t hd = dims[0], nh = dims[1], nkv = dims[2], bs = dims[3], nseq = batch->n;
+  int32_t qs[ATTN_MAXSEQ + 1], lens[ATTN_MAXSEQ];
+  int64_t max_blocks = 0, total_blocks = 0, max_len = 0;
   qs[0] = 0;
-  for (int64_t b = 0; b < ATTN_NSEQ; b++) {
-    qs[b + 1] = qs[b] + attn_seqs[b][0];
-    lens[b] = attn_seqs[b][1];
+  for (int64_t b = 0; b < nseq; b++) {
+    qs[b + 1] = qs[b] + batch->seqs[b][0];
+    lens[b] = batch->seqs[b][1];
     int64_t nb = (lens[b] + bs - 1) / bs;
     if (nb > max_blocks) max_blocks = nb;
+    if (lens[b] > max_len) max_len = lens[b];
     total_blocks += nb;
   }
-  const int64_t rows = qs[ATTN_NSEQ], num_blocks = total_blocks + 3;
-  int32_t *table = xmalloc(sizeof(int32_t) * (size_t)(ATTN_NSEQ * max_blocks));
+  const int64_t rows = qs[nseq], num_blocks = total_blocks + 3;
+  int32_t *table = xmalloc(sizeof(int32_t) * (size_t)(nseq * max_blocks));
   int64_t next = 0;
-  for (int64_t b = 0; b < ATTN_NSEQ; b++) /* blocks in a scrambled order */
+  for (int64_t b = 0; b < nseq; b++) /* blocks in a scrambled order */
     for (int64_t i = 0; i < max_blocks; i++)
       table[b * max_blocks + i] = i < (lens[b] + bs - 1) / bs ? (int32_t)((next++ * 7 + 3) % num_blocks) : -5;
   const size_t cache_len = (size_t)(num_blocks * nkv * bs * hd);
   float *kc = xmalloc(sizeof(float) * cache_len), *vc = xmalloc(sizeof(float) * cache_len);
   uint16_t *kb = xmalloc(sizeof(uint16_t) * cache_len), *vb = xmalloc(sizeof(uint16_t) * cache_len);
+  int8_t *k8 = xmalloc(cache_len), *v8 = xmalloc(cache_len);
+  const int64_t cache_rows = num_blocks * nkv * bs;
+  uint16_t *ks = xmalloc(sizeof(uint16_t) * (size_t)cache_rows);
+  uint16_t *vs = xmalloc(sizeof(uint16_t) * (size_t)cache_rows);
   fill(kc, (int64_t)cache_len, 1.0f);
   fill(vc, (int64_t)cache_len, 1.0f);
   for (size_t i = 0; i < cache_len; i++) {
     kb[i] = armllm_f32_to_bf16(kc[i]);
     vb[i] = armllm_f32_to_bf16(vc[i]);
   }
+  fill_i8_cache(k8, ks, cache_rows, hd);
+  fill_i8_cache(v8, vs, cache_rows, hd);
+  const void *const kcaches[KV_NDTYPES] = {kc, kb, k8}, *const vcaches[KV_NDTYPES] = {vc, vb, v8};
+  const int i8 = dt == ARMLLM_KV_I8;
   const int64_t ldq = nh * hd + 3, ldo = nh * hd + 1;
   float *q = xmalloc(sizeof(float) * (size_t)(rows * ldq));
   float *out = xmalloc(sizeof(float) * (size_t)(rows * ldo));
   float *out1 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
   float *out2 = xmalloc(sizeof(float) * (size_t)(rows * ldo));
   fill(q, rows * ldq, 1.0f);
-  size_t scratch_len = armllm_attn_scratch_len(rows, nh, hd, 530);
+  size_t scratch_len = armllm_attn_scratch_len(rows, nh, hd, max_len);
   float *scratch = xmalloc(sizeof(float) * scratch_len);
-  armllm_attn_args a = {q, ldq, bf16 ? (const void *)kb : kc, bf16 ? (const void *)vb : vc,
-                        bf16, table, max_blocks, lens, qs, ATTN_NSEQ, nh, nkv, hd, bs,
+  armllm_attn_args a = {q, ldq, kcaches[dt], vcaches[dt], dt, i8 ? ks : NULL, i8 ? vs : NULL,
+                        table, max_blocks, lens, qs, nseq, nh, nkv, hd, bs,
                         num_blocks, 1.0f / sqrtf((float)hd), window ? 37 : 0, out, ldo,
                         scratch, scratch_len, NULL, mode == 2};
   /* GPT-OSS's layers: attention sinks with the window (every head's own logit) */
-  static const float sinks[] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.5f};
+  static const float sinks[16] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.5f, -0.5f, 1.0f,
+                                  0.25f, -2.0f, 3.0f, -0.25f, 1.25f, -1.5f, 0.75f, 2.5f};
   if (window) a.sinks = sinks;
-  /* |V| <= 1; bf16-compute variants round q and the weights (header) */
-  const double tol = bf16 && !strcmp(v->attention_bf16_compute, "bf16") ? 1.0 / 32 : 4e-6;
+  /* |V| <= 1 (int8: |row * scale|); bf16-compute variants round q and the weights with
+   * a bf16 cache (header) */
+  const int bf16_math = dt == ARMLLM_KV_BF16 && !strcmp(v->attention_bf16_compute, "bf16");
+  const double tol = bf16_math ? 1.0 / 32 : 4e-6;
   armllm_attn_args a1 = a, ar = a;
   a1.out = out1;
   a1.scratch = NULL;
@@ -502,18 +545,34 @@ static void attention_case(report *r, const armllm_kernels *v, armllm_pool *pool
   if (v->attention(pool, &a) != 3) r->bad++;
   table[3 * max_blocks] = saved;
   r->cases++;
-  free(table); free(kc); free(vc); free(kb); free(vb); free(q); free(out); free(out1);
-  free(out2); free(scratch);
+  free(table); free(kc); free(vc); free(kb); free(vb); free(k8); free(v8); free(ks); free(vs);
+  free(q); free(out); free(out1); free(out2); free(scratch);
 }
 
 static void check_attention(const armllm_kernels *v, armllm_pool *pool) {
-  static const int64_t dims[][4] = {/* head_dim, n_heads, n_kv_heads, block_size */
-                                    {8, 2, 2, 16}, {64, 6, 2, 16}, {80, 3, 1, 5}, {128, 4, 4, 32}};
+  /* head_dim, n_heads, n_kv_heads, block_size; head dims 36 and 17 leave 4 and 1 past
+   * the last multiple of 8 */
+  static const int64_t dims[][4] = {{8, 2, 2, 16},  {64, 6, 2, 16}, {80, 3, 1, 5},
+                                    {128, 4, 4, 32}, {36, 4, 2, 16}, {17, 12, 1, 7}};
   report r;
   report_start(&r, v->isa, "attention");
   for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
-    for (int bf16 = 0; bf16 < 2; bf16++)
-      for (int window = 0; window < 2; window++) attention_case(&r, v, pool, dims[di], bf16, window);
+    for (int dt = 0; dt < KV_NDTYPES; dt++)
+      for (int window = 0; window < 2; window++)
+        attention_case(&r, v, pool, &attn_seqs, dims[di], dt, window);
+  report_end(&r, impl_of(v, ARMLLM_K_attention));
+}
+
+/* Decode batches that split every row's keys over threads (one KV head; GQA 3, 8,
+ * whose 2-row tile has 16 queries, and 12), causal and windowed. */
+static void check_attention_split(const armllm_kernels *v, armllm_pool *pool) {
+  static const int64_t dims[][4] = {{80, 3, 1, 5}, {64, 8, 1, 16}, {17, 12, 1, 7}};
+  report r;
+  report_start(&r, v->isa, "attn_split");
+  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+    for (int dt = 0; dt < KV_NDTYPES; dt++)
+      for (int window = 0; window < 2; window++)
+        attention_case(&r, v, pool, &attn_split_seqs, dims[di], dt, window);
   report_end(&r, impl_of(v, ARMLLM_K_attention));
 }
 
@@ -524,35 +583,56 @@ static void check_attention_bidirectional(const armllm_kernels *v, armllm_pool *
   report r;
   report_start(&r, v->isa, "attn_bidir");
   for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
-    for (int bf16 = 0; bf16 < 2; bf16++) attention_case(&r, v, pool, dims[di], bf16, 2);
+    for (int dt = 0; dt < KV_NDTYPES; dt++)
+      attention_case(&r, v, pool, &attn_seqs, dims[di], dt, 2);
   report_end(&r, impl_of(v, ARMLLM_K_attention));
 }
 
+/* KV write against ref for every cache dtype: the same cache bytes (int8: rows and
+ * scales; one head of row 2 all zero, scale 0), and a slot out of range reported with
+ * nothing written. */
 static void check_kv_write(const armllm_kernels *v, armllm_pool *pool) {
   report r;
   report_start(&r, v->isa, "kv_write");
   static const int64_t dims[][3] = {{8, 1, 16}, {64, 2, 16}, {80, 3, 5}, {128, 8, 32}};
+  static const size_t esz[KV_NDTYPES] = {4, 2, 1};
   for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
-    for (int bf16 = 0; bf16 < 2; bf16++) {
+    for (int dt = 0; dt < KV_NDTYPES; dt++) {
       const int64_t hd = dims[di][0], nkv = dims[di][1], bs = dims[di][2], nb = 6, t = 9;
       const int64_t ld = nkv * hd + 2;
-      const size_t len = (size_t)(nb * nkv * bs * hd), bytes = len * (bf16 ? 2 : 4);
+      const size_t len = (size_t)(nb * nkv * bs * hd), bytes = len * esz[dt];
+      const int64_t rows = nb * nkv * bs; /* int8: a scale each */
+      const size_t sbytes = sizeof(uint16_t) * (size_t)rows;
       char *kc = xmalloc(bytes), *vc = xmalloc(bytes), *kr = xmalloc(bytes), *vr = xmalloc(bytes);
       memset(kc, 0x5a, bytes); memset(vc, 0x5a, bytes); memset(kr, 0x5a, bytes); memset(vr, 0x5a, bytes);
+      uint16_t *scales = xmalloc(4 * sbytes); /* k, v, ref's k, ref's v */
+      memset(scales, 0x5a, 4 * sbytes);
+      uint16_t *ks = scales, *vs = ks + rows, *ksr = vs + rows, *vsr = ksr + rows;
+      const int i8 = dt == ARMLLM_KV_I8;
       float *k = xmalloc(sizeof(float) * (size_t)(t * ld)), *vv = xmalloc(sizeof(float) * (size_t)(t * ld));
       fill(k, t * ld, 3.0f);
       fill(vv, t * ld, 3.0f);
+      memset(k + 2 * ld, 0, sizeof(float) * (size_t)hd);
       int32_t slots[9] = {0, 5, (int32_t)(bs + 1), -1, (int32_t)(nb * bs - 1), 7, (int32_t)(3 * bs), -1, 2};
-      if (v->kv_write(pool, k, ld, vv, ld, slots, t, kc, vc, bf16, nkv, hd, bs, nb) != -1) r.bad++;
-      armllm_kernels_ref.kv_write(NULL, k, ld, vv, ld, slots, t, kr, vr, bf16, nkv, hd, bs, nb);
+      if (v->kv_write(pool, k, ld, vv, ld, slots, t, kc, vc, dt, i8 ? ks : NULL, i8 ? vs : NULL,
+                      nkv, hd, bs, nb) != -1)
+        r.bad++;
+      armllm_kernels_ref.kv_write(NULL, k, ld, vv, ld, slots, t, kr, vr, dt, i8 ? ksr : NULL,
+                                  i8 ? vsr : NULL, nkv, hd, bs, nb);
       if (memcmp(kc, kr, bytes) || memcmp(vc, vr, bytes)) r.bad++;
+      if (memcmp(ks, ksr, sbytes) || memcmp(vs, vsr, sbytes)) r.bad++;
       slots[6] = (int32_t)(nb * bs); /* out of range: reported, nothing written */
       memset(kc, 0x11, bytes);
-      if (v->kv_write(pool, k, ld, vv, ld, slots, t, kc, vc, bf16, nkv, hd, bs, nb) != 6) r.bad++;
+      memset(ks, 0x11, sbytes);
+      if (v->kv_write(pool, k, ld, vv, ld, slots, t, kc, vc, dt, i8 ? ks : NULL, i8 ? vs : NULL,
+                      nkv, hd, bs, nb) != 6)
+        r.bad++;
       for (size_t i = 0; i < bytes; i++)
         if (kc[i] != 0x11) { r.bad++; break; }
+      for (int64_t i = 0; i < rows; i++)
+        if (ks[i] != 0x1111) { r.bad++; break; }
       r.cases++;
-      free(kc); free(vc); free(kr); free(vr); free(k); free(vv);
+      free(kc); free(vc); free(kr); free(vr); free(scales); free(k); free(vv);
     }
   report_end(&r, impl_of(v, ARMLLM_K_kv_write));
 }
@@ -2129,6 +2209,7 @@ int main(int argc, char **argv) {
     check_exp(v);
     check_kv_write(v, pool);
     check_attention(v, pool);
+    check_attention_split(v, pool);
     check_quant_act(v, pool);
     check_rmsnorm_quant(v, pool);
     check_gemm_wq(v, pool, quick);

@@ -1,5 +1,6 @@
 /* sve/attn.c: varlen paged attention, SVE, vector-length agnostic (f32
- * math; bf16 caches widened with LD1H-to-word loads and LSL #16).
+ * math; bf16 caches widened with LD1H-to-word loads and LSL #16, int8
+ * caches with LD1SB-to-word loads, ADD and FSUB: ARMLLM_I8_F32_BITS).
  *
  * Only the per-partition kernel is SVE: the driver (tiles of query rows x
  * the query heads of one KV head, partition-ordered merges, split-KV with
@@ -13,7 +14,12 @@
  * bf16 whole 2 VL blocks skip the LSL: K and V are loaded as (even, odd)
  * element vectors by LD1H into odd halfword lanes (ld_even/ld_odd), queries
  * are pre-split with LD2W, PV accumulators re-interleaved with ST2W.
- * kv_write is the neon one (memory-bound). */
+ * int8 caches as ref: S = (Q K8^T * k_scale) * scale per key, and after the
+ * sums l the weights E * v_scale meet the widened V8 rows.
+ * kv_write is the neon one (memory-bound).
+ *
+ * The helpers take the cache's armllm_kv_dtype `dt`, a constant in each
+ * instance. */
 #include <arm_sve.h>
 #include <math.h>
 
@@ -27,11 +33,17 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* VL floats (pg lanes; others 0) widened from f32 or bf16 bits. */
-AI svfloat32_t ldw(svbool_t pg, const void *p, int64_t off, int bf16) {
-  if (bf16)
+/* VL floats (pg lanes; others 0) widened from f32, bf16 bits or int8
+ * (without the row's scale). */
+AI svfloat32_t ldw(svbool_t pg, const void *p, int64_t off, int dt) {
+  if (dt == ARMLLM_KV_BF16)
     return svreinterpret_f32_u32(
         svlsl_n_u32_x(svptrue_b32(), svld1uh_u32(pg, (const uint16_t *)p + off), 16));
+  if (dt == ARMLLM_KV_I8) { /* all lanes widened: the inactive ones load as 0 */
+    const svint32_t w = svadd_n_s32_x(svptrue_b32(), svld1sb_s32(pg, (const int8_t *)p + off),
+                                      ARMLLM_I8_F32_BITS);
+    return svsub_n_f32_x(svptrue_b32(), svreinterpret_f32_s32(w), ARMLLM_I8_F32_BIAS);
+  }
   return svld1_f32(pg, (const float *)p + off);
 }
 
@@ -60,7 +72,7 @@ AI svfloat32_t ld_even(svbool_t po, const void *p, int64_t d) {
  * vectors (ld_even/ld_odd, no shifts) against qp, the queries with each
  * block stored as its even then its odd elements; the rest as without. */
 AI void sve_qk_tile(const float *const *q, const float *const *qp, const void *const *k,
-                    int64_t hd, int bf16, const int NQ, float *out, const int PAIR) {
+                    int64_t hd, int dt, const int NQ, float *out, const int PAIR) {
   const svbool_t all = svptrue_b32();
   const int64_t vl = (int64_t)svcntw();
   const svfloat32_t z = svdup_n_f32(0.0f);
@@ -89,8 +101,8 @@ AI void sve_qk_tile(const float *const *q, const float *const *qp, const void *c
   }
   for (; d < hd; d += vl) {
     const svbool_t pg = svwhilelt_b32_s64(d, hd);
-    const svfloat32_t k0 = ldw(pg, k[0], d, bf16), k1 = ldw(pg, k[1], d, bf16);
-    const svfloat32_t k2 = ldw(pg, k[2], d, bf16), k3 = ldw(pg, k[3], d, bf16);
+    const svfloat32_t k0 = ldw(pg, k[0], d, dt), k1 = ldw(pg, k[1], d, dt);
+    const svfloat32_t k2 = ldw(pg, k[2], d, dt), k3 = ldw(pg, k[3], d, dt);
 #define QK_ROW(I)                                           \
     if (NQ > I) {                                           \
       const svfloat32_t qv = svld1_f32(pg, q[I] + d);       \
@@ -119,7 +131,7 @@ AI void sve_qk_tile(const float *const *q, const float *const *qp, const void *c
  * PAIR (bf16, NV = 2 or 4, all NV*VL columns inside head_dim): vector 2c
  * holds the even and 2c+1 the odd columns of d0 + 2c*VL .. + 2VL. */
 AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_t n4,
-                    int64_t d0, int64_t hd, int bf16, const int NQ, const int NV, float *accp,
+                    int64_t d0, int64_t hd, int dt, const int NQ, const int NV, float *accp,
                     const int PAIR) {
   const svbool_t all = svptrue_b32();
   const int64_t vl = (int64_t)svcntw();
@@ -146,10 +158,10 @@ AI void sve_pv_tile(const float *e, int64_t lde, const void *const *vrow, int64_
         v2 = NV > 2 ? ld_even(po, vp, d0 + 2 * vl) : z;                                \
         v3 = NV > 2 ? ld_odd(po, vp, d0 + 2 * vl) : z;                                 \
       } else {                                                                         \
-        v0 = ldw(p0, vp, d0, bf16);                                                    \
-        v1 = NV > 1 ? ldw(p1, vp, d0 + vl, bf16) : z;                                  \
-        v2 = NV > 2 ? ldw(p2, vp, d0 + 2 * vl, bf16) : z;                              \
-        v3 = NV > 3 ? ldw(p3, vp, d0 + 3 * vl, bf16) : z;                              \
+        v0 = ldw(p0, vp, d0, dt);                                                      \
+        v1 = NV > 1 ? ldw(p1, vp, d0 + vl, dt) : z;                                    \
+        v2 = NV > 2 ? ldw(p2, vp, d0 + 2 * vl, dt) : z;                                \
+        v3 = NV > 3 ? ldw(p3, vp, d0 + 3 * vl, dt) : z;                                \
       }                                                                                \
       PV_FMA(0, 0, U) PV_FMA(0, 1, U) PV_FMA(0, 2, U) PV_FMA(0, 3, U)                  \
       PV_FMA(1, 0, U) PV_FMA(1, 1, U) PV_FMA(1, 2, U) PV_FMA(1, 3, U)                  \
@@ -208,11 +220,12 @@ AI float sve_softmax_row(float *si, int64_t a0, int64_t a1, float *sum) {
 
 AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
                       const float *const *q, const int64_t *lo, const int64_t *hi, int64_t p,
-                      float *m, float *l, float *accp, int bf16) {
+                      float *m, float *l, float *accp, int dt) {
   const int64_t hd = a->head_dim, vl = (int64_t)svcntw();
+  const int bf16 = dt == ARMLLM_KV_BF16;
   const svbool_t all = svptrue_b32();
   armllm_attn_keys keys;
-  armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, bf16 ? 2 : 4);
+  armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, armllm_kv_esz(dt));
   const void *const *kr = keys.kr, *const *vr = keys.vr;
   const int64_t n4 = keys.n4;
   float s[QMAX][PART] __attribute__((aligned(16)));
@@ -232,21 +245,25 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
     for (int i = 0; i < nq; i += 4) {
       float d[16];
       const int nqi = nq - i >= 4 ? 4 : nq - i;
-#define QK_CALL(N) sve_qk_tile(q + i, qp + i, kr + j, hd, bf16, N, d, bf16)
+#define QK_CALL(N) sve_qk_tile(q + i, qp + i, kr + j, hd, dt, N, d, bf16)
       NQ_CASES(QK_CALL)
 #undef QK_CALL
+      if (dt == ARMLLM_KV_I8) /* ref's order: dot * k_scale * scale */
+        for (int t = 0; t < nqi; t++)
+          for (int u = 0; u < 4; u++) d[t * 4 + u] *= keys.ksc[j + u];
       for (int t = 0; t < nqi; t++)
         for (int u = 0; u < 4; u++) s[i + t][j + u] = d[t * 4 + u] * a->scale;
     }
   armllm_attn_softmax(&s[0][0], nq, lo, hi, keys.k0, keys.n, m, l, sve_softmax_row);
+  if (dt == ARMLLM_KV_I8) armllm_attn_scale_weights(&s[0][0], nq, keys.vsc, n4);
   for (int i = 0; i < nq; i += 4) {
     const int nqi = nq - i >= 4 ? 4 : nq - i;
     int64_t d0 = 0;
-#define PV_CALL4P(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 4, accp + i * hd, 1)
-#define PV_CALL2P(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 2, accp + i * hd, 1)
-#define PV_CALL4(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 4, accp + i * hd, 0)
-#define PV_CALL2(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 2, accp + i * hd, 0)
-#define PV_CALL1(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, bf16, N, 1, accp + i * hd, 0)
+#define PV_CALL4P(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, dt, N, 4, accp + i * hd, 1)
+#define PV_CALL2P(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, dt, N, 2, accp + i * hd, 1)
+#define PV_CALL4(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, dt, N, 4, accp + i * hd, 0)
+#define PV_CALL2(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, dt, N, 2, accp + i * hd, 0)
+#define PV_CALL1(N) sve_pv_tile(s[i], PART, vr, n4, d0, hd, dt, N, 1, accp + i * hd, 0)
     if (bf16) { /* whole 4- and 2-vector column blocks: shift-free widening */
       for (; hd - d0 >= 4 * vl; d0 += 4 * vl) NQ_CASES(PV_CALL4P)
       if (hd - d0 >= 2 * vl) {
@@ -268,9 +285,13 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
   }
 }
 
-ARMLLM_ATTN_PARTIAL(sve_partial_f32, sve_partial_t, 0)
-ARMLLM_ATTN_PARTIAL(sve_partial_bf16, sve_partial_t, 1)
+ARMLLM_ATTN_PARTIAL(sve_partial_f32, sve_partial_t, ARMLLM_KV_F32)
+ARMLLM_ATTN_PARTIAL(sve_partial_bf16, sve_partial_t, ARMLLM_KV_BF16)
+ARMLLM_ATTN_PARTIAL(sve_partial_i8, sve_partial_t, ARMLLM_KV_I8)
 
 int64_t armllm_sve_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  return armllm_arm_attn_run(pool, args, args->cache_dtype == ARMLLM_KV_BF16 ? sve_partial_bf16 : sve_partial_f32);
+  const armllm_attn_partial_fn partial = args->cache_dtype == ARMLLM_KV_BF16 ? sve_partial_bf16
+                                         : args->cache_dtype == ARMLLM_KV_I8 ? sve_partial_i8
+                                                                              : sve_partial_f32;
+  return armllm_arm_attn_run(pool, args, partial);
 }
