@@ -178,8 +178,7 @@ static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, 
   /* spare query slots repeat query 0 */
   const float *q1 = nq > 1 ? q + ldq : q, *q2 = nq > 2 ? q + 2 * ldq : q;
   for (int64_t j = 0; j < nj; j += 4) {
-    for (int64_t u = j; u < j + 4 && u < npf; u++)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+    for (int64_t u = j; u < j + 4 && u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
     const int64_t m = nj - j < 4 ? nj - j : 4;
     const void *k0 = kp[j], *k1 = kp[j + (m > 1)], *k2 = kp[j + (m > 2) * 2],
                *k3 = kp[j + (m > 3) * 3];
@@ -206,8 +205,7 @@ AINLINE void pv_3x4(float *c0, float *c1, float *c2, const float *e0, const floa
   __m256 a20 = _mm256_loadu_ps(c2 + x), a21 = _mm256_loadu_ps(c2 + x + 8),
          a22 = _mm256_loadu_ps(c2 + x + 16), a23 = _mm256_loadu_ps(c2 + x + 24);
   for (int64_t j = 0; j < nj; j++) {
-    if (j < npf)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
+    if (j < npf) attn_prefetch_row(pf[j], pfbytes);
     const __m256 k0v = load8(vp[j], x, kv), k1v = load8(vp[j], x + 8, kv);
     const __m256 k2v = load8(vp[j], x + 16, kv), k3v = load8(vp[j], x + 24, kv);
     const __m256 qa = _mm256_broadcast_ss(e0 + j), qb = _mm256_broadcast_ss(e1 + j),
@@ -251,8 +249,7 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
     else PV4(ARMLLM_KV_F32);
   }
 #undef PV4
-  for (int64_t u = 0; u < npf; u++)
-    for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+  for (int64_t u = 0; u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
   for (; x < hd; x += 8) {
     const int64_t n = hd - x < 8 ? hd - x : 8;
     if (kv == ARMLLM_KV_BF16) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_BF16);

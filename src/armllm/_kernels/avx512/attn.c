@@ -139,8 +139,7 @@ AINLINE void pv_tile(const int NQ, const int NV, const int KV, float *const *c,
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_loadu_ps(c[r] + x + 16 * v);
   for (int64_t j = 0; j < nj; j++) {
-    if (j < npf)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
+    if (j < npf) attn_prefetch_row(pf[j], pfbytes);
     __m512 vv[4];
     UNROLL for (int v = 0; v < NV; v++)
       vv[v] = v < NV - 1 || n == 16 ? load16(KV, vp[j], x + 16 * v, 16)
@@ -168,8 +167,7 @@ AINLINE void pvb_tile(const int NQ, const int NB, float *const *c, const float *
   UNROLL for (int r = 0; r < NQ; r++)
     UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm512_loadu_ps(c[r] + x + 16 * v);
   for (int64_t j = 0; j < nj; j++) {
-    if (j < npf)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[j] + o, _MM_HINT_T0);
+    if (j < npf) attn_prefetch_row(pf[j], pfbytes);
     __m512 vv[4];
     UNROLL for (int b = 0; b < NB; b++) {
       const __m512i raw = load32h(vp[j], x + 32 * b, b < NB - 1 ? 32 : n);
@@ -293,8 +291,7 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
                     int kv, float scale, float *s, int64_t lds, const void *const *pf,
                     int64_t npf, int64_t pfbytes) {
   for (int64_t j = 0; j < nj; j += 4) {
-    for (int64_t u = j; u < j + 4 && u < npf; u++)
-      for (int64_t o = 0; o < pfbytes; o += 64) _mm_prefetch((const char *)pf[u] + o, _MM_HINT_T0);
+    for (int64_t u = j; u < j + 4 && u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
     const int64_t m = nj - j < 4 ? nj - j : 4;
     const void *k[4] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2], kp[j + (m > 3) * 3]};
     const __mmask8 mask = (__mmask8)((1u << m) - 1);
