@@ -11,8 +11,11 @@
  * zero-padded to a multiple of it: its micro-kernels' step over head_dim)
  * and tile_ctx, a struct that starts with ARMLLM_X86_TILE_FIELDS
  * (attn_x86_tile.h: the sub-tile set up by tile_init, each query's key
- * range and q row, tile_partition's results, tile_rows' K and V rows), and,
- * after including it, the three functions declared below. */
+ * range and q row, tile_partition's results, tile_rows' K and V rows and
+ * int8 scales), and, after including it, the three functions declared
+ * below. int8 caches: the variants' micro-kernels widen the rows as stored,
+ * and tile_scale_scores / tile_scale_weights here put each row's scale on
+ * its key's scores and weights. */
 #ifndef ARMLLM_ATTN_X86_H
 #define ARMLLM_ATTN_X86_H
 

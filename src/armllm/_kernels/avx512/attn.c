@@ -30,7 +30,16 @@
  * FMAs throughout. int8 caches: f32 FMAs over K and V rows widened in
  * registers (load16: sign extension and conversion, the values as stored);
  * each key's K scale multiplies its scores before the softmax and its V
- * scale its weights after it (attn_x86.h), as ref does.
+ * scale its weights after it (attn_x86.h), as ref does. On Zen 4 (4 queries
+ * a key, head_dim 64, rows in L1) int8 QK^T takes ~25 cycles a key against
+ * its 16 FMAs, PV ~17 against 16 (bf16: ~15 and ~16), so an int8 decode is
+ * compute-bound near 11-12 GB/s on 2 threads where bf16 reads 18-22. Tried
+ * and slower: K transposed 4 rows at a time (keys in lanes, 4 partial sums
+ * a dot instead of 16) took ~35 cycles, its q broadcasts doubling the loads
+ * per FMA. A 45-operation reduction of the 16 dots (hsum4 takes ~75) took
+ * bf16 QK^T from ~15 to ~13 cycles but int8's not at all, and its other
+ * rounding moved SmolLM2's bf16 logits off one of tests/model's argmax
+ * checks.
  */
 #include <math.h>
 
