@@ -122,6 +122,10 @@ def main(argv=None) -> int:
     if not set(caches) <= set(CACHE_DTYPES):
         print(f"bench_attention: --cache takes {', '.join(CACHE_DTYPES)}", file=sys.stderr)
         return 2
+    if not shapes:
+        print(f"bench_attention: --model takes {', '.join(s[0] for s in SHAPES)}",
+              file=sys.stderr)
+        return 2
     try:
         variants = dict(zip(isas, (ops.kernels(isa) for isa in isas), strict=True))
     except ValueError as e:
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
                                 for c, x in gbs_labels.items())
             print(line, flush=True)
             results.append(row)
-            del layers
+            del layers  # this case's caches go before the next case's are written
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": pool.num_threads, "cache": caches, "results": results}, f,
