@@ -80,9 +80,8 @@ static void rope_kv_rows(void *ctx, int64_t r0, int64_t r1) {
   j->kt->rope(NULL, j->k + r0 * j->ldk, n, j->n_kv_heads, j->head_dim, j->ldk,
               j->positions + r0, j->cos_sin, j->max_pos, j->rot_dim, j->style);
   j->kt->kv_write(NULL, j->k + r0 * j->ldk, j->ldk, j->v + r0 * j->ldv, j->ldv,
-                  j->slot_mapping + r0, n, j->k_cache, j->v_cache, j->cache_dtype, j->k_scale, j->v_scale,
-                  j->n_kv_heads,
-                  j->head_dim, j->block_size, j->num_blocks);
+                  j->slot_mapping + r0, n, j->k_cache, j->v_cache, j->cache_dtype, j->k_scale,
+                  j->v_scale, j->n_kv_heads, j->head_dim, j->block_size, j->num_blocks);
 }
 
 /* Elements a row block rotates and writes at least, so that a few rows (a decode)
@@ -109,8 +108,8 @@ int64_t armllm_rope_kv_write(const armllm_kernels *kt, armllm_pool *pool, float 
       return i;
     }
   rope_kv_job job = {kt, q, k, v, ldq, ldk, ldv, n_heads, n_kv_heads, head_dim, rot_dim, style,
-                     positions, slot_mapping, cos_sin, max_pos, k_cache, v_cache, cache_dtype, k_scale, v_scale,
-                     block_size, num_blocks};
+                     positions, slot_mapping, cos_sin, max_pos, k_cache, v_cache, cache_dtype,
+                     k_scale, v_scale, block_size, num_blocks};
   const int64_t per_row = (n_heads + 2 * n_kv_heads) * head_dim;
   const int64_t min_rows = (ROPE_KV_MIN_ELEMS + per_row - 1) / per_row;
   armllm_pool_run(pool, t, armllm_pool_grain(pool, t, 2, min_rows), rope_kv_rows, &job);

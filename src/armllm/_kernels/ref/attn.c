@@ -36,7 +36,8 @@ static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
       for (int64_t j = k0; j < k1; j++) {
         const int64_t off = armllm_attn_kv_offset(a, b, kvh, j);
         float dot = 0.0f;
-        for (int64_t d = 0; d < hd; d++) dot = fmaf(q[d], cache_at(a->k_cache, a->cache_dtype, off + d), dot);
+        for (int64_t d = 0; d < hd; d++)
+          dot = fmaf(q[d], cache_at(a->k_cache, a->cache_dtype, off + d), dot);
         scores[j - k0] = dot * armllm_kv_row_scale(a, a->k_scale, off) * a->scale;
         if (scores[j - k0] > mp) mp = scores[j - k0];
       }
@@ -47,7 +48,8 @@ static void ref_attention_items(void *ctx, int64_t i0, int64_t i1) {
         const int64_t off = armllm_attn_kv_offset(a, b, kvh, j);
         const float w = e * armllm_kv_row_scale(a, a->v_scale, off); /* int8: V's scale */
         lp += e;
-        for (int64_t d = 0; d < hd; d++) accp[d] = fmaf(w, cache_at(a->v_cache, a->cache_dtype, off + d), accp[d]);
+        for (int64_t d = 0; d < hd; d++)
+          accp[d] = fmaf(w, cache_at(a->v_cache, a->cache_dtype, off + d), accp[d]);
       }
       armllm_attn_merge(&st, acc, mp, lp, accp, hd);
     }
