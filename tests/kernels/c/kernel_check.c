@@ -549,31 +549,32 @@ static void attention_case(report *r, const armllm_kernels *v, armllm_pool *pool
   free(q); free(out); free(out1); free(out2); free(scratch);
 }
 
+/* Every cache dtype, causal and windowed, of each (head_dim, n_heads, n_kv_heads,
+ * block_size) in dims over the sequences `seqs`, reported as `name`. */
+static void attention_cases(const armllm_kernels *v, armllm_pool *pool, const char *name,
+                            const attn_batch *seqs, const int64_t (*dims)[4], size_t n) {
+  report r;
+  report_start(&r, v->isa, name);
+  for (size_t di = 0; di < n; di++)
+    for (int dt = 0; dt < KV_NDTYPES; dt++)
+      for (int window = 0; window < 2; window++)
+        attention_case(&r, v, pool, seqs, dims[di], dt, window);
+  report_end(&r, impl_of(v, ARMLLM_K_attention));
+}
+
 static void check_attention(const armllm_kernels *v, armllm_pool *pool) {
   /* head_dim, n_heads, n_kv_heads, block_size; head dims 36 and 17 leave 4 and 1 past
    * the last multiple of 8 */
   static const int64_t dims[][4] = {{8, 2, 2, 16},  {64, 6, 2, 16}, {80, 3, 1, 5},
                                     {128, 4, 4, 32}, {36, 4, 2, 16}, {17, 12, 1, 7}};
-  report r;
-  report_start(&r, v->isa, "attention");
-  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
-    for (int dt = 0; dt < KV_NDTYPES; dt++)
-      for (int window = 0; window < 2; window++)
-        attention_case(&r, v, pool, &attn_seqs, dims[di], dt, window);
-  report_end(&r, impl_of(v, ARMLLM_K_attention));
+  attention_cases(v, pool, "attention", &attn_seqs, dims, sizeof dims / sizeof *dims);
 }
 
 /* Decode batches that split every row's keys over threads (one KV head; GQA 3, 8,
  * whose 2-row tile has 16 queries, and 12), causal and windowed. */
 static void check_attention_split(const armllm_kernels *v, armllm_pool *pool) {
   static const int64_t dims[][4] = {{80, 3, 1, 5}, {64, 8, 1, 16}, {17, 12, 1, 7}};
-  report r;
-  report_start(&r, v->isa, "attn_split");
-  for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
-    for (int dt = 0; dt < KV_NDTYPES; dt++)
-      for (int window = 0; window < 2; window++)
-        attention_case(&r, v, pool, &attn_split_seqs, dims[di], dt, window);
-  report_end(&r, impl_of(v, ARMLLM_K_attention));
+  attention_cases(v, pool, "attn_split", &attn_split_seqs, dims, sizeof dims / sizeof *dims);
 }
 
 /* Bidirectional (every row over all its sequence's keys), and one block a sequence
