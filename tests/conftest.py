@@ -39,6 +39,16 @@ def pool(pools) -> ops.ThreadPool:
     return pools[min(4, max(2, os.cpu_count() or 2))]
 
 
+@pytest.fixture(params=[1, 2])
+def decode_streams(request) -> int:
+    """Each count of panel streams the x86 quantized decode GEMVs read at once (cpu.h:
+    the CPU's choice, set here for the test), then the environment's or the CPU's again."""
+    from armllm._kernels import _ext
+    _ext.set_x86_decode_streams(request.param)
+    yield request.param
+    _ext.set_x86_decode_streams(ops._decode_streams_from_env())
+
+
 def examples(n: int) -> int:
     """Hypothesis examples per test: n, or ARMLLM_TEST_EXAMPLES (fewer under emulation)."""
     return int(os.environ.get("ARMLLM_TEST_EXAMPLES", n))

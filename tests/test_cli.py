@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,35 @@ def test_variant_the_cpu_lacks_is_refused():
     foreign = "sve" if ops.cpu_info()["arch"] == "x86_64" else "avx2"
     r = armllm("info", ARMLLM_ISA=foreign)
     assert r.returncode == 2 and f"kernel variant '{foreign}'" in r.stderr
+
+
+def test_decode_streams_follow_the_cpu_or_the_environment():
+    """The x86 quantized decode GEMVs read one panel stream a thread on Zen 4 (AMD
+    family 19h, cpuid's as /proc/cpuinfo gives them) and two elsewhere, `armllm info`
+    showing "+1stream" where one runs; ARMLLM_DECODE_STREAMS sets the count, and a bad
+    one is a one-line error."""
+    info = json.loads(armllm("info", "--json").stdout)
+    if info["arch"] == "x86_64":
+        cpuinfo = dict(line.split(":", 1) for line in
+                       Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                       if ":" in line)
+        cpuinfo = {k.strip(): v.strip() for k, v in cpuinfo.items()}
+        assert info["cpuid"] == {"vendor": cpuinfo["vendor_id"],
+                                 "family": int(cpuinfo["cpu family"]),
+                                 "model": int(cpuinfo["model"])}
+        zen4 = cpuinfo["vendor_id"] == "AuthenticAMD" and cpuinfo["cpu family"] == "25"
+        assert info["x86_decode_streams"] == (1 if zen4 else 2)
+    for streams in (1, 2):
+        info = json.loads(armllm("info", "--json", ARMLLM_DECODE_STREAMS=str(streams)).stdout)
+        assert info["x86_decode_streams"] == streams
+        if info["isa"] in ("avx512", "amx"):
+            one = "+1stream" if streams == 1 else ""
+            assert info["kernels"]["gemm_gguf"] == "avx512" + one
+            assert info["kernels"]["gemm_wq"] == info["isa"] + one
+    r = armllm("info", ARMLLM_DECODE_STREAMS="3")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1
+    assert "ARMLLM_DECODE_STREAMS must be 1 or 2, got '3'" in lines[0]
 
 
 def test_amx_variant_runs_or_says_why():

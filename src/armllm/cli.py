@@ -6,7 +6,8 @@ the parser loads no engine and no kernels (`armllm --help` is instant): a
 subcommand module imports at its top only what its flags need, and the engine,
 the kernels or the server inside the function that runs the command. main
 loads the kernels (armllm.ops) before running a command, so that a bad
-ARMLLM_ISA or ARMLLM_NUM_THREADS is a one-line message too.
+ARMLLM_ISA, ARMLLM_NUM_THREADS or ARMLLM_DECODE_STREAMS is a one-line message
+too.
 """
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     sve = f", SVE {info['sve_vector_bits']} bits" if info["sve_vector_bits"] else ""
-    print(f"cpu:         {info['cpu']} ({info['arch']}{sve})")
+    cpuid = info["cpuid"]
+    ident = (f", {cpuid['vendor']} family {cpuid['family']:#x} model {cpuid['model']:#x}"
+             if cpuid["vendor"] else "")
+    print(f"cpu:         {info['cpu']} ({info['arch']}{sve}{ident})")
     print(f"features:    {' '.join(info['features']) or '-'}")
     if info["amx_denied"]:
         print(f"amx:         not runnable: {info['amx_denied']}")
@@ -53,8 +57,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _kernels():
-    """armllm.ops, loaded on first use; a bad ARMLLM_ISA or ARMLLM_NUM_THREADS is a
-    UsageError."""
+    """armllm.ops, loaded on first use; a bad ARMLLM_ISA, ARMLLM_NUM_THREADS or
+    ARMLLM_DECODE_STREAMS is a UsageError."""
     try:
         from armllm import ops
     except ValueError as exc:

@@ -1,9 +1,11 @@
 """ops: armllm's only door to the C kernels.
 
 Chooses the kernel table once at import (the best the CPU runs, or the one
-named by ARMLLM_ISA), owns the default thread pool (ARMLLM_NUM_THREADS or
-the process's CPU affinity), and wraps each kernel in a typed function that
-writes into `out=` when given (the hot path) and allocates only when not.
+named by ARMLLM_ISA; ARMLLM_DECODE_STREAMS overrides a per-CPU constant of the
+x86 quantized decode GEMVs, for measuring a new CPU), owns the default thread
+pool (ARMLLM_NUM_THREADS or the process's CPU affinity), and wraps each kernel
+in a typed function that writes into `out=` when given (the hot path) and
+allocates only when not.
 Load-time helpers (weight packing, bf16 conversion) live here too; nothing
 here calls numpy's BLAS. The cos|sin tables `rope` reads are model/rope.py's.
 """
@@ -102,7 +104,19 @@ def _threads_from_env() -> int:
     return n
 
 
+def _decode_streams_from_env() -> int:
+    """ARMLLM_DECODE_STREAMS: 1 or 2 panel streams a thread of the x86 quantized decode
+    GEMVs reads at once; 0 (unset) for the CPU's choice (cpu.h)."""
+    raw = os.environ.get("ARMLLM_DECODE_STREAMS", "").strip()
+    if not raw:
+        return 0
+    if raw not in ("1", "2"):
+        raise ValueError(f"ARMLLM_DECODE_STREAMS must be 1 or 2, got {raw!r}")
+    return int(raw)
+
+
 _ISA, _ISA_SOURCE = _isa_from_env()
+_ext.set_x86_decode_streams(_decode_streams_from_env())
 _KERNELS = Kernels(_ISA)
 _NUM_THREADS = _threads_from_env()
 _pool: ThreadPool | None = None
@@ -188,6 +202,8 @@ def cpu_info() -> dict:
         "features": info["features"],
         "sve_vector_bits": info["sve_vector_bits"],
         "amx_denied": info["amx_denied"],
+        "cpuid": {k: info[k] for k in ("vendor", "family", "model")},
+        "x86_decode_streams": _ext.x86_decode_streams(),
         "allowed_cpus": _ext.allowed_cpus(),
         "num_threads": _NUM_THREADS,
         "fetch_add": _ext.atomic_impl(),

@@ -296,12 +296,13 @@ def test_gemm_gguf_tile_and_plan_edges(variant, pools, m, mix, k):
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_gemm_gguf_every_type_at_every_decode_m(variant, type_name):
+def test_gemm_gguf_every_type_at_every_decode_m(variant, type_name, decode_streams):
     """Every type at M = 1..8 (the decode plan's rows: a speculative verify step's
     k + 1; above 4 two register passes over each chunk, the second reading the
     first's kept bytes or unpacking again) and M = 9 (the prefill tiles), with
     several chunks (and a 32-element type's tail chunk), enough panels for a
-    decode thread's lockstep streams and a lone one: the exact model's bits."""
+    decode thread's lockstep streams and a lone one, with one stream and two
+    (cpu.h): the exact model's bits."""
     rng = np.random.default_rng(TYPE_IDS[type_name])
     k = 512 if BLOCKS[type_name][0] == 256 else 544
     rows = [72]   # 4.5 panels of 16 (9 of 8): two lockstep streams and a lone panel

@@ -276,10 +276,11 @@ def test_gemm_wq_matches_exact(variant, pool, m, n, k, bits, group, seed, with_b
 
 
 @pytest.mark.parametrize("bits,group", [(8, 0), (8, 128), (8, 32), (4, 32), (4, 128), (4, 0)])
-def test_gemm_wq_model_shapes(variant, pool, bits, group):
+def test_gemm_wq_model_shapes(variant, pool, bits, group, decode_streams):
     """K = 576 (SmolLM2) with group 128 or channelwise: five groups, the last of
     64 columns; 1536 (its MLP); 1000 (a padded last group); decode rows over
-    enough panels for a thread's lockstep streams and a remainder (N = 150)."""
+    enough panels for a thread's lockstep streams and a remainder (N = 150), with
+    one stream and two (cpu.h)."""
     rng = np.random.default_rng(3)
     for m, n, k in [(1, 131, 576), (4, 64, 576), (5, 64, 576), (67, 40, 576), (9, 24, 1000),
                     (2, 48, 1536), (1, 150, 576), (2, 150, 576), (3, 150, 576)]:

@@ -241,6 +241,9 @@ cdef extern from "cpu.h" nogil:
         const char *arch
         uint64_t features
         int sve_vector_bits
+        char vendor[16]
+        int family
+        int model
         char amx_denied[256]
     const armllm_cpu *armllm_cpu_detect()
     const char *armllm_cpu_feature_name(int feature)
@@ -250,6 +253,8 @@ cdef extern from "cpu.h" nogil:
                                            size_t err_len)
     const char *armllm_isa_best(const armllm_cpu *cpu)
     const char *armllm_slot_impl(const armllm_kernels *t, int slot, char *buf, size_t len)
+    int armllm_x86_decode_streams()
+    void armllm_set_x86_decode_streams(int streams)
 
 
 cdef extern from "probe.h" nogil:

@@ -112,7 +112,19 @@ static void detect(armllm_cpu *cpu) {
   unsigned a, b, c, d;
   uint64_t f = 0;
   cpu->arch = "x86_64";
+  if (__get_cpuid(0, &a, &b, &c, &d)) { /* the vendor: ebx, edx, ecx */
+    memcpy(cpu->vendor, &b, 4);
+    memcpy(cpu->vendor + 4, &d, 4);
+    memcpy(cpu->vendor + 8, &c, 4);
+  }
   if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+  { /* display family and model: the extended fields count where the base family
+     * is 15 (for the model, 6 too) */
+    const int fam = (a >> 8) & 0xf, ext_fam = (a >> 20) & 0xff;
+    const int mod = (a >> 4) & 0xf, ext_mod = (a >> 16) & 0xf;
+    cpu->family = fam == 0xf ? fam + ext_fam : fam;
+    cpu->model = fam == 0xf || fam == 0x6 ? (ext_mod << 4) + mod : mod;
+  }
   int osxsave = (c >> 27) & 1;
   uint64_t xcr0 = 0;
   if (osxsave) {
@@ -274,6 +286,23 @@ const char *armllm_isa_best(const armllm_cpu *cpu) {
 
 int armllm_neon_sdot(void) { return armllm_cpu_has(armllm_cpu_detect(), ARMLLM_CPU_ASIMDDP); }
 
+#define AMD_FAMILY_ZEN4_ 0x19 /* Zen 3 (no AVX-512, so never asked) and Zen 4 */
+static int decode_streams_set_; /* armllm_set_x86_decode_streams's count; 0: the CPU's */
+
+int armllm_x86_decode_streams(void) {
+  const int set = __atomic_load_n(&decode_streams_set_, __ATOMIC_RELAXED);
+  if (set) return set;
+  const armllm_cpu *cpu = armllm_cpu_detect();
+  return strcmp(cpu->vendor, "AuthenticAMD") == 0 && cpu->family == AMD_FAMILY_ZEN4_ ? 1 : 2;
+}
+
+void armllm_set_x86_decode_streams(int streams) {
+  __atomic_store_n(&decode_streams_set_, streams == 1 || streams == 2 ? streams : 0,
+                   __ATOMIC_RELAXED);
+}
+
+int armllm_x86_one_stream(void) { return armllm_x86_decode_streams() == 1; }
+
 typedef void (*any_fn)(void); /* any slot's function, for comparing pointers */
 
 /* A run-time choice inside one variant's function. Keyed by the function, not
@@ -289,6 +318,14 @@ static const slot_choice choices[] = {
 #if defined(__aarch64__)
     {ARMLLM_K_gemm_wq, (any_fn)armllm_neon_gemm_wq, "dotprod", armllm_neon_sdot},
     {ARMLLM_K_gemm_gguf, (any_fn)armllm_neon_gemm_gguf, "dotprod", armllm_neon_sdot},
+#elif defined(__x86_64__)
+    {ARMLLM_K_gemm_wq, (any_fn)armllm_avx512_gemm_wq, "1stream", armllm_x86_one_stream},
+    {ARMLLM_K_gemm_wq, (any_fn)armllm_amx_gemm_wq, "1stream", armllm_x86_one_stream},
+    {ARMLLM_K_gemm_wq_cols, (any_fn)armllm_avx512_gemm_wq_cols, "1stream", armllm_x86_one_stream},
+    {ARMLLM_K_gemm_wq_cols, (any_fn)armllm_amx_gemm_wq_cols, "1stream", armllm_x86_one_stream},
+    {ARMLLM_K_gemm_gguf, (any_fn)armllm_avx512_gemm_gguf, "1stream", armllm_x86_one_stream},
+    {ARMLLM_K_gemm_gguf_cols, (any_fn)armllm_avx512_gemm_gguf_cols, "1stream",
+     armllm_x86_one_stream},
 #endif
     {-1, NULL, NULL, NULL}, /* end */
 };

@@ -30,6 +30,8 @@ typedef struct armllm_cpu {
   uint64_t features;        /* bit i set = feature i present */
   int sve_vector_bits;      /* 0 without SVE */
   char amx_denied[256];     /* with amx_tile but no amx_perm: why not (else "") */
+  char vendor[16];          /* x86: cpuid's vendor ("AuthenticAMD", "GenuineIntel"), else "" */
+  int family, model;        /* x86: cpuid's display family and model, else 0 */
 } armllm_cpu;
 
 /* Detected once; later calls return the same object. */
@@ -56,6 +58,21 @@ const char *armllm_isa_best(const armllm_cpu *cpu);
 /* neon's quantized GEMMs (armllm_neon_gemm_wq, armllm_neon_gemm_gguf) run SDOT
  * (FEAT_DotProd, HWCAP asimddp) rather than SMULL/SMLAL. */
 int armllm_neon_sdot(void);
+
+/* Panel streams a thread of the AVX-512 quantized decode GEMVs (avx512/quant.c's
+ * w8/w4 and avx512/gguf.c's GGUF blocks, M <= 8) reads at once: 1 on AMD family
+ * 19h (Zen 4), else 2. Measured on the 1B chain at M = 1, 2 threads
+ * (tools/bench_decode_chain.py, one stream and two in turn): a Zen 4 read 4-5%
+ * more of the probe's bandwidth with one (Q4_K_M 0.93 against 0.89, Q4_0 0.94
+ * against 0.89); on Zen 5 one was as fast as two for GGUF blocks, and a Xeon read
+ * 14% faster with two. */
+int armllm_x86_decode_streams(void);
+/* Sets that count (1 or 2; 0: the CPU's again) for every later call: for
+ * measuring a new CPU (ARMLLM_DECODE_STREAMS) and for tests. Either count gives
+ * the same bits. */
+void armllm_set_x86_decode_streams(int streams);
+/* The choice armllm_slot_impl reports as "+1stream". */
+int armllm_x86_one_stream(void);
 
 /* What runs in `slot` of table t: the variant named by its ARMLLM_SLOT, then
  * "+choice" for each run-time choice that function takes on this CPU (e.g.

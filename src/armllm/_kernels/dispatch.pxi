@@ -11,13 +11,28 @@ KERNEL_NAMES = tuple(armllm_slot_name(i).decode() for i in range(ARMLLM_NUM_SLOT
 
 
 def cpu_features():
-    """Architecture, detected feature names, SVE vector length in bits, and why
-    AMX tile data is not usable ("" when it is, or without AMX)."""
+    """Architecture, detected feature names, SVE vector length in bits, why AMX tile
+    data is not usable ("" when it is, or without AMX), and on x86 cpuid's vendor,
+    family and model ("", 0, 0 elsewhere)."""
     cdef const armllm_cpu *cpu = armllm_cpu_detect()
     names = [armllm_cpu_feature_name(f).decode() for f in range(ARMLLM_CPU_NUM_FEATURES)
              if armllm_cpu_has(cpu, f)]
     return {"arch": cpu.arch.decode(), "features": names,
-            "sve_vector_bits": cpu.sve_vector_bits, "amx_denied": cpu.amx_denied.decode()}
+            "sve_vector_bits": cpu.sve_vector_bits, "amx_denied": cpu.amx_denied.decode(),
+            "vendor": cpu.vendor.decode(), "family": cpu.family, "model": cpu.model}
+
+
+def x86_decode_streams():
+    """Panel streams a thread of the AVX-512 quantized decode GEMVs reads at once
+    (cpu.h: 1 on Zen 4, else 2, unless set)."""
+    return armllm_x86_decode_streams()
+
+
+def set_x86_decode_streams(int streams):
+    """Sets that count: 1 or 2, or 0 for the CPU's choice again."""
+    if streams not in (0, 1, 2):
+        raise ValueError(f"decode streams must be 1 or 2 (0: the CPU's choice), got {streams}")
+    armllm_set_x86_decode_streams(streams)
 
 
 def isa_built():

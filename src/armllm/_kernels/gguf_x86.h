@@ -5,8 +5,9 @@
  * the pool plans. Static functions, so each ISA file compiles them with its
  * own flags; the including file defines PANEL (output rows per panel: one
  * 32-bit lane each, so a vector holds 4 bytes of every row),
- * GGUF_DECODE_STREAMS (panels a decode thread reads at once) and GGUF_VF (its
- * float vector type) and GGUF_VF_ZERO (a zero one) first.
+ * GGUF_DECODE_STREAMS (panels a decode thread reads at once),
+ * GGUF_DECODE_ONE_STREAM() (nonzero: read one at a time instead, on this CPU),
+ * GGUF_VF (its float vector type) and GGUF_VF_ZERO (a zero one) first.
  *
  * The packed matrix: the armllm_gguf_parts header (ARMLLM_GGUF_HEADER_BYTES),
  * then each part's panels of PANEL rows (its last one padded with zero
@@ -600,11 +601,13 @@ static inline __attribute__((always_inline)) void decode_panels(
 
 /* Panels [p0, p1) of one part at mr rows: GGUF_DECODE_STREAMS equal runs in
  * lockstep (one hardware-prefetch stream each, as the read probe reads: a
- * single stream left a core's memory pipe a fifth idle), the rest one by one. */
+ * single stream left a core's memory pipe a fifth idle), the rest one by one;
+ * all one by one where GGUF_DECODE_ONE_STREAM() (the including file's: a CPU
+ * that reads faster so). */
 static inline __attribute__((always_inline)) void gguf_decode_streams(
     const int type, const int mr, const gguf_job *job, const gguf_part *part, int64_t p0,
     int64_t p1, const int16_t *sums) {
-  const int64_t len = (p1 - p0) / GGUF_DECODE_STREAMS;
+  const int64_t len = GGUF_DECODE_ONE_STREAM() ? 0 : (p1 - p0) / GGUF_DECODE_STREAMS;
   for (int64_t i = 0; i < len; i++)
     decode_panels(type, mr, GGUF_DECODE_STREAMS, job, part, p0 + i, len, sums);
   for (int64_t p = p0 + GGUF_DECODE_STREAMS * len; p < p1; p++)

@@ -47,6 +47,7 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
 #define ITEMS_PER_THREAD 4 /* prefill items a thread: evens out uneven progress */
 #define PF_BYTES 4096      /* decode: software prefetch distance in each panel stream */
 #define GGUF_DECODE_STREAMS 2 /* panels a decode thread reads at once: 2 * 4 t of the 16 ymm */
+#define GGUF_DECODE_ONE_STREAM() 0 /* two on every CPU measured (not yet an AVX2-only one) */
 #define GGUF_VF __m256
 #define GGUF_VF_ZERO _mm256_setzero_ps
 #define TBUF_LD PANEL

@@ -56,6 +56,7 @@
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
+#include "../cpu.h"
 #include "../gguf_blocks.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -70,8 +71,10 @@ _Static_assert(MB_MAX % MR == 0, "row blocks are whole tiles");
                                 Zen 5: 2 KiB slower, 8 KiB no faster) */
 /* panels a decode thread reads at once: on the 1B Q4_K_M chain at M 1, a Xeon
  * read 14% faster with 2 than with 1 (4: 18%); Zen 5 30-40% slower with 4
- * than with 2, and 2 as fast as 1 */
+ * than with 2, and 2 as fast as 1; Zen 4 4-5% faster with 1, which it takes
+ * (armllm_x86_decode_streams, cpu.h) */
 #define GGUF_DECODE_STREAMS 2
+#define GGUF_DECODE_ONE_STREAM() (armllm_x86_decode_streams() == 1)
 #define GGUF_VF __m512
 #define GGUF_VF_ZERO _mm512_setzero_ps
 #define TBUF_LD (MAX_NC * PANEL)

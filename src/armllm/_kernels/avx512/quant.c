@@ -52,12 +52,14 @@
 #include <math.h>
 
 #include "../armllm_kernels.h"
+#include "../cpu.h"
 #include "../family_jobs.h"
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
 #define PANEL 16       /* output rows per panel: one int32 / f32 lane each */
 #define MAX_NC 2       /* panels per prefill tile */
-#define DECODE_STREAMS 2 /* panels a decode tile reads at once (M <= 2), far apart: 1B chain, Xeon,
+#define DECODE_STREAMS 2 /* panels a decode tile reads at once (M <= 2; 1 on some CPUs:
+                           armllm_x86_decode_streams), far apart: 1B chain, Xeon,
                            M 1: w8 +12%, w4 +17% over one panel at a time with 4; Zen 5: a 1B
                            Q8_0 token 8-9% faster with 2 than with 4 */
 #define DECODE_MAX_M 8 /* rows up to this take the streaming (decode) path: a verify step's k + 1 */
@@ -406,7 +408,8 @@ static ALWAYS_INLINE void decode_tile(const int nc, const int bits, const wq_job
 
 /* Decode items: panels [p0, p1), all M rows, the whole of K: cut into
  * DECODE_STREAMS equal runs read in lockstep (one hardware-prefetch stream
- * each, as the read probe reads), the rest one panel at a time. */
+ * each, as the read probe reads), the rest one panel at a time; or all one
+ * panel at a time where the CPU reads faster so (armllm_x86_decode_streams). */
 static ALWAYS_INLINE void decode_task(const int bits, void *ctx, int64_t p0, int64_t p1) {
   const wq_job *job = ctx;
   union {
@@ -418,7 +421,7 @@ static ALWAYS_INLINE void decode_task(const int bits, void *ctx, int64_t p0, int
     row_terms(job, bits, 0, job->m, &buf);
     terms = &buf;
   }
-  const int64_t len = (p1 - p0) / DECODE_STREAMS;
+  const int64_t len = armllm_x86_decode_streams() == 1 ? 0 : (p1 - p0) / DECODE_STREAMS;
   for (int64_t i = 0; i < len; i++) decode_tile(DECODE_STREAMS, bits, job, p0 + i, len, terms);
   for (int64_t p = p0 + DECODE_STREAMS * len; p < p1; p++) decode_tile(1, bits, job, p, 1, terms);
 }
