@@ -70,8 +70,8 @@ def test_variant_the_cpu_lacks_is_refused():
 def test_decode_streams_follow_the_cpu_or_the_environment():
     """The x86 quantized decode GEMVs read one panel stream a thread on Zen 4 (AMD
     family 19h, cpuid's as /proc/cpuinfo gives them) and two elsewhere, `armllm info`
-    showing "+1stream" where one runs; ARMLLM_DECODE_STREAMS sets the count, and a bad
-    one is a one-line error."""
+    showing "+1stream" where one runs (and "+nopf" on the bf16 GEMV's there);
+    ARMLLM_DECODE_STREAMS sets the count, and a bad one is a one-line error."""
     info = json.loads(armllm("info", "--json").stdout)
     if info["arch"] == "x86_64":
         cpuinfo = dict(line.split(":", 1) for line in
@@ -83,6 +83,8 @@ def test_decode_streams_follow_the_cpu_or_the_environment():
                                  "model": int(cpuinfo["model"])}
         zen4 = cpuinfo["vendor_id"] == "AuthenticAMD" and cpuinfo["cpu family"] == "25"
         assert info["x86_decode_streams"] == (1 if zen4 else 2)
+        if info["isa"] == "avx512":   # and its bf16 decode GEMV prefetches nothing there
+            assert info["kernels"]["gemm_bf16"] == "avx512" + ("+nopf" if zen4 else "")
     for streams in (1, 2):
         info = json.loads(armllm("info", "--json", ARMLLM_DECODE_STREAMS=str(streams)).stdout)
         assert info["x86_decode_streams"] == streams

@@ -289,11 +289,17 @@ int armllm_neon_sdot(void) { return armllm_cpu_has(armllm_cpu_detect(), ARMLLM_C
 #define AMD_FAMILY_ZEN4_ 0x19 /* Zen 3 (no AVX-512, so never asked) and Zen 4 */
 static int decode_streams_set_; /* armllm_set_x86_decode_streams's count; 0: the CPU's */
 
+int armllm_x86_zen4(void) {
+  const armllm_cpu *cpu = armllm_cpu_detect();
+  return strcmp(cpu->vendor, "AuthenticAMD") == 0 && cpu->family == AMD_FAMILY_ZEN4_;
+}
+
+int armllm_x86_gemv_no_prefetch(void) { return armllm_x86_zen4(); }
+
 int armllm_x86_decode_streams(void) {
   const int set = __atomic_load_n(&decode_streams_set_, __ATOMIC_RELAXED);
   if (set) return set;
-  const armllm_cpu *cpu = armllm_cpu_detect();
-  return strcmp(cpu->vendor, "AuthenticAMD") == 0 && cpu->family == AMD_FAMILY_ZEN4_ ? 1 : 2;
+  return armllm_x86_zen4() ? 1 : 2;
 }
 
 void armllm_set_x86_decode_streams(int streams) {
@@ -319,9 +325,13 @@ static const slot_choice choices[] = {
     {ARMLLM_K_gemm_wq, (any_fn)armllm_neon_gemm_wq, "dotprod", armllm_neon_sdot},
     {ARMLLM_K_gemm_gguf, (any_fn)armllm_neon_gemm_gguf, "dotprod", armllm_neon_sdot},
 #elif defined(__x86_64__)
+    {ARMLLM_K_gemm_bf16, (any_fn)armllm_avx512_gemm_bf16, "nopf", armllm_x86_gemv_no_prefetch},
+    {ARMLLM_K_gemm_bf16_cols, (any_fn)armllm_avx512_gemm_bf16_cols, "nopf",
+     armllm_x86_gemv_no_prefetch},
     {ARMLLM_K_gemm_wq, (any_fn)armllm_avx512_gemm_wq, "1stream", armllm_x86_one_stream},
     {ARMLLM_K_gemm_wq, (any_fn)armllm_amx_gemm_wq, "1stream", armllm_x86_one_stream},
-    {ARMLLM_K_gemm_wq_cols, (any_fn)armllm_avx512_gemm_wq_cols, "1stream", armllm_x86_one_stream},
+    {ARMLLM_K_gemm_wq_cols, (any_fn)armllm_avx512_gemm_wq_cols, "1stream",
+     armllm_x86_one_stream},
     {ARMLLM_K_gemm_wq_cols, (any_fn)armllm_amx_gemm_wq_cols, "1stream", armllm_x86_one_stream},
     {ARMLLM_K_gemm_gguf, (any_fn)armllm_avx512_gemm_gguf, "1stream", armllm_x86_one_stream},
     {ARMLLM_K_gemm_gguf_cols, (any_fn)armllm_avx512_gemm_gguf_cols, "1stream",

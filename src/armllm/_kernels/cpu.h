@@ -59,6 +59,13 @@ const char *armllm_isa_best(const armllm_cpu *cpu);
  * (FEAT_DotProd, HWCAP asimddp) rather than SMULL/SMLAL. */
 int armllm_neon_sdot(void);
 
+/* An AMD family 19h CPU (Zen 4; Zen 3 too, which runs no AVX-512 code): the
+ * CPU some AVX-512 decode constants are chosen for. */
+int armllm_x86_zen4(void);
+/* The choice armllm_slot_impl reports as "+nopf": avx512/gemm.c's bf16 decode
+ * GEMV without software prefetch (on Zen 4). */
+int armllm_x86_gemv_no_prefetch(void);
+
 /* Panel streams a thread of the AVX-512 quantized decode GEMVs (avx512/quant.c's
  * w8/w4 and avx512/gguf.c's GGUF blocks, M <= 8) reads at once: 1 on AMD family
  * 19h (Zen 4), else 2. Measured on the 1B chain at M = 1, 2 threads

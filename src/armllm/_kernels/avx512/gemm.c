@@ -54,6 +54,7 @@
 #include <immintrin.h>
 
 #include "../armllm_kernels.h"
+#include "../cpu.h"
 #include "../gemm_plan.h"
 #include "bf16_round.h"
 
@@ -80,9 +81,14 @@
 /* Panels per decode group at mr rows: mr * np accumulators, at most 16 of the 32 zmm. */
 #define GEMV_NP_AT(mr) ((mr) <= 4 ? GEMV_NP : GEMV_NP / 2)
 #define GEMV_KBP 256  /* bf16 decode: pairs of a row rounded at a time (1 KiB a row) */
-#ifndef GEMV_PF_BYTES
-#define GEMV_PF_BYTES 2048 /* decode: software prefetch distance in each panel stream, as WQ_PF_BYTES */
-#endif
+/* decode: software prefetch distance in each panel stream (as WQ_PF_BYTES);
+ * none for bf16 weights on Zen 4 (armllm_x86_gemv_no_prefetch; f32 unmeasured):
+ * on the 1B bf16 chain at M = 1, 2 threads (tools/bench_decode_chain.py, in
+ * turn), it read 6% faster without, and at 0.90-0.92 of the probe's reads
+ * against 0.76 where the box's bandwidth stood near 60 GB/s; 2 panel streams
+ * rather than 4 were as fast, 1 slower. (Its quantized GEMVs keep theirs: Q4_K
+ * 3% slower without, w4 1.5% faster.) */
+#define GEMV_PF_BYTES 2048
 #define DECODE_SERIAL_BYTES (256 * 1024) /* decode weights below this stay on the caller */
 #define PREFILL_SERIAL_MACS 2.0e6        /* prefill work below this stays on the caller */
 
@@ -332,7 +338,7 @@ static void prefill_bf16_task(void *ctx, int64_t i0, int64_t i1) {
  * the whole of K, one FMA chain per output; mask: the last panel's lanes. */
 static ALWAYS_INLINE void gemv_f32(const int mr, const int np, const float *x, int64_t ldx,
                                    const float *w, int64_t K, float *y, int64_t ldy,
-                                   const float *bias, __mmask16 mask) {
+                                   const float *bias, __mmask16 mask, int64_t pf) {
   __m512 c[DECODE_MAX_M][GEMV_NP];
   for (int i = 0; i < mr; i++)
     for (int q = 0; q < np; q++) c[i][q] = _mm512_setzero_ps();
@@ -341,7 +347,7 @@ static ALWAYS_INLINE void gemv_f32(const int mr, const int np, const float *x, i
     __m512 b[GEMV_NP];
     for (int q = 0; q < np; q++) {
       const float *wq = w + (q * K + k) * NR; /* one cache line */
-      if (GEMV_PF_BYTES) _mm_prefetch((const char *)wq + GEMV_PF_BYTES, _MM_HINT_T0);
+      if (pf) _mm_prefetch((const char *)wq + pf, _MM_HINT_T0);
       b[q] = _mm512_loadu_ps(wq);
     }
     for (int i = 0; i < mr; i++) {
@@ -359,7 +365,7 @@ static ALWAYS_INLINE void gemv_f32(const int mr, const int np, const float *x, i
  * buffer; the vdpbf16ps chains stay in registers across those blocks. */
 static ALWAYS_INLINE void gemv_bf16(const int mr, const int np, const float *x, int64_t ldx,
                                     const uint16_t *w, int64_t K, float *y, int64_t ldy,
-                                    const float *bias, __mmask16 mask) {
+                                    const float *bias, __mmask16 mask, int64_t pf) {
   const int64_t KP = k_pairs(K);
   uint32_t a[DECODE_MAX_M * GEMV_KBP] __attribute__((aligned(64)));
   __m512 c[DECODE_MAX_M][GEMV_NP];
@@ -374,7 +380,7 @@ static ALWAYS_INLINE void gemv_bf16(const int mr, const int np, const float *x, 
       __m512bh b[GEMV_NP];
       for (int q = 0; q < np; q++) {
         const uint16_t *wq = wk + (q * KP + kp) * 2 * NR; /* one cache line */
-        if (GEMV_PF_BYTES) _mm_prefetch((const char *)wq + GEMV_PF_BYTES, _MM_HINT_T0);
+        if (pf) _mm_prefetch((const char *)wq + pf, _MM_HINT_T0);
         b[q] = (__m512bh)_mm512_loadu_si512(wq);
       }
       for (int i = 0; i < mr; i++) {
@@ -394,6 +400,7 @@ static ALWAYS_INLINE void decode_panels(const int mr, const int bf16, const gemm
                                         int64_t p0, int64_t p1) {
   const int64_t K = job->k, group = GEMV_NP_AT(mr);
   const int64_t pstride = bf16 ? k_pairs(K) * 2 * NR : K * NR; /* elements per panel */
+  const int64_t pf = bf16 && armllm_x86_gemv_no_prefetch() ? 0 : GEMV_PF_BYTES;
   for (int64_t p = p0; p < p1; p += group) {
     const int np = p1 - p < group ? (int)(p1 - p) : (int)group;
     const __mmask16 mask = lanes(job->n - (p + np - 1) * NR);
@@ -403,10 +410,10 @@ static ALWAYS_INLINE void decode_panels(const int mr, const int bf16, const gemm
   do {                                                                                       \
     if (bf16)                                                                                \
       gemv_bf16(mr, NP, job->x, job->ldx, (const uint16_t *)job->w + p * pstride, K, y,      \
-                job->ldy, bias, mask);                                                       \
+                job->ldy, bias, mask, pf);                                                   \
     else                                                                                     \
       gemv_f32(mr, NP, job->x, job->ldx, (const float *)job->w + p * pstride, K, y, job->ldy, \
-               bias, mask);                                                                  \
+               bias, mask, pf);                                                              \
   } while (0)
     switch (np) { /* np <= group: the cases above it are never taken at mr > 4 */
       case 4: GEMV(GEMV_NP_AT(mr)); break;
