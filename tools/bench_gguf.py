@@ -17,7 +17,9 @@ Per file, one JSON line:
                the passes' median. The box is shared: a neighbour's load comes and
                goes within a request's seconds, not within a step's tens of ms, so
                each step is held against the bandwidth it had.
-               llama-bench's tg128 (-n 128 -r 3).
+               llama-bench's tg128 (-n 128 -r 3), between two passes of the probe
+               (llama_read_gbs): where those differ from read_gbs the box's bandwidth
+               moved between the two runs, and tpot_vs_llama compares two levels.
   pp512        armllm `bench latency F --input-len 512 --output-len 2 --greedy`, 512 / TTFT
                (median of 3), and llama-bench's pp512 (-p 512 -r 3)
 llama.cpp is tools/build_llama_cpp.sh's build. Compare the ratios of one run,
@@ -127,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.files:
         nbytes = decode_bytes(path)
         measured = tpot_steps_apart(path, args.requests)
+        buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
+        peer_before = read_gbs(buf)
         peer = llama_bench(args.llama_bin, path)
+        peer_after = read_gbs(buf)
+        del buf
         pre = armllm_latency(path, "--input-len", "512", "--output-len", "2", "--repetitions",
                              "3", "--warmup", "1")
         bw = statistics.median(b for b, _ in measured["steps"])
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             "tpot_over_bound_p10_p90": [round(deciles[0], 2), round(deciles[-1], 2)],
             "steps": len(ratios),
             "llama_tpot_ms": round(peer_tpot, 2), "tpot_vs_llama": round(tpot / peer_tpot, 2),
+            "llama_read_gbs": [round(peer_before, 1), round(peer_after, 1)],
             "pp512": round(pp, 1), "llama_pp512": round(peer["pp512"], 1),
             "pp512_vs_llama": round(pp / peer["pp512"], 2)}), flush=True)
     return 0
