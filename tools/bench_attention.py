@@ -3,11 +3,11 @@
 real models' head shapes, for a prefill chunk and for decode.
 
     python tools/bench_attention.py [--isa avx512,amx] [--threads 2]
-        [--cache bf16,int8] [--model llama-3.2-1b] [--min-time 0.5] [--rounds 3]
-        [--long] [--json FILE]
+        [--cache bf16,int8] [--tables scrambled,engine] [--model llama-3.2-1b]
+        [--min-time 0.5] [--rounds 3] [--long] [--json FILE]
 
-Each case is one attention call per layer over a paged cache (blocks of 16,
-scrambled) holding random K/V: a prefill chunk (its rows attend causally to
+Each case is one attention call per layer over a paged cache (blocks of 16)
+holding random K/V: a prefill chunk (its rows attend causally to
 themselves) or one decode row per sequence at a given context. Every layer has
 its own cache, as in a model, so a decode reads its K/V from wherever a
 layer's worth of other data left it (--layers). Variants run interleaved,
@@ -18,7 +18,11 @@ reads over its time, against the read probe (passes before and after the
 case, their mean): issue 41's target is 80% of the probe at 4K-32K. An int8
 cache's bytes are its rows and their bf16 scales. --cache takes several cache
 dtypes, each a column per variant, run interleaved with the variants. --long
-adds decode at 4K, 16K and 32K tokens, and 4K x 8 sequences. The caches are
+adds decode at 4K, 16K and 32K tokens, and 4K x 8 sequences. --tables says
+where the blocks of a sequence lie: `scrambled` (the default) in a random
+order over the whole cache, `engine` in one run of consecutive blocks a
+sequence, as a fresh engine's block pool hands them out to a prompt (several
+take a column each, run interleaved like the cache dtypes). The caches are
 allocated as the engine's are (written through: huge pages where numpy asks
 for them), so a decode reads them as a model's would.
 """
@@ -45,16 +49,19 @@ LONG_CASES = [("decode ctx 4096", 1, 4095, 1), ("decode ctx 16384", 1, 16383, 1)
 BLOCK = 16  # tokens per cache block (the engine's default)
 CACHE_DTYPES = {"f32": np.float32, "bf16": np.uint16, "int8": np.int8}
 SCALE_BYTES = 2  # an int8 cache row's bf16 scale
+TABLES = ("scrambled", "engine")  # where a sequence's blocks lie (--tables)
 
 
 class Layer:
     """One layer's paged cache and a batch of queries over it."""
 
-    def __init__(self, rng, n_heads, n_kv, hd, rows, ctx, seqs, cache):
+    def __init__(self, rng, n_heads, n_kv, hd, rows, ctx, seqs, cache, tables="scrambled"):
         seq_len = rows + ctx
         blocks = -(-seq_len // BLOCK)
-        self.table = rng.permutation(blocks * seqs).astype(np.int32).reshape(seqs, blocks)
-        shape = (blocks * seqs, n_kv, BLOCK, hd)
+        order = (rng.permutation(blocks * seqs) if tables == "scrambled"
+                 else np.arange(blocks * seqs))
+        self.table = order.astype(np.int32).reshape(seqs, blocks)
+        shape = (n_kv, blocks * seqs, BLOCK, hd)   # model/kv_cache.py's layout
         # empty + fill as model/kv_cache.py does (np.zeros would map 4 KiB zero pages)
         self.k, self.v = (filled(shape, CACHE_DTYPES[cache]) for _ in range(2))
         self.k_scale, self.v_scale = ((filled(shape[:3], np.uint16) for _ in range(2))
@@ -104,6 +111,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cache", default="bf16",
                     help="comma-separated KV cache dtypes: f32, bf16, int8 (default bf16)")
+    ap.add_argument("--tables", default="scrambled",
+                    help="comma-separated block orders: scrambled, engine (default scrambled)")
     ap.add_argument("--model", default=None,
                     help="comma-separated head shapes (default all: "
                          + ", ".join(s[0] for s in SHAPES) + ")")
@@ -118,9 +127,13 @@ def main(argv=None) -> int:
     selected = ops.kernels().isa
     isas = args.isa.split(",") if args.isa else list(dict.fromkeys(["avx512", selected]))
     caches = args.cache.split(",")
+    orders = args.tables.split(",")
     shapes = [s for s in SHAPES if args.model is None or s[0] in args.model.split(",")]
     if not set(caches) <= set(CACHE_DTYPES):
         print(f"bench_attention: --cache takes {', '.join(CACHE_DTYPES)}", file=sys.stderr)
+        return 2
+    if not set(orders) <= set(TABLES):
+        print(f"bench_attention: --tables takes {', '.join(TABLES)}", file=sys.stderr)
         return 2
     if not shapes:
         print(f"bench_attention: --model takes {', '.join(s[0] for s in SHAPES)}",
@@ -131,9 +144,13 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"bench_attention: {e}", file=sys.stderr)
         return 2
-    # the columns: every variant on every cache dtype, named by the variant alone for one
-    configs = [(isa, cache) for cache in caches for isa in isas]
-    names = [isa if len(caches) == 1 else f"{isa} {cache}" for isa, cache in configs]
+    # the caches: every dtype in every block order, named by what varies
+    kinds = [(cache, order) for order in orders for cache in caches]
+    kind_name = {k: " ".join(x for x, many in zip(k, (len(caches) > 1, len(orders) > 1),
+                                                 strict=True) if many) for k in kinds}
+    # the columns: every variant on every cache, named by the variant alone for one cache
+    configs = [(isa, kind) for kind in kinds for isa in isas]
+    names = [f"{isa} {kind_name[kind]}".strip() for isa, kind in configs]
     pool = ops.ThreadPool(args.threads) if args.threads else ops.get_pool()
     rng = np.random.default_rng(0)
     probe_buf = np.ones(cold_bytes() >> 20 << 20, dtype=np.uint8)
@@ -146,22 +163,23 @@ def main(argv=None) -> int:
     results = []
     us_labels = [f"{n} us" for n in names]
     ratio_label = f"{names[0]}/{names[-1]}" if len(names) > 1 else None
-    # decode: the first variant's K/V read rate on each cache dtype
-    gbs_labels = {c: f"{isas[0]} {c} GB/s" if len(caches) > 1 else "GB/s" for c in caches}
+    # decode: the first variant's K/V read rate on each cache
+    gbs_labels = {k: f"{isas[0]} {kind_name[k]} GB/s" if len(kinds) > 1 else "GB/s"
+                  for k in kinds}
     print(f"{'model':14} {'case':20}" + "".join(f" {x:>12}" for x in us_labels)
           + (f" {ratio_label:>12}" if ratio_label else "")
           + "".join(f" {x:>6} {'/probe':>6}" for x in gbs_labels.values()))
     for name, n_heads, n_kv, hd in shapes:
         for case, rows, ctx, seqs in CASES + (LONG_CASES if args.long else []):
-            layers = {cache: [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, cache)
-                              for _ in range(args.layers if rows == 1 else 2)]
-                      for cache in caches}
+            layers = {k: [Layer(rng, n_heads, n_kv, hd, rows, ctx, seqs, *k)
+                          for _ in range(args.layers if rows == 1 else 2)]
+                      for k in kinds}
             best = dict.fromkeys(configs, float("inf"))
             probe = read_gbs()
             for _ in range(args.rounds):
-                for isa, cache in configs:
-                    t = time_layers(variants[isa], layers[cache], pool, args.min_time)
-                    best[isa, cache] = min(best[isa, cache], t)
+                for isa, kind in configs:
+                    t = time_layers(variants[isa], layers[kind], pool, args.min_time)
+                    best[isa, kind] = min(best[isa, kind], t)
             probe = (probe + read_gbs()) / 2
             us = {n: best[c] * 1e6 for n, c in zip(names, configs, strict=True)}
             row = {"model": name, "case": case, "us_per_layer": us}
@@ -170,17 +188,18 @@ def main(argv=None) -> int:
             if ratio_label:
                 line += f" {us[names[0]] / us[names[-1]]:{max(12, len(ratio_label))}.2f}"
             if rows == 1:   # decode: the K/V bytes over the time
-                gbs = {c: layers[c][0].kv_bytes / best[isas[0], c] / 1e9 for c in caches}
-                row.update(read_gbs={c: round(g, 2) for c, g in gbs.items()},
+                gbs = {k: layers[k][0].kv_bytes / best[isas[0], k] / 1e9 for k in kinds}
+                row.update(read_gbs={kind_name[k] or k[0]: round(g, 2) for k, g in gbs.items()},
                            probe_gbs=round(probe, 2))
-                line += "".join(f" {gbs[c]:{max(6, len(x))}.1f} {gbs[c] / probe:6.2f}"
-                                for c, x in gbs_labels.items())
+                line += "".join(f" {gbs[k]:{max(6, len(x))}.1f} {gbs[k] / probe:6.2f}"
+                                for k, x in gbs_labels.items())
             print(line, flush=True)
             results.append(row)
             del layers  # this case's caches go before the next case's are written
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": pool.num_threads, "cache": caches, "results": results}, f,
+            json.dump({"threads": pool.num_threads, "cache": caches, "tables": orders,
+                       "results": results}, f,
                       indent=1)
     return 0
 

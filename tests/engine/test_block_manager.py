@@ -86,8 +86,8 @@ def test_eviction_takes_unhashed_then_least_recently_freed():
     assert free_order(bm) == [4, 2, 5, 1, 0, 3]
     assert len(bm.pools[0].cached) == 3
     c = seq(range(100, 108), "c")
-    bm.allocate_slots(c, 8)                  # four blocks: 4, 2, 5, then evicts 1
-    assert c.block_table == [4, 2, 5, 1]
+    bm.allocate_slots(c, 8)                  # four blocks: 4, 2, 5, then evicts 1,
+    assert c.block_table == [1, 2, 4, 5]     # in the table in ascending order
     assert set(bm.pools[0].cached.values()) == {0, 3}
     assert bm.cached_prefix(seq([1, 2, 3, 4, 5], "a2")).tables == [[0]]  # block 1 is gone
     assert bm.cached_prefix(seq([7, 8, 9], "b2")).tables == [[3]]
@@ -175,7 +175,7 @@ def test_a_prefix_hit_needs_the_window_before_its_first_token():
     assert bm.cached_prefix(b).tables == [[0, 1, 2, 3], [8, 8, 2, 3]]
     c = seq(range(100, 108), "c")
     bm.allocate_slots(c, 8)                  # evicts full block 4 and window block 2
-    assert c.block_tables == [[5, 6, 7, 4], [5, 6, 7, 2]]
+    assert c.block_tables == [[4, 5, 6, 7], [2, 5, 6, 7]]   # each chunk's in order
     # four full blocks match, but token 8 would read 5..8 and token 6 3..6: window
     # block 2 is gone
     prefix = bm.cached_prefix(b)

@@ -51,7 +51,7 @@ def dequantize_i8(rows, scale):
 
 
 def new_cache(shape, kv):
-    """(k, v, k_scale, v_scale) zeroed caches of [num_blocks, n_kv, block_size, head_dim]."""
+    """(k, v, k_scale, v_scale) zeroed caches of [n_kv, num_blocks, block_size, head_dim]."""
     dtype = {"f32": np.float32, "bf16": np.uint16, "i8": np.int8}[kv]
     scales = [np.zeros(shape[:3], np.uint16) for _ in range(2)] if kv == "i8" else [None] * 2
     return (np.zeros(shape, dtype), np.zeros(shape, dtype), *scales)
@@ -74,7 +74,7 @@ def make_case(rng, seqs, n_heads, n_kv, head_dim, block_size, kv):
     for b, n in enumerate(blocks_per):
         table[b, :n] = order[used:used + n]
         used += n
-    cache = new_cache((num_blocks, n_kv, block_size, head_dim), kv)
+    cache = new_cache((n_kv, num_blocks, block_size, head_dim), kv)
     dense = []  # per sequence: (K, V) [seq_len, n_kv, head_dim] as the cache holds them
     for b, (_, seq_len) in enumerate(seqs):
         k = rng.standard_normal((seq_len, n_kv * head_dim)).astype(np.float32)
@@ -196,7 +196,7 @@ def test_bidirectional_attention_matches_exact(variant, pool, raw, dims, block_s
 # frames of a window, at a sixth of the cost, which the Arm runs under emulation need)
 # and cross-attention (a decode, a prompt and a few rows over each request's 1500 encoder
 # keys, of different lengths), with the keys in 16-token blocks or one 1500-token block
-# per sequence ([slots, heads, 1500, 64])
+# per sequence ([heads, slots, 1500, 64])
 @pytest.mark.parametrize("kv", KV_DTYPES)
 @pytest.mark.parametrize("block_size", [16, 1500])
 @pytest.mark.parametrize(("dims", "seqs"), [
@@ -359,7 +359,7 @@ def test_kv_write_then_attention_is_dense_causal_attention(variant):
     """A whole prompt written through kv_write, then attended: standard causal attention."""
     rng = np.random.default_rng(4)
     t, n_heads, n_kv, hd, bs = 23, 4, 2, 16, 4
-    k_cache = np.zeros((8, n_kv, bs, hd), np.float32)
+    k_cache = np.zeros((n_kv, 8, bs, hd), np.float32)
     v_cache = np.zeros_like(k_cache)
     table = np.array([[5, 0, 7, 2, 3, 1]], np.int32)
     slots = (table[0, np.arange(t) // bs] * bs + np.arange(t) % bs).astype(np.int32)
@@ -398,7 +398,7 @@ def test_kv_write_int8_is_the_numpy_quantizer(variant):
     x[:, 2] = 0.0
     x[0, 1, :hd] = np.linspace(-127, 127, hd)
     x[1, 3, 5] = 3e4
-    cache = new_cache((4, n_kv, bs, hd), "i8")
+    cache = new_cache((n_kv, 4, bs, hd), "i8")
     slots = np.array([13, 0, 5, -1, 2, 7, 11, 1, 8], np.int32)
     variant.kv_write(x[0], x[1], slots, *cache[:2], k_scale=cache[2], v_scale=cache[3])
     for src, rows, scales in ((x[0], cache[0], cache[2]), (x[1], cache[1], cache[3])):
@@ -406,24 +406,24 @@ def test_kv_write_int8_is_the_numpy_quantizer(variant):
         for i, slot in enumerate(slots):
             if slot < 0:
                 continue
-            assert np.array_equal(rows[slot // bs, :, slot % bs], want_rows[i])
-            assert np.array_equal(scales[slot // bs, :, slot % bs], want_scales[i])
-        assert np.all(rows[0, :, 3] == 0) and np.all(scales[0, :, 3] == 0)  # unwritten
-    assert np.all(cache[0][1, :, 1] == 0) and np.all(cache[2][1, :, 1] == 0)  # x[0, 2] = 0
+            assert np.array_equal(rows[:, slot // bs, slot % bs], want_rows[i])
+            assert np.array_equal(scales[:, slot // bs, slot % bs], want_scales[i])
+        assert np.all(rows[:, 0, 3] == 0) and np.all(scales[:, 0, 3] == 0)  # unwritten
+    assert np.all(cache[0][:, 1, 1] == 0) and np.all(cache[2][:, 1, 1] == 0)  # x[0, 2] = 0
 
 
 def test_int8_cache_scale_errors(variant):
-    k, v, ks, vs = new_cache((4, 2, 4, 8), "i8")
+    k, v, ks, vs = new_cache((2, 4, 4, 8), "i8")
     rows = np.zeros((1, 16), np.float32)
     slot = np.array([0], np.int32)
     with pytest.raises(ValueError, match="an int8 KV cache needs k_scale and v_scale"):
         variant.kv_write(rows, rows, slot, k, v)
     with pytest.raises(ValueError, match=r"k_scale must be a uint16 \(bf16 bits\) array of "
-                                         r"shape \(4, 2, 4\)"):
+                                         r"shape \(2, 4, 4\)"):
         variant.kv_write(rows, rows, slot, k, v, k_scale=ks[:, :, :2], v_scale=vs)
     with pytest.raises(ValueError, match="v_scale must be a uint16"):
         variant.kv_write(rows, rows, slot, k, v, k_scale=ks, v_scale=vs.astype(np.float32))
-    f32 = new_cache((4, 2, 4, 8), "f32")
+    f32 = new_cache((2, 4, 4, 8), "f32")
     with pytest.raises(ValueError, match="k_scale and v_scale belong to int8 caches"):
         variant.kv_write(rows, rows, slot, *f32[:2], k_scale=ks, v_scale=vs)
     q, out = np.zeros((1, 32), np.float32), np.empty((1, 32), np.float32)
@@ -434,7 +434,7 @@ def test_int8_cache_scale_errors(variant):
 
 
 def test_attention_and_kv_write_errors(variant):
-    kc = np.zeros((4, 2, 4, 8), np.float32)
+    kc = np.zeros((2, 4, 4, 8), np.float32)
     vc = np.zeros_like(kc)
     q = np.zeros((3, 32), np.float32)
     out = np.empty((3, 32), np.float32)
@@ -450,7 +450,7 @@ def test_attention_and_kv_write_errors(variant):
     with pytest.raises(ValueError, match=r"q and out must have query_start\[-1\] = 3 rows"):
         variant.attention(q[:2], kc, vc, table, *args, 4, 0.3, out[:2])
     with pytest.raises(ValueError, match="k_cache and v_cache must match"):
-        variant.attention(q, kc, vc[:3], table, *args, 4, 0.3, out)
+        variant.attention(q, kc, np.zeros((2, 3, 4, 8), np.float32), table, *args, 4, 0.3, out)
     with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 16 is outside the cache"):
         variant.kv_write(np.zeros((2, 16), np.float32), np.zeros((2, 16), np.float32),
                          np.array([0, 16], np.int32), kc, vc)

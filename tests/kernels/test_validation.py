@@ -176,7 +176,7 @@ def test_layernorm_gelu_and_bidirectional_attention_validation(kern):
         kern.gelu(x.reshape(-1)[:6], x.reshape(-1)[1:7])
     with pytest.raises(ValueError, match="x must have dtype float32"):
         kern.gelu(np.ones(3), np.empty(3))
-    kc = np.zeros((2, 1, 4, 8), np.float32)
+    kc = np.zeros((1, 2, 4, 8), np.float32)
     meta = (np.zeros((1, 1), np.int32), np.array([4], np.int32), np.array([0, 2], np.int32))
     with pytest.raises(ValueError, match="a sliding window needs causal attention"):
         kern.attention(np.ones((2, 8), np.float32), kc, kc.copy(), *meta, 1, 0.5,

@@ -141,7 +141,7 @@ def test_greedy_decode_matches_transformers(gpt_oss):
         llm.loaded.config, 2, 4, 16, llm.max_model_len)
     assert [(p.window, p.num_blocks) for p in pools] == kv.pool_layout
     for i in window.layers:
-        kv.k[i][window.num_blocks] = kv.v[i][window.num_blocks] = np.nan
+        kv.k[i][:, window.num_blocks] = kv.v[i][:, window.num_blocks] = np.nan
     prompt = [int(i) for i in np.random.default_rng(5).integers(0, 97, 12)]
     ours, theirs = greedy_pair(llm, hf, prompt, 32)
     assert ours == theirs

@@ -160,12 +160,14 @@ enum { ARMLLM_ROPE_NEOX = 0, ARMLLM_ROPE_GPTJ = 1 };
 
 /* ---------------------------------------------------------- attention
  *
- * Paged KV cache, per layer: K and V of [num_blocks, n_kv_heads, block_size,
- * head_dim] (head-major: one head's block is contiguous) in cache_dtype
- * (armllm_kv_dtype): float32, bf16 bits, or int8 with one scale per (token,
- * head) in k_scale / v_scale [num_blocks, n_kv_heads, block_size] (bf16
- * bits; NULL for the other dtypes): element d of a row is row[d] * scale.
- * Token slot s lives in block s / block_size at row s % block_size.
+ * Paged KV cache, per layer: K and V of [n_kv_heads, num_blocks, block_size,
+ * head_dim] (head-major: each KV head has a pool of its own, so a sequence
+ * whose blocks are consecutive has each head's keys in one run) in
+ * cache_dtype (armllm_kv_dtype): float32, bf16 bits, or int8 with one scale
+ * per (token, head) in k_scale / v_scale [n_kv_heads, num_blocks,
+ * block_size] (bf16 bits; NULL for the other dtypes): element d of a row is
+ * row[d] * scale. Token slot s lives in block s / block_size at row s %
+ * block_size (armllm_kv_row in attn_common.h).
  *
  * KV write: for each of T rows, K row k + t*ldk and V row v + t*ldv
  *   (n_kv_heads*head_dim floats, head-major) go to slot slot_mapping[t]

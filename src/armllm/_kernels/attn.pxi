@@ -8,14 +8,14 @@ def attn_scratch_len(int64_t rows, int64_t n_heads, int64_t head_dim, int64_t ma
 
 
 cdef cnp.ndarray _kv_cache(object a, str name):
-    """A C-contiguous [num_blocks, n_kv_heads, block_size, head_dim] cache."""
+    """A C-contiguous [n_kv_heads, num_blocks, block_size, head_dim] cache."""
     if not isinstance(a, cnp.ndarray):
         raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
     cdef cnp.ndarray arr = <cnp.ndarray>a
     if arr.dtype != np.float32 and arr.dtype != np.uint16 and arr.dtype != np.int8:
         raise ValueError(f"{name} must be float32, uint16 (bf16 bits) or int8, got {arr.dtype}")
     if arr.ndim != 4:
-        raise ValueError(f"{name} must be 4-D [num_blocks, n_kv_heads, block_size, head_dim],"
+        raise ValueError(f"{name} must be 4-D [n_kv_heads, num_blocks, block_size, head_dim],"
                          f" got shape {_shp(arr)}")
     if arr.size == 0:
         raise ValueError(f"{name} has a zero-size dimension: shape {_shp(arr)}")
@@ -40,7 +40,7 @@ cdef int _cache_dtype(cnp.ndarray cache):
 
 
 cdef tuple _kv_scales(cnp.ndarray kc, k_scale, v_scale):
-    """An int8 cache's row scales: uint16 (bf16 bits) [num_blocks, n_kv_heads, block_size],
+    """An int8 cache's row scales: uint16 (bf16 bits) [n_kv_heads, num_blocks, block_size],
     C-contiguous and writable, both given; (None, None) for the other dtypes, which take
     none."""
     if kc.dtype != np.int8:
@@ -90,7 +90,7 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         cdef uint16_t *ksp = _scale_ptr(ks)
         cdef uint16_t *vsp = _scale_ptr(vs)
         cdef int dtype = _cache_dtype(kc)
-        cdef int64_t num_blocks = kc.shape[0], n_kv = kc.shape[1], bs = kc.shape[2]
+        cdef int64_t n_kv = kc.shape[0], num_blocks = kc.shape[1], bs = kc.shape[2]
         cdef int64_t hd = kc.shape[3], t = ka.shape[0]
         if ka.shape[1] != n_kv * hd or va.shape[1] != n_kv * hd:
             raise ValueError(f"k and v must have {n_kv * hd} columns (n_kv_heads*head_dim), "
@@ -132,7 +132,7 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         _same_cache(kc, vc)
         ks, vs = _kv_scales(kc, k_scale, v_scale)
         _writable(oa, "out")
-        cdef int64_t n_kv = kc.shape[1], hd = kc.shape[3], n_seqs = sl.shape[0]
+        cdef int64_t n_kv = kc.shape[0], hd = kc.shape[3], n_seqs = sl.shape[0]
         if n_heads < 1 or n_heads % n_kv:
             raise ValueError(f"n_heads must be a positive multiple of n_kv_heads={n_kv}, "
                              f"got {n_heads}")
@@ -170,7 +170,7 @@ cdef class _AttentionKernels(_ElementwiseKernels):
         args.seq_lens = <const int32_t *>cnp.PyArray_DATA(sl)
         args.query_start = <const int32_t *>cnp.PyArray_DATA(qs)
         args.n_seqs, args.n_heads, args.n_kv_heads = n_seqs, n_heads, n_kv
-        args.head_dim, args.block_size, args.num_blocks = hd, kc.shape[2], kc.shape[0]
+        args.head_dim, args.block_size, args.num_blocks = hd, kc.shape[2], kc.shape[1]
         args.scale, args.sliding_window = scale, sliding_window
         args.out = <float *>cnp.PyArray_DATA(oa)
         args.ldo = _ld(oa)

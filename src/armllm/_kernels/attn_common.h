@@ -54,11 +54,23 @@ static inline int64_t armllm_attn_lo(const armllm_attn_args *a, int64_t pos) {
   return pos - a->sliding_window + 1;
 }
 
+/* The row index of row `off` of block `block` of KV head `kvh` in a cache
+ * (armllm_kernels.h: [n_kv_heads, num_blocks, block_size, head_dim]); its
+ * element offset is that times head_dim, its scale's the index itself. One
+ * head's rows are a run for consecutive blocks: decode attention reads a
+ * head's keys as a stream, which on Zen 4 read at 1.7-2x the rate of 2 KiB
+ * runs scattered among the other heads' (see tools/bench_attention.py). */
+static inline int64_t armllm_kv_row(int64_t block, int64_t kvh, int64_t off, int64_t num_blocks,
+                                    int64_t block_size) {
+  return (kvh * num_blocks + block) * block_size + off;
+}
+
 /* Element offset of token `tok` of KV head `kvh` of sequence b in a cache. */
 static inline int64_t armllm_attn_kv_offset(const armllm_attn_args *a, int64_t b, int64_t kvh,
                                             int64_t tok) {
   const int64_t block = a->block_table[b * a->max_blocks + tok / a->block_size];
-  return ((block * a->n_kv_heads + kvh) * a->block_size + tok % a->block_size) * a->head_dim;
+  return armllm_kv_row(block, kvh, tok % a->block_size, a->num_blocks, a->block_size) *
+         a->head_dim;
 }
 
 /* -1, or the first row whose KV slot is outside [-1, n_slots) (-1 skips a row). */
@@ -114,9 +126,10 @@ typedef void (*armllm_kv_row_store)(void *dst, const float *src, int64_t head_di
 static inline void armllm_kv_store_head(const float *ks, const float *vs, int64_t slot, int64_t h,
                                         void *k_cache, void *v_cache, int cache_dtype,
                                         uint16_t *k_scale, uint16_t *v_scale,
-                                        int64_t n_kv_heads, int64_t head_dim,
-                                        int64_t block_size, armllm_kv_row_store store_bf16) {
-  const int64_t row = (slot / block_size * n_kv_heads + h) * block_size + slot % block_size;
+                                        int64_t head_dim, int64_t block_size,
+                                        int64_t num_blocks, armllm_kv_row_store store_bf16) {
+  const int64_t row = armllm_kv_row(slot / block_size, h, slot % block_size, num_blocks,
+                                    block_size);
   const size_t dst = (size_t)(row * head_dim) * armllm_kv_esz(cache_dtype);
   if (cache_dtype == ARMLLM_KV_I8) {
     armllm_kv_quantize_row((int8_t *)k_cache + dst, k_scale + row, ks, head_dim);
@@ -146,7 +159,7 @@ static inline int64_t armllm_kv_write_rows(const float *k, int64_t ldk, const fl
     for (int64_t h = 0; h < n_kv_heads; h++)
       armllm_kv_store_head(k + i * ldk + h * head_dim, v + i * ldv + h * head_dim,
                            slot_mapping[i], h, k_cache, v_cache, cache_dtype, k_scale, v_scale,
-                           n_kv_heads, head_dim, block_size, store_bf16);
+                           head_dim, block_size, num_blocks, store_bf16);
   }
   return -1;
 }
@@ -194,7 +207,7 @@ static inline int64_t armllm_attn_partition_rows(const armllm_attn_args *a, int6
   int64_t blk = k0 / a->block_size, off = k0 % a->block_size;
   for (int64_t j = 0; j < n; j++) {
     const int64_t id = a->block_table[b * a->max_blocks + blk];
-    const int64_t row = (id * a->n_kv_heads + kvh) * a->block_size + off;
+    const int64_t row = armllm_kv_row(id, kvh, off, a->num_blocks, a->block_size);
     const size_t o = (size_t)(row * a->head_dim) * esz;
     kr[j] = (const char *)a->k_cache + o;
     vr[j] = (const char *)a->v_cache + o;

@@ -77,7 +77,7 @@ static void tile_init(tile_ctx *t, const armllm_attn_args *a, int64_t b, int64_t
 static inline int64_t tile_cache_row(const tile_ctx *t, int64_t blk, int64_t j) {
   const armllm_attn_args *a = t->a;
   const int64_t id = a->block_table[t->b * a->max_blocks + blk];
-  return (id * a->n_kv_heads + t->kvh) * a->block_size + j % a->block_size;
+  return armllm_kv_row(id, t->kvh, j % a->block_size, a->num_blocks, a->block_size);
 }
 
 /* n bf16 scales from src as floats into dst (a loop the compiler widens). */

@@ -128,14 +128,14 @@ cdef class DecoderLayer:
         if delta is None:
             kc, vc = _kv_cache(k_cache, "k_cache"), _kv_cache(v_cache, "v_cache")
             _same_cache(kc, vc)
-            if kc.shape[1] != n_kv_heads or kc.shape[3] != head_dim:
-                raise ValueError(f"the KV cache holds {kc.shape[1]} heads of {kc.shape[3]}, "
+            if kc.shape[0] != n_kv_heads or kc.shape[3] != head_dim:
+                raise ValueError(f"the KV cache holds {kc.shape[0]} heads of {kc.shape[3]}, "
                                  f"the layer {n_kv_heads} of {head_dim}")
             self.a.k_cache, self.a.v_cache = cnp.PyArray_DATA(kc), cnp.PyArray_DATA(vc)
             self.a.cache_dtype = _cache_dtype(kc)
             ks, vs = _kv_scales(kc, k_scale, v_scale)
             self.a.k_scale, self.a.v_scale = _scale_ptr(ks), _scale_ptr(vs)
-            self.a.num_blocks, self.a.block_size = kc.shape[0], kc.shape[2]
+            self.a.num_blocks, self.a.block_size = kc.shape[1], kc.shape[2]
         elif k_cache is not None or v_cache is not None or k_scale is not None:
             raise ValueError("a recurrent (delta_net) layer keeps no KV cache")
         if n_heads < 1 or n_heads % n_kv_heads or head_dim > ARMLLM_ATTN_MAX_HEAD_DIM:

@@ -16,13 +16,13 @@ channels] and the delta rule's matrices [value heads, k_dim, v_dim], float32.
 A running sequence holds one slot (engine/block_manager.py hands them out).
 
 An encoder-decoder (Whisper) keeps its cross-attention K and V the same way: per
-decoder layer, `state_slots` slots of [heads, encoder positions, head_dim] in the
-KV dtype, each a block of all its window's encoder frames (the attention kernel
-reads slot s as block s of a cache whose block size is the encoder's length),
+decoder layer, [heads, state_slots, encoder positions, head_dim] in the KV dtype,
+slot s of each head a block of all its window's encoder frames (the attention
+kernel reads slot s as block s of a cache whose block size is the encoder's length),
 written once when the sequence's encoder runs and freed with the sequence.
 
 An int8 cache (`--kv-cache-dtype int8`) holds each (token, head) row of K and V as
-int8 with one bf16 scale beside it, in k_scale / v_scale [blocks, n_kv_heads,
+int8 with one bf16 scale beside it, in k_scale / v_scale [n_kv_heads, blocks,
 block_size] per layer: quantized by the KV-write kernel, dequantized inside the
 attention tiles (armllm_kernels.h). A row of head_dim 64 takes 66 bytes against
 bf16's 128, so the same memory holds 1.94x the tokens."""
@@ -137,7 +137,8 @@ def window_pool_blocks(config: ModelConfig, block_size: int, max_num_seqs: int,
 
 
 class KVCache:
-    """Per attention layer K and V of [blocks, n_kv_heads, block_size, head_dim], each
+    """Per attention layer K and V of [n_kv_heads, blocks, block_size, head_dim] (each KV
+    head a pool of its own: a sequence's consecutive blocks are one run a head), each
     layer's blocks from its KV group's pool (see kv_groups); per recurrent layer its
     conv and delta states of `state_slots` sequences (a hybrid model needs >= 1)."""
 
@@ -160,13 +161,13 @@ class KVCache:
         self.group_of = [0] * config.num_layers
         self.k: list[np.ndarray] = [None] * config.num_layers
         self.v: list[np.ndarray] = [None] * config.num_layers
-        # an int8 cache's row scales (bf16 bits) [blocks, n_kv_heads, block_size]
+        # an int8 cache's row scales (bf16 bits) [n_kv_heads, blocks, block_size]
         self.k_scale: list[np.ndarray | None] = [None] * config.num_layers
         self.v_scale: list[np.ndarray | None] = [None] * config.num_layers
         self._arrays: list[tuple[np.ndarray, ...]] = []   # per group: k, v (, scales)
         for g, group in enumerate(self.groups):
             blocks = group.num_blocks + (1 if group.window else 0)  # + the null block
-            shape = (len(group.layers), blocks, config.num_kv_heads, block_size,
+            shape = (len(group.layers), config.num_kv_heads, blocks, block_size,
                      config.head_dim)
             # Written through once here (numpy backs large arrays with huge pages): pages
             # a decode step touched for the first time cost it a fault each, ~0.5 ms a
@@ -197,7 +198,7 @@ class KVCache:
         self.cross_k: list[np.ndarray] = []
         self.cross_v: list[np.ndarray] = []
         if config.encoder is not None:
-            shape = (state_slots, config.num_kv_heads, config.encoder.positions,
+            shape = (config.num_kv_heads, state_slots, config.encoder.positions,
                      config.head_dim)
             for _ in range(config.num_layers):
                 self.cross_k.append(np.zeros(shape, np_dtype))
@@ -232,8 +233,10 @@ class KVCache:
             return
         src = np.fromiter((c[0] for c in copies), np.intp, len(copies))
         dst = np.fromiter((c[1] for c in copies), np.intp, len(copies))
-        for a in self._state_arrays():
+        for a in self._recurrent_arrays():
             a[dst] = a[src]
+        for a in (*self.cross_k, *self.cross_v):   # [heads, slots, ...]
+            a[:, dst] = a[:, src]
 
     def copy_blocks(self, copies: list[tuple[int, int, int]]) -> None:
         """Copies whole blocks (group, src, dst) in every layer of the group: copy on
@@ -244,24 +247,24 @@ class KVCache:
                 src = np.fromiter((p[0] for p in pairs), np.intp, len(pairs))
                 dst = np.fromiter((p[1] for p in pairs), np.intp, len(pairs))
                 for a in arrays:
-                    a[:, dst] = a[:, src]
+                    a[:, :, dst] = a[:, :, src]
 
     def read_block(self, group: int, block: int) -> bytes:
         """A copy of one block's K then V (then an int8 cache's K and V scales) in every
         layer of the group (the prefix cache's files hold these bytes)."""
-        return b"".join(a[:, block].tobytes() for a in self._arrays[group])
+        return b"".join(a[:, :, block].tobytes() for a in self._arrays[group])
 
     def write_block(self, group: int, block: int, data: bytes) -> None:
         """Fills one block of the group from read_block's bytes."""
         arrays = self._arrays[group]
-        want = sum(a[:, block].nbytes for a in arrays)
+        want = sum(a[:, :, block].nbytes for a in arrays)
         if len(data) != want:
             raise ValueError(f"a block of KV group {group} is {want} bytes, got {len(data)}")
         at = 0
         for a in arrays:
-            n = a[:, block].nbytes
-            a[:, block] = np.frombuffer(data, a.dtype, n // a.itemsize, at).reshape(
-                a[:, block].shape)
+            n = a[:, :, block].nbytes
+            a[:, :, block] = np.frombuffer(data, a.dtype, n // a.itemsize, at).reshape(
+                a[:, :, block].shape)
             at += n
 
     def _recurrent_arrays(self) -> list[np.ndarray]:

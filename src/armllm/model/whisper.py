@@ -390,7 +390,7 @@ class WhisperModel:
         x = x.reshape(n * t, -1)
         h = x.shape[1]
         # each window's own K/V: one block of all its frames, attended bidirectionally
-        k_cache = np.empty((n, e.heads, t, e.head_dim), np.float32)
+        k_cache = np.empty((e.heads, n, t, e.head_dim), np.float32)
         v_cache = np.empty_like(k_cache)
         rows = np.arange(n * t, dtype=np.int32)
         table = np.arange(n, dtype=np.int32).reshape(n, 1)

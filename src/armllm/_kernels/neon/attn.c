@@ -55,7 +55,7 @@ typedef struct {
   void *kc, *vc;
   int dtype;
   uint16_t *ks, *vs;
-  int64_t n_kv_heads, hd, bs;
+  int64_t n_kv_heads, hd, bs, num_blocks;
 } kv_job;
 
 /* Items are KV heads: each writes its head of every row in row order, so
@@ -67,7 +67,7 @@ static void kv_write_heads(void *ctx, int64_t h0, int64_t h1) {
       const int64_t slot = j->slots[i];
       if (slot < 0) continue;
       armllm_kv_store_head(j->k + i * j->ldk + h * j->hd, j->v + i * j->ldv + h * j->hd, slot,
-                           h, j->kc, j->vc, j->dtype, j->ks, j->vs, j->n_kv_heads, j->hd, j->bs,
+                           h, j->kc, j->vc, j->dtype, j->ks, j->vs, j->hd, j->bs, j->num_blocks,
                            store_bf16_row);
     }
 }
@@ -80,7 +80,7 @@ int64_t armllm_neon_kv_write(armllm_pool *pool, const float *k, int64_t ldk, con
   const int64_t bad = armllm_attn_first_bad_slot(slot_mapping, t, num_blocks * block_size);
   if (bad >= 0) return bad;
   kv_job job = {k, v, ldk, ldv, slot_mapping, t, k_cache, v_cache, cache_dtype, k_scale,
-                v_scale, n_kv_heads, head_dim, block_size};
+                v_scale, n_kv_heads, head_dim, block_size, num_blocks};
   /* memory-bound: threads only for prefill-sized writes (>= 256 KB) */
   armllm_pool *p = t * n_kv_heads * head_dim >= 65536 ? pool : NULL;
   armllm_pool_run(p, n_kv_heads, 1, kv_write_heads, &job);
