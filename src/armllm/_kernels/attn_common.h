@@ -57,9 +57,11 @@ static inline int64_t armllm_attn_lo(const armllm_attn_args *a, int64_t pos) {
 /* The row index of row `off` of block `block` of KV head `kvh` in a cache
  * (armllm_kernels.h: [n_kv_heads, num_blocks, block_size, head_dim]); its
  * element offset is that times head_dim, its scale's the index itself. One
- * head's rows are a run for consecutive blocks: decode attention reads a
- * head's keys as a stream, which on Zen 4 read at 1.7-2x the rate of 2 KiB
- * runs scattered among the other heads' (see tools/bench_attention.py). */
+ * head's rows are a run for consecutive blocks, so decode attention reads a
+ * head's keys as one stream. On Zen 4 (2 threads) a plain read of a head's
+ * keys ran at 34-36 GB/s and at 17-19 in the 2 KiB runs of the layout
+ * before, each block holding every head's rows; decode attention gained
+ * 1.2-1.5x at 4K-32K tokens (tools/bench_attention.py --tables). */
 static inline int64_t armllm_kv_row(int64_t block, int64_t kvh, int64_t off, int64_t num_blocks,
                                     int64_t block_size) {
   return (kvh * num_blocks + block) * block_size + off;

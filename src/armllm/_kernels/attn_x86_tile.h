@@ -12,12 +12,14 @@
  * bytes from its first, and its last byte's line. Rows need not start on a
  * line (numpy puts a large array 16 bytes into its first page): a 64-byte
  * int8 row then spans two lines, and the last row of a block's run (the next
- * run another KV head's) would leave its second line to a demand miss. L2,
- * not L1 (T0): the rows come in runs of a block's 1-2 KiB from anywhere in
- * the cache, and on Zen 4 (2 threads, Llama-3.2-1B's heads, 16 layers'
- * caches) decode read them at 18.4 and 20.8 GB/s with T1 against T0's 13.6
- * and 17.8 (bf16; 32K tokens, 4K x 8), 10.9 and 12.2 against 9.8 and 12.2
- * (int8); T2 as T1. */
+ * line another block's) would leave its second line to a demand miss. L2,
+ * not L1 (T0): on Zen 4 (2 threads, Llama-3.2-1B's heads, 16 layers'
+ * caches) decode read the rows at 18.4 and 20.8 GB/s with T1 against T0's
+ * 13.6 and 17.8 (bf16; 32K tokens, 4K x 8), 10.9 and 12.2 against 9.8 and
+ * 12.2 (int8), with a sequence's blocks scattered; T2 as T1. In one run of
+ * blocks (armllm_kv_row) T0 still lost (16K tokens: 22.8-23.2 GB/s against
+ * 25.0-25.8), and no prefetch at all was as fast as T1 there but much
+ * slower over scattered or descending blocks (1.6-2.7x). */
 static inline __attribute__((always_inline)) void attn_prefetch_row(const void *p,
                                                                     int64_t bytes) {
   const char *c = p;
