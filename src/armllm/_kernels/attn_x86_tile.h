@@ -18,8 +18,9 @@
  * 13.6 and 17.8 (bf16; 32K tokens, 4K x 8), 10.9 and 12.2 against 9.8 and
  * 12.2 (int8), with a sequence's blocks scattered; T2 as T1. In one run of
  * blocks (armllm_kv_row) T0 still lost (16K tokens: 22.8-23.2 GB/s against
- * 25.0-25.8), and no prefetch at all was as fast as T1 there but much
- * slower over scattered or descending blocks (1.6-2.7x). */
+ * 25.0-25.8), and no prefetch at all was about as fast as T1 there (17.9-
+ * 20.9 against 20.8-21.0) but 1.6-2.7x slower over scattered or descending
+ * blocks. */
 static inline __attribute__((always_inline)) void attn_prefetch_row(const void *p,
                                                                     int64_t bytes) {
   const char *c = p;
