@@ -4,7 +4,8 @@ against softmax attention computed densely in float64 from the same K/V.
 Tolerance: 2e-6 * max|V| per output element (f32 math over contexts of a
 few hundred keys); bf16 caches are compared with the bf16-rounded K/V they
 hold, and int8 caches with the K/V = row * scale they hold (quantized here
-by numpy, and kv_write checked against it to the bit); variants that declare
+by numpy, and kv_write checked against it to the bit) and the q quantized
+alike, within I8_TOL (their weights meet V as int16s); variants that declare
 attention_bf16_compute "bf16" (they round q, and with BFMMLA the softmax
 weights, to bf16 for the dot products) get 2^-5 * max|V| with a bf16 cache.
 Split-KV (scratch given, several threads) must equal the unsplit run to the
@@ -24,6 +25,10 @@ from tests.conftest import examples
 
 TOL = 2e-6
 BF16_COMPUTE_TOL = 2.0 ** -5  # variants that round q (and maybe the softmax weights) to bf16
+# int8 caches: attention of the int8-quantized q (as the cache's rows), whose softmax
+# weights meet V as int16s of a partition's largest: each weight off by at most 2^-16 of
+# the largest, so at most 256 * 2^-16 = 2^-8 of max|V| over a partition (typically ~1e-4)
+I8_TOL = 2.0 ** -8
 
 
 KV_DTYPES = ["f32", "bf16", "i8"]
@@ -150,27 +155,32 @@ def test_attention_matches_exact(variant, pool, raw, dims, block_size, kv, windo
     out = np.full((q.shape[0], n_heads * head_dim + 2), 9.0, np.float32)
     attend(variant, q, cache, table, lens, qs, n_heads, scale, out[:, :n_heads * head_dim],
                       window, None, pool, sink)
-    want = exact_attention(q, dense, seqs, n_heads, head_dim, scale, window, sink)
-    vmax = max(np.abs(v).max() for _, v in dense)
-    bf16_compute = kv == "bf16" and variant.attention_bf16_compute == "bf16"
-    tol = BF16_COMPUTE_TOL if bf16_compute else TOL
-    assert np.max(np.abs(out[:, :n_heads * head_dim] - want)) <= tol * vmax
+    check_against_exact(variant, out[:, :n_heads * head_dim], q, dense, seqs, dims, kv,
+                        window, sink)
     assert np.all(out[:, -2:] == 9.0)
+
+
+def reference_q_and_tol(variant, q, kv, n_heads, head_dim):
+    """The q whose float64 attention the variant's output is held to with this cache,
+    and the bound (times max|V|)."""
+    if kv == "i8":
+        rows = q.reshape(q.shape[0], n_heads, head_dim)
+        return dequantize_i8(*quantize_i8(rows)).reshape(q.shape), I8_TOL
+    if kv == "bf16" and variant.isa in Q_ONLY_BF16:
+        return ops.bf16_to_f32(ops.f32_to_bf16(q)), TOL
+    if kv == "bf16" and variant.attention_bf16_compute == "bf16":
+        return q, BF16_COMPUTE_TOL
+    return q, TOL
 
 
 def check_against_exact(variant, out, q, dense, seqs, dims, kv, window=0, sinks=None,
                         causal=True):
-    """out within the module's bound of float64 attention (of the bf16-rounded q for the
-    variants that round only q)."""
+    """out within the module's bound of float64 attention (reference_q_and_tol)."""
     n_heads, _, hd = dims
-    q_ref = q
-    if kv == "bf16" and variant.isa in Q_ONLY_BF16:
-        q_ref = ops.bf16_to_f32(ops.f32_to_bf16(q))
+    q_ref, tol = reference_q_and_tol(variant, q, kv, n_heads, hd)
     want = exact_attention(q_ref, dense, seqs, n_heads, hd, hd ** -0.5, window, sinks, causal)
     vmax = max(np.abs(v).max() for _, v in dense)
-    loose = (kv == "bf16" and variant.attention_bf16_compute == "bf16"
-             and variant.isa not in Q_ONLY_BF16)
-    assert np.max(np.abs(out - want)) <= (BF16_COMPUTE_TOL if loose else TOL) * vmax
+    assert np.max(np.abs(out - want)) <= tol * vmax
 
 
 @settings(max_examples=examples(25), deadline=None,
@@ -280,14 +290,7 @@ def test_long_prefill_chunks_match_exact(variant, pool, kv, block_size, dims, ch
     q, cache, table, lens, qs, dense = make_case(rng, seqs, n_heads, n_kv, hd, block_size, kv)
     out = np.empty((q.shape[0], n_heads * hd), np.float32)
     attend(variant, q, cache, table, lens, qs, n_heads, hd ** -0.5, out, window, None, pool)
-    q_ref = q
-    if kv == "bf16" and variant.isa in Q_ONLY_BF16:  # f32-exact attention of the rounded q
-        q_ref = ops.bf16_to_f32(ops.f32_to_bf16(q))
-    want = exact_attention(q_ref, dense, seqs, n_heads, hd, hd ** -0.5, window)
-    vmax = max(np.abs(v).max() for _, v in dense)
-    loose = (kv == "bf16" and variant.attention_bf16_compute == "bf16"
-             and variant.isa not in Q_ONLY_BF16)
-    assert np.max(np.abs(out - want)) <= (BF16_COMPUTE_TOL if loose else TOL) * vmax
+    check_against_exact(variant, out, q, dense, seqs, dims, kv, window)
 
 
 @pytest.mark.parametrize("kv", KV_DTYPES)

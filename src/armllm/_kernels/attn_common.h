@@ -120,6 +120,55 @@ static inline void armllm_kv_quantize_row(int8_t *dst, uint16_t *scale, const fl
   }
 }
 
+/* ---- int8 caches: q, K and V meet in integers
+ *
+ * A query row is quantized as K rows are (armllm_kv_quantize_row: q8 and a
+ * bf16 scale qs), and key j's score is
+ *   s_j = ((float)dot_j * ks_j) * (qs * scale),  dot_j = sum_d q8[d] k8_j[d]
+ * with dot_j an exact int32 (|dot| <= 127^2 * ARMLLM_ATTN_MAX_HEAD_DIM < 2^24,
+ * so its float is exact too). A partition's softmax weights w_j = e_j * vs_j
+ * (0 for keys the query does not see) are quantized to int16 against their
+ * largest (armllm_attn_i8_weights), and
+ *   accp[d] = (float)(sum_j w16_j v8_j[d]) * ws
+ * with the sum an exact int32 (<= PARTITION * 32767 * 127 < 2^31). Integer
+ * sums do not depend on their order, so every variant gets the same dots and
+ * the same weighted sums whatever its blocking (VNNI, SDOT, widening
+ * multiplies). llama.cpp's q8_0 KV cache takes q to 8 bits alike; the
+ * weights' 15 bits keep PV's error (<= 2^-16 of the largest weight a key)
+ * well under the cache's own rounding (2^-8 of a row's largest element). */
+#define ARMLLM_ATTN_W16_MAX 32767.0f /* int16 weights: [0, 32767] */
+
+/* The factor key scores of an int8 query row take after their K scale. */
+static inline float armllm_attn_i8_qfactor(uint16_t q_scale, float scale) {
+  return armllm_bf16_to_f32(q_scale) * scale;
+}
+
+/* The partition's largest weight of w[0..n) (0 if none is > 0; NaN ignored). */
+static inline float armllm_attn_i8_wmax(const float *w, int64_t n) {
+  float wmax = 0.0f;
+  for (int64_t j = 0; j < n; j++)
+    if (w[j] > wmax) wmax = w[j];
+  return wmax;
+}
+
+/* One weight as int16 given r = ARMLLM_ATTN_W16_MAX / wmax: w * r clamped to
+ * [0, 32767] (NaN: 0), rounded to nearest even. */
+static inline int16_t armllm_attn_i8_w16(float w, float r) {
+  float y = w * r;
+  y = y > 0.0f ? y : 0.0f;
+  y = y < ARMLLM_ATTN_W16_MAX ? y : ARMLLM_ATTN_W16_MAX;
+  return (int16_t)nearbyintf(y);
+}
+
+/* w16[0..n) of the weights w[0..n), and the scale ws their int32 sums take
+ * (0 when no weight is > 0: then every w16 is 0). */
+static inline float armllm_attn_i8_weights(int16_t *w16, const float *w, int64_t n) {
+  const float wmax = armllm_attn_i8_wmax(w, n);
+  const float r = wmax > 0.0f ? ARMLLM_ATTN_W16_MAX / wmax : 0.0f;
+  for (int64_t j = 0; j < n; j++) w16[j] = armllm_attn_i8_w16(w[j], r);
+  return wmax / ARMLLM_ATTN_W16_MAX;
+}
+
 /* Stores one row of head_dim floats into a cache row (float or bf16 bits). */
 typedef void (*armllm_kv_row_store)(void *dst, const float *src, int64_t head_dim);
 
