@@ -27,19 +27,23 @@
  * them by at most 0.0166, rounding the weights too by 0.027, so only q is
  * rounded. Splitting the weights into bf16 hi + lo parts for vdpbf16ps PV is
  * as accurate as f32 and was no faster than the FMAs here. f32 caches: f32
- * FMAs throughout. int8 caches: f32 FMAs over K and V rows widened in
- * registers (load16: sign extension and conversion, the values as stored);
- * each key's K scale multiplies its scores before the softmax and its V
- * scale its weights after it (attn_x86.h), as ref does. On Zen 4 (4 queries
- * a key, head_dim 64, rows in L1) int8 QK^T takes ~25 cycles a key against
- * its 16 FMAs, PV ~17 against 16 (bf16: ~15 and ~16), so an int8 decode is
- * compute-bound near 11-12 GB/s on 2 threads where bf16 reads 18-22. Tried
- * and slower: K transposed 4 rows at a time (keys in lanes, 4 partial sums
- * a dot instead of 16) took ~35 cycles, its q broadcasts doubling the loads
- * per FMA. A 45-operation reduction of the 16 dots (hsum4 takes ~75) took
- * bf16 QK^T from ~15 to ~13 cycles but int8's not at all, and its other
- * rounding moved SmolLM2's bf16 logits off one of tests/model's argmax
- * checks.
+ * FMAs throughout. On Zen 4 (4 queries a key, head_dim 64, rows in L1) bf16
+ * QK^T takes ~15 cycles a key against its 8 vdpbf16ps, PV ~16 against 16
+ * FMAs. Tried and slower: K transposed 4 rows at a time (keys in lanes, 4
+ * partial sums a dot instead of 16) took ~35 cycles, its q broadcasts
+ * doubling the loads per FMA. A 45-operation reduction of the 16 dots (hsum4
+ * takes ~75) took bf16 QK^T from ~15 to ~13 cycles, but its other rounding
+ * moved SmolLM2's bf16 logits off one of tests/model's argmax checks.
+ *
+ * int8 caches: in integers, attn_common.h's arithmetic (the int8 section
+ * below: qk_i8_rows, pvi_rows; vpdpbusd and vpdpwssd, AVX512-VNNI). One
+ * thread of Zen 4, Llama-3.2-1B's heads, blocks in one run: 12.2-13.0 ns a
+ * key and KV head with the cache in L3 (4K tokens, one layer) against
+ * 17.9-18.0 for the f32 FMAs over widened rows before; 15.6-15.8 against
+ * 20.5-21.1 from DRAM (16 layers). The count is near Zen 4's one 512-bit
+ * operation a cycle: ~13 cycles a key for QK^T (4 of transpose, 4
+ * vpdpbusd, the scores), ~11 for PV (8 vpdpwssd), ~11 for the softmax and
+ * the int16 weights of 4 queries.
  */
 #include <math.h>
 
@@ -90,17 +94,11 @@ ARMLLM_KV_WRITE_ON_CALLER(armllm_avx512_kv_write, store_bf16_row)
 #define AINLINE static inline __attribute__((always_inline))
 /* register tiles are arrays indexed by constants once these loops unroll */
 #define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL16 _Pragma("GCC unroll 16")
 
-/* 16 elements at p + d of an f32 (KV == ARMLLM_KV_F32) or int8 row
- * (ARMLLM_KV_I8: widened, without the row's scale) as floats, the first n
- * (1..16) of them (zeros after). */
-AINLINE __m512 load16(const int KV, const void *p, int64_t d, int64_t n) {
-  if (KV == ARMLLM_KV_I8) {
-    const int8_t *b = (const int8_t *)p + d;
-    const __m128i raw = n == 16 ? _mm_loadu_si128((const __m128i *)b)
-                                : _mm_maskz_loadu_epi8(armllm_avx512_tail16(n), b);
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-  }
+/* 16 floats at p + d of an f32 row, the first n (1..16) of them (zeros
+ * after). */
+AINLINE __m512 load16(const void *p, int64_t d, int64_t n) {
   if (n == 16) return _mm512_loadu_ps((const float *)p + d);
   return _mm512_maskz_loadu_ps(armllm_avx512_tail16(n), (const float *)p + d);
 }
@@ -123,11 +121,11 @@ AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 /* ------------------------------------------------------------ QK^T tile */
 
 /* acc[r][c] += q_r[x..x+16) * k_c[x..x+n) (n in 1..16; zeros past n), f32
- * or int8 K (KV, load16) */
-AINLINE void qk_step(const int NQ, const int KV, const float *const *q, const void *const *k,
-                     int64_t x, int64_t n, __m512 acc[QB][4]) {
+ * K. */
+AINLINE void qk_step(const int NQ, const float *const *q, const void *const *k, int64_t x,
+                     int64_t n, __m512 acc[QB][4]) {
   __m512 kv[4];
-  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(KV, k[c], x, n);
+  UNROLL for (int c = 0; c < 4; c++) kv[c] = load16(k[c], x, n);
   UNROLL for (int r = 0; r < NQ; r++) {
     const __m512 qv = _mm512_loadu_ps(q[r] + x);
     UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_fmadd_ps(qv, kv[c], acc[r][c]);
@@ -136,11 +134,10 @@ AINLINE void qk_step(const int NQ, const int KV, const float *const *q, const vo
 
 /* ------------------------------------------------------------ PV tile */
 
-/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), f32 or int8 V rows
- * (KV, load16: int8 weights carry the rows' scales), NQ (1..4) queries, NV
- * (1..4) vectors of 16 from x, the last with n (1..16) elements; keys in
- * order. */
-AINLINE void pv_tile(const int NQ, const int NV, const int KV, float *const *c,
+/* c[r][x..x+16*NV) += sum_{j<nj} e[r][j] * v_j[x..), f32 V rows, NQ (1..4)
+ * queries, NV (1..4) vectors of 16 from x, the last with n (1..16)
+ * elements; keys in order. */
+AINLINE void pv_tile(const int NQ, const int NV, float *const *c,
                      const float *const *e,
                      const void *const *vp, int64_t nj, int64_t x, int64_t n,
                      const void *const *pf, int64_t npf, int64_t pfbytes) {
@@ -151,8 +148,8 @@ AINLINE void pv_tile(const int NQ, const int NV, const int KV, float *const *c,
     if (j < npf) attn_prefetch_row(pf[j], pfbytes);
     __m512 vv[4];
     UNROLL for (int v = 0; v < NV; v++)
-      vv[v] = v < NV - 1 || n == 16 ? load16(KV, vp[j], x + 16 * v, 16)
-                                    : load16(KV, vp[j], x + 16 * v, n);
+      vv[v] = v < NV - 1 || n == 16 ? load16(vp[j], x + 16 * v, 16)
+                                    : load16(vp[j], x + 16 * v, n);
     UNROLL for (int r = 0; r < NQ; r++) {
       const __m512 w = _mm512_set1_ps(e[r][j]);
       UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(w, vv[v], acc[r][v]);
@@ -205,7 +202,7 @@ static void unpermute_accp(float *acc, int64_t hdp) {
 }
 
 /* acc rows c[0..nq) (padded to a multiple of 32) += weights e[0..nq) times V
- * rows vp[0..nj) of cache dtype kv (f32, int8, or bf16 with the result in
+ * rows vp[0..nj) of cache dtype kv (f32, or bf16 with the result in
  * pvb_tile's order), all of head_dim. */
 static void pv_rows(float *const *c, const float *const *e, int nq, const void *const *vp,
                     int64_t nj, int64_t hd, int kv, const void *const *pf, int64_t npf,
@@ -226,13 +223,8 @@ static void pv_rows(float *const *c, const float *const *e, int nq, const void *
     }
     const int64_t nv = left >= 64 ? 4 : (left + 15) / 16;
     const int64_t n = left >= 64 ? 16 : left - 16 * (nv - 1);
-#define PV_CASE(NQ, NV)                                                          \
-  case (NQ) * 8 + (NV):                                                          \
-    if (kv == ARMLLM_KV_I8)                                                      \
-      pv_tile(NQ, NV, ARMLLM_KV_I8, c, e, vp, nj, x, n, pf, npf, pfbytes);       \
-    else                                                                         \
-      pv_tile(NQ, NV, ARMLLM_KV_F32, c, e, vp, nj, x, n, pf, npf, pfbytes);      \
-    break;
+#define PV_CASE(NQ, NV) \
+  case (NQ) * 8 + (NV): pv_tile(NQ, NV, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
     switch (nq * 8 + (int)nv) {
       PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(1, 4)
       PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) PV_CASE(2, 4)
@@ -267,10 +259,9 @@ AINLINE void qkh_step(const int NQ, const uint16_t *const *q, const void *const 
 
 /* Dots of NQ (1..4) query rows q[r] with 4 key rows k[0..4), times scale,
  * into s[r * lds + c] for the first m (1..4) keys (a masked store: no copy
- * through memory): f32 q rows zero-padded to a multiple of 16 and f32 or
- * int8 K (KV, qk_step; int8 dots without the rows' scales), or bf16 q rows
- * zero-padded to a multiple of 32 and bf16 K (KV == ARMLLM_KV_BF16,
- * qkh_step). Spare keys repeat real ones (their results are dropped): every
+ * through memory): f32 q rows zero-padded to a multiple of 16 and f32 K
+ * (qk_step), or bf16 q rows zero-padded to a multiple of 32 and bf16 K
+ * (KV == ARMLLM_KV_BF16, qkh_step). Spare keys repeat real ones (their results are dropped): every
  * dot is the same operations whatever the neighbours. */
 AINLINE void qk_tile(const int NQ, const int KV, const void *const *q, const void *const *k,
                      int64_t hd, float scale, float *s, int64_t lds, __mmask8 m) {
@@ -284,8 +275,8 @@ AINLINE void qk_tile(const int NQ, const int KV, const void *const *q, const voi
     if (x < hd) qkh_step(NQ, qh, k, x, hd - x, acc);
   } else {
     const float *const *qf = (const float *const *)q;
-    for (; x + 16 <= hd; x += 16) qk_step(NQ, KV, qf, k, x, 16, acc);
-    if (x < hd) qk_step(NQ, KV, qf, k, x, hd - x, acc);
+    for (; x + 16 <= hd; x += 16) qk_step(NQ, qf, k, x, 16, acc);
+    if (x < hd) qk_step(NQ, qf, k, x, hd - x, acc);
   }
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
@@ -294,8 +285,7 @@ AINLINE void qk_tile(const int NQ, const int KV, const void *const *q, const voi
 }
 
 /* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries and keys j < nj
- * of cache dtype kv: f32 q rows and f32 or int8 K, or bf16 q rows and bf16
- * K. */
+ * of cache dtype kv: f32 q rows and f32 K, or bf16 q rows and bf16 K. */
 static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t nj, int64_t hd,
                     int kv, float scale, float *s, int64_t lds, const void *const *pf,
                     int64_t npf, int64_t pfbytes) {
@@ -307,7 +297,6 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
 #define QK_CASE(NQ)                                                                    \
   case NQ:                                                                             \
     if (kv == ARMLLM_KV_BF16) qk_tile(NQ, ARMLLM_KV_BF16, q, k, hd, scale, s + j, lds, mask); \
-    else if (kv == ARMLLM_KV_I8) qk_tile(NQ, ARMLLM_KV_I8, q, k, hd, scale, s + j, lds, mask); \
     else qk_tile(NQ, ARMLLM_KV_F32, q, k, hd, scale, s + j, lds, mask);                \
     break;
     switch (nq) {
@@ -320,6 +309,210 @@ static void qk_rows(const void *const *q, int nq, const void *const *kp, int64_t
   }
 }
 
+/* --------------------------------------------- int8 caches, in integers
+ *
+ * attn_common.h's arithmetic: q rows quantized as K rows are, exact int32
+ * dots, and the softmax weights as int16s of the partition's largest, whose
+ * exact int32 sums with V become f32 once per partition.
+ *
+ * QK^T (qk_i8_rows): keys in lanes. 16 keys' rows, 64 bytes at a time, are
+ * transposed in registers (i8_keys16: 64 unpacks and shuffles) so that
+ * vector c holds bytes [4c, 4c + 4) of all 16 keys; vpdpbusd then adds each
+ * query's 4 q bytes (a broadcast) times them into one lane a key: 16 dots in
+ * one vector, no horizontal sums. vpdpbusd multiplies unsigned by signed
+ * bytes, so K goes in offset by 128 (an XOR) and each query's sum starts at
+ * -128 * sum(q8). The transpose is paid once per 16 keys whatever the
+ * queries.
+ * PV (pvi_tile): two keys' V rows widened to int16 and interleaved (dim d
+ * of key j beside dim d of key j + 1) meet a broadcast of the two keys'
+ * int16 weights in vpdpwssd: 32 products a lane pair, 16 dims an
+ * instruction. The interleave leaves the dims of each 32 in a fixed order
+ * (unpermute_acci puts them back). */
+
+/* 64-byte mask of the first n (1..64) bytes. */
+static inline __mmask64 mask64(int64_t n) {
+  return n >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << n) - 1;
+}
+
+/* kt[c] = bytes [x + 4c, x + 4c + 4) of rows k[0..16) (the first n of the
+ * 64 from x, zeros after), key u in lane u, each byte + 128. */
+AINLINE void i8_keys16(const void *const *k, int64_t x, int64_t n, __m512i *kt) {
+  const __mmask64 m = mask64(n);
+  __m512i r[16], t[16];
+  UNROLL16 for (int u = 0; u < 16; u++) r[u] = _mm512_maskz_loadu_epi8(m, (const int8_t *)k[u] + x);
+  /* 16 x 16 dwords: pairs, quads, then 128-bit lanes twice */
+  UNROLL16 for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  UNROLL16 for (int i = 0; i < 4; i++) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  UNROLL16 for (int i = 0; i < 2; i++)
+    UNROLL16 for (int j = 0; j < 4; j++) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+    }
+  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  UNROLL16 for (int j = 0; j < 8; j++) {
+    kt[j] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[j], t[8 + j], 0x88), bias);
+    kt[8 + j] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd), bias);
+  }
+}
+
+/* acc[r] += q8_r . the keys of kt (16 groups of 4 bytes from q8_r + x). */
+AINLINE void qki_step(const int NQ, const int8_t *const *q8, int64_t x, const __m512i *kt,
+                      __m512i *acc) {
+  UNROLL16 for (int c = 0; c < 16; c++) {
+    UNROLL for (int r = 0; r < NQ; r++) {
+      int32_t qq;
+      memcpy(&qq, q8[r] + x + 4 * c, sizeof qq);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], kt[c], _mm512_set1_epi32(qq));
+    }
+  }
+}
+
+/* Scores of NQ (1..4) queries over the transposed keys kbuf (nx chunks of
+ * 16 vectors): s[r * lds + u] = ((float)dot * ksc[u]) * qf[r] for keys u < m. */
+AINLINE void qki_tile(const int NQ, const int8_t *const *q8, const int32_t *qcorr,
+                      const float *qf, const __m512i *kbuf, int64_t nx, const float *ksc,
+                      float *s, int64_t lds, __mmask16 m) {
+  __m512i acc[QB];
+  UNROLL for (int r = 0; r < NQ; r++) acc[r] = _mm512_set1_epi32(qcorr[r]);
+  for (int64_t c = 0; c < nx; c++) qki_step(NQ, q8, 64 * c, kbuf + 16 * c, acc);
+  const __m512 ks = _mm512_maskz_loadu_ps(m, ksc);
+  UNROLL for (int r = 0; r < NQ; r++)
+    _mm512_mask_storeu_ps(s + r * lds, m,
+                          _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), ks),
+                                        _mm512_set1_ps(qf[r])));
+}
+
+/* s[i*lds + j] for queries i < nq (q8 rows zero-padded to a multiple of
+ * 64, with their qcorr and qf) and keys j < nj of an int8 cache (rows kp,
+ * scales ksc): 16 keys at a time, transposed once for all queries. */
+static void qk_i8_rows(const int8_t (*q8rows)[MAXD], const int32_t *qcorr, const float *qf,
+                       int64_t nq, int64_t hd, const void *const *kp, int64_t nj,
+                       const float *ksc, float *s, int64_t lds, const void *const *pf,
+                       int64_t npf, int64_t pfbytes) {
+  const int64_t nx = (hd + 63) / 64;
+  __m512i kbuf[16 * (MAXD / 64)];
+  for (int64_t j = 0; j < nj; j += 16) {
+    for (int64_t u = j; u < j + 16 && u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
+    const int64_t m = nj - j < 16 ? nj - j : 16;
+    const void *k[16];
+    for (int64_t u = 0; u < 16; u++) k[u] = kp[j + (u < m ? u : m - 1)];
+    for (int64_t c = 0; c < nx; c++) i8_keys16(k, 64 * c, hd - 64 * c, kbuf + 16 * c);
+    const __mmask16 mask = (__mmask16)((1u << m) - 1);
+    for (int64_t i = 0; i < nq; i += QB) {
+      const int mq = nq - i < QB ? (int)(nq - i) : QB;
+      const int8_t *q8[QB];
+      for (int r = 0; r < QB; r++) q8[r] = q8rows[i + (r < mq ? r : 0)];
+#define QKI_CASE(NQ)                                                                    \
+  case NQ:                                                                              \
+    qki_tile(NQ, q8, qcorr + i, qf + i, kbuf, nx, ksc + j, s + i * lds + j, lds, mask); \
+    break;
+      switch (mq) {
+        QKI_CASE(1)
+        QKI_CASE(2)
+        QKI_CASE(3)
+        QKI_CASE(4)
+      }
+#undef QKI_CASE
+    }
+  }
+}
+
+/* c[r][x..x+32*NB) (int32, in pvi order) += sum_j w[r][j] * v_j[x..) for V
+ * rows vp[0..nj) (int8, the first n (1..64) bytes from x), NQ (1..4)
+ * queries, NB (1..2) blocks of 32 dims; keys in pairs (an odd last key
+ * pairs with zeros). */
+AINLINE void pvi_tile(const int NQ, const int NB, int32_t *const *c, const int16_t *const *w,
+                      const void *const *vp, int64_t nj, int64_t x, int64_t n,
+                      const void *const *pf, int64_t npf, int64_t pfbytes) {
+  const __mmask64 m = mask64(n);
+  const __mmask32 m0 = (__mmask32)m, m1 = (__mmask32)(m >> 32);
+  __m512i acc[QB][4];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm512_loadu_si512(c[r] + x + 16 * v);
+  for (int64_t j = 0; j < nj; j += 2) {
+    if (j < npf) attn_prefetch_row(pf[j], pfbytes);
+    if (j + 1 < npf) attn_prefetch_row(pf[j + 1], pfbytes);
+    const int8_t *a = (const int8_t *)vp[j] + x;
+    const int8_t *b = j + 1 < nj ? (const int8_t *)vp[j + 1] + x : NULL;
+    __m512i vv[4];
+    UNROLL for (int h = 0; h < NB; h++) {
+      const __mmask32 mh = h ? m1 : m0;
+      const __m512i a16 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mh, a + 32 * h));
+      const __m512i b16 =
+          b ? _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mh, b + 32 * h)) : _mm512_setzero_si512();
+      vv[2 * h] = _mm512_unpacklo_epi16(a16, b16);
+      vv[2 * h + 1] = _mm512_unpackhi_epi16(a16, b16);
+    }
+    UNROLL for (int r = 0; r < NQ; r++) {
+      int32_t pair;
+      memcpy(&pair, w[r] + j, sizeof pair);
+      const __m512i wp = _mm512_set1_epi32(pair);
+      UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm512_dpwssd_epi32(acc[r][v], vv[v], wp);
+    }
+  }
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < 2 * NB; v++) _mm512_storeu_si512(c[r] + x + 16 * v, acc[r][v]);
+}
+
+/* int32 rows c[0..nq) += weights w[0..nq) times int8 V rows vp[0..nj). */
+static void pvi_rows(int32_t *const *c, const int16_t *const *w, int nq, const void *const *vp,
+                     int64_t nj, int64_t hd, const void *const *pf, int64_t npf,
+                     int64_t pfbytes) {
+  for (int64_t x = 0; x < hd; x += 64, npf = 0) {
+    const int64_t n = hd - x < 64 ? hd - x : 64, nb = n > 32 ? 2 : 1;
+#define PVI_CASE(NQ, NB) \
+  case (NQ) * 4 + (NB): pvi_tile(NQ, NB, c, w, vp, nj, x, n, pf, npf, pfbytes); break;
+    switch (nq * 4 + (int)nb) {
+      PVI_CASE(1, 1) PVI_CASE(1, 2) PVI_CASE(2, 1) PVI_CASE(2, 2)
+      PVI_CASE(3, 1) PVI_CASE(3, 2) PVI_CASE(4, 1) PVI_CASE(4, 2)
+    }
+#undef PVI_CASE
+  }
+}
+
+/* w16[0..n) and the scale of the weights w[0..n) (armllm_attn_i8_weights,
+ * vectorized: the same int16s). */
+static float i8_weights(int16_t *w16, const float *w, int64_t n) {
+  __m512 vmax = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = armllm_avx512_tail16(n - j < 16 ? n - j : 16);
+    vmax = _mm512_max_ps(_mm512_maskz_loadu_ps(m, w + j), vmax); /* NaN: the old max */
+  }
+  const float wmax = _mm512_reduce_max_ps(vmax);
+  const __m512 r = _mm512_set1_ps(wmax > 0.0f ? ARMLLM_ATTN_W16_MAX / wmax : 0.0f);
+  const __m512 top = _mm512_set1_ps(ARMLLM_ATTN_W16_MAX), zero = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = armllm_avx512_tail16(n - j < 16 ? n - j : 16);
+    __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + j), r);
+    y = _mm512_min_ps(_mm512_max_ps(y, zero), top); /* NaN: 0 */
+    _mm256_mask_storeu_epi16(w16 + j, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(y)));
+  }
+  return wmax / ARMLLM_ATTN_W16_MAX;
+}
+
+/* acc rows from pvi_tile's order (per 32 dims: 4-dim groups of the even
+ * 8-dim groups, then of the odd ones) to dim order, times ws, as floats. */
+static void unpermute_acci(float *out, const int32_t *acc, int64_t hdp, float ws) {
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512 s = _mm512_set1_ps(ws);
+  for (int64_t x = 0; x < hdp; x += 32) {
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_loadu_si512(acc + x));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_loadu_si512(acc + x + 16));
+    _mm512_storeu_ps(out + x, _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), s));
+    _mm512_storeu_ps(out + x + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), s));
+  }
+}
+
 /* ------------------------------------------------------------ tiles */
 
 /* One sub-tile: rows [r0, r1) of sequence b, query heads [h0, h1) of KV
@@ -328,16 +521,35 @@ typedef struct {
   ARMLLM_X86_TILE_FIELDS           /* q zero-padded to a multiple of 32 */
   uint16_t q16[TILE_Q][MAXD];      /* bf16 caches: q rounded to bf16 (vcvtneps2bf16) */
   float s[TILE_Q][PART];           /* scores, then weights */
+  /* int8 caches (attn_common.h): q quantized (zero-padded to a multiple of 64), its
+   * score factor and -128 * sum(q8) (qki_tile's start), the weights as int16 (as s),
+   * their scales, and PV's int32 sums (pvi_tile's order) */
+  int8_t q8[TILE_Q][MAXD] __attribute__((aligned(64)));
+  float qf[TILE_Q];
+  int32_t qcorr[TILE_Q];
+  int16_t w16[TILE_Q][PART + 2];   /* + 2: an odd last key's pair */
+  float ws[TILE_Q];
+  int32_t acci[TILE_Q][MAXD] __attribute__((aligned(64)));
 } tile_ctx;
 
 #include "../attn_x86.h"
 
-/* bf16 caches: q16[i], q rounded to bf16 for vdpbf16ps. */
+/* bf16 caches: q16[i], q rounded to bf16 for vdpbf16ps; int8 caches: q8[i]
+ * and its factors (attn_common.h). */
 static inline void tile_q_extra(tile_ctx *t, int64_t i) {
   if (t->a->cache_dtype == ARMLLM_KV_BF16)
     for (int64_t d = 0; d < t->hdp; d += 16)
       _mm256_storeu_si256((__m256i *)(t->q16[i] + d),
                           (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t->q[i] + d)));
+  if (t->a->cache_dtype == ARMLLM_KV_I8) {
+    uint16_t qs;
+    memset(t->q8[i], 0, sizeof t->q8[i]);
+    armllm_kv_quantize_row(t->q8[i], &qs, t->q[i], t->hd);
+    t->qf[i] = armllm_attn_i8_qfactor(qs, t->a->scale);
+    int32_t sum = 0;
+    for (int64_t d = 0; d < t->hd; d++) sum += t->q8[i][d];
+    t->qcorr[i] = -128 * sum; /* vpdpbusd's K is offset by 128 */
+  }
 }
 
 /* Softmax weights of query i over the partition's scores s[u0..u1). */
@@ -345,14 +557,74 @@ static void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int6
   t->valid[i] = attn_softmax16(t->s[i], t->lo[i], t->pos[i], pbase, u0, u1, &t->mp[i], &t->lp[i]);
 }
 
+/* int8 caches: rows prefetched ahead of the one in use (tile_pf's KC is 32).
+ * On Zen 4 (one thread, Llama-3.2-1B's heads, 16 layers' caches at 4K
+ * tokens, 8 at 16K) 64 took 16.2 and 14.8 ns a key and head, 32 took 17.7
+ * and 16.8, 128 16.6 and 15.7: an int8 row is half a bf16 row's bytes. */
+#define I8_PF 64
+
+/* tile_pf at a distance of I8_PF rows. */
+static inline int64_t i8_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
+  int64_t s = at + I8_PF, end = 2 * t->nrows;
+  if (s > end) s = end;
+  *pf = t->rows + s;
+  return end - s < nj ? end - s : nj;
+}
+
+/* tile_partition on an int8 cache, in integers (qk_i8_rows, pvi_rows). */
+static void tile_partition_i8(tile_ctx *t, int64_t p) {
+  const int64_t nq = t->nq, hd = t->hd, pbase = p * PART;
+  const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
+  const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
+  const int64_t ks = k0 - pbase, hd64 = (hd + 63) & ~(int64_t)63;
+
+  tile_rows(t, k0, k1);
+  tile_prefetch(t, 0, I8_PF);
+  for (int64_t jc = k0; jc < k1; jc += KC) {
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
+    const void *const *pf;
+    const int64_t npf = i8_pf(t, jc - k0, nj, &pf);
+    qk_i8_rows((const int8_t(*)[MAXD])t->q8, t->qcorr, t->qf, nq, hd, t->rows + (jc - k0), nj,
+               t->ksc + (jc - k0), &t->s[0][jc - pbase], PART, pf, npf, hd);
+  }
+
+  const int64_t u0 = ks & ~(int64_t)15, u1 = k1 - pbase;
+  for (int64_t i = 0; i < nq; i++) {
+    tile_softmax(t, i, pbase, u0, u1);
+    if (!t->valid[i]) continue;
+    tile_scale_weights(t, t->s[i] + ks);
+    t->ws[i] = i8_weights(t->w16[i] + ks, t->s[i] + ks, t->nrows);
+  }
+
+  for (int64_t i = 0; i < nq; i++) memset(t->acci[i], 0, (size_t)hd64 * sizeof(int32_t));
+  for (int64_t jc = k0; jc < k1; jc += KC) {
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
+    const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
+    const int64_t npf = i8_pf(t, t->nrows + jc - k0, nj, &pf);
+    for (int64_t i = 0; i < nq; i += QB) {
+      const int mq = nq - i < QB ? (int)(nq - i) : QB;
+      int32_t *c[QB];
+      const int16_t *w[QB];
+      for (int r = 0; r < mq; r++) c[r] = t->acci[i + r], w[r] = t->w16[i + r] + js;
+      pvi_rows(c, w, mq, vp, nj, hd, pf, i == 0 ? npf : 0, hd);
+    }
+  }
+  for (int64_t i = 0; i < nq; i++)
+    if (t->valid[i]) unpermute_acci(t->accp[i], t->acci[i], hd64, t->ws[i]);
+}
+
 /* The partial (mp, lp, accp) of every query of the tile over partition p:
  * keys [max(lo, p*PART), min(pos + 1, (p + 1)*PART)) of each query. */
 static void tile_partition(tile_ctx *t, int64_t p) {
+  if (t->a->cache_dtype == ARMLLM_KV_I8) {
+    tile_partition_i8(t, p);
+    return;
+  }
   const armllm_attn_args *a = t->a;
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int kv = a->cache_dtype, bf16 = kv == ARMLLM_KV_BF16, i8 = kv == ARMLLM_KV_I8;
+  const int kv = a->cache_dtype, bf16 = kv == ARMLLM_KV_BF16;
   const int64_t pfbytes = hd * (int64_t)armllm_kv_esz(kv), ks = k0 - pbase;
 
   /* scores s[i][j - pbase], j in [k0, k1) */
@@ -375,11 +647,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
   }
 
   const int64_t u0 = ks & ~(int64_t)15, u1 = k1 - pbase;
-  for (int64_t i = 0; i < nq; i++) {
-    if (i8) tile_scale_scores(t, t->s[i] + ks);
-    tile_softmax(t, i, pbase, u0, u1);
-    if (i8 && t->valid[i]) tile_scale_weights(t, t->s[i] + ks);
-  }
+  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, u0, u1);
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
