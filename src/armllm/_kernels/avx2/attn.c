@@ -16,12 +16,36 @@
  * attn_x86.h's, shared with the other x86 variant; this file holds the
  * micro-kernels and the tile (tile_ctx, tile_partition, finish).
  *
- * bf16 caches are widened with a 16-bit shift, int8 caches with a sign
- * extension and a conversion (K and V rows as stored, without their
- * scales), either in registers or, when a tile has more than 3 queries, into
- * a stack buffer once per key chunk. An int8 row's scale multiplies its
- * key's score before the softmax (K) and its weight after it (V: the
- * softmax sums the weights unscaled), as in ref. */
+ * bf16 caches are widened with a 16-bit shift, either in registers or,
+ * when a tile has more than 3 queries, into a stack buffer once per key
+ * chunk.
+ *
+ * int8 caches meet q in integers, as ref (attn_common.h): each q row is
+ * quantized as K rows are (tile_q_extra) and widened to int16, and per
+ * partition, 4 queries at a time:
+ *   QK^T  K rows sign-extended to int16 in registers, VPMADDWD (exact int32
+ *         pair sums; VPMADDUBSW's int16 sums would saturate) over 16 dims,
+ *         4 queries x 2 keys of 8-lane accumulators, one horizontal-add
+ *         tree per 8 dots; s = ((float)dot * k_scale) * qf;
+ *   softmax  as above, then the weights times V scales, quantized to int16
+ *         against the partition's largest (i8_weights: the same int16s as
+ *         armllm_attn_i8_weights);
+ *   PV    two keys' V rows interleaved byte by byte and sign-extended, so
+ *         that VPMADDWD with the weight pair in every lane adds both keys'
+ *         terms per dim, accumulating exact int32 sums (4 queries x 16 dims
+ *         in registers); accp = (float)sum * ws.
+ * Integer sums do not depend on their order, so a partition's mp and accp
+ * equal ref's to the bit; lp, and so the output, differ only by the
+ * softmax sum's 8-lane order (as with f32 and bf16 caches). Dims in lanes
+ * rather than keys (a transpose of K), by count, not measured: with 4
+ * queries a tile, the transpose (~4 shuffles a key per 16 dims) costs more
+ * than the one add tree per 8 dots. On Zen 4 (2 threads, Llama-3.2-1B's
+ * heads, tools/bench_attention.py --cache int8 --tables engine --long, run
+ * interleaved with the float path before it on a loaded machine) decode
+ * took 2.2-2.5x less time at 256-32K tokens (4K x 8 sequences: 2.4-3.6x)
+ * and a 512- or 1024-row prefill 1.8-1.9x less; decode still reads 3.5-4
+ * GB/s against a 12-30 GB/s probe.
+ */
 #include <math.h>
 
 #include "../armllm_kernels.h"
@@ -76,18 +100,10 @@ static inline __m256 widen8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* 8 int8 (the low 64 bits of b) as floats. */
-static inline __m256 widen8_i8(__m128i b) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-}
-
-/* 8 elements at p + d of a row of cache dtype KV (f32, bf16, or int8
- * without its scale) as floats. */
+/* 8 elements at p + d of a row of cache dtype KV (f32 or bf16) as floats. */
 AINLINE __m256 load8(const void *p, int64_t d, const int KV) {
   if (KV == ARMLLM_KV_BF16)
     return widen8(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + d)));
-  if (KV == ARMLLM_KV_I8)
-    return widen8_i8(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + d)));
   return _mm256_loadu_ps((const float *)p + d);
 }
 
@@ -97,11 +113,6 @@ static inline __m256 load_tail(const void *p, int64_t d, int64_t n, const int KV
     uint16_t t[8] = {0};
     memcpy(t, (const uint16_t *)p + d, (size_t)n * sizeof t[0]);
     return widen8(_mm_loadu_si128((const __m128i *)t));
-  }
-  if (KV == ARMLLM_KV_I8) {
-    int8_t t[16] = {0};
-    memcpy(t, (const int8_t *)p + d, (size_t)n);
-    return widen8_i8(_mm_loadu_si128((const __m128i *)t));
   }
   return _mm256_maskload_ps((const float *)p + d, armllm_avx2_tail_mask(n));
 }
@@ -183,7 +194,6 @@ static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, 
     const void *k0 = kp[j], *k1 = kp[j + (m > 1)], *k2 = kp[j + (m > 2) * 2],
                *k3 = kp[j + (m > 3) * 3];
     if (kv == ARMLLM_KV_BF16) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_BF16, scale, d);
-    else if (kv == ARMLLM_KV_I8) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_I8, scale, d);
     else qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_F32, scale, d);
     for (int r = 0; r < nq; r++)
       for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
@@ -245,7 +255,6 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
 #define PV4(KV) pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, KV, pf, npf, pfbytes)
   for (; x + 32 <= hd; x += 32, npf = 0) {
     if (kv == ARMLLM_KV_BF16) PV4(ARMLLM_KV_BF16);
-    else if (kv == ARMLLM_KV_I8) PV4(ARMLLM_KV_I8);
     else PV4(ARMLLM_KV_F32);
   }
 #undef PV4
@@ -253,9 +262,176 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
   for (; x < hd; x += 8) {
     const int64_t n = hd - x < 8 ? hd - x : 8;
     if (kv == ARMLLM_KV_BF16) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_BF16);
-    else if (kv == ARMLLM_KV_I8) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_I8);
     else pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_F32);
   }
+}
+
+/* ------------------------------------------------------------ int8 caches */
+
+/* Widened q rows and V slices step over head_dim by 16 int16s (one vector). */
+#define I8_STEP 16
+
+/* 16 int8 at p (n of them, 1..16, the rest 0: a row's last slice when
+ * head_dim is not a multiple of 16, never read past the row) as int16. */
+static inline __m256i i8_widen16(const int8_t *p, int64_t n) {
+  if (n >= I8_STEP) return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+  int8_t t[I8_STEP] = {0};
+  memcpy(t, p, (size_t)n);
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)t));
+}
+
+/* 16 bytes at p, n (1..16) of them as above, for the byte interleave of PV. */
+static inline __m128i i8_load16(const int8_t *p, int64_t n) {
+  if (n >= I8_STEP) return _mm_loadu_si128((const __m128i *)p);
+  int8_t t[I8_STEP] = {0};
+  memcpy(t, p, (size_t)n);
+  return _mm_loadu_si128((const __m128i *)t);
+}
+
+/* Scores of NQ (1..4) quantized query rows q[r] (int16, zero-padded to a
+ * multiple of 16) with keys k0 and k1 (int8 rows of hd): the exact int32 dots
+ * by VPMADDWD (int16 x int16 pairs summed into int32: exact, unlike
+ * VPMADDUBSW's saturating int16 sums), 8 lanes over head_dim per (query,
+ * key), reduced by one horizontal-add tree per 8 dots; then s = ((float)dot *
+ * ks) * qf as ref, with ks2 = (ks_k0, ks_k1) and qf8 = (qf_0, qf_0, qf_1, ...)
+ * (pairs of lanes per query). Stores m (1 or 2) scores to s[r][0..m). */
+AINLINE void qk_i8_4x2(const int NQ, const int16_t *const *q, const int8_t *k0,
+                       const int8_t *k1, int64_t hd, __m256 ks2, __m256 qf8, float *const *s,
+                       int64_t m) {
+  __m256i acc[4][2];
+  for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  int64_t x = 0;
+#define QK_I8_STEP(kv0, kv1)                                                       \
+  for (int r = 0; r < NQ; r++) {                                                   \
+    const __m256i qv = _mm256_load_si256((const __m256i *)(q[r] + x));             \
+    acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(qv, kv0));           \
+    acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(qv, kv1));           \
+  }
+  for (; x + I8_STEP <= hd; x += I8_STEP) {
+    const __m256i kv0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k0 + x)));
+    const __m256i kv1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(k1 + x)));
+    QK_I8_STEP(kv0, kv1)
+  }
+  if (x < hd) {
+    const __m256i kv0 = i8_widen16(k0 + x, hd - x), kv1 = i8_widen16(k1 + x, hd - x);
+    QK_I8_STEP(kv0, kv1)
+  }
+#undef QK_I8_STEP
+  /* per 128-bit half: (q0k0, q0k1, q1k0, q1k1) in h01, q2/q3 in h23; then the halves */
+  const __m256i h01 = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0][0], acc[0][1]),
+                                        _mm256_hadd_epi32(acc[1][0], acc[1][1]));
+  const __m256i h23 = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[2][0], acc[2][1]),
+                                        _mm256_hadd_epi32(acc[3][0], acc[3][1]));
+  const __m256i dots = _mm256_add_epi32(_mm256_permute2x128_si256(h01, h23, 0x20),
+                                        _mm256_permute2x128_si256(h01, h23, 0x31));
+  const __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dots), ks2), qf8);
+  if (m == 2) {
+    const __m128 lo = _mm256_castps256_ps128(f), hi = _mm256_extractf128_ps(f, 1);
+    _mm_storel_pi((__m64 *)s[0], lo);
+    if (NQ > 1) _mm_storeh_pi((__m64 *)s[1], lo);
+    if (NQ > 2) _mm_storel_pi((__m64 *)s[2], hi);
+    if (NQ > 3) _mm_storeh_pi((__m64 *)s[3], hi);
+  } else {
+    float o[8];
+    _mm256_storeu_ps(o, f);
+    for (int r = 0; r < NQ; r++) s[r][0] = o[2 * r];
+  }
+}
+
+/* Scores s[r][j] of NQ queries q[r] (factors qf[r]) for keys kp[0..nj) with
+ * K scales ksc[0..nj), two keys at a time (an odd last one paired with
+ * itself); prefetches pf[0..npf) along the way. */
+AINLINE void qk_i8_rows(const int NQ, const int16_t *const *q, const float *qf,
+                        const void *const *kp, const float *ksc, int64_t nj, int64_t hd,
+                        float *const *s, const void *const *pf, int64_t npf) {
+  const __m256 qf8 = _mm256_setr_ps(qf[0], qf[0], NQ > 1 ? qf[1] : 0.0f, NQ > 1 ? qf[1] : 0.0f,
+                                    NQ > 2 ? qf[2] : 0.0f, NQ > 2 ? qf[2] : 0.0f,
+                                    NQ > 3 ? qf[3] : 0.0f, NQ > 3 ? qf[3] : 0.0f);
+  for (int64_t j = 0; j < nj; j += 2) {
+    for (int64_t u = j; u < j + 2 && u < npf; u++) attn_prefetch_row(pf[u], hd);
+    const int64_t m = nj - j < 2 ? 1 : 2, j1 = j + m - 1;
+    const float kpair[2] = {ksc[j], ksc[j1]};
+    double k2; /* the two scales as one 64-bit lane, broadcast */
+    memcpy(&k2, kpair, sizeof k2);
+    const __m256 ks2 = _mm256_castpd_ps(_mm256_set1_pd(k2));
+    float *sj[4];
+    for (int r = 0; r < NQ; r++) sj[r] = s[r] + j;
+    qk_i8_4x2(NQ, q, kp[j], kp[j1], hd, ks2, qf8, sj, m);
+  }
+}
+
+/* acc[r][0..hd16) += sum_j w[r][j] v_j for NQ (1..4) queries, V rows
+ * vp[0..nj) (int8 rows of hd; hd16 = hd rounded up to 16) and int16 weights
+ * w[r][0..nj] (w[r][nj] read and 0 when nj is odd), in int32: two keys' rows
+ * interleaved byte by byte and widened to int16, so that VPMADDWD with the
+ * pair (w_j, w_j+1) in every 32-bit lane gives w_j v_j[d] + w_j+1 v_j+1[d]
+ * per lane d. Prefetches pf[0..npf) along the first slice. */
+AINLINE void pv_i8_rows(const int NQ, int32_t *const *acc, const int16_t *const *w,
+                        const void *const *vp, int64_t nj, int64_t hd,
+                        const void *const *pf, int64_t npf) {
+  for (int64_t x = 0; x < hd; x += I8_STEP) {
+    const int64_t n = hd - x;
+    __m256i c[4][2];
+    for (int r = 0; r < NQ; r++) {
+      c[r][0] = _mm256_load_si256((const __m256i *)(acc[r] + x));
+      c[r][1] = _mm256_load_si256((const __m256i *)(acc[r] + x + 8));
+    }
+    for (int64_t j = 0; j < nj; j += 2) {
+      if (j < npf) attn_prefetch_row(pf[j], hd);
+      if (j + 1 < npf) attn_prefetch_row(pf[j + 1], hd);
+      const int8_t *v0 = vp[j], *v1 = j + 1 < nj ? vp[j + 1] : v0;
+      const __m128i b0 = i8_load16(v0 + x, n), b1 = i8_load16(v1 + x, n);
+      /* (v0[d], v1[d]) pairs: dims x..x+8 and x+8..x+16 */
+      const __m256i lo = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b0, b1));
+      const __m256i hi = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(b0, b1));
+      for (int r = 0; r < NQ; r++) {
+        int32_t pair;
+        memcpy(&pair, w[r] + j, sizeof pair);
+        const __m256i wp = _mm256_set1_epi32(pair);
+        c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(lo, wp));
+        c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(hi, wp));
+      }
+    }
+    npf = 0;
+    for (int r = 0; r < NQ; r++) {
+      _mm256_store_si256((__m256i *)(acc[r] + x), c[r][0]);
+      _mm256_store_si256((__m256i *)(acc[r] + x + 8), c[r][1]);
+    }
+  }
+}
+
+/* The weights of a query (its softmax weights e = s[u0..u1), u0 and u1
+ * multiples of 8, 0 outside its keys) times the V scales vs[u0..u1) (as
+ * t->s, by key position), quantized to w16[u0..u1) as armllm_attn_i8_weights:
+ *   w = e != 0 ? e * vs : 0 (tile_scale_weights: unseen keys stay 0 even
+ *       with an inf scale; NEQ_UQ is true for NaN as C's !=),
+ *   the largest w (max ignores NaN: _mm256_max_ps returns its second operand
+ *       when either is NaN), y = w * r, max(y, 0) with y first (NaN -> 0),
+ *   min 32767, VCVTPS2DQ rounding to nearest even (the default MXCSR, as
+ *       nearbyintf);
+ * the weights pass through s (rewritten) between the two loops. Returns
+ * the scale ws. */
+static float i8_weights(int16_t *w16, float *s, const float *vs, int64_t u0, int64_t u1) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 mx = zero;
+  for (int64_t j = u0; j < u1; j += 8) {
+    const __m256 e = _mm256_loadu_ps(s + j);
+    const __m256 w = _mm256_and_ps(_mm256_mul_ps(e, _mm256_loadu_ps(vs + j)),
+                                   _mm256_cmp_ps(e, zero, _CMP_NEQ_UQ));
+    _mm256_storeu_ps(s + j, w);
+    mx = _mm256_max_ps(w, mx);
+  }
+  const float wmax = hmax1(mx);
+  const float r = wmax > 0.0f ? ARMLLM_ATTN_W16_MAX / wmax : 0.0f;
+  const __m256 r8 = _mm256_set1_ps(r), top = _mm256_set1_ps(ARMLLM_ATTN_W16_MAX);
+  for (int64_t j = u0; j < u1; j += 8) {
+    __m256 y = _mm256_mul_ps(_mm256_loadu_ps(s + j), r8);
+    y = _mm256_min_ps(_mm256_max_ps(y, zero), top);
+    const __m256i i = _mm256_cvtps_epi32(y);
+    _mm_storeu_si128((__m128i *)(w16 + j),
+                     _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1)));
+  }
+  return wmax / ARMLLM_ATTN_W16_MAX;
 }
 
 /* ------------------------------------------------------------ tiles */
@@ -265,21 +441,34 @@ static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const floa
 typedef struct {
   ARMLLM_X86_TILE_FIELDS
   float s[TILE_Q][PART];           /* scores, then weights */
-  float buf[KC][MAXD];             /* widened bf16 or int8 rows */
+  union {
+    float buf[KC][MAXD];           /* widened bf16 rows */
+    int32_t acc32[TILE_Q][MAXD];   /* int8 caches: PV's exact sums */
+  } __attribute__((aligned(64)));
   float zero_e[PART];              /* weights of spare query slots */
   float spare[MAXD];               /* accumulators of spare query slots */
+  /* int8 caches: q rows quantized as K rows, widened, zero-padded to 16 */
+  int16_t q16[TILE_Q][MAXD] __attribute__((aligned(64)));
+  float qf[TILE_Q];                /* their score factors */
+  float vsp[PART];                 /* V scales by key position in the partition */
+  int16_t w16[TILE_Q][PART + 8];   /* the weights as int16s (+1 for an odd last key) */
 } tile_ctx;
 
 #include "../attn_x86.h"
 
-/* f32 q rows only. */
+/* int8 caches: q row i quantized (armllm_kv_quantize_row, as ref) into q16. */
 static inline void tile_q_extra(tile_ctx *t, int64_t i) {
-  (void)t;
-  (void)i;
+  if (t->a->cache_dtype != ARMLLM_KV_I8) return;
+  int8_t q8[MAXD];
+  uint16_t qs;
+  armllm_kv_quantize_row(q8, &qs, t->q[i], t->hd);
+  t->qf[i] = armllm_attn_i8_qfactor(qs, t->a->scale);
+  const int64_t hd16 = (t->hd + I8_STEP - 1) & ~(int64_t)(I8_STEP - 1);
+  for (int64_t d = 0; d < t->hd; d++) t->q16[i][d] = q8[d];
+  for (int64_t d = t->hd; d < hd16; d++) t->q16[i][d] = 0;
 }
 
-/* Widens bf16 or int8 (KV) rows src[0..n) into t->buf, pointing dst at
- * them. */
+/* Widens bf16 (KV) rows src[0..n) into t->buf, pointing dst at them. */
 AINLINE void tile_widen_as(const int KV, tile_ctx *t, const void *const *src, const void **dst,
                            int64_t n) {
   const int64_t hd = t->hd;
@@ -297,18 +486,59 @@ AINLINE void tile_widen_as(const int KV, tile_ctx *t, const void *const *src, co
 }
 
 static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, int64_t n) {
-  if (t->a->cache_dtype == ARMLLM_KV_I8) tile_widen_as(ARMLLM_KV_I8, t, src, dst, n);
-  else tile_widen_as(ARMLLM_KV_BF16, t, src, dst, n);
+  tile_widen_as(ARMLLM_KV_BF16, t, src, dst, n);
 }
 
-/* The partial (mp, lp, accp) of every query of the tile over partition p:
- * keys [max(lo, p*PART), min(pos + 1, (p + 1)*PART)) of each query. */
-static void tile_partition(tile_ctx *t, int64_t p) {
+/* Query i's softmax over partition pbase's keys: its scores t->s[i][ks..u1)
+ * (u1 = k1 - pbase) become weights exp(s - mp), exactly 0 outside its keys
+ * and over [ks & ~7, ks) and up to a multiple of 8 past u1; sets mp, lp and
+ * valid. Lanes are key positions, so a query's results do not depend on the
+ * rest of the tile. */
+AINLINE void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t ks, int64_t u1) {
+  const int64_t u0 = ks & ~(int64_t)7;
+  const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
+  const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
+  float *s = t->s[i];
+  t->valid[i] = a0 < a1;
+  if (a0 >= a1) {
+    for (int64_t j = u0; j < u1; j++) s[j] = 0.0f;
+    return;
+  }
+  const __m256i lo8 = _mm256_set1_epi32((int32_t)a0), hi8 = _mm256_set1_epi32((int32_t)a1);
+  const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  for (int64_t j = a0 & ~(int64_t)7; j < a1; j += 8) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
+    const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
+        _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
+    mx = _mm256_max_ps(
+        mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + j), in));
+  }
+  const float m = hmax1(mx);
+  const __m256 m8 = _mm256_set1_ps(m);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = u0; j < u1; j += 8) {
+    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
+    const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
+        _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
+    const __m256 x = _mm256_blendv_ps(m8, _mm256_loadu_ps(s + j), in);
+    const __m256 e = _mm256_and_ps(armllm_exp_avx2(_mm256_sub_ps(x, m8)), in);
+    sum = _mm256_add_ps(sum, e);
+    _mm256_storeu_ps(s + j, e);
+  }
+  t->mp[i] = m;
+  t->lp[i] = hsum1(sum);
+}
+
+/* The partial (mp, lp, accp) of every query of the tile over partition p,
+ * f32 or bf16 caches: keys [max(lo, p*PART), min(pos + 1, (p + 1)*PART)) of
+ * each query. */
+static void tile_partition_float(tile_ctx *t, int64_t p) {
   const armllm_attn_args *a = t->a;
   const int64_t nq = t->nq, hd = t->hd, hdp = t->hdp, pbase = p * PART;
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
-  const int kv = a->cache_dtype, i8 = kv == ARMLLM_KV_I8;
+  const int kv = a->cache_dtype;
   const int widen = kv != ARMLLM_KV_F32 && nq > 3; /* widen once, use for every query triple */
   const int kv_in = widen ? ARMLLM_KV_F32 : kv;    /* the rows the micro-kernels read */
   const int64_t pfbytes = hd * (int64_t)armllm_kv_esz(kv), ks = k0 - pbase;
@@ -333,45 +563,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
     }
   }
 
-  /* softmax weights; lanes are key positions, so a query's results do not
-   * depend on the rest of the tile */
-  const int64_t u0 = ks & ~(int64_t)7, u1 = k1 - pbase;
-  for (int64_t i = 0; i < nq; i++) {
-    if (i8) tile_scale_scores(t, t->s[i] + ks);
-    const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
-    const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
-    float *s = t->s[i];
-    t->valid[i] = a0 < a1;
-    if (a0 >= a1) {
-      for (int64_t j = u0; j < u1; j++) s[j] = 0.0f;
-      continue;
-    }
-    const __m256i lo8 = _mm256_set1_epi32((int32_t)a0), hi8 = _mm256_set1_epi32((int32_t)a1);
-    const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256 mx = _mm256_set1_ps(-INFINITY);
-    for (int64_t j = a0 & ~(int64_t)7; j < a1; j += 8) {
-      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
-      const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
-          _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
-      mx = _mm256_max_ps(
-          mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + j), in));
-    }
-    const float m = hmax1(mx);
-    const __m256 m8 = _mm256_set1_ps(m);
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t j = u0; j < u1; j += 8) {
-      const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
-      const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
-          _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
-      const __m256 x = _mm256_blendv_ps(m8, _mm256_loadu_ps(s + j), in);
-      const __m256 e = _mm256_and_ps(armllm_exp_avx2(_mm256_sub_ps(x, m8)), in);
-      sum = _mm256_add_ps(sum, e);
-      _mm256_storeu_ps(s + j, e);
-    }
-    t->mp[i] = m;
-    t->lp[i] = hsum1(sum);
-    if (i8) tile_scale_weights(t, s + ks);
-  }
+  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, ks, k1 - pbase);
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
@@ -394,6 +586,93 @@ static void tile_partition(tile_ctx *t, int64_t p) {
               i == 0 ? npf : 0, pfbytes);
     }
   }
+}
+
+/* Queries i..i+nq (1..4) of an int8 tile: the scores of keys kp[0..nj) with
+ * scales ksc (s at key offset js), or the PV sums of V rows vp[0..nj) (the
+ * weights at js), with NQ a constant for each group size. */
+static void qk_i8_group(tile_ctx *t, int64_t i, int nq, const void *const *kp,
+                        const float *ksc, int64_t nj, int64_t js, const void *const *pf,
+                        int64_t npf) {
+  const int16_t *q[4];
+  float *s[4];
+  for (int r = 0; r < nq; r++) q[r] = t->q16[i + r], s[r] = t->s[i + r] + js;
+  const float *qf = t->qf + i;
+  if (nq == 4) qk_i8_rows(4, q, qf, kp, ksc, nj, t->hd, s, pf, npf);
+  else if (nq == 3) qk_i8_rows(3, q, qf, kp, ksc, nj, t->hd, s, pf, npf);
+  else if (nq == 2) qk_i8_rows(2, q, qf, kp, ksc, nj, t->hd, s, pf, npf);
+  else qk_i8_rows(1, q, qf, kp, ksc, nj, t->hd, s, pf, npf);
+}
+
+static void pv_i8_group(tile_ctx *t, int64_t i, int nq, const void *const *vp, int64_t nj,
+                        int64_t js, const void *const *pf, int64_t npf) {
+  int32_t *c[4];
+  const int16_t *w[4];
+  for (int r = 0; r < nq; r++) c[r] = t->acc32[i + r], w[r] = t->w16[i + r] + js;
+  if (nq == 4) pv_i8_rows(4, c, w, vp, nj, t->hd, pf, npf);
+  else if (nq == 3) pv_i8_rows(3, c, w, vp, nj, t->hd, pf, npf);
+  else if (nq == 2) pv_i8_rows(2, c, w, vp, nj, t->hd, pf, npf);
+  else pv_i8_rows(1, c, w, vp, nj, t->hd, pf, npf);
+}
+
+/* The same, int8 caches, in integers as ref (attn_common.h): scores from
+ * exact int32 dots of the quantized q with K (qk_i8_rows), the softmax as
+ * above, weights times V scales (as tile_scale_weights) quantized to int16
+ * (i8_weights), and accp = (exact int32 sums of w16 * V) * ws (pv_i8_rows).
+ * Queries go 4 at a time. */
+static void tile_partition_i8(tile_ctx *t, int64_t p) {
+  const int64_t nq = t->nq, hd = t->hd, pbase = p * PART;
+  const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
+  const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
+  const int64_t ks = k0 - pbase, u1 = k1 - pbase;
+  const int64_t hd16 = (hd + I8_STEP - 1) & ~(int64_t)(I8_STEP - 1);
+  float ws[TILE_Q];
+
+  tile_rows(t, k0, k1);
+  tile_prefetch(t, 0, KC);
+  for (int64_t jc = k0; jc < k1; jc += KC) {
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
+    const void *const *pf;
+    const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first group */
+    for (int64_t i = 0; i < nq; i += 4)
+      qk_i8_group(t, i, nq - i < 4 ? (int)(nq - i) : 4, t->rows + (jc - k0), t->ksc + (jc - k0),
+                  nj, jc - pbase, pf, i == 0 ? npf : 0);
+  }
+
+  /* the softmax leaves s 0 outside the query's keys over [u0, u1 rounded up
+   * to 8); the V scales by key position over the same range (0 outside) */
+  const int64_t u0 = ks & ~(int64_t)7, u8 = (u1 + 7) & ~(int64_t)7;
+  for (int64_t j = u0; j < ks; j++) t->vsp[j] = 0.0f;
+  memcpy(t->vsp + ks, t->vsc, (size_t)t->nrows * sizeof(float));
+  for (int64_t j = u1; j < u8; j++) t->vsp[j] = 0.0f;
+  for (int64_t i = 0; i < nq; i++) {
+    tile_softmax(t, i, pbase, ks, u1);
+    ws[i] = i8_weights(t->w16[i], t->s[i], t->vsp, u0, u8);
+    t->w16[i][u1] = 0; /* an odd last key's partner */
+    memset(t->acc32[i], 0, (size_t)hd16 * sizeof(int32_t));
+  }
+
+  for (int64_t jc = k0; jc < k1; jc += KC) {
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
+    const void *const *pf;
+    const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
+    for (int64_t i = 0; i < nq; i += 4)
+      pv_i8_group(t, i, nq - i < 4 ? (int)(nq - i) : 4, t->rows + t->nrows + (jc - k0), nj,
+                  jc - pbase, pf, i == 0 ? npf : 0);
+  }
+
+  for (int64_t i = 0; i < nq; i++) {
+    const __m256 w8 = _mm256_set1_ps(ws[i]);
+    for (int64_t d = 0; d < hd; d += 8)
+      _mm256_store_ps(t->accp[i] + d,
+                      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_load_si256(
+                                        (const __m256i *)(t->acc32[i] + d))), w8));
+  }
+}
+
+static void tile_partition(tile_ctx *t, int64_t p) {
+  if (t->a->cache_dtype == ARMLLM_KV_I8) tile_partition_i8(t, p);
+  else tile_partition_float(t, p);
 }
 
 static __attribute__((noinline)) void finish(float *out, const float *acc, float l, int64_t hd) {
