@@ -4,7 +4,7 @@ loops with llvm-mca on a Neoverse model (no Arm hardware is needed).
 
 Each Arm kernel file is compiled to assembly with its library's flags (as in
 src/armllm/_kernels/meson.build); every innermost loop that does vector
-multiply-accumulates (FMLA, BFMMLA, BFDOT, SMMLA, SDOT, SMULL/SMLAL, SVE FMLA/FMAD) is fed
+multiply-accumulates (FMLA, BFMMLA, BFDOT, SMMLA, SDOT, SMULL/SMLAL, SVE FMLA/FMAD/SDOT) is fed
 to llvm-mca, and the table gives predicted cycles per iteration, MACs per
 cycle (at 128-bit vectors, as the N2 model has) and the fraction of the
 core's peak for that instruction (2 per cycle on Neoverse N2/V2).
@@ -53,7 +53,8 @@ MAC_RULES = [
     (re.compile(r"^\s*bfmmla\s"), "BFMMLA", 16),
     (re.compile(r"^\s*[su]mmla\s"), "SMMLA", 32),
     (re.compile(r"^\s*bfdot\s"), "BFDOT", 8),
-    (re.compile(r"^\s*[su]dot\s.*\.4s"), "SDOT", 16),
+    (re.compile(r"^\s*(?:[su]dot|sudot|usdot)\s.*\.4s"), "SDOT", 16),
+    (re.compile(r"^\s*(?:[su]dot|sudot|usdot)\s+z\d+\.s"), "SDOT", 16),  # SVE (sve/attn.c int8)
     # Armv8.0 int8 fallback (neon/quant_gemm.c without dotprod): 8 int16 products each
     (re.compile(r"^\s*[su]ml[as]l2?\s+v\d+\.8h"), "SMLAL", 8),
     (re.compile(r"^\s*[su]mull2?\s+v\d+\.8h"), "SMLAL", 8),

@@ -51,6 +51,21 @@ static int tile_at(const attn_job *j, int64_t r, int64_t kvh, int64_t hc, attn_t
   return 1;
 }
 
+/* Int8 caches: the tile's queries as armllm_attn_q8 in *q8 (returned);
+ * other caches: NULL. */
+static const armllm_attn_q8 *tile_q8(const armllm_attn_args *a, const attn_tile *t,
+                                     armllm_attn_q8 *q8) {
+  if (a->cache_dtype != ARMLLM_KV_I8) return NULL;
+  const int64_t hd = a->head_dim, hd16 = (hd + 15) & ~(int64_t)15;
+  for (int i = 0; i < t->nq; i++) {
+    uint16_t qs;
+    armllm_attn_quantize_q(q8->q[i], &qs, t->q[i], hd);
+    memset(q8->q[i] + hd, 0, (size_t)(hd16 - hd));
+    q8->qf[i] = armllm_attn_i8_qfactor(qs, a->scale);
+  }
+  return q8;
+}
+
 static inline int in_part(const attn_tile *t, int i, int64_t p) {
   return t->lo[i] / PART <= p && p <= (t->hi[i] - 1) / PART;
 }
@@ -70,12 +85,14 @@ static void attn_items(void *ctx, int64_t i0, int64_t i1) {
   float accp[QMAX * MAXHD] __attribute__((aligned(16)));
   float m[QMAX], l[QMAX];
   armllm_softmax_state st[QMAX];
+  armllm_attn_q8 q8;
   for (int64_t item = i0; item < i1; item++) {
     attn_tile t;
     if (!tile_at(j, item / per_row, (item % per_row) / j->nhc, item % j->nhc, &t)) continue;
+    const armllm_attn_q8 *tq8 = tile_q8(a, &t, &q8); /* once for all partitions */
     for (int i = 0; i < t.nq; i++) st[i].have = 0;
     for (int64_t p = t.p0; p <= t.p1; p++) {
-      j->partial(a, t.b, (item % per_row) / j->nhc, t.nq, t.q, t.lo, t.hi, p, m, l, accp);
+      j->partial(a, t.b, (item % per_row) / j->nhc, t.nq, t.q, tq8, t.lo, t.hi, p, m, l, accp);
       for (int i = 0; i < t.nq; i++)
         if (in_part(&t, i, p)) armllm_attn_merge(&st[i], acc[i], m[i], l[i], accp + i * hd, hd);
     }
@@ -92,12 +109,13 @@ static void attn_split_items(void *ctx, int64_t i0, int64_t i1) {
   const int64_t hd = a->head_dim, per_row = a->n_kv_heads * j->nhc * j->nparts;
   float accp[QMAX * MAXHD] __attribute__((aligned(16)));
   float m[QMAX], l[QMAX];
+  armllm_attn_q8 q8;
   for (int64_t item = i0; item < i1; item++) {
     const int64_t r = item / per_row, rest = item % per_row, p = rest % j->nparts;
     const int64_t kvh = rest / j->nparts / j->nhc, hc = rest / j->nparts % j->nhc;
     attn_tile t;
     if (!tile_at(j, r, kvh, hc, &t) || p < t.p0 || p > t.p1) continue;
-    j->partial(a, t.b, kvh, t.nq, t.q, t.lo, t.hi, p, m, l, accp);
+    j->partial(a, t.b, kvh, t.nq, t.q, tile_q8(a, &t, &q8), t.lo, t.hi, p, m, l, accp);
     for (int i = 0; i < t.nq; i++) {
       if (!in_part(&t, i, p)) continue;
       const int64_t row = t.row0 + i / t.nh, h = t.h0 + i % t.nh;

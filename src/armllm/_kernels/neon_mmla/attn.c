@@ -3,8 +3,9 @@
  * Only the per-partition kernel is new: the driver (tiles of query rows x
  * the query heads of one KV head, partition-ordered merges, split-KV with
  * scratch) is attn_arm.c's, so split and unsplit runs compute every
- * partition with this same code and return the same bits. f32 caches run
- * the neon kernel as it is (exact f32 path).
+ * partition with this same code and return the same bits. f32 and int8
+ * caches run the neon kernel as it is (exact f32 path; int8 in integers
+ * with SDOT, neon/attn.c).
  *
  * BFMMLA c += A B^T takes A = 2 rows x 4 k and B = 2 rows x 4 k (8 bf16
  * each, row-major) and accumulates the 2x2 product into 4 f32 lanes
@@ -338,8 +339,9 @@ static const qk_fn qk_by_np[PMAX + 1] = {NULL, qk_1, qk_2, qk_3, qk_4, qk_5, qk_
 static const pv_fn pv_by_np[PMAX + 1] = {NULL, pv_1, pv_2, pv_3, pv_4, pv_5, pv_6, pv_7, pv_8};
 
 static void mmla_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                              const float *const *q, const int64_t *lo, const int64_t *hi,
-                              int64_t p, float *m, float *l, float *accp) {
+                              const float *const *q, const armllm_attn_q8 *q8, const int64_t *lo,
+                              const int64_t *hi, int64_t p, float *m, float *l, float *accp) {
+  (void)q8; /* int8 caches only */
   const int64_t hd = a->head_dim;
   armllm_attn_keys keys;
   armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, 2);
@@ -356,7 +358,7 @@ static void mmla_partial_bf16(const armllm_attn_args *a, int64_t b, int64_t kvh,
 }
 
 int64_t armllm_neon_mmla_attention(armllm_pool *pool, const armllm_attn_args *args) {
-  /* f32 and int8 caches: neon's exact f32 path */
+  /* f32 caches: neon's exact f32 path; int8: neon's integer path (SDOT) */
   if (args->cache_dtype != ARMLLM_KV_BF16) return armllm_neon_attention(pool, args);
   return armllm_arm_attn_run(pool, args, mmla_partial_bf16);
 }

@@ -1,6 +1,6 @@
 /* sve/attn.c: varlen paged attention, SVE, vector-length agnostic (f32
- * math; bf16 caches widened with LD1H-to-word loads and LSL #16, int8
- * caches with LD1SB-to-word loads, ADD and FSUB: ARMLLM_I8_F32_BITS).
+ * and bf16 caches in f32 math, bf16 widened with LD1H-to-word loads and
+ * LSL #16; int8 caches in integers).
  *
  * Only the per-partition kernel is SVE: the driver (tiles of query rows x
  * the query heads of one KV head, partition-ordered merges, split-KV with
@@ -14,8 +14,12 @@
  * bf16 whole 2 VL blocks skip the LSL: K and V are loaded as (even, odd)
  * element vectors by LD1H into odd halfword lanes (ld_even/ld_odd), queries
  * are pre-split with LD2W, PV accumulators re-interleaved with ST2W.
- * int8 caches as ref: S = (Q K8^T * k_scale) * scale per key, and after the
- * sums l the weights E * v_scale meet the widened V8 rows.
+ * int8 caches as ref_partition_i8 (attn_common.h), q quantized by the
+ * driver (armllm_attn_q8): QK^T with SDOT (4 x 4 int32 accumulators,
+ * reduced with TRN/ADD and EXT/ADD), the same softmax, int16 weights
+ * (armllm_attn_i8_w16_rows), and PV with 4 V rows transposed in registers
+ * (ZIP) meeting the weights' high bytes by SDOT and low bytes by SUDOT
+ * (I8MM, which this variant requires) by element: exact int32 sums.
  * kv_write is the neon one (memory-bound).
  *
  * The helpers take the cache's armllm_kv_dtype `dt`, a constant in each
@@ -33,17 +37,11 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* VL floats (pg lanes; others 0) widened from f32, bf16 bits or int8
- * (without the row's scale). */
+/* VL floats (pg lanes; others 0) of f32, or widened from bf16 bits. */
 AI svfloat32_t ldw(svbool_t pg, const void *p, int64_t off, int dt) {
   if (dt == ARMLLM_KV_BF16)
     return svreinterpret_f32_u32(
         svlsl_n_u32_x(svptrue_b32(), svld1uh_u32(pg, (const uint16_t *)p + off), 16));
-  if (dt == ARMLLM_KV_I8) { /* all lanes widened: the inactive ones load as 0 */
-    const svint32_t w = svadd_n_s32_x(svptrue_b32(), svld1sb_s32(pg, (const int8_t *)p + off),
-                                      ARMLLM_I8_F32_BITS);
-    return svsub_n_f32_x(svptrue_b32(), svreinterpret_f32_s32(w), ARMLLM_I8_F32_BIAS);
-  }
   return svld1_f32(pg, (const float *)p + off);
 }
 
@@ -219,8 +217,9 @@ AI float sve_softmax_row(float *si, int64_t a0, int64_t a1, float *sum) {
 }
 
 AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
-                      const float *const *q, const int64_t *lo, const int64_t *hi, int64_t p,
-                      float *m, float *l, float *accp, int dt) {
+                      const float *const *q, const armllm_attn_q8 *q8, const int64_t *lo,
+                      const int64_t *hi, int64_t p, float *m, float *l, float *accp, int dt) {
+  (void)q8; /* int8 caches: sve_partial_i8 */
   const int64_t hd = a->head_dim, vl = (int64_t)svcntw();
   const int bf16 = dt == ARMLLM_KV_BF16;
   const svbool_t all = svptrue_b32();
@@ -248,14 +247,10 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
 #define QK_CALL(N) sve_qk_tile(q + i, qp + i, kr + j, hd, dt, N, d, bf16)
       NQ_CASES(QK_CALL)
 #undef QK_CALL
-      if (dt == ARMLLM_KV_I8) /* ref's order: dot * k_scale * scale */
-        for (int t = 0; t < nqi; t++)
-          for (int u = 0; u < 4; u++) d[t * 4 + u] *= keys.ksc[j + u];
       for (int t = 0; t < nqi; t++)
         for (int u = 0; u < 4; u++) s[i + t][j + u] = d[t * 4 + u] * a->scale;
     }
   armllm_attn_softmax(&s[0][0], nq, lo, hi, keys.k0, keys.n, m, l, sve_softmax_row);
-  if (dt == ARMLLM_KV_I8) armllm_attn_scale_weights(&s[0][0], nq, keys.vsc, n4);
   for (int i = 0; i < nq; i += 4) {
     const int nqi = nq - i >= 4 ? 4 : nq - i;
     int64_t d0 = 0;
@@ -287,7 +282,167 @@ AI void sve_partial_t(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
 
 ARMLLM_ATTN_PARTIAL(sve_partial_f32, sve_partial_t, ARMLLM_KV_F32)
 ARMLLM_ATTN_PARTIAL(sve_partial_bf16, sve_partial_t, ARMLLM_KV_BF16)
-ARMLLM_ATTN_PARTIAL(sve_partial_i8, sve_partial_t, ARMLLM_KV_I8)
+
+/* ------------------------------------------- int8 caches, in integers */
+
+/* QK^T: the exact int32 dots of NQ int8 queries q8[i] (zero-padded rows)
+ * with 4 int8 keys, one SDOT accumulator per pair over head_dim (VL bytes
+ * a step, WHILELT-predicated tail: inactive bytes load as 0), then per
+ * query TRN1/TRN2 + ADD at 32 and 64 bits leave each 128-bit segment
+ * holding its 4 keys' segment sums, and EXT + ADD sum the segments into
+ * lanes 0-3 (no SADDV: 4 uops each). Scores in ref's order, (float)dot *
+ * k_scale * qf, to s[i][0..4) (rows PART apart). */
+AI void sve_qk_i8_tile(const int NQ, const int8_t (*q8)[ARMLLM_ATTN_MAX_HEAD_DIM],
+                       const void *const *k, int64_t hd, const float *ksc, const float *qf,
+                       float *s) {
+  const svbool_t all = svptrue_b32(), p4 = svwhilelt_b32_s32(0, 4);
+  const int64_t vb = (int64_t)svcntb(), nseg = (int64_t)svcntw() / 4;
+  const svint32_t z = svdup_n_s32(0);
+  svint32_t a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z;
+  svint32_t a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+  for (int64_t d = 0; d < hd; d += vb) {
+    const svbool_t pg = svwhilelt_b8_s64(d, hd);
+    const svint8_t k0 = svld1_s8(pg, (const int8_t *)k[0] + d);
+    const svint8_t k1 = svld1_s8(pg, (const int8_t *)k[1] + d);
+    const svint8_t k2 = svld1_s8(pg, (const int8_t *)k[2] + d);
+    const svint8_t k3 = svld1_s8(pg, (const int8_t *)k[3] + d);
+#define QK_ROW(I)                                    \
+    if (NQ > I) {                                    \
+      const svint8_t qv = svld1_s8(pg, q8[I] + d);   \
+      a##I##0 = svdot_s32(a##I##0, qv, k0);          \
+      a##I##1 = svdot_s32(a##I##1, qv, k1);          \
+      a##I##2 = svdot_s32(a##I##2, qv, k2);          \
+      a##I##3 = svdot_s32(a##I##3, qv, k3);          \
+    }
+    QK_ROW(0) QK_ROW(1) QK_ROW(2) QK_ROW(3)
+#undef QK_ROW
+  }
+  const svfloat32_t ks = svld1_f32(p4, ksc);
+#define QK_OUT(I)                                                                                \
+  if (NQ > I) {                                                                                  \
+    const svint32_t t01 = svadd_s32_x(all, svtrn1_s32(a##I##0, a##I##1), svtrn2_s32(a##I##0, a##I##1)); \
+    const svint32_t t23 = svadd_s32_x(all, svtrn1_s32(a##I##2, a##I##3), svtrn2_s32(a##I##2, a##I##3)); \
+    const svint64_t e01 = svreinterpret_s64_s32(t01), e23 = svreinterpret_s64_s32(t23);          \
+    svint32_t sum = svadd_s32_x(all, svreinterpret_s32_s64(svtrn1_s64(e01, e23)),               \
+                                svreinterpret_s32_s64(svtrn2_s64(e01, e23)));                   \
+    svint32_t seg = sum;                                                                         \
+    for (int64_t g = 1; g < nseg; g++) { /* one rotation by a segment each */                   \
+      seg = svext_s32(seg, seg, 4);                                                              \
+      sum = svadd_s32_x(all, sum, seg);                                                          \
+    }                                                                                            \
+    const svfloat32_t f = svmul_f32_x(all, svcvt_f32_s32_x(all, sum), ks);                       \
+    svst1_f32(p4, s + I * PART, svmul_n_f32_x(all, f, qf[I]));                                   \
+  }
+  QK_OUT(0) QK_OUT(1) QK_OUT(2) QK_OUT(3)
+#undef QK_OUT
+}
+
+/* PV: accp[i][c0 + H * VLB/2, + VLB/2) (VLB = VL in bytes; columns past
+ * head_dim dropped) = (float)(sum over keys j of w16_i[j] * V8_j[d]) *
+ * ws[i], the sum exact in int32 (attn_common.h): per 4 keys the V rows
+ * (VLB columns from c0) are transposed in registers (ZIP1 or ZIP2 (H) of
+ * bytes, then ZIP1/ZIP2 of halfwords: one int32 lane a column, its 4 bytes
+ * the 4 keys; whole-vector zips keep the columns in order), then SDOT by
+ * element with hi = w >> 8 and USDOT's mirror SUDOT by element with the
+ * unsigned lo = w & 255 (w8: armllm_attn_i8_w8_row, 8 keys a quadword,
+ * replicated per segment by LD1RQB): sum = 256 * HI + LO. */
+AI void sve_pv_i8_tile(const int NQ, const int H, const int8_t *w8, const void *const *vr,
+                       int64_t n4, int64_t c0, int64_t hd, const float *ws, float *accp) {
+  const svbool_t all = svptrue_b32(), pg = svwhilelt_b8_s64(c0, hd);
+  const int64_t vw = (int64_t)svcntw(); /* columns of one transposed vector: VLB / 4 */
+  const svint32_t z = svdup_n_s32(0);
+  svint32_t h00 = z, h01 = z, h10 = z, h11 = z, h20 = z, h21 = z, h30 = z, h31 = z; /* HI */
+  svint32_t l00 = z, l01 = z, l10 = z, l11 = z, l20 = z, l21 = z, l30 = z, l31 = z; /* LO */
+  const svint8_t zb = svdup_n_s8(0);
+#define PV_FMA(I, LH, LL)                                                                       \
+  if (NQ > I) {                                                                                 \
+    h##I##0 = svdot_lane_s32(h##I##0, t0, w##I, LH);                                            \
+    h##I##1 = svdot_lane_s32(h##I##1, t1, w##I, LH);                                            \
+    l##I##0 = svsudot_lane_s32(l##I##0, t0, svreinterpret_u8_s8(w##I), LL);                     \
+    l##I##1 = svsudot_lane_s32(l##I##1, t1, svreinterpret_u8_s8(w##I), LL);                     \
+  }
+#define PV_GROUP(G, LH, LL)                                                                     \
+  {                                                                                             \
+    const svint8_t r0 = svld1_s8(pg, (const int8_t *)vr[j + 4 * G] + c0);                       \
+    const svint8_t r1 = svld1_s8(pg, (const int8_t *)vr[j + 4 * G + 1] + c0);                   \
+    const svint8_t r2 = svld1_s8(pg, (const int8_t *)vr[j + 4 * G + 2] + c0);                   \
+    const svint8_t r3 = svld1_s8(pg, (const int8_t *)vr[j + 4 * G + 3] + c0);                   \
+    const svint8_t z01 = H ? svzip2_s8(r0, r1) : svzip1_s8(r0, r1);                             \
+    const svint8_t z23 = H ? svzip2_s8(r2, r3) : svzip1_s8(r2, r3);                             \
+    const svint16_t y01 = svreinterpret_s16_s8(z01), y23 = svreinterpret_s16_s8(z23);           \
+    const svint8_t t0 = svreinterpret_s8_s16(svzip1_s16(y01, y23));                             \
+    const svint8_t t1 = svreinterpret_s8_s16(svzip2_s16(y01, y23));                             \
+    PV_FMA(0, LH, LL) PV_FMA(1, LH, LL) PV_FMA(2, LH, LL) PV_FMA(3, LH, LL)                     \
+  }
+#define PV_WEIGHTS                                                                              \
+  const svint8_t w0 = svld1rq_s8(svptrue_b8(), w8 + 2 * j);                                    \
+  const svint8_t w1 = NQ > 1 ? svld1rq_s8(svptrue_b8(), w8 + 2 * PART + 2 * j) : zb;           \
+  const svint8_t w2 = NQ > 2 ? svld1rq_s8(svptrue_b8(), w8 + 4 * PART + 2 * j) : zb;           \
+  const svint8_t w3 = NQ > 3 ? svld1rq_s8(svptrue_b8(), w8 + 6 * PART + 2 * j) : zb;
+  int64_t j = 0;
+  for (; j + 8 <= n4; j += 8) { /* 8 keys: one quadword of weights a query */
+    PV_WEIGHTS
+    PV_GROUP(0, 0, 1)
+    PV_GROUP(1, 2, 3)
+  }
+  if (j < n4) { /* the last 4 */
+    PV_WEIGHTS
+    PV_GROUP(0, 0, 1)
+  }
+#undef PV_WEIGHTS
+#undef PV_GROUP
+#undef PV_FMA
+  const int64_t col = c0 + H * 2 * vw;
+  const svbool_t p0 = svwhilelt_b32_s64(col, hd), p1 = svwhilelt_b32_s64(col + vw, hd);
+#define PV_ST(I)                                                                                \
+  if (NQ > I) {                                                                                 \
+    const svint32_t t0 = svadd_s32_x(all, svlsl_n_s32_x(all, h##I##0, 8), l##I##0);             \
+    const svint32_t t1 = svadd_s32_x(all, svlsl_n_s32_x(all, h##I##1, 8), l##I##1);             \
+    svst1_f32(p0, accp + I * hd + col, svmul_n_f32_x(all, svcvt_f32_s32_x(all, t0), ws[I]));    \
+    svst1_f32(p1, accp + I * hd + col + vw, svmul_n_f32_x(all, svcvt_f32_s32_x(all, t1), ws[I])); \
+  }
+  PV_ST(0) PV_ST(1) PV_ST(2) PV_ST(3)
+#undef PV_ST
+}
+
+/* The int8 partial kernel, as ref_partition_i8 for each query: scores
+ * (float)dot * k_scale * qf, the shared softmax, int16 weights
+ * (armllm_attn_i8_w16_rows) and the exact int32 PV. */
+static void sve_partial_i8(const armllm_attn_args *a, int64_t b, int64_t kvh, int nq,
+                           const float *const *q, const armllm_attn_q8 *q8, const int64_t *lo,
+                           const int64_t *hi, int64_t p, float *m, float *l, float *accp) {
+  (void)q; /* q8 holds the queries */
+  const int64_t hd = a->head_dim, vb = (int64_t)svcntb();
+  armllm_attn_keys keys;
+  armllm_attn_keys_of(&keys, a, b, kvh, nq, lo, hi, p, 1);
+  const void *const *kr = keys.kr, *const *vr = keys.vr;
+  const int64_t n4 = keys.n4;
+  float s[QMAX][PART] __attribute__((aligned(16)));
+  for (int64_t j = 0; j < n4; j += 4)
+    for (int i = 0; i < nq; i += 4) {
+      const int nqi = nq - i >= 4 ? 4 : nq - i;
+#define QK_CALL(N) sve_qk_i8_tile(N, q8->q + i, kr + j, hd, keys.ksc + j, q8->qf + i, &s[i][j])
+      NQ_CASES(QK_CALL)
+#undef QK_CALL
+    }
+  armllm_attn_softmax(&s[0][0], nq, lo, hi, keys.k0, keys.n, m, l, sve_softmax_row);
+  int16_t w16[QMAX][PART] __attribute__((aligned(16)));
+  int8_t w8[QMAX][2 * PART] __attribute__((aligned(16)));
+  float ws[QMAX];
+  armllm_attn_i8_w16_rows(&s[0][0], nq, keys.vsc, n4, &w16[0][0], ws);
+  for (int i = 0; i < nq; i++) armllm_attn_i8_w8_row(w16[i], n4, w8[i], 0); /* lo unsigned */
+  for (int i = 0; i < nq; i += 4) {
+    const int nqi = nq - i >= 4 ? 4 : nq - i;
+    for (int64_t c0 = 0; c0 < hd; c0 += vb) {
+#define PV_CALL0(N) sve_pv_i8_tile(N, 0, w8[i], vr, n4, c0, hd, ws + i, accp + i * hd)
+#define PV_CALL1(N) sve_pv_i8_tile(N, 1, w8[i], vr, n4, c0, hd, ws + i, accp + i * hd)
+      NQ_CASES(PV_CALL0)
+      if (c0 + vb / 2 < hd) NQ_CASES(PV_CALL1) /* the upper half's columns */
+#undef PV_CALL0
+#undef PV_CALL1
+    }
+  }
+}
 
 int64_t armllm_sve_attention(armllm_pool *pool, const armllm_attn_args *args) {
   const armllm_attn_partial_fn partial = args->cache_dtype == ARMLLM_KV_BF16 ? sve_partial_bf16
