@@ -181,13 +181,17 @@ def test_llama_cpp_q8_0_runs_as_stored(tiny, tmp_path, name):
     assert stored <= 2 * rounded
 
 
-# Gemma 3's int8 cache: each rank quantizes its own heads' rows, as one rank does
-@pytest.mark.parametrize(("name", "kv_dtype"), [("gemma3", "f32"), ("phi3", "f32"),
-                                                ("gemma3", "int8")])
-def test_tensor_parallel_two_ranks_equal_one(tiny, name, kv_dtype):
+# Gemma 3's int8 cache: each rank quantizes its own heads' rows, as one rank does.
+# Attention over an int8 cache quantizes q too, so a q 1e-6 apart (the all-reduce's
+# order) now and then lands on another int8 step: the quantized weights' tolerance
+# (measured: 1.6e-3 of the largest logit), greedy tokens still identical
+@pytest.mark.parametrize(("name", "kv_dtype", "rtol"), [("gemma3", "f32", 1e-4),
+                                                        ("phi3", "f32", 1e-4),
+                                                        ("gemma3", "int8", 1e-2)])
+def test_tensor_parallel_two_ranks_equal_one(tiny, name, kv_dtype, rtol):
     from tests.engine.test_tensor_parallel import assert_tp_matches
     path, _ = tiny(name)
-    assert_tp_matches(path, 2, steps=24, dtype="float32", kv_cache_dtype=kv_dtype,
+    assert_tp_matches(path, 2, steps=24, rtol=rtol, dtype="float32", kv_cache_dtype=kv_dtype,
                       kv_cache_gib=0.02, max_num_seqs=4, max_model_len=256)
 
 

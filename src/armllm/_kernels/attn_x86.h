@@ -13,9 +13,8 @@
  * (attn_x86_tile.h: the sub-tile set up by tile_init, each query's key
  * range and q row, tile_partition's results, tile_rows' K and V rows and
  * int8 scales), and, after including it, the three functions declared
- * below. int8 caches: the variants' micro-kernels widen the rows as stored,
- * and tile_scale_scores / tile_scale_weights here put each row's scale on
- * its key's scores and weights. */
+ * below. int8 caches: the variants compute in integers (attn_common.h), with
+ * each row's scale from tile_rows on its key's scores and weights. */
 #ifndef ARMLLM_ATTN_X86_H
 #define ARMLLM_ATTN_X86_H
 
@@ -126,20 +125,6 @@ static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
   }
   t->nrows = n;
   if (i8) tile_scales(t, k0, k1);
-}
-
-/* int8 caches: a query's scores s[0..nrows) over the partition's keys (as
- * t->rows) times each key's K scale, before its softmax. */
-static inline void tile_scale_scores(const tile_ctx *t, float *s) {
-  for (int64_t j = 0; j < t->nrows; j++) s[j] *= t->ksc[j];
-}
-
-/* int8 caches: a query's softmax weights s[0..nrows) times each key's V
- * scale, the weights PV takes (ref's w = e * v_scale), after the softmax
- * summed them unscaled. Keys the query does not see keep weight 0 (not 0 *
- * scale: an inf scale would make it NaN). */
-static inline void tile_scale_weights(const tile_ctx *t, float *s) {
-  for (int64_t j = 0; j < t->nrows; j++) s[j] = s[j] != 0.0f ? s[j] * t->vsc[j] : 0.0f;
 }
 
 /* Prefetches rows [s0, s1) of t->rows. */

@@ -478,23 +478,30 @@ static void pvi_rows(int32_t *const *c, const int16_t *const *w, int nq, const v
   }
 }
 
-/* w16[0..n) and the scale of the weights w[0..n) (armllm_attn_i8_weights,
- * vectorized: the same int16s). */
-static float i8_weights(int16_t *w16, const float *w, int64_t n) {
-  __m512 vmax = _mm512_setzero_ps();
+/* The weights w = e != 0 ? e * vsc : 0 of softmax numerators e[0..n) and V
+ * scales vsc (ref's w = e * v_scale; keys a query does not see stay 0, not
+ * 0 * an inf scale) as armllm_attn_i8_weights' int16s w16[0..n), and their
+ * scale (returned). */
+static float i8_weights(int16_t *w16, const float *e, const float *vsc, int64_t n) {
+  const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(ARMLLM_ATTN_W16_MAX);
+#define WEIGHTS16(j, m)                                                               \
+  _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, e + (j)), zero,     \
+                                         _CMP_NEQ_UQ),                               \
+                      _mm512_maskz_loadu_ps(m, e + (j)), _mm512_maskz_loadu_ps(m, vsc + (j)))
+  __m512 vmax = zero;
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = armllm_avx512_tail16(n - j < 16 ? n - j : 16);
-    vmax = _mm512_max_ps(_mm512_maskz_loadu_ps(m, w + j), vmax); /* NaN: the old max */
+    vmax = _mm512_max_ps(WEIGHTS16(j, m), vmax); /* NaN: the old max, as ref's > */
   }
   const float wmax = _mm512_reduce_max_ps(vmax);
   const __m512 r = _mm512_set1_ps(wmax > 0.0f ? ARMLLM_ATTN_W16_MAX / wmax : 0.0f);
-  const __m512 top = _mm512_set1_ps(ARMLLM_ATTN_W16_MAX), zero = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = armllm_avx512_tail16(n - j < 16 ? n - j : 16);
-    __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + j), r);
+    __m512 y = _mm512_mul_ps(WEIGHTS16(j, m), r);
     y = _mm512_min_ps(_mm512_max_ps(y, zero), top); /* NaN: 0 */
     _mm256_mask_storeu_epi16(w16 + j, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(y)));
   }
+#undef WEIGHTS16
   return wmax / ARMLLM_ATTN_W16_MAX;
 }
 
@@ -592,8 +599,7 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
   for (int64_t i = 0; i < nq; i++) {
     tile_softmax(t, i, pbase, u0, u1);
     if (!t->valid[i]) continue;
-    tile_scale_weights(t, t->s[i] + ks);
-    t->ws[i] = i8_weights(t->w16[i] + ks, t->s[i] + ks, t->nrows);
+    t->ws[i] = i8_weights(t->w16[i] + ks, t->s[i] + ks, t->vsc, t->nrows);
   }
 
   for (int64_t i = 0; i < nq; i++) memset(t->acci[i], 0, (size_t)hd64 * sizeof(int32_t));
