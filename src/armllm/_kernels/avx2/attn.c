@@ -4,10 +4,11 @@
  * up to TILE_Q query vectors: R consecutive rows of one sequence times the
  * heads of the GQA group (or a chunk of them), so every K/V row loaded is
  * used by all of them. Per partition of ARMLLM_ATTN_PARTITION keys:
- *   QK^T  register tiles of 3 queries x 4 keys, 8 lanes over head_dim, one
- *         fixed horizontal-add tree per dot product;
+ *   QK^T  register tiles of up to 4 queries x 3 keys, 8 lanes over
+ *         head_dim, one fixed horizontal-add tree per dot product;
  *   softmax  the 8-wide exp (vexp_avx2.h), lanes fixed by key position;
- *   PV    register tiles of 3 queries x 32 head_dim lanes, keys in order.
+ *   PV    register tiles of 4 queries x 16 head_dim lanes (fewer queries:
+ *         32 lanes), keys in order.
  * Keys outside a query's range get weight exactly 0, so a query's partial
  * does not depend on which other queries share its tile. Partials meet only
  * in armllm_attn_merge, in partition order (attn_common.h).
@@ -16,9 +17,13 @@
  * attn_x86.h's, shared with the other x86 variant; this file holds the
  * micro-kernels and the tile (tile_ctx, tile_partition, finish).
  *
- * bf16 caches are widened with a 16-bit shift, either in registers or,
- * when a tile has more than 3 queries, into a stack buffer once per key
- * chunk.
+ * bf16 caches are widened in registers (QK^T: a 16-bit shift of 8 dims;
+ * PV: 16 dims as even and odd halves, pvb_tile) or, when a tile has more
+ * than 4 queries, into a stack buffer once per key chunk. A GQA group of 4
+ * is one register tile: the 3-query tiles before ran it as 3 + 1 with two
+ * spare queries' FMAs and widened every row into the buffer. On Zen 4 (one
+ * thread, Llama-3.2-1B's heads, 4K tokens in L3) bf16 decode attention
+ * went from 42 to 21.5 ns a key and KV head, bit for bit the same.
  *
  * int8 caches meet q in integers, as ref (attn_common.h): each q row is
  * quantized as K rows are (tile_q_extra) and widened to int16, and per
@@ -57,7 +62,7 @@
 #define MAXD ARMLLM_ATTN_MAX_HEAD_DIM
 #define TILE_Q 12 /* query vectors per tile */
 #define KC 32     /* keys per chunk (bf16/int8 widening, PV blocking) */
-#define QPAD 8    /* q rows padded to whole vectors */
+#define QPAD 16   /* q and acc rows padded to whole vectors and bf16 PV blocks */
 
 #define AINLINE static inline __attribute__((always_inline))
 
@@ -138,63 +143,59 @@ static inline float hmax1(__m256 a) {
 
 /* ------------------------------------------------------------ QK^T tile */
 
-#define FMA3x4(qa, qb, qc)                                                           \
-  do {                                                                               \
-    a00 = _mm256_fmadd_ps(qa, k0v, a00); a01 = _mm256_fmadd_ps(qa, k1v, a01);       \
-    a02 = _mm256_fmadd_ps(qa, k2v, a02); a03 = _mm256_fmadd_ps(qa, k3v, a03);       \
-    a10 = _mm256_fmadd_ps(qb, k0v, a10); a11 = _mm256_fmadd_ps(qb, k1v, a11);       \
-    a12 = _mm256_fmadd_ps(qb, k2v, a12); a13 = _mm256_fmadd_ps(qb, k3v, a13);       \
-    a20 = _mm256_fmadd_ps(qc, k0v, a20); a21 = _mm256_fmadd_ps(qc, k1v, a21);       \
-    a22 = _mm256_fmadd_ps(qc, k2v, a22); a23 = _mm256_fmadd_ps(qc, k3v, a23);       \
-  } while (0)
+#define QB 4 /* query vectors per register tile */
+#define KB 3 /* keys per QK^T register tile: 4 x 3 accumulators and 3 keys */
+/* register tiles are arrays indexed by constants once these loops unroll */
+#define UNROLL _Pragma("GCC unroll 4")
 
-/* Dots of 3 query rows (q + r*ldq, zero-padded) with 4 key rows kp[0..4)
- * of cache dtype kv (load8), times scale, into d[r][c]. Unused queries/keys repeat real ones (their
- * results are dropped): every dot is the same operations whatever the
- * neighbours. */
-AINLINE void qk_3x4(const float *q0, const float *q1, const float *q2, const void *k0,
-                    const void *k1, const void *k2,
-                    const void *k3, int64_t hd, const int kv, float scale, float d[3][4]) {
-  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-  __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-  __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-  int64_t x = 0;
-  for (; x + 8 <= hd; x += 8) {
-    const __m256 k0v = load8(k0, x, kv), k1v = load8(k1, x, kv);
-    const __m256 k2v = load8(k2, x, kv), k3v = load8(k3, x, kv);
-    const __m256 qa = _mm256_loadu_ps(q0 + x), qb = _mm256_loadu_ps(q1 + x),
-                 qc = _mm256_loadu_ps(q2 + x);
-    FMA3x4(qa, qb, qc);
-  }
-  if (x < hd) {
-    const int64_t n = hd - x;
-    const __m256 k0v = load_tail(k0, x, n, kv), k1v = load_tail(k1, x, n, kv);
-    const __m256 k2v = load_tail(k2, x, n, kv), k3v = load_tail(k3, x, n, kv);
-    const __m256 qa = _mm256_loadu_ps(q0 + x), qb = _mm256_loadu_ps(q1 + x),
-                 qc = _mm256_loadu_ps(q2 + x);
-    FMA3x4(qa, qb, qc);
+/* d[r][c] = scale * q_r . k_c for NQ (1..4) query rows q + r * MAXD
+ * (zero-padded to whole vectors) and the KB key rows k[c] of cache dtype KV
+ * (load8), 8 lanes over head_dim, each dot summed by hsum4's fixed tree:
+ * every dot is the same operations whatever its neighbours, the same as
+ * for a tile of any other size (a spare key repeats a real one; its dots
+ * are dropped). */
+AINLINE void qk_tile(const int NQ, const int KV, const float *q, const void *const *k,
+                     int64_t hd, float scale, float d[QB][4]) {
+  __m256 acc[QB][KB];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int c = 0; c < KB; c++) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t x = 0; x < hd; x += 8) {
+    __m256 kv[KB];
+    UNROLL for (int c = 0; c < KB; c++)
+      kv[c] = x + 8 <= hd ? load8(k[c], x, KV) : load_tail(k[c], x, hd - x, KV);
+    UNROLL for (int r = 0; r < NQ; r++) {
+      const __m256 qv = _mm256_loadu_ps(q + r * MAXD + x);
+      UNROLL for (int c = 0; c < KB; c++) acc[r][c] = _mm256_fmadd_ps(qv, kv[c], acc[r][c]);
+    }
   }
   const __m128 sc = _mm_set1_ps(scale);
-  _mm_storeu_ps(d[0], _mm_mul_ps(hsum4(a00, a01, a02, a03), sc));
-  _mm_storeu_ps(d[1], _mm_mul_ps(hsum4(a10, a11, a12, a13), sc));
-  _mm_storeu_ps(d[2], _mm_mul_ps(hsum4(a20, a21, a22, a23), sc));
+  const __m256 z = _mm256_setzero_ps();
+  UNROLL for (int r = 0; r < NQ; r++)
+    _mm_storeu_ps(d[r], _mm_mul_ps(hsum4(acc[r][0], acc[r][1], acc[r][2], z), sc));
 }
 
-/* s[r*lds + j] = scale * q_r . k_j for nq (<= 3) queries and keys j < nj of
- * cache dtype kv. */
-static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, int64_t nj,
+/* s[r*lds + j] = scale * q_r . k_j for nq (1..4) queries q + r * MAXD and
+ * keys j < nj of cache dtype kv, prefetching rows pf[0..npf) along the way. */
+static void qk_rows(const float *q, int nq, const void *const *kp, int64_t nj,
                     int64_t hd, int kv, float scale, float *s, int64_t lds,
                     const void *const *pf, int64_t npf, int64_t pfbytes) {
-  float d[3][4];
-  /* spare query slots repeat query 0 */
-  const float *q1 = nq > 1 ? q + ldq : q, *q2 = nq > 2 ? q + 2 * ldq : q;
-  for (int64_t j = 0; j < nj; j += 4) {
-    for (int64_t u = j; u < j + 4 && u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
-    const int64_t m = nj - j < 4 ? nj - j : 4;
-    const void *k0 = kp[j], *k1 = kp[j + (m > 1)], *k2 = kp[j + (m > 2) * 2],
-               *k3 = kp[j + (m > 3) * 3];
-    if (kv == ARMLLM_KV_BF16) qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_BF16, scale, d);
-    else qk_3x4(q, q1, q2, k0, k1, k2, k3, hd, ARMLLM_KV_F32, scale, d);
+  float d[QB][4];
+  for (int64_t j = 0; j < nj; j += KB) {
+    for (int64_t u = j; u < j + KB && u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
+    const int64_t m = nj - j < KB ? nj - j : KB;
+    const void *k[KB] = {kp[j], kp[j + (m > 1)], kp[j + (m > 2) * 2]};
+#define QK_CASE(NQ)                                                           \
+  case NQ:                                                                    \
+    if (kv == ARMLLM_KV_BF16) qk_tile(NQ, ARMLLM_KV_BF16, q, k, hd, scale, d); \
+    else qk_tile(NQ, ARMLLM_KV_F32, q, k, hd, scale, d);                      \
+    break;
+    switch (nq) {
+      QK_CASE(1)
+      QK_CASE(2)
+      QK_CASE(3)
+      QK_CASE(4)
+    }
+#undef QK_CASE
     for (int r = 0; r < nq; r++)
       for (int64_t c = 0; c < m; c++) s[r * lds + j + c] = d[r][c];
   }
@@ -202,67 +203,109 @@ static void qk_rows(const float *q, int64_t ldq, int nq, const void *const *kp, 
 
 /* ------------------------------------------------------------ PV tile */
 
-/* acc_r[x..x+8) += sum_{j<nj} e_r[j] * v_j[x..x+8), 3 queries x 4 vectors of
- * head_dim from x (all full), V rows of cache dtype kv (load8), keys in
- * order. */
-AINLINE void pv_3x4(float *c0, float *c1, float *c2, const float *e0, const float *e1,
-                    const float *e2, const void *const *vp, int64_t nj, int64_t x, const int kv,
-                    const void *const *pf, int64_t npf, int64_t pfbytes) {
-  __m256 a00 = _mm256_loadu_ps(c0 + x), a01 = _mm256_loadu_ps(c0 + x + 8),
-         a02 = _mm256_loadu_ps(c0 + x + 16), a03 = _mm256_loadu_ps(c0 + x + 24);
-  __m256 a10 = _mm256_loadu_ps(c1 + x), a11 = _mm256_loadu_ps(c1 + x + 8),
-         a12 = _mm256_loadu_ps(c1 + x + 16), a13 = _mm256_loadu_ps(c1 + x + 24);
-  __m256 a20 = _mm256_loadu_ps(c2 + x), a21 = _mm256_loadu_ps(c2 + x + 8),
-         a22 = _mm256_loadu_ps(c2 + x + 16), a23 = _mm256_loadu_ps(c2 + x + 24);
+/* c[r][x..x+8*NV) += sum_{j<nj} e[r][j] * v_j[x..), NQ (1..4) queries, NV
+ * (1..4) vectors from x, the last with n (1..8) elements, f32 V rows, keys
+ * in order. */
+AINLINE void pv_tile(const int NQ, const int NV, float *const *c,
+                     const float *const *e, const void *const *vp, int64_t nj, int64_t x,
+                     int64_t n, const void *const *pf, int64_t npf, int64_t pfbytes) {
+  __m256 acc[QB][4];
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm256_loadu_ps(c[r] + x + 8 * v);
   for (int64_t j = 0; j < nj; j++) {
     if (j < npf) attn_prefetch_row(pf[j], pfbytes);
-    const __m256 k0v = load8(vp[j], x, kv), k1v = load8(vp[j], x + 8, kv);
-    const __m256 k2v = load8(vp[j], x + 16, kv), k3v = load8(vp[j], x + 24, kv);
-    const __m256 qa = _mm256_broadcast_ss(e0 + j), qb = _mm256_broadcast_ss(e1 + j),
-                 qc = _mm256_broadcast_ss(e2 + j);
-    FMA3x4(qa, qb, qc);
+    __m256 vv[4];
+    UNROLL for (int v = 0; v < NV; v++)
+      vv[v] = v < NV - 1 || n == 8 ? load8(vp[j], x + 8 * v, ARMLLM_KV_F32)
+                                   : load_tail(vp[j], x + 8 * v, n, ARMLLM_KV_F32);
+    UNROLL for (int r = 0; r < NQ; r++) {
+      const __m256 w = _mm256_broadcast_ss(e[r] + j);
+      UNROLL for (int v = 0; v < NV; v++) acc[r][v] = _mm256_fmadd_ps(w, vv[v], acc[r][v]);
+    }
   }
-  _mm256_storeu_ps(c0 + x, a00); _mm256_storeu_ps(c0 + x + 8, a01);
-  _mm256_storeu_ps(c0 + x + 16, a02); _mm256_storeu_ps(c0 + x + 24, a03);
-  _mm256_storeu_ps(c1 + x, a10); _mm256_storeu_ps(c1 + x + 8, a11);
-  _mm256_storeu_ps(c1 + x + 16, a12); _mm256_storeu_ps(c1 + x + 24, a13);
-  _mm256_storeu_ps(c2 + x, a20); _mm256_storeu_ps(c2 + x + 8, a21);
-  _mm256_storeu_ps(c2 + x + 16, a22); _mm256_storeu_ps(c2 + x + 24, a23);
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < NV; v++) _mm256_storeu_ps(c[r] + x + 8 * v, acc[r][v]);
 }
 
-/* The same for one vector of n (1..8) elements at x. */
-AINLINE void pv_3x1(float *c0, float *c1, float *c2, const float *e0, const float *e1,
-                    const float *e2, const void *const *vp, int64_t nj, int64_t x, int64_t n,
-                    const int kv) {
-  __m256 a0 = _mm256_loadu_ps(c0 + x), a1 = _mm256_loadu_ps(c1 + x), a2 = _mm256_loadu_ps(c2 + x);
+/* 16 bf16 at p + x, the first n (1..16) of them (zeros after). */
+static inline __m256i load16h(const uint16_t *p, int64_t x, int64_t n) {
+  if (n == 16) return _mm256_loadu_si256((const __m256i *)(p + x));
+  uint16_t t[16] = {0};
+  memcpy(t, p + x, (size_t)n * sizeof t[0]);
+  return _mm256_loadu_si256((const __m256i *)t);
+}
+
+/* pv_tile on bf16 V rows, NB (1..2) blocks of 16 dims from x, the last with
+ * n (1..16): one 32-byte load per block gives its even dims (a 16-bit shift
+ * left) and its odd dims (the high halves masked), two operations per 16
+ * dims where widening 8 at a time takes four. c holds each block as [even 8
+ * | odd 8] (unpermute_accp); every dim gets the same FMAs in the same key
+ * order as pv_tile on the widened rows. */
+AINLINE void pvb_tile(const int NQ, const int NB, float *const *c, const float *const *e,
+                      const void *const *vp, int64_t nj, int64_t x, int64_t n,
+                      const void *const *pf, int64_t npf, int64_t pfbytes) {
+  const __m256i high = _mm256_set1_epi32((int32_t)0xffff0000);
+  __m256 acc[QB][4]; /* [r][2 * block + (0: even, 1: odd)] */
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm256_loadu_ps(c[r] + x + 8 * v);
   for (int64_t j = 0; j < nj; j++) {
-    const __m256 v = n == 8 ? load8(vp[j], x, kv) : load_tail(vp[j], x, n, kv);
-    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(e0 + j), v, a0);
-    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(e1 + j), v, a1);
-    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(e2 + j), v, a2);
+    if (j < npf) attn_prefetch_row(pf[j], pfbytes);
+    __m256 vv[4];
+    UNROLL for (int b = 0; b < NB; b++) {
+      const __m256i raw = load16h(vp[j], x + 16 * b, b < NB - 1 ? 16 : n);
+      vv[2 * b] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+      vv[2 * b + 1] = _mm256_castsi256_ps(_mm256_and_si256(raw, high));
+    }
+    UNROLL for (int r = 0; r < NQ; r++) {
+      const __m256 w = _mm256_broadcast_ss(e[r] + j);
+      UNROLL for (int v = 0; v < 2 * NB; v++) acc[r][v] = _mm256_fmadd_ps(w, vv[v], acc[r][v]);
+    }
   }
-  _mm256_storeu_ps(c0 + x, a0);
-  _mm256_storeu_ps(c1 + x, a1);
-  _mm256_storeu_ps(c2 + x, a2);
+  UNROLL for (int r = 0; r < NQ; r++)
+    UNROLL for (int v = 0; v < 2 * NB; v++) _mm256_storeu_ps(c[r] + x + 8 * v, acc[r][v]);
 }
 
-/* acc rows c0..c2 (padded to a multiple of 8) += weights e0..e2 times V rows
- * vp[0..nj) of cache dtype kv, all of head_dim. */
-static void pv_rows(float *c0, float *c1, float *c2, const float *e0, const float *e1,
-                    const float *e2, const void *const *vp, int64_t nj, int64_t hd, int kv,
-                    const void *const *pf, int64_t npf, int64_t pfbytes) {
-  int64_t x = 0;
-#define PV4(KV) pv_3x4(c0, c1, c2, e0, e1, e2, vp, nj, x, KV, pf, npf, pfbytes)
-  for (; x + 32 <= hd; x += 32, npf = 0) {
-    if (kv == ARMLLM_KV_BF16) PV4(ARMLLM_KV_BF16);
-    else PV4(ARMLLM_KV_F32);
+/* accp blocks of 16 dims from [even | odd] order (pvb_tile) to dim order. */
+static void unpermute_accp(float *acc, int64_t hdp) {
+  for (int64_t x = 0; x < hdp; x += 16) {
+    const __m256 ev = _mm256_loadu_ps(acc + x), od = _mm256_loadu_ps(acc + x + 8);
+    const __m256 lo = _mm256_unpacklo_ps(ev, od), hi = _mm256_unpackhi_ps(ev, od);
+    _mm256_storeu_ps(acc + x, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(acc + x + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
   }
-#undef PV4
-  for (int64_t u = 0; u < npf; u++) attn_prefetch_row(pf[u], pfbytes);
-  for (; x < hd; x += 8) {
-    const int64_t n = hd - x < 8 ? hd - x : 8;
-    if (kv == ARMLLM_KV_BF16) pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_BF16);
-    else pv_3x1(c0, c1, c2, e0, e1, e2, vp, nj, x, n, ARMLLM_KV_F32);
+}
+
+/* acc rows c[0..nq) (padded to a multiple of 16) += weights e[0..nq) times
+ * V rows vp[0..nj) of cache dtype kv, all of head_dim: 4 queries take 16
+ * dims a pass (8 accumulators), fewer take 32. Rows pf[0..npf) are
+ * prefetched in the first pass. bf16 rows leave c in pvb_tile's order. */
+static void pv_rows(float *const *c, const float *const *e, int nq, const void *const *vp,
+                    int64_t nj, int64_t hd, int kv, const void *const *pf, int64_t npf,
+                    int64_t pfbytes) {
+  const int64_t step = nq == QB ? 16 : 32; /* dims a pass */
+  for (int64_t x = 0; x < hd; x += step, npf = 0) {
+    const int64_t len = hd - x < step ? hd - x : step;
+    if (kv == ARMLLM_KV_BF16) {
+      const int64_t nb = (len + 15) / 16, n = len - 16 * (nb - 1);
+#define PVB_CASE(NQ, NB) \
+  case (NQ) * 4 + (NB): pvb_tile(NQ, NB, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
+      switch (nq * 4 + (int)nb) {
+        PVB_CASE(1, 1) PVB_CASE(1, 2) PVB_CASE(2, 1) PVB_CASE(2, 2)
+        PVB_CASE(3, 1) PVB_CASE(3, 2) PVB_CASE(4, 1)
+      }
+#undef PVB_CASE
+      continue;
+    }
+    const int64_t nv = (len + 7) / 8, n = len - 8 * (nv - 1); /* n: the last vector's */
+#define PV_CASE(NQ, NV) \
+  case (NQ) * 8 + (NV): pv_tile(NQ, NV, c, e, vp, nj, x, n, pf, npf, pfbytes); break;
+    switch (nq * 8 + (int)nv) {
+      PV_CASE(1, 1) PV_CASE(1, 2) PV_CASE(1, 3) PV_CASE(1, 4)
+      PV_CASE(2, 1) PV_CASE(2, 2) PV_CASE(2, 3) PV_CASE(2, 4)
+      PV_CASE(3, 1) PV_CASE(3, 2) PV_CASE(3, 3) PV_CASE(3, 4)
+      PV_CASE(4, 1) PV_CASE(4, 2)
+    }
+#undef PV_CASE
   }
 }
 
@@ -279,8 +322,6 @@ typedef struct {
     float buf[KC][MAXD];           /* widened bf16 rows */
     int32_t acc32[TILE_Q][MAXD];   /* int8 caches: PV's exact sums */
   } __attribute__((aligned(64)));
-  float zero_e[PART];              /* weights of spare query slots */
-  float spare[MAXD];               /* accumulators of spare query slots */
   /* int8 caches: q rows quantized as K rows, widened, zero-padded to 16 */
   int16_t q16[TILE_Q][MAXD] __attribute__((aligned(64)));
   float qf[TILE_Q];                /* their score factors */
@@ -327,8 +368,12 @@ static void tile_widen(tile_ctx *t, const void *const *src, const void **dst, in
  * (u1 = k1 - pbase) become weights exp(s - mp), exactly 0 outside its keys
  * and over [ks & ~7, ks) and up to a multiple of 8 past u1; sets mp, lp and
  * valid. Lanes are key positions, so a query's results do not depend on the
- * rest of the tile. */
-AINLINE void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t ks, int64_t u1) {
+ * rest of the tile. With vs (int8 caches: the V scales by key position over
+ * the same range), s holds the PV weights e * vs instead (ref's w, 0
+ * outside the query's keys) and *wmax their largest (NaN ignored:
+ * _mm256_max_ps returns its second operand when either is NaN). */
+AINLINE void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t ks, int64_t u1,
+                          const float *vs, float *wmax) {
   const int64_t u0 = ks & ~(int64_t)7;
   const int64_t a0 = (t->lo[i] > pbase ? t->lo[i] : pbase) - pbase;
   const int64_t a1 = (t->pos[i] + 1 < pbase + PART ? t->pos[i] + 1 : pbase + PART) - pbase;
@@ -338,30 +383,29 @@ AINLINE void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t ks, int
     for (int64_t j = u0; j < u1; j++) s[j] = 0.0f;
     return;
   }
-  const __m256i lo8 = _mm256_set1_epi32((int32_t)a0), hi8 = _mm256_set1_epi32((int32_t)a1);
-  const __m256i step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   __m256 mx = _mm256_set1_ps(-INFINITY);
-  for (int64_t j = a0 & ~(int64_t)7; j < a1; j += 8) {
-    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
-    const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
-        _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
-    mx = _mm256_max_ps(
-        mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + j), in));
-  }
+  for (int64_t j = a0 & ~(int64_t)7; j < a1; j += 8)
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(s + j),
+                                            armllm_avx2_range_mask(a0, a1, j)));
   const float m = hmax1(mx);
   const __m256 m8 = _mm256_set1_ps(m);
-  __m256 sum = _mm256_setzero_ps();
+  __m256 sum = _mm256_setzero_ps(), wmx = _mm256_setzero_ps();
   for (int64_t j = u0; j < u1; j += 8) {
-    const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j), step);
-    const __m256 in = _mm256_castsi256_ps(_mm256_andnot_si256(
-        _mm256_cmpgt_epi32(lo8, idx), _mm256_cmpgt_epi32(hi8, idx)));
-    const __m256 x = _mm256_blendv_ps(m8, _mm256_loadu_ps(s + j), in);
-    const __m256 e = _mm256_and_ps(armllm_exp_avx2(_mm256_sub_ps(x, m8)), in);
+    const __m256 in = armllm_avx2_range_mask(a0, a1, j);
+    const __m256 e =
+        _mm256_and_ps(armllm_exp_scores_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), m8)), in);
     sum = _mm256_add_ps(sum, e);
-    _mm256_storeu_ps(s + j, e);
+    if (vs) {
+      const __m256 w = _mm256_and_ps(_mm256_mul_ps(e, _mm256_loadu_ps(vs + j)), in);
+      wmx = _mm256_max_ps(w, wmx);
+      _mm256_storeu_ps(s + j, w);
+    } else {
+      _mm256_storeu_ps(s + j, e);
+    }
   }
   t->mp[i] = m;
   t->lp[i] = hsum1(sum);
+  if (vs) *wmax = hmax1(wmx);
 }
 
 /* The partial (mp, lp, accp) of every query of the tile over partition p,
@@ -373,8 +417,8 @@ static void tile_partition_float(tile_ctx *t, int64_t p) {
   const int64_t k0 = pbase > t->lo_u ? pbase : t->lo_u;
   const int64_t k1 = pbase + PART < t->pos_u + 1 ? pbase + PART : t->pos_u + 1;
   const int kv = a->cache_dtype;
-  const int widen = kv != ARMLLM_KV_F32 && nq > 3; /* widen once, use for every query triple */
-  const int kv_in = widen ? ARMLLM_KV_F32 : kv;    /* the rows the micro-kernels read */
+  const int widen = kv != ARMLLM_KV_F32 && nq > QB; /* widen once for every query group */
+  const int kv_in = widen ? ARMLLM_KV_F32 : kv;     /* the rows the micro-kernels read */
   const int64_t pfbytes = hd * (int64_t)armllm_kv_esz(kv), ks = k0 - pbase;
   const void *ptrs[KC];
 
@@ -388,38 +432,38 @@ static void tile_partition_float(tile_ctx *t, int64_t p) {
       tile_widen(t, kp, ptrs, nj);
       kp = ptrs;
     }
-    for (int64_t i = 0; i < nq; i += 3) {
-      const int mq = nq - i < 3 ? (int)(nq - i) : 3;
-      const void *const *pf;
-      const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first triple */
-      qk_rows(t->q[i], MAXD, mq, kp, nj, hd, kv_in, a->scale, &t->s[i][jc - pbase], PART, pf,
+    const void *const *pf;
+    const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first group */
+    for (int64_t i = 0; i < nq; i += QB) {
+      const int mq = nq - i < QB ? (int)(nq - i) : QB;
+      qk_rows(t->q[i], mq, kp, nj, hd, kv_in, a->scale, &t->s[i][jc - pbase], PART, pf,
               i == 0 ? npf : 0, pfbytes);
     }
   }
 
-  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, ks, k1 - pbase);
+  for (int64_t i = 0; i < nq; i++) tile_softmax(t, i, pbase, ks, k1 - pbase, NULL, NULL);
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
-  if (nq % 3) memset(t->zero_e, 0, sizeof t->zero_e);
+  tile_prefetch_next(t, p, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
-    const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
+    const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
     const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
     if (widen) {
       tile_widen(t, vp, ptrs, nj);
       vp = ptrs;
     }
-    for (int64_t i = 0; i < nq; i += 3) {
-      const int64_t js = jc - pbase;
-      const float *e1 = i + 1 < nq ? t->s[i + 1] + js : t->zero_e;
-      const float *e2 = i + 2 < nq ? t->s[i + 2] + js : t->zero_e;
-      float *c1 = i + 1 < nq ? t->accp[i + 1] : t->spare;
-      float *c2 = i + 2 < nq ? t->accp[i + 2] : t->spare;
-      pv_rows(t->accp[i], c1, c2, t->s[i] + js, e1, e2, vp, nj, hd, kv_in, pf,
-              i == 0 ? npf : 0, pfbytes);
+    for (int64_t i = 0; i < nq; i += QB) {
+      const int mq = nq - i < QB ? (int)(nq - i) : QB;
+      float *c[QB];
+      const float *e[QB];
+      for (int r = 0; r < mq; r++) c[r] = t->accp[i + r], e[r] = t->s[i + r] + js;
+      pv_rows(c, e, mq, vp, nj, hd, kv_in, pf, i == 0 ? npf : 0, pfbytes);
     }
   }
+  if (kv_in == ARMLLM_KV_BF16)
+    for (int64_t i = 0; i < nq; i++) unpermute_accp(t->accp[i], hdp);
 }
 
 /* Queries i..i+nq (1..4) of an int8 tile: the scores of keys kp[0..nj) with
@@ -451,7 +495,7 @@ static void pv_i8_group(tile_ctx *t, int64_t i, int nq, const void *const *vp, i
 
 /* The same, int8 caches, in integers as ref (attn_common.h): scores from
  * exact int32 dots of the quantized q with K (qk_i8_rows), the softmax as
- * above, weights times V scales (as tile_scale_weights) quantized to int16
+ * above fused with the weights times V scales, quantized to int16
  * (i8_weights), and accp = (exact int32 sums of w16 * V) * ws (pv_i8_rows).
  * Queries go 4 at a time. */
 static void tile_partition_i8(tile_ctx *t, int64_t p) {
@@ -463,11 +507,11 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
   float ws[TILE_Q];
 
   tile_rows(t, k0, k1);
-  tile_prefetch(t, 0, KC);
+  tile_prefetch(t, 0, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
     const void *const *pf;
-    const int64_t npf = tile_pf(t, jc - k0, nj, &pf); /* spread over the first group */
+    const int64_t npf = i8_pf(t, jc - k0, nj, &pf); /* spread over the first group */
     for (int64_t i = 0; i < nq; i += 4)
       qk_i8_group(t, i, nq - i < 4 ? (int)(nq - i) : 4, t->rows + (jc - k0), t->ksc + (jc - k0),
                   nj, jc - pbase, pf, i == 0 ? npf : 0);
@@ -480,16 +524,18 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
   memcpy(t->vsp + ks, t->vsc, (size_t)t->nrows * sizeof(float));
   for (int64_t j = u1; j < u8; j++) t->vsp[j] = 0.0f;
   for (int64_t i = 0; i < nq; i++) {
-    tile_softmax(t, i, pbase, ks, u1);
-    ws[i] = i8_weights(t->w16[i], t->s[i], t->vsp, u0, u8);
+    float wmax = 0.0f;
+    tile_softmax(t, i, pbase, ks, u1, t->vsp, &wmax);
+    ws[i] = i8_weights(t->w16[i], t->s[i], wmax, u0, u8);
     t->w16[i][u1] = 0; /* an odd last key's partner */
     memset(t->acc32[i], 0, (size_t)hd16 * sizeof(int32_t));
   }
 
+  tile_prefetch_next(t, p, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
     const void *const *pf;
-    const int64_t npf = tile_pf(t, t->nrows + jc - k0, nj, &pf);
+    const int64_t npf = i8_pf(t, t->nrows + jc - k0, nj, &pf);
     for (int64_t i = 0; i < nq; i += 4)
       pv_i8_group(t, i, nq - i < 4 ? (int)(nq - i) : 4, t->rows + t->nrows + (jc - k0), nj,
                   jc - pbase, pf, i == 0 ? npf : 0);

@@ -139,30 +139,15 @@ AINLINE void pv_i8_rows(const int NQ, int32_t *const *acc, const int16_t *const 
   }
 }
 
-/* The weights of a query (its softmax weights e = s[u0..u1), u0 and u1
- * multiples of 8, 0 outside its keys) times the V scales vs[u0..u1) (as
- * t->s, by key position), quantized to w16[u0..u1) as armllm_attn_i8_weights:
- *   w = e != 0 ? e * vs : 0 (tile_scale_weights: unseen keys stay 0 even
- *       with an inf scale; NEQ_UQ is true for NaN as C's !=),
- *   the largest w (max ignores NaN: _mm256_max_ps returns its second operand
- *       when either is NaN), y = w * r, max(y, 0) with y first (NaN -> 0),
- *   min 32767, VCVTPS2DQ rounding to nearest even (the default MXCSR, as
- *       nearbyintf);
- * the weights pass through s (rewritten) between the two loops. Returns
- * the scale ws. */
-static float i8_weights(int16_t *w16, float *s, const float *vs, int64_t u0, int64_t u1) {
-  const __m256 zero = _mm256_setzero_ps();
-  __m256 mx = zero;
-  for (int64_t j = u0; j < u1; j += 8) {
-    const __m256 e = _mm256_loadu_ps(s + j);
-    const __m256 w = _mm256_and_ps(_mm256_mul_ps(e, _mm256_loadu_ps(vs + j)),
-                                   _mm256_cmp_ps(e, zero, _CMP_NEQ_UQ));
-    _mm256_storeu_ps(s + j, w);
-    mx = _mm256_max_ps(w, mx);
-  }
-  const float wmax = hmax1(mx);
+/* A query's PV weights w = s[u0..u1) (tile_softmax's, u0 and u1 multiples
+ * of 8, 0 outside its keys) and their largest wmax quantized to
+ * w16[u0..u1) as armllm_attn_i8_weights: y = w * r, max(y, 0) with y first
+ * (NaN -> 0), min 32767, VCVTPS2DQ rounding to nearest even (the default
+ * MXCSR, as nearbyintf). Returns the scale ws. */
+static float i8_weights(int16_t *w16, const float *s, float wmax, int64_t u0, int64_t u1) {
   const float r = wmax > 0.0f ? ARMLLM_ATTN_W16_MAX / wmax : 0.0f;
-  const __m256 r8 = _mm256_set1_ps(r), top = _mm256_set1_ps(ARMLLM_ATTN_W16_MAX);
+  const __m256 zero = _mm256_setzero_ps(), r8 = _mm256_set1_ps(r);
+  const __m256 top = _mm256_set1_ps(ARMLLM_ATTN_W16_MAX);
   for (int64_t j = u0; j < u1; j += 8) {
     __m256 y = _mm256_mul_ps(_mm256_loadu_ps(s + j), r8);
     y = _mm256_min_ps(_mm256_max_ps(y, zero), top);

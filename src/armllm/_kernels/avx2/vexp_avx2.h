@@ -68,6 +68,38 @@ static inline __m256 armllm_exp_nonpositive_avx2(__m256 d) {
   return y;
 }
 
+/* The shared exp (armllm_exp_avx2) of softmax exponents d = score - max,
+ * which are <= 0 or NaN: the same bits for every such d. d is clamped at
+ * ARMLLM_EXP_LO as the shared exp clamps it (a NaN d stays NaN: max returns
+ * its second operand when one is NaN, and the arithmetic after carries it,
+ * so the NaN blend is not needed), and the upper clamp cannot bite. */
+static inline __m256 armllm_exp_scores_avx2(__m256 d) {
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(ARMLLM_EXP_LO), d);
+  __m256 n;
+  const __m256 p = armllm_exp_core_avx2(xc, &n);
+  const __m256i ni = _mm256_cvttps_epi32(n); /* n is an integer in [-150, 0]: exact */
+  const __m256i half = _mm256_srai_epi32(ni, 1), rest = _mm256_sub_epi32(ni, half);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  __asm__("" : "+x"(y)); /* as the shared exp: never fused into a later add */
+  return y;
+}
+
+/* Lanes j..j+8 that lie in [a0, a1), as a mask: two loads from a window of
+ * ones, no vector compares. */
+static inline __m256 armllm_avx2_range_mask(int64_t a0, int64_t a1, int64_t j) {
+  static const int32_t window[24] = {0,  0,  0,  0,  0,  0,  0,  0,  -1, -1, -1, -1,
+                                     -1, -1, -1, -1, 0,  0,  0,  0,  0,  0,  0,  0};
+  int64_t lo = a0 - j, hi = a1 - j;
+  lo = lo < 0 ? 0 : (lo > 8 ? 8 : lo);
+  hi = hi < 0 ? 0 : (hi > 8 ? 8 : hi);
+  /* window + 8 - lo: -1 from lane lo on; window + 16 - hi: -1 below lane hi */
+  return _mm256_and_ps(_mm256_loadu_ps((const float *)(window + 8 - lo)),
+                       _mm256_loadu_ps((const float *)(window + 16 - hi)));
+}
+
 /* Lane mask for the first n (0..8) lanes, for maskload/maskstore tails. */
 static inline __m256i armllm_avx2_tail_mask(int64_t n) {
   static const int32_t ones_then_zeros[16] = {-1, -1, -1, -1, -1, -1, -1, -1,

@@ -355,20 +355,6 @@ static void tile_softmax(tile_ctx *t, int64_t i, int64_t pbase, int64_t u0, int6
   t->valid[i] = attn_softmax16(t->s[i], t->lo[i], t->pos[i], pbase, u0, u1, &t->mp[i], &t->lp[i]);
 }
 
-/* int8 caches: rows prefetched ahead of the one in use (tile_pf's KC is 32).
- * On Zen 4 (one thread, Llama-3.2-1B's heads, 16 layers' caches at 4K
- * tokens, 8 at 16K) 64 took 16.2 and 14.8 ns a key and head, 32 took 17.7
- * and 16.8, 128 16.6 and 15.7: an int8 row is half a bf16 row's bytes. */
-#define I8_PF 64
-
-/* tile_pf at a distance of I8_PF rows. */
-static inline int64_t i8_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
-  int64_t s = at + I8_PF, end = 2 * t->nrows;
-  if (s > end) s = end;
-  *pf = t->rows + s;
-  return end - s < nj ? end - s : nj;
-}
-
 /* tile_partition on an int8 cache, in integers (qk_i8_rows, pvi_rows). */
 static void tile_partition_i8(tile_ctx *t, int64_t p) {
   const int64_t nq = t->nq, hd = t->hd, pbase = p * PART;
@@ -387,13 +373,12 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
   }
 
   const int64_t u0 = ks & ~(int64_t)15, u1 = k1 - pbase;
-  for (int64_t i = 0; i < nq; i++) {
-    tile_softmax(t, i, pbase, u0, u1);
-    if (!t->valid[i]) continue;
-    t->ws[i] = i8_weights(t->w16[i] + ks, t->s[i] + ks, t->vsc, t->nrows);
-  }
+  for (int64_t i = 0; i < nq; i++)
+    t->valid[i] = i8_softmax_weights(t->s[i], t->lo[i], t->pos[i], pbase, u0, u1, ks, t->vsc,
+                                      t->w16[i], &t->mp[i], &t->lp[i], &t->ws[i]);
 
   for (int64_t i = 0; i < nq; i++) memset(t->acci[i], 0, (size_t)hd64 * sizeof(int32_t));
+  tile_prefetch_next(t, p, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
@@ -448,6 +433,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
+  tile_prefetch_next(t, p, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;

@@ -174,31 +174,41 @@ static void pvi_rows(int32_t *const *c, const int16_t *const *w, int nq, const v
   }
 }
 
-/* The weights w = e != 0 ? e * vsc : 0 of softmax numerators e[0..n) and V
- * scales vsc (ref's w = e * v_scale; keys a query does not see stay 0, not
- * 0 * an inf scale) as armllm_attn_i8_weights' int16s w16[0..n), and their
- * scale (returned). */
-static float i8_weights(int16_t *w16, const float *e, const float *vsc, int64_t n) {
-  const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(ARMLLM_ATTN_W16_MAX);
-#define WEIGHTS16(j, m)                                                               \
-  _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(m, e + (j)), zero,     \
-                                         _CMP_NEQ_UQ),                               \
-                      _mm512_maskz_loadu_ps(m, e + (j)), _mm512_maskz_loadu_ps(m, vsc + (j)))
-  __m512 vmax = zero;
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = armllm_avx512_tail16(n - j < 16 ? n - j : 16);
-    vmax = _mm512_max_ps(WEIGHTS16(j, m), vmax); /* NaN: the old max, as ref's > */
+/* attn_softmax16 for an int8 cache, fused with the PV weights: the
+ * numerators e of the query's keys give *m_out and *l_out as there, and
+ * their weights w = e * vsc[j - ks] (vsc: the V scales of the keys from
+ * pbase + ks; ref's w = e * v_scale, 0 for keys the query does not see)
+ * become armllm_attn_i8_weights' int16s w16[u0..u1) (stored to u1 rounded
+ * up to 16) with their scale *ws_out. s is left holding w. Returns 0 (s,
+ * w16 and the outputs untouched) when the query sees none of the keys. */
+static int i8_softmax_weights(float *s, int64_t lo, int64_t pos, int64_t pbase, int64_t u0,
+                              int64_t u1, int64_t ks, const float *vsc, int16_t *w16,
+                              float *m_out, float *l_out, float *ws_out) {
+  int64_t a0, a1;
+  if (!attn_range16(lo, pos, pbase, &a0, &a1)) return 0;
+  const float m = attn_max16(s, a0, a1);
+  const __m512 m16 = _mm512_set1_ps(m), zero = _mm512_setzero_ps();
+  __m512 sum = zero, vmax = zero;
+  for (int64_t j = u0; j < u1; j += 16) {
+    const __mmask16 in = attn_lanes16(a0, a1, j); /* within [ks, u1): vsc's rows */
+    const __m512 e = attn_exp16(s, j, in, m16);
+    sum = _mm512_add_ps(sum, e);
+    const __m512 w = _mm512_maskz_mul_ps(in, e, _mm512_maskz_loadu_ps(in, vsc + (j - ks)));
+    vmax = _mm512_max_ps(w, vmax); /* NaN: the old max, as ref's > */
+    _mm512_storeu_ps(s + j, w);
   }
   const float wmax = _mm512_reduce_max_ps(vmax);
   const __m512 r = _mm512_set1_ps(wmax > 0.0f ? ARMLLM_ATTN_W16_MAX / wmax : 0.0f);
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = armllm_avx512_tail16(n - j < 16 ? n - j : 16);
-    __m512 y = _mm512_mul_ps(WEIGHTS16(j, m), r);
+  const __m512 top = _mm512_set1_ps(ARMLLM_ATTN_W16_MAX);
+  for (int64_t j = u0; j < u1; j += 16) {
+    __m512 y = _mm512_mul_ps(_mm512_loadu_ps(s + j), r);
     y = _mm512_min_ps(_mm512_max_ps(y, zero), top); /* NaN: 0 */
-    _mm256_mask_storeu_epi16(w16 + j, m, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(y)));
+    _mm256_storeu_si256((__m256i *)(w16 + j), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(y)));
   }
-#undef WEIGHTS16
-  return wmax / ARMLLM_ATTN_W16_MAX;
+  *m_out = m;
+  *l_out = _mm512_reduce_add_ps(sum);
+  *ws_out = wmax / ARMLLM_ATTN_W16_MAX;
+  return 1;
 }
 
 /* acc rows from pvi_tile's order (per 32 dims: 4-dim groups of the even

@@ -68,6 +68,17 @@ static inline __m512 armllm_exp_nonpositive_avx512(__mmask16 keep, __m512 d) {
   return y;
 }
 
+/* The shared exp (armllm_exp_avx512) of softmax exponents d = score - max,
+ * which are <= 0 or NaN, in lanes `keep` (0 in the others): the same bits
+ * for every such d. d is clamped at ARMLLM_EXP_LO as the shared exp clamps
+ * it (a NaN d stays NaN: max returns its second operand when one is NaN),
+ * and n >= -150 makes the shared exp's first product p * 2^(n/2) a normal
+ * float, exact, so both its scalings and the one vscalefps round the exact
+ * p * 2^n once, subnormal results included. */
+static inline __m512 armllm_exp_scores_avx512(__mmask16 keep, __m512 d) {
+  return armllm_exp_nonpositive_avx512(keep, _mm512_max_ps(_mm512_set1_ps(ARMLLM_EXP_LO), d));
+}
+
 /* Lane mask for the first n (0..16) lanes of a 16-lane vector. */
 static inline __mmask16 armllm_avx512_tail16(int64_t n) {
   return (__mmask16)(((uint32_t)1 << n) - 1);
