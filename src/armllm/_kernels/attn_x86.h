@@ -138,7 +138,7 @@ static inline void tile_prefetch(const tile_ctx *t, int64_t s0, int64_t s1) {
  * reads), issued while partition p is still at work: each partition's
  * first rows would otherwise be fetched only as it starts (tile_prefetch),
  * too late to arrive. */
-static void tile_prefetch_next(const tile_ctx *t, int64_t p, int64_t n) {
+static inline void tile_prefetch_next(const tile_ctx *t, int64_t p, int64_t n) {
   const armllm_attn_args *a = t->a;
   const int64_t row_bytes = t->hd * (int64_t)armllm_kv_esz(a->cache_dtype);
   const int64_t bs = a->block_size, k0 = (p + 1) * PART;

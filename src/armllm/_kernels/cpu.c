@@ -2,6 +2,7 @@
  * where it also asks Linux once for AMX tile data), maps variant names to
  * kernel tables with their feature requirements, and names what runs in each
  * slot, run-time choices inside a variant included. */
+#define _GNU_SOURCE /* syscall (amx_permit) */
 #include "cpu.h"
 
 #include <stdio.h>
