@@ -33,7 +33,9 @@
  * partial sums a dot instead of 16) took ~35 cycles, its q broadcasts
  * doubling the loads per FMA. A 45-operation reduction of the 16 dots (hsum4
  * takes ~75) took bf16 QK^T from ~15 to ~13 cycles, but its other rounding
- * moved SmolLM2's bf16 logits off one of tests/model's argmax checks.
+ * moved SmolLM2's bf16 logits off one of tests/model's argmax checks; hsum16
+ * now reduces a tile of 3-4 queries in 45 operations along hsum4's own tree
+ * (the same bits): 2-4% of decode attention in L2 (ctx 512, one thread).
  *
  * int8 caches: in integers, attn_common.h's arithmetic (attn_i8.h:
  * qk_i8_rows, pvi_rows; vpdpbusd and vpdpwssd, AVX512-VNNI). One
@@ -125,6 +127,37 @@ AINLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 #undef FOLD
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a8, b8), _mm256_hadd_ps(c8, d8));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* hsum4's tree for all 16 dots of a 4 x 4 tile at once: 30 shuffles and 15
+ * adds where four hsum4 take ~75 operations, every add the same pair of the
+ * same values (a + b and b + a are the same float), so the same bits. Per
+ * dot v (16 lanes), hsum4 adds f_i = v_i + v_{i+8}, then g_k = f_2k +
+ * f_2k+1, then h_0 = g_0 + g_1 and h_1 = g_2 + g_3, then h_0 + h_1; here
+ * each level adds two vectors whose lanes were shuffled into line, two
+ * dots' sums to a vector at the first level and 16 at the last. Lane 4r + c
+ * of the result is acc[r][c]'s dot (4 x 128-bit blocks: one query each). */
+AINLINE __m512 hsum16(__m512 acc[QB][4]) {
+  /* f: [f(q0 kc) | f(q1 kc)] and [f(q2 kc) | f(q3 kc)], the low 8 lanes plus the high 8 */
+  __m512 f[8];
+  UNROLL for (int c = 0; c < 4; c++)
+    UNROLL for (int h = 0; h < 2; h++) {
+      const __m512 a = acc[2 * h][c], b = acc[2 * h + 1][c];
+      f[4 * h + c] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+    }
+  /* g: neighbouring lanes of two f vectors (keys c, c + 1) */
+  __m512 g[4];
+  UNROLL for (int i = 0; i < 4; i++)
+    g[i] = _mm512_add_ps(_mm512_shuffle_ps(f[2 * i], f[2 * i + 1], 0x88),
+                         _mm512_shuffle_ps(f[2 * i], f[2 * i + 1], 0xdd));
+  /* h: neighbouring lanes again (keys 0-3 of two queries per vector) */
+  __m512 hv[2];
+  UNROLL for (int i = 0; i < 2; i++)
+    hv[i] = _mm512_add_ps(_mm512_shuffle_ps(g[2 * i], g[2 * i + 1], 0x88),
+                          _mm512_shuffle_ps(g[2 * i], g[2 * i + 1], 0xdd));
+  /* h_0 + h_1: neighbouring 128-bit blocks */
+  return _mm512_add_ps(_mm512_shuffle_f32x4(hv[0], hv[1], 0x88),
+                       _mm512_shuffle_f32x4(hv[0], hv[1], 0xdd));
 }
 
 /* ------------------------------------------------------------ QK^T tile */
@@ -286,6 +319,16 @@ AINLINE void qk_tile(const int NQ, const int KV, const void *const *q, const voi
     const float *const *qf = (const float *const *)q;
     for (; x + 16 <= hd; x += 16) qk_step(NQ, qf, k, x, 16, acc);
     if (x < hd) qk_step(NQ, qf, k, x, hd - x, acc);
+  }
+  if (NQ >= 3) { /* hsum16 costs what three hsum4 do */
+    UNROLL for (int r = NQ; r < QB; r++)
+      UNROLL for (int c = 0; c < 4; c++) acc[r][c] = _mm512_setzero_ps();
+    const __m512 d = _mm512_mul_ps(hsum16(acc), _mm512_set1_ps(scale));
+    _mm_mask_storeu_ps(s, m, _mm512_castps512_ps128(d));
+    _mm_mask_storeu_ps(s + lds, m, _mm512_extractf32x4_ps(d, 1));
+    _mm_mask_storeu_ps(s + 2 * lds, m, _mm512_extractf32x4_ps(d, 2));
+    if (NQ == 4) _mm_mask_storeu_ps(s + 3 * lds, m, _mm512_extractf32x4_ps(d, 3));
+    return;
   }
   const __m128 sc = _mm_set1_ps(scale);
   UNROLL for (int r = 0; r < NQ; r++)
