@@ -124,6 +124,7 @@ static void tile_rows(tile_ctx *t, int64_t k0, int64_t k1) {
     }
   }
   t->nrows = n;
+  t->nnext = 0;
   if (i8) tile_scales(t, k0, k1);
 }
 
@@ -134,26 +135,31 @@ static inline void tile_prefetch(const tile_ctx *t, int64_t s0, int64_t s1) {
   for (int64_t s = s0; s < s1; s++) attn_prefetch_row(t->rows[s], bytes);
 }
 
-/* Prefetches the first n K rows of the partition after p (those the tile
- * reads), issued while partition p is still at work: each partition's
- * first rows would otherwise be fetched only as it starts (tile_prefetch),
- * too late to arrive. */
-static inline void tile_prefetch_next(const tile_ctx *t, int64_t p, int64_t n) {
+/* Appends to t->rows the first n (<= ARMLLM_ATTN_PF_NEXT) K rows of the
+ * partition after p that the tile reads (t->nnext of them), so that the
+ * prefetch running ahead of the rows in use (tile_pf, i8_pf) goes on from
+ * the partition's last V rows into the next one's first K rows, one row a
+ * key: without them each partition's first rows are fetched only as it
+ * starts, too late to arrive. */
+static inline void tile_rows_next(tile_ctx *t, int64_t p, int64_t n) {
   const armllm_attn_args *a = t->a;
   const int64_t row_bytes = t->hd * (int64_t)armllm_kv_esz(a->cache_dtype);
-  const int64_t bs = a->block_size, k0 = (p + 1) * PART;
-  const int64_t k1 = k0 + n < t->pos_u + 1 ? k0 + n : t->pos_u + 1;
+  const int64_t bs = a->block_size, k0 = (p + 1) * PART, last = t->pos_u + 1;
+  const int64_t k1 = k0 + n < last ? k0 + n : last;
+  const void **out = t->rows + 2 * t->nrows;
   for (int64_t j = k0; j < k1;) {
     const int64_t blk = j / bs, end = (blk + 1) * bs < k1 ? (blk + 1) * bs : k1;
     const char *kp = (const char *)a->k_cache + tile_cache_row(t, blk, j) * row_bytes;
-    for (; j < end; j++, kp += row_bytes) attn_prefetch_row(kp, row_bytes);
+    for (; j < end; j++, kp += row_bytes) *out++ = kp;
   }
+  t->nnext = k1 > k0 ? k1 - k0 : 0;
 }
 
 /* Rows of t->rows to prefetch while working on the chunk of nj rows at
- * `at`: the next chunk's (K rows run on into V rows). */
+ * `at`: the next chunk's (K rows run on into V rows, and those into the
+ * next partition's first K rows: tile_rows_next). */
 static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
-  int64_t s = at + KC, end = 2 * t->nrows;
+  int64_t s = at + KC, end = 2 * t->nrows + t->nnext;
   if (s > end) s = end;
   *pf = t->rows + s;
   return end - s < nj ? end - s : nj;
@@ -164,10 +170,12 @@ static inline int64_t tile_pf(const tile_ctx *t, int64_t at, int64_t nj, const v
  * tokens, 8 at 16K) 64 took 16.2 and 14.8 ns a key and head, 32 took 17.7
  * and 16.8, 128 16.6 and 15.7: an int8 row is half a bf16 row's bytes. */
 #define I8_PF 64
+_Static_assert(I8_PF <= ARMLLM_ATTN_PF_NEXT && KC <= ARMLLM_ATTN_PF_NEXT,
+               "tile_rows_next appends at most ARMLLM_ATTN_PF_NEXT rows");
 
 /* tile_pf at a distance of I8_PF rows. */
 static inline int64_t i8_pf(const tile_ctx *t, int64_t at, int64_t nj, const void *const **pf) {
-  int64_t s = at + I8_PF, end = 2 * t->nrows;
+  int64_t s = at + I8_PF, end = 2 * t->nrows + t->nnext;
   if (s > end) s = end;
   *pf = t->rows + s;
   return end - s < nj ? end - s : nj;

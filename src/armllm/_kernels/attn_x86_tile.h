@@ -8,6 +8,10 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* The most rows of the next partition a tile's prefetch runs on into (the
+ * int8 prefetch distance, I8_PF; the bf16 one, KC, is 32). */
+#define ARMLLM_ATTN_PF_NEXT 64
+
 /* Prefetches every line of a cache row of `bytes` at p into L2: each 64
  * bytes from its first, and its last byte's line. Rows need not start on a
  * line (numpy puts a large array 16 bytes into its first page): a 64-byte
@@ -37,8 +41,9 @@ static inline __attribute__((always_inline)) void attn_prefetch_row(const void *
   float accp[TILE_Q][MAXD] __attribute__((aligned(64))); /* the partition's weighted V */    \
   float mp[TILE_Q], lp[TILE_Q];                                                              \
   int valid[TILE_Q];             /* query has keys in the partition */                       \
-  const void *rows[2 * PART];    /* K rows of the partition's keys, then V rows */           \
+  const void *rows[2 * PART + ARMLLM_ATTN_PF_NEXT]; /* K rows of the partition's keys, then  \
+                                                    V rows, then the next one's first K rows */ \
   float ksc[PART], vsc[PART];    /* int8 caches: their rows' scales, as rows */              \
-  int64_t nrows;                 /* keys: V rows start at rows + nrows */
+  int64_t nrows, nnext;          /* keys: V rows start at rows + nrows; next K rows after */
 
 #endif /* ARMLLM_ATTN_X86_TILE_H */

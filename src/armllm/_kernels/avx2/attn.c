@@ -424,6 +424,7 @@ static void tile_partition_float(tile_ctx *t, int64_t p) {
 
   /* scores s[i][j - pbase], j in [k0, k1) */
   tile_rows(t, k0, k1);
+  tile_rows_next(t, p, KC);
   tile_prefetch(t, 0, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
@@ -445,7 +446,6 @@ static void tile_partition_float(tile_ctx *t, int64_t p) {
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
-  tile_prefetch_next(t, p, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
@@ -507,6 +507,7 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
   float ws[TILE_Q];
 
   tile_rows(t, k0, k1);
+  tile_rows_next(t, p, I8_PF);
   tile_prefetch(t, 0, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
@@ -531,7 +532,6 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
     memset(t->acc32[i], 0, (size_t)hd16 * sizeof(int32_t));
   }
 
-  tile_prefetch_next(t, p, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
     const void *const *pf;

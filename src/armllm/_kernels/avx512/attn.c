@@ -50,8 +50,8 @@
  * The softmax (attn_softmax.h) then took its exp from one vscalefps, its
  * lane masks from scalar arithmetic, and for int8 caches the weights in
  * the same pass (i8_softmax_weights): the same bits, ~6 cycles a key for
- * the 4 queries' softmax and weights where it took ~11. With the next
- * partition's first K rows prefetched during PV (tile_prefetch_next),
+ * the 4 queries' softmax and weights where it took ~11. With the prefetch
+ * running on into the next partition's first K rows (tile_rows_next),
  * int8 took 11.0-11.2 ns (L3) and 11.7-12.4 (32K tokens, 4 layers, DRAM)
  * against 11.9-12.3 and 13.3-14.5; bf16 13.6-13.8 and 17.2-17.6 against
  * 14.5-14.7 and 18.6-19.0 (the same box and method, runs alternated).
@@ -415,6 +415,7 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
   const int64_t ks = k0 - pbase, hd64 = (hd + 63) & ~(int64_t)63;
 
   tile_rows(t, k0, k1);
+  tile_rows_next(t, p, I8_PF);
   tile_prefetch(t, 0, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
@@ -430,7 +431,6 @@ static void tile_partition_i8(tile_ctx *t, int64_t p) {
                                       t->w16[i], &t->mp[i], &t->lp[i], &t->ws[i]);
 
   for (int64_t i = 0; i < nq; i++) memset(t->acci[i], 0, (size_t)hd64 * sizeof(int32_t));
-  tile_prefetch_next(t, p, I8_PF);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
@@ -463,6 +463,7 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 
   /* scores s[i][j - pbase], j in [k0, k1) */
   tile_rows(t, k0, k1);
+  tile_rows_next(t, p, KC);
   tile_prefetch(t, 0, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC;
@@ -485,7 +486,6 @@ static void tile_partition(tile_ctx *t, int64_t p) {
 
   /* accp[i] = sum_j e[i][j] v_j, keys in order */
   for (int64_t i = 0; i < nq; i++) memset(t->accp[i], 0, (size_t)hdp * sizeof(float));
-  tile_prefetch_next(t, p, KC);
   for (int64_t jc = k0; jc < k1; jc += KC) {
     const int64_t nj = k1 - jc < KC ? k1 - jc : KC, js = jc - pbase;
     const void *const *vp = t->rows + t->nrows + (jc - k0), *const *pf;
