@@ -69,7 +69,9 @@ static inline __m256 armllm_exp_nonpositive_avx2(__m256 d) {
 }
 
 /* The shared exp (armllm_exp_avx2) of softmax exponents d = score - max,
- * which are <= 0 or NaN: the same bits for every such d. d is clamped at
+ * which are <= 0 or NaN: the same bits for every such d (checked for
+ * every float in [-110, 0], -inf and quiet NaNs; a signaling NaN comes out
+ * quieted, and scores, arithmetic results, are never signaling). d is clamped at
  * ARMLLM_EXP_LO as the shared exp clamps it (a NaN d stays NaN: max returns
  * its second operand when one is NaN, and the arithmetic after carries it,
  * so the NaN blend is not needed), and the upper clamp cannot bite. */

@@ -70,7 +70,9 @@ static inline __m512 armllm_exp_nonpositive_avx512(__mmask16 keep, __m512 d) {
 
 /* The shared exp (armllm_exp_avx512) of softmax exponents d = score - max,
  * which are <= 0 or NaN, in lanes `keep` (0 in the others): the same bits
- * for every such d. d is clamped at ARMLLM_EXP_LO as the shared exp clamps
+ * for every such d (checked for every float in [-110, 0], -inf and quiet
+ * NaNs; a signaling NaN comes out quieted, and scores, arithmetic results,
+ * are never signaling). d is clamped at ARMLLM_EXP_LO as the shared exp clamps
  * it (a NaN d stays NaN: max returns its second operand when one is NaN),
  * and n >= -150 makes the shared exp's first product p * 2^(n/2) a normal
  * float, exact, so both its scalings and the one vscalefps round the exact
