@@ -1,10 +1,10 @@
 """The qwen3_coder tool parser (server/qwen3_coder.py) on outputs written by hand:
 content and calls of the whole text, the same whether the text arrives whole, a
 character at a time or cut anywhere (hypothesis), parameters typed by their
-schemas, a string value streamed before its closing tag, malformed markup read
-as far as it goes; and Qwen3.5's real chat template rendered by armllm: a tool
-round trip comes out as the XML the parser reads back, and detect_parser names
-qwen3_coder for it."""
+schemas, a call sent whole once it has ended, malformed markup read as far as
+it goes (a call the token limit cut off dropped); and Qwen3.5's real chat
+template rendered by armllm: a tool round trip comes out as the XML the parser
+reads back, and detect_parser names qwen3_coder for it."""
 from __future__ import annotations
 
 import json
@@ -119,20 +119,25 @@ def test_streams_equal_the_whole_however_cut(case, data):
     assert streamed(pieces)[:2] == (content, calls)
 
 
-def test_deltas_name_first_then_fragments_a_string_as_it_arrives():
+def test_a_call_is_sent_whole_once_it_has_ended():
     parser = Qwen3CoderParser(ALL_TOOLS)
-    _, head = parser.feed("Sure.\n<tool_call>\n<function=search>\n<parameter=query>\nred ")
-    assert head[0] == {"index": 0, "id": parser.calls[0].id, "type": "function",
-                       "function": {"name": "search", "arguments": ""}}
-    assert head[1:] == [{"index": 0, "function": {"arguments": '{"query": "red '}}]
-    _, more = parser.feed("cats\n</para")         # the newline may be the value's last: held
-    assert more == [{"index": 0, "function": {"arguments": "cats"}}]
-    _, more = parser.feed("meter>\n<parameter=limit>\n1")
-    assert more == [{"index": 0, "function": {"arguments": '", "limit": '}}]
-    _, more = parser.feed("0\n</parameter>\n</function>\n</tool_call>")   # a number: whole
-    assert more == [{"index": 0, "function": {"arguments": "10}"}}]
+    assert parser.feed("Sure.\n<tool_call>\n<function=search>\n<parameter=query>\nred ") \
+        == ("Sure.\n", [])
+    assert parser.feed("cats\n</parameter>\n<parameter=limit>\n10\n</parameter>\n") == ("", [])
+    _, sent = parser.feed("</function>\n</tool_call>")
+    assert sent == [{"index": 0, "id": parser.calls[0].id, "type": "function",
+                     "function": {"name": "search",
+                                  "arguments": '{"query": "red cats", "limit": 10}'}}]
     assert parser.finish() == ("", [])
-    assert json.loads(parser.calls[0].arguments) == {"query": "red cats", "limit": 10}
+
+
+@pytest.mark.parametrize("text", [text for text, _, _ in CASES[-4:-1]])
+def test_a_call_the_token_limit_cut_off_is_dropped(text):
+    assert Qwen3CoderParser(ALL_TOOLS).parse(text, cut=True) == ("", [])
+    whole = block("search", query="q")
+    content, calls = Qwen3CoderParser(ALL_TOOLS).parse(whole + text, cut=True)
+    assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] \
+        == [("search", {"query": "q"})]
 
 
 def test_a_partial_marker_is_held_back_until_decided():
@@ -140,7 +145,8 @@ def test_a_partial_marker_is_held_back_until_decided():
     assert parser.feed("Let me look <tool") == ("Let me look ", [])
     assert parser.feed("_call>\n<func") == ("", [])
     assert parser.feed("tion=sea") == ("", [])
-    content, deltas = parser.feed("rch>\n")
+    assert parser.feed("rch>\n") == ("", [])
+    content, deltas = parser.feed("</function>")
     assert content == "" and deltas[0]["function"]["name"] == "search"
     other = Qwen3CoderParser(ALL_TOOLS)
     assert other.feed("<tool_call>\n<b>") == ("<tool_call>\n<b>", [])

@@ -1,7 +1,8 @@
 """Tool parsers on model outputs written by hand: content and calls of the whole
-text, the same however the text streams in (random cuts, hypothesis), OpenAI's
-delta order (id and name first, then argument fragments), malformed markup kept
-as content, and the parser a chat template names."""
+text, the same however the text streams in (random cuts, hypothesis), each call
+sent whole in one delta once it has ended (never one whose arguments are not a
+JSON object), malformed markup kept as content, a call the completion's end cut
+off dropped, and the parser a chat template names."""
 from __future__ import annotations
 
 import json
@@ -23,12 +24,17 @@ CASES = {
         ("a < b and <tool_ but no call", "a < b and <tool_ but no call", []),
         ('<tool_call>{"arguments": {"x": "}"}, "name": "late"}</tool_call>after', "after",
          [("late", '{"x": "}"}')]),
-        ('<tool_call>\n{"name": "n", "arguments": 5}\n</tool_call>', "", [("n", "5")]),
+        ('<tool_call>\n{"name": "n", "arguments": 5}\n</tool_call>',
+         '<tool_call>\n{"name": "n", "arguments": 5}\n</tool_call>', []),
+        ('<tool_call>{"name": "s", "arguments": "{\\"a\\": [1]}"}</tool_call>', "",
+         [("s", '{"a": [1]}')]),
         ('<tool_call>\n{"name": "f"}\n</tool_call>', "", [("f", "{}")]),
         ("<tool_call>\nnot json\n</tool_call> tail", "<tool_call>\nnot json\n</tool_call> tail",
          []),
         ('<tool_call>\n{"x": 1}\n</tool_call>', '<tool_call>\n{"x": 1}\n</tool_call>', []),
-        ('<tool_call>\n{"name": "cut", "arguments": {"a": "b', "", [("cut", '{"a": "b')]),
+        # a call left open by a completion that was not cut off: its text is content
+        ('<tool_call>\n{"name": "cut", "arguments": {"a": "b',
+         '<tool_call>\n{"name": "cut", "arguments": {"a": "b', []),
     ],
     "llama3_json": [
         ('{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {"b": "x;"}}', "",
@@ -57,27 +63,36 @@ REASONING = {CASES["harmony"][0][0]: "Need the weather.", CASES["harmony"][1][0]
 ALL = [(name, *case) for name, cases in CASES.items() for case in cases]
 
 
-def stream(parser: str | ToolParser, pieces: list[str]
+# whole texts a token limit cut off: content, and the calls that had ended
+CUT = [
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "f", "arguments": {"a":', "\n",
+     [("f", '{"a": 1}')]),
+    ("hermes", 'Let me see.\n<tool_call>\n{"name": "f"', "Let me see.\n", []),
+    ("llama3_json", '{"name": "f", "parameters": {"a": 1}}; {"name": "g", "param', "",
+     [("f", '{"a": 1}')]),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"',
+     "", [("f", "{}")]),
+    ("harmony", "<|channel|>commentary to=functions.f json<|message|>{\"city\": \"Par", "", []),
+]
+
+
+def stream(parser: str | ToolParser, pieces: list[str], cut: bool = False
            ) -> tuple[str, list[tuple[str, str]], list]:
     """The content, calls and deltas of pieces fed in turn to a parser (or a new one of
-    that name), each delta checked for OpenAI's order."""
+    that name), each delta checked to be a whole call with an object's arguments."""
     parser = PARSERS[parser]() if isinstance(parser, str) else parser
     content, calls, deltas = [], {}, []
     for piece in [*pieces, None]:
-        text, ds = parser.feed(piece) if piece is not None else parser.finish()
+        text, ds = parser.feed(piece) if piece is not None else parser.finish(cut)
         content.append(text)
         deltas += ds
         for d in ds:
-            call = calls.setdefault(d["index"], {"name": None, "arguments": ""})
-            if "id" in d:
-                assert call["name"] is None and d["type"] == "function"
-                assert d["function"]["arguments"] == ""   # the name comes first, alone
-                call["name"] = d["function"]["name"]
-            else:
-                assert call["name"] is not None          # fragments follow their name
-            call["arguments"] += d["function"]["arguments"]
-    return "".join(content), [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], \
-        deltas
+            assert d["index"] not in calls and d["index"] == len(calls)
+            assert d["type"] == "function" and d["id"]
+            assert isinstance(json.loads(d["function"]["arguments"]), dict)
+            calls[d["index"]] = (d["function"]["name"], d["function"]["arguments"])
+    return "".join(content), [calls[i] for i in sorted(calls)], deltas
 
 
 @pytest.mark.parametrize("parser, text, content, calls", ALL)
@@ -86,8 +101,14 @@ def test_whole_outputs(parser, text, content, calls):
     assert got_content == content
     assert [(c.name, c.arguments) for c in got_calls] == calls
     for c in got_calls:
-        if c.arguments.endswith(("}", "5")):
-            json.loads(c.arguments)
+        assert isinstance(json.loads(c.arguments), dict)
+
+
+@pytest.mark.parametrize("parser, text, content, calls", CUT)
+def test_a_call_cut_off_is_dropped(parser, text, content, calls):
+    got_content, got_calls = PARSERS[parser]().parse(text, cut=True)
+    assert (got_content, [(c.name, c.arguments) for c in got_calls]) == (content, calls)
+    assert stream(parser, list(text), cut=True)[:2] == (content, calls)
 
 
 @settings(max_examples=300, deadline=None)
@@ -112,13 +133,14 @@ def test_harmony_reasoning_however_cut(text, data):
     assert reasoning + parser.take_reasoning() == REASONING[text]
 
 
-def test_a_call_streams_name_first_then_fragments():
+def test_a_call_is_sent_whole_once_it_has_ended():
     text = CASES["hermes"][0][0]
-    _, _, deltas = stream("hermes", list(text))   # a character at a time
-    first = [d for d in deltas if "id" in d]
-    assert [d["function"]["name"] for d in first] == ["get_weather", "noop"]
-    fragments = [d for d in deltas if d["index"] == 0 and "id" not in d]
-    assert len(fragments) > 5    # the arguments arrive as they are written
+    parser, sent_at = PARSERS["hermes"](), []
+    for i, ch in enumerate(text):     # a character at a time
+        sent_at += [(i, d["function"]["name"]) for d in parser.feed(ch)[1]]
+    first_end = text.index("}}") + 1     # the first call's object closes here
+    assert sent_at == [(first_end, "get_weather"), (text.rindex("}"), "noop")]
+    assert parser.finish() == ("", [])
 
 
 def test_call_ids():

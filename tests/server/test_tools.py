@@ -1,9 +1,11 @@
 """Tool calling through a real `armllm serve` and the openai client, on a tiny
 random model with Qwen's chat template (hermes format, auto-detected): tools
 rendered as transformers renders them, a required or named call always made
-and its arguments valid for the function's schema (jsonschema), streamed
-deltas that reassemble to the non-streamed call, the tool round trip, and a
-400 for each bad input."""
+and its arguments valid for the function's schema (jsonschema), calls cut off
+by the token limit never returned, "auto" with one call a turn ending after
+it, streamed deltas that reassemble to the non-streamed call, the tool round
+trip, a 400 for each bad input; and SmolLM2, whose template cannot write two
+calls back, making one call a turn by default."""
 from __future__ import annotations
 
 import json
@@ -52,12 +54,73 @@ def test_a_named_function_is_the_one_called(chat_client):
         jsonschema.validate(json.loads(call.function.arguments), SEARCH)
 
 
-def test_parallel_required_calls(chat_client):
-    choice = chat_client.chat.completions.create(
-        model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60,
-        seed=3).choices[0]
-    calls = choice.message.tool_calls
-    assert calls and all(c.function.name in SCHEMAS for c in calls)
+def test_calls_cut_off_are_never_returned(chat_client):
+    """Parallel required calls under token limits that cut some off mid-way: every
+    call returned, whole or streamed, has arguments valid for its function; a cut
+    completion says "length" and keeps the calls that had ended."""
+    finishes = set()
+    for seed, max_tokens in [(0, 24), (1, 40), (2, 60), (3, 90), (4, 300), (5, 300)]:
+        kw = dict(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required",
+                  max_tokens=max_tokens, seed=seed, temperature=1.0)
+        whole = chat_client.chat.completions.create(**kw).choices[0]
+        calls = whole.message.tool_calls or []
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        assert whole.finish_reason in ("length", "tool_calls")
+        assert calls or whole.finish_reason == "length"
+        streamed, _, finish, _ = collect_stream(
+            chat_client.chat.completions.create(stream=True, **kw))
+        assert finish == whole.finish_reason
+        assert streamed == {i: {"name": c.function.name, "arguments": c.function.arguments}
+                            for i, c in enumerate(calls)}
+        finishes.add((whole.finish_reason, bool(calls)))
+    assert ("length", True) in finishes and ("tool_calls", True) in finishes, finishes
+
+
+def test_auto_without_parallel_calls_ends_after_one(chat_client, chat_model):
+    """"auto" with parallel_tool_calls false: the text is free until the model opens a
+    call (here pushed to by a logit_bias on <tool_call>), the call is held to its
+    function's schema, and the completion ends with it."""
+    from transformers import AutoTokenizer
+    opener = AutoTokenizer.from_pretrained(chat_model).convert_tokens_to_ids("<tool_call>")
+    for seed in range(3):
+        kw = dict(model="tiny", messages=ASK, tools=TOOLS, parallel_tool_calls=False,
+                  max_tokens=300, seed=seed, logit_bias={str(opener): 100})
+        whole = chat_client.chat.completions.create(**kw).choices[0]
+        assert whole.finish_reason == "tool_calls", whole
+        (call,) = whole.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        calls, _, finish, _ = collect_stream(
+            chat_client.chat.completions.create(stream=True, **kw))
+        assert finish == "tool_calls"
+        assert calls == {0: {"name": call.function.name, "arguments": call.function.arguments}}
+    # allowed in parallel, the biased model goes on calling until the token limit
+    many = chat_client.chat.completions.create(**{**kw, "parallel_tool_calls": True,
+                                                   "max_tokens": 200}).choices[0]
+    assert many.finish_reason == "length"
+    for call in many.message.tool_calls or []:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_a_model_that_calls_one_at_a_time(tmp_path_factory, smollm2_gguf):
+    """SmolLM2's template drops tool calls, so it cannot make two in a turn: by
+    default a required call is one call, after which the completion ends (the case
+    that once gave three calls, the last cut mid-JSON, and "length")."""
+    import openai
+    weather = {"type": "object", "properties": {"city": {"type": "string"},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "unit"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}}]
+    with running_server(smollm2_gguf, tmp_path_factory, "smollm2-tools", "--tool-call-parser",
+                        "hermes", "--kv-cache-gib", "0.05", "--served-model-name", "smol") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        for seed in range(4):
+            choice = client.chat.completions.create(
+                model="smol", messages=ASK, tools=tools, tool_choice="required",
+                max_tokens=100, seed=seed).choices[0]
+            assert choice.finish_reason == "tool_calls", choice
+            (call,) = choice.message.tool_calls
+            jsonschema.validate(json.loads(call.function.arguments), weather)
 
 
 def collect_stream(stream) -> tuple[dict, list[str], str | None, str]:

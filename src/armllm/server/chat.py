@@ -20,7 +20,9 @@ from armllm.server import protocol as P
 from armllm.server.generation import Generation, prepare_jobs, respond, token_text
 from armllm.server.state import ServerState
 from armllm.server.tool_parsers import ToolParser
-from armllm.server.tools import ToolRequest, required_calls, template_messages, tool_request
+from armllm.server.tools import ToolRequest, calls_grammar, template_messages, tool_request
+
+CUT_OFF = ("length", "abort")   # finish reasons that may cut a call off mid-way
 
 
 def routes(state: ServerState) -> list[Route]:
@@ -38,7 +40,7 @@ def routes(state: ServerState) -> list[Route]:
         if cont and messages[-1]["role"] != "assistant":
             raise P.bad("continue_final_message", "needs the last message to be the "
                                                   "assistant's")
-        tools = tool_request(req, state.tool_parser(llm))
+        tools = tool_request(req, state.tool_parser(llm), state.calls_in_parallel(llm))
         opts = P.sampling_options(req, True, llm.default_sampling_params)
         if tools is not None:
             opts = _with_tools(llm, opts, tools)
@@ -59,16 +61,18 @@ def routes(state: ServerState) -> list[Route]:
 
 
 def _with_tools(llm: AsyncLLM, opts: P.Options, tools: ToolRequest) -> P.Options:
-    """The sampling options of a request with tools: a required call's grammar (which a
-    response_format cannot join), and special tokens kept in the text of a format whose
+    """The sampling options of a request with tools: the calls' grammar (which a
+    response_format cannot join: a required call's is refused with one, an "auto"
+    call's gives way to it), and special tokens kept in the text of a format whose
     markers are such tokens (Mistral's [TOOL_CALLS], GPT-OSS's harmony headers)."""
-    forced = required_calls(tools, llm.tokenizer.token_id)
+    grammar = calls_grammar(tools, llm.tokenizer.token_id)
     params = opts.params
-    if forced is not None:
-        if params.structured_output is not None:
-            raise P.bad("tool_choice", "a required tool call cannot be combined with a "
-                                       "response_format or structured_outputs")
-        params = replace(params, structured_output=forced)
+    if grammar is not None and params.structured_output is not None \
+            and tools.choice != "auto":
+        raise P.bad("tool_choice", "a required tool call cannot be combined with a "
+                                   "response_format or structured_outputs")
+    if grammar is not None and params.structured_output is None:
+        params = replace(params, structured_output=grammar)
     if tools.parses and tools.parser in ("mistral", "harmony"):   # markers are special tokens
         params = replace(params, skip_special_tokens=False)
     return replace(opts, params=params)
@@ -103,7 +107,8 @@ class ChatChoices:
     """Choices with a message (a delta when streamed); logprobs as content entries
     with token, logprob, bytes and top_logprobs; with tools, the completion read by
     the model's tool parser into content and tool_calls (finish_reason "tool_calls"
-    when it made any; one at most without parallel_tool_calls)."""
+    when it made any and was not cut off; one at most without parallel_tool_calls;
+    a call is streamed whole once it has ended)."""
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
@@ -122,7 +127,7 @@ class ChatChoices:
             parser = self._parsers.setdefault(index, self.tools.new_parser())
             text, calls = parser.feed(text)
             if finish_reason is not None:
-                rest, more = parser.finish()
+                rest, more = parser.finish(cut=finish_reason in CUT_OFF)
                 text, calls = text + rest, calls + more
                 finish_reason = self._finish_reason(finish_reason, parser.calls)
             calls = [d for d in calls if self.tools.parallel or d["index"] == 0]
@@ -144,7 +149,7 @@ class ChatChoices:
         finish_reason, reasoning = c.finish_reason, c.reasoning
         if self.tools is not None:
             parser = self.tools.new_parser()
-            content, calls = parser.parse(c.text)
+            content, calls = parser.parse(c.text, cut=c.finish_reason in CUT_OFF)
             reasoning += _parser_reasoning(parser)
             message["content"] = content
             calls = calls if self.tools.parallel else calls[:1]

@@ -21,17 +21,16 @@ also as Python's True/False, which is how the chat templates write one back),
 and stays text when it is not JSON; a union with string keeps the JSON value
 only when it has one of the union's types; a parameter the schema does not
 type is JSON when it parses, else text. A call's arguments are the JSON object
-of its parameters (json.dumps' separators), streamed as they are built: a
-string value as it arrives, any other value once its </parameter> is read, so a
-stream's fragments join to the arguments of the same text parsed whole.
+of its parameters (json.dumps' separators), sent once the call has ended.
 
 A value ends at its </parameter>, or at the next tag when that is missing (so
 no value holds one of these tags; the required-call grammar in server/tools.py
 keeps them out). What models get wrong is read as far as it goes, never
 raised: text between a call's parameters is dropped; a call missing
 </function> ends at </tool_call> or at the end of the completion (its JSON
-closed); a <tool_call> not followed by <function=NAME> is content; a
-<function=NAME> without <tool_call> (Qwen3-Coder sometimes drops it) is a call
+closed), unless that end cut it off (the token limit: then it is dropped); a
+<tool_call> not followed by <function=NAME> is content; a <function=NAME>
+without <tool_call> (Qwen3-Coder sometimes drops it) is a call
 when NAME is one of the request's functions, else content. A call to a
 function the request did not offer is still a call, as with the other parsers.
 """
@@ -40,7 +39,7 @@ from __future__ import annotations
 import json
 import re
 
-from armllm.server.tool_parsers import WHITESPACE, ToolCall, ToolParser, _partial_suffix
+from armllm.server.tool_parsers import WHITESPACE, ToolParser, _partial_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION, FUNCTION_END = "<function=", "</function>"
@@ -115,16 +114,17 @@ class Qwen3CoderParser(ToolParser):
         self._types: frozenset[str] | None = None   # the current value's
         self._value = ""            # the current value read so far (unless streamed)
         self._lead = True           # the current value's leading newline is still to come
+        self._name, self._args = "", ""     # the current call's function and arguments
 
-    def _advance(self, content, deltas, final):
+    def _advance(self, content, final):
         step = {"text": self._text, "body": self._body, "parameter": self._parameter,
                 "value": self._read_value, "closing": self._closing}
-        while step[self._mode](content, deltas, final):
+        while step[self._mode](content, final):
             pass
 
     # -- outside calls -------------------------------------------------------------------
 
-    def _text(self, content, deltas, final) -> bool:
+    def _text(self, content, final) -> bool:
         """Content up to an opener; True once the text after it is to be read."""
         openers = (OPEN, FUNCTION) if self.functions else (OPEN,)
         found = [at for at in (self._buf.find(m) for m in openers) if at >= 0]
@@ -136,9 +136,9 @@ class Qwen3CoderParser(ToolParser):
         at = min(found)
         content.append(self._buf[:at])
         self._buf = self._buf[at:]
-        return self._open(content, deltas, final)
+        return self._open(content, final)
 
-    def _open(self, content, deltas, final) -> bool:
+    def _open(self, content, final) -> bool:
         """At an opener: starts a call, gives the opener to content when no call can
         follow (True either way), or waits for more text (False)."""
         wrapped = self._buf.startswith(OPEN)
@@ -149,7 +149,7 @@ class Qwen3CoderParser(ToolParser):
             name = rest[len(FUNCTION):end if end >= 0 else len(rest)]
             if end >= 0 and NAME.fullmatch(name) and (known is None or name in known):
                 self._buf = rest[end + 1:]
-                self._start_call(name, deltas)
+                self._start_call(name)
                 return True
             maybe = (end < 0 and len(name) <= MAX_NAME and (not name or NAME.fullmatch(name))
                      and (known is None or any(f.startswith(name) for f in known)))
@@ -162,24 +162,22 @@ class Qwen3CoderParser(ToolParser):
         self._buf = self._buf[len(marker):]
         return True
 
-    def _start_call(self, name: str, deltas: list[dict]) -> None:
-        self.calls.append(ToolCall(self.new_id(), name))
-        deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1].id,
-                       "type": "function", "function": {"name": name, "arguments": ""}})
+    def _start_call(self, name: str) -> None:
+        self._name, self._args = name, ""
         properties = self.functions.get(name, {}).get("properties")
         self._properties = properties if isinstance(properties, dict) else {}
         self._params, self._mode = 0, "body"
 
     # -- inside a call -------------------------------------------------------------------
 
-    def _body(self, content, deltas, final) -> bool:
+    def _body(self, content, final) -> bool:
         """Between parameters: the next tag, past any stray text."""
         self._buf = self._buf.lstrip(WHITESPACE)
         for tag, mode in ((PARAMETER, "parameter"), (FUNCTION_END, "closing"), (CLOSE, "text")):
             if self._buf.startswith(tag):
                 self._buf = self._buf[len(tag):]
                 if mode != "parameter":
-                    self._end_call(deltas)
+                    self._close_call()
                 self._mode = mode
                 return True
         found = [at for at in (self._buf.find(t) for t in BODY_TAGS) if at >= 0]
@@ -188,14 +186,15 @@ class Qwen3CoderParser(ToolParser):
             return True
         if final:
             self._buf = ""
-            self._end_call(deltas)
+            if not self.cut:        # a call missing its end tags ends with the text
+                self._close_call()
             self._mode = "text"
             return False
         keep = max(_partial_suffix(self._buf, t) for t in BODY_TAGS)
         self._buf = self._buf[len(self._buf) - keep:]
         return False
 
-    def _parameter(self, content, deltas, final) -> bool:
+    def _parameter(self, content, final) -> bool:
         """<parameter= read: its name, up to ">"."""
         end = self._buf.find(">")
         name = self._buf[:end] if end >= 0 else self._buf
@@ -208,7 +207,7 @@ class Qwen3CoderParser(ToolParser):
         self._buf = self._buf[end + 1:]
         self._types = value_types(self._properties[name]) if name in self._properties else None
         key = ("{" if self._params == 0 else ", ") + json.dumps(name, ensure_ascii=False) + ": "
-        self._emit(key + ('"' if self._streams else ""), deltas)
+        self._emit(key + ('"' if self._streams else ""))
         self._params, self._value, self._lead, self._mode = self._params + 1, "", True, "value"
         return True
 
@@ -217,7 +216,7 @@ class Qwen3CoderParser(ToolParser):
         """Whether the current value is text, sent as it arrives."""
         return self._types == {"string"}
 
-    def _read_value(self, content, deltas, final) -> bool:
+    def _read_value(self, content, final) -> bool:
         if self._lead:
             if not self._buf and not final:
                 return False
@@ -228,28 +227,28 @@ class Qwen3CoderParser(ToolParser):
             keep = max(_partial_suffix(self._buf, t) for t in VALUE_ENDS)
             if self._buf[:len(self._buf) - keep].endswith("\n"):
                 keep += 1
-            self._take(self._buf[:len(self._buf) - keep], deltas)
+            self._take(self._buf[:len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep:]
             return False
         at = min(found) if found else len(self._buf)
         text = self._buf[:at]
-        self._take(text[:-1] if text.endswith("\n") else text, deltas)
+        self._take(text[:-1] if text.endswith("\n") else text)
         self._buf = self._buf[at:].removeprefix(PARAMETER_END)
         if self._streams:
-            self._emit('"', deltas)
+            self._emit('"')
         else:
-            self._emit(json.dumps(convert(self._value, self._types), ensure_ascii=False), deltas)
+            self._emit(json.dumps(convert(self._value, self._types), ensure_ascii=False))
         self._mode = "body"
         return True
 
-    def _take(self, text: str, deltas: list[dict]) -> None:
+    def _take(self, text: str) -> None:
         if self._streams:
             if text:
-                self._emit(json.dumps(text, ensure_ascii=False)[1:-1], deltas)
+                self._emit(json.dumps(text, ensure_ascii=False)[1:-1])
         else:
             self._value += text
 
-    def _closing(self, content, deltas, final) -> bool:
+    def _closing(self, content, final) -> bool:
         """After </function>: its </tool_call>, if it follows."""
         stripped = self._buf.lstrip(WHITESPACE)
         if stripped.startswith(CLOSE):
@@ -259,16 +258,10 @@ class Qwen3CoderParser(ToolParser):
         self._mode = "text"
         return True
 
-    def _end_call(self, deltas: list[dict]) -> None:
-        self._emit("}" if self._params else "{}", deltas)
+    def _close_call(self) -> None:
+        self._emit("}" if self._params else "{}")
+        self._add_call(self._name, self._args)
 
-    def _emit(self, fragment: str, deltas: list[dict]) -> None:
-        """The next fragment of the current call's arguments (joined to the previous
-        fragment when that is in the same batch of deltas)."""
-        index = len(self.calls) - 1
-        self.calls[index].arguments += fragment
-        last = deltas[-1] if deltas else None
-        if last is not None and last["index"] == index and "id" not in last:
-            last["function"]["arguments"] += fragment
-        else:
-            deltas.append({"index": index, "function": {"arguments": fragment}})
+    def _emit(self, fragment: str) -> None:
+        """The next fragment of the current call's arguments."""
+        self._args += fragment

@@ -16,6 +16,7 @@ from armllm.api import AsyncLLM
 from armllm.server import protocol as P
 from armllm.server.metrics import ServerMetrics
 from armllm.server.parsers import detect_parser
+from armllm.server.tools import calls_in_parallel
 
 
 @dataclass
@@ -60,6 +61,7 @@ class ServerState:
         self.live: set[str] = set()      # engine request ids being generated
         self.stopping = False            # the shutdown grace period is over
         self.tasks: set[asyncio.Task] = set()   # transcriptions running (server/audio.py)
+        self._parallel_calls: bool | None = None   # see calls_in_parallel
 
     def tool_parser(self, llm: AsyncLLM) -> str | None:
         """The tool-call format of the served model: --tool-call-parser, or the one its
@@ -69,6 +71,15 @@ class ServerState:
         if llm.speaks_harmony:
             return "harmony"
         return detect_parser(llm.tokenizer.chat_template)
+
+    def calls_in_parallel(self, llm: AsyncLLM) -> bool:
+        """Whether the served model makes several tool calls in a turn (its chat
+        template writes back two; see tools.calls_in_parallel), asked once."""
+        if self._parallel_calls is None:
+            def render(messages: list[dict]) -> str:
+                return llm.tokenizer.apply_chat_template(messages, False, False)
+            self._parallel_calls = calls_in_parallel(render)
+        return self._parallel_calls
 
     def ready_llm(self) -> AsyncLLM:
         if self.llm is None:

@@ -16,13 +16,15 @@ The parsers are named in server/parsers.py's PARSERS (parsers.detect_parser read
 the name from a chat template); each is made with the request's tools.
 
 A parser is fed the completion's text deltas and answers, for each, the content
-to emit and OpenAI's tool-call deltas: the first for a call carries its index,
-id, type and name (once the name is read), the next ones the fragments of its
-arguments as they arrive. A call's arguments are the JSON text the model wrote
-for them, so the fragments of a stream join to the arguments of the same
-completion parsed whole, however the text was cut. Text that might still begin
-a call marker is held back until it is decided. Markup the parser cannot read
-as a call (no name, not a JSON object) stays content.
+to emit and OpenAI's tool-call deltas. A call is sent whole, once it has ended
+and its arguments parse as a JSON object: one delta with its index, id, type,
+name and arguments (the JSON text the model wrote). So a stream never carries
+a call that later proves broken, and its calls are those of the same completion
+parsed whole, however the text was cut. Text that might still begin a call
+marker is held back until it is decided. Markup the parser cannot read as a
+call (no name, arguments that are not a JSON object) stays content; a call the
+completion's end cut off (`finish(cut=True)`: the token limit or an abort) is
+dropped, and the finish reason says the output was cut.
 """
 from __future__ import annotations
 
@@ -182,75 +184,88 @@ class ToolParser(ABC):
         # the request's functions' parameter schemas, by name (OpenAI's tools list)
         self.functions: dict[str, dict] = {t["function"]["name"]: t["function"].get(
             "parameters") or {} for t in tools or []}
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []     # the calls read whole
+        self.cut = False            # the completion's end cut it off (set by finish)
         self._buf = ""              # text not yet decided
         self._call: CallObject | None = None
-        self._announced = False     # the current call's first delta is out
-        self._sent = 0              # the current call's argument characters sent
+        self._sent = 0              # calls whose delta is out
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """The content and tool-call deltas that `text` (the next delta) releases."""
         self._buf += text
-        content, deltas = [], []
-        self._advance(content, deltas, final=False)
-        return "".join(content), deltas
+        content: list[str] = []
+        self._advance(content, final=False)
+        return "".join(content), self._new_deltas()
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """What is left once the completion has ended: held-back text as content, an
-        unfinished call as far as it got (when its name was read)."""
-        content, deltas = [], []
-        self._advance(content, deltas, final=True)
+    def finish(self, cut: bool = False) -> tuple[str, list[dict]]:
+        """What is left once the completion has ended (cut: by its token limit or an
+        abort): held-back text as content; a call the end cut off is dropped."""
+        self.cut = cut
+        content: list[str] = []
+        self._advance(content, final=True)
         if self._call is not None:
-            self._end_call(content, deltas)
+            self._end_call(content)
         content.append(self._buf)
         self._buf = ""
-        return "".join(content), deltas
+        return "".join(content), self._new_deltas()
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+    def parse(self, text: str, cut: bool = False) -> tuple[str, list[ToolCall]]:
         """A whole completion's content and calls."""
         content, _ = self.feed(text)
-        rest, _ = self.finish()
+        rest, _ = self.finish(cut)
         return content + rest, self.calls
 
-    # -- a call --------------------------------------------------------------------------
+    def _new_deltas(self) -> list[dict]:
+        """The calls read whole since last asked, as OpenAI's deltas."""
+        deltas = [{"index": i, "id": call.id, "type": "function",
+                   "function": {"name": call.name, "arguments": call.arguments}}
+                  for i, call in enumerate(self.calls[self._sent:], self._sent)]
+        self._sent = len(self.calls)
+        return deltas
+
+    def _add_call(self, name: str, arguments: str) -> bool:
+        """Adds a call when its arguments are a JSON object's text (or a JSON string
+        holding one, as some models write them); False, and no call, otherwise."""
+        try:
+            value = json.loads(arguments)
+            if isinstance(value, str):
+                arguments, value = value, json.loads(value)
+        except ValueError:
+            return False
+        if not isinstance(value, dict):
+            return False
+        self.calls.append(ToolCall(self.new_id(), name, arguments))
+        return True
+
+    # -- a call written as a JSON object -------------------------------------------------
 
     def _start_call(self) -> None:
-        self._call, self._announced, self._sent = CallObject(), False, 0
+        self._call = CallObject()
 
-    def _feed_call(self, deltas: list[dict]) -> str | None:
+    def _feed_call(self) -> str | None:
         """Feeds the buffer to the current call; returns the text after the call once
         it has ended (None while it goes on)."""
         call = self._call
         call.feed(self._buf)
         self._buf = ""
-        if call.name is not None and not call.bad:
-            if not self._announced:
-                self.calls.append(ToolCall(self.new_id(), call.name))
-                deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1].id,
-                               "type": "function",
-                               "function": {"name": call.name, "arguments": ""}})
-                self._announced = True
-            args = call.args_so_far
-            if len(args) > self._sent:
-                deltas.append({"index": len(self.calls) - 1,
-                               "function": {"arguments": args[self._sent:]}})
-                self.calls[-1].arguments = args
-                self._sent = len(args)
         if call.bad or call.end >= 0:
             return call.text[call.end:] if call.end >= 0 else ""
         return None
 
-    def _end_call(self, content: list[str], deltas: list[dict]) -> None:
-        """Closes the current call: without a name it was not one, and its text is
-        content; without arguments they are {}."""
+    def _end_call(self, content: list[str]) -> bool:
+        """Closes the current call; True when it was one: a whole object with a name and
+        arguments that are a JSON object (none: {}). A call the end cut off is dropped;
+        any other markup is content."""
         call, self._call = self._call, None
-        if not self._announced:
-            content.append(self._marker_text + (call.text[:call.end] if call.end >= 0
-                                                else call.text))
-            return
-        if call.args_start < 0:
-            deltas.append({"index": len(self.calls) - 1, "function": {"arguments": "{}"}})
-            self.calls[-1].arguments = "{}"
+        if call.end < 0 and not call.bad and call.name is not None and self.cut:
+            return False
+        whole = call.end >= 0 and not call.bad and call.name is not None
+        if whole and self._add_call(call.name, call.args_so_far if call.args_start >= 0
+                                    else "{}"):
+            return True
+        content.append(self._marker_text + (call.text[:call.end] if call.end >= 0
+                                            else call.text))
+        return False
 
     _marker_text = ""   # the text that opened the current call, for content if it was not one
 
@@ -273,8 +288,8 @@ class ToolParser(ABC):
         return True
 
     @abstractmethod
-    def _advance(self, content: list[str], deltas: list[dict], final: bool) -> None:
-        """Moves what the buffer decides into content and deltas (final: the text has
+    def _advance(self, content: list[str], final: bool) -> None:
+        """Moves what the buffer decides into content and calls (final: the text has
         ended, nothing is held back)."""
 
 
@@ -288,7 +303,7 @@ class HermesParser(ToolParser):
         super().__init__(tools)
         self._closing = False       # a call has ended: its </tool_call> may follow
 
-    def _advance(self, content, deltas, final):
+    def _advance(self, content, final):
         while True:
             if self._closing:
                 stripped = self._buf.lstrip(WHITESPACE)
@@ -299,12 +314,11 @@ class HermesParser(ToolParser):
                 else:
                     self._closing = False
             if self._call is not None:
-                rest = self._feed_call(deltas)
+                rest = self._feed_call()
                 if rest is None:
                     return
-                ended = self._call.end >= 0 and self._announced  # a call: its tag may follow
-                self._end_call(content, deltas)
-                self._buf, self._closing = rest, ended
+                self._closing = self._end_call(content)     # a call: its tag may follow
+                self._buf = rest
                 continue
             if not self._past_marker(self.OPEN, content, final):
                 return
@@ -319,18 +333,16 @@ class Llama3JsonParser(ToolParser):
         super().__init__(tools)
         self._mode = "start"        # start, calls, content
 
-    def _advance(self, content, deltas, final):
+    def _advance(self, content, final):
         while True:
             if self._mode == "content":
                 self._all_content(content)
                 return
             if self._call is not None:
-                rest = self._feed_call(deltas)
+                rest = self._feed_call()
                 if rest is None:
                     return
-                announced = self._announced
-                self._end_call(content, deltas)
-                if not announced:
+                if not self._end_call(content):
                     self._mode = "content"
                     content.append(rest)
                     self._buf = ""
@@ -367,16 +379,16 @@ class MistralParser(ToolParser):
         super().__init__(tools)
         self._mode = "text"         # text, array, between, rest
 
-    def _advance(self, content, deltas, final):
+    def _advance(self, content, final):
         while True:
             if self._mode == "rest":    # after the array: nothing more is a call
                 self._all_content(content)
                 return
             if self._call is not None:
-                rest = self._feed_call(deltas)
+                rest = self._feed_call()
                 if rest is None:
                     return
-                self._end_call(content, deltas)
+                self._end_call(content)
                 self._buf, self._mode = rest, "between"
                 continue
             if self._mode == "text":
@@ -413,13 +425,22 @@ class HarmonyParser(ToolParser):
         self._kind = "content"      # the body's: content, reasoning, call, hidden
         self._header = ""
         self._reasoning: list[str] = []
+        self._name, self._args = "", ""     # the call being read: its function, arguments
 
     def take_reasoning(self) -> str:
         """The reasoning text read since the last call."""
         text, self._reasoning = "".join(self._reasoning), []
         return text
 
-    def _advance(self, content, deltas, final):
+    def _advance(self, content, final):
+        self._read(content, final)
+        if final and self._state == "body" and self._kind == "call":
+            if self.cut:        # cut off: dropped
+                self._kind = "hidden"
+            else:               # GPT-OSS stops at <|call|>, an end token the text lacks
+                self._end_body()
+
+    def _read(self, content: list[str], final: bool) -> None:
         while self._buf:
             at = self._buf.find("<|")
             end = self._buf.find("|>", at) if at >= 0 else -1
@@ -427,23 +448,20 @@ class HarmonyParser(ToolParser):
                 keep = 0 if final or at < 0 else len(self._buf) - at
                 if at < 0 and not final and self._buf.endswith("<"):
                     keep = 1
-                self._text(self._buf[:len(self._buf) - keep], content, deltas)
+                self._text(self._buf[:len(self._buf) - keep], content)
                 self._buf = self._buf[len(self._buf) - keep:]
                 return
-            self._text(self._buf[:at], content, deltas)
+            self._text(self._buf[:at], content)
             marker, self._buf = self._buf[at:end + 2], self._buf[end + 2:]
             if marker not in self.MARKERS:
-                self._text(marker, content, deltas)
+                self._text(marker, content)
             elif marker == "<|message|>":
                 self._open_body()
-                if self._kind == "call":
-                    self.calls.append(ToolCall(self.new_id(), self._name))
-                    deltas.append({"index": len(self.calls) - 1, "id": self.calls[-1].id,
-                                   "type": "function",
-                                   "function": {"name": self._name, "arguments": ""}})
             elif marker == "<|constrain|>" and self._state == "header":
                 self._header += " "
-            else:           # <|start|>, <|channel|>, <|end|>: a header (re)starts
+            else:           # <|start|>, <|channel|>, <|end|>, <|call|>: a header (re)starts
+                if self._state == "body" and self._kind == "call":
+                    self._end_body()
                 if marker != "<|channel|>" or self._state != "header":
                     self._header = ""
                 self._state = "header"
@@ -455,13 +473,18 @@ class HarmonyParser(ToolParser):
         channel = header.split("<|channel|>", 1)[1].split()[:1] if "<|channel|>" in header \
             else []
         if recipient:
-            self._kind, self._name = "call", recipient.group(1)
+            self._kind, self._name, self._args = "call", recipient.group(1), ""
         elif channel == ["analysis"]:
             self._kind = "reasoning"
         else:               # final, or commentary to no one (a preamble): the answer
             self._kind = "content"
 
-    def _text(self, text: str, content: list[str], deltas: list[dict]) -> None:
+    def _end_body(self) -> None:
+        """A call's body has ended: a call if its arguments are a JSON object."""
+        self._add_call(self._name, self._args)
+        self._kind = "hidden"
+
+    def _text(self, text: str, content: list[str]) -> None:
         if not text:
             return
         if self._state == "header":
@@ -471,5 +494,4 @@ class HarmonyParser(ToolParser):
         elif self._kind == "reasoning":
             self._reasoning.append(text)
         elif self._kind == "call":
-            self.calls[-1].arguments += text
-            deltas.append({"index": len(self.calls) - 1, "function": {"arguments": text}})
+            self._args += text

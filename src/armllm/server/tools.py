@@ -1,9 +1,11 @@
 """tools: a chat request's OpenAI tools: checked where they enter (tools,
-tool_choice, parallel_tool_calls), handed to the chat template as transformers'
-apply_chat_template(tools=...) does, enforced by a grammar when a call is
-required (tool_choice "required" or a named function: the output must be
-calls, in the model's format, to those functions with arguments that match
-their parameters' JSON schemas), and read back from the completion by the
+tool_choice, parallel_tool_calls, whose default is whether the model's chat
+template writes back two calls of one turn), handed to the chat template as
+transformers' apply_chat_template(tools=...) does, enforced by a grammar when a
+call is required (tool_choice "required" or a named function: the output must
+be calls, in the model's format, to those functions with arguments that match
+their parameters' JSON schemas) or when "auto" allows one call (text, then at
+most one such call, then the end), and read back from the completion by the
 model's tool parser (server/parsers.py's PARSERS), which the server names with
 --tool-call-parser or detect_parser finds in the chat template."""
 from __future__ import annotations
@@ -48,9 +50,10 @@ class ToolRequest:
         return self.tools if self.parses else None
 
 
-def tool_request(req: dict, parser: str | None) -> ToolRequest | None:
+def tool_request(req: dict, parser: str | None, parallel: bool = True) -> ToolRequest | None:
     """The request's tools checked (a 400 naming the field otherwise), or None when it
-    has none. `parser` is the server's tool-call format for this model."""
+    has none. `parser` is the server's tool-call format for this model, `parallel`
+    whether the model makes several calls in a turn (parallel_tool_calls' default)."""
     tools, choice = req.get("tools"), req.get("tool_choice")
     if req.get("functions") or req.get("function_call") not in (None, "none", "auto"):
         raise APIError("functions and function_call (deprecated by OpenAI) are not supported "
@@ -85,7 +88,7 @@ def tool_request(req: dict, parser: str | None) -> ToolRequest | None:
         raise APIError("tools: this model's tool-call format is not known (its chat template "
                        "names none armllm reads); start the server with --tool-call-parser",
                        400, "tools", "unsupported_parameter")
-    return ToolRequest(checked, choice, named, req.get("parallel_tool_calls", True), parser)
+    return ToolRequest(checked, choice, named, req.get("parallel_tool_calls", parallel), parser)
 
 
 def _tool(i: int, tool: Any) -> dict:
@@ -107,24 +110,24 @@ def _tool(i: int, tool: Any) -> dict:
     return {"type": "function", "function": {**fn, "parameters": params}}
 
 
-def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
-    """The grammar that makes the output calls to the allowed functions (for
-    tool_choice required or named), in the parser's format; None otherwise.
+def calls_grammar(tools: ToolRequest, token_id) -> StructuredOutput | None:
+    """The grammar of a request's calls, in the parser's format: with tool_choice
+    "required" or named, the output is calls to the allowed functions; with "auto"
+    and one call at most, it is free text that may end in one call, after which the
+    output ends (llguidance's lazy trigger: the call's opener starts the call's
+    grammar); None otherwise (parallel "auto" calls are read as the model writes
+    them, and GPT-OSS ends its turn at a call by itself).
     token_id(text) is the model's id of a token, or None: a marker that is one token
     of its own (Qwen's <tool_call>, Mistral's [TOOL_CALLS]) is that token in the
     grammar (llguidance reads added tokens as tokens, not as their text)."""
-    if tools.choice not in ("required", "named"):
+    forced = tools.choice in ("required", "named")
+    if not forced and (tools.choice != "auto" or tools.parallel or not tools.tools
+                       or tools.parser == "harmony"):
         return None
     allowed = [t["function"] for t in tools.tools
                if tools.named is None or t["function"]["name"] == tools.named]
-    args_key = "parameters" if tools.parser == "llama3_json" else "arguments"
-    body = {"anyOf": [{"type": "object",
-                       "properties": {"name": {"const": fn["name"]},
-                                      args_key: fn["parameters"]},
-                       "required": ["name", args_key], "additionalProperties": False}
-                      for fn in allowed],
-            "x-guidance": CALL_JSON_OPTIONS}
-    many = tools.parallel and tools.named is None
+    many = forced and tools.parallel and tools.named is None
+
     def marker(text: str) -> str:
         tid = token_id(text)
         return f"<[{tid}]>" if tid is not None else json.dumps(text)
@@ -137,31 +140,55 @@ def required_calls(tools: ToolRequest, token_id) -> StructuredOutput | None:
             f"args_{i}: %json {json.dumps({**fn['parameters'], 'x-guidance': CALL_JSON_OPTIONS})}\n"
             for i, (c, fn) in enumerate(zip(calls, allowed, strict=True)))
         return _grammar(lark)
+    if tools.parser == "llama3_json":   # no opener: an answer that begins with { is a call
+        calls = 'body ("; " body)*' if many else "body"
+        start = (f"start: {calls}\n" if forced else
+                 "start: TEXT | body\nTEXT: /(?s:.*)/ & ~/[ \\t\\r\\n]*\\{(?s:.*)/\n")
+        return _grammar(start + _body_rule(allowed, "parameters"))
     if tools.parser == "qwen3_coder":
-        return _grammar(_xml_calls(allowed, many, marker))
-    if tools.parser == "hermes":
-        lark = ('start: call ("\\n" call)*\n' if many else "start: call\n") + \
-            f'call: {marker("<tool_call>")} "\\n" body "\\n" {marker("</tool_call>")}\n'
-    elif tools.parser == "llama3_json":
-        lark = 'start: body ("; " body)*\n' if many else "start: body\n"
-    else:
-        lark = f'start: {marker("[TOOL_CALLS]")} "[" body' + \
-            (' (", " body)*' if many else "") + ' "]"\n'
-    return _grammar(lark + "body: %json " + json.dumps(body))
+        opener, rules = "<tool_call>", _xml_calls(allowed, marker)
+    elif tools.parser == "hermes":
+        opener = "<tool_call>"
+        rules = f'rest: "\\n" body "\\n" {marker("</tool_call>")}\n' + \
+            _body_rule(allowed, "arguments")
+    else:       # mistral: the calls are one JSON array after the marker
+        opener = "[TOOL_CALLS]"
+        rules = 'rest: "[" body' + (' (", " body)*' if many else "") + ' "]"\n' + \
+            _body_rule(allowed, "arguments")
+    if forced:
+        call = f"call: {marker(opener)} rest\n"
+        repeat = ' ("\\n" call)*' if many and tools.parser != "mistral" else ""
+        return _grammar(f"start: call{repeat}\n{call}{rules}")
+    if token_id(opener) is not None:    # text, then the opener's token, then the call
+        start = f"start: TEXT | TEXT {marker(opener)} rest\n"
+    else:       # text up to the opener's first occurrence is one lazy lexeme
+        start = f"start: TEXT | head rest\nhead[lazy]: TEXT {marker(opener)}\n"
+    return _grammar(start + "TEXT: /(?s:.*)/\n" + rules)
+
+
+def _body_rule(allowed: list[dict], args_key: str) -> str:
+    """A call object's rule: one of the allowed functions' names with arguments that
+    match its parameters' schema."""
+    body = {"anyOf": [{"type": "object",
+                       "properties": {"name": {"const": fn["name"]},
+                                      args_key: fn["parameters"]},
+                       "required": ["name", args_key], "additionalProperties": False}
+                      for fn in allowed],
+            "x-guidance": CALL_JSON_OPTIONS}
+    return "body: %json " + json.dumps(body) + "\n"
 
 
 # what a raw-text parameter value may not hold: the tags that would end it early
 XML_VALUE_TEXT = r"~/(?s:.*)(<\/parameter>|<parameter=|<\/function>|<\/tool_call>)(?s:.*)/"
 
 
-def _xml_calls(allowed: list[dict], many: bool, marker) -> str:
-    """Qwen3-Coder's XML calls, as its chat template writes them: each function's
-    parameters in its schema's order (the required ones always, no others), a string
-    value as raw text, any other value as JSON that matches the parameter's schema."""
+def _xml_calls(allowed: list[dict], marker) -> str:
+    """Qwen3-Coder's XML calls after their <tool_call>, as its chat template writes
+    them: each function's parameters in its schema's order (the required ones always,
+    no others), a string value as raw text, any other value as JSON that matches the
+    parameter's schema."""
     functions = " | ".join(f"fn_{i}" for i in range(len(allowed)))
-    lines = ['start: call ("\\n" call)*' if many else "start: call",
-             f'call: {marker("<tool_call>")} "\\n" ({functions}) "</function>\\n" '
-             f'{marker("</tool_call>")}']
+    lines = [f'rest: "\\n" ({functions}) "</function>\\n" {marker("</tool_call>")}']
     for i, fn in enumerate(allowed):
         schema, name = fn["parameters"], fn["name"]
         required = set(schema.get("required") or ())
@@ -216,6 +243,27 @@ def _grammar(lark: str) -> StructuredOutput:
     except ValueError as exc:
         raise bad("tools", "the functions' parameters do not compile to a grammar: "
                   + str(exc).removeprefix("structured_output.grammar: ")) from None
+
+
+# two calls an assistant turn makes, to see whether a chat template writes both back
+PROBE_CALLS = [{"id": f"probe000{i}", "type": "function",
+                "function": {"name": f"probe_{i}", "arguments": {"value": f"armllm-probe-{i}"}}}
+               for i in (1, 2)]
+
+
+def calls_in_parallel(render) -> bool:
+    """Whether a model makes several calls in one turn, as far as its chat template
+    tells: it writes back both calls of an assistant turn that made two. A template
+    that drops calls (SmolLM2's) or refuses two (Llama 3.1's "only supports single
+    tool-calls") gets one call a turn by default. render(messages) is the template's
+    text for a conversation."""
+    conversation = [{"role": "user", "content": "probe"},
+                    {"role": "assistant", "content": "", "tool_calls": PROBE_CALLS}]
+    try:
+        text = render(conversation)
+    except Exception:  # noqa: BLE001 - a template that refuses the turn: one call
+        return False
+    return all(f"armllm-probe-{i}" in text for i in (1, 2))
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
