@@ -77,3 +77,30 @@ def test_enable_thinking_false_and_a_constrained_answer(client):
     ).choices[0]
     assert not getattr(plain.message, "reasoning_content", None)
     assert set(json.loads(plain.message.content)) == {"n"}
+
+
+def test_responses_give_the_thinking_as_a_reasoning_item(client, thinking):
+    """/v1/responses: the thinking is a reasoning item before the message, its tokens
+    counted as reasoning_tokens, the same streamed, and its text again in
+    encrypted_content when asked for."""
+    path, info = thinking
+    out_ids, end = info["output_ids"], info["end"]
+    tok = load_tokenizer(path)
+    cut = out_ids.index(end)
+    kw = dict(model="tiny", input=THINKING_MESSAGES[0]["content"], max_output_tokens=24,
+              temperature=0.0, include=["reasoning.encrypted_content"],
+              extra_body={"ignore_eos": True})
+    r = client.responses.create(**kw)
+    reasoning, message = r.output
+    assert reasoning.type == "reasoning" and message.type == "message"
+    assert reasoning.content[0].text == tok.decode(out_ids[1:cut])
+    assert reasoning.encrypted_content == reasoning.content[0].text
+    assert message.content[0].text == tok.decode(out_ids[cut + 1:])
+    assert r.usage.output_tokens_details.reasoning_tokens == cut - 1   # no <think> tags
+    streamed = [e for e in client.responses.create(stream=True, **kw)]
+    final = streamed[-1].response
+    assert [o.type for o in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == reasoning.content[0].text
+    assert final.output[1].content[0].text == message.content[0].text
+    assert "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") \
+        == reasoning.content[0].text

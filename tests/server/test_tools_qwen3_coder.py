@@ -105,3 +105,30 @@ def test_a_round_trip_renders_as_transformers_renders_it(client, qwen35_model):
     assert r.usage.prompt_tokens == len(hf(text, add_special_tokens=False)["input_ids"])
     assert "<function=get_weather>\n<parameter=city>\nParis\n</parameter>" in text
 
+
+
+def test_a_responses_round_trip_with_reasoning_renders_as_transformers_does(client,
+                                                                           qwen35_model):
+    """/v1/responses items of an agent's turn (its reasoning, its call, the call's
+    output) after the user's message: Qwen3.5's template writes that turn's
+    reasoning back, and the prompt is transformers' with reasoning_content."""
+    from transformers import AutoTokenizer
+    arguments = {"city": "Paris", "days": 2}
+    items = [{"role": "user", "content": ASK[0]["content"]},
+             {"type": "reasoning", "id": "rs_1", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "The user wants weather."}]},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": json.dumps(arguments)},
+             {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}]
+    r = client.responses.create(model="tiny", input=items, max_output_tokens=1, store=False,
+                                tools=[{"type": "function", **t["function"]} for t in TOOLS])
+    hf_messages = [*ASK, {"role": "assistant", "content": "",
+                          "reasoning_content": "The user wants weather.",
+                          "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                              "name": "get_weather", "arguments": arguments}}]},
+                   {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    hf = AutoTokenizer.from_pretrained(qwen35_model)
+    text = hf.apply_chat_template(hf_messages, tools=TOOLS, add_generation_prompt=True,
+                                  tokenize=False)
+    assert "The user wants weather." in text
+    assert r.usage.input_tokens == len(hf(text, add_special_tokens=False)["input_ids"])

@@ -59,10 +59,10 @@ class CompletionState:
     `router` (a reasoning model's completion: model/reasoning.py, GPT-OSS's
     harmony) only its CONTENT tokens add text; its REASONING tokens add
     reasoning text, decoded on their own; markers add neither. `last_route` is
-    where the last token went."""
+    where the last token went; num_reasoning_tokens counts the REASONING ones."""
 
     __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending",
-                 "_router", "_reasoning", "last_route")
+                 "_router", "_reasoning", "last_route", "num_reasoning_tokens")
 
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
                  params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int,
@@ -72,6 +72,7 @@ class CompletionState:
         self._router = router
         self._reasoning = IncrementalDetokenizer(tokenizer, [], skip) if router else None
         self.last_route = CONTENT
+        self.num_reasoning_tokens = 0   # the tokens routed to the reasoning
         stop_ids = frozenset(params.stop_token_ids)
         self._stop_ids = stop_ids if params.ignore_eos else stop_ids | eos_token_ids
         self._stop = tuple(params.stop)
@@ -98,6 +99,7 @@ class CompletionState:
             return self._release(self._pending + self._detok.flush()), self._end_reasoning(), \
                 "stop"
         route = CONTENT if self._router is None else self._router.route(token)
+        self.num_reasoning_tokens += route == REASONING
         reasoning = self._reasoning.add(token) if route == REASONING else self._end_reasoning()
         self.last_route = route
         text = self._pending + (self._detok.add(token) if route == CONTENT else "")

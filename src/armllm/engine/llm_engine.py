@@ -302,8 +302,10 @@ class LLMEngine:
         first = self._requests.pop(request_id).first
         outs = []
         for seq in sorted(self.scheduler.sequences(request_id), key=lambda s: s.index):
-            self._finish(seq, reason)
-            outs.append(self._final(seq, [], "", reason, error))
+            state = self._finish(seq, reason)
+            completion = state.completion if state is not None else None
+            outs.append(self._final(seq, [], "", reason, error, num_reasoning=(
+                completion.num_reasoning_tokens if completion is not None else 0)))
         n = first.params.n
         for index in range(n - first.num_forks_pending, n):  # completions never forked
             outs.append(StepOutput(request_id, index, [], "", reason, error=error,
@@ -311,12 +313,12 @@ class LLMEngine:
         self._finished[reason] += first.num_forks_pending
         return outs
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        """seq is done: the scheduler frees its blocks, and its state goes."""
+    def _finish(self, seq: Sequence, reason: str) -> RequestState | None:
+        """seq is done: the scheduler frees its blocks, and its state goes (returned)."""
         if self.speculator is not None:
             self.speculator.release(seq, finished=True)
         self.scheduler.finish(seq, reason)
-        self._states.pop(seq.key, None)   # None: a fork the step ended before its state
+        return self._states.pop(seq.key, None)   # None: a fork the step ended before its state
 
     def _fail(self, request_ids: Iterable[str], exc: Exception) -> list[StepOutput]:
         """Ends these requests with finish reason "error"; the others go on."""
@@ -561,7 +563,8 @@ class LLMEngine:
         request.num_open -= 1
         if not request.num_open:
             del self._requests[seq.request_id]
-        return self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning)
+        return self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning,
+                           completion.num_reasoning_tokens)
 
     def _embedded(self, seq: Sequence, pool: PoolState) -> StepOutput:
         """An embedding request's one output: its vector; its blocks are freed."""
@@ -578,17 +581,17 @@ class LLMEngine:
 
     def _final(self, seq: Sequence, tokens: list[int], delta: str, reason: str,
                error: str | None, logprobs: list | None = None,
-               reasoning: str = "") -> StepOutput:
+               reasoning: str = "", num_reasoning: int = 0) -> StepOutput:
         self._finished[reason] += 1
         return StepOutput(seq.request_id, seq.index, tokens, delta, reason, logprobs or [],
-                          error, self._metrics(seq), reasoning)
+                          error, self._metrics(seq, num_reasoning), reasoning)
 
     @staticmethod
-    def _metrics(seq: Sequence) -> RequestMetrics:
+    def _metrics(seq: Sequence, num_reasoning: int = 0) -> RequestMetrics:
         t = seq.timings
         return RequestMetrics(t.arrival, t.first_scheduled, t.first_token, t.finished,
                               list(t.token_times), len(seq.prompt_ids), seq.num_cached_prompt,
-                              len(seq.output_ids))
+                              len(seq.output_ids), num_reasoning)
 
     # -- counters ------------------------------------------------------------------------
 

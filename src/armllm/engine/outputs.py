@@ -19,6 +19,7 @@ class RequestMetrics:
     num_prompt_tokens: int
     num_cached_prompt_tokens: int       # found in the prefix cache
     num_output_tokens: int
+    num_reasoning_tokens: int = 0       # of the output: a reasoning model's thinking
 
     @property
     def queue_s(self) -> float | None:
@@ -48,7 +49,8 @@ class RequestMetrics:
                 "queue_s": self.queue_s, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
                 "e2e_s": self.e2e_s, "num_prompt_tokens": self.num_prompt_tokens,
                 "num_cached_prompt_tokens": self.num_cached_prompt_tokens,
-                "num_output_tokens": self.num_output_tokens}
+                "num_output_tokens": self.num_output_tokens,
+                "num_reasoning_tokens": self.num_reasoning_tokens}
 
 
 @dataclass

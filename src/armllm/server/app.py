@@ -3,11 +3,12 @@ lifecycle.
 
 The model loads in a background thread after the server starts (/health answers
 503 until it is ready); the engine shuts down with the app. The routes are the
-endpoint families' (completions, chat, tokenize, embeddings, audio) and the small ones here:
-/health, /version, /v1/models, /metrics, and the web chat page (/ and /static/, the
-files in static/). ServerApp wraps them with the API key check (which spares the
-page: it asks for the key itself) and the per-route HTTP counters, and gives the
-process its one call for shutdown: end_generations(). Errors use OpenAI's error body."""
+endpoint families' (completions, chat, responses, tokenize, embeddings, audio)
+and the small ones here: /health, /version, /v1/models, /metrics, and the web
+chat page (/ and /static/, the files in static/). ServerApp wraps them with the
+API key check (which spares the page: it asks for the key itself) and the
+per-route HTTP counters, and gives the process its one call for shutdown:
+end_generations(). Errors use OpenAI's error body."""
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,15 @@ from starlette.staticfiles import StaticFiles
 
 import armllm
 from armllm.api import AsyncLLM
-from armllm.server import audio, chat, completions, embeddings, openapi, tokenize
+from armllm.server import (
+    audio,
+    chat,
+    completions,
+    embeddings,
+    openapi,
+    responses,
+    tokenize,
+)
 from armllm.server import protocol as P
 from armllm.server.state import ServerConfig, ServerState
 
@@ -102,7 +111,8 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
 
     async def metrics(request: Request) -> Response:
         text = "" if state.llm is None else \
-            state.metrics.render(state.llm.stats(), state.in_flight, state.llm.replica_stats())
+            state.metrics.render(state.llm.stats(), state.in_flight, state.llm.replica_stats(),
+                                 (len(state.responses), state.responses.evictions))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def openapi_json(request: Request) -> Response:
@@ -115,13 +125,13 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
               Route("/openapi.json", openapi_json),
               Route("/", chat_page), Mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR)),
               Route("/metrics", metrics), Route("/v1/models", models),
-              *completions.routes(state), *chat.routes(state), *tokenize.routes(state),
-              *embeddings.routes(state), *audio.routes(state)]
+              *completions.routes(state), *chat.routes(state), *responses.routes(state),
+              *tokenize.routes(state), *embeddings.routes(state), *audio.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={P.APIError: _api_error, HTTPException: _http_error,
                                         ClientDisconnect: _client_gone,
                                         Exception: _server_error})
-    return ServerApp(app, state, {r.path for r in routes})
+    return ServerApp(app, state, [r for r in routes if isinstance(r, Route)])
 
 
 async def _log_stats(state: ServerState) -> None:
@@ -173,8 +183,8 @@ class ServerApp:
     """The ASGI application: the API key check (every route but /health and the chat
     page's) and the per-route HTTP counters around the Starlette routes."""
 
-    def __init__(self, app: Starlette, state: ServerState, known_paths: set[str]):
-        self._app, self._state, self._known = app, state, known_paths
+    def __init__(self, app: Starlette, state: ServerState, routes: list[Route]):
+        self._app, self._state, self._routes = app, state, routes
         key = state.config.api_key
         self._key = f"Bearer {key}".encode() if key else None
 
@@ -192,7 +202,8 @@ class ServerApp:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self._app(scope, receive, send)
-        route = scope["path"] if scope["path"] in self._known else "other"
+        route = next((r.path for r in self._routes if r.path_regex.match(scope["path"])),
+                     "other")
         status_seen = []
 
         async def counting_send(message):

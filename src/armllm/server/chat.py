@@ -43,7 +43,7 @@ def routes(state: ServerState) -> list[Route]:
         tools = tool_request(req, state.tool_parser(llm), state.calls_in_parallel(llm))
         opts = P.sampling_options(req, True, llm.default_sampling_params)
         if tools is not None:
-            opts = _with_tools(llm, opts, tools)
+            opts = with_tools(llm, opts, tools)
         state.check_capacity(llm, 1, opts.params.n)
         ids = render_chat(llm, template_messages(messages), add_gen, cont,
                           req.get("chat_template_kwargs") or {},
@@ -60,7 +60,7 @@ def routes(state: ServerState) -> list[Route]:
     return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 
 
-def _with_tools(llm: AsyncLLM, opts: P.Options, tools: ToolRequest) -> P.Options:
+def with_tools(llm: AsyncLLM, opts: P.Options, tools: ToolRequest) -> P.Options:
     """The sampling options of a request with tools: the calls' grammar (which a
     response_format cannot join: a required call's is refused with one, an "auto"
     call's gives way to it), and special tokens kept in the text of a format whose

@@ -1,7 +1,7 @@
 """`armllm serve`: the command line of the OpenAI-compatible server: the engine
 flags (EngineArgs'), the server's own (address, key, admission and connection
-limits, audio limits, timeouts, shutdown grace), checked here; server/serving.py
-runs it."""
+limits, audio limits, the responses store, timeouts, shutdown grace), checked
+here; server/serving.py runs it."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "3.1/3.2), mistral, harmony (GPT-OSS) (default "
                         "auto: harmony for a harmony tokenizer, else the one its chat "
                         "template names)")
+    p.add_argument("--responses-store-size", type=int, default=1024,
+                   help="responses /v1/responses keeps for previous_response_id and GET "
+                        "(the oldest go first; 0: none kept) (default 1024)")
+    p.add_argument("--responses-store-ttl", type=float, default=3600.0,
+                   help="seconds a stored response is kept (default 3600)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     ray = p.add_argument_group("ray (pip install \"armllm[ray]\"; see armllm/ray.py)")
@@ -107,8 +112,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for name in ("port", "max_request_bytes", "limit_concurrency", "num_replicas"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     _positive("--max-waiting-requests", args.max_waiting_requests, 0)
+    _positive("--responses-store-size", args.responses_store_size, 0)
     for name in ("timeout_keep_alive", "timeout_request_read", "max_audio_seconds",
-                 "max_audio_mb"):
+                 "max_audio_mb", "responses_store_ttl"):
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} must be > 0, got "
                              f"{getattr(args, name)}")
@@ -132,7 +138,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           args.max_request_bytes, args.log_interval, args.shutdown_grace,
                           args.timeout_request_read, args.tool_call_parser,
                           max_audio_seconds=args.max_audio_seconds,
-                          max_audio_bytes=int(args.max_audio_mb * 2**20))
+                          max_audio_bytes=int(args.max_audio_mb * 2**20),
+                          responses_store_size=args.responses_store_size,
+                          responses_store_ttl_s=args.responses_store_ttl)
     limits = Limits(args.limit_concurrency or engine_args["max_num_seqs"]
                     + args.max_waiting_requests + _SPARE_CONNECTIONS,
                     args.timeout_keep_alive, args.timeout_request_read)

@@ -190,12 +190,12 @@ async def respond(state: ServerState, request: Request, gen: Generation, choices
         return EventStream(_events(gen, choices, opts, model, created), admission,
                            media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        outs = await until_disconnected(request, _collect(gen))
+        outs = await until_disconnected(request, collect(gen))
     except ClientGone:
         return Response(status_code=499)
     finally:
         admission.release()
-    failure = _failure(gen.state, outs)
+    failure = generation_failure(gen.state, outs)
     if failure is not None:
         raise failure
     body = [choices.final(i * gen.n + c.index, c) for i, out in enumerate(outs)
@@ -204,7 +204,7 @@ async def respond(state: ServerState, request: Request, gen: Generation, choices
                          "model": model, "choices": body, "usage": usage(outs)})
 
 
-async def _collect(gen: Generation) -> list[RequestOutput]:
+async def collect(gen: Generation) -> list[RequestOutput]:
     finals: dict[int, RequestOutput] = {}
     try:
         async with aclosing(gen.outputs()) as outs:
@@ -213,7 +213,7 @@ async def _collect(gen: Generation) -> list[RequestOutput]:
                 if out.finished:
                     finals[i] = out
     except EngineClosed:
-        raise _engine_stopped() from None
+        raise engine_stopped() from None
     return [finals[i] for i in range(len(gen.jobs))]
 
 
@@ -242,14 +242,14 @@ async def _events(gen: Generation, choices: Choices, opts: P.Options, model: str
                 if out.finished:
                     finals[i] = out
     except EngineClosed:
-        yield _event(_engine_stopped().body())
+        yield _event(engine_stopped().body())
     except P.APIError as exc:
         yield _event(exc.body())
     except Exception as exc:  # a bug: the headers are sent, so the error goes in the stream
         log.exception("%s failed", gen.request_id)
         yield _event(P.APIError(f"internal error: {type(exc).__name__}: {exc}", 500).body())
     else:
-        failure = _failure(gen.state, [finals[i] for i in sorted(finals)])
+        failure = generation_failure(gen.state, [finals[i] for i in sorted(finals)])
         if failure is not None:
             yield _event(failure.body())
         elif opts.include_usage:
@@ -263,7 +263,7 @@ def _event(data: dict) -> str:
     return "data: " + json.dumps(data) + "\n\n"
 
 
-def _failure(state: ServerState, outs: list[RequestOutput]) -> P.APIError | None:
+def generation_failure(state: ServerState, outs: list[RequestOutput]) -> P.APIError | None:
     """Why the generation did not complete: the engine failed a request, or the server
     ended it at shutdown."""
     error = next((o.error for o in outs if o.error), None)
@@ -279,7 +279,7 @@ def _shutting_down() -> P.APIError:
                       code="server_shutting_down")
 
 
-def _engine_stopped() -> P.APIError:
+def engine_stopped() -> P.APIError:
     """The engine thread stopped between admission and generation (a shutdown)."""
     return P.APIError("the engine has stopped", 503, code="engine_stopped")
 
@@ -294,9 +294,12 @@ def usage(outputs: list[RequestOutput]) -> dict:
     completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     cached = sum(c.metrics.num_cached_prompt_tokens for o in outputs
                  for c in o.outputs[:1] if c.metrics is not None)
+    reasoning = sum(c.metrics.num_reasoning_tokens for o in outputs for c in o.outputs
+                    if c.metrics is not None)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
 
 
 class EventStream(StreamingResponse):

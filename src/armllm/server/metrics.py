@@ -1,5 +1,6 @@
 """metrics: the server's Prometheus text exposition (/metrics): request
-counters by finish reason and HTTP status, requests refused at capacity,
+counters by finish reason and HTTP status, requests refused at capacity, the
+responses store's size and evictions,
 histograms of per-request latencies and token
 counts observed when a completion ends, transcriptions answered and the seconds of
 audio they held (by task), and the engine's gauges and counters read from its latest
@@ -143,10 +144,12 @@ class ServerMetrics:
             self.http[(route, status)] += 1
 
     def render(self, stats: EngineStats, in_flight: int,
-               replicas: list[tuple[int, bool, EngineStats | None]] | None = None) -> str:
+               replicas: list[tuple[int, bool, EngineStats | None]] | None = None,
+               responses: tuple[int, int] = (0, 0)) -> str:
         """The exposition text. With data-parallel `replicas` ((index, alive, stats)),
         every engine metric is given per replica (label replica="i"), with
-        armllm:replica_up saying which serve."""
+        armllm:replica_up saying which serve. `responses`: the responses stored and
+        those evicted (by size or age) so far."""
         lb = self.labels
         out: list[str] = []
 
@@ -176,6 +179,10 @@ class ServerMetrics:
             out += [f'{name}{{{lb},replica="{i}"}} {int(alive)}' for i, alive, _ in replicas]
         metric("armllm:num_requests_in_flight", "gauge",
                "Completions admitted (n per prompt) and not yet answered.", in_flight)
+        metric("armllm:responses_stored", "gauge",
+               "Responses kept for previous_response_id (/v1/responses).", responses[0])
+        metric("armllm:responses_evicted_total", "counter",
+               "Stored responses evicted for the store's size or age.", responses[1])
         with self._lock:
             metric("armllm:requests_rejected_overload_total", "counter",
                    "Requests answered 503 because the server was at capacity.",

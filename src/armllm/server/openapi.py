@@ -1,8 +1,8 @@
 """openapi: the server's OpenAPI 3.1 document (GET /openapi.json), built from
 the same field tables the routes check their bodies against
-(protocol.COMPLETION_FIELDS, CHAT_FIELDS, tokenize's, embeddings', audio's forms), so
-that it cannot drift from what the server accepts. Every error response is OpenAI's
-error object."""
+(protocol.COMPLETION_FIELDS, CHAT_FIELDS, responses', tokenize's, embeddings',
+audio's forms), so that it cannot drift from what the server accepts. Every
+error response is OpenAI's error object."""
 from __future__ import annotations
 
 import armllm
@@ -10,6 +10,7 @@ from armllm.audio.formats import RESPONSE_FORMATS
 from armllm.server import protocol as P
 from armllm.server.audio import GRANULARITIES, TRANSCRIPTION_FIELDS, TRANSLATION_FIELDS
 from armllm.server.embeddings import EMBEDDING_FIELDS, ENCODING_FORMATS
+from armllm.server.responses import RESPONSES_FIELDS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
 # a field table's kinds (protocol._CHECKS) as JSON Schema; null is always allowed (the
@@ -37,12 +38,24 @@ _SHAPES = {
     "encoding_format": {"enum": [*ENCODING_FORMATS, None]},
     "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer"}},
 }
+# a Responses API request's input: text, or items (messages, calls, call outputs, reasoning)
+_RESPONSES_SHAPES = {"input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+    "type": "object", "properties": {
+        "type": {"enum": ["message", "function_call", "function_call_output", "reasoning"]},
+        "role": {"enum": ["user", "system", "developer", "assistant"]},
+        "content": {"type": ["string", "array"]}, "call_id": {"type": "string"},
+        "name": {"type": "string"}, "arguments": {"type": "string"},
+        "output": {"type": ["string", "array"]}}}}]}}
+_RESPONSE = {"type": "object", "required": ["id", "object", "status", "output"],
+             "properties": {"id": {"type": "string"}, "object": {"const": "response"},
+                            "status": {"type": "string"}, "output": {"type": "array"}}}
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _JSON_OBJECT = {"type": "object"}
 
 
-def _body(fields: dict[str, str], required: tuple[str, ...], model: str) -> dict:
-    shapes = {**_SHAPES, "model": {"enum": [model, None]}}   # the one model served
+def _body(fields: dict[str, str], required: tuple[str, ...], model: str,
+          shapes: dict | None = None) -> dict:
+    shapes = {**_SHAPES, **(shapes or {}), "model": {"enum": [model, None]}}  # one model
     schema = {"type": "object",
               "properties": {k: shapes.get(k, _KINDS[v]) for k, v in fields.items()}}
     if required:
@@ -60,13 +73,13 @@ def _responses(ok: dict, *, media: str = "application/json") -> dict:
 
 
 def _post(summary: str, fields: dict[str, str], required: tuple[str, ...], ok: dict,
-          model: str, stream: bool = False) -> dict:
+          model: str, stream: bool = False, shapes: dict | None = None) -> dict:
     responses = _responses(ok)
     if stream:   # "stream": true answers with server-sent events
         responses["200"]["content"]["text/event-stream"] = {"schema": {
             "type": "object", "properties": {"data": {"type": "string"}}}}
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {
-        "application/json": {"schema": _body(fields, required, model)}}},
+        "application/json": {"schema": _body(fields, required, model, shapes)}}},
         "responses": responses}}
 
 
@@ -104,9 +117,10 @@ def document(model: str) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "armllm", "version": armllm.__version__,
-                 "description": "OpenAI-compatible completions, chat, embeddings and "
-                                "audio transcriptions, with vLLM's extensions (sampling "
-                                "fields, structured outputs, /tokenize)."},
+                 "description": "OpenAI-compatible completions, chat, responses, "
+                                "embeddings and audio transcriptions, with vLLM's "
+                                "extensions (sampling fields, structured outputs, "
+                                "/tokenize)."},
         "paths": {
             "/health": _get("200 once the model serves, else 503", _JSON_OBJECT),
             "/version": _get("the armllm version", {
@@ -125,6 +139,15 @@ def document(model: str) -> dict:
             "/v1/chat/completions": _post("the assistant's reply to a conversation",
                                           P.CHAT_FIELDS, ("messages",), _JSON_OBJECT,
                                           model, stream=True),
+            "/v1/responses": _post("a response to input items (OpenAI's Responses API)",
+                                   RESPONSES_FIELDS, ("input",), _RESPONSE, model,
+                                   stream=True, shapes=_RESPONSES_SHAPES),
+            "/v1/responses/{response_id}": {
+                **_get("a stored response", _RESPONSE),
+                "delete": {"summary": "deletes a stored response",
+                           "responses": _responses(_JSON_OBJECT)},
+                "parameters": [{"name": "response_id", "in": "path", "required": True,
+                                "schema": {"type": "string"}}]},
             "/v1/embeddings": _post("the embedding of an input (or of each of a list)",
                                     EMBEDDING_FIELDS, ("input",), {
                                         "type": "object", "required": ["data", "usage"],

@@ -16,6 +16,7 @@ from armllm.api import AsyncLLM
 from armllm.server import protocol as P
 from armllm.server.metrics import ServerMetrics
 from armllm.server.parsers import detect_parser
+from armllm.server.response_store import ResponseStore
 from armllm.server.tools import calls_in_parallel
 
 
@@ -34,6 +35,8 @@ class ServerConfig:
     metrics_labels: dict[str, str] = field(default_factory=dict)  # on every /metrics sample
     max_audio_seconds: float = 3600.0    # longer audio is refused (/v1/audio/*)
     max_audio_bytes: int = 100 << 20     # larger uploads are refused (413)
+    responses_store_size: int = 1024     # responses kept for previous_response_id (0: none)
+    responses_store_ttl_s: float = 3600.0   # and for how long
 
 
 class Admission:
@@ -62,6 +65,8 @@ class ServerState:
         self.stopping = False            # the shutdown grace period is over
         self.tasks: set[asyncio.Task] = set()   # transcriptions running (server/audio.py)
         self._parallel_calls: bool | None = None   # see calls_in_parallel
+        self.responses = ResponseStore(config.responses_store_size,
+                                       config.responses_store_ttl_s)
 
     def tool_parser(self, llm: AsyncLLM) -> str | None:
         """The tool-call format of the served model: --tool-call-parser, or the one its
