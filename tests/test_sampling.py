@@ -44,6 +44,8 @@ def test_penalties_follow_their_definitions():
     ({"logit_bias": {"a": 1}}, "logit_bias keys must be token ids"),
     ({"logit_bias": {-3: 1}}, "logit_bias keys must be token ids"),
     ({"logit_bias": [1]}, "logit_bias must be a map"),
+    ({"max_reasoning_tokens": -1}, "max_reasoning_tokens must be an integer >= 0"),
+    ({"max_reasoning_tokens": 1.5}, "max_reasoning_tokens must be an integer >= 0"),
 ])
 def test_bad_parameters(kw, match):
     with pytest.raises(ValueError, match=match):

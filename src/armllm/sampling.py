@@ -59,6 +59,9 @@ class SamplingParams:
     n: int = 1                        # completions of the prompt (sharing its KV blocks)
     # token id -> a value in [-100, 100] added to its logit before penalties (OpenAI's)
     logit_bias: dict[int, float] | None = None
+    # a reasoning model's thinking, in tokens at most (its reasoning parser's REASONING
+    # tokens): then the end of its reasoning is forced and the answer follows
+    max_reasoning_tokens: int | None = None
     # what the output must match (a StructuredOutput or a dict of its fields):
     # the grammar's token mask applies before penalties, temperature, top-k/p
     structured_output: StructuredOutput | dict | None = None
@@ -101,6 +104,10 @@ class SamplingParams:
             raise bad("logprobs", "must be an integer in [0, 20]")
         if self.logit_bias is not None:
             self.logit_bias = _logit_bias(self.logit_bias)
+        if self.max_reasoning_tokens is not None and (
+                not isinstance(self.max_reasoning_tokens, int)
+                or isinstance(self.max_reasoning_tokens, bool) or self.max_reasoning_tokens < 0):
+            raise bad("max_reasoning_tokens", "must be an integer >= 0")
         self.structured_output = StructuredOutput.coerce(self.structured_output)
         self.logits_processors = tuple(self.logits_processors)
         if not all(callable(p) for p in self.logits_processors):

@@ -141,3 +141,27 @@ def test_the_engine_shows_only_the_final_channel(tmp_path):
     raw = llm.tokenizer.decode(out.token_ids, skip_special_tokens=False)
     assert out.text.split() == final_channel_words(raw)
     assert len(out.text.split()) < len(out.token_ids) - raw.count("<|")   # some were hidden
+
+
+def test_a_reasoning_budget_closes_the_analysis_channel(tok):
+    """At max_reasoning_tokens analysis tokens the completion is made to take the end of
+    the analysis message and a final message's header, one token a step; whatever it
+    writes then is the answer."""
+    prompt = ids(tok, "<|start|> assistant")
+    params = SamplingParams(max_tokens=100, max_reasoning_tokens=2)
+    state = CompletionState(tok, prompt, params, frozenset(), 1000,
+                            HarmonyRouter(harmony_tokens(tok), tok))
+    wanted = ids(tok, "<|channel|> analysis <|message|> think more think more")
+    forced, text, reasoning = [], "", ""
+    for token in [*wanted, *ids(tok, "think more think more think more Paris is nice")]:
+        must = state.forced_token()
+        if must is not None:
+            forced.append(must)
+            token = must
+        delta, thought, _ = state.add(token)
+        text, reasoning = text + delta, reasoning + thought
+        if len(forced) == 6 and must is None:   # the first free token: the answer's
+            break
+    assert forced == ids(tok, "<|end|> <|start|> assistant <|channel|> final <|message|>")
+    assert reasoning.split() == ["think", "more"] and state.num_reasoning_tokens == 2
+    assert text.split() == ["think"] and state.forced_token() is None

@@ -104,3 +104,36 @@ def test_responses_give_the_thinking_as_a_reasoning_item(client, thinking):
     assert final.output[1].content[0].text == message.content[0].text
     assert "".join(e.delta for e in streamed if e.type == "response.reasoning_text.delta") \
         == reasoning.content[0].text
+
+
+@pytest.mark.parametrize("budget", [0, 2])
+def test_a_reasoning_budget_ends_the_thinking(client, thinking, budget):
+    """max_reasoning_tokens: after that many thinking tokens </think> is forced, and
+    the answer goes on from there as transformers continues the same tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    path, info = thinking
+    out_ids, start, end = info["output_ids"], info["start"], info["end"]
+    tok = load_tokenizer(path)
+    r = client.chat.completions.create(
+        model="tiny", messages=THINKING_MESSAGES, max_tokens=12, temperature=0.0,
+        extra_body={"ignore_eos": True, "max_reasoning_tokens": budget})
+    thought = out_ids[1:1 + budget]
+    assert (getattr(r.choices[0].message, "reasoning_content", None) or "") \
+        == tok.decode(thought)
+    assert r.usage.completion_tokens_details.reasoning_tokens == budget
+    prompt = tok.encode(tok.apply_chat_template(THINKING_MESSAGES, True),
+                        add_special_tokens=False)
+    forced = [start, *thought, end]
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    answer = model.generate(torch.tensor([prompt + forced]), max_new_tokens=12 - len(forced),
+                            do_sample=False)[0, len(prompt) + len(forced):].tolist()
+    assert r.choices[0].message.content == tok.decode(answer)
+
+
+def test_reasoning_effort_none_turns_thinking_off(client):
+    r = client.responses.create(model="tiny", input=THINKING_MESSAGES[0]["content"],
+                                max_output_tokens=8, temperature=0.0,
+                                reasoning={"effort": "none"})
+    assert [o.type for o in r.output] == ["message"]
+    assert r.usage.output_tokens_details.reasoning_tokens == 0

@@ -59,10 +59,12 @@ class CompletionState:
     `router` (a reasoning model's completion: model/reasoning.py, GPT-OSS's
     harmony) only its CONTENT tokens add text; its REASONING tokens add
     reasoning text, decoded on their own; markers add neither. `last_route` is
-    where the last token went; num_reasoning_tokens counts the REASONING ones."""
+    where the last token went; num_reasoning_tokens counts the REASONING ones, and
+    at max_reasoning_tokens of them forced_token() ends the reasoning."""
 
     __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending",
-                 "_router", "_reasoning", "last_route", "num_reasoning_tokens")
+                 "_router", "_reasoning", "last_route", "num_reasoning_tokens",
+                 "_budget", "_closing")
 
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
                  params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int,
@@ -73,6 +75,8 @@ class CompletionState:
         self._reasoning = IncrementalDetokenizer(tokenizer, [], skip) if router else None
         self.last_route = CONTENT
         self.num_reasoning_tokens = 0   # the tokens routed to the reasoning
+        self._budget = params.max_reasoning_tokens if router is not None else None
+        self._closing: list[int] = []   # forced tokens still to come (the budget is spent)
         stop_ids = frozenset(params.stop_token_ids)
         self._stop_ids = stop_ids if params.ignore_eos else stop_ids | eos_token_ids
         self._stop = tuple(params.stop)
@@ -91,10 +95,21 @@ class CompletionState:
     def opener(self) -> int | None:
         return None if self._router is None else self._router.opener
 
+    def forced_token(self) -> int | None:
+        """The token the completion must take next, or None: once its reasoning has
+        max_reasoning_tokens tokens, the router's closing tokens (</think>, or
+        harmony's end of analysis and final header), one a step."""
+        if not self._closing and self._budget is not None \
+                and self.num_reasoning_tokens >= self._budget:
+            self._closing = self._router.closing_ids() or []
+        return self._closing[0] if self._closing else None
+
     def add(self, token: int) -> tuple[str, str, str | None]:
         """The text and the reasoning text the next sampled token releases, and the
         finish reason it causes (None: the completion goes on)."""
         self._tokens_left -= 1
+        if self._closing:
+            self._closing = self._closing[1:] if token == self._closing[0] else []
         if token in self._stop_ids:
             return self._release(self._pending + self._detok.flush()), self._end_reasoning(), \
                 "stop"

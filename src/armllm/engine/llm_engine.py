@@ -455,6 +455,10 @@ class LLMEngine:
                     result, agrees = job.results[i], i < job.num_agreeing
                 else:
                     break
+                forced = state.completion.forced_token()
+                if forced is not None and forced != result.token:   # a reasoning budget
+                    result = SampleResult(forced, None, result.top_logprobs)
+                    agrees = i < num_draft and job.drafts[i] == forced
                 out = self._postprocess(seq, state, result)
                 step = out if step is None else _merge(step, out)
                 if out.finish_reason is not None or not agrees:

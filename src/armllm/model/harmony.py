@@ -65,6 +65,16 @@ class HarmonyRouter:
     def phase(self) -> str:
         return {"text": "undecided", "final": CONTENT}.get(self._state, REASONING)
 
+    def closing_ids(self) -> list[int] | None:
+        """In an analysis message: its <|end|>, then a final message's header
+        (<|start|>assistant<|channel|>final<|message|>); None elsewhere (a header, a
+        call to a tool: those are not thinking)."""
+        if self._state != "analysis":
+            return None
+        t, tok = self._t, self._tok
+        return [t.end, t.start, *tok.encode("assistant", add_special_tokens=False),
+                t.channel, *tok.encode(FINAL_CHANNEL, add_special_tokens=False), t.message]
+
     def route(self, token: int) -> str:
         t = self._t
         if token == t.channel:

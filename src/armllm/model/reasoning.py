@@ -18,7 +18,9 @@ HIDDEN (the markers between them). Routing follows token ids, not text, so a
 
 A router also says where the completion stands (`phase`): "reasoning" (no
 answer yet), "content", or "undecided" (the next token either opens a
-reasoning block, `opener`, or starts the answer).
+reasoning block, `opener`, or starts the answer); and `closing_ids()`, the
+tokens that end the reasoning from where it stands (a reasoning budget forces
+them: engine/completion.py).
 """
 from __future__ import annotations
 
@@ -72,6 +74,10 @@ class ThinkRouter:
     @property
     def opener(self) -> int:
         return self._tags.start
+
+    def closing_ids(self) -> list[int] | None:
+        """</think> inside the block; None elsewhere."""
+        return [self._tags.end] if self.phase == REASONING else None
 
     def route(self, token: int) -> str:
         if token == self._tags.start and self.phase != CONTENT:

@@ -46,8 +46,7 @@ def routes(state: ServerState) -> list[Route]:
             opts = with_tools(llm, opts, tools)
         state.check_capacity(llm, 1, opts.params.n)
         ids = render_chat(llm, template_messages(messages), add_gen, cont,
-                          req.get("chat_template_kwargs") or {},
-                          tools.template_tools if tools else None)
+                          P.template_kwargs(req), tools.template_tools if tools else None)
         max_tokens_param = ("max_completion_tokens" if "max_completion_tokens" in req
                             else "max_tokens")
         jobs = prepare_jobs(llm, [ids], opts, "messages", max_tokens_param, None)

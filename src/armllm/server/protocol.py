@@ -175,7 +175,11 @@ CHAT_FIELDS = {**_SAMPLING_FIELDS, "messages": "list", "max_completion_tokens": 
                "parallel_tool_calls": "bool",
                "add_generation_prompt": "bool", "continue_final_message": "bool",
                "chat_template_kwargs": "obj", "modalities": "list", "audio": "obj",
-               "prediction": "obj", "reasoning_effort": "str", "web_search_options": "obj"}
+               "prediction": "obj", "reasoning_effort": "str", "web_search_options": "obj",
+               "max_reasoning_tokens": "int"}
+# reasoning_effort as a budget of reasoning tokens (None: the model's own, up to max_tokens);
+# "none" also turns thinking off where the chat template can (enable_thinking=false)
+REASONING_EFFORTS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": None}
 
 
 def check_fields(body: Any, fields: dict[str, str], endpoint: str) -> dict:
@@ -339,6 +343,19 @@ def structured_output(req: dict) -> StructuredOutput | None:
 
 # -- sampling -------------------------------------------------------------------------------
 
+def template_kwargs(req: dict) -> dict:
+    """The chat template's variables: chat_template_kwargs, and reasoning_effort (which
+    GPT-OSS's template reads; "none" also sets enable_thinking false, which Qwen's
+    templates read) unless chat_template_kwargs sets them."""
+    kwargs = dict(req.get("chat_template_kwargs") or {})
+    effort = req.get("reasoning_effort")
+    if effort is not None:
+        kwargs.setdefault("reasoning_effort", effort)
+        if effort == "none":
+            kwargs.setdefault("enable_thinking", False)
+    return kwargs
+
+
 @dataclass
 class Options:
     """What a request asks for beyond the prompt."""
@@ -388,7 +405,15 @@ def sampling_options(req: dict, chat: bool, default_params) -> Options:
                                          "presence_penalty", "frequency_penalty",
                                          "repetition_penalty", "seed", "stop_token_ids",
                                          "ignore_eos", "skip_special_tokens",
-                                         "logit_bias")}
+                                         "logit_bias", "max_reasoning_tokens")}
+    effort = req.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise bad("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}, "
+                                          f"got {effort!r}")
+        budget, given = REASONING_EFFORTS[effort], overrides["max_reasoning_tokens"]
+        if budget is not None:
+            overrides["max_reasoning_tokens"] = budget if given is None else min(given, budget)
     overrides.update(max_tokens=max_tokens or 1, stop=stop, n=n, logprobs=logprobs,
                      structured_output=structured_output(req))
     try:

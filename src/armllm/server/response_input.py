@@ -33,10 +33,10 @@ CHAT_NAMES = {"max_output_tokens": "max_completion_tokens"}
 RESPONSES_NAMES = {"max_completion_tokens": "max_output_tokens",
                    "response_format.json_schema": "text.format",
                    "response_format": "text.format", "messages": "input",
-                   "chat_template_kwargs": "reasoning.effort"}
+                   "reasoning_effort": "reasoning.effort"}
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty", "seed", "stop", "logit_bias", "stream", "priority",
-            "parallel_tool_calls", "max_output_tokens")
+            "parallel_tool_calls", "max_output_tokens", "max_reasoning_tokens")
 
 
 def input_messages(value: Any) -> list[dict]:
@@ -134,9 +134,13 @@ def _reasoning(item: dict, where: str) -> str:
 
 
 def chat_request(req: dict) -> dict:
-    """The request's fields as a chat completions request's: sampling, text.format
-    as response_format, the function tools in chat's shape."""
+    """The request's fields as a chat completions request's: sampling, reasoning.effort
+    as reasoning_effort, text.format as response_format, the function tools in chat's
+    shape."""
     chat = {CHAT_NAMES.get(k, k): req[k] for k in SAMPLING if k in req}
+    effort = (req.get("reasoning") or {}).get("effort")
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     text = req.get("text")
     if text is not None:
         chat["response_format"] = _format(text)

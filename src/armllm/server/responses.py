@@ -7,8 +7,9 @@ and function_call_output items, reasoning items) becomes chat messages
 only (a continued conversation does not carry it, as OpenAI's); function
 `tools`, tool_choice and parallel_tool_calls are chat's (server/tools.py: the
 same grammars and parsers); `text.format` is chat's response_format;
-max_output_tokens and the sampling fields are chat's; `reasoning.effort` is the
-chat template's reasoning_effort ("none" also sets enable_thinking false);
+max_output_tokens and the sampling fields are chat's; `reasoning.effort` is
+chat's reasoning_effort (a reasoning budget, protocol.REASONING_EFFORTS, and the
+chat template's variable; "none" also sets enable_thinking false);
 `previous_response_id` continues a stored conversation. The output items are
 the reasoning (the model's reasoning parser), the message and the function
 calls, in the order the model wrote them; with stream=true they arrive as the
@@ -60,8 +61,8 @@ RESPONSES_FIELDS = {
     "user": "str", "truncation": "str", "background": "bool", "service_tier": "str",
     "safety_identifier": "str", "prompt_cache_key": "str", "priority": "int",
     "conversation": "any", "prompt": "obj", "top_logprobs": "int",
+    "max_reasoning_tokens": "int",
 }
-EFFORTS = ("none", "minimal", "low", "medium", "high")
 # what `include` may ask for: a reasoning item's text again in encrypted_content (not
 # encrypted: armllm keeps no secret), so that a client that stores nothing can send it back
 INCLUDABLE = ("reasoning.encrypted_content",)
@@ -122,11 +123,8 @@ async def _create(state: ServerState, request: Request, llm: AsyncLLM, req: dict
     state.check_capacity(llm, 1, 1)
     instructions = req.get("instructions")
     system = [{"role": "system", "content": instructions}] if instructions else []
-    template_kwargs = {} if effort is None else {"reasoning_effort": effort}
-    if effort == "none":
-        template_kwargs["enable_thinking"] = False
     ids = render_chat(llm, template_messages(system + conversation), True, False,
-                      template_kwargs, tools.template_tools if tools else None)
+                      P.template_kwargs(chat), tools.template_tools if tools else None)
     jobs = prepare_jobs(llm, [ids], opts, "input", "max_output_tokens", None)
     answer = Answer(state, llm, req, opts, tools, conversation, effort)
     gen = Generation(state, llm, jobs, answer.id, opts.priority)
@@ -174,15 +172,13 @@ def _refuse_unsupported(req: dict) -> None:
 
 
 def _effort(reasoning: dict | None) -> str | None:
+    """reasoning.effort (checked with the sampling fields: protocol.REASONING_EFFORTS)."""
     if reasoning is None:
         return None
-    effort = reasoning.get("effort")
-    if effort is not None and effort not in EFFORTS:
-        raise P.bad("reasoning.effort", f"must be one of {', '.join(EFFORTS)}, got {effort!r}")
     summary = reasoning.get("summary")
     if summary not in (None, "auto", "concise", "detailed"):
         raise P.bad("reasoning.summary", f"must be auto, concise or detailed, got {summary!r}")
-    return effort
+    return reasoning.get("effort")
 
 
 class Answer:
