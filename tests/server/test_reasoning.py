@@ -137,3 +137,30 @@ def test_reasoning_effort_none_turns_thinking_off(client):
                                 reasoning={"effort": "none"})
     assert [o.type for o in r.output] == ["message"]
     assert r.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_messages_give_the_thinking_as_a_thinking_block(server, thinking):
+    """/v1/messages (the anthropic client): the thinking is a thinking block before the
+    text, streamed the same; thinking.budget_tokens is a reasoning budget; thinking
+    disabled turns it off."""
+    import anthropic
+    path, info = thinking
+    out_ids, end = info["output_ids"], info["end"]
+    tok = load_tokenizer(path)
+    cut = out_ids.index(end)
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    kw = dict(model="tiny", max_tokens=24, messages=THINKING_MESSAGES,
+              extra_body={"ignore_eos": True, "temperature": 0.0})
+    m = client.messages.create(thinking={"type": "adaptive"}, **kw)
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert m.content[0].thinking == tok.decode(out_ids[1:cut])
+    assert m.content[1].text == tok.decode(out_ids[cut + 1:])
+    with client.messages.stream(thinking={"type": "adaptive"}, **kw) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None))
+            for b in final.content] == [("thinking", m.content[0].thinking),
+                                        ("text", m.content[1].text)]
+    budget = client.messages.create(thinking={"type": "enabled", "budget_tokens": 2}, **kw)
+    assert budget.content[0].thinking == tok.decode(out_ids[1:3])
+    off = client.messages.create(thinking={"type": "disabled"}, **kw)
+    assert [b.type for b in off.content] == ["text"]

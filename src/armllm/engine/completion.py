@@ -64,7 +64,7 @@ class CompletionState:
 
     __slots__ = ("_detok", "_stop_ids", "_stop", "_hold", "_tokens_left", "_pending",
                  "_router", "_reasoning", "last_route", "num_reasoning_tokens",
-                 "_budget", "_closing")
+                 "_budget", "_closing", "stop_string")
 
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int],
                  params: SamplingParams, eos_token_ids: frozenset[int], max_model_len: int,
@@ -77,6 +77,7 @@ class CompletionState:
         self.num_reasoning_tokens = 0   # the tokens routed to the reasoning
         self._budget = params.max_reasoning_tokens if router is not None else None
         self._closing: list[int] = []   # forced tokens still to come (the budget is spent)
+        self.stop_string: str | None = None   # the stop string that ended the completion
         stop_ids = frozenset(params.stop_token_ids)
         self._stop_ids = stop_ids if params.ignore_eos else stop_ids | eos_token_ids
         self._stop = tuple(params.stop)
@@ -119,8 +120,9 @@ class CompletionState:
         self.last_route = route
         text = self._pending + (self._detok.add(token) if route == CONTENT else "")
         if self._stop:
-            cut = min((at for at in map(text.find, self._stop) if at >= 0), default=-1)
-            if cut >= 0:
+            found = [(at, stop) for stop in self._stop if (at := text.find(stop)) >= 0]
+            if found:
+                cut, self.stop_string = min(found)
                 return self._release(text[:cut]), reasoning, "stop"
         if self._tokens_left <= 0:  # what is held back decodes as it is
             return (self._release(text + self._detok.flush()),

@@ -46,7 +46,8 @@ def _merge(first: StepOutput, then: StepOutput) -> StepOutput:
     return StepOutput(first.request_id, first.index, first.new_token_ids + then.new_token_ids,
                       first.text_delta + then.text_delta, then.finish_reason,
                       first.logprobs + then.logprobs, then.error, then.metrics,
-                      first.reasoning_delta + then.reasoning_delta)
+                      first.reasoning_delta + then.reasoning_delta,
+                      stop_reason=then.stop_reason)
 
 
 class RequestRejected(ValueError):
@@ -567,8 +568,10 @@ class LLMEngine:
         request.num_open -= 1
         if not request.num_open:
             del self._requests[seq.request_id]
-        return self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning,
-                           completion.num_reasoning_tokens)
+        out = self._final(seq, [sample.token], delta, reason, None, logprobs, reasoning,
+                          completion.num_reasoning_tokens)
+        out.stop_reason = completion.stop_string
+        return out
 
     def _embedded(self, seq: Sequence, pool: PoolState) -> StepOutput:
         """An embedding request's one output: its vector; its blocks are freed."""

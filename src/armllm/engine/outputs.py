@@ -66,6 +66,7 @@ class StepOutput:
     metrics: RequestMetrics | None = None           # when this completion finished
     reasoning_delta: str = ""           # a reasoning model's thinking (model/reasoning.py)
     embedding: Any = None               # an embedding request's vector (float32), when done
+    stop_reason: str | None = None      # the stop string that ended it, if one did
 
 
 @dataclass
@@ -77,6 +78,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     logprobs: list | None = None
     metrics: RequestMetrics | None = None
+    stop_reason: str | None = None      # the stop string that ended it, if one did
     # this update's part, for streaming consumers
     text_delta: str = ""
     reasoning_delta: str = ""
@@ -159,6 +161,7 @@ class OutputCollector:
             c.logprobs.extend(step.logprobs)
         if step.finish_reason is not None and c.finish_reason is None:
             c.finish_reason, c.metrics = step.finish_reason, step.metrics
+            c.stop_reason = step.stop_reason
             self._open -= 1
             if step.error is not None:
                 out.error = step.error

@@ -8,7 +8,7 @@ and the small ones here: /health, /version, /v1/models, /metrics, and the web
 chat page (/ and /static/, the files in static/). ServerApp wraps them with the
 API key check (which spares the page: it asks for the key itself) and the
 per-route HTTP counters, and gives the process its one call for shutdown:
-end_generations(). Errors use OpenAI's error body."""
+end_generations(). Errors use OpenAI's error body, Anthropic's on /v1/messages."""
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +33,7 @@ from armllm.server import (
     chat,
     completions,
     embeddings,
+    messages,
     openapi,
     responses,
     tokenize,
@@ -44,6 +45,8 @@ log = logging.getLogger("armllm.server")
 
 __all__ = ["ServerApp", "ServerConfig", "create_app"]
 
+# the routes of Anthropic's API: their errors use its body
+ANTHROPIC_PREFIX = "/v1/messages"
 # the web chat page and its scripts and styles (installed with the package)
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_PREFIX = "/static"
@@ -126,7 +129,8 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
               Route("/", chat_page), Mount(STATIC_PREFIX, StaticFiles(directory=STATIC_DIR)),
               Route("/metrics", metrics), Route("/v1/models", models),
               *completions.routes(state), *chat.routes(state), *responses.routes(state),
-              *tokenize.routes(state), *embeddings.routes(state), *audio.routes(state)]
+              *messages.routes(state), *tokenize.routes(state), *embeddings.routes(state),
+              *audio.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={P.APIError: _api_error, HTTPException: _http_error,
                                         ClientDisconnect: _client_gone,
@@ -158,21 +162,29 @@ async def _log_stats(state: ServerState) -> None:
                                                     s.num_generation_tokens, now)
 
 
+def error_response(path: str, exc: P.APIError, headers: dict | None = None) -> JSONResponse:
+    """The error in the body of the API family the path belongs to: Anthropic's on
+    /v1/messages, else OpenAI's."""
+    if exc.status == 503:
+        headers = {**(headers or {}), "Retry-After": "1"}
+    body = exc.anthropic_body() if path.startswith(ANTHROPIC_PREFIX) else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=headers)
+
+
 async def _api_error(request: Request, exc: P.APIError) -> Response:
-    headers = {"Retry-After": "1"} if exc.status == 503 else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return error_response(request.url.path, exc)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     err = P.APIError(exc.detail or "error", exc.status_code,
                      code={404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
-    return JSONResponse(err.body(), status_code=exc.status_code)
+    return error_response(request.url.path, err)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     err = P.APIError(f"internal error: {type(exc).__name__}: {exc}", 500)
-    return JSONResponse(err.body(), status_code=500)
+    return error_response(request.url.path, err)
 
 
 async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
@@ -181,12 +193,13 @@ async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
 
 class ServerApp:
     """The ASGI application: the API key check (every route but /health and the chat
-    page's) and the per-route HTTP counters around the Starlette routes."""
+    page's; Bearer or x-api-key) and the per-route HTTP counters around the Starlette
+    routes."""
 
     def __init__(self, app: Starlette, state: ServerState, routes: list[Route]):
         self._app, self._state, self._routes = app, state, routes
         key = state.config.api_key
-        self._key = f"Bearer {key}".encode() if key else None
+        self._key = key.encode() if key else None
 
     @property
     def engine_failure(self) -> str | None:
@@ -212,17 +225,23 @@ class ServerApp:
             await send(message)
 
         try:
-            if self._key is not None and not _without_key(scope["path"]):
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(given, self._key):
-                    err = P.APIError("missing or wrong API key (Authorization: Bearer ...)",
-                                     401, code="invalid_api_key")
-                    resp = JSONResponse(err.body(), status_code=401,
-                                        headers={"WWW-Authenticate": "Bearer"})
-                    return await resp(scope, receive, counting_send)
+            if self._key is not None and not _without_key(scope["path"]) \
+                    and not _key_given(dict(scope["headers"]), self._key):
+                err = P.APIError("missing or wrong API key (Authorization: Bearer ..., or "
+                                 "x-api-key)", 401, code="invalid_api_key")
+                resp = error_response(scope["path"], err, {"WWW-Authenticate": "Bearer"})
+                return await resp(scope, receive, counting_send)
             await self._app(scope, receive, counting_send)
         finally:
             self._state.metrics.observe_http(route, status_seen[0] if status_seen else 499)
+
+
+def _key_given(headers: dict[bytes, bytes], key: bytes) -> bool:
+    """Whether the request carries the key: Authorization: Bearer KEY (OpenAI's
+    clients), or x-api-key: KEY (Anthropic's), compared in constant time."""
+    bearer = headers.get(b"authorization", b"")
+    return hmac.compare_digest(bearer, b"Bearer " + key) \
+        | hmac.compare_digest(headers.get(b"x-api-key", b""), key)
 
 
 def _without_key(path: str) -> bool:

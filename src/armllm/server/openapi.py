@@ -1,8 +1,9 @@
 """openapi: the server's OpenAPI 3.1 document (GET /openapi.json), built from
 the same field tables the routes check their bodies against
 (protocol.COMPLETION_FIELDS, CHAT_FIELDS, responses', tokenize's, embeddings',
-audio's forms), so that it cannot drift from what the server accepts. Every
-error response is OpenAI's error object."""
+audio's forms, messages'), so that it cannot drift from what the server
+accepts. Every error response is OpenAI's error object, Anthropic's on
+/v1/messages."""
 from __future__ import annotations
 
 import armllm
@@ -10,6 +11,7 @@ from armllm.audio.formats import RESPONSE_FORMATS
 from armllm.server import protocol as P
 from armllm.server.audio import GRANULARITIES, TRANSCRIPTION_FIELDS, TRANSLATION_FIELDS
 from armllm.server.embeddings import EMBEDDING_FIELDS, ENCODING_FORMATS
+from armllm.server.messages import COUNT_FIELDS, MESSAGES_FIELDS
 from armllm.server.responses import RESPONSES_FIELDS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
@@ -46,10 +48,23 @@ _RESPONSES_SHAPES = {"input": {"anyOf": [{"type": "string"}, {"type": "array", "
         "content": {"type": ["string", "array"]}, "call_id": {"type": "string"},
         "name": {"type": "string"}, "arguments": {"type": "string"},
         "output": {"type": ["string", "array"]}}}}]}}
+# an Anthropic message's role and content (a string or content blocks)
+_MESSAGES_SHAPES = {"messages": {"type": "array", "items": {
+    "type": "object", "required": ["role", "content"],
+    "properties": {"role": {"enum": ["user", "assistant"]},
+                   "content": {"type": ["string", "array"]}}}}}
 _RESPONSE = {"type": "object", "required": ["id", "object", "status", "output"],
              "properties": {"id": {"type": "string"}, "object": {"const": "response"},
                             "status": {"type": "string"}, "output": {"type": "array"}}}
 _ERROR = {"$ref": "#/components/schemas/Error"}
+# Anthropic's error body, on /v1/messages
+_ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {
+        "type": "object", "required": ["type", "message"],
+        "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
+_MESSAGE = {"type": "object", "required": ["id", "type", "role", "content"],
+            "properties": {"id": {"type": "string"}, "type": {"const": "message"},
+                           "role": {"const": "assistant"}, "content": {"type": "array"}}}
 _JSON_OBJECT = {"type": "object"}
 
 
@@ -63,18 +78,19 @@ def _body(fields: dict[str, str], required: tuple[str, ...], model: str,
     return schema
 
 
-def _responses(ok: dict, *, media: str = "application/json") -> dict:
-    """The success response (`ok`, a schema, under `media`) and OpenAI's error object
-    for every other status."""
+def _responses(ok: dict, *, media: str = "application/json", error: dict = _ERROR) -> dict:
+    """The success response (`ok`, a schema, under `media`) and the error object
+    (OpenAI's unless `error`) for every other status."""
     return {"200": {"description": "success", "content": {media: {"schema": ok}}},
             "default": {"description": "an error (4xx: the request; 503: not ready, "
                         "overloaded or stopped)",
-                        "content": {"application/json": {"schema": _ERROR}}}}
+                        "content": {"application/json": {"schema": error}}}}
 
 
 def _post(summary: str, fields: dict[str, str], required: tuple[str, ...], ok: dict,
-          model: str, stream: bool = False, shapes: dict | None = None) -> dict:
-    responses = _responses(ok)
+          model: str, stream: bool = False, shapes: dict | None = None,
+          error: dict = _ERROR) -> dict:
+    responses = _responses(ok, error=error)
     if stream:   # "stream": true answers with server-sent events
         responses["200"]["content"]["text/event-stream"] = {"schema": {
             "type": "object", "properties": {"data": {"type": "string"}}}}
@@ -120,7 +136,7 @@ def document(model: str) -> dict:
                  "description": "OpenAI-compatible completions, chat, responses, "
                                 "embeddings and audio transcriptions, with vLLM's "
                                 "extensions (sampling fields, structured outputs, "
-                                "/tokenize)."},
+                                "/tokenize), and Anthropic's Messages API."},
         "paths": {
             "/health": _get("200 once the model serves, else 503", _JSON_OBJECT),
             "/version": _get("the armllm version", {
@@ -148,6 +164,15 @@ def document(model: str) -> dict:
                            "responses": _responses(_JSON_OBJECT)},
                 "parameters": [{"name": "response_id", "in": "path", "required": True,
                                 "schema": {"type": "string"}}]},
+            "/v1/messages": _post("the assistant's reply (Anthropic's Messages API)",
+                                  MESSAGES_FIELDS, ("model", "max_tokens", "messages"),
+                                  _MESSAGE, model, stream=True, shapes=_MESSAGES_SHAPES,
+                                  error=_ANTHROPIC_ERROR),
+            "/v1/messages/count_tokens": _post(
+                "the prompt tokens of a Messages request", COUNT_FIELDS,
+                ("model", "messages"), {"type": "object", "required": ["input_tokens"],
+                                        "properties": {"input_tokens": {"type": "integer"}}},
+                model, shapes=_MESSAGES_SHAPES, error=_ANTHROPIC_ERROR),
             "/v1/embeddings": _post("the embedding of an input (or of each of a list)",
                                     EMBEDDING_FIELDS, ("input",), {
                                         "type": "object", "required": ["data", "usage"],

@@ -26,7 +26,8 @@ MAX_LOGPROBS = 20
 
 
 class APIError(Exception):
-    """An error answered with OpenAI's body: {"error": {message, type, param, code}}."""
+    """An error answered with OpenAI's body: {"error": {message, type, param, code}}, or
+    on Anthropic's routes with Anthropic's (anthropic_body)."""
 
     def __init__(self, message: str, status: int = 400, param: str | None = None,
                  code: str | None = None, type: str | None = None):
@@ -40,6 +41,15 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
+
+    def anthropic_body(self) -> dict:
+        """The error in Anthropic's body (the /v1/messages routes):
+        {"type": "error", "error": {"type", "message"}}."""
+        kind = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 408: "timeout_error",
+                413: "request_too_large", 429: "rate_limit_error",
+                503: "overloaded_error"}.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
 
 
 def bad(param: str, message: str, code: str | None = "invalid_value") -> APIError:
