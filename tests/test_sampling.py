@@ -45,6 +45,9 @@ def test_penalties_follow_their_definitions():
     ({"logit_bias": {-3: 1}}, "logit_bias keys must be token ids"),
     ({"logit_bias": [1]}, "logit_bias must be a map"),
     ({"max_reasoning_tokens": -1}, "max_reasoning_tokens must be an integer >= 0"),
+    # positive, but 0 in the sampler's float32 (schemathesis found it through a route)
+    ({"repetition_penalty": 4.4e-303}, "repetition_penalty must be in"),
+    ({"top_p": 1e-50}, "top_p must be in"),
     ({"max_reasoning_tokens": 1.5}, "max_reasoning_tokens must be an integer >= 0"),
 ])
 def test_bad_parameters(kw, match):
