@@ -199,3 +199,33 @@ def test_the_store_keeps_a_bounded_number_for_a_bounded_time(chat_model, tmp_pat
         with pytest.raises(openai.BadRequestError):
             client.responses.create(model="tiny", input="and?", previous_response_id=ids[2])
         assert metric(srv.url, "armllm:responses_evicted_total") == 2
+
+
+def test_an_agent_loop(chat_client, chat_model):
+    """Three turns as an agent drives them: each answer's calls are run and their
+    outputs sent with previous_response_id; the last prompt holds the whole loop as
+    transformers renders it."""
+    from transformers import AutoTokenizer
+    conversation = [{"role": "user", "content": QUESTION}]
+    sent, previous = QUESTION, {}
+    for turn in range(3):
+        response = chat_client.responses.create(
+            model="tiny", input=sent, tools=FUNCTIONS, parallel_tool_calls=False,
+            tool_choice="required" if turn < 2 else "auto",
+            max_output_tokens=300 if turn < 2 else 1, extra_body={"seed": turn}, **previous)
+        if turn == 2:
+            break
+        (call,) = [o for o in response.output if o.type == "function_call"]
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        result = f"result {turn}"
+        sent = [{"type": "function_call_output", "call_id": call.call_id, "output": result}]
+        conversation += [{"role": "assistant", "content": "", "tool_calls": [{
+            "id": call.call_id, "type": "function",
+            "function": {"name": call.name, "arguments": json.loads(call.arguments)}}]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": result}]
+        previous = {"previous_response_id": response.id}
+    hf = AutoTokenizer.from_pretrained(chat_model)
+    want = hf.apply_chat_template(conversation, tools=TOOLS, add_generation_prompt=True,
+                                  tokenize=True)
+    want = want if isinstance(want, list) else want["input_ids"]
+    assert response.usage.input_tokens == len(want)
