@@ -39,6 +39,7 @@ from armllm.server import (
     tokenize,
 )
 from armllm.server import protocol as P
+from armllm.server.generation import ClientGone
 from armllm.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("armllm.server")
@@ -133,7 +134,7 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
               *audio.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={P.APIError: _api_error, HTTPException: _http_error,
-                                        ClientDisconnect: _client_gone,
+                                        ClientDisconnect: _client_gone, ClientGone: _client_gone,
                                         Exception: _server_error})
     return ServerApp(app, state, [r for r in routes if isinstance(r, Route)])
 
@@ -187,7 +188,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(request.url.path, err)
 
 
-async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """The client went away (ClientDisconnect, ClientGone): nobody reads the answer."""
     return Response(status_code=499)
 
 

@@ -8,13 +8,15 @@ context, as vLLM's."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from armllm.api import AsyncLLM, CompletionOutput
+from armllm.api import AsyncLLM, CompletionOutput, RequestOutput
 from armllm.model.tokenizer import TEMPLATE_OWN_NAMES
 from armllm.server import protocol as P
 from armllm.server.generation import Generation, prepare_jobs, respond, token_text
@@ -172,6 +174,19 @@ class ChatChoices:
             return {"token": text, "logprob": lp, "bytes": list(text.encode())}
         return {"content": [{**item(token, lp), "top_logprobs": [item(t, v) for t, v in top or []]}
                             for token, lp, top in entries]}
+
+
+async def parts(gen: Generation, choices: ChatChoices
+                ) -> AsyncIterator[tuple[dict, str | None, RequestOutput]]:
+    """A one-completion generation's updates read through chat's parser (the
+    Responses and Messages streams build on them): each update's delta (content,
+    reasoning_content, tool_calls), its finish reason once it has ended, and the
+    update itself. Closing this iterator aborts the generation."""
+    async with aclosing(gen.outputs()) as outs:
+        async for _, out in outs:
+            gen.ended_now(0, out)
+            c = out.outputs[0]
+            yield choices.delta(0, c, c.finish_reason)["delta"], c.finish_reason, out
 
 
 def _parser_reasoning(parser: ToolParser) -> str:

@@ -187,21 +187,33 @@ async def respond(state: ServerState, request: Request, gen: Generation, choices
     admission = state.admit(gen.llm, len(gen.jobs) * gen.n)
     model, created = state.config.served_model_name, int(time.time())
     if opts.stream:
-        return EventStream(_events(gen, choices, opts, model, created), admission,
-                           media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return event_stream(_events(gen, choices, opts, model, created), admission)
+    outs = await whole(request, gen, admission)
+    body = [choices.final(i * gen.n + c.index, c) for i, out in enumerate(outs)
+            for c in out.outputs]
+    return JSONResponse({"id": gen.request_id, "object": choices.object, "created": created,
+                         "model": model, "choices": body, "usage": usage(outs)})
+
+
+def event_stream(events: AsyncIterator[str], admission: Admission) -> EventStream:
+    """A streamed answer: its server-sent events, holding the admission until it ends."""
+    return EventStream(events, admission, media_type="text/event-stream",
+                       headers={"Cache-Control": "no-cache"})
+
+
+async def whole(request: Request, gen: Generation, admission: Admission
+                ) -> list[RequestOutput]:
+    """The generation's finished outputs, for an answer in one body: raced against the
+    client's disconnect (ClientGone, which the app answers 499), the admission
+    released however it ends, a failed generation raised as its APIError."""
     try:
         outs = await until_disconnected(request, collect(gen))
-    except ClientGone:
-        return Response(status_code=499)
     finally:
         admission.release()
     failure = generation_failure(gen.state, outs)
     if failure is not None:
         raise failure
-    body = [choices.final(i * gen.n + c.index, c) for i, out in enumerate(outs)
-            for c in out.outputs]
-    return JSONResponse({"id": gen.request_id, "object": choices.object, "created": created,
-                         "model": model, "choices": body, "usage": usage(outs)})
+    return outs
 
 
 async def collect(gen: Generation) -> list[RequestOutput]:

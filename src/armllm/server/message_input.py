@@ -211,10 +211,4 @@ def _tool_choice(choice: Any) -> dict:
 def in_messages_terms(exc: P.APIError) -> P.APIError:
     """Chat's error with the Messages field names (max_tokens, stop_sequences,
     tools[i].input_schema, ...)."""
-    def rename(text: str) -> str:
-        for chat_name, name in MESSAGES_NAMES.items():
-            text = text.replace(chat_name, name)
-        return text
-    if exc.param is None:
-        return exc
-    return P.APIError(rename(exc.message), exc.status, rename(exc.param), exc.code, exc.type)
+    return P.renamed(exc, MESSAGES_NAMES)

@@ -26,7 +26,6 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,16 +33,14 @@ from starlette.routing import Route
 
 from armllm.api import AsyncLLM, CompletionOutput, EngineClosed, RequestOutput
 from armllm.server import protocol as P
-from armllm.server.chat import ChatChoices, render_chat, with_tools
+from armllm.server.chat import ChatChoices, parts, render_chat, with_tools
 from armllm.server.generation import (
-    ClientGone,
-    EventStream,
     Generation,
-    collect,
     engine_stopped,
+    event_stream,
     generation_failure,
     prepare_jobs,
-    until_disconnected,
+    whole,
 )
 from armllm.server.message_input import chat_messages, chat_request, in_messages_terms
 from armllm.server.state import ServerState
@@ -116,18 +113,8 @@ async def _create(state: ServerState, request: Request, llm: AsyncLLM, req: dict
     gen = Generation(state, llm, jobs, reply.id, opts.priority)
     admission = state.admit(llm, 1)
     if opts.stream:
-        return EventStream(reply.events(gen), admission, media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache"})
-    try:
-        outs = await until_disconnected(request, collect(gen))
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        admission.release()
-    error = generation_failure(state, outs)
-    if error is not None:
-        raise error
-    out = outs[0]
+        return event_stream(reply.events(gen), admission)
+    out = (await whole(request, gen, admission))[0]
     c = out.outputs[0]
     message = reply.choices.final(0, c)["message"]
     blocks = Blocks()
@@ -176,22 +163,17 @@ class Reply:
         yield event("message_start", message=start)
         final: RequestOutput | None = None
         try:
-            async with aclosing(gen.outputs()) as outs:
-                async for _, out in outs:
-                    gen.ended_now(0, out)
-                    c = out.outputs[0]
-                    ended = c.finish_reason is not None
-                    delta = self.choices.delta(0, c, c.finish_reason if ended else None)
-                    blocks.thinking(delta["delta"].get("reasoning_content") or "")
-                    blocks.text(delta["delta"].get("content") or "")
-                    for call in delta["delta"].get("tool_calls") or []:
-                        blocks.tool_use(call)
-                    if ended:
-                        blocks.close()
-                    for kind, fields in blocks.take_events():
-                        yield event(kind, **fields)
-                    if out.finished:
-                        final = out
+            async for delta, reason, out in parts(gen, self.choices):
+                blocks.thinking(delta.get("reasoning_content") or "")
+                blocks.text(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    blocks.tool_use(call)
+                if reason is not None:
+                    blocks.close()
+                for kind, fields in blocks.take_events():
+                    yield event(kind, **fields)
+                if out.finished:
+                    final = out
         except EngineClosed:
             yield event("error", error=engine_stopped().anthropic_body()["error"])
             return

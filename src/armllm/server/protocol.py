@@ -56,6 +56,19 @@ def bad(param: str, message: str, code: str | None = "invalid_value") -> APIErro
     return APIError(f"{param}: {message}", 400, param, code)
 
 
+def renamed(exc: APIError, names: dict[str, str]) -> APIError:
+    """A chat error in another API's terms: each of `names`' keys in its parameter and
+    message replaced by its value, in order (the Responses and Messages routes check
+    their requests as chat requests)."""
+    def rename(text: str) -> str:
+        for chat_name, name in names.items():
+            text = text.replace(chat_name, name)
+        return text
+    if exc.param is None:
+        return exc
+    return APIError(rename(exc.message), exc.status, rename(exc.param), exc.code, exc.type)
+
+
 # -- the body -------------------------------------------------------------------------------
 
 # OpenAI bodies nest a handful of levels; the bound keeps everything that later walks a

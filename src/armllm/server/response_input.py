@@ -33,7 +33,7 @@ CHAT_NAMES = {"max_output_tokens": "max_completion_tokens"}
 RESPONSES_NAMES = {"max_completion_tokens": "max_output_tokens",
                    "response_format.json_schema": "text.format",
                    "response_format": "text.format", "messages": "input",
-                   "reasoning_effort": "reasoning.effort"}
+                   "reasoning_effort": "reasoning.effort", ".function.": "."}
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty", "seed", "stop", "logit_bias", "stream", "priority",
             "parallel_tool_calls", "max_output_tokens", "max_reasoning_tokens")
@@ -186,10 +186,4 @@ def _tool(i: int, tool: Any) -> dict:
 def in_responses_terms(exc: P.APIError) -> P.APIError:
     """Chat's error with the Responses field names (max_output_tokens, text.format,
     tools[i].name, ...)."""
-    def rename(text: str) -> str:
-        for chat_name, name in RESPONSES_NAMES.items():
-            text = text.replace(chat_name, name)
-        return text.replace(".function.", ".")
-    if exc.param is None:
-        return exc
-    return P.APIError(rename(exc.message), exc.status, rename(exc.param), exc.code, exc.type)
+    return P.renamed(exc, RESPONSES_NAMES)

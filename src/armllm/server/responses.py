@@ -26,7 +26,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,16 +33,14 @@ from starlette.routing import Route
 
 from armllm.api import AsyncLLM, CompletionOutput, EngineClosed, RequestOutput
 from armllm.server import protocol as P
-from armllm.server.chat import ChatChoices, render_chat, with_tools
+from armllm.server.chat import ChatChoices, parts, render_chat, with_tools
 from armllm.server.generation import (
-    ClientGone,
-    EventStream,
     Generation,
-    collect,
     engine_stopped,
+    event_stream,
     generation_failure,
     prepare_jobs,
-    until_disconnected,
+    whole,
 )
 from armllm.server.response_input import chat_request, in_responses_terms, input_messages
 from armllm.server.response_output import Output
@@ -130,18 +127,8 @@ async def _create(state: ServerState, request: Request, llm: AsyncLLM, req: dict
     gen = Generation(state, llm, jobs, answer.id, opts.priority)
     admission = state.admit(llm, 1)
     if opts.stream:
-        return EventStream(answer.events(gen), admission, media_type="text/event-stream",
-                           headers={"Cache-Control": "no-cache"})
-    try:
-        outs = await until_disconnected(request, collect(gen))
-    except ClientGone:
-        return Response(status_code=499)
-    finally:
-        admission.release()
-    error = generation_failure(state, outs)
-    if error is not None:
-        raise error
-    out = outs[0]
+        return event_stream(answer.events(gen), admission)
+    out = (await whole(request, gen, admission))[0]
     return JSONResponse(answer.finished(out, answer.output_of(out.outputs[0])))
 
 
@@ -268,24 +255,19 @@ class Answer:
         final: RequestOutput | None = None
         calls = 0
         try:
-            async with aclosing(gen.outputs()) as outs:
-                async for _, out in outs:
-                    gen.ended_now(0, out)
-                    c = out.outputs[0]
-                    ended = c.finish_reason is not None
-                    delta = self.choices.delta(0, c, c.finish_reason if ended else None)["delta"]
-                    output.reasoning(delta.get("reasoning_content") or "")
-                    output.text(delta.get("content") or "")
-                    for call in delta.get("tool_calls") or []:
-                        if self.max_calls is None or calls < self.max_calls:
-                            output.call(call)
-                            calls += 1
-                    if ended:
-                        output.close(c.finish_reason == "length")
-                    for kind, fields in output.take_events():
-                        yield event(kind, **fields)
-                    if out.finished:
-                        final = out
+            async for delta, reason, out in parts(gen, self.choices):
+                output.reasoning(delta.get("reasoning_content") or "")
+                output.text(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    if self.max_calls is None or calls < self.max_calls:
+                        output.call(call)
+                        calls += 1
+                if reason is not None:
+                    output.close(reason == "length")
+                for kind, fields in output.take_events():
+                    yield event(kind, **fields)
+                if out.finished:
+                    final = out
         except EngineClosed:
             yield event("response.failed", response=self.response(
                 "failed", output, error=_error_object(engine_stopped())))
