@@ -152,6 +152,17 @@ def test_either_key_header(keyed):
     ({"stop_sequences": [""]}, "stop_sequences"),
     ({"output_config": {"effort": "huge"}}, "output_config.effort"),
     ({"model": "claude-opus"}, "claude-opus"),
+    ({"system": [{"type": "image"}]}, "system[0]: image blocks are not supported"),
+    ({"system": 7}, "system: must be a string"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t"}]}]},
+     "messages[0].content[0]: a tool_use block needs"),
+    ({"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},
+     "messages[0].content[0].type: a user's block"),
+    ({"tool_choice": {"type": "tool"}}, "tool_choice"),
+    ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({"output_config": {"format": {"type": "regex"}}}, "output_config.format"),
+    ({"temperature": 1e9}, "temperature"),
+    ({"mcp_servers": [{"url": "x"}]}, "mcp_servers: not supported"),
 ])
 def test_bad_requests_get_anthropics_error_body(keyed, extra, words):
     body = {k: v for k, v in {"model": "tiny", "max_tokens": 4, "messages": ASK,

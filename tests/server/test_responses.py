@@ -171,6 +171,20 @@ def test_a_named_function_and_text_format(chat_client):
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort", "must be one of"),
     ({"include": ["file_search_call.results"]}, "include[0]", "not supported"),
     ({"temperature": "hot"}, "temperature", "number"),
+    ({"instructions": 5}, "instructions", "string"),
+    ({"input": [{"type": "function_call", "call_id": "c", "arguments": "{}"}]},
+     "input[0].name", "string"),
+    ({"input": [{"type": "reasoning", "content": "x"}]}, "input[0].content", "reasoning_text"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type", "not supported"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role", "must be one of"),
+    ({"tool_choice": {"type": "allowed_tools"}}, "tool_choice", "not supported"),
+    ({"text": {"verbosity": "chatty"}}, "text.verbosity", "must be"),
+    ({"reasoning": {"summary": "long"}}, "reasoning.summary", "must be"),
+    ({"metadata": {"k": 5}}, "metadata", "string values"),
+    ({"truncation": "auto"}, "truncation", "not supported"),
+    ({"top_logprobs": 3}, "top_logprobs", "not supported"),
+    ({"conversation": "conv_1"}, "conversation", "not supported"),
+    ({"max_reasoning_tokens": -2}, "max_reasoning_tokens", ">= 0"),
 ])
 def test_bad_requests_are_400s_naming_the_field(chat_server, extra, param, words):
     body = {"model": "tiny", "input": QUESTION, "max_output_tokens": 4, **extra}

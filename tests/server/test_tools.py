@@ -164,8 +164,12 @@ def test_auto_lets_the_model_answer(chat_client):
     # a random model writes no <tool_call> block in 30 tokens: its text is the answer
     assert choice.message.tool_calls is None and choice.message.content
     none = chat_client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
-                                          tool_choice="none", max_tokens=5, seed=1).choices[0]
-    assert none.message.tool_calls is None
+                                               tool_choice="none", max_tokens=5, seed=1)
+    assert none.choices[0].message.tool_calls is None
+    auto = chat_client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                               max_tokens=1)
+    # the model still sees the tools: the prompt is the same as with "auto"
+    assert none.usage.prompt_tokens == auto.usage.prompt_tokens
 
 
 def test_tools_render_as_transformers_renders_them(chat_client, chat_model):

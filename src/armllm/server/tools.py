@@ -46,8 +46,10 @@ class ToolRequest:
 
     @property
     def template_tools(self) -> list[dict] | None:
-        """What the chat template's `tools` variable holds (none when calls are off)."""
-        return self.tools if self.parses else None
+        """What the chat template's `tools` variable holds: the tools, with tool_choice
+        "none" too (the model knows them but calls none, as OpenAI's and vLLM's: an
+        agent's last turn keeps its conversation's prefix, and its prefix cache)."""
+        return self.tools or None
 
 
 def tool_request(req: dict, parser: str | None, parallel: bool = True) -> ToolRequest | None:
