@@ -82,11 +82,11 @@ class SamplingParams:
             raise bad("top_k", "must be -1, 0 (off) or a positive integer")
         # the sampler reads these as float32: a positive value that rounds to 0 there is 0
         if not 0.0 < np.float32(self.top_p) <= 1.0:
-            raise bad("top_p", "must be in (0, 1] (as a float32)")
+            raise bad("top_p", "must be in (0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "must be in [0, 1]")
         if not 0.0 < np.float32(self.repetition_penalty) <= 10.0:
-            raise bad("repetition_penalty", "must be in (0, 10] (as a float32)")
+            raise bad("repetition_penalty", "must be in (0, 10]")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, "must be in [-2, 2]")
