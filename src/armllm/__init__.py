@@ -9,13 +9,13 @@ _blas_threads.keep_blas_single_threaded()
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput",
-           "EmbeddingOutput", "EngineArgs", "TranscribeOptions"]
+           "EmbeddingOutput", "ScoreOutput", "EngineArgs", "TranscribeOptions"]
 
 
 def __getattr__(name: str):
     """The public API, imported on first use so that `import armllm` stays light."""
     if name in ("LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOutput",
-                "EngineArgs", "TranscribeOptions"):
+                "ScoreOutput", "EngineArgs", "TranscribeOptions"):
         from armllm import api
         return getattr(api, name)
     if name == "SamplingParams":

@@ -35,15 +35,18 @@ from armllm.engine.outputs import (
     EngineStats,
     OutputCollector,
     RequestOutput,
+    ScoreOutput,
     StepOutput,
     embedding_result,
+    score_result,
 )
 from armllm.engine.setup import EngineArgs, build_engine
 from armllm.model.loader import model_path
+from armllm.model.score_head import score_prompt
 from armllm.sampling import FALLBACK_DEFAULTS, SamplingParams, model_sampling_defaults
 
 __all__ = ["LLM", "AsyncLLM", "RequestOutput", "CompletionOutput", "EmbeddingOutput",
-           "EngineArgs", "RequestRejected", "ContextLengthExceeded", "EngineClosed",
+           "ScoreOutput", "EngineArgs", "RequestRejected", "ContextLengthExceeded", "EngineClosed",
            "TranscribeOptions", "Transcription"]
 
 Prompt = str | list[int]
@@ -112,6 +115,21 @@ class _LLMBase:
             return list(prompt)
         raise ValueError(f"a prompt is a string or a list of token ids, got "
                          f"{type(prompt).__name__}")
+
+    @property
+    def is_reranker(self) -> bool:
+        """The model scores query-document pairs (score, /v1/rerank): a cross-encoder or
+        reranker checkpoint (model/score_head.py)."""
+        return self.loaded.score_head is not None
+
+    def score_prompt(self, query: str, document: str) -> list[int]:
+        """The token ids the reranker scores a query and a document with: its score
+        template's text (a GGUF's, or --score-template), else the tokenizer's pair
+        encoding."""
+        for name, text in (("query", query), ("document", document)):
+            if not isinstance(text, str):
+                raise ValueError(f"a {name} is a string, got {type(text).__name__}")
+        return score_prompt(self.tokenizer, self.loaded.score_template, query, document)
 
     def chat_prompt(self, messages: list[dict], add_generation_prompt: bool = True,
                     **template_kwargs) -> list[int]:
@@ -204,6 +222,30 @@ class LLM(_LLMBase):
                 if out.request_id in done:
                     done[out.request_id] = out
         return [embedding_result(p, out) for p, out in zip(ids, done.values(), strict=True)]
+
+    def score(self, query: str, documents: str | list[str], priority: int = 0
+              ) -> list[ScoreOutput]:
+        """A reranker's relevance score, in (0, 1), of each document (a string or a
+        list of them) for the query, in the documents' order. The pairs run batched
+        through the engine (the query's shared prefix from the prefix cache); every one
+        is checked before any runs."""
+        params = PoolingParams(task="score")
+        docs = [documents] if isinstance(documents, str) else list(documents)
+        if not docs:
+            raise ValueError("no documents given")
+        ids = [self.score_prompt(query, d) for d in docs]
+        for p in ids:
+            self.check_request(p, params)
+        done: dict[str, StepOutput | None] = {}
+        for p in ids:
+            rid = f"req-{next(self._ids)}"
+            self.engine.add_request(rid, p, params, priority)
+            done[rid] = None
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.request_id in done:
+                    done[out.request_id] = out
+        return [score_result(p, out) for p, out in zip(ids, done.values(), strict=True)]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None
                ) -> Iterator[StepOutput]:
@@ -345,6 +387,27 @@ class AsyncLLM(_LLMBase):
         request_id = request_id or f"embd-{uuid.uuid4().hex}"
         ids = self.prompt_ids(prompt)
         self.check_request(ids, params)
+        return embedding_result(ids, await self._pooled(request_id, ids, params, priority))
+
+    async def score(self, query: str, document: str, request_id: str | None = None,
+                    priority: int = 0) -> ScoreOutput:
+        """The reranker's relevance score of the document for the query (see
+        LLM.score), batched with whatever else the engine runs. Raises ValueError
+        (RequestRejected) for a bad request before anything is queued; cancelling the
+        awaiting task aborts the request."""
+        return await self.score_ids(self.score_prompt(query, document), request_id, priority)
+
+    async def score_ids(self, ids: list[int], request_id: str | None = None,
+                        priority: int = 0) -> ScoreOutput:
+        """The reranker's score of a prompt already made (score_prompt)."""
+        params = PoolingParams(task="score")
+        request_id = request_id or f"score-{uuid.uuid4().hex}"
+        self.check_request(ids, params)
+        return score_result(ids, await self._pooled(request_id, ids, params, priority))
+
+    async def _pooled(self, request_id: str, ids: list[int], params: PoolingParams,
+                      priority: int) -> StepOutput:
+        """A pooling request's one StepOutput (embed, score_ids)."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future[StepOutput] = loop.create_future()
 
@@ -354,11 +417,10 @@ class AsyncLLM(_LLMBase):
         try:
             await asyncio.wrap_future(self._client.add(request_id, ids, params, sink,
                                                        priority))
-            out = await result
+            return await result
         except asyncio.CancelledError:
             self._client.abort(request_id)
             raise
-        return embedding_result(ids, out)
 
     async def transcribe(self, audio, options: TranscribeOptions | None = None, *,
                          batched: bool = False, max_seconds: float | None = None,

@@ -56,6 +56,23 @@ def test_special_tokens_and_config(smollm2):
     assert tok.get_vocab_size() == 49152
 
 
+@pytest.mark.parametrize("bos,eos,sep", [(True, True, True), (True, False, False),
+                                          (False, True, False), (False, False, True)])
+def test_a_pair_is_joined_as_llama_cpp_joins_a_rerank_prompt(smollm2, bos, eos, sep):
+    """llama.cpp's server (format_prompt_rerank without a template): BOS if add_bos,
+    the query, EOS if add_eos, SEP if add_sep, the document, EOS if add_eos."""
+    path, _, _ = smollm2
+    meta = {**GGUFFile(path).metadata, "tokenizer.ggml.add_bos_token": bos,
+            "tokenizer.ggml.add_eos_token": eos, "tokenizer.ggml.add_sep_token": sep,
+            "tokenizer.ggml.seperator_token_id": 3}
+    tok, config = tokenizer_from_gguf(meta)
+    query, doc = (tok.encode(t, add_special_tokens=False).ids for t in TEXTS[:2])
+    bos_id, eos_id = tok.token_to_id(config["bos_token"]), tok.token_to_id(config["eos_token"])
+    want = [bos_id] * bos + query + [eos_id] * eos + [3] * sep + doc + [eos_id] * eos
+    assert tok.encode(TEXTS[0], pair=TEXTS[1]).ids == want
+    assert tok.encode(TEXTS[0]).ids == [bos_id] * bos + query + [eos_id] * eos
+
+
 def test_unsupported_model_and_bad_ids_are_clear_errors():
     with pytest.raises(ValueError, match="tokenizer.ggml.model = 'llama' is not supported"):
         tokenizer_from_gguf({"tokenizer.ggml.model": "llama"}, "x.gguf")

@@ -16,6 +16,7 @@ from armllm.server import protocol as P
 from armllm.server.audio import TRANSCRIPTION_FIELDS, TRANSLATION_FIELDS
 from armllm.server.embeddings import EMBEDDING_FIELDS
 from armllm.server.messages import MESSAGES_FIELDS
+from armllm.server.rerank import RERANK_FIELDS, SCORE_FIELDS
 from armllm.server.responses import RESPONSES_FIELDS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 from tests.server.conftest import running_server
@@ -31,13 +32,17 @@ def test_document_lists_every_route_and_field(server):
                                  "/v1/embeddings", "/tokenize", "/detokenize",
                                  "/v1/audio/transcriptions", "/v1/audio/translations",
                                  "/v1/responses", "/v1/responses/{response_id}",
-                                 "/v1/messages", "/v1/messages/count_tokens"}
+                                 "/v1/messages", "/v1/messages/count_tokens",
+                                 "/v1/rerank", "/rerank", "/v2/rerank", "/v1/score",
+                                 "/score"}
     for path, fields in (("/v1/completions", P.COMPLETION_FIELDS),
                          ("/v1/chat/completions", P.CHAT_FIELDS),
                          ("/v1/responses", RESPONSES_FIELDS),
                          ("/v1/messages", MESSAGES_FIELDS),
                          ("/tokenize", TOKENIZE_FIELDS), ("/detokenize", DETOKENIZE_FIELDS),
-                         ("/v1/embeddings", EMBEDDING_FIELDS)):
+                         ("/v1/embeddings", EMBEDDING_FIELDS),
+                         ("/v1/rerank", RERANK_FIELDS), ("/v2/rerank", RERANK_FIELDS),
+                         ("/v1/score", SCORE_FIELDS)):
         body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         assert set(body["schema"]["properties"]) == set(fields), path
     for path, fields in (("/v1/audio/transcriptions", TRANSCRIPTION_FIELDS),

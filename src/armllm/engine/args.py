@@ -16,6 +16,7 @@ from armllm.engine.spec.config import SpeculativeConfig
 from armllm.engine.topology import rank_cpus
 from armllm.model.quantize import SCHEME_NAMES, parse_scheme
 from armllm.model.reasoning import REASONING_PARSERS
+from armllm.model.score_head import parse_score_tokens, read_score_template
 
 WEIGHT_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32",
                  "f32": "f32"}
@@ -51,6 +52,15 @@ class EngineArgs:
     quantize_lm_head: bool = _flag(
         False, "quantize a float lm_head with the scheme too (under auto a quantized one, "
         "e.g. a GGUF's Q8_0 token embedding, runs as is)")
+    score_from_tokens: str | None = _flag(
+        None, "serve a causal reranker (Qwen3-Reranker): its relevance score is "
+        "sigmoid(logit(TRUE) - logit(FALSE)) at the prompt's last token, and only those "
+        "two rows of its lm_head are loaded", metavar="FALSE,TRUE",
+        unset="a reranker is a one-label sequence classifier or a GGUF of pooling type rank")
+    score_template: str | None = _flag(
+        None, "a reranker's prompt: text or a file holding {query} and {document} "
+        "(Qwen3-Reranker's instruction format)", metavar="TEMPLATE",
+        unset="a GGUF's tokenizer.chat_template.rerank, else the tokenizer's pair encoding")
     max_model_len: int | None = _flag(
         None, "tokens per sequence, prompt + output", metavar="TOKENS",
         unset="the model's context, capped by the KV cache")
@@ -135,6 +145,8 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
+        parse_score_tokens(self.score_from_tokens)   # raises ValueError naming the value
+        read_score_template(self.score_template)
         if self.reasoning_parser not in (None, *REASONING_PARSERS):
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")

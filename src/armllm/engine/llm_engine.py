@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from armllm.engine.completion import CompletionState
-from armllm.engine.embedding import PoolingParams, PoolState
+from armllm.engine.embedding import SCORE_POOLING, PoolingParams, PoolState, pooling_refusal
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.request_state import RequestState, SeqKey
 from armllm.engine.sampler import RESAMPLE_STREAM, SampleJob
@@ -180,8 +180,9 @@ class LLMEngine:
             seq.reuse_prefix = False
             seq.encoder_len = self.loaded.config.encoder.positions
         if isinstance(params, PoolingParams):
-            state.pool = PoolState(self.loaded.pooling, params)
-            seq.reuse_prefix = not self.loaded.pooling.reads_every_row
+            state.pool = PoolState(self.loaded.pooling, params) if params.task == "embed" \
+                else PoolState(SCORE_POOLING, params, self.loaded.score_head)
+            seq.reuse_prefix = not state.pool.pooling.reads_every_row
         else:
             state.completion = self._completion_state(seq)
         if params.structured_output is not None:
@@ -205,17 +206,14 @@ class LLMEngine:
         embedding = isinstance(params, PoolingParams)
         self._check_encoder_input(encoder_input, embedding)
         if embedding:
-            pooling = self.loaded.pooling
-            if pooling.unsupported:
-                raise RequestRejected(f"this model's embeddings cannot be computed: "
-                                      f"{pooling.unsupported}", "model")
-            try:
-                pooling.check_dimensions(params.dimensions, self.loaded.config.hidden_size)
-            except ValueError as exc:
-                raise RequestRejected(str(exc), "dimensions") from None
+            refusal = pooling_refusal(self.loaded, params)
+            if refusal is not None:
+                raise RequestRejected(*refusal)
         elif not self.loaded.config.has_lm_head:
-            raise RequestRejected("this model has no lm_head (an embedding model): it serves "
-                                  "embeddings only", "model")
+            raise RequestRejected(
+                "this model has no lm_head (an embedding model or a reranker): it serves "
+                + ("scores and embeddings" if self.loaded.score_head else "embeddings")
+                + " only", "model")
         if not isinstance(prompt_ids, list):
             raise RequestRejected(f"the prompt must be a list of token ids, got "
                                   f"{type(prompt_ids).__name__}", "prompt")

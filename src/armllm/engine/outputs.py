@@ -212,3 +212,22 @@ class EngineStats:
     def prefix_hit_rate(self) -> float:
         q = self.prefix_cache_queries
         return self.prefix_cache_hits / q if q else 0.0
+
+
+@dataclass
+class ScoreOutput:
+    """A score request's result: a reranker's relevance score of one prompt (a query
+    and a document), in (0, 1)."""
+    request_id: str
+    prompt_token_ids: list[int]
+    score: float
+    metrics: RequestMetrics | None = None
+
+
+def score_result(prompt_ids: list[int], step: StepOutput) -> ScoreOutput:
+    """The ScoreOutput of a score request's one StepOutput; raises RuntimeError with
+    the engine's reason if the request ended without a score."""
+    if step.embedding is None:
+        raise RuntimeError(step.error or f"the score request ended: {step.finish_reason}")
+    return ScoreOutput(step.request_id, list(prompt_ids), float(step.embedding[0]),
+                       step.metrics)

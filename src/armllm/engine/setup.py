@@ -73,7 +73,7 @@ def load(model: str | Path, args: EngineArgs, progress=None, comm: ops.Comm | No
     if args.threads is not None and comm is None:
         ops.set_num_threads(args.threads)
     return load_model(model, WEIGHT_DTYPES[args.dtype], progress, _quantization(args),
-                      args.quantize_lm_head, comm)
+                      args.quantize_lm_head, comm, args.score_from_tokens, args.score_template)
 
 
 def size_kv_cache(c: ModelConfig, args: EngineArgs, model_len: int, ranks: int = 1
@@ -333,6 +333,7 @@ def start_ranks(model: str | Path, args: EngineArgs, progress=None
                  topology.format_cpulist(cpus), ",".join(map(str, nodes)) or "unbound")
     fields = {"dtype": WEIGHT_DTYPES[args.dtype], "quantization": args.quantization,
               "quantize_lm_head": args.quantize_lm_head,
+              "score_from_tokens": args.score_from_tokens,
               "kv_cache_dtype": args.kv_cache_dtype, "block_size": args.block_size}
     restore = (threading.get_ident(), tuple(os.sched_getaffinity(0)))
     topology.bind(places[0][0], list(places[0][1]))

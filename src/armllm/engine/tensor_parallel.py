@@ -141,6 +141,7 @@ class RankSpec:
     dtype: str
     quantization: str
     quantize_lm_head: bool
+    score_from_tokens: str | None
     kv_cache_dtype: str
     block_size: int
 

@@ -59,7 +59,8 @@ def run(fd: int) -> int:
         quant = spec["quantization"]
         quant = quant if quant in ("auto", "none") else parse_scheme(quant)
         loaded = load_model(spec["model"], spec["dtype"], None, quant,
-                            spec["quantize_lm_head"], comm=allreduce.comm)
+                            spec["quantize_lm_head"], comm=allreduce.comm,
+                            score_from_tokens=spec["score_from_tokens"])
         model = loaded.model
         send({"state": "loaded"})
         cache = inbox.get()

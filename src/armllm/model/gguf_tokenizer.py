@@ -96,14 +96,21 @@ def tokenizer_from_gguf(meta: dict[str, Any], source: str = "GGUF file") -> tupl
         return tokens[int(idx)]
 
     bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
+    sep = token_of("seperator_token_id")   # gguf-py's spelling of the key
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    if (add_bos and bos) or (add_eos and eos):
-        single = " ".join(([f"{bos}:0"] if add_bos and bos else []) + ["$A:0"] +
-                          ([f"{eos}:0"] if add_eos and eos else []))
-        specials = [(t, vocab[t]) for t in {bos if add_bos else None, eos if add_eos else None}
-                    if t]
-        tok.post_processor = processors.TemplateProcessing(single=single, special_tokens=specials)
+    add_sep = bool(meta.get("tokenizer.ggml.add_sep_token", False))
+    bos_part = [f"{bos}:0"] if add_bos and bos else []
+    eos_part = [f"{eos}:0"] if add_eos and eos else []
+    sep_part = [f"{sep}:0"] if add_sep and sep else []
+    if bos_part or eos_part or sep_part:
+        # a pair (a reranker's query and document) as llama.cpp's server joins it:
+        # [BOS] A [EOS] [SEP] B [EOS]
+        tok.post_processor = processors.TemplateProcessing(
+            single=" ".join(bos_part + ["$A:0"] + eos_part),
+            pair=" ".join(bos_part + ["$A:0"] + eos_part + sep_part + ["$B:0"] + eos_part),
+            special_tokens=[(t.split(":")[0], vocab[t.split(":")[0]])
+                            for t in {*bos_part, *eos_part, *sep_part}])
     config = {
         "bos_token": bos,
         "eos_token": eos,

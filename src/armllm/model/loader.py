@@ -20,6 +20,14 @@ from armllm.model.decoder import DecoderModel
 from armllm.model.gguf import GGUFFile
 from armllm.model.gguf_tokenizer import tokenizer_from_gguf
 from armllm.model.pooling import PoolingConfig, pooling_from_dir, pooling_from_gguf
+from armllm.model.score_head import (
+    ScoreHead,
+    head_from_gguf,
+    head_from_hf,
+    head_from_tokens,
+    parse_score_tokens,
+    read_score_template,
+)
 from armllm.model.sharding import ShardedSource, ShardPlan, k_unit, plan_shards
 from armllm.model.sources import GGUFSource, HFSource
 from armllm.model.tokenizer import TextTokenizer
@@ -48,6 +56,10 @@ class LoadedModel:
     generation_config: dict   # generation_config.json, or what a GGUF's metadata implies
     tensor_types: str | None = None   # a GGUF's tensors per ggml type: "Q4_K: 112, F32: 33"
     pooling: PoolingConfig = PoolingConfig()   # how its embeddings are pooled
+    # a reranker's relevance head (model/score_head.py), and the text a query and a
+    # document are put into to score them (None: the tokenizer's pair encoding)
+    score_head: ScoreHead | None = None
+    score_template: str | None = None
 
 
 def _read_json(path: Path) -> dict:
@@ -156,17 +168,43 @@ def tensor_parallel_plans(path: str | Path, ranks: int, quantization: Quantizati
 
 def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
                quantization: Quantization = "auto", quantize_lm_head: bool = False,
-               comm: ops.Comm | None = None) -> LoadedModel:
+               comm: ops.Comm | None = None, score_from_tokens: str | None = None,
+               score_template: str | None = None) -> LoadedModel:
     """Loads a Hugging Face model directory or a GGUF file (see load_weights for
     `quantization`). With `comm`, a tensor-parallel rank's: the model holds rank
     comm.rank's shards (model/sharding.py) and communicates through comm; the
-    LoadedModel's config stays the whole model's."""
+    LoadedModel's config stays the whole model's. A reranker (a one-label
+    sequence classifier, a GGUF of pooling type rank, or a causal reranker named by
+    score_from_tokens "FALSE,TRUE") loads its score head instead of an lm_head;
+    score_template (text or a file, with {query} and {document}) overrides a GGUF's
+    `tokenizer.chat_template.rerank`."""
     path = model_path(path)
+    score_tokens = parse_score_tokens(score_from_tokens)
+    template = read_score_template(score_template)
     config, source, gguf = _open(path)
     if (note := arch.of(config).text_only_note(config)) and (comm is None or comm.rank == 0):
         log.info("%s", note)
     if config.encoder is not None:   # an encoder-decoder (Whisper): model/whisper.py
+        if score_tokens or template:
+            raise ValueError(f"{path}: an encoder-decoder ({config.architecture}) is no "
+                             f"reranker: score_from_tokens and score_template do not apply")
         return _load_encoder_decoder(path, config, dtype, quantization, progress, comm)
+    if gguf is not None:
+        tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
+        template = template or gguf.metadata.get("tokenizer.chat_template.rerank")
+    else:
+        tokenizer, tok_config = _hf_tokenizer(path), _read_json(path / "tokenizer_config.json")
+    head = _score_head(path, config, source, gguf, tokenizer, score_tokens)
+    if head is not None:   # a reranker: no lm_head (its rows, if any, are the head's)
+        config = dataclasses.replace(config, has_lm_head=False, tie_word_embeddings=False)
+        if gguf is not None:
+            source = GGUFSource(gguf, config)
+        if comm is None or comm.rank == 0:
+            log.info("a reranker: its relevance score is read from %s", head.source)
+    elif score_template is not None:
+        raise ValueError(f"{path}: score_template is given but the model is no reranker (a "
+                         f"one-label sequence classifier, or a causal reranker named by "
+                         f"score_from_tokens)")
     shard_config, vocab_bounds = config, None
     if comm is not None:
         plan = _shard_plans(config, source, comm.ranks, quantization)[comm.rank]
@@ -175,15 +213,33 @@ def load_model(path: str | Path, dtype: WeightDtype = "bf16", progress=None,
     weights = load_weights(source, shard_config, dtype, progress, quantization,
                            quantize_lm_head)
     model = DecoderModel(shard_config, weights, comm, vocab_bounds)
+    template = template if head is not None else None
     if gguf is not None:
-        tokenizer, tok_config = tokenizer_from_gguf(gguf.metadata, str(path))
         return LoadedModel(path, config, model, tokenizer, tok_config,
                            gguf_generation_config(gguf, config), gguf.type_summary(),
-                           pooling_from_gguf(gguf.metadata))
-    return LoadedModel(path, config, model, _hf_tokenizer(path),
-                       _read_json(path / "tokenizer_config.json"),
+                           pooling_from_gguf(gguf.metadata), head, template)
+    return LoadedModel(path, config, model, tokenizer, tok_config,
                        _read_json(path / "generation_config.json"),
-                       pooling=pooling_from_dir(path))
+                       pooling=pooling_from_dir(path), score_head=head, score_template=template)
+
+
+def _score_head(path: Path, config: ModelConfig, source, gguf: GGUFFile | None,
+                tokenizer: Tokenizer, score_tokens: tuple[str, str] | None
+                ) -> ScoreHead | None:
+    """The model's relevance head, if it is a reranker (model/score_head.py)."""
+    if score_tokens is not None:
+        if not config.has_lm_head:
+            raise ValueError(f"{path}: score_from_tokens reads two rows of the lm_head, and "
+                             f"this checkpoint has none")
+        return head_from_tokens(source, config, head_tensor_name(config), tokenizer,
+                                score_tokens, str(path))
+    if gguf is not None:
+        return head_from_gguf(gguf, config)
+    config_json = _read_json(path / "config.json")
+    if any(str(a).endswith("ForSequenceClassification")
+           for a in config_json.get("architectures") or []):
+        return head_from_hf(source, config_json, config, str(path))
+    return None
 
 
 def ct2_config(path: Path) -> ModelConfig:

@@ -60,6 +60,15 @@ class TextTokenizer:
             ids = [bos, *ids]  # tokenizer.json without a post-processor: add BOS as HF would
         return ids
 
+    def encode_pair(self, first: str, second: str) -> list[int]:
+        """A text pair (a reranker's query and document) as the tokenizer's
+        post-processor joins them (transformers' tokenizer(first, second))."""
+        ids = self.tokenizer.encode(first, pair=second, add_special_tokens=True).ids
+        bos = self.token_id(self.bos_token)
+        if self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -3,12 +3,13 @@ lifecycle.
 
 The model loads in a background thread after the server starts (/health answers
 503 until it is ready); the engine shuts down with the app. The routes are the
-endpoint families' (completions, chat, responses, tokenize, embeddings, audio)
-and the small ones here: /health, /version, /v1/models, /metrics, and the web
-chat page (/ and /static/, the files in static/). ServerApp wraps them with the
-API key check (which spares the page: it asks for the key itself) and the
-per-route HTTP counters, and gives the process its one call for shutdown:
-end_generations(). Errors use OpenAI's error body, Anthropic's on /v1/messages."""
+endpoint families' (completions, chat, responses, messages, tokenize,
+embeddings, rerank and score, audio) and the small ones here: /health,
+/version, /v1/models, /metrics, and the web chat page (/ and /static/, the
+files in static/). ServerApp wraps them with the API key check (which spares
+the page: it asks for the key itself) and the per-route HTTP counters, and
+gives the process its one call for shutdown: end_generations(). Errors use
+OpenAI's error body, Anthropic's on /v1/messages."""
 from __future__ import annotations
 
 import asyncio
@@ -35,6 +36,7 @@ from armllm.server import (
     embeddings,
     messages,
     openapi,
+    rerank,
     responses,
     tokenize,
 )
@@ -131,7 +133,7 @@ def create_app(config: ServerConfig, llm: AsyncLLM | None = None) -> ServerApp:
               Route("/metrics", metrics), Route("/v1/models", models),
               *completions.routes(state), *chat.routes(state), *responses.routes(state),
               *messages.routes(state), *tokenize.routes(state), *embeddings.routes(state),
-              *audio.routes(state)]
+              *rerank.routes(state), *audio.routes(state)]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={P.APIError: _api_error, HTTPException: _http_error,
                                         ClientDisconnect: _client_gone, ClientGone: _client_gone,

@@ -7,19 +7,16 @@ request through the engine, batched with whatever else it runs, and counts in
 flight like a completion until the answer is ready."""
 from __future__ import annotations
 
-import asyncio
 import base64
-import uuid
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from armllm.api import AsyncLLM, ContextLengthExceeded, EngineClosed, RequestRejected
 from armllm.engine.embedding import PoolingParams
+from armllm.server import pooled
 from armllm.server import protocol as P
-from armllm.server.generation import ClientGone, until_disconnected
 from armllm.server.state import ServerState
 
 EMBEDDING_FIELDS = {"model": "str", "input": "any", "encoding_format": "str",
@@ -44,28 +41,10 @@ def routes(state: ServerState) -> list[Route]:
         ids = [llm.tokenizer.encode(p, special) if isinstance(p, str) else p for p in inputs]
         params = PoolingParams(req.get("dimensions"))
         for one in ids:
-            _check(llm, one, params)
-        admission = state.admit(llm, len(ids))
-        base_id = f"embd-{uuid.uuid4().hex}"
-        request_ids = [f"{base_id}-{i}" for i in range(len(ids))]
-        state.live.update(request_ids)
-        try:
-            outs = await until_disconnected(request, asyncio.gather(*(
-                llm.embed(one, params.dimensions, rid, req.get("priority", 0))
-                for one, rid in zip(ids, request_ids, strict=True))))
-        except ClientGone:
-            return Response(status_code=499)
-        except EngineClosed:
-            raise P.APIError("the engine has stopped", 503, code="engine_stopped") from None
-        except RuntimeError as exc:   # the engine ended one (a failure, or the shutdown)
-            if state.stopping:
-                raise P.APIError("the server is shutting down; the request was stopped", 503,
-                                 code="server_shutting_down") from None
-            raise P.APIError(f"embedding failed: {exc}", 500, code="generation_error") \
-                from None
-        finally:
-            admission.release()
-            state.live.difference_update(request_ids)
+            pooled.check(llm, one, params, _PARAMS)
+        outs = await pooled.run_all(
+            state, request, llm, "embedding", "embd", len(ids),
+            lambda i, rid: llm.embed(ids[i], params.dimensions, rid, req.get("priority", 0)))
         tokens = sum(len(one) for one in ids)
         return JSONResponse({
             "object": "list", "model": state.config.served_model_name,
@@ -91,16 +70,6 @@ def _inputs(value) -> list[str | list[int]]:
             return list(value)
     raise P.bad("input", "must be a non-empty string, a non-empty list of them, a list of "
                          "token ids, or a list of non-empty token-id lists")
-
-
-def _check(llm: AsyncLLM, ids: list[int], params: PoolingParams) -> None:
-    """A 400 naming the parameter for an input the engine could never embed."""
-    try:
-        llm.check_request(ids, params)
-    except RequestRejected as exc:
-        code = ("context_length_exceeded" if isinstance(exc, ContextLengthExceeded)
-                else "invalid_value")
-        raise P.APIError(str(exc), 400, _PARAMS.get(exc.field, exc.field), code) from None
 
 
 def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:

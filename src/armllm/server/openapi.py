@@ -1,7 +1,7 @@
 """openapi: the server's OpenAPI 3.1 document (GET /openapi.json), built from
 the same field tables the routes check their bodies against
 (protocol.COMPLETION_FIELDS, CHAT_FIELDS, responses', tokenize's, embeddings',
-audio's forms, messages'), so that it cannot drift from what the server
+rerank's, audio's forms, messages'), so that it cannot drift from what the server
 accepts. Every error response is OpenAI's error object, Anthropic's on
 /v1/messages."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from armllm.server import protocol as P
 from armllm.server.audio import GRANULARITIES, TRANSCRIPTION_FIELDS, TRANSLATION_FIELDS
 from armllm.server.embeddings import EMBEDDING_FIELDS, ENCODING_FORMATS
 from armllm.server.messages import COUNT_FIELDS, MESSAGES_FIELDS
+from armllm.server.rerank import RERANK_FIELDS, SCORE_FIELDS
 from armllm.server.responses import RESPONSES_FIELDS
 from armllm.server.tokenize import DETOKENIZE_FIELDS, TOKENIZE_FIELDS
 
@@ -53,6 +54,26 @@ _MESSAGES_SHAPES = {"messages": {"type": "array", "items": {
     "type": "object", "required": ["role", "content"],
     "properties": {"role": {"enum": ["user", "assistant"]},
                    "content": {"type": ["string", "array"]}}}}}
+# a rerank's documents (v1: strings or {"text": ...}; v2: strings), a score's texts
+_RERANK_SHAPES = {"documents": {"type": "array", "minItems": 1, "items": {"anyOf": [
+    {"type": "string"}, {"type": "object", "required": ["text"],
+                         "properties": {"text": {"type": "string"}}}]}}}
+_RERANK_V2_SHAPES = {"documents": {"type": "array", "minItems": 1,
+                                   "items": {"type": "string"}}}
+_TEXTS = {"anyOf": [{"type": "string"},
+                    {"type": "array", "minItems": 1, "items": {"type": "string"}}]}
+_SCORE_SHAPES = {"text_1": _TEXTS, "text_2": _TEXTS}
+_RERANKED = {"type": "object", "required": ["results"], "properties": {
+    "id": {"type": "string"}, "results": {"type": "array", "items": {
+        "type": "object", "required": ["index", "relevance_score"],
+        "properties": {"index": {"type": "integer"}, "relevance_score": {"type": "number"},
+                       "document": {"type": "object"}}}},
+    "usage": {"type": "object"}}}
+_SCORED = {"type": "object", "required": ["data", "usage"], "properties": {
+    "object": {"const": "list"}, "data": {"type": "array", "items": {
+        "type": "object", "required": ["index", "score"],
+        "properties": {"index": {"type": "integer"}, "score": {"type": "number"}}}},
+    "usage": {"type": "object"}}}
 _RESPONSE = {"type": "object", "required": ["id", "object", "status", "output"],
              "properties": {"id": {"type": "string"}, "object": {"const": "response"},
                             "status": {"type": "string"}, "output": {"type": "array"}}}
@@ -134,7 +155,8 @@ def document(model: str) -> dict:
         "openapi": "3.1.0",
         "info": {"title": "armllm", "version": armllm.__version__,
                  "description": "OpenAI-compatible completions, chat, responses, "
-                                "embeddings and audio transcriptions, with vLLM's "
+                                "embeddings, rerank and score, and audio "
+                                "transcriptions, with vLLM's "
                                 "extensions (sampling fields, structured outputs, "
                                 "/tokenize), and Anthropic's Messages API."},
         "paths": {
@@ -179,6 +201,18 @@ def document(model: str) -> dict:
                                         "properties": {"object": {"const": "list"},
                                                        "data": {"type": "array"},
                                                        "usage": {"type": "object"}}}, model),
+            **{path: _post("a reranker's relevance scores of documents for a query, best "
+                           "first (Jina's and Cohere's v1 shape)", RERANK_FIELDS,
+                           ("query", "documents"), _RERANKED, model, shapes=_RERANK_SHAPES)
+               for path in ("/v1/rerank", "/rerank")},
+            "/v2/rerank": _post("a reranker's relevance scores of documents for a query, "
+                                "best first (Cohere's v2 shape)", RERANK_FIELDS,
+                                ("query", "documents"), _RERANKED, model,
+                                shapes=_RERANK_V2_SHAPES),
+            **{path: _post("a reranker's scores of text_1 against each of text_2 (vLLM's "
+                           "score API)", SCORE_FIELDS, ("text_1", "text_2"), _SCORED, model,
+                           shapes=_SCORE_SHAPES)
+               for path in ("/v1/score", "/score")},
             "/v1/audio/transcriptions": _form_post(
                 "speech to text (a Whisper model): the audio file's transcript",
                 TRANSCRIPTION_FIELDS, model, stream=True),

@@ -70,7 +70,9 @@ def _dtype_round(value: float, dtype: str | None) -> float:
 class Gemma3(Architecture):
     name = "gemma3"
     hf_architectures = {"Gemma3ForCausalLM": "Gemma3ForCausalLM",
-                        "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration"}
+                        "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration",
+                        # a reranker: the text decoder under a one-label score head
+                        "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM"}
     gguf_architectures = ("gemma3",)
     norms = NORMS
 

@@ -20,7 +20,12 @@ class Llama(Architecture):
         "LlamaForCausalLM": "LlamaForCausalLM", "MistralForCausalLM": "MistralForCausalLM",
         "Qwen2ForCausalLM": "Qwen2ForCausalLM", "Qwen3ForCausalLM": "Qwen3ForCausalLM",
         "LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
-        "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
+        "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM",
+        # cross-encoders and rerankers: the decoder under a one-label score head
+        "LlamaForSequenceClassification": "LlamaForCausalLM",
+        "MistralForSequenceClassification": "MistralForCausalLM",
+        "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+        "Qwen3ForSequenceClassification": "Qwen3ForCausalLM"}
     gguf_architectures = ("llama", "qwen2", "qwen3")
     MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}

@@ -34,7 +34,8 @@ GGUF_FUSED = {"self_attn.qkv_proj.weight": "attn_qkv.weight",
 
 class Phi3(Architecture):
     name = "phi3"
-    hf_architectures = {"Phi3ForCausalLM": "Phi3ForCausalLM"}
+    hf_architectures = {"Phi3ForCausalLM": "Phi3ForCausalLM",
+                        "Phi3ForSequenceClassification": "Phi3ForCausalLM"}   # a reranker
     gguf_architectures = ("phi3",)
 
     def config_from_hf(self, cfg: dict[str, Any], arch: str) -> ModelConfig:
