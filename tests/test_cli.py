@@ -302,3 +302,24 @@ def test_serve_ray_without_ray_says_what_to_install(smollm2_gguf):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("armllm: error: --ray: armllm.ray needs Ray: "
                                                    'pip install "armllm[ray]"'), lines
+
+
+def test_generate_takes_dry_xtc_and_bad_words(tmp_path):
+    from armllm.api import LLM
+    from tests.tiny_model import write_tiny_llama
+    model = write_tiny_llama(tmp_path / "tiny")
+    r = armllm("generate", str(model), "--prompt", "w3 w4 w3 w4 w3", "--max-tokens", "8",
+               "--temperature", "0.8", "--seed", "4", "--ignore-eos", "--dtype", "float32",
+               "--dry-multiplier", "3", "--dry-allowed-length", "1",
+               "--dry-sequence-breaker", "w9", "--xtc-probability", "0.5",
+               "--xtc-threshold", "0.05", "--bad-word", "w4", "--json")
+    assert r.returncode == 0, r.stderr
+    llm = LLM(model, dtype="float32", kv_cache_gib=0.01)
+    want = llm.generate(   # the model's defaults (top-p, min-p) under the flags, as the CLI
+        "w3 w4 w3 w4 w3", llm.default_sampling_params(
+            max_tokens=8, temperature=0.8, seed=4, ignore_eos=True, dry_multiplier=3.0,
+            dry_allowed_length=1, dry_sequence_breakers=["w9"], xtc_probability=0.5,
+            xtc_threshold=0.05, bad_words=["w4"]))[0]
+    assert json.loads(r.stdout)["token_ids"] == want.token_ids
+    r = armllm("generate", str(model), "--prompt", "w1", "--dry-base", "0.5")
+    assert r.returncode == 2 and "--dry-base must be >= 1" in r.stderr

@@ -65,16 +65,49 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--dry-multiplier", type=float, default=0.0,
+                   help="DRY (llama.cpp's): the penalty on a token that extends a repeat "
+                        "(default: 0, off)")
+    p.add_argument("--dry-base", type=float, default=1.75,
+                   help="DRY's growth per token of repeat (default: 1.75)")
+    p.add_argument("--dry-allowed-length", type=int, default=2,
+                   help="DRY: repeats up to this long go free (default: 2)")
+    p.add_argument("--dry-penalty-last-n", type=int, default=-1,
+                   help="DRY: the last N prompt and output tokens it reads (default: -1, "
+                        "all; 0: off)")
+    p.add_argument("--dry-sequence-breaker", action="append", default=None,
+                   dest="dry_sequence_breakers",
+                   help="a string a repeat does not run across (repeatable; default: "
+                        "newline, ':', '\"', '*')")
+    p.add_argument("--xtc-probability", type=float, default=0.0,
+                   help="XTC (llama.cpp's): how often it removes the top choices (default: 0)")
+    p.add_argument("--xtc-threshold", type=float, default=0.1,
+                   help="XTC: the probability a top choice reaches (default: 0.1; > 0.5: off)")
+    p.add_argument("--bad-word", action="append", default=[], dest="bad_words",
+                   help="a word the output never holds (repeatable)")
+
+
+# the add_sampling_arguments flags that are SamplingParams fields of the same name
+EXTRA_SAMPLING_FLAGS = ("dry_multiplier", "dry_base", "dry_allowed_length",
+                        "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability",
+                        "xtc_threshold", "bad_words")
 
 
 def sampling_params(llm: LLM, args: argparse.Namespace) -> SamplingParams:
     """The model's defaults, overridden by what the command line gives."""
     overrides = sampling_overrides(args)
+    extra = {k: getattr(args, k) for k in EXTRA_SAMPLING_FLAGS
+             if getattr(args, k, None) is not None}
     try:
         return llm.default_sampling_params(
-            **overrides, max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
+            **overrides, **extra, max_tokens=args.max_tokens, seed=args.seed, stop=args.stop,
             ignore_eos=args.ignore_eos)
-    except ValueError as exc:
+    except ValueError as exc:   # SamplingParams names the field first: say its flag
+        field, _, why = str(exc).partition(" ")
+        if field in EXTRA_SAMPLING_FLAGS:
+            flag = {"dry_sequence_breakers": "dry_sequence_breaker",
+                    "bad_words": "bad_word"}.get(field, field)
+            raise UsageError(f"--{flag.replace('_', '-')} {why}") from None
         raise UsageError(str(exc)) from None
 
 

@@ -41,6 +41,7 @@ from armllm._kernels._ext import (
     probe_fma,  # machine limits, for bench kernels and plan
     probe_read,
     sample_uniform,
+    sequence_list,
 )
 from armllm._kernels._ext import q_group_len as quant_group_len
 from armllm._kernels._ext import q_groups as quant_groups
@@ -59,7 +60,7 @@ __all__ = [
     "pack_gguf", "pack_quantized", "pack_weight", "paged_attention",
     "probe_fma", "probe_read", "quant_group_len", "quant_groups", "quant_kpad", "rms_norm",
     "rms_norm_linear", "rope", "RowSampler",
-    "sample_uniform",
+    "sample_uniform", "sequence_list",
     "restart_pool", "selected_isa", "set_num_threads", "sigmoid_mul", "silu_mul",
 ]
 
@@ -557,17 +558,19 @@ def exp(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 class RowSampler(_ext.RowSampler):
-    """A step's logits rows to tokens in one call on the pool (sample.h): mask, bias,
-    raw logprobs, penalties, greedy or temperature / top-k / min-p / top-p and the
-    seeded draw. Columns (max_rows long, the caller fills them before run): float32
-    temperature, top_p, min_p, repetition_penalty, presence_penalty,
-    frequency_penalty; int32 top_k, num_logprobs, mask_row; int8 keep_row (nonzero:
-    the draw leaves the row as it is: only its mask, bias and penalties change it);
-    uint64 seed, stream,
-    counter; int64 prompt_len; outputs int32 token, float32 logprob, int32 top_ids and
-    float32 top_logprobs [max_rows, 20]. set_history / clear_history and set_bias /
-    clear_bias attach per-entry arrays (kept referenced). isa: the kernel variant
-    (default: the selected one)."""
+    """A step's logits rows to tokens in one call on the pool (sample.h): mask, bad
+    words, bias, raw logprobs, penalties, DRY, greedy or temperature / top-k / min-p /
+    top-p, XTC and the seeded draw. Columns (max_rows long, the caller fills them
+    before run): float32 temperature, top_p, min_p, repetition_penalty,
+    presence_penalty, frequency_penalty, dry_multiplier, dry_base, xtc_probability,
+    xtc_threshold; int32 top_k, num_logprobs, mask_row, dry_allowed_length; int8
+    keep_row (nonzero: the draw leaves the row as it is: only its mask, bad words,
+    bias, penalties and DRY change it); uint64 seed, stream, counter; int64
+    prompt_len, dry_last_n; outputs int32 token, float32 logprob, int32 top_ids and
+    float32 top_logprobs [max_rows, 20]. set_history / clear_history, set_bias /
+    clear_bias, set_bad_words / clear_bad_words and set_breakers / clear_breakers
+    (sequence_list's arrays) attach per-entry arrays (kept referenced). isa: the
+    kernel variant (default: the selected one)."""
 
     def __init__(self, vocab_size: int, max_rows: int, isa: str | None = None):
         super().__init__(kernels(isa), vocab_size, max_rows, max(1, min(_NUM_THREADS, max_rows)))

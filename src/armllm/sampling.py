@@ -27,6 +27,12 @@ FALLBACK_DEFAULTS = {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}
 EXP_CUT = 80.0
 # OpenAI's range for a logit_bias value
 MAX_LOGIT_BIAS = 100.0
+# the largest finite float32 (the sampler's columns)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# llama.cpp's default DRY sequence breakers: a repeat does not run across them
+DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")
+# the sampler's int32 column of dry_allowed_length, and the longest DRY window it reads
+MAX_DRY_LENGTH = 2**31 - 1
 
 
 def model_sampling_defaults(generation_config: dict) -> dict:
@@ -70,6 +76,23 @@ class SamplingParams:
     # (Whisper's timestamp rules: armllm/audio/logits.py); each sees only its own
     # completion's rows, so a request with n > 1 shares them
     logits_processors: tuple[Callable[[list[int], np.ndarray], None], ...] = ()
+    # DRY (llama.cpp's, sample.h step 4b): a token that would extend a repeat of more than
+    # dry_allowed_length tokens of the last dry_penalty_last_n (-1: all, 0: off) prompt and
+    # output tokens loses dry_multiplier * dry_base ^ (its length - dry_allowed_length)
+    # from its logit, after the penalties; a repeat does not run across a breaker
+    dry_multiplier: float = 0.0       # 0: off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[str] = field(default_factory=lambda: list(DRY_SEQUENCE_BREAKERS))
+    # XTC (llama.cpp's, sample.h step 6): with probability xtc_probability a draw removes
+    # every candidate whose probability reaches xtc_threshold but the least probable of
+    # them, when two or more do (a threshold above 0.5 turns it off)
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    # words the output never holds (vLLM's): each word with and without a leading space
+    # becomes token sequences whose last token is banned after the others
+    bad_words: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         def bad(name: str, why: str) -> ValueError:
@@ -113,6 +136,52 @@ class SamplingParams:
         self.logits_processors = tuple(self.logits_processors)
         if not all(callable(p) for p in self.logits_processors):
             raise bad("logits_processors", "must be callables (output_ids, logits_row)")
+        self._check_dry_xtc_words(bad)
+
+    def _check_dry_xtc_words(self, bad: Callable[[str, str], ValueError]) -> None:
+        """DRY's, XTC's and bad_words' fields (as float32 where the sampler reads
+        float32)."""
+        def number(name: str) -> float:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) \
+                    or not abs(v) <= FLOAT32_MAX:
+                raise bad(name, "must be a finite number")
+            return float(v)
+        if not number("dry_multiplier") >= 0:
+            raise bad("dry_multiplier", "must be >= 0 (0: off)")
+        if not number("dry_base") >= 1:
+            raise bad("dry_base", "must be >= 1")
+        for name, low in (("dry_allowed_length", 0), ("dry_penalty_last_n", -1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= MAX_DRY_LENGTH:
+                raise bad(name, f"must be an integer in [{low}, {MAX_DRY_LENGTH}]")
+        for name in ("xtc_probability", "xtc_threshold"):
+            if not 0 <= number(name) <= 1:
+                raise bad(name, "must be in [0, 1]")
+        for name in ("dry_sequence_breakers", "bad_words"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                v = [v]
+            if not isinstance(v, (list, tuple)) or not all(isinstance(w, str) and w for w in v):
+                raise bad(name, "must be a list of non-empty strings")
+            setattr(self, name, list(v))
+
+    @property
+    def dry(self) -> bool:
+        """Whether DRY is on (sample.h step 4b)."""
+        return self.dry_multiplier > 0 and self.dry_penalty_last_n != 0
+
+    @property
+    def xtc(self) -> bool:
+        """Whether XTC is on (sample.h step 6)."""
+        return self.xtc_probability > 0 and np.float32(self.xtc_threshold) <= np.float32(0.5)
+
+    @property
+    def kernel_only(self) -> bool:
+        """Whether a sampler only the batched kernel runs is on (DRY, XTC, bad words):
+        such a request's drafts are point masses, verified by the kernel (the numpy
+        forms here have none of them)."""
+        return self.dry or self.xtc or bool(self.bad_words)
 
     @property
     def greedy(self) -> bool:

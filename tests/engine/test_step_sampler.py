@@ -22,6 +22,11 @@ SETTINGS = [
     dict(temperature=1.3, top_k=7, seed=13, frequency_penalty=0.8, presence_penalty=0.4),
     dict(temperature=0.9, top_p=0.5, top_k=30, seed=14, logit_bias={7: 3.0, 9: -100.0}),
     dict(temperature=1.0, seed=15, n=3, repetition_penalty=1.2, logprobs=5),
+    dict(temperature=0.9, seed=16, dry_multiplier=0.8, dry_allowed_length=1, logprobs=2,
+         dry_sequence_breakers=["w30", "w7"], xtc_probability=0.7, xtc_threshold=0.05,
+         bad_words=["w3 w4", "w41"]),
+    dict(temperature=0.0, dry_multiplier=2.0, dry_base=3.0, dry_allowed_length=0,
+         dry_penalty_last_n=6, bad_words=["w9"]),
 ]
 
 
@@ -46,10 +51,20 @@ def record_rows(llm):
     return seen
 
 
-def reference(seq, position: int, row: np.ndarray):
+def sequences(seq_list) -> list[list[int]]:
+    """The id sequences of a sequence list (sample.h's layout)."""
+    if seq_list is None:
+        return []
+    flat = seq_list.tolist()
+    return [flat[at + 1:at + 1 + flat[at]] for at in flat[1:1 + flat[0]]]
+
+
+def reference(seq, position: int, row: np.ndarray, llm):
     p = seq.params
     history = seq.prompt_ids + seq.output_ids[:position]
-    uses_history = p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty
+    uses_history = p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty \
+        or p.kernel_only
+    words = llm.engine.words
     result = sample_row(row, RowParams(
         temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p, min_p=p.min_p,
         repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
@@ -57,7 +72,12 @@ def reference(seq, position: int, row: np.ndarray):
         prompt_len=len(seq.prompt_ids) if uses_history else 0,
         bias=list((p.logit_bias or {}).items()),
         num_logprobs=-1 if p.logprobs is None else p.logprobs,
-        seed=p.seed or 0, stream=seq.index, counter=position))
+        seed=p.seed or 0, stream=seq.index, counter=position,
+        bad_words=sequences(words.bad_words(tuple(p.bad_words)) if p.bad_words else None),
+        dry_multiplier=p.dry_multiplier if p.dry else 0.0, dry_base=p.dry_base,
+        dry_allowed_length=p.dry_allowed_length, dry_last_n=p.dry_penalty_last_n,
+        dry_breakers=sequences(words.breakers(tuple(p.dry_sequence_breakers))),
+        xtc_probability=p.xtc_probability, xtc_threshold=p.xtc_threshold))
     n = p.logprobs or 0
     return result.token, result.logprob, list(zip(result.top_ids[:n].tolist(),
                                                   result.top_logprobs[:n].tolist(),
@@ -67,7 +87,7 @@ def reference(seq, position: int, row: np.ndarray):
 def test_a_mixed_batch_samples_as_defined(llm):
     seen = record_rows(llm)
     prompts = [[5, 6, 7, 8], [9, 9, 9], [20, 21], [30] * 10, [3, 4, 5, 6, 7], [40, 41, 42],
-               [50, 51, 52, 53]]
+               [50, 51, 52, 53], [3, 4, 5, 3, 4, 5, 30, 3, 4], [9, 8, 9, 8, 9, 8]]
     params = [SamplingParams(max_tokens=10, ignore_eos=True, **kw) for kw in SETTINGS]
     outs = {}
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
@@ -79,7 +99,7 @@ def test_a_mixed_batch_samples_as_defined(llm):
     for seq, position, row in seen:
         if seq.params.temperature > 0 and seq.params.seed is None:
             continue
-        token, logprob, top = reference(seq, position, row)
+        token, logprob, top = reference(seq, position, row, llm)
         assert seq.output_ids[position] == token, (seq.params, position)
         if seq.params.logprobs is not None:
             got_token, got_logprob, got_top = outs[seq.key][position]
@@ -118,3 +138,25 @@ def test_a_logit_bias_outside_the_vocabulary_is_refused(llm):
     vocab = llm.engine.loaded.config.vocab_size
     with pytest.raises(ValueError, match=f"logit_bias token id {vocab} is outside"):
         llm.generate([[5]], SamplingParams(logit_bias={vocab: 1.0}))
+
+
+def test_dry_and_bad_words_change_a_repetitive_greedy_output(llm):
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    free = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0,
+                                                 ignore_eos=True))[0].token_ids
+    # the tiny tokenizer's tokens are words: ban the free output's first one
+    banned = llm.generate([prompt], SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True,
+        bad_words=[llm.engine.tokenizer.decode([free[0]])]))[0].token_ids
+    assert free[0] not in banned
+    dry = llm.generate([prompt], SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True, dry_multiplier=100.0,
+        dry_allowed_length=1))[0].token_ids
+    ids = prompt + dry
+    # allowed length 1: no token follows a token the way it did before (a penalty of
+    # 100 or more is never overcome by the tiny model's logits)
+    for end in range(len(prompt), len(ids)):
+        before, t = ids[:end], ids[end]
+        assert all(not (before[j] == before[-1] and before[j + 1] == t)
+                   for j in range(len(before) - 1)), (end, ids)
+    assert dry != free

@@ -1,9 +1,12 @@
 """sample_spec: sample.h's batched sampler written again in numpy, one row at a time and
 as plainly as the definition reads (float32 where it says float, sequential float64
 sums where it says double, a full sort where the kernel avoids one), for the tests to
-hold the kernel to. The exp is the ref table's (the shared exp, tested on its own)."""
+hold the kernel to. The exp is the ref table's (the shared exp, tested on its own).
+Bad words, DRY and XTC follow vLLM's and llama.cpp's definitions directly (DRY's
+repeats by comparing suffixes, not the kernel's Z-algorithm)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +41,14 @@ class RowParams:
     prompt_len: int = 0
     bias: list[tuple[int, float]] = field(default_factory=list)
     mask: np.ndarray | None = None  # int32 words of llguidance's bitmask
+    bad_words: list[list[int]] | None = None
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_last_n: int = -1
+    dry_breakers: list[list[int]] | None = None
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
 
 
 @dataclass
@@ -145,6 +156,7 @@ def sample_row(x: np.ndarray, p: RowParams) -> RowResult:
     if p.mask is not None:
         bits = np.unpackbits(np.asarray(p.mask, np.int32).view(np.uint8), bitorder="little")
         x[~bits[:n].astype(bool)] = -np.inf
+    _ban_words(x, p)
     for i, v in p.bias:
         x[i] = x[i] + F32(v)
     raw = x.copy()
@@ -160,10 +172,88 @@ def sample_row(x: np.ndarray, p: RowParams) -> RowResult:
         with np.errstate(invalid="ignore"):
             top_lp[:len(best)] = (x[best].astype(F64) - lse).astype(F32)
     _penalize(x, p)
+    _dry(x, p)
     token = _choose(x, p)
     with np.errstate(invalid="ignore"):
         logprob = F32(F64(raw[token]) - lse) if p.num_logprobs >= 0 else F32(np.nan)
     return RowResult(token, float(logprob), top_ids, top_lp)
+
+
+def _ban_words(x: np.ndarray, p: RowParams) -> None:
+    """vLLM's bad words: a word's last id is banned when the output ends with the rest."""
+    output = list(p.history[p.prompt_len:])
+    for word in p.bad_words or []:
+        prefix = list(word[:-1])
+        if len(prefix) <= len(output) and (not prefix or output[-len(prefix):] == prefix):
+            x[word[-1]] = -np.inf
+
+
+def dry_penalties(history: list[int], p: RowParams) -> dict[int, float]:
+    """llama.cpp's DRY: token -> the float32 penalty subtracted from its logit."""
+    if not (p.dry_multiplier > 0 and p.dry_last_n != 0):
+        return {}
+    w = list(history) if p.dry_last_n < 0 else list(history[-p.dry_last_n:]) \
+        if p.dry_last_n <= len(history) else list(history)
+    W, A = len(w), p.dry_allowed_length
+    if W <= A:
+        return {}
+    breakers = [list(b) for b in p.dry_breakers or []]
+    limit = W
+    for i in range(W):   # the breaker nearest the end, its longest match
+        tails = [len(b) - 1 for b in breakers
+                 if b[0] == w[W - 1 - i] and len(b) - 1 <= i and w[W - i:W - i + len(b) - 1]
+                 == b[1:]]
+        if tails:
+            limit = i - max(tails)
+            break
+    if limit < A:
+        return {}
+    longest: dict[int, int] = {}
+    for j in range(W - 1):   # the longest suffix of the window that also ends at j
+        length = 0
+        while length < j + 1 and w[j - length] == w[W - 1 - length]:
+            length += 1
+        length = min(length, limit)
+        if length >= A:
+            longest[w[j + 1]] = max(longest.get(w[j + 1], -1), length)
+    single = {b[0] for b in breakers if len(b) == 1}
+    base = float(F32(p.dry_base))
+    bound = int(88.7228391 / math.log(base)) if F32(p.dry_base) > F32(1.000001) else 0
+    out = {}
+    for t, length in longest.items():
+        if t in single:
+            continue
+        e = length - A
+        if bound > 0:
+            e = min(e, bound)
+        with np.errstate(over="ignore"):   # a penalty past float's range is inf, as in C
+            out[t] = F32(float(F32(p.dry_multiplier)) * math.pow(base, e))
+    return out
+
+
+def _dry(x: np.ndarray, p: RowParams) -> None:
+    for t, penalty in dry_penalties(p.history, p).items():
+        x[t] = x[t] - penalty
+
+
+def _xtc(e: np.ndarray, min_p: float, p: RowParams) -> np.ndarray:
+    """llama.cpp's XTC over the kept e (their own uniform draw decides whether it runs):
+    every kept token whose probability reaches the threshold goes but the least
+    probable of them (the highest id among equals), when at least two reach it."""
+    if not (F32(p.xtc_probability) > 0 and F32(p.xtc_threshold) <= F32(0.5)):
+        return e
+    u = float(uniform(p.seed, (p.stream + (4 << 32)) & MASK64, p.counter))
+    if not u < float(F32(p.xtc_probability)):
+        return e
+    total = block_sums(e, min_p)[1][-1]
+    kept = (e >= F32(min_p)) & (e > 0)
+    above = np.flatnonzero(kept & (e.astype(F64) >= F64(F32(p.xtc_threshold)) * total))
+    if len(above) < 2:
+        return e
+    least = above[np.lexsort((-above, e[above]))[0]]
+    e = e.copy()
+    e[above[above != least]] = 0
+    return e
 
 
 def _penalize(x: np.ndarray, p: RowParams) -> None:
@@ -198,6 +288,7 @@ def _choose(x: np.ndarray, p: RowParams) -> int:
     if F32(p.top_p) < 1:
         sel = _top_p(e, e >= min_p, block_sums(e, min_p)[1][-1], p.top_p)
         ids, e = ids[sel], e[sel]
+    e = _xtc(e, min_p, p)
     return int(ids[_draw_blocks(e, min_p, u)])
 
 
@@ -216,3 +307,14 @@ def fill(sampler: ops.RowSampler, at: int, p: RowParams) -> None:
                          np.array([v for _, v in p.bias], F32))
     else:
         sampler.clear_bias(at)
+    for name in ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_last_n",
+                 "xtc_probability", "xtc_threshold"):
+        getattr(sampler, name)[at] = getattr(p, name)
+    if p.bad_words:
+        sampler.set_bad_words(at, ops.sequence_list(p.bad_words))
+    else:
+        sampler.clear_bad_words(at)
+    if p.dry_breakers:
+        sampler.set_breakers(at, ops.sequence_list(p.dry_breakers))
+    else:
+        sampler.clear_breakers(at)

@@ -301,6 +301,16 @@ cdef extern from "sample.h" nogil:
         int64_t mask_ld
         const int32_t *mask_row
         const int8_t *keep_row
+        const int32_t **bad_words
+        const float *dry_multiplier
+        const float *dry_base
+        const int32_t *dry_allowed_length
+        const int64_t *dry_last_n
+        const int32_t **dry_breakers
+        const float *xtc_probability
+        const float *xtc_threshold
+        void *dry_scratch
+        int64_t dry_window
         int32_t *token
         float *logprob
         int32_t *top_ids
@@ -308,6 +318,7 @@ cdef extern from "sample.h" nogil:
         void *scratch
         int64_t slots
     size_t armllm_sample_rows_slot_bytes(int64_t n)
+    size_t armllm_sample_dry_bytes(int64_t window)
     void armllm_sample_rows(const armllm_kernels *kt, armllm_pool *pool,
                             const armllm_sample_batch *b)
     double armllm_sample_uniform(uint64_t seed, uint64_t stream, uint64_t counter)

@@ -6,7 +6,7 @@
  *
  * A row reads its logits a few times and never sorts them: greedy is an
  * argmax pass, top-k and top-p are selections (sample_sets.c), the draw
- * walks block sums. */
+ * walks block sums. Bad words, DRY and XTC are sample_words.c's. */
 #define _GNU_SOURCE /* sync.h: syscall, clock_gettime */
 #include "sample.h"
 
@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "sample_sets.h"
+#include "sample_words.h"
 #include "sync.h"
 
 #define BLOCK ARMLLM_SAMPLE_BLOCK
@@ -31,6 +32,8 @@ typedef struct {
   int32_t *ids;  /* [n] a list's ids */
   int32_t *work; /* [n] penalty counts, then a quickselect copy (float), or a heap */
   float *sums;   /* [blocks] block sums */
+  int32_t *longest; /* [n] 0 between rows: DRY's lengths a token proposes */
+  int32_t *repeat;  /* [dry_window] DRY's repeats (the slot's part of dry_scratch) */
 } slot_t;
 
 static int64_t blocks_of(int64_t n) { return (n + BLOCK - 1) / BLOCK; }
@@ -42,18 +45,25 @@ static size_t array_bytes(int64_t len) {
 }
 
 size_t armllm_sample_rows_slot_bytes(int64_t n) {
-  return 5 * array_bytes(n) + array_bytes(blocks_of(n));
+  return 6 * array_bytes(n) + array_bytes(blocks_of(n));
 }
 
-static slot_t slot_at(void *scratch, int64_t n, int64_t i) {
-  char *p = (char *)scratch + (size_t)i * armllm_sample_rows_slot_bytes(n);
+size_t armllm_sample_dry_bytes(int64_t window) { return array_bytes(window); }
+
+static slot_t slot_at(const armllm_sample_batch *b, int64_t i) {
+  const int64_t n = b->n;
+  char *p = (char *)b->scratch + (size_t)i * armllm_sample_rows_slot_bytes(n);
   slot_t s;
   s.mark = (int32_t *)p;
   s.raw = (float *)(p += array_bytes(n));
   s.vals = (float *)(p += array_bytes(n));
   s.ids = (int32_t *)(p += array_bytes(n));
   s.work = (int32_t *)(p += array_bytes(n));
+  s.longest = (int32_t *)(p += array_bytes(n));
   s.sums = (float *)(p + array_bytes(n));
+  s.repeat = b->dry_scratch ? (int32_t *)((char *)b->dry_scratch
+                                          + (size_t)i * armllm_sample_dry_bytes(b->dry_window))
+                            : NULL;
   return s;
 }
 
@@ -179,14 +189,6 @@ static int64_t draw_blocks(const float *e, int64_t n, const float *sums, float k
   return 0; /* no kept e > 0: m not finite, handled before */
 }
 
-/* A list's token (ids in ascending order, e their e): the draw over its own
- * block sums. */
-static int64_t draw_list(const armllm_kernels *kt, const float *e, const int32_t *ids,
-                         int64_t len, float keep_min, double u, float *sums) {
-  const double total = kt->sample_block_sums(e, len, keep_min, sums);
-  return ids[draw_blocks(e, len, sums, keep_min, total, u)];
-}
-
 /* The pass of the log-probabilities over a row: the exp at temperature 1
  * (e in s->vals, floor-0 block sums in s->sums) and its total. */
 typedef struct {
@@ -194,6 +196,15 @@ typedef struct {
   int e_ready;       /* x is unchanged since the pass: its e are there */
   double total;
 } raw_pass;
+
+/* Whether row r's XTC is on and its own draw says it applies (sample.h step 6). */
+static int xtc_draws(const armllm_sample_batch *b, int64_t r) {
+  if (!b->xtc_probability || !(b->xtc_probability[r] > 0.0f) || b->xtc_threshold[r] > 0.5f)
+    return 0;
+  const double u = armllm_sample_uniform(b->seed[r], b->stream[r] + ARMLLM_SAMPLE_XTC_STREAM,
+                                         b->counter[r]);
+  return u < (double)b->xtc_probability[r];
+}
 
 /* Row r's token from its penalized x (sample.h steps 5 and 6). keep_x: write
  * e to s->vals, not over x; raw: the log-probabilities' pass, when they were
@@ -224,11 +235,15 @@ static int64_t choose_token(const armllm_kernels *kt, const armllm_sample_batch 
     total = min_p > 0.0f ? kt->sample_block_sums(e, n, min_p, s->sums) : raw->total;
   else
     total = kt->sample_exp(e_ids ? e : x, e, len, m, inv_t, min_p, s->sums);
-  if (top_p < 1.0f) {
+  if (top_p < 1.0f) { /* a list, drawn over its own block sums */
     len = armllm_sample_top_p(kt, e, e_ids, len, min_p, total, top_p, s->sums, s->work, s->vals,
                               s->ids);
-    return draw_list(kt, s->vals, s->ids, len, min_p, u, s->sums);
+    e = s->vals;
+    e_ids = s->ids;
+    total = kt->sample_block_sums(e, len, min_p, s->sums);
   }
+  if (xtc_draws(b, r) && armllm_sample_xtc(e, len, min_p, total, b->xtc_threshold[r]))
+    total = kt->sample_block_sums(e, len, min_p, s->sums);
   const int64_t at = draw_blocks(e, len, s->sums, min_p, total, u);
   return e_ids ? e_ids[at] : at;
 }
@@ -241,6 +256,10 @@ static void sample_row(const armllm_kernels *kt, const armllm_sample_batch *b, i
   float *x = b->row[r];
   if (b->mask_row && b->mask_row[r] >= 0)
     armllm_mask_logits(x, n, b->masks + (int64_t)b->mask_row[r] * b->mask_ld);
+  const int32_t *hist = b->history ? b->history[r] : NULL;
+  const int64_t hist_len = hist ? b->history_len[r] : 0;
+  if (b->bad_words && b->bad_words[r])
+    armllm_sample_ban_words(x, b->bad_words[r], hist, hist_len, b->prompt_len[r]);
   if (b->bias_len && b->bias_len[r] > 0) {
     const int32_t *ids = b->bias_ids[r];
     const float *values = b->bias_values[r];
@@ -266,8 +285,18 @@ static void sample_row(const armllm_kernels *kt, const armllm_sample_batch *b, i
     const int64_t got = top_entries(kt, x, n, n_top < TOP_N ? n_top : TOP_N, top_ids, values);
     for (int64_t j = 0; j < got; j++) top_lp[j] = (float)((double)values[j] - lse);
   }
-  const int64_t touched = apply_penalties(b, r, x, s);
-  if (touched) {
+  int64_t touched = apply_penalties(b, r, x, s);
+  const int dry = b->dry_multiplier && b->dry_multiplier[r] > 0.0f && b->dry_last_n[r] != 0;
+  int edited = touched > 0;
+  if (dry && hist_len > 0) {
+    const armllm_dry_params p = {b->dry_multiplier[r], b->dry_base[r], b->dry_allowed_length[r],
+                                 b->dry_last_n[r], b->dry_breakers ? b->dry_breakers[r] : NULL};
+    const int64_t before = touched;
+    touched = armllm_sample_dry(x, &p, hist, hist_len, s->repeat, s->longest, s->mark, s->raw,
+                                touched);
+    edited |= touched > before;
+  }
+  if (edited) {
     raw.first_max = kt->sample_argmax(x, n);
     raw.e_ready = 0;
   }
@@ -288,7 +317,7 @@ typedef struct {
 static void rows_task(void *ctx, int64_t begin, int64_t end) {
   rows_job *job = ctx;
   for (int64_t w = begin; w < end; w++) {
-    slot_t s = slot_at(job->b->scratch, job->b->n, w);
+    slot_t s = slot_at(job->b, w);
     for (;;) {
       const int64_t r = sync_fetch_add(&job->next_row, 1);
       if (r >= job->b->rows) break;

@@ -6,6 +6,8 @@ from libc.math cimport INFINITY
 
 # the largest temperature a column may hold (SamplingParams' bound too)
 cdef float MAX_TEMPERATURE = 100.0
+# the DRY window (ids) the scratch first holds; it grows to the largest a run needs
+cdef int64_t DRY_WINDOW_START = 1024
 
 
 cdef class RowSampler:
@@ -15,7 +17,10 @@ cdef class RowSampler:
     frequency_penalty; int32 top_k (<= 0: off), num_logprobs (-1: none), mask_row (-1:
     none); int8 keep_row (nonzero: the draw leaves the row as it is: only its mask,
     bias and penalties change it); uint64 seed, stream, counter (the draw's, armllm_sample_uniform); int64
-    prompt_len (set by set_history). run() writes token (int32), logprob (float32, the
+    prompt_len (set by set_history); DRY's float32 dry_multiplier (0: off), dry_base,
+    int32 dry_allowed_length, int64 dry_last_n (-1: the whole history, 0: off); XTC's
+    float32 xtc_probability (0: off), xtc_threshold (> 0.5: off). set_bad_words and
+    set_breakers attach sequence lists (sample.h; sequence_list builds one). run() writes token (int32), logprob (float32, the
     sampled token's, NaN without num_logprobs) and top_ids / top_logprobs (int32 /
     float32 [max_rows, 20]: the num_logprobs best, then -1 / NaN). Histories and
     biases are the caller's arrays, referenced until cleared or replaced. One run at a
@@ -25,6 +30,12 @@ cdef class RowSampler:
     cdef readonly object temperature, top_p, min_p, repetition_penalty, presence_penalty
     cdef readonly object frequency_penalty, top_k, num_logprobs, mask_row, keep_row
     cdef readonly object seed, stream, counter, prompt_len
+    cdef readonly object dry_multiplier, dry_base, dry_allowed_length, dry_last_n
+    cdef readonly object xtc_probability, xtc_threshold
+    cdef object bad_word_ptrs, breaker_ptrs, dry_scratch
+    cdef list bad_words, breakers
+    cdef void *dry_scratch_p
+    cdef readonly int64_t dry_window
     cdef readonly object token, logprob, top_ids, top_logprobs
     cdef object history_len, bias_len, row_ptrs, history_ptrs, bias_id_ptrs, bias_value_ptrs
     cdef object scratch
@@ -59,6 +70,12 @@ cdef class RowSampler:
         self.row_ptrs, self.history_ptrs = col(np.uintp, 0), col(np.uintp, 0)
         self.bias_id_ptrs, self.bias_value_ptrs = col(np.uintp, 0), col(np.uintp, 0)
         self.histories, self.biases = [None] * max_rows, [None] * max_rows
+        self.dry_multiplier, self.dry_base = col(np.float32, 0), col(np.float32, 1.75)
+        self.dry_allowed_length, self.dry_last_n = col(np.int32, 2), col(np.int64, -1)
+        self.xtc_probability, self.xtc_threshold = col(np.float32, 0), col(np.float32, 0.1)
+        self.bad_word_ptrs, self.breaker_ptrs = col(np.uintp, 0), col(np.uintp, 0)
+        self.bad_words, self.breakers = [None] * max_rows, [None] * max_rows
+        self.dry_window, self.dry_scratch, self.dry_scratch_p = 0, None, NULL
         # zeroed (the kernel's marks start at 0) and 64-byte aligned (sample.h): a spare
         # cache line to align within
         cdef size_t line = 64, nbytes = slots * armllm_sample_rows_slot_bytes(vocab_size)
@@ -115,6 +132,32 @@ cdef class RowSampler:
         self.bias_value_ptrs[r] = _addr(va) if va.shape[0] else 0
         self.bias_len[r] = ia.shape[0]
 
+    def set_bad_words(self, int64_t r, words):
+        """Entry r bans the last id of each sequence of `words` (a sequence list,
+        sample.h step 1b) where the output ends with the others. Referenced, not
+        copied."""
+        self._entry(r)
+        self.bad_words[r] = _sequence_list(words, self.vocab_size, False, f"bad words of row {r}")
+        self.bad_word_ptrs[r] = _addr(self.bad_words[r])
+
+    def clear_bad_words(self, int64_t r):
+        self._entry(r)
+        self.bad_words[r] = None
+        self.bad_word_ptrs[r] = 0
+
+    def set_breakers(self, int64_t r, breakers):
+        """Entry r's DRY sequence breakers: a sequence list sorted by (head, length)
+        (sample.h step 4b). Referenced, not copied."""
+        self._entry(r)
+        self.breakers[r] = _sequence_list(breakers, self.vocab_size, True,
+                                          f"DRY breakers of row {r}")
+        self.breaker_ptrs[r] = _addr(self.breakers[r])
+
+    def clear_breakers(self, int64_t r):
+        self._entry(r)
+        self.breakers[r] = None
+        self.breaker_ptrs[r] = 0
+
     def clear_bias(self, int64_t r):
         self._entry(r)
         self.biases[r] = None
@@ -154,6 +197,7 @@ cdef class RowSampler:
             b.masks, b.mask_ld, mask_rows = <const uint32_t *>cnp.PyArray_DATA(ma), _ld(ma), \
                 ma.shape[0]
         self._check_entries(begin, end, mask_rows)
+        self._fit_dry_window(begin, end)
         cdef uintptr_t *row_p = <uintptr_t *>cnp.PyArray_DATA(<cnp.ndarray>self.row_ptrs)
         cdef uintptr_t row0 = _addr(la)
         cdef int64_t ld_bytes = la.strides[0]
@@ -180,6 +224,15 @@ cdef class RowSampler:
         b.bias_len = <const int64_t *>_col(self.bias_len, begin)
         b.mask_row = <const int32_t *>_col(self.mask_row, begin)
         b.keep_row = <const int8_t *>_col(self.keep_row, begin)
+        b.bad_words = <const int32_t **>_col(self.bad_word_ptrs, begin)
+        b.dry_multiplier = <const float *>_col(self.dry_multiplier, begin)
+        b.dry_base = <const float *>_col(self.dry_base, begin)
+        b.dry_allowed_length = <const int32_t *>_col(self.dry_allowed_length, begin)
+        b.dry_last_n = <const int64_t *>_col(self.dry_last_n, begin)
+        b.dry_breakers = <const int32_t **>_col(self.breaker_ptrs, begin)
+        b.xtc_probability = <const float *>_col(self.xtc_probability, begin)
+        b.xtc_threshold = <const float *>_col(self.xtc_threshold, begin)
+        b.dry_scratch, b.dry_window = self.dry_scratch_p, self.dry_window
         b.token = <int32_t *>_col(self.token, begin)
         b.logprob = <float *>_col(self.logprob, begin)
         b.top_ids = <int32_t *>_col(self.top_ids, begin)
@@ -188,6 +241,26 @@ cdef class RowSampler:
         cdef armllm_pool *p = _pool_ptr(pool)
         with nogil:
             armllm_sample_rows(self.kt, p, &b)
+
+    cdef int _fit_dry_window(self, int64_t begin, int64_t end) except -1:
+        """Grows the DRY scratch to the largest window of entries begin..end-1."""
+        cdef const float *mult = <const float *>_col(self.dry_multiplier, 0)
+        cdef const int64_t *last_n = <const int64_t *>_col(self.dry_last_n, 0)
+        cdef const int64_t *hist_len = <const int64_t *>_col(self.history_len, 0)
+        cdef int64_t r, window, need = 0
+        for r in range(begin, end):
+            if mult[r] > 0 and last_n[r] != 0:
+                window = hist_len[r] if last_n[r] < 0 else min(hist_len[r], last_n[r])
+                need = max(need, window)
+        if need <= self.dry_window:
+            return 0
+        need = max(need, 2 * self.dry_window, DRY_WINDOW_START)
+        cdef size_t line = 64, nbytes = self.slots * armllm_sample_dry_bytes(need)
+        self.dry_scratch = np.empty(nbytes + line, np.uint8)
+        cdef uintptr_t base = _addr(self.dry_scratch)
+        self.dry_scratch_p = <void *>((base + line - 1) // line * line)
+        self.dry_window = need
+        return 0
 
     cdef int _check_entries(self, int64_t begin, int64_t end, int64_t mask_rows) except -1:
         """Raises a ValueError naming the first bad value of entries begin..end-1."""
@@ -203,7 +276,14 @@ cdef class RowSampler:
         cdef const int64_t *bias_len = <const int64_t *>_col(self.bias_len, 0)
         cdef const int64_t *prompt = <const int64_t *>_col(self.prompt_len, 0)
         cdef const int64_t *hist_len = <const int64_t *>_col(self.history_len, 0)
+        cdef const float *dry_mult = <const float *>_col(self.dry_multiplier, 0)
+        cdef const float *dry_base = <const float *>_col(self.dry_base, 0)
+        cdef const int32_t *dry_allowed = <const int32_t *>_col(self.dry_allowed_length, 0)
+        cdef const int64_t *dry_last_n = <const int64_t *>_col(self.dry_last_n, 0)
+        cdef const float *xtc_p = <const float *>_col(self.xtc_probability, 0)
+        cdef const float *xtc_t = <const float *>_col(self.xtc_threshold, 0)
         cdef int64_t r
+        cdef bint dry
         for r in range(begin, end):
             if not 0 <= temp[r] <= MAX_TEMPERATURE:
                 raise ValueError(f"temperature[{r}] must be in [0, 100], got {temp[r]}")
@@ -226,7 +306,26 @@ cdef class RowSampler:
             if not 0 <= prompt[r] <= hist_len[r]:
                 raise ValueError(f"prompt_len[{r}] must be in [0, {hist_len[r]}] (the history's "
                                  f"length), got {prompt[r]}")
-            if rep[r] != 1 or pres[r] != 0 or freq[r] != 0:
+            if not (0 <= dry_mult[r] < INFINITY):
+                raise ValueError(f"dry_multiplier[{r}] must be finite and >= 0, "
+                                 f"got {dry_mult[r]}")
+            if not (1 <= dry_base[r] < INFINITY):
+                raise ValueError(f"dry_base[{r}] must be finite and >= 1, got {dry_base[r]}")
+            if dry_allowed[r] < 0:
+                raise ValueError(f"dry_allowed_length[{r}] must be >= 0, got {dry_allowed[r]}")
+            if dry_last_n[r] < -1:
+                raise ValueError(f"dry_last_n[{r}] must be >= -1, got {dry_last_n[r]}")
+            if not (0 <= xtc_p[r] <= 1 and 0 <= xtc_t[r] <= 1):
+                raise ValueError(f"xtc_probability[{r}] and xtc_threshold[{r}] must be in "
+                                 f"[0, 1], got {xtc_p[r]} and {xtc_t[r]}")
+            dry = dry_mult[r] > 0 and dry_last_n[r] != 0
+            if dry and self.breakers[r] is not None:
+                _sequence_list(self.breakers[r], self.vocab_size, True,
+                               f"DRY breakers of row {r}")
+            if self.bad_words[r] is not None:
+                _sequence_list(self.bad_words[r], self.vocab_size, False,
+                               f"bad words of row {r}")
+            if rep[r] != 1 or pres[r] != 0 or freq[r] != 0 or dry:
                 hist = self.histories[r]
                 if hist is not None:
                     _check_ids(hist, hist_len[r], self.vocab_size,
@@ -235,6 +334,46 @@ cdef class RowSampler:
                 _check_ids(self.biases[r][0], bias_len[r], self.vocab_size,
                            f"bias ids of row {r}")
         return 0
+
+
+cdef cnp.ndarray _sequence_list(object seqs, int64_t n, bint by_head, str what):
+    """seqs checked as a sequence list (sample.h) of ids in [0, n), sorted by (head,
+    length) if by_head; raises a ValueError naming `what` otherwise."""
+    cdef cnp.ndarray a = _ids_array(seqs, what)
+    cdef const int32_t *p = <const int32_t *>cnp.PyArray_DATA(a)
+    cdef int64_t size = a.shape[0], count, j, at, length, i, head = -1, prev_len = 0
+    if size < 1 or not 0 <= p[0] <= size - 1:
+        raise ValueError(f"{what}: a sequence list starts with its count of sequences")
+    count = p[0]
+    for j in range(count):
+        at = p[1 + j]
+        if not 1 + count <= at < size or not 1 <= p[at] <= size - at - 1:
+            raise ValueError(f"{what}: sequence {j} lies outside the list")
+        length = p[at]
+        for i in range(length):
+            if not 0 <= p[at + 1 + i] < n:
+                raise ValueError(f"{what} must be in [0, {n}), got {p[at + 1 + i]}")
+        if by_head:
+            if p[at + 1] < head or (p[at + 1] == head and length < prev_len):
+                raise ValueError(f"{what} must be sorted by (head, length)")
+            head, prev_len = p[at + 1], length
+    return a
+
+
+def sequence_list(seqs) -> np.ndarray:
+    """The sequence list (sample.h: int32 [S, offsets, then each as [len, ids]]) of
+    non-empty id sequences, sorted by (head, length, ids) and without repeats."""
+    uniq = sorted({tuple(int(t) for t in s) for s in seqs}, key=lambda s: (s[:1], len(s), s))
+    if any(not s for s in uniq):
+        raise ValueError("a sequence of a sequence list must hold at least one id")
+    out = [len(uniq)]
+    at = 1 + len(uniq)
+    for s in uniq:
+        out.append(at)
+        at += 1 + len(s)
+    for s in uniq:
+        out += [len(s), *s]
+    return np.asarray(out, np.int32)
 
 
 cdef inline void *_col(object column, int64_t begin):

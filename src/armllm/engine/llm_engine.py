@@ -27,6 +27,7 @@ from armllm.engine.completion import CompletionState
 from armllm.engine.embedding import SCORE_POOLING, PoolingParams, PoolState, pooling_refusal
 from armllm.engine.outputs import EngineStats, RequestMetrics, StepOutput
 from armllm.engine.request_state import RequestState, SeqKey
+from armllm.engine.sample_words import SampleWords
 from armllm.engine.sampler import RESAMPLE_STREAM, SampleJob
 from armllm.engine.scheduler import Scheduler, SchedulerOutput
 from armllm.engine.sequence import Sequence, Timings
@@ -145,6 +146,7 @@ class LLMEngine:
             self.think = think_tags(self.tokenizer, reasoning_parser)
         self.structured = StructuredOutputs(self.tokenizer, c.vocab_size, self.eos_token_ids,
                                             scheduler.max_num_seqs)
+        self.words = SampleWords(self.tokenizer, c.vocab_size)   # DRY breakers, bad words
         self._requests: dict[str, _Request] = {}
         self._states: dict[SeqKey, RequestState] = {}   # per unfinished sequence
         self._deferred: list[StepOutput] = []   # aborts, reported by the next step
@@ -175,6 +177,8 @@ class LLMEngine:
                        num_forks_pending=params.n - 1,
                        timings=Timings(arrival_time or time.monotonic()))
         state = RequestState()
+        if isinstance(params, SamplingParams):
+            self._sample_words(params, state)
         if encoder_input is not None:   # its KV depends on the audio: no prefix cache
             state.encoder_input = np.ascontiguousarray(encoder_input, np.float32)
             seq.reuse_prefix = False
@@ -191,6 +195,17 @@ class LLMEngine:
         self._states[seq.key] = state
         self._requests[request_id] = _Request(seq, params.n)
         self._num_prompt_tokens += len(prompt_ids)
+
+    def _sample_words(self, params: SamplingParams, state: RequestState) -> None:
+        """The request's DRY breakers and bad words as the sampler's token sequences."""
+        try:
+            if params.dry and params.dry_sequence_breakers:
+                state.breakers = self.words.breakers(tuple(params.dry_sequence_breakers))
+            if params.bad_words:
+                state.bad_words = self.words.bad_words(tuple(params.bad_words))
+        except ValueError as exc:
+            raise RequestRejected(str(exc), "bad_words" if "bad_words" in str(exc)
+                                  else "dry_sequence_breakers") from None
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams,
                       encoder_input: np.ndarray | None = None) -> None:
@@ -514,9 +529,11 @@ class LLMEngine:
                 if grammar is not None:
                     self.structured.wait()  # the parent's matcher is the worker's until then
                 for child in children:
+                    parent = self._states[seq.key]
                     self._states[child.key] = RequestState(
                         completion=self._completion_state(child),
-                        grammar=None if grammar is None else grammar.fork())
+                        grammar=None if grammar is None else grammar.fork(),
+                        breakers=parent.breakers, bad_words=parent.bad_words)
                 copies = [rows.copy() for _ in children]
             yield self._job(seq, rows, first)
             if children:

@@ -1,7 +1,8 @@
 """request_state: what the engine keeps for each completion beside its Sequence
 (which holds only what scheduling needs): how its sampled tokens become output,
 its grammar's place, an embedding's pooling, and what its sampling keeps
-(its seed, the ids its penalties read, its logit bias as arrays). LLMEngine
+(its seed, the ids its penalties read, its logit bias, DRY breakers and bad
+words as arrays). LLMEngine
 owns one RequestState per unfinished sequence, keyed by the sequence's key
 (request id, completion index), and lends them to the runner each step."""
 from __future__ import annotations
@@ -29,6 +30,9 @@ class RequestState:
     history: np.ndarray | None = None
     history_len: int = 0
     bias: tuple[np.ndarray, np.ndarray] | None = None
+    # its DRY breakers and bad words as sequence lists (engine/sample_words.py), or None
+    breakers: np.ndarray | None = None
+    bad_words: np.ndarray | None = None
     # an encoder-decoder's encoder input, kept until the sequence ends (a preempted
     # sequence runs its encoder again)
     encoder_input: np.ndarray | None = None

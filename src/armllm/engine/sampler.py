@@ -3,9 +3,9 @@
 Every completion that samples in a step hands its rows over as a SampleJob:
 one logits row, or with speculative decoding the rows that verify its draft
 tokens. The rows' parameters go into the columns of ops.RowSampler, and one
-call on the kernel pool does, for every row, the grammar mask, the logit
-bias, the raw logprobs and their top n, the penalties and the draw (sample.h).
-Only what a row rarely needs stays in Python, per row: a request's logits
+call on the kernel pool does, for every row, the grammar mask, bad words, the
+logit bias, the raw logprobs and their top n, the penalties, DRY and the draw
+(XTC in it) (sample.h). Only what a row rarely needs stays in Python, per row: a request's logits
 processors (Whisper's timestamp rules) before the call, and verifying a draft
 that was drawn from a distribution (engine/spec/verify.py) instead of it.
 
@@ -15,9 +15,10 @@ completion's index and the output position the row produces
 speculation, preemption or thread count. A request without a seed gets a
 random one when it first samples.
 
-Penalties read a completion's prompt and output ids from an int32 buffer kept
-in its RequestState and extended as it grows; a verify step's rows see the
-draft tokens before them appended (what the output is if they are kept)."""
+Penalties, DRY and bad words read a completion's prompt and output ids from an
+int32 buffer kept in its RequestState and extended as it grows; a verify step's
+rows see the draft tokens before them appended (what the output is if they are
+kept). XTC's draw, like the token's, is a function of the output position."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -70,7 +71,8 @@ def _edits_row(params: SamplingParams) -> bool:
     """Whether the sampling kernel writes a row of these parameters even with keep_row
     (its bias and penalties apply in place)."""
     return bool(params.logit_bias) or params.repetition_penalty != 1.0 \
-        or bool(params.presence_penalty) or bool(params.frequency_penalty)
+        or bool(params.presence_penalty) or bool(params.frequency_penalty) \
+        or params.dry or bool(params.bad_words)
 
 
 class StepSampler:
@@ -190,9 +192,13 @@ class StepSampler:
         k.num_logprobs[begin:end] = -1
         k.mask_row[begin:end] = -1
         k.keep_row[begin:end] = 0
+        k.dry_multiplier[begin:end] = 0.0
+        k.xtc_probability[begin:end] = 0.0
         for column in [c for c in self._attached if begin <= c < end]:
             k.clear_history(column)
             k.clear_bias(column)
+            k.clear_bad_words(column)
+            k.clear_breakers(column)
             self._attached.discard(column)
 
     def _fill(self, job: SampleJob, first: int, masks: np.ndarray | None) -> None:
@@ -232,11 +238,15 @@ class StepSampler:
         k.seed[column] = state.seed
         k.stream[column] = seq.index + stream
         k.counter[column] = job.output_len + i
-        if params.repetition_penalty != 1.0 or params.presence_penalty \
-                or params.frequency_penalty:
+        penalties = params.repetition_penalty != 1.0 or params.presence_penalty \
+            or params.frequency_penalty
+        if penalties:
             k.repetition_penalty[column] = params.repetition_penalty
             k.presence_penalty[column] = params.presence_penalty
             k.frequency_penalty[column] = params.frequency_penalty
+        if params.kernel_only:
+            self._fill_dry_xtc_words(params, state, column)
+        if penalties or params.dry or params.bad_words:
             ids, length = history(seq, state, job.output_len, job.drafts)
             k.set_history(column, ids, length - len(job.drafts) + i, len(seq.prompt_ids))
             self._attached.add(column)
@@ -246,6 +256,26 @@ class StepSampler:
                               np.fromiter(params.logit_bias.values(), np.float32,
                                           len(params.logit_bias)))
             k.set_bias(column, *state.bias)
+            self._attached.add(column)
+
+    def _fill_dry_xtc_words(self, params: SamplingParams, state: RequestState, column: int
+                            ) -> None:
+        """Column `column`'s DRY, XTC and bad words (the sequence lists the engine made
+        of the request's strings: engine/sample_words.py)."""
+        k = self.kernel
+        if params.dry:
+            k.dry_multiplier[column] = params.dry_multiplier
+            k.dry_base[column] = params.dry_base
+            k.dry_allowed_length[column] = params.dry_allowed_length
+            k.dry_last_n[column] = params.dry_penalty_last_n
+            if state.breakers is not None:
+                k.set_breakers(column, state.breakers)
+                self._attached.add(column)
+        if params.xtc:
+            k.xtc_probability[column] = params.xtc_probability
+            k.xtc_threshold[column] = params.xtc_threshold
+        if state.bad_words is not None:
+            k.set_bad_words(column, state.bad_words)
             self._attached.add(column)
 
     # -- results ---------------------------------------------------------------------

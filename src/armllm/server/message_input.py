@@ -137,7 +137,8 @@ def chat_request(req: dict) -> dict:
     reasoning budget (disabled: enable_thinking false and a budget of 0),
     output_config's effort as reasoning_effort and its format as response_format."""
     chat = {k: req[k] for k in ("temperature", "top_p", "top_k", "stream", "seed", "min_p",
-                                "repetition_penalty", "priority") if k in req}
+                                "repetition_penalty", "priority", *P.EXTRA_SAMPLING)
+            if k in req}
     chat["max_completion_tokens"] = req["max_tokens"]
     if "stop_sequences" in req:
         chat["stop"] = req["stop_sequences"]

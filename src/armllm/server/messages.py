@@ -54,6 +54,7 @@ MESSAGES_FIELDS = {
     "output_config": "obj", "cache_control": "obj",
     # armllm's (vLLM's) sampling extensions, as on the OpenAI routes
     "seed": "int", "min_p": "num", "repetition_penalty": "num", "priority": "int",
+    **{k: P.CHAT_FIELDS[k] for k in P.EXTRA_SAMPLING},
 }
 COUNT_FIELDS = {k: MESSAGES_FIELDS[k] for k in ("model", "messages", "system", "tools",
                                                 "tool_choice", "thinking", "output_config")}

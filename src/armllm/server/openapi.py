@@ -40,6 +40,8 @@ _SHAPES = {
     "tokens": {"type": "array", "items": {"type": "integer"}},
     "encoding_format": {"enum": [*ENCODING_FORMATS, None]},
     "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer"}},
+    "dry_sequence_breakers": {"type": ["array", "null"], "items": {"type": "string"}},
+    "bad_words": {"type": ["array", "null"], "items": {"type": "string"}},
 }
 # a Responses API request's input: text, or items (messages, calls, call outputs, reasoning)
 _RESPONSES_SHAPES = {"input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {

@@ -189,7 +189,15 @@ _SAMPLING_FIELDS = {
     "logit_bias": "obj", "metadata": "obj", "store": "bool", "service_tier": "str",
     "safety_identifier": "str", "prompt_cache_key": "str", "response_format": "obj",
     "structured_outputs": "obj",
+    # llama.cpp's DRY and XTC, vLLM's bad_words (SamplingParams checks their values)
+    "dry_multiplier": "num", "dry_base": "num", "dry_allowed_length": "int",
+    "dry_penalty_last_n": "int", "dry_sequence_breakers": "list", "xtc_probability": "num",
+    "xtc_threshold": "num", "bad_words": "list",
 }
+# the sampling fields beyond OpenAI's that every generating route takes (Responses and
+# Messages as extensions)
+EXTRA_SAMPLING = ("dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+                  "dry_sequence_breakers", "xtc_probability", "xtc_threshold", "bad_words")
 COMPLETION_FIELDS = {**_SAMPLING_FIELDS, "prompt": "any", "logprobs": "int", "echo": "bool",
                      "suffix": "str"}
 CHAT_FIELDS = {**_SAMPLING_FIELDS, "messages": "list", "max_completion_tokens": "int",
@@ -428,7 +436,8 @@ def sampling_options(req: dict, chat: bool, default_params) -> Options:
                                          "presence_penalty", "frequency_penalty",
                                          "repetition_penalty", "seed", "stop_token_ids",
                                          "ignore_eos", "skip_special_tokens",
-                                         "logit_bias", "max_reasoning_tokens")}
+                                         "logit_bias", "max_reasoning_tokens",
+                                         *EXTRA_SAMPLING)}
     effort = req.get("reasoning_effort")
     if effort is not None:
         if effort not in REASONING_EFFORTS:

@@ -36,7 +36,8 @@ RESPONSES_NAMES = {"max_completion_tokens": "max_output_tokens",
                    "reasoning_effort": "reasoning.effort", ".function.": "."}
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty", "seed", "stop", "logit_bias", "stream", "priority",
-            "parallel_tool_calls", "max_output_tokens", "max_reasoning_tokens")
+            "parallel_tool_calls", "max_output_tokens", "max_reasoning_tokens",
+            *P.EXTRA_SAMPLING)
 
 
 def input_messages(value: Any) -> list[dict]:

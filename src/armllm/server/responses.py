@@ -58,7 +58,7 @@ RESPONSES_FIELDS = {
     "user": "str", "truncation": "str", "background": "bool", "service_tier": "str",
     "safety_identifier": "str", "prompt_cache_key": "str", "priority": "int",
     "conversation": "any", "prompt": "obj", "top_logprobs": "int",
-    "max_reasoning_tokens": "int",
+    "max_reasoning_tokens": "int", **{k: P.CHAT_FIELDS[k] for k in P.EXTRA_SAMPLING},
 }
 # what `include` may ask for: a reasoning item's text again in encrypted_content (not
 # encrypted: armllm keeps no secret), so that a client that stores nothing can send it back

@@ -221,6 +221,17 @@ def test_seeded_sampled_drafts_are_point_masses(llama):
         assert draft.probs is None and draft.tokens == want.tokens
 
 
+@pytest.mark.parametrize("kernel_only", [dict(dry_multiplier=0.8), dict(xtc_probability=0.5),
+                                         dict(bad_words=["w3"])])
+def test_dry_xtc_and_bad_words_drafts_are_point_masses(llama, kernel_only):
+    """An unseeded request with a sampler only the kernel runs drafts argmax tokens:
+    the kernel verifies them, with the drafts before each as output."""
+    prop = proposer(llama.target, "self_draft", layers=2)
+    params = dataclasses.replace(SAMPLED, seed=None, **kernel_only)
+    for p in llama.prompts[:2]:
+        assert prop.propose([one(("a", 0), p, len(p), 5, params)])[0].probs is None
+
+
 def test_sampled_drafts_are_drawn_from_their_rows(llama):
     """2000 first drafts after one context (each call recomputes its last token): each
     token's frequency within 4.5 standard deviations of its probability."""

@@ -21,6 +21,11 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 SAMPLED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.9, top_k=40,
                          repetition_penalty=1.1, presence_penalty=0.3, seed=11,
                          ignore_eos=True, logprobs=3)
+# DRY, XTC and bad words: the kernel verifies each draft with the drafts before it as output
+WORDS = SamplingParams(max_tokens=24, temperature=0.9, seed=12, dry_multiplier=1.5,
+                       dry_allowed_length=1, dry_sequence_breakers=["w17"],
+                       xtc_probability=0.6, xtc_threshold=0.02, bad_words=["w5 w6", "w9"],
+                       ignore_eos=True, logprobs=2)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,7 +68,7 @@ def generate(llm, ps, params, ids=None):
 
 
 @pytest.mark.parametrize("wrong", [0.0, 0.4, 1.0])
-@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED, WORDS], ids=["greedy", "sampled", "words"])
 def test_output_is_the_output_without_speculation(plain, speculative, params, wrong):
     ps = prompts(6)
     ids = [f"r{i}" for i in range(len(ps))]

@@ -1924,14 +1924,29 @@ static void sample_batch(const armllm_kernels *t, armllm_pool *pool, const float
   static const float pres[R] = {0, 0.5f, 0, 0, 0, -0.5f, 0, 0, 0, 0, 0, 0, 0};
   static const float freq[R] = {0, 0.25f, 0, 0, 0, 0.5f, 0, 0.1f, 0, 0, 0, 0, 0};
   static const int32_t mask_row[R] = {-1, -1, 0, -1, -1, -1, 1, -1, -1, -1, -1, -1, -1};
+  /* bad words, DRY (on the rows with a history) and XTC */
+  static const float dry_mult[R] = {0, 0.8f, 0, 0, 2, 0, 0, 1, 0, 0, 0.5f, 0, 0};
+  static const float dry_base[R] = {1.75f, 1.75f, 1.75f, 1.75f, 1e10f, 1.75f, 1.75f, 1,
+                                    1.75f, 1.75f, 1.75f, 1.75f, 1.75f};
+  static const int32_t dry_allowed[R] = {2, 2, 2, 2, 0, 2, 2, 1, 2, 2, 3, 2, 2};
+  static const int64_t dry_last_n[R] = {-1, -1, -1, -1, 30, -1, -1, 10, -1, -1, -1, -1, -1};
+  static const float xtc_p[R] = {0, 1, 0, 0.5f, 0, 1, 0, 0, 1, 0, 0, 0, 0};
+  static const float xtc_t[R] = {0.1f, 0.05f, 0.1f, 0.1f, 0.1f, 0.01f, 0.1f, 0.1f, 0, 0.1f,
+                                 0.1f, 0.1f, 0.1f};
+  const int32_t *bad[R], *breakers[R];
   uint64_t seed[R], stream[R], counter[R];
   int64_t hist_len[R], prompt_len[R], bias_len[R];
   float *rows[R];
   const int32_t *hist[R], *bias_ids[R];
   const float *bias_values[R];
   static int32_t history[40], bias_id[3];
+  /* sequence lists (sample.h): bad words {h[39]} and {h[38], h[39]}; one breaker {h[35]} */
+  static int32_t bad_word[9], breaker[5];
   static const float bias_value[3] = {5.0f, -3.0f, 2.5f};
-  for (int i = 0; i < 40; i++) history[i] = (int32_t)((i * 7919) % n);
+  for (int i = 0; i < 40; i++) history[i] = (int32_t)((i % 13 * 7919) % n); /* repeats */
+  bad_word[0] = 2, bad_word[1] = 3, bad_word[2] = 5, bad_word[3] = 1, bad_word[4] = history[39];
+  bad_word[5] = 2, bad_word[6] = history[38], bad_word[7] = history[39];
+  breaker[0] = 1, breaker[1] = 2, breaker[2] = 1, breaker[3] = history[35];
   for (int i = 0; i < 3; i++) bias_id[i] = (int32_t)((i * 104729 + 5) % n);
   const int64_t words = (n + 31) / 32;
   uint32_t *masks = xmalloc(sizeof(uint32_t) * (size_t)(2 * words));
@@ -1949,7 +1964,10 @@ static void sample_batch(const armllm_kernels *t, armllm_pool *pool, const float
     bias_ids[i] = bias_id;
     bias_values[i] = bias_value;
     bias_len[i] = i % 4 == 2 ? 3 : 0;
+    bad[i] = i % 3 == 1 ? bad_word : NULL;
+    breakers[i] = i % 2 ? breaker : NULL;
   }
+  int32_t *dry_scratch = xmalloc(slots * armllm_sample_dry_bytes(40));
   armllm_sample_batch b = {
       .rows = R, .n = n, .row = rows, .temperature = temperature, .top_p = top_p,
       .min_p = min_p, .repetition_penalty = rep, .presence_penalty = pres,
@@ -1957,9 +1975,13 @@ static void sample_batch(const armllm_kernels *t, armllm_pool *pool, const float
       .stream = stream, .counter = counter, .history = hist, .history_len = hist_len,
       .prompt_len = prompt_len, .bias_ids = bias_ids, .bias_values = bias_values,
       .bias_len = bias_len, .masks = masks, .mask_ld = words, .mask_row = mask_row,
-      .token = token, .logprob = logprob, .top_ids = top_ids, .top_logprobs = top_lp,
-      .scratch = scratch, .slots = slots};
+      .bad_words = bad, .dry_multiplier = dry_mult, .dry_base = dry_base,
+      .dry_allowed_length = dry_allowed, .dry_last_n = dry_last_n, .dry_breakers = breakers,
+      .xtc_probability = xtc_p, .xtc_threshold = xtc_t, .dry_scratch = dry_scratch,
+      .dry_window = 40, .token = token, .logprob = logprob, .top_ids = top_ids,
+      .top_logprobs = top_lp, .scratch = scratch, .slots = slots};
   armllm_sample_rows(t, pool, &b);
+  free(dry_scratch);
   free(masks);
   free(work);
 }

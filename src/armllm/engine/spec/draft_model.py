@@ -19,7 +19,8 @@ DeltaNet) drafts on a copy of each sequence's state in a scratch slot, so its
 live state stays at the last token of token_ids, and the next call recomputes
 the drafts that were kept.
 
-Greedy and seeded requests get argmax drafts (Draft.probs None): a point mass
+Greedy and seeded requests, and those with DRY, XTC or bad words (which only the
+sampling kernel runs), get argmax drafts (Draft.probs None): a point mass
 leaves a seeded request's output the output without speculation, token for
 token, whatever k the controller picks (with drawn drafts the draws a verify
 takes depend on k, which depends on measured timings). Other sampled requests
@@ -370,8 +371,10 @@ class DraftModelProposer:
 
 
 def _point_mass(params) -> bool:
-    """Whether a request's drafts are argmax tokens (greedy and seeded requests)."""
-    return params.greedy or params.seed is not None
+    """Whether a request's drafts are argmax tokens (greedy and seeded requests, and
+    those with a sampler only the kernel runs: DRY, XTC, bad words, which then verifies
+    them with the drafts before each as output)."""
+    return params.greedy or params.seed is not None or params.kernel_only
 
 
 def common_prefix(held: list[int], ids: list[int], known: int) -> int:
