@@ -65,23 +65,24 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--dry-multiplier", type=float, default=0.0,
+    # unset: SamplingParams' defaults (llama.cpp's)
+    p.add_argument("--dry-multiplier", type=float, default=None,
                    help="DRY (llama.cpp's): the penalty on a token that extends a repeat "
                         "(default: 0, off)")
-    p.add_argument("--dry-base", type=float, default=1.75,
+    p.add_argument("--dry-base", type=float, default=None,
                    help="DRY's growth per token of repeat (default: 1.75)")
-    p.add_argument("--dry-allowed-length", type=int, default=2,
+    p.add_argument("--dry-allowed-length", type=int, default=None,
                    help="DRY: repeats up to this long go free (default: 2)")
-    p.add_argument("--dry-penalty-last-n", type=int, default=-1,
-                   help="DRY: the last N prompt and output tokens it reads (default: -1, "
-                        "all; 0: off)")
+    p.add_argument("--dry-penalty-last-n", type=int, default=None,
+                   help="DRY: the last N prompt and output tokens it reads (default: 64; "
+                        "-1: all; 0: off)")
     p.add_argument("--dry-sequence-breaker", action="append", default=None,
                    dest="dry_sequence_breakers",
                    help="a string a repeat does not run across (repeatable; default: "
                         "newline, ':', '\"', '*')")
-    p.add_argument("--xtc-probability", type=float, default=0.0,
+    p.add_argument("--xtc-probability", type=float, default=None,
                    help="XTC (llama.cpp's): how often it removes the top choices (default: 0)")
-    p.add_argument("--xtc-threshold", type=float, default=0.1,
+    p.add_argument("--xtc-threshold", type=float, default=None,
                    help="XTC: the probability a top choice reaches (default: 0.1; > 0.5: off)")
     p.add_argument("--bad-word", action="append", default=[], dest="bad_words",
                    help="a word the output never holds (repeatable)")

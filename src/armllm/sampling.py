@@ -83,7 +83,7 @@ class SamplingParams:
     dry_multiplier: float = 0.0       # 0: off
     dry_base: float = 1.75
     dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
+    dry_penalty_last_n: int = 64      # llama.cpp's default (common.h)
     dry_sequence_breakers: list[str] = field(default_factory=lambda: list(DRY_SEQUENCE_BREAKERS))
     # XTC (llama.cpp's, sample.h step 6): with probability xtc_probability a draw removes
     # every candidate whose probability reaches xtc_threshold but the least probable of

@@ -198,14 +198,16 @@ class LLMEngine:
 
     def _sample_words(self, params: SamplingParams, state: RequestState) -> None:
         """The request's DRY breakers and bad words as the sampler's token sequences."""
-        try:
-            if params.dry and params.dry_sequence_breakers:
+        if params.dry and params.dry_sequence_breakers:
+            try:
                 state.breakers = self.words.breakers(tuple(params.dry_sequence_breakers))
-            if params.bad_words:
+            except ValueError as exc:
+                raise RequestRejected(str(exc), "dry_sequence_breakers") from None
+        if params.bad_words:
+            try:
                 state.bad_words = self.words.bad_words(tuple(params.bad_words))
-        except ValueError as exc:
-            raise RequestRejected(str(exc), "bad_words" if "bad_words" in str(exc)
-                                  else "dry_sequence_breakers") from None
+            except ValueError as exc:
+                raise RequestRejected(str(exc), "bad_words") from None
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams,
                       encoder_input: np.ndarray | None = None) -> None:
