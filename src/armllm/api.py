@@ -208,20 +208,9 @@ class LLM(_LLMBase):
         pooled as the model's pooling config says (model/pooling.py), truncated to
         `dimensions` where the model allows it. The prompts run batched through the
         engine; every one is checked before any runs."""
-        params = PoolingParams(dimensions)
         ids = [self.prompt_ids(p) for p in self._prompt_list(prompts)]
-        for p in ids:
-            self.check_request(p, params)
-        done: dict[str, StepOutput | None] = {}
-        for p in ids:
-            rid = f"req-{next(self._ids)}"
-            self.engine.add_request(rid, p, params, priority)
-            done[rid] = None
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.request_id in done:
-                    done[out.request_id] = out
-        return [embedding_result(p, out) for p, out in zip(ids, done.values(), strict=True)]
+        outs = self._pool_all(ids, PoolingParams(dimensions), priority)
+        return [embedding_result(p, out) for p, out in zip(ids, outs, strict=True)]
 
     def score(self, query: str, documents: str | list[str], priority: int = 0
               ) -> list[ScoreOutput]:
@@ -229,11 +218,17 @@ class LLM(_LLMBase):
         list of them) for the query, in the documents' order. The pairs run batched
         through the engine (the query's shared prefix from the prefix cache); every one
         is checked before any runs."""
-        params = PoolingParams(task="score")
         docs = [documents] if isinstance(documents, str) else list(documents)
         if not docs:
             raise ValueError("no documents given")
         ids = [self.score_prompt(query, d) for d in docs]
+        outs = self._pool_all(ids, PoolingParams(task="score"), priority)
+        return [score_result(p, out) for p, out in zip(ids, outs, strict=True)]
+
+    def _pool_all(self, ids: list[list[int]], params: PoolingParams, priority: int
+                  ) -> list[StepOutput]:
+        """Each prompt's one StepOutput of a pooling request (embed, score), every
+        prompt checked before any runs."""
         for p in ids:
             self.check_request(p, params)
         done: dict[str, StepOutput | None] = {}
@@ -245,7 +240,7 @@ class LLM(_LLMBase):
             for out in self.engine.step():
                 if out.request_id in done:
                     done[out.request_id] = out
-        return [score_result(p, out) for p, out in zip(ids, done.values(), strict=True)]
+        return list(done.values())
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None
                ) -> Iterator[StepOutput]:

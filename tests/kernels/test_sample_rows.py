@@ -100,9 +100,14 @@ def row_params(draw, n: int) -> RowParams:
         mask=draw(st.sampled_from([None, None, "random", "one"])))
 
 
-def with_masks(rng: np.random.Generator, params: list[RowParams], n: int) -> None:
+def with_masks(rng: np.random.Generator, params: list[RowParams], n: int,
+               masks: bool = True) -> None:
+    """Each row's mask drawn as its params name it ("random", "one"; all None unless
+    `masks`)."""
     for p in params:
-        if isinstance(p.mask, str):
+        if not masks:
+            p.mask = None
+        elif isinstance(p.mask, str):
             allowed = rng.random(n) < 0.5 if p.mask == "random" else np.eye(n, dtype=bool)[
                 rng.integers(0, n)]
             padded = np.zeros((n + 31) // 32 * 32, bool)
@@ -119,9 +124,16 @@ def with_masks(rng: np.random.Generator, params: list[RowParams], n: int) -> Non
        kind=st.sampled_from(["spread", "peaked", "ties", "specials", "flat"]),
        seed=st.integers(0, 2**32 - 1))
 def test_rows_match_the_spec(n, data, kind, seed):
+    check_rows_match_the_spec(row_params, n, data, kind, seed)
+
+
+def check_rows_match_the_spec(params_of, n: int, data, kind: str, seed: int,
+                              masks: bool = True) -> None:
+    """A batch of up to 5 rows of params_of(n) (masks None unless `masks`) sampled
+    as sample_spec defines it."""
     rng = np.random.default_rng(seed)
-    params = data.draw(st.lists(row_params(n), min_size=1, max_size=5))
-    with_masks(rng, params, n)
+    params = data.draw(st.lists(params_of(n), min_size=1, max_size=5))
+    with_masks(rng, params, n, masks)
     rows = logits_rows(rng, len(params), n, kind)
     assert_matches_spec(rows, params, run_rows(rows, params))
 
@@ -130,12 +142,18 @@ def test_rows_match_the_spec(n, data, kind, seed):
 @settings(deadline=None, max_examples=examples(25))
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_every_variant_gives_refs_outputs(isa, data, seed):
-    n = data.draw(st.sampled_from([5, 16, 31, 64, 300, 1000]))
+    check_variant_gives_refs_outputs(isa, row_params, data, seed, [5, 16, 31, 64, 300, 1000],
+                                     ["spread", "peaked", "ties", "specials"])
+
+
+def check_variant_gives_refs_outputs(isa: str, params_of, data, seed: int, sizes: list[int],
+                                     kinds: list[str], masks: bool = True) -> None:
+    """A batch of up to 6 rows of params_of(n) gives ref's bits under `isa`."""
+    n = data.draw(st.sampled_from(sizes))
     rng = np.random.default_rng(seed)
-    params = data.draw(st.lists(row_params(n), min_size=1, max_size=6))
-    with_masks(rng, params, n)
-    rows = logits_rows(rng, len(params), n, data.draw(st.sampled_from(["spread", "peaked",
-                                                                        "ties", "specials"])))
+    params = data.draw(st.lists(params_of(n), min_size=1, max_size=6))
+    with_masks(rng, params, n, masks)
+    rows = logits_rows(rng, len(params), n, data.draw(st.sampled_from(kinds)))
     assert same_outputs(run_rows(rows, params, isa), run_rows(rows, params, "ref"))
 
 

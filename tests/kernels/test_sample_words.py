@@ -16,10 +16,11 @@ from tests.kernels import sample_spec as spec
 from tests.kernels.sample_spec import RowParams
 from tests.kernels.test_sample_rows import (
     assert_matches_spec,
+    check_rows_match_the_spec,
+    check_variant_gives_refs_outputs,
     logits_rows,
     row_params,
     run_rows,
-    same_outputs,
 )
 
 F32 = np.float32
@@ -51,25 +52,15 @@ def word_params(draw, n: int) -> RowParams:
        kind=st.sampled_from(["spread", "peaked", "ties", "specials", "flat"]),
        seed=st.integers(0, 2**32 - 1))
 def test_words_dry_and_xtc_match_the_spec(n, data, kind, seed):
-    rng = np.random.default_rng(seed)
-    params = data.draw(st.lists(word_params(n), min_size=1, max_size=5))
-    for p in params:
-        p.mask = None
-    rows = logits_rows(rng, len(params), n, kind)
-    assert_matches_spec(rows, params, run_rows(rows, params))
+    check_rows_match_the_spec(word_params, n, data, kind, seed, masks=False)
 
 
 @pytest.mark.parametrize("isa", RUNNABLE_ISAS)
 @settings(deadline=None, max_examples=examples(25))
 @given(data=st.data(), seed=st.integers(0, 2**32 - 1))
 def test_every_variant_gives_refs_outputs(isa, data, seed):
-    n = data.draw(st.sampled_from([5, 64, 300]))
-    rng = np.random.default_rng(seed)
-    params = data.draw(st.lists(word_params(n), min_size=1, max_size=6))
-    for p in params:
-        p.mask = None
-    rows = logits_rows(rng, len(params), n, data.draw(st.sampled_from(["spread", "peaked"])))
-    assert same_outputs(run_rows(rows, params, isa), run_rows(rows, params, "ref"))
+    check_variant_gives_refs_outputs(isa, word_params, data, seed, [5, 64, 300],
+                                     ["spread", "peaked"], masks=False)
 
 
 # ------------------------------------------------------------------ DRY
