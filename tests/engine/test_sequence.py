@@ -10,7 +10,7 @@ from armllm.engine.request_state import RequestState
 from armllm.engine.sequence import Sequence
 
 ENGINE_OWNED = {"completion", "grammar", "pool", "seed", "history", "history_len", "bias",
-                "encoder_input", "draft_probs"}
+                "encoder_input", "draft_probs", "breakers", "bad_words"}
 
 
 def test_a_sequence_holds_only_scheduling_state():

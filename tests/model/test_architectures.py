@@ -273,6 +273,10 @@ TESTED_BY = {
     "Qwen3_5MoeForConditionalGeneration":
         "test_qwen3_5.py::test_multimodal_checkpoint_runs_its_language_model[moe]",
     "WhisperForConditionalGeneration": "test_whisper.py::test_logits_match_transformers",
+    **{f"{name}ForSequenceClassification":
+       f"test_score_head.py::test_classifier_scores_match_transformers[{family}]"
+       for name, family in (("Llama", "llama"), ("Mistral", "mistral"), ("Qwen2", "qwen2"),
+                            ("Qwen3", "qwen3"), ("Gemma3Text", "gemma3"), ("Phi3", "phi3"))},
 }
 GGUF_TESTED_BY = {
     "llama": "test_architectures.py::test_llama_cpp_gguf_matches_transformers[llama]",

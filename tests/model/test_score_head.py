@@ -45,7 +45,7 @@ def scores(llm: LLM, query: str = QUERY, documents: list[str] = DOCUMENTS) -> li
     return [o.score for o in llm.score(query, documents)]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama", "gemma3", "phi3"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama", "mistral", "gemma3", "phi3"])
 def test_classifier_scores_match_transformers(tmp_path, tokenizer, family):
     model = write_classifier(tmp_path, family, tokenizer)
     want = hf_classifier_scores(model, tmp_path, QUERY, DOCUMENTS)

@@ -12,8 +12,7 @@ from armllm.model.config import ModelConfig
 
 class Qwen3Moe(SparseArchitecture):
     name = "qwen3_moe"
-    hf_architectures = {"Qwen3MoeForCausalLM": "Qwen3MoeForCausalLM",
-                        "Qwen3MoeForSequenceClassification": "Qwen3MoeForCausalLM"}
+    hf_architectures = {"Qwen3MoeForCausalLM": "Qwen3MoeForCausalLM"}
     gguf_architectures = ("qwen3moe",)
     expert_names = ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
                     "mlp.experts.{e}.down_proj.weight")
