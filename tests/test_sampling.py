@@ -37,7 +37,9 @@ def test_penalties_follow_their_definitions():
     ({"top_k": -2}, "top_k must be"),
     ({"min_p": 1.5}, "min_p must be in"),
     ({"presence_penalty": 3.0}, "presence_penalty must be in"),
-    ({"seed": -1}, "seed must be a non-negative integer"),
+    ({"seed": -1}, r"seed must be an integer in \[0, 2\^64\)"),
+    # beyond the sampler's uint64 (schemathesis found it through /v1/responses: a 500)
+    ({"seed": 2**64}, r"seed must be an integer in \[0, 2\^64\)"),
     ({"stop": [""]}, "stop must be non-empty strings"),
     ({"logprobs": 50}, "logprobs must be an integer in"),
     ({"logit_bias": {5: 101}}, r"logit_bias values must be numbers in \[-100, 100\], got 101"),

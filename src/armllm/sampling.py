@@ -113,8 +113,10 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, "must be in [-2, 2]")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise bad("seed", "must be a non-negative integer")
+        # the sampler's draws take the seed as a uint64 (sample.h)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(
+                self.seed, bool) or not 0 <= self.seed < 2**64):
+            raise bad("seed", "must be an integer in [0, 2^64)")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not all(isinstance(s, str) and s for s in self.stop):

@@ -118,8 +118,10 @@ class TranscribeOptions:
         self.clip_timestamps = tuple(float(t) for t in self.clip_timestamps)
         if any(t < 0 for t in self.clip_timestamps):
             raise bad("clip_timestamps", "must be seconds >= 0")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise bad("seed", "must be a non-negative integer")
+        # the sampler's draws take the seed as a uint64 (sample.h)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(
+                self.seed, bool) or not 0 <= self.seed < 2**64):
+            raise bad("seed", "must be an integer in [0, 2^64)")
 
 
 @dataclass
